@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m spirelib.bench NAME [options]`, one module per NAME."""
