@@ -1,0 +1,191 @@
+"""KV caches for batched decoding with ragged rows, and the attention visibility rule.
+
+Two caches share one mechanism (spec 2 "Klen", 3.4, 4):
+
+- `DenseKVCache`: slot = position; holds every position up to `capacity`.
+- `SinkWindowKVCache` (StreamingLLM): `sink` first positions plus a ring over the most
+  recent ones, `sink + window + slack` slots in all, so its memory never grows with the
+  context. `slack` must cover the most positions one forward writes (k + 1 for a verify
+  pass) so that writes never evict a key a query of the same forward still needs.
+
+Both store, per slot, the position of the key it holds (`key_positions`, -1 = empty), and
+visibility is decided from positions alone (`visibility`), so ragged rows, rollback and
+eviction need no special cases. Every forward calls `prepare(positions)` once, which
+records where the new keys go, then each layer `write`s its keys/values and reads them
+back with `layer_kv`. Rollback only resets `lengths`: rejected entries stay in place,
+are invisible to every query before their position, and are overwritten by the next
+write at the same positions (writes always continue at `lengths`, per row).
+
+Keys are stored already rotated by their original position. `rope_mode="cache"` makes
+the sink+window cache emulate positions-in-cache, as MagicDec/StreamingLLM implement it:
+the sink keys are re-rotated so that they sit directly before the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spirelib.rope import apply_rope, rope_cos_sin
+
+
+@dataclass(frozen=True)
+class SinkWindow:
+    """Sparse attention pattern: the first `sink` positions plus the `window` positions
+    before the query (spec 3.4: sink 1, window 64; spec 9: the window counts the positions
+    before the query, plus the sink)."""
+
+    sink: int = 1
+    window: int = 64
+
+    def __post_init__(self):
+        if self.sink < 0 or self.window < 1:
+            raise ValueError(f"SinkWindow needs sink >= 0 and window >= 1, got {self}")
+
+
+def visibility(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, sparse: SinkWindow | None, include_self: bool = True
+) -> torch.Tensor:
+    """Which keys each query may attend to: (B, 1, T, S) bool.
+
+    q_pos (B, T) are the query positions, k_pos (B, S) the key positions (-1 = empty slot).
+    Causal: keys at earlier positions, and the query's own position if `include_self`
+    (an ordinary transformer) but not for SPIRe's memory, which at the query's position
+    does not exist yet (spec 9). With `sparse`, only the sink and the window before the query.
+    """
+    q = q_pos[:, :, None]  # (B, T, 1)
+    k = k_pos[:, None, :]  # (B, 1, S)
+    visible = (k >= 0) & ((k <= q) if include_self else (k < q))
+    if sparse is not None:
+        visible &= (k < sparse.sink) | (k >= q - sparse.window)
+    return visible[:, None]  # (B, 1, T, S)
+
+
+class _KVCache:
+    """Storage and bookkeeping shared by both caches: one trailing "trash" slot receives
+    writes of positions that are not kept (padding of ragged inputs, evicted prefill)."""
+
+    sparse: SinkWindow | None = None
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, slots: int, *, device=None, dtype=torch.float32):
+        shape = (num_layers, batch, n_kv, slots + 1, d_head)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, n_kv, S+1, d_head)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_positions = torch.full((batch, slots + 1), -1, device=device, dtype=torch.long)  # (B, S+1)
+        self.lengths = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) positions 0..len-1 valid
+        self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
+        self.trash = slots
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def next_positions(self, num_tokens: int) -> torch.Tensor:
+        """Positions (B, T) that continue every row."""
+        return self.lengths[:, None] + torch.arange(num_tokens, device=self.lengths.device)
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Register keys at `positions` (B, T) (entries with `valid` False are dropped);
+        returns the slots (B, T) every layer then writes to. Rows end at their last valid
+        position + 1."""
+        if valid is None:
+            valid = torch.ones_like(positions, dtype=torch.bool)
+        slots = self._slots(positions, valid)
+        self.key_positions[self._rows, slots] = torch.where(valid, positions, -1)
+        self.key_positions[:, self.trash] = -1
+        last = torch.where(valid, positions, -1).amax(dim=1)
+        self.lengths = torch.where(last >= 0, last + 1, self.lengths)
+        return slots
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys/values (B, n_kv, T, d_head) of one layer at `slots` (B, T)."""
+        self.k[layer][self._rows, :, slots] = k.transpose(1, 2)
+        self.v[layer][self._rows, :, slots] = v.transpose(1, 2)
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, n_kv, S+1, d_head) of one layer as queries at q_pos (B, T) see them."""
+        return self.k[layer], self.v[layer]
+
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor:
+        """Visibility (B, 1, T, S+1) of every slot for queries at q_pos (B, T)."""
+        return visibility(q_pos, self.key_positions, self.sparse, include_self)
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Forget positions >= lengths (B,) per row; free (the entries are overwritten later)."""
+        self.lengths = lengths.clone()
+
+
+class DenseKVCache(_KVCache):
+    """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
+    (the slow, obviously correct way to run sparse attention; a reference in tests)."""
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
+                 sparse: SinkWindow | None = None, device=None, dtype=torch.float32):
+        super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
+        self.capacity = capacity
+        self.sparse = sparse
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        if bool((valid & (positions >= self.capacity)).any()):
+            raise ValueError(f"position {int(positions[valid].max())} exceeds the cache capacity {self.capacity}")
+        return torch.where(valid, positions, self.trash)
+
+
+class SinkWindowKVCache(_KVCache):
+    """StreamingLLM cache: `sink` first positions plus a ring of `window + slack` recent ones.
+
+    `rope_mode="original"` keeps original-text positions (SPIRe, spec 3.4);
+    `rope_mode="cache"` reads keys as if positions were indices in a cache holding exactly
+    sink + window + the query (MagicDec's implementation): window keys keep their distance
+    to the query, and the sink moves up to sit just before the window. That re-rotation
+    depends on the query, so "cache" mode serves one query position per row (drafting).
+    """
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, sparse: SinkWindow, slack: int, *,
+                 rope_mode: str = "original", rope_base: float = 10000.0, device=None, dtype=torch.float32):
+        if rope_mode not in ("original", "cache"):
+            raise ValueError(f"rope_mode must be 'original' or 'cache', got {rope_mode!r}")
+        if slack < 1:
+            raise ValueError(f"slack must be >= 1 (the most positions one forward writes), got {slack}")
+        self.ring = sparse.window + slack
+        super().__init__(num_layers, batch, n_kv, d_head, sparse.sink + self.ring, device=device, dtype=dtype)
+        self.sparse = sparse
+        self.slack = slack
+        self.rope_mode = rope_mode
+        self.rope_base = rope_base
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        sink = self.sparse.sink
+        slots = torch.where(positions < sink, positions, sink + (positions - sink) % self.ring)
+        # Of a long run of new positions only the sink and the last `ring` survive; the rest
+        # would collide in the ring, so they go to the trash slot.
+        last = torch.where(valid, positions, -1).amax(dim=1, keepdim=True)  # (B, 1)
+        kept = valid & ((positions < sink) | (positions > last - self.ring))
+        return torch.where(kept, slots, self.trash)
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.k[layer], self.v[layer]
+        if self.rope_mode == "original" or self.sparse.sink == 0:
+            return k, v
+        if q_pos.shape[1] != 1:
+            raise ValueError("rope_mode='cache' re-rotates the sink per query: use it for one query per row")
+        sink = self.sparse.sink
+        # The query sits at cache index sink + window; a sink key i then sits at distance
+        # sink + window - i instead of q - i: rotate it forward by q - window - sink (>= 0).
+        shift = (q_pos - self.sparse.window - sink).clamp(min=0).expand(-1, sink)  # (B, sink)
+        cos, sin = rope_cos_sin(shift, k.shape[-1], self.rope_base)  # (B, 1, sink, d_head/2)
+        k = torch.cat((apply_rope(k[:, :, :sink], cos, sin), k[:, :, sink:]), dim=2)
+        return k, v
+
+    def ingest(self, source: DenseKVCache, positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Copy every layer's keys/values at `positions` (B, T) from a dense cache (a target's
+        verified positions into its own sparse drafting cache; a prefill)."""
+        slots = self.prepare(positions, valid)
+        src = positions.clamp(0, source.capacity - 1)  # dropped entries read anything, land in trash
+        for layer in range(self.k.shape[0]):
+            self.write(layer, slots, source.k[layer][self._rows, :, src].transpose(1, 2),
+                       source.v[layer][self._rows, :, src].transpose(1, 2))

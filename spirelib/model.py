@@ -1,0 +1,219 @@
+"""Decoder-only GQA-SwiGLU transformer: the target and every draft are built from it.
+
+Pre-RMSNorm blocks, rotary positions, grouped-query attention, SwiGLU MLP, final norm,
+untied embedding and unembedding (spec 2 "Models"). Heads x d_head may differ from
+d_model (the paper's target has 8 heads of 128 on d_model 512). The body parameters
+(blocks only: two norm gains, W_q/W_k/W_v/W_o, gate/up/down) are exactly the
+performance model's count, `perfmodel.body_params(config.shape())`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spirelib.kvcache import SinkWindow, _KVCache, visibility
+from spirelib.rope import apply_rope, rope_cos_sin
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a model: the perf model's `ModelShape` fields plus vocabulary and RoPE base."""
+
+    vocab_size: int
+    num_layers: int
+    d_model: int
+    n_q_per_kv: int
+    n_kv: int
+    d_head: int
+    d_ff: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_head % 2:
+            raise ValueError(f"ModelConfig.d_head must be even for rotary embeddings, got {self.d_head}")
+
+    @property
+    def n_q(self) -> int:
+        return self.n_q_per_kv * self.n_kv
+
+    def shape(self):
+        """This model's `perfmodel.ModelShape` (what the throughput model needs)."""
+        from spirelib.perfmodel import ModelShape
+
+        return ModelShape(self.num_layers, self.d_model, self.n_q_per_kv, self.n_kv, self.d_head, self.d_ff)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention. W_q, W_k, W_v live in one matrix (one matmul on the ordinary
+    path); `queries` and `keys_values` project separately, for SPIRe's memory (spec 3.2)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_dim = cfg.n_q * cfg.d_head
+        self.wqkv = nn.Linear(cfg.d_model, (cfg.n_q + 2 * cfg.n_kv) * cfg.d_head, bias=False)
+        self.wo = nn.Linear(self.q_dim, cfg.d_model, bias=False)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.cfg.d_head).transpose(1, 2)  # (B, n, T, d_head)
+
+    def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries (B, n_q, T, d_head), keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
+        q, k, v = self.wqkv(x).split([self.q_dim, self.cfg.n_kv * self.cfg.d_head, self.cfg.n_kv * self.cfg.d_head], -1)
+        return apply_rope(self._heads(q, self.cfg.n_q), *rope), apply_rope(self._heads(k, self.cfg.n_kv), *rope), self._heads(v, self.cfg.n_kv)
+
+    def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """Rotated queries (B, n_q, T, d_head) of x (B, T, d_model)."""
+        return apply_rope(self._heads(F.linear(x, self.wqkv.weight[: self.q_dim]), self.cfg.n_q), *rope)
+
+    def keys_values(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
+        k, v = F.linear(x, self.wqkv.weight[self.q_dim :]).chunk(2, dim=-1)
+        return apply_rope(self._heads(k, self.cfg.n_kv), *rope), self._heads(v, self.cfg.n_kv)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Softmax attention of q (B, n_q, T, d_head) over k, v (B, n_kv, S, d_head); mask (B, 1, T, S)
+        of visible keys, or None for causal attention over T == S positions. Returns (B, T, d_model)."""
+        out = scaled_dot_product_attention(q, k, v, mask)  # (B, n_q, T, d_head)
+        B, _, T, _ = out.shape
+        return self.wo(out.transpose(1, 2).reshape(B, T, self.q_dim))
+
+
+def scaled_dot_product_attention(q, k, v, mask):
+    """SDPA with grouped-query heads (each group of n_q_per_kv query heads shares one kv head)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up share one matmul."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor | None, cache: _KVCache | None = None,
+                layer: int = 0, slots: torch.Tensor | None = None, q_pos: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self.attn.qkv(self.attn_norm(x), rope)
+        if cache is not None:
+            cache.write(layer, slots, k, v)
+            k, v = cache.layer_kv(layer, q_pos)
+        x = x + self.attn.attend(q, k, v, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(("wo.weight", "w_down.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.num_layers))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def body_params(self) -> int:
+        """Parameters of the layer stack (spec 2): embedding, unembedding and final norm excluded."""
+        return sum(p.numel() for p in self.blocks.parameters())
+
+    def rope(self, positions: torch.Tensor):
+        return rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_base)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: _KVCache | None = None,
+        return_layers: bool = False,
+        sparse: SinkWindow | None = None,
+        valid: torch.Tensor | None = None,
+    ):
+        """Logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
+
+        With `cache`, the new keys/values are stored at `positions` (entries where `valid`
+        is False are dropped, e.g. padding of ragged rows) and attention reads the whole
+        cache (its own sparsity applies). Without a cache, attention is causal over the T
+        tokens, restricted to sink + window if `sparse` is given. With `return_layers`, also
+        the residual stream before the first block and after each block, (layers+1, B, T, d_model).
+        """
+        B, T = tokens.shape
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device).expand(B, T)
+        slots = None
+        if cache is not None:
+            slots = cache.prepare(positions, valid)
+            mask = cache.mask(positions)  # (B, 1, T, S)
+        elif sparse is not None:
+            mask = visibility(positions, positions, sparse)  # (B, 1, T, T)
+        else:
+            mask = None  # causal
+        rope = self.rope(positions)
+        x = self.embed(tokens)  # (B, T, d_model)
+        layers = [x]
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, mask, cache, i, slots, positions)
+            layers.append(x)
+        logits = self.unembed(self.norm(x))  # (B, T, V)
+        if return_layers:
+            return logits, torch.stack(layers)  # (layers+1, B, T, d_model)
+        return logits

@@ -1,0 +1,130 @@
+"""The transformer and its KV caches: parameter counts, and cached decoding == full forward."""
+
+import pytest
+import torch
+
+from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.model import ModelConfig, Transformer
+
+TINY = ModelConfig(vocab_size=61, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
+
+
+def tiny_model(cfg=TINY, seed=0):
+    torch.manual_seed(seed)
+    return Transformer(cfg).eval()
+
+
+def dense_cache(model, batch, capacity, sparse=None):
+    c = model.cfg
+    return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse)
+
+
+def test_body_params_match_the_performance_model():
+    from spirelib.perfmodel import body_params
+
+    model = tiny_model()
+    assert model.body_params() == body_params(TINY.shape())
+    paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
+    with torch.device("meta"):
+        assert Transformer(paper).body_params() == 67_117_056
+
+
+def test_return_layers_gives_the_residual_stream():
+    model = tiny_model()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 7))
+    logits, layers = model(tokens, return_layers=True)
+    assert layers.shape == (TINY.num_layers + 1, 2, 7, TINY.d_model)
+    torch.testing.assert_close(layers[0], model.embed(tokens))
+    torch.testing.assert_close(logits, model.unembed(model.norm(layers[-1])))
+
+
+@torch.no_grad()
+def test_prefill_then_decode_equals_full_forward_with_ragged_rows():
+    model = tiny_model()
+    B, T = 3, 12
+    tokens = torch.randint(0, TINY.vocab_size, (B, T))
+    full = model(tokens)  # (B, T, V)
+    prompt_lens = torch.tensor([3, 5, 8])
+    cache = dense_cache(model, B, T)
+    pos = torch.arange(8).expand(B, 8)
+    out = model(tokens[:, :8], pos, cache, valid=pos < prompt_lens[:, None])
+    for b in range(B):
+        torch.testing.assert_close(out[b, : prompt_lens[b]], full[b, : prompt_lens[b]], atol=1e-5, rtol=1e-5)
+    assert cache.lengths.tolist() == prompt_lens.tolist()
+    # Decode the rest two tokens at a time; each row continues at its own length.
+    while int(cache.lengths.min()) < T - 1:
+        pos = cache.next_positions(2).clamp(max=T - 1)
+        step = model(tokens.gather(1, pos), pos, cache)
+        torch.testing.assert_close(step, full.gather(1, pos[..., None].expand(-1, -1, TINY.vocab_size)), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_rollback_then_rewrite_matches_full_forward():
+    """Drafted positions are written, partly rejected per row, then overwritten."""
+    model = tiny_model()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 12))
+    cache = dense_cache(model, 2, 12)
+    model(tokens[:, :5], cache=cache)
+    drafts = torch.randint(0, TINY.vocab_size, (2, 4))
+    model(drafts, cache.next_positions(4), cache)
+    accepted = torch.tensor([0, 2])
+    cache.rollback(5 + accepted)
+    sequences = tokens.clone()  # what each row's text is after acceptance
+    sequences[1, 5:7] = drafts[1, :2]
+    pos = cache.next_positions(3)
+    step = model(sequences.gather(1, pos), pos, cache)
+    full = model(sequences)
+    torch.testing.assert_close(step, full.gather(1, pos[..., None].expand(-1, -1, TINY.vocab_size)), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("include_sink", [1, 0])
+def test_sink_window_ring_matches_dense_sparse_reference(include_sink):
+    """The ring cache (constant memory) attends exactly as a dense cache read through the
+    sink+window mask, and as the cache-free forward with the same sparsity."""
+    model = tiny_model()
+    sparse = SinkWindow(sink=include_sink, window=5)
+    B, T = 2, 30
+    tokens = torch.randint(0, TINY.vocab_size, (B, T))
+    reference = model(tokens, sparse=sparse)
+    dense = dense_cache(model, B, T, sparse=sparse)
+    c = model.cfg
+    ring = SinkWindowKVCache(c.num_layers, B, c.n_kv, c.d_head, sparse, slack=3)
+    # A long prefill into the dense cache, copied into the ring (only sink + recent survive),
+    # then decoding in steps of 1..3 tokens through the ring.
+    model(tokens[:, :17], cache=dense)
+    ring.ingest(dense, torch.arange(17).expand(B, 17))
+    assert ring.k.shape[3] == include_sink + 5 + 3 + 1
+    t = 17
+    for n in [1, 3, 2, 1, 3, 1, 2]:
+        pos = ring.next_positions(n)
+        out = model(tokens[:, t : t + n], pos, ring)
+        torch.testing.assert_close(out, reference[:, t : t + n], atol=1e-5, rtol=1e-5)
+        t += n
+
+
+@torch.no_grad()
+def test_cache_rope_mode_sees_positions_in_the_cache():
+    """One layer: with positions-in-cache, a query over sink + window scores exactly as the
+    compacted sequence (sink tokens, window tokens, query) at positions 0..n-1 would."""
+    cfg = ModelConfig(vocab_size=61, num_layers=1, d_model=32, n_q_per_kv=1, n_kv=4, d_head=8, d_ff=48)
+    model = tiny_model(cfg)
+    sparse = SinkWindow(sink=2, window=4)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 20))
+    dense = DenseKVCache(1, 1, cfg.n_kv, cfg.d_head, 20)
+    model(tokens[:, :19], cache=dense)
+    ring = SinkWindowKVCache(1, 1, cfg.n_kv, cfg.d_head, sparse, slack=1, rope_mode="cache")
+    ring.ingest(dense, torch.arange(19)[None])
+    out = model(tokens[:, 19:], torch.tensor([[19]]), ring)
+    compacted = torch.cat([tokens[:, :2], tokens[:, 15:20]], dim=1)  # sink, window (4 before), query
+    torch.testing.assert_close(out[:, 0], model(compacted)[:, -1], atol=1e-5, rtol=1e-5)
+    original = SinkWindowKVCache(1, 1, cfg.n_kv, cfg.d_head, sparse, slack=1, rope_mode="original")
+    original.ingest(dense, torch.arange(19)[None])
+    assert not torch.allclose(model(tokens[:, 19:], torch.tensor([[19]]), original), out)
+
+
+def test_cache_capacity_is_enforced():
+    model = tiny_model()
+    cache = dense_cache(model, 1, 4)
+    with pytest.raises(ValueError, match="capacity"):
+        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
