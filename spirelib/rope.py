@@ -19,6 +19,6 @@ def rope_cos_sin(positions: torch.Tensor, d_head: int, base: float) -> tuple[tor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` (B, H, T, d_head) by the angles in cos/sin (B, 1, T, d_head/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)  # bf16 rotates in fp32
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return rotated.to(x.dtype)

@@ -1,0 +1,112 @@
+"""The baseline drafts (spec 4): a small separately trained model (vanilla SD), and the
+target drafting for itself over a sink + window of its own cache (MagicDec).
+
+Both implement `speculative.Draft`. Their k draft passes are sequential one-token
+forwards; sampling uses the engine's temperature so that q is the distribution the
+draft tokens were actually drawn from (what makes rejection sampling lossless).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.model import Transformer
+from spirelib.sampling import probabilities, sample
+from spirelib.speculative import TargetPass
+
+
+def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample k tokens autoregressively: `first_logits` (B, V) predict position+1; `step(tokens (B,),
+    positions (B,))` runs one draft pass and returns the next logits (B, V)."""
+    tokens, probs = [], []
+    logits = first_logits
+    for j in range(k):
+        q = probabilities(logits, temperature)  # (B, V)
+        token = sample(q, generator)  # (B,)
+        tokens.append(token)
+        probs.append(q)
+        if j < k - 1:
+            logits = step(token, positions + 1 + j)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+def _last_verified(verified: TargetPass, previous: torch.Tensor | None) -> torch.Tensor:
+    """The token at the last verified position of each row (rows with none keep `previous`)."""
+    count = verified.valid.long().sum(1)  # (B,)
+    last = verified.tokens.gather(1, (count - 1).clamp(min=0)[:, None]).squeeze(1)
+    return last if previous is None else torch.where(count > 0, last, previous)
+
+
+class VanillaDraft:
+    """A separate, smaller transformer with its own dense cache (spec 4, vanilla SD).
+
+    It runs on verified tokens itself. After a round where all k drafts were accepted, the
+    last draft token was never run through the draft; so every round's first pass runs the
+    token before the pending one again together with the pending one (2 tokens), which
+    covers both cases without per-row branching.
+    """
+
+    needs_target_layers = False
+
+    def __init__(self, model: Transformer, temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.model = model
+        self.temperature = temperature
+        self.generator = generator
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        cfg = self.model.cfg
+        param = next(self.model.parameters())
+        B = verified.tokens.shape[0]
+        capacity = verified.cache.capacity
+        self.cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, device=param.device, dtype=param.dtype)
+        self.model(verified.tokens, verified.positions, self.cache, valid=verified.valid)
+        self.previous = _last_verified(verified, None)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        self.cache.rollback(positions - 1)
+        pair = torch.stack([self.previous, pending], dim=1)  # (B, 2)
+        first = self.model(pair, torch.stack([positions - 1, positions], dim=1), self.cache)[:, -1]
+        return draft_tokens(self._step, first, positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.previous = _last_verified(verified, self.previous)
+
+
+class MagicDecDraft:
+    """Self-speculation (spec 4, MagicDec): the target drafts while attending only to a sink +
+    window of its own keys/values, copied from the target's cache for verified positions into
+    a StreamingLLM ring (constant memory). `rope_mode="cache"` uses positions in the cache as
+    MagicDec's implementation does; "original" keeps text positions."""
+
+    needs_target_layers = False
+
+    def __init__(self, target: Transformer, sparse: SinkWindow = SinkWindow(1, 64), rope_mode: str = "cache",
+                 temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.model = target
+        self.sparse = sparse
+        self.rope_mode = rope_mode
+        self.temperature = temperature
+        self.generator = generator
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        cfg = self.model.cfg
+        param = next(self.model.parameters())
+        self.cache = SinkWindowKVCache(cfg.num_layers, verified.tokens.shape[0], cfg.n_kv, cfg.d_head, self.sparse,
+                                       slack=k + 1, rope_mode=self.rope_mode, rope_base=cfg.rope_base,
+                                       device=param.device, dtype=param.dtype)
+        self.accept(verified)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.cache.ingest(verified.cache, verified.positions, verified.valid)
+        self.cache.rollback(verified.lengths)

@@ -1,0 +1,56 @@
+"""Token sampling and modified rejection sampling (spec 1, 5; Leviathan et al. 2023, Chen et al. 2023).
+
+`rejection_sample` makes speculative decoding exactly lossless: every emitted token is a
+sample from the target's distribution, whatever the draft proposed. Temperature 0 is
+greedy decoding, expressed as one-hot distributions, so the same code path serves both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sampling distribution (..., V) in fp32: softmax(logits / T), or one-hot argmax at T = 0."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per distribution: probs (..., V) -> tokens (...)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a prefix of the drafts per row, then emit one more token.
+
+    draft_tokens (B, k) were sampled from draft_probs (B, k, V); target_probs (B, k+1, V)
+    are the target's distributions at the k draft positions and the one after. Draft token
+    x_j is accepted with probability min(1, p_j(x_j) / q_j(x_j)) while all before it were;
+    at the first rejection the next token is drawn from norm(max(0, p_j - q_j)); if all k
+    are accepted, a bonus token is drawn from p_k. Returns (n_accepted (B,), next_token (B,)).
+    """
+    B, k = draft_tokens.shape
+    p = target_probs[:, :k].gather(2, draft_tokens[..., None]).squeeze(-1)  # (B, k)
+    q = draft_probs.gather(2, draft_tokens[..., None]).squeeze(-1)  # (B, k)
+    u = torch.rand(B, k, generator=generator, device=p.device)
+    accepted = (u * q < p).long().cumprod(dim=1)  # (B, k) 1 up to the first rejection
+    n_accepted = accepted.sum(dim=1)  # (B,)
+    rows = torch.arange(B, device=p.device)
+    p_next = target_probs[rows, n_accepted]  # (B, V)
+    q_next = torch.where((n_accepted < k)[:, None], draft_probs[rows, n_accepted.clamp(max=k - 1)], 0.0)  # (B, V)
+    residual = (p_next - q_next).clamp(min=0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    # mass is 0 only if p_next == q_next, where rejection has probability 0 (float ties).
+    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_next)
+    return n_accepted, sample(residual, generator)

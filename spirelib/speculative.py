@@ -1,0 +1,202 @@
+"""Batched speculative decoding and its autoregressive reference (spec 1, 3.5, 5).
+
+B rows with ragged contexts decode in lockstep. A round: the draft proposes k tokens per
+row, the target scores the pending token and the k drafts in one forward (k+1 positions),
+rejection sampling accepts a prefix per row, and every cache rolls back per row by
+resetting lengths. Rows stop independently at `max_new_tokens` (or end-of-text) while the
+batch goes on: finished rows are frozen, their results ignored.
+
+State between rounds, per row: the target's cache holds positions 0..n-1 and the *pending*
+token at position n (emitted, not yet run through the target). After prefill of all but
+the last context token, the last context token is pending.
+
+The draft protocol (`Draft`) is what the engine sees of vanilla, MagicDec and SPIRe drafts.
+Every target pass hands the draft a `TargetPass` with what the target already computed
+for the newly verified positions, so no draft needs a target pass of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from spirelib.kvcache import DenseKVCache
+from spirelib.model import Transformer
+from spirelib.sampling import probabilities, rejection_sample, sample
+
+
+@dataclass
+class TargetPass:
+    """A target forward over `positions` (B, T); `valid` (B, T) marks the verified ones
+    (accepted drafts and the pending token; prefill: the real context tokens)."""
+
+    positions: torch.Tensor  # (B, T)
+    tokens: torch.Tensor  # (B, T)
+    valid: torch.Tensor  # (B, T) bool
+    lengths: torch.Tensor  # (B,) verified positions per row after this pass
+    cache: DenseKVCache  # the target's cache, holding these positions' keys/values
+    layers: torch.Tensor | None  # (n_layers+1, B, T, d_model) residual stream, if the draft asked
+
+
+class Draft(Protocol):
+    """What the engine needs of a draft model."""
+
+    needs_target_layers: bool  # ask the target for its residual stream (SPIRe)
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        """Start on fresh contexts; `verified` is the target's prefill pass."""
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft k tokens after the pending tokens (B,) at positions (B,): tokens (B, k), probs (B, k, V)."""
+
+    def accept(self, verified: TargetPass) -> None:
+        """Learn which positions were verified; roll back to `verified.lengths`."""
+
+
+@dataclass
+class Generation:
+    """Generated tokens (B, G) and, for speculative decoding, the accepted draft count of every
+    round (B, R), -1 once a row had finished (spec 8: tau = mean of accepted + 1)."""
+
+    tokens: torch.Tensor
+    accepted: torch.Tensor | None = None
+
+
+class SectionTimer:
+    """Accumulates wall time per named section (`with timer("verify"): ...`), synchronizing
+    the device so that asynchronous GPU work is charged to the right section."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        import time
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _no_timer(name: str):
+    return contextlib.nullcontext()
+
+
+def _prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor, capacity: int, want_layers: bool):
+    """Run all but the last token of every context through a fresh target cache."""
+    B, L = contexts.shape
+    if int(lengths.min()) < 2:
+        raise ValueError("every context needs at least 2 tokens")
+    cfg = target.cfg
+    param = next(target.parameters())
+    cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, device=param.device, dtype=param.dtype)
+    positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
+    valid = positions < (lengths - 1)[:, None]
+    out = target(contexts[:, :-1], positions, cache, return_layers=want_layers, valid=valid)
+    layers = out[1] if want_layers else None
+    pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
+    return cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending
+
+
+def _context_lengths(contexts: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    if lengths is None:
+        return torch.full((contexts.shape[0],), contexts.shape[1], device=contexts.device, dtype=torch.long)
+    return lengths.to(device=contexts.device, dtype=torch.long)
+
+
+@torch.no_grad()
+def speculative_generate(
+    target: Transformer,
+    draft: Draft,
+    contexts: torch.Tensor,
+    max_new_tokens: int,
+    k: int = 4,
+    temperature: float = 1.0,
+    lengths: torch.Tensor | None = None,
+    eos_token: int | None = None,
+    generator: torch.Generator | None = None,
+    timer: SectionTimer | None = None,
+) -> Generation:
+    """Generate `max_new_tokens` per row after `contexts` (B, L) (right-padded to L when
+    `lengths` (B,) is given) with speculative decoding; every token is a sample from the
+    target at `temperature` (0: greedy), whatever the draft proposes."""
+    timer = timer or _no_timer
+    B, G = contexts.shape[0], max_new_tokens
+    lengths = _context_lengths(contexts, lengths)
+    dev = contexts.device
+    # A row finishes at position <= L + G + k - 1 and, frozen, is still verified there: k more slots.
+    capacity = contexts.shape[1] + G + 2 * k
+    with timer("prefill"):
+        cache, prefill, pending = _prefill(target, contexts, lengths, capacity, draft.needs_target_layers)
+        draft.begin(prefill, k)
+    out = torch.zeros(B, G + k + 1, dtype=torch.long, device=dev)  # room for one overshooting round
+    produced = torch.zeros(B, dtype=torch.long, device=dev)
+    active = torch.ones(B, dtype=torch.bool, device=dev)
+    offsets = torch.arange(k + 1, device=dev)
+    rounds = []
+    while bool(active.any()):
+        n = cache.lengths  # (B,) position of the pending token
+        with timer("draft"):
+            drafts, q = draft.propose(pending, n, k)  # (B, k), (B, k, V)
+        with timer("verify"):
+            tokens = torch.cat([pending[:, None], drafts], dim=1)  # (B, k+1)
+            positions = n[:, None] + offsets
+            logits = target(tokens, positions, cache, return_layers=draft.needs_target_layers)
+            logits, layers = logits if draft.needs_target_layers else (logits, None)
+        with timer("bookkeeping"):
+            p = probabilities(logits, temperature)  # (B, k+1, V)
+            n_acc, next_token = rejection_sample(drafts, q, p, generator)
+            n_acc = torch.where(active, n_acc, 0)
+            emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], next_token[:, None])  # (B, k+1)
+            keep = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
+            if eos_token is not None:  # a row ends at its first end-of-text token
+                eos = keep & (emitted == eos_token)
+                keep &= (eos.long().cumsum(1) - eos.long()) == 0
+                ended = eos.any(1)
+            slots = (produced[:, None] + offsets).clamp(max=G + k)
+            out.scatter_(1, slots, torch.where(keep, emitted, out.gather(1, slots)))
+            rounds.append(torch.where(active, n_acc, -1))
+            produced += keep.sum(1)
+            new_lengths = torch.where(active, n + n_acc + 1, n)
+            cache.rollback(new_lengths)
+            pending = torch.where(active, next_token, pending)
+            verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache, layers)
+            active &= produced < G
+            if eos_token is not None:
+                active &= ~ended
+        with timer("draft"):
+            draft.accept(verified)
+    return Generation(out[:, :G], torch.stack(rounds, dim=1))
+
+
+@torch.no_grad()
+def autoregressive_generate(
+    target: Transformer,
+    contexts: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    lengths: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    timer: SectionTimer | None = None,
+) -> Generation:
+    """The reference: one target forward per token, same sampling code (spec 4, AD)."""
+    timer = timer or _no_timer
+    lengths = _context_lengths(contexts, lengths)
+    with timer("prefill"):
+        cache, _, pending = _prefill(target, contexts, lengths, contexts.shape[1] + max_new_tokens, False)
+    generated = []
+    for _ in range(max_new_tokens):
+        with timer("verify"):
+            logits = target(pending[:, None], cache.lengths[:, None], cache)[:, 0]  # (B, V)
+        with timer("bookkeeping"):
+            pending = sample(probabilities(logits, temperature), generator)
+            generated.append(pending)
+    return Generation(torch.stack(generated, dim=1))
