@@ -195,15 +195,17 @@ class SpireDraftModel(nn.Module):
 
     # --- training (spec 3.6) --------------------------------------------------------------
 
-    def k_pass_logits(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def k_pass_logits(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits for every block position of a sequence, teacher-forced.
 
         tokens (B, T), target_layers (n_t + 1, B, T, d_model) from the frozen target on the
         same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
-        logits at position t predict token t + 1.
+        logits at position t predict token t + 1. `positions` selects blocks (default: all).
         """
         B, T = tokens.shape
-        positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
+        if positions is None:
+            positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
         if not self.cfg.target_activations:  # an ordinary sparse transformer: one parallel pass
             return self.body(tokens, sparse=self.cfg.sparse)[:, positions], positions
         if k > self.cfg.window:
