@@ -18,8 +18,9 @@ from __future__ import annotations
 import copy
 import html
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import nbformat
 import plotly.io as pio
@@ -38,7 +39,9 @@ _TEMPLATE = """\
 {%- if resources.plotly_js -%}<script src="{{ resources.plotly_js }}"></script>{%- endif -%}
 {%- endblock html_head_js -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}{%- if resources.has_math -%}{{ super() }}{%- endif -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mathjax -%}
+{%- if resources.has_math -%}{{ super() }}{%- endif -%}
+{%- endblock html_head_js_mathjax -%}
 """
 
 
