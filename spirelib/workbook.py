@@ -240,7 +240,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
             break
     for entry in record["notebooks"].values():
         if entry["status"] == "pending":
-            entry.update(status="skipped", error="not run: an earlier notebook failed")
+            entry.update(status="skipped", error="not run: the run stopped at an earlier notebook")
     record.update(status=status, finished=_now())
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
@@ -254,7 +254,8 @@ _QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every st
 def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str):
     """Run one notebook with papermill: (status, seconds, error message or None)."""
     nb_results = out_dir / "results" / f"{nb.stem}.json"
-    nb_results.unlink(missing_ok=True)
+    for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
+        stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
     start = time.perf_counter()
     env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
            results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve())}
