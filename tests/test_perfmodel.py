@@ -330,3 +330,10 @@ def test_model_shapes_and_lengths_validate():
         RequestLengths(np.array([512, 0]))
     with pytest.raises(ValueError, match="spread"):
         LengthDistribution(512, spread=1.5, kind="uniform")
+
+
+def test_benchmark_runs(capsys):
+    from spirelib.bench import perfmodel as bench
+
+    assert bench.main(["--repeat", "1"]) == 0
+    assert "256 x 256" in capsys.readouterr().out
