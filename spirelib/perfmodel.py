@@ -46,15 +46,17 @@ class ModelShape:
                 raise ValueError(f"ModelShape.{name} must be a positive integer, got {value!r}")
 
 
-def body_params(shape: ModelShape) -> int:
+def body_params(shape: ModelShape | str) -> int:
     """Body parameters (spec 2): norm gains, attention and SwiGLU weights; no (un)embedding."""
+    shape = resolve_shape(shape)
     d, h, kv, q = shape.d_model, shape.d_head, shape.n_kv, shape.n_q_per_kv
     per_layer = 2 * d + (q + 2) * kv * d * h + q * kv * h * d + 3 * d * shape.d_ff
     return int(shape.num_layers * per_layer)
 
 
-def kv_values_per_token(shape: ModelShape) -> int:
+def kv_values_per_token(shape: ModelShape | str) -> int:
     """Keys and values cached per token: 2 * layers * n_kv * d_head (kvb(m) at 1 byte per value)."""
+    shape = resolve_shape(shape)
     return 2 * shape.num_layers * shape.n_kv * shape.d_head
 
 

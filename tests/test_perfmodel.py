@@ -67,7 +67,7 @@ def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, wind
     ("llama3-70b", 68_452_352_000), ("llama3-8b", 6_979_584_000), ("spire-draft-70b", 17_113_088_000),
 ])
 def test_body_params_of_every_preset(name, expected):
-    assert body_params(PRESETS[name]) == expected
+    assert body_params(PRESETS[name]) == body_params(name) == expected
     assert isinstance(body_params(PRESETS[name]), int)
 
 
