@@ -51,11 +51,16 @@ def test_the_cost_table_from_the_full_precision_model():
     assert round(serving_savings(magicdec70), 2) == 5.33
 
 
-def test_spire_saves_over_20_percent_more_than_magicdec():
+def test_spire_saves_about_20_percent_more_than_magicdec():
     rows = cost_table({"spire": 2.78, "magicdec": 2.05, "vanilla": 1.36}, {"spire": 0.25, "vanilla": 0.125})
     assert [r["method"] for r in rows] == ["spire", "magicdec", "vanilla"]
     assert rows[0]["net_savings"] == pytest.approx(10 * (1 - 1 / 2.78) - 0.25)
     assert rows[0]["vs_best_other"] > 0.20
+    # at full precision the margin is 19.96%: the paper's "> 20%" holds only for its rounded figures
+    spire = modeled("spire", 64, 512, "seqax-67m", "spire-draft")
+    magicdec = modeled("magicdec", 64, 512, "seqax-67m")
+    full = serving_savings(spire, training_units=0.25) / serving_savings(magicdec) - 1
+    assert 0.199 < full < 0.20
 
 
 def test_break_even_serving_volume_equalizes_net_savings():

@@ -1,6 +1,7 @@
 """Plotly figures for the throughput model (spec 2; paper Figures 1, 3, 4, 5, 6).
 
-Builders take computed arrays and return `go.Figure`s; they compute nothing themselves.
+Builders take computed arrays and return `go.Figure`s (or a Markdown table); they compute
+nothing themselves.
 Batch sizes and context lengths are powers of two on log2 axes.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
+from IPython.display import Markdown
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
@@ -39,8 +41,12 @@ def _log2_ticks(values) -> dict:
 
 
 def slice_figure(x, series: dict, *, title: str, x_title: str = "context length L (tokens)",
-                 y_title: str = TM_TITLE, highlight_x=None, baseline: float | None = 1.0) -> go.Figure:
-    """Lines of `series` (label or method -> values over x) on a log2 x axis (paper Figures 1, 5, 6)."""
+                 y_title: str = TM_TITLE, highlight_x=None, baseline: float | None = 1.0,
+                 baseline_label: str = "autoregressive", x_axis: str = "pow2") -> go.Figure:
+    """Lines of `series` (label or method -> values over x) (paper Figures 1, 5, 6).
+
+    x_axis: "pow2" (log axis ticked at the x values, 1K/1M labels), "log" or "linear".
+    """
     x = np.asarray(x)
     fig = go.Figure()
     for i, (key, values) in enumerate(series.items()):
@@ -48,21 +54,27 @@ def slice_figure(x, series: dict, *, title: str, x_title: str = "context length 
                                  line=dict(color=_color(key, i)),
                                  hovertemplate=f"{_label(key)}<br>%{{x}}: %{{y:.3f}}x<extra></extra>"))
     if baseline is not None:
-        fig.add_hline(y=baseline, line=dict(color="gray", dash="dot"), annotation_text="autoregressive",
+        fig.add_hline(y=baseline, line=dict(color="gray", dash="dot"), annotation_text=baseline_label,
                       annotation_position="bottom right")
     if highlight_x is not None:
         fig.add_vline(x=highlight_x, line=dict(color="black", dash="dash", width=1))
-    ticks = _log2_ticks(x)
-    fig.update_xaxes(type="log", title=x_title, tickvals=list(x), ticktext=ticks["ticktext"])
+    if x_axis == "pow2":
+        fig.update_xaxes(type="log", tickvals=list(x), ticktext=[pow2_label(v) for v in x])
+    elif x_axis in ("log", "linear"):
+        fig.update_xaxes(type=x_axis)
+    else:
+        raise ValueError(f"x_axis must be 'pow2', 'log' or 'linear', got {x_axis!r}")
+    fig.update_xaxes(title=x_title)
     fig.update_yaxes(title=y_title)
     fig.update_layout(title=title, hovermode="x unified", legend=dict(orientation="h", y=-0.2))
     return fig
 
 
 def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorbar_title: str = "TM",
-                   decimals: int = 2) -> go.Figure:
+                   decimals: int = 2, center: float = 1.0) -> go.Figure:
     """One heat map per entry of `grids` (values of shape (len(B), len(L))), shared color scale
-    centred on 1 (no gain), log2 axes, the cell (B, L) = `highlight` outlined (paper Figures 4, 6)."""
+    white at `center` (1: no gain), log2 axes, the cell (B, L) = `highlight` outlined (paper
+    Figures 4, 6)."""
     B, L = np.asarray(B), np.asarray(L)
     keys = list(grids)
     values = [np.asarray(grids[key]) for key in keys]
@@ -86,14 +98,14 @@ def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorb
             fig.add_shape(type="rect", x0=hx - 0.5, x1=hx + 0.5, y0=hy - 0.5, y1=hy + 0.5,
                           line=dict(color="black", width=3), row=1, col=col)
     fig.update_yaxes(title="batch B", row=1, col=1, **_log2_ticks(B))
-    fig.update_layout(title=title, height=420, coloraxis=gain_coloraxis(zmin, zmax, colorbar_title))
+    fig.update_layout(title=title, height=420, coloraxis=gain_coloraxis(zmin, zmax, colorbar_title, center))
     return fig
 
 
-def gain_coloraxis(zmin: float, zmax: float, title: str) -> dict:
-    """A color axis that is white at 1 (no gain), red below it and blue above it."""
-    lo, hi = min(zmin, 1.0), max(zmax, 1.0 + 1e-9)
-    mid = (1.0 - lo) / (hi - lo)
+def gain_coloraxis(zmin: float, zmax: float, title: str, center: float = 1.0) -> dict:
+    """A color axis that is white at `center` (1: no gain), red below it and blue above it."""
+    lo, hi = min(zmin, center), max(zmax, center + 1e-9)
+    mid = (center - lo) / (hi - lo)
     scale = [[0.0, "#b2182b"], [mid, "#f7f7f7"], [1.0, "#2166ac"]] if mid > 0 else [[0.0, "#f7f7f7"], [1.0, "#2166ac"]]
     return dict(colorscale=scale, cmin=lo, cmax=hi, colorbar=dict(title=title))
 
@@ -125,3 +137,25 @@ def bar_figure(groups: dict, *, title: str, y_title: str) -> go.Figure:
                              text=[f"{y:.2f}" for y in ys], textposition="outside"))
     fig.update_layout(title=title, barmode="group", yaxis_title=y_title, legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def markdown_table(rows: list[dict], columns: dict[str, str] | None = None, *, digits: int = 3) -> Markdown:
+    """Rows of dicts as a Markdown table (renders in JupyterLab and in the HTML export).
+
+    columns maps row keys to headers (default: the first row's keys); floats get `digits`
+    decimals (scientific from 1e7), integers thousands separators.
+    """
+    columns = columns or {key: key for key in rows[0]}
+
+    def cell(value) -> str:
+        if isinstance(value, (bool, np.bool_)) or value is None:
+            return str(value)
+        if isinstance(value, (int, np.integer)):
+            return f"{int(value):,}"
+        if isinstance(value, (float, np.floating)):
+            return f"{float(value):.3e}" if abs(value) >= 1e7 else f"{float(value):.{digits}f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(key, "")) for key in columns) + " |" for row in rows]
+    return Markdown("\n".join(lines))
