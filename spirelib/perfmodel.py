@@ -19,8 +19,8 @@ trained drafts use, and bytes per weight / per KV value as parameters.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -99,7 +99,6 @@ PAPER_ABLATION_TAU: dict[str, float] = {
 PAPER_MULTIPLIERS: dict[str, dict] = {
     "seqax-67m": {"B": 64, "L": 512, "spire": 2.78, "magicdec": 2.05, "vanilla": 1.36},
     "llama3-70b": {"B": 64, "L": 65536, "spire": 2.82, "magicdec": 2.14},
-    "seqax-67m-no-sparse-kv": {"B": 64, "spire": 1.70},
 }
 
 
@@ -391,4 +390,4 @@ def critical_context_length(shape, hoi=PAPER_HOI, k=4, *, exact=False, bytes_per
     crossover = 2.0 * body_params(shape) * k / (kv_values_per_token(shape) * bytes_per_kv * hoi)
     if exact:
         return float(crossover)
-    return 0 if crossover < 1 else 2 ** int(math.floor(math.log2(crossover)))
+    return 0 if crossover < 1 else 2 ** math.floor(math.log2(crossover))

@@ -5,7 +5,15 @@ import json
 import pytest
 
 from spirelib import hardware
-from spirelib.hardware import BYTES_PER_VALUE, HARDWARE, Hardware, get_hardware, hardware_table, measured_hardware, save_measured
+from spirelib.hardware import (
+    BYTES_PER_VALUE,
+    HARDWARE,
+    Hardware,
+    get_hardware,
+    hardware_table,
+    measured_hardware,
+    save_measured,
+)
 
 
 def test_h100_dense_fp8_gives_the_papers_hoi_to_its_rounding():

@@ -1,5 +1,8 @@
 """The throughput model (spec 2): every number the spec states, a plain reference, invariants."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -337,3 +340,9 @@ def test_benchmark_runs(capsys):
 
     assert bench.main(["--repeat", "1"]) == 0
     assert "256 x 256" in capsys.readouterr().out
+
+
+def test_the_model_imports_without_torch():
+    code = ("import sys; import spirelib.perfmodel, spirelib.acceptance, spirelib.costs, spirelib.hardware; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -20,7 +20,7 @@ TM_TITLE = "throughput multiplier over AD"
 
 def pow2_label(value) -> str:
     """512 -> "512", 4096 -> "4K", 2**20 -> "1M" (whole powers of two keep their exact value)."""
-    value = int(round(float(value)))
+    value = round(float(value))
     for unit, size in (("M", 2**20), ("K", 2**10)):
         if value >= size and value % size == 0:
             return f"{value // size}{unit}"
