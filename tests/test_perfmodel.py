@@ -46,7 +46,8 @@ def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, wind
     def f(c, m):
         return max(c, m) if overlap else c + m
 
-    klen_ = L if window_factor is None else 1 + L // window_factor
+    # a cache holds no more tokens than exist: the cap binds only for window_factor 1 (sink 1)
+    klen_ = L if window_factor is None else min(L, 1 + L // window_factor)
     kv_t = B * L * kvb(target)
     c_t = 2 * n(target) * B
     t_target = f(c_t, (n(target) + kv_t) * hoi)
@@ -130,6 +131,17 @@ def test_vectorized_grid_equals_scalar_reference(method, overlap, window_factor)
             assert scalar == pytest.approx(ref, rel=1e-12)
 
 
+@settings(max_examples=200, deadline=None)
+@given(method=st.sampled_from(pm.METHODS), B=st.integers(1, 4096), L=st.integers(1, 2**20),
+       overlap=st.booleans(), window_factor=st.sampled_from([None, 1, 3, 8, 64]), hoi=st.floats(1.0, 5000.0))
+def test_any_cell_equals_the_scalar_reference(method, B, L, overlap, window_factor, hoi):
+    target = PRESETS["seqax-67m"]
+    draft = PRESETS[PAPER_DRAFTS["seqax-67m"].get(method, "spire-draft")]
+    got = iteration_time_multiplier(method, B, L, target, draft, overlap=overlap, window_factor=window_factor, hoi=hoi)
+    ref = reference_dt(method, B, L, target, draft, overlap=overlap, window_factor=window_factor, hoi=hoi)
+    assert got == pytest.approx(ref, rel=1e-12)
+
+
 # --- properties -----------------------------------------------------------------------------
 
 
@@ -194,6 +206,7 @@ def test_presets_accept_names_or_shapes():
 
 def test_klen_is_sink_plus_l_over_window_factor_and_never_above_l():
     assert klen(512) == 65
+    assert klen(519) == 65  # floor division: 519 // 8 = 64
     assert klen(8192) == 1025
     assert klen(512, window=64) == 65
     assert klen(40, window=64) == 40
