@@ -34,8 +34,9 @@ def tm(method, B, L, target="seqax-67m", **kw):
     return throughput_multiplier(method, TAU[method], B, L, target, draft, **kw)
 
 
-def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, window_factor=8):
-    """Spec 2's table transcribed with Python scalars, one (B, L) cell at a time."""
+def reference_times(method, B, L, draft_len, target, draft, k=4, hoi=600.0, overlap=True):
+    """Spec 2's table transcribed with Python scalars: (t_target, t_verify) at context L and
+    t_draft with a draft cache of draft_len tokens per request."""
     def n(m):
         return m.num_layers * (2 * m.d_model + (m.n_q_per_kv + 2) * m.n_kv * m.d_model * m.d_head
                                + m.n_q_per_kv * m.n_kv * m.d_head * m.d_model + 3 * m.d_model * m.d_ff)
@@ -46,21 +47,42 @@ def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, wind
     def f(c, m):
         return max(c, m) if overlap else c + m
 
-    # a cache holds no more tokens than exist: the cap binds only for window_factor 1 (sink 1)
-    klen_ = L if window_factor is None else min(L, 1 + L // window_factor)
     kv_t = B * L * kvb(target)
     c_t = 2 * n(target) * B
     t_target = f(c_t, (n(target) + kv_t) * hoi)
     t_verify = f((k + 1) * c_t, (n(target) + kv_t) * hoi)
     if method == "vanilla":
-        nd, kvd, cd = n(draft), B * L * kvb(draft), 2 * n(draft) * B
+        nd, kvd, cd = n(draft), B * draft_len * kvb(draft), 2 * n(draft) * B
     elif method == "magicdec":
-        nd, kvd, cd = n(target), B * klen_ * kvb(target), 2 * n(target) * B
+        nd, kvd, cd = n(target), B * draft_len * kvb(target), 2 * n(target) * B
     else:
         extra = 2 * (2 * draft.num_layers * draft.n_kv * draft.d_model * draft.d_head) * B
-        nd, kvd, cd = n(draft), B * klen_ * kvb(draft), 2 * n(draft) * B + extra
-    t_draft = f(cd, (nd + kvd) * hoi)
+        nd, kvd, cd = n(draft), B * draft_len * kvb(draft), 2 * n(draft) * B + extra
+    return t_target, t_verify, f(cd, (nd + kvd) * hoi)
+
+
+def reference_klen(method, L, window_factor=8):
+    # a cache holds no more tokens than exist: the cap binds only for window_factor 1 (sink 1)
+    return L if method == "vanilla" or window_factor is None else min(L, 1 + L // window_factor)
+
+
+def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, window_factor=8):
+    """dt for one (B, L) cell, from the scalar reference."""
+    t_target, t_verify, t_draft = reference_times(method, B, L, reference_klen(method, L, window_factor), target,
+                                                  draft, k, hoi, overlap)
     return (k * t_draft + t_verify) / t_target
+
+
+def reference_over_generation(method, tau, B, L, G, target, draft, k=4):
+    """The G-aware variant of spec 2, written as the loops it describes."""
+    cap = float("inf") if method == "vanilla" else reference_klen(method, L)  # sparse: fixed by the initial L
+    ad = sum(reference_times(method, B, L + g, 0, target, draft, k)[0] for g in range(G))
+    sd, i = 0.0, 0.0
+    while i < G:
+        sd += sum(reference_times(method, B, L + i, min(L + i + j, cap), target, draft, k)[2] for j in range(k))
+        sd += reference_times(method, B, L + i, 0, target, draft, k)[1]
+        i += tau
+    return ad / sd
 
 
 # --- the spec's numbers -------------------------------------------------------------------
@@ -231,6 +253,15 @@ def test_g_aware_variant_is_close_to_the_main_model_at_g_64():
         assert g == pytest.approx(tm(method, 64, 512), rel=0.05), method
 
 
+@pytest.mark.parametrize("method", pm.METHODS)
+@pytest.mark.parametrize("L, G", [(8, 64), (512, 64), (4096, 7)])
+def test_g_aware_variant_equals_its_loop_reference(method, L, G):
+    target = PRESETS["seqax-67m"]
+    draft = PRESETS[PAPER_DRAFTS["seqax-67m"].get(method, "spire-draft")]
+    got = throughput_multiplier_over_generation(method, TAU[method], 16, L, G, target, draft)
+    assert got == pytest.approx(reference_over_generation(method, TAU[method], 16, L, G, target, draft), rel=1e-12)
+
+
 def test_g_aware_single_round_of_a_capped_draft_is_one_over_dt():
     # G = 1: one round, one needed token; MagicDec's sparse cache is capped, so drafts cost as at L
     g = throughput_multiplier_over_generation("magicdec", 3.891, 64, 512, 1, "seqax-67m")
@@ -255,6 +286,14 @@ def test_g_aware_broadcasts_like_the_main_model():
 
 
 # --- mixed-length batches -----------------------------------------------------------------------
+
+
+def test_each_request_is_capped_at_its_own_window():
+    # lengths 8 and 4096 with a 64-token window: the draft holds 8 + (1 + 64) tokens, the target 4104
+    target, draft = PRESETS["seqax-67m"], PRESETS["spire-draft"]
+    got = iteration_time_multiplier("spire", 2, RequestLengths(np.array([8, 4096])), target, draft, window=64)
+    t_target, t_verify, t_draft = reference_times("spire", 2, 4104 / 2, 73 / 2, target, draft)
+    assert got == pytest.approx((4 * t_draft + t_verify) / t_target, rel=1e-12)
 
 
 def test_equal_per_request_lengths_are_a_uniform_batch():
