@@ -67,14 +67,13 @@ HARDWARE: dict[str, Hardware] = {
         4.8e12,
         "NVIDIA H200 datasheet (SXM), sparse figures halved",
     ),
-    # NVIDIA HGX B200 (8 GPUs) datasheet: FP8 72 PFLOPS, BF16 36 PFLOPS, TF32 18 PFLOPS,
-    # INT8 72 POPS, all with sparsity -> per GPU dense FP8 4.5, BF16 2.25, TF32 1.125 PFLOPS;
-    # HBM3e 8 TB/s per GPU.
+    # NVIDIA Blackwell datasheet, individual HGX B200 GPU: FP8 9, INT8 9 (POPS), FP16/BF16 4.5,
+    # TF32 2.2 PFLOPS, all with sparsity (dense = half); FP32 75 TFLOPS; HBM3e 180 GB at 7.7 TB/s.
     "b200": Hardware(
         "b200",
-        {"fp8": 4.5e15, "int8": 4.5e15, "bf16": 2.25e15, "fp16": 2.25e15, "tf32": 1.125e15},
-        8.0e12,
-        "NVIDIA HGX B200 datasheet, per GPU, sparse figures halved",
+        {"fp8": 4.5e15, "int8": 4.5e15, "bf16": 2.25e15, "fp16": 2.25e15, "tf32": 1.1e15, "fp32": 75e12},
+        7.7e12,
+        "NVIDIA Blackwell datasheet (HGX B200, per GPU), sparse figures halved",
     ),
     # NVIDIA A100 datasheet (80GB SXM): BF16/FP16 312, TF32 156 TFLOPS dense, INT8 624 TOPS
     # dense, FP32 19.5 TFLOPS; HBM2e 2,039 GB/s. No FP8.
