@@ -127,8 +127,8 @@ class LiveExplorer:
         self.scenario = scenario
         self.batch_sizes, self.contexts = np.asarray(batch_sizes), np.asarray(contexts)
         if B not in self.batch_sizes or L not in self.contexts:
-            raise ValueError(f"(B, L) = ({B}, {L}) must be one of batch_sizes {list(self.batch_sizes)} "
-                             f"and one of contexts {list(self.contexts)}")
+            raise ValueError(f"(B, L) = ({B}, {L}) must be one of batch_sizes {self.batch_sizes.tolist()} "
+                             f"and one of contexts {self.contexts.tolist()}")
         style = dict(description_width="110px")
         layout = w.Layout(width="380px")
         self.batch = w.SelectionSlider(options=[(pow2_label(b), int(b)) for b in self.batch_sizes], value=B,
