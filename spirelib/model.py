@@ -152,6 +152,53 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits h @ W^T against targets, without materializing all logits.
+
+    The loss is the last op of a step, so forward computes the gradients too, chunk by chunk
+    over rows (logits, softmax, minus one-hot, then both matmuls), and backward only scales
+    them. Peak memory is one chunk of logits instead of (N, V), and each chunk is reused
+    while still in cache. Matmuls run in h's dtype, softmax and accumulation in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk):
+        w = weight.to(h.dtype)  # (V, d)
+        total = h.new_zeros((), dtype=torch.float32)
+        grad_h, grad_w = [], torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+        for i in range(0, h.shape[0], chunk):
+            hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, d), (c, 1)
+            probs = torch.softmax((hc @ w.T).float(), dim=-1)  # (c, V)
+            picked = probs.gather(1, tc)  # (c, 1)
+            total = total - picked.log().sum()
+            dlogits = probs.scatter(1, tc, picked - 1).to(h.dtype)  # d(sum of losses)/d logits
+            grad_h.append(dlogits @ w)  # (c, d)
+            grad_w = grad_w + (dlogits.T @ hc).float()  # (V, d)
+        ctx.save_for_backward(torch.cat(grad_h), grad_w)
+        ctx.weight_dtype, ctx.n = weight.dtype, h.shape[0]
+        return total / h.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_out / ctx.n
+        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """mean_i CE(softmax(h_i @ weight^T), targets_i) for h (N, d), weight (V, d), targets (N,),
+    computed in chunks of rows (`_LinearCrossEntropy`). Under autocast, the matmuls run in
+    the autocast dtype."""
+    device = h.device.type
+    if torch.is_autocast_enabled(device):
+        h = h.to(torch.get_autocast_dtype(device))
+    with torch.autocast(device, enabled=False):
+        if not torch.is_grad_enabled() or not (h.requires_grad or weight.requires_grad):
+            return F.cross_entropy((h @ weight.to(h.dtype).T).float(), targets)
+        budget = 1 << (28 if h.is_cuda else 21)  # logits entries per chunk: big on GPU, cache-sized on CPU
+        return _LinearCrossEntropy.apply(h, weight, targets, max(1, budget // weight.shape[0]))
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -187,6 +234,7 @@ class Transformer(nn.Module):
         return_layers: bool = False,
         sparse: SinkWindow | None = None,
         valid: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ):
         """Logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
 
@@ -195,6 +243,8 @@ class Transformer(nn.Module):
         cache (its own sparsity applies). Without a cache, attention is causal over the T
         tokens, restricted to sink + window if `sparse` is given. With `return_layers`, also
         the residual stream before the first block and after each block, (layers+1, B, T, d_model).
+        With `targets` (B, T), returns instead the mean next-token cross-entropy against them,
+        fused with the unembedding (`linear_cross_entropy`: the (B, T, V) logits never exist).
         """
         B, T = tokens.shape
         if positions is None:
@@ -213,6 +263,10 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, rope, mask, cache, i, slots, positions)
             layers.append(x)
+        if targets is not None:
+            if return_layers:
+                raise ValueError("targets (a loss) and return_layers do not combine")
+            return linear_cross_entropy(self.norm(x).flatten(0, 1), self.unembed.weight, targets.flatten())
         logits = self.unembed(self.norm(x))  # (B, T, V)
         if return_layers:
             return logits, torch.stack(layers)  # (layers+1, B, T, d_model)

@@ -61,7 +61,6 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -157,9 +156,9 @@ class TrainConfig:
 
 
 def lm_objective(model: nn.Module, batch: torch.Tensor):
-    """Next-token cross-entropy (HardTargetLoss, spec 3.7) of a language model on windows (B, T+1)."""
-    logits = model(batch[:, :-1])  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()), {}
+    """Next-token cross-entropy (HardTargetLoss, spec 3.7) of a `Transformer` on windows (B, T+1),
+    fused with the unembedding (the model's forward with `targets`)."""
+    return model(batch[:, :-1], targets=batch[:, 1:]), {}
 
 
 class TrainingDiverged(RuntimeError):
@@ -357,8 +356,10 @@ def train(
         return result
 
     model.train()
+    # Plain tqdm; where stderr is no terminal (a notebook kernel), every refresh becomes a line
+    # of the saved output, so refresh rarely there.
     bar = tqdm(total=total, initial=start, disable=not progress or rank != 0, file=sys.stderr,
-               desc="train", unit="step", mininterval=1.0)
+               desc="train", unit="step", mininterval=1.0 if sys.stderr.isatty() else 15.0)
     t_start = time.perf_counter()
     step_time, timed_steps, first_step_s = 0.0, 0, None
     interval: dict[str, float] = {}

@@ -171,3 +171,36 @@ def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
     assert torch.equal(out, seq)
     sampled = generate(model, prompt, 6, temperature=1.0, seed=3)
     assert torch.equal(sampled, generate(model, prompt, 6, temperature=1.0, seed=3))
+
+
+@pytest.mark.parametrize("chunk", [5, 1000])
+def test_fused_cross_entropy_matches_logits_then_cross_entropy(chunk):
+    from spirelib.model import _LinearCrossEntropy
+
+    torch.manual_seed(0)
+    h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 40, (23,))
+    ref = torch.nn.functional.cross_entropy(h @ w.T, y)
+    ref_grads = torch.autograd.grad(3 * ref, (h, w))
+    fused = _LinearCrossEntropy.apply(h, w, y, chunk)
+    torch.testing.assert_close(fused, ref.float())
+    for got, want in zip(torch.autograd.grad(3 * fused, (h, w)), ref_grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_forward_with_targets_is_the_next_token_loss_of_the_logits():
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    x = torch.randint(0, V, (2, 9))
+    want = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    got = model(x[:, :-1], targets=x[:, 1:])
+    torch.testing.assert_close(got, want)
+    g_want = torch.autograd.grad(want, model.parameters())
+    for a, b in zip(torch.autograd.grad(got, model.parameters()), g_want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x[:, :-1], targets=x[:, 1:]), want)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the GPU path's dtype handling, on CPU
+        low = model(x[:, :-1], targets=x[:, 1:])
+    assert low.dtype == torch.float32 and abs(low.item() - want.item()) < 0.05
