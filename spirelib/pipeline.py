@@ -174,6 +174,22 @@ def mfu(model_cfg: ModelConfig, tokens_per_s: float, peak_flops: float) -> float
     return 6 * flops_per_token_params(model_cfg) * tokens_per_s / peak_flops
 
 
+def training_mfu(trained: TrainedModel) -> dict:
+    """MFU of a training run against the peak measured now on the device it trained on:
+    fp32 on CPU, bf16 (autocast) on GPU. {"peak_flops", "mfu", "device"}; mfu is None when
+    that device is not present here (e.g. a GPU-trained checkpoint loaded on a laptop)."""
+    from spirelib.calibrate import matmul_peak
+
+    device = torch.device(trained.summary["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return {"peak_flops": None, "mfu": None, "device": str(device)}
+    if device.type == "cuda":
+        peak = matmul_peak(sizes=(8192,), device=str(device), dtype=torch.bfloat16)["flops"]
+    else:
+        peak = matmul_peak(seconds=0.2, repeats=2)["flops"]
+    return {"peak_flops": peak, "mfu": mfu(trained.config, trained.summary["tokens_per_s"], peak), "device": str(device)}
+
+
 def flops_per_token_params(model_cfg: ModelConfig) -> int:
     """Parameters that cost matmul FLOPs per token: body + unembedding (the embedding is a lookup)."""
     with torch.device("meta"):
