@@ -21,6 +21,14 @@ it only when no finished checkpoint of the same identity exists. Other models us
 target's `config_hash` in their identity so they retrain when the target changes.
 Everything is validated (`validate_shared`) before any data is read or model built.
 
+Multi-GPU (or multi-process CPU) training uses the same recipe from the command line, and
+notebooks then load the cached result:
+
+    torchrun --nproc_per_node 8 -m spirelib.pipeline target --params params/paper.yaml
+
+reads the shared keys from the file's `shared` section (a `02_train_target` section wins),
+prepares the data on rank 0 first, and trains with DDP.
+
 The train/validation split is fixed: 10% of documents (at least one) for validation,
 permutation seed 0, independent of `seed`, so changing the training seed never moves
 documents between splits.
@@ -28,7 +36,11 @@ documents between splits.
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -136,6 +148,9 @@ def train_language_model(name: str, model_cfg: ModelConfig, train_cfg: TrainConf
     return TrainedModel(result.model, model_cfg, train_cfg, result, data, identity)
 
 
+SHARED_KEYS = ("device", "seed", "corpus", "corpus_path", "tokenizer", "vocab_size", "target", "target_training")
+
+
 def trained_target(*, device: str, seed: int, corpus: str, corpus_path: str, tokenizer: str, vocab_size: int,
                    target: dict, target_training: dict, progress: bool = True) -> TrainedModel:
     """The workbook's target model from the shared parameters (see the module docstring)."""
@@ -195,3 +210,40 @@ def flops_per_token_params(model_cfg: ModelConfig) -> int:
     with torch.device("meta"):
         body = Transformer(model_cfg).body_params()
     return body + model_cfg.d_model * model_cfg.vocab_size
+
+
+def main(argv: list[str]) -> int:
+    """`python -m spirelib.pipeline target --params FILE` (also under torchrun): train and cache the target."""
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m spirelib.pipeline", description=main.__doc__)
+    parser.add_argument("what", choices=["target"])
+    parser.add_argument("--params", required=True, type=Path, help="a params/*.yaml file")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    params = yaml.safe_load(args.params.read_text()) or {}
+    merged = {**(params.get("shared") or {}), **((params.get("notebooks") or {}).get("02_train_target") or {})}
+    missing = [k for k in SHARED_KEYS if k not in merged]
+    if missing:
+        print(f"{args.params} lacks {missing} (in `shared` or the 02_train_target section)", file=sys.stderr)
+        return 2
+    shared = {k: merged[k] for k in SHARED_KEYS}
+    validate_shared(**shared)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1:  # rank 0 tokenizes and caches the data; the others then read the cache
+        import torch.distributed as dist
+
+        from spirelib.train import resolve_device
+
+        dist.init_process_group(backend="nccl" if resolve_device(shared["device"]).type == "cuda" else "gloo")
+        if dist.get_rank() == 0:
+            token_data(shared["corpus"], shared["corpus_path"], shared["tokenizer"], shared["vocab_size"])
+        dist.barrier()
+    run = trained_target(**shared, progress=not args.no_progress)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"target {run.result.path.parent}: {run.summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

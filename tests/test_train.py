@@ -1,5 +1,6 @@
 """The trainer: schedule, budget, config validation, exact resume, reuse, refusal, divergence."""
 
+import json
 import math
 
 import numpy as np
@@ -204,3 +205,24 @@ def test_forward_with_targets_is_the_next_token_loss_of_the_logits():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the GPU path's dtype handling, on CPU
         low = model(x[:, :-1], targets=x[:, 1:])
     assert low.dtype == torch.float32 and abs(low.item() - want.item()) < 0.05
+
+
+def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_path, monkeypatch, capsys):
+    from spirelib import pipeline
+
+    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    shared = dict(device="cpu", seed=0, corpus="text", corpus_path=str(tmp_path / "texts"), tokenizer="bytes",
+                  vocab_size=256, target=dict(num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
+                  target_training=dict(batch_size=2, seq_len=16, steps=3, eval_windows=2))
+    (tmp_path / "texts").mkdir()
+    for i in range(4):
+        (tmp_path / "texts" / f"{i}.txt").write_text(f"document {i} " * 40)
+    params = tmp_path / "p.yaml"
+    params.write_text(json.dumps({"shared": shared}))  # JSON is YAML
+    assert pipeline.main(["target", "--params", str(params), "--no-progress"]) == 0
+    assert "target-" in capsys.readouterr().out
+    run = pipeline.trained_target(**shared, progress=False)
+    assert run.result.reused and run.summary["steps"] == 3
+    params.write_text(json.dumps({"shared": {k: v for k, v in shared.items() if k != "seed"}}))
+    assert pipeline.main(["target", "--params", str(params)]) == 2
