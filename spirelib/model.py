@@ -192,11 +192,14 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     device = h.device.type
     if torch.is_autocast_enabled(device):
         h = h.to(torch.get_autocast_dtype(device))
+    chunk = max(1, (1 << (28 if h.is_cuda else 21)) // weight.shape[0])  # logits per chunk: GPU big, CPU cache-sized
     with torch.autocast(device, enabled=False):
-        if not torch.is_grad_enabled() or not (h.requires_grad or weight.requires_grad):
-            return F.cross_entropy((h @ weight.to(h.dtype).T).float(), targets)
-        budget = 1 << (28 if h.is_cuda else 21)  # logits entries per chunk: big on GPU, cache-sized on CPU
-        return _LinearCrossEntropy.apply(h, weight, targets, max(1, budget // weight.shape[0]))
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            return _LinearCrossEntropy.apply(h, weight, targets, chunk)
+        w = weight.to(h.dtype)
+        total = sum(F.cross_entropy((h[i : i + chunk] @ w.T).float(), targets[i : i + chunk], reduction="sum")
+                    for i in range(0, h.shape[0], chunk))
+        return total / h.shape[0]
 
 
 class Transformer(nn.Module):

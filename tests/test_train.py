@@ -226,3 +226,13 @@ def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_pat
     assert run.result.reused and run.summary["steps"] == 3
     params.write_text(json.dumps({"shared": {k: v for k, v in shared.items() if k != "seed"}}))
     assert pipeline.main(["target", "--params", str(params)]) == 2
+
+
+@torch.no_grad()
+def test_fused_cross_entropy_without_grad_chunks_rows_too():
+    from spirelib.model import linear_cross_entropy
+
+    torch.manual_seed(0)
+    h, w = torch.randn(23, 8), torch.randn(200_000, 8)  # 2**21 // 200_000 = 10 rows per chunk
+    y = torch.randint(0, 200_000, (23,))
+    torch.testing.assert_close(linear_cross_entropy(h, w, y), torch.nn.functional.cross_entropy(h @ w.T, y))
