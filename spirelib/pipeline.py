@@ -6,7 +6,7 @@ so that all of them rebuild, i.e. load, the same cached target):
     device: str            "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int              model init and training-window seed
     corpus: str            "sotu" | "stdlib" | "text" | "longcrawl64"   (spirelib.data)
-    corpus_path: str       files for "text", the Zarr folder for "longcrawl64"
+    corpus_path: str       files for "text", the Zarr folder for "longcrawl64" (relative to the project root)
     tokenizer: str         "bpe" | "bytes" | "gpt2" (gpt2: LongCrawl64's ids)
     vocab_size: int        the model's vocabulary; BPE is trained to this size; it may pad
                            a fixed tokenizer's vocabulary (GPT-2's 50257 -> 50304)

@@ -53,6 +53,7 @@ def test_text_corpus_reads_txt_md_and_jsonl(tmp_path):
         load_corpus("text", str(folder))
     with pytest.raises(FileNotFoundError):
         load_corpus("text", str(tmp_path / "nothing-here"))
+    assert data.resolve_path("data/x") == data.project_root() / "data" / "x"  # not the working directory
     with pytest.raises(ValueError, match="unknown corpus"):
         load_corpus("wikipedia")
 
