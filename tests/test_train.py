@@ -236,3 +236,22 @@ def test_fused_cross_entropy_without_grad_chunks_rows_too():
     h, w = torch.randn(23, 8), torch.randn(200_000, 8)  # 2**21 // 200_000 = 10 rows per chunk
     y = torch.randint(0, 200_000, (23,))
     torch.testing.assert_close(linear_cross_entropy(h, w, y), torch.nn.functional.cross_entropy(h @ w.T, y))
+
+
+def test_calibration_measures_and_stores_this_machine(monkeypatch):
+    import types
+
+    from spirelib import calibrate
+
+    peak = calibrate.matmul_peak(sizes=(64, 128), seconds=0.01, repeats=2)
+    assert len(peak["rates"]) == 4 and peak["flops"] == max(peak["rates"]) > 0
+    saved = {}
+    fake = types.SimpleNamespace(save_measured=lambda flops, bw: saved.update(flops=flops, bw=bw) or "path")
+    import spirelib
+
+    monkeypatch.setitem(__import__("sys").modules, "spirelib.hardware", fake)
+    monkeypatch.setattr(spirelib, "hardware", fake, raising=False)
+    monkeypatch.setattr(calibrate, "matmul_peak", lambda **kw: {"flops": 2e11, "rates": [2e11], "threads": 2})
+    monkeypatch.setattr(calibrate, "memory_bandwidth", lambda **kw: {"bandwidth": 2e10, "rates": [2e10]})
+    result = calibrate.calibrate()
+    assert saved == {"flops": {"fp32": 2e11}, "bw": 2e10} and result["saved_to"] == "path"
