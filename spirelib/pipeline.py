@@ -66,7 +66,9 @@ class Data:
 
 @dataclass
 class TrainedModel:
-    model: Transformer
+    """A trained (or loaded) language model with everything that identifies it."""
+
+    model: Transformer  # on the training device, in eval mode
     config: ModelConfig
     train_config: TrainConfig
     result: TrainResult

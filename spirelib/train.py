@@ -35,8 +35,23 @@ API
     good checkpoint. `stop_at=s` ends the session after step s with a checkpoint
     (resumable), as an interruption would.
 
-``run_dir_for(name, identity)`` is the conventional cache folder ``cache_dir()/models/
-<name>-<hash>``; `spirelib.pipeline` builds identities and run folders for the workbook.
+``run_dir_for(name, full_identity(cfg, identity))`` is the conventional cache folder
+``cache_dir()/models/<name>-<hash>``; `spirelib.pipeline` builds identities and run folders
+for the workbook. A draft trained against a frozen target, for example::
+
+    target = pipeline.trained_target(**shared)          # cached; target.model on the device
+    frozen = target.model.eval().requires_grad_(False)
+
+    def objective(model, batch):                         # batch (B, T+1)
+        with torch.no_grad():
+            target_logits, layers = frozen(batch[:, :-1], return_layers=True)
+        return model(batch[:, :-1], layers, target_logits)   # the draft's forward -> (loss, metrics)
+
+    identity = {"kind": "spire-draft", "draft": draft_cfg, "target": target.config_hash,
+                "data": target.data.dataset.checksum, "objective": "mixed-0.5"}
+    result = train(draft, objective, target.data.dataset.train, cfg, identity=identity,
+                   run_dir=run_dir_for("spire", full_identity(cfg, identity)),
+                   val_docs=target.data.dataset.val, device=device)
 
 Distributed: launched under ``torchrun`` (WORLD_SIZE > 1) the trainer initializes the
 process group itself (gloo on CPU, nccl on GPU), wraps the model in DDP, and rank 0 writes
