@@ -374,7 +374,7 @@ def train(
     # Plain tqdm; where stderr is no terminal (a notebook kernel), every refresh becomes a line
     # of the saved output, so refresh rarely there.
     bar = tqdm(total=total, initial=start, disable=not progress or rank != 0, file=sys.stderr,
-               desc="train", unit="step", mininterval=1.0 if sys.stderr.isatty() else 15.0)
+               desc="train", unit="step", mininterval=1.0 if sys.stderr.isatty() else 30.0)
     t_start = time.perf_counter()
     step_time, timed_steps, first_step_s = 0.0, 0, None
     interval: dict[str, float] = {}
