@@ -46,7 +46,7 @@ def matmul_peak(sizes=(2048, 4096), seconds: float = 0.4, repeats: int = 3, devi
         gen = torch.Generator(device=dev).manual_seed(0)
         a, b = (torch.randn(n, n, device=dev, generator=gen).to(dtype) for _ in range(2))
         out = torch.empty(n, n, device=dev, dtype=dtype)
-        rates += _best_rate(lambda: torch.mm(a, b, out=out), 2.0 * n**3, dev, seconds, repeats)
+        rates += _best_rate(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), 2.0 * n**3, dev, seconds, repeats)
     return {"flops": max(rates), "rates": rates, "sizes": list(sizes), "threads": torch.get_num_threads()}
 
 

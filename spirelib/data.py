@@ -185,7 +185,7 @@ def _text(path: str) -> TextCorpus:
     return _text_corpus("text", docs)
 
 
-def load_corpus(name: str, path: str = "") -> "TextCorpus | LongCrawl64":
+def load_corpus(name: str, path: str = "") -> TextCorpus | LongCrawl64:
     """A corpus by name (see the module docstring); `path` for "text" and "longcrawl64"."""
     if name == "sotu":
         return _sotu()
@@ -333,8 +333,8 @@ class TokenDataset:
     """Token documents of both splits plus what identifies them (`checksum`: corpus, split
     and tokenizer together; it keys everything trained on the data)."""
 
-    train: "FlatDocs | ZarrDocs"
-    val: "FlatDocs | ZarrDocs"
+    train: FlatDocs | ZarrDocs
+    val: FlatDocs | ZarrDocs
     vocab_size: int  # the tokenizer's: every id is below it
     eos_id: int
     checksum: str
@@ -355,7 +355,7 @@ class WindowSampler:
     """Training batches of token windows (B, T+1), a pure function of (seed, step): the global
     batch is drawn from (seed, step) and rank r of `world` takes rows [r*B/world, (r+1)*B/world)."""
 
-    def __init__(self, docs: "FlatDocs | ZarrDocs", batch_size: int, length: int, seed: int):
+    def __init__(self, docs: FlatDocs | ZarrDocs, batch_size: int, length: int, seed: int):
         self.docs, self.batch_size, self.length, self.seed = docs, batch_size, length, seed
 
     def batch(self, step: int, rank: int = 0, world: int = 1) -> torch.Tensor:
@@ -366,7 +366,7 @@ class WindowSampler:
         return torch.from_numpy(windows[rank * per_rank : (rank + 1) * per_rank])  # (B/world, T+1)
 
 
-def validation_windows(docs: "FlatDocs | ZarrDocs", n: int, length: int, seed: int) -> torch.Tensor:
+def validation_windows(docs: FlatDocs | ZarrDocs, n: int, length: int, seed: int) -> torch.Tensor:
     """A fixed set of n windows (n, length) for validation loss."""
     return torch.from_numpy(docs.sample_windows(_rng(seed, _VALIDATION), n, length))
 
@@ -379,7 +379,7 @@ class EvalContexts:
     start: np.ndarray  # (n,) offset of the context in its document
 
 
-def eval_contexts(docs: "FlatDocs | ZarrDocs", n: int, context_len: int, gen_len: int, seed: int) -> EvalContexts:
+def eval_contexts(docs: FlatDocs | ZarrDocs, n: int, context_len: int, gen_len: int, seed: int) -> EvalContexts:
     """n contexts of exactly `context_len` tokens (spec 5), each from a validation document
     that holds context_len + gen_len tokens, uniform over all such windows."""
     need = context_len + gen_len

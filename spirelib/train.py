@@ -69,17 +69,24 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from spirelib.checkpoint import check_identity, checkpoint_path, config_hash, load_checkpoint, read_meta, save_checkpoint
+from spirelib.checkpoint import (
+    check_identity,
+    checkpoint_path,
+    config_hash,
+    load_checkpoint,
+    read_meta,
+    save_checkpoint,
+)
 from spirelib.data import WindowSampler, validation_windows
 from spirelib.paths import cache_dir
 
@@ -143,7 +150,7 @@ class TrainConfig:
             raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, 0 <= warmup_fraction < 1: {self}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         return from_dict_checked(cls, d, "TrainConfig")
 
     def to_dict(self) -> dict:
