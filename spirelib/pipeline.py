@@ -16,7 +16,8 @@ so that all of them rebuild, i.e. load, the same cached target):
 
 `trained_target(**shared)` turns them into the trained target (a `TrainedModel`), training
 it only when no finished checkpoint of the same identity exists. Other models use
-`train_language_model` (e.g. the vanilla draft: a smaller Transformer, same objective), or
+`train_language_model` (the vanilla draft: a smaller Transformer, same objective, same data:
+``train_language_model(draft_cfg, train_cfg, target.data, name="vanilla-draft", device=device)``), or
 `spirelib.train.train` directly with their own objective (the SPIRe draft), passing the
 target's `config_hash` in their identity so they retrain when the target changes.
 Everything is validated (`validate_shared`) before any data is read or model built.
@@ -130,7 +131,7 @@ def token_data(corpus: str, corpus_path: str, tokenizer: str, vocab_size: int) -
     return Data(tokenize(source, tok, train_docs, val_docs, split_key), tok, corpus, (len(train_docs), len(val_docs)))
 
 
-def train_language_model(name: str, model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data, *,
+def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data, *, name: str,
                          device: str = "auto", progress: bool = True, extra_identity: dict | None = None,
                          stop_at: int | None = None) -> TrainedModel:
     """Train (or load the cached) Transformer `model_cfg` with next-token cross-entropy.
@@ -160,7 +161,7 @@ def trained_target(*, device: str, seed: int, corpus: str, corpus_path: str, tok
                                            tokenizer=tokenizer, vocab_size=vocab_size, target=target,
                                            target_training=target_training)
     data = token_data(corpus, corpus_path, tokenizer, vocab_size)
-    return train_language_model("target", model_cfg, train_cfg, data, device=device, progress=progress)
+    return train_language_model(model_cfg, train_cfg, data, name="target", device=device, progress=progress)
 
 
 @torch.no_grad()
