@@ -296,17 +296,21 @@ class ZarrDocs:
             out[sel] = block[inverse[:, None], cols]
         return out
 
-    def sample_windows(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray:
-        """n windows of one row chunk at one shared offset: one or two chunk reads per batch
-        (documents are independent, so windows of different documents are still diverse)."""
+    def sample_windows(self, rng: np.random.Generator, n: int, length: int, group: int = 8) -> np.ndarray:
+        """n windows (n, length) in groups of `group`: each group takes distinct documents of one
+        row chunk at one shared offset, so a group costs one or two chunk reads (a chunk holds
+        2048 x 2048 ids) while windows still come from many documents and offsets."""
         if length > self.cols:
             raise ValueError(f"windows of {length} exceed the document length {self.cols}")
         n_chunks = -(-self.rows // self.chunk_rows)
         sizes = np.minimum(self.chunk_rows, self.rows - np.arange(n_chunks) * self.chunk_rows)
-        chunk = rng.choice(n_chunks, p=sizes / sizes.sum())
-        rows = chunk * self.chunk_rows + rng.choice(sizes[chunk], size=n, replace=n > sizes[chunk])
-        start = int(rng.integers(0, self.cols - length + 1))
-        return self.read_windows(rows, np.full(n, start), length)
+        docs, starts = [], []
+        for k in range(0, n, group):
+            m = min(group, n - k)
+            chunk = rng.choice(n_chunks, p=sizes / sizes.sum())
+            docs.append(chunk * self.chunk_rows + rng.choice(sizes[chunk], size=m, replace=m > sizes[chunk]))
+            starts.append(np.full(m, rng.integers(0, self.cols - length + 1)))
+        return self.read_windows(np.concatenate(docs), np.concatenate(starts), length)
 
 
 class LongCrawl64:

@@ -130,11 +130,14 @@ def test_longcrawl64_reads_windows_from_a_zarr_v2_store(tmp_path):
     got = lc.train.read_windows(docs, starts, 40)  # windows spanning one or two column chunks
     want = np.stack([arrays["train.zarr"][d, s : s + 40] for d, s in zip(docs, starts)])
     assert np.array_equal(got, want)
-    batch = WindowSampler(lc.train, 6, 17, seed=1).batch(3)
-    assert batch.shape == (6, 17)
+    batch = WindowSampler(lc.train, 20, 17, seed=1).batch(3)  # 3 groups of <= 8 windows
+    assert batch.shape == (20, 17)
+    offsets = set()
     for w in batch.numpy():  # every window is a run of some document
         hits = [(d, s) for d in range(10) for s in range(84) if np.array_equal(arrays["train.zarr"][d, s : s + 17], w)]
         assert hits
+        offsets.add(hits[0][1])
+    assert len(offsets) > 1
     ctx = eval_contexts(lc.val, 8, 50, 10, seed=0)
     assert ctx.tokens.shape == (8, 50)
     assert lc.checksum == LongCrawl64(str(tmp_path)).checksum
