@@ -158,22 +158,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
     The loss is the last op of a step, so forward computes the gradients too, chunk by chunk
     over rows (logits, softmax, minus one-hot, then both matmuls), and backward only scales
     them. Peak memory is one chunk of logits instead of (N, V), and each chunk is reused
-    while still in cache. Matmuls run in h's dtype, softmax and accumulation in fp32.
+    while still in cache. Matmuls run in h's dtype, log-softmax and accumulation in at least fp32.
     """
 
     @staticmethod
     def forward(ctx, h, weight, targets, chunk):
+        acc = torch.promote_types(h.dtype, torch.float32)
         w = weight.to(h.dtype)  # (V, d)
-        total = h.new_zeros((), dtype=torch.float32)
-        grad_h, grad_w = [], torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+        total = h.new_zeros((), dtype=acc)
+        grad_h, grad_w = [], torch.zeros(weight.shape, dtype=acc, device=h.device)
         for i in range(0, h.shape[0], chunk):
             hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, d), (c, 1)
-            probs = torch.softmax((hc @ w.T).float(), dim=-1)  # (c, V)
-            picked = probs.gather(1, tc)  # (c, 1)
-            total = total - picked.log().sum()
-            dlogits = probs.scatter(1, tc, picked - 1).to(h.dtype)  # d(sum of losses)/d logits
+            log_probs = torch.log_softmax((hc @ w.T).to(acc), dim=-1)  # (c, V)
+            total = total - log_probs.gather(1, tc).sum()
+            probs = log_probs.exp_()
+            dlogits = probs.scatter(1, tc, probs.gather(1, tc) - 1).to(h.dtype)  # d(sum of losses)/d logits
             grad_h.append(dlogits @ w)  # (c, d)
-            grad_w = grad_w + (dlogits.T @ hc).float()  # (V, d)
+            grad_w = grad_w + (dlogits.T @ hc).to(acc)  # (V, d)
         ctx.save_for_backward(torch.cat(grad_h), grad_w)
         ctx.weight_dtype, ctx.n = weight.dtype, h.shape[0]
         return total / h.shape[0]
