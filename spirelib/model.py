@@ -152,6 +152,57 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits h @ W^T against targets, without materializing all logits.
+
+    The loss is the last op of a step, so forward computes the gradients too, chunk by chunk
+    over rows (logits, softmax, minus one-hot, then both matmuls), and backward only scales
+    them. Peak memory is one chunk of logits instead of (N, V), and each chunk is reused
+    while still in cache. Matmuls run in h's dtype, log-softmax and accumulation in at least fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk):
+        acc = torch.promote_types(h.dtype, torch.float32)
+        w = weight.to(h.dtype)  # (V, d)
+        total = h.new_zeros((), dtype=acc)
+        grad_h, grad_w = [], torch.zeros(weight.shape, dtype=acc, device=h.device)
+        for i in range(0, h.shape[0], chunk):
+            hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, d), (c, 1)
+            log_probs = torch.log_softmax((hc @ w.T).to(acc), dim=-1)  # (c, V)
+            total = total - log_probs.gather(1, tc).sum()
+            probs = log_probs.exp_()
+            dlogits = probs.scatter(1, tc, probs.gather(1, tc) - 1).to(h.dtype)  # d(sum of losses)/d logits
+            grad_h.append(dlogits @ w)  # (c, d)
+            grad_w = grad_w + (dlogits.T @ hc).to(acc)  # (V, d)
+        ctx.save_for_backward(torch.cat(grad_h), grad_w)
+        ctx.weight_dtype, ctx.n = weight.dtype, h.shape[0]
+        return total / h.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_out / ctx.n
+        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """mean_i CE(softmax(h_i @ weight^T), targets_i) for h (N, d), weight (V, d), targets (N,),
+    computed in chunks of rows (`_LinearCrossEntropy`). Under autocast, the matmuls run in
+    the autocast dtype."""
+    device = h.device.type
+    if torch.is_autocast_enabled(device):
+        h = h.to(torch.get_autocast_dtype(device))
+    chunk = max(1, (1 << (28 if h.is_cuda else 21)) // weight.shape[0])  # logits per chunk: GPU big, CPU cache-sized
+    with torch.autocast(device, enabled=False):
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            return _LinearCrossEntropy.apply(h, weight, targets, chunk)
+        w = weight.to(h.dtype)
+        total = sum(F.cross_entropy((h[i : i + chunk] @ w.T).float(), targets[i : i + chunk], reduction="sum")
+                    for i in range(0, h.shape[0], chunk))
+        return total / h.shape[0]
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -187,6 +238,7 @@ class Transformer(nn.Module):
         return_layers: bool = False,
         sparse: SinkWindow | None = None,
         valid: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ):
         """Logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
 
@@ -195,6 +247,8 @@ class Transformer(nn.Module):
         cache (its own sparsity applies). Without a cache, attention is causal over the T
         tokens, restricted to sink + window if `sparse` is given. With `return_layers`, also
         the residual stream before the first block and after each block, (layers+1, B, T, d_model).
+        With `targets` (B, T), returns instead the mean next-token cross-entropy against them,
+        fused with the unembedding (`linear_cross_entropy`: the (B, T, V) logits never exist).
         """
         B, T = tokens.shape
         if positions is None:
@@ -213,6 +267,10 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, rope, mask, cache, i, slots, positions)
             layers.append(x)
+        if targets is not None:
+            if return_layers:
+                raise ValueError("targets (a loss) and return_layers do not combine")
+            return linear_cross_entropy(self.norm(x).flatten(0, 1), self.unembed.weight, targets.flatten())
         logits = self.unembed(self.norm(x))  # (B, T, V)
         if return_layers:
             return logits, torch.stack(layers)  # (layers+1, B, T, d_model)

@@ -1,0 +1,55 @@
+"""Plotly figures for training runs: loss curves and throughput from the trainer's metrics log.
+
+Builders take metrics logs (`TrainResult.metrics`: lists of {"kind": "train"|"val", ...})
+and return `go.Figure`s; they compute nothing but the plotted series. `scale` is a short
+note of the model and data scale, shown in the title (every figure says its scale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+
+def _series(metrics: list[dict], kind: str, key: str) -> tuple[list[int], list[float]]:
+    rows = [m for m in metrics if m["kind"] == kind and key in m]
+    return [m["tokens"] for m in rows], [m[key] for m in rows]
+
+
+def loss_curves(runs: Mapping[str, list[dict]], scale: str = "", log_x: bool = False) -> go.Figure:
+    """Training loss (lines) and validation loss (markers) against tokens seen, one color per run."""
+    fig = go.Figure()
+    for i, (name, metrics) in enumerate(runs.items()):
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        x, y = _series(metrics, "train", "loss")
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} train", line=dict(color=color)))
+        x, y = _series(metrics, "val", "val_loss")
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{name} validation",
+                                 line=dict(color=color, dash="dot"), marker=dict(size=8)))
+    fig.update_layout(title="Cross-entropy (nats/token)" + (f" — {scale}" if scale else ""),
+                      xaxis_title="training tokens", yaxis_title="loss (nats/token)", template="plotly_white",
+                      legend=dict(orientation="h", y=-0.2))
+    if log_x:
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def training_dashboard(metrics: list[dict], scale: str = "") -> go.Figure:
+    """Three panels over training tokens: loss (train, validation), learning rate, tokens/s."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("loss (nats/token)", "learning rate", "tokens/s"))
+    x, y = _series(metrics, "train", "loss")
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="train loss"), row=1, col=1)
+    x, y = _series(metrics, "val", "val_loss")
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="validation loss"), row=1, col=1)
+    x, y = _series(metrics, "train", "lr")
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="learning rate"), row=2, col=1)
+    x, y = _series(metrics, "train", "tokens_per_s")
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="tokens/s"), row=3, col=1)
+    fig.update_xaxes(title_text="training tokens", row=3, col=1)
+    fig.update_layout(title="Training run" + (f" — {scale}" if scale else ""), template="plotly_white",
+                      height=700, showlegend=True, legend=dict(orientation="h", y=-0.1))
+    return fig

