@@ -110,8 +110,9 @@ class _KVCache:
         """Keys and values (B, n_kv, S+1, d_head) of one layer as queries at q_pos (B, T) see them."""
         return self.k[layer], self.v[layer]
 
-    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor:
-        """Visibility (B, 1, T, S+1) of every slot for queries at q_pos (B, T)."""
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+        """Visibility (B, 1, T, S+1) of the slots `layer_kv` returns for queries at q_pos (B, T);
+        None means causal (query t sees keys 0..t; only where T queries read T keys)."""
         return visibility(q_pos, self.key_positions, self.sparse, include_self)
 
     def rollback(self, lengths: torch.Tensor) -> None:
@@ -121,18 +122,50 @@ class _KVCache:
 
 class DenseKVCache(_KVCache):
     """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
-    (the slow, obviously correct way to run sparse attention; a reference in tests)."""
+    (the slow, obviously correct way to run sparse attention; a reference in tests).
+
+    Prefill fast path: while the cache holds only the keys of its first forward, and that
+    forward wrote positions 0..T-1 with a valid prefix per row (a prefill of right-padded
+    contexts), reads return just those T slots and the mask is plain causal (None), so
+    attention runs over T keys instead of the whole capacity and skips the masked half.
+    The next `prepare` ends it.
+    """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
                  sparse: SinkWindow | None = None, device=None, dtype=torch.float32):
         super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.sparse = sparse
+        self._written = False
+        self._prefix: torch.Tensor | None = None  # positions (B, T) of the first forward, if 0..T-1
 
     def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         if bool((valid & (positions >= self.capacity)).any()):
             raise ValueError(f"position {int(positions[valid].max())} exceeds the cache capacity {self.capacity}")
         return torch.where(valid, positions, self.trash)
+
+    def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        slots = super().prepare(positions, valid)
+        T = positions.shape[1]
+        first = not self._written and bool((positions == torch.arange(T, device=positions.device)).all())
+        if first and valid is not None:
+            first = bool((valid[:, 1:] <= valid[:, :-1]).all())  # padding only at the end of rows
+        self._prefix = positions if first else None
+        self._written = True
+        return slots
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._prefix is None:
+            return self.k[layer], self.v[layer]
+        T = self._prefix.shape[1]
+        return self.k[layer][:, :, :T], self.v[layer][:, :, :T]
+
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+        if self._prefix is None:
+            return super().mask(q_pos, include_self)
+        if include_self and self.sparse is None and torch.equal(q_pos, self._prefix):
+            return None  # causal over the prefill's own keys
+        return visibility(q_pos, self.key_positions[:, : self._prefix.shape[1]], self.sparse, include_self)
 
 
 class SinkWindowKVCache(_KVCache):
