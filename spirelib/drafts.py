@@ -40,7 +40,8 @@ def _last_verified(verified: TargetPass, previous: torch.Tensor | None) -> torch
 
 
 class VanillaDraft:
-    """A separate, smaller transformer with its own dense cache (spec 4, vanilla SD).
+    """A separate, smaller transformer with its own dense cache (spec 4, vanilla SD), or,
+    with `sparse`, reading only sink + window of it (the ablation without target activations).
 
     It runs on verified tokens itself. After a round where all k drafts were accepted, the
     last draft token was never run through the draft; so every round's first pass runs the
@@ -50,17 +51,20 @@ class VanillaDraft:
 
     needs_target_layers = False
 
-    def __init__(self, model: Transformer, temperature: float = 1.0, generator: torch.Generator | None = None):
+    def __init__(self, model: Transformer, temperature: float = 1.0, generator: torch.Generator | None = None,
+                 sparse: SinkWindow | None = None):
         self.model = model
         self.temperature = temperature
         self.generator = generator
+        self.sparse = sparse  # attend to sink + window only (a sparse draft trained that way)
 
     def begin(self, verified: TargetPass, k: int) -> None:
         cfg = self.model.cfg
         param = next(self.model.parameters())
         B = verified.tokens.shape[0]
         capacity = verified.cache.capacity
-        self.cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, device=param.device, dtype=param.dtype)
+        self.cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, sparse=self.sparse,
+                                  device=param.device, dtype=param.dtype)
         self.model(verified.tokens, verified.positions, self.cache, valid=verified.valid)
         self.previous = _last_verified(verified, None)
 

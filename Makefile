@@ -1,0 +1,45 @@
+# spire-workbook: `make run` (set up, then run the whole series) and `make test`.
+#
+# Variables:  PYTHON       interpreter that creates the venv            (python3)
+#             VENV         the virtual environment                      (.venv)
+#             TORCH_SPEC   torch requirement installed first, explicitly (torch==2.13.0)
+#             TORCH_PIP_ARGS  extra pip args for torch, e.g. --index-url https://download.pytorch.org/whl/<cuda tag>
+#             PARAMS       params file for `make run`                   (params/default.yaml)
+#             PYTEST_ARGS  extra pytest arguments for `make test`, e.g. "-x -q tests/test_workbook.py"
+# The venv is reinstalled only when pyproject.toml changes (stamp file); to change torch, rm -r .venv.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PARAMS ?= params/default.yaml
+PYTEST_ARGS ?=
+
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
+
+.PHONY: setup data run test bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -e ".[notebooks,test]"
+	touch $@
+
+# Hook for the data layer: fetch and cache the default corpus (`python -m spirelib.data fetch`).
+data: setup
+
+run: setup data
+	$(PY) -m spirelib.workbook run --params $(PARAMS) --out $(RUN_DIR)
+	@echo "open $(RUN_DIR)/index.html"
+
+test: setup data
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Benchmarks: `make bench BENCH=<name>`; without BENCH it lists them (python -m spirelib.bench --help).
+BENCH ?=
+bench: setup
+	$(PY) -m spirelib.bench $(or $(BENCH),--help)

@@ -1,0 +1,114 @@
+"""`python -m spirelib.bench spire-train`: SPIRe draft training throughput (spec 3.6).
+
+Measures, on one training batch of the chosen shapes, forward + backward time of
+- k-pass: `SpireDraftModel.k_pass_logits` (all blocks of a sequence in k passes),
+- ordinary: a plain `Transformer` of the same shape (n_d layers, the target's width) over
+  the same T tokens, the cost k-pass training should stay close to (goal: ratio >= 0.7),
+- naive: the same draft trained block by block, k one-query passes per block (T sequential
+  passes per sequence), what training would cost without the k-pass formulation,
+and, separately, the frozen target's forward that supplies activations and distributions.
+Tokens/s count the training positions (B x T). The loss is a stand-in (mean logsumexp), the
+same for every variant, so only the model's forward/backward is compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from spirelib.model import ModelConfig, Transformer
+from spirelib.spire import SpireConfig, SpireDraftModel, block_positions
+
+
+def _time(fn, repeats: int) -> list[float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
+        naive_blocks: int) -> dict:
+    torch.manual_seed(0)
+    target = Transformer(target_cfg).eval()
+    draft = SpireDraftModel.from_target(target, spire_cfg)
+    plain = Transformer(draft.body.cfg)
+    tokens = torch.randint(0, target_cfg.vocab_size, (batch, seq_len))
+    with torch.no_grad():
+        _, layers = target(tokens, return_layers=True)
+    positions = block_positions(seq_len, k)
+
+    def target_forward():
+        with torch.no_grad():
+            target(tokens, return_layers=True)
+
+    def k_pass():
+        draft.zero_grad(set_to_none=True)
+        logits, _ = draft.k_pass_logits(tokens, layers, k)
+        logits.logsumexp(-1).mean().backward()
+
+    def ordinary():
+        plain.zero_grad(set_to_none=True)
+        plain(tokens).logsumexp(-1).mean().backward()
+
+    def naive():  # the first `naive_blocks` blocks one at a time; scaled to the whole sequence below
+        draft.zero_grad(set_to_none=True)
+        for b in range(naive_blocks):
+            logits, _ = draft.k_pass_logits(tokens, layers, k, positions[b : b + 1])
+            logits.logsumexp(-1).mean().backward()
+
+    tokens_per_step = batch * seq_len
+    results = {}
+    for name, fn, scale in [("target_forward", target_forward, 1.0), ("k_pass", k_pass, 1.0),
+                            ("ordinary", ordinary, 1.0), ("naive", naive, positions.shape[0] / naive_blocks)]:
+        times = [t * scale for t in _time(fn, repeats)]
+        results[name] = {"best_s": min(times), "median_s": statistics.median(times),
+                         "tokens_per_s": tokens_per_step / min(times)}
+    results["k_pass_vs_ordinary"] = results["k_pass"]["tokens_per_s"] / results["ordinary"]["tokens_per_s"]
+    results["k_pass_vs_naive"] = results["k_pass"]["tokens_per_s"] / results["naive"]["tokens_per_s"]
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spirelib.bench spire-train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--target-layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--n-kv", type=int, default=4)
+    parser.add_argument("--d-head", type=int, default=32)
+    parser.add_argument("--d-ff", type=int, default=512)
+    parser.add_argument("--draft-layers", type=int, default=2)
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--naive-blocks", type=int, default=4, help="blocks timed for the naive variant (extrapolated)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_cfg = ModelConfig(args.vocab_size, args.target_layers, args.d_model, 1, args.n_kv, args.d_head, args.d_ff)
+    results = run(target_cfg, SpireConfig(num_layers=args.draft_layers, window=args.window), args.batch,
+                  args.seq_len, args.k, args.repeats, args.naive_blocks)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"SPIRe draft training, B={args.batch} T={args.seq_len} k={args.k} window={args.window}, "
+          f"target {args.target_layers}x{args.d_model}, draft {args.draft_layers} layers, "
+          f"{torch.get_num_threads()} threads")
+    for name in ("target_forward", "k_pass", "ordinary", "naive"):
+        r = results[name]
+        print(f"  {name:15s} {r['best_s'] * 1e3:9.1f} ms (median {r['median_s'] * 1e3:.1f})  {r['tokens_per_s']:10.0f} tokens/s")
+    print(f"  k-pass / ordinary throughput: {results['k_pass_vs_ordinary']:.2f} (goal >= 0.7)")
+    print(f"  k-pass / naive throughput:    {results['k_pass_vs_naive']:.1f}x")
+    return 0

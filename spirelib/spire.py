@@ -1,0 +1,313 @@
+"""The SPIRe draft (spec 3): Sparse KV cache, Pruned Initialization, Recurrent (feedback) memory.
+
+Draft layer i (0-based, of n_d) is pruned from target layer n_t - n_d + i. Its attention
+reads *memory* vectors rather than its own layer inputs: for a verified position t, the
+target's residual stream entering that target layer, y_t^(n_t - n_d + i) (spec 3.3); for a
+position the draft processed itself, a learned softmax mixture of all the draft's
+activations at t, m_t^i = sum_l softmax(w_i)_l x_t^l (spec 3.2). Each layer projects memory
+into keys/values with its own K/V weights (after its attention norm, exactly as the target
+layer would from its input). Queries see the sink and the window of positions before them
+(spec 3.4, 9), never their own position: its memory is only made after the pass.
+
+Two ways to compute the same thing:
+- `step` (inference, spec 3.5): one position per row, memory in a `SinkWindowKVCache`.
+- `k_pass_logits` (training, spec 3.6): every block of k positions of a sequence at once,
+  in k passes, pass j computing the j-th position of all blocks; the context before a block
+  is target memory, the block's earlier positions are the feedback memory of passes < j.
+  Test: tests/test_spire.py checks both agree to fp32 precision.
+
+Ablations (spec 3.8) are `SpireConfig` flags; see `ABLATIONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+import torch
+from torch import nn
+
+from spirelib.drafts import VanillaDraft, draft_tokens
+from spirelib.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.losses import distillation_loss, expected_acceptance, hard_target_loss, mix
+from spirelib.model import Block, ModelConfig, Transformer
+from spirelib.speculative import TargetPass
+
+LOSSES = ("mixed", "hard")
+
+
+@dataclass(frozen=True)
+class SpireConfig:
+    """The draft's architecture and training loss. `loss="mixed"` with `mix_weight` w is
+    MixedLoss(w) (w = 1: distillation only); `loss="hard"` is HardTargetLoss."""
+
+    num_layers: int = 2
+    sink: int = 1
+    window: int = 64
+    feedback: bool = True
+    target_activations: bool = True
+    pruned_init: bool = True
+    loss: str = "mixed"
+    mix_weight: float = 0.5
+
+    def __post_init__(self):
+        if self.num_layers < 1:
+            raise ValueError(f"SpireConfig.num_layers must be >= 1, got {self.num_layers}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"SpireConfig.loss must be one of {LOSSES}, got {self.loss!r}")
+        if not 0.0 <= self.mix_weight <= 1.0:
+            raise ValueError(f"SpireConfig.mix_weight must be in [0, 1], got {self.mix_weight}")
+        if self.feedback and not self.target_activations:
+            raise ValueError("feedback memory without target activations is not a SPIRe variant (spec 3.8)")
+        SinkWindow(self.sink, self.window)  # validates
+
+    @property
+    def sparse(self) -> SinkWindow:
+        return SinkWindow(self.sink, self.window)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpireConfig":
+        allowed = {f.name for f in fields(cls)}
+        unknown = set(d) - allowed
+        if unknown:
+            raise ValueError(f"unknown SpireConfig fields {sorted(unknown)}; allowed: {sorted(allowed)}")
+        return cls(**d)
+
+
+#: The paper's ablations (spec 3.8) as changes to the SPIRe configuration.
+ABLATIONS: dict[str, dict] = {
+    "spire": {},
+    "random_init": {"pruned_init": False},
+    "distill_only": {"mix_weight": 1.0},
+    "hard_target": {"loss": "hard"},
+    "no_feedback": {"feedback": False},
+    "no_feedback_no_target_acts": {"feedback": False, "target_activations": False},
+}
+
+
+def ablation(name: str, base: SpireConfig = SpireConfig()) -> SpireConfig:
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown SPIRe ablation {name!r}; choose from {sorted(ABLATIONS)}")
+    return replace(base, **ABLATIONS[name])
+
+
+def block_positions(seq_len: int, k: int, device=None) -> torch.Tensor:
+    """Query positions (n_blocks, k) of k-pass training: block b covers 1 + b*k .. b*k + k,
+    so every block has at least position 0 as context, as at inference (a context has >= 2
+    tokens, the last one pending) and every position has a next-token label in a window
+    of seq_len + 1 tokens."""
+    n_blocks = (seq_len - 1) // k
+    if n_blocks < 1:
+        raise ValueError(f"a training sequence of {seq_len} tokens holds no block of k = {k}")
+    return 1 + torch.arange(n_blocks, device=device)[:, None] * k + torch.arange(k, device=device)
+
+
+class SpireDraftModel(nn.Module):
+    """The draft's weights: a `Transformer` of n_d layers on the target's d_model (`body`)
+    plus the feedback mixing logits w (n_d, n_d + 1)."""
+
+    def __init__(self, target_cfg: ModelConfig, cfg: SpireConfig):
+        super().__init__()
+        if cfg.num_layers > target_cfg.num_layers:
+            raise ValueError(f"the draft's {cfg.num_layers} layers exceed the target's {target_cfg.num_layers}")
+        self.cfg = cfg
+        self.target_layers = target_cfg.num_layers
+        self.body = Transformer(replace(target_cfg, num_layers=cfg.num_layers))
+        self.mix = nn.Parameter(torch.zeros(cfg.num_layers, cfg.num_layers + 1))  # uniform mixture at init
+
+    @classmethod
+    def from_target(cls, target: Transformer, cfg: SpireConfig) -> "SpireDraftModel":
+        """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
+        copied (spec 3.1), or random weights for the `random_init` ablation."""
+        draft = cls(target.cfg, cfg).to(next(target.parameters()))
+        if cfg.pruned_init:
+            first = target.cfg.num_layers - cfg.num_layers
+            with torch.no_grad():
+                for name, param in draft.body.named_parameters():
+                    source = name
+                    if name.startswith("blocks."):
+                        index, rest = name[len("blocks."):].split(".", 1)
+                        source = f"blocks.{first + int(index)}.{rest}"
+                    param.copy_(target.get_parameter(source))
+        return draft
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.body.blocks
+
+    def memory_kv(self, block: Block, memory: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values (B, n_kv, T, d_head) of memory vectors (B, T, d_model) for one draft layer."""
+        return block.attn.keys_values(block.attn_norm(memory), rope)
+
+    def target_memory(self, target_layers: torch.Tensor) -> list[torch.Tensor]:
+        """Per draft layer i, the target's residual stream entering target layer n_t - n_d + i:
+        target_layers is (n_t + 1, B, T, d_model); returns n_d tensors (B, T, d_model)."""
+        first = self.target_layers - self.cfg.num_layers
+        return [target_layers[first + i] for i in range(self.cfg.num_layers)]
+
+    def feedback_memory(self, activations: list[torch.Tensor]) -> torch.Tensor:
+        """m^i = sum_l softmax(w_i)_l x^l over the draft's embedding and layer outputs
+        (n_d + 1 tensors (B, T, d_model)); returns (n_d, B, T, d_model)."""
+        return torch.einsum("il,lbtd->ibtd", torch.softmax(self.mix, dim=-1), torch.stack(activations))
+
+    def _layer(self, block: Block, x: torch.Tensor, rope, keys, values, mask) -> torch.Tensor:
+        x = x + block.attn.attend(block.attn.queries(block.attn_norm(x), rope), keys, values, mask)
+        return x + block.mlp(block.mlp_norm(x))
+
+    # --- inference (spec 3.5) -------------------------------------------------------------
+
+    def new_cache(self, batch: int, slack: int) -> SinkWindowKVCache:
+        c = self.body.cfg
+        param = self.mix
+        return SinkWindowKVCache(c.num_layers, batch, c.n_kv, c.d_head, self.cfg.sparse, slack,
+                                 rope_base=c.rope_base, device=param.device, dtype=param.dtype)
+
+    def write_target_memory(self, cache: SinkWindowKVCache, target_layers: torch.Tensor,
+                            positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Memory for verified positions (B, T) from the target's residual stream (n_t + 1, B, T, d)."""
+        slots = cache.prepare(positions, valid)
+        rope = self.body.rope(positions)
+        for i, (block, memory) in enumerate(zip(self.blocks, self.target_memory(target_layers))):
+            cache.write(i, slots, *self.memory_kv(block, memory, rope))
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
+        """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
+        this position's memory (feedback mixture, or each layer's input without feedback)."""
+        pos = positions[:, None]  # (B, 1)
+        rope = self.body.rope(pos)
+        if not self.cfg.feedback:  # an ordinary transformer over its own positions: self included
+            slots = cache.prepare(pos)
+        mask = cache.mask(pos, include_self=not self.cfg.feedback)  # (B, 1, 1, S)
+        x = self.body.embed(tokens[:, None])  # (B, 1, d_model)
+        activations = [x]
+        for i, block in enumerate(self.blocks):
+            if not self.cfg.feedback:
+                cache.write(i, slots, *self.memory_kv(block, x, rope))
+            x = self._layer(block, x, rope, *cache.layer_kv(i, pos), mask)
+            activations.append(x)
+        if self.cfg.feedback:
+            slots = cache.prepare(pos)
+            for i, (block, memory) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
+                cache.write(i, slots, *self.memory_kv(block, memory, rope))
+        return self.body.unembed(self.body.norm(x))[:, 0]
+
+    # --- training (spec 3.6) --------------------------------------------------------------
+
+    def k_pass_logits(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits for every block position of a sequence, teacher-forced.
+
+        tokens (B, T), target_layers (n_t + 1, B, T, d_model) from the frozen target on the
+        same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
+        logits at position t predict token t + 1. `positions` selects blocks (default: all).
+        """
+        B, T = tokens.shape
+        if positions is None:
+            positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
+        if not self.cfg.target_activations:  # an ordinary sparse transformer: one parallel pass
+            return self.body(tokens, sparse=self.cfg.sparse)[:, positions], positions
+        if k > self.cfg.window:
+            raise ValueError(f"k = {k} exceeds the window {self.cfg.window}: a block would not see its own start")
+        n_blocks = positions.shape[0]
+        all_rope = self.body.rope(torch.arange(T, device=tokens.device).expand(B, T))
+        memory_keys, memory_values = zip(*(self.memory_kv(block, memory, all_rope)
+                                           for block, memory in zip(self.blocks, self.target_memory(target_layers))))
+        keys = [[kv] for kv in memory_keys]  # per layer: target memory, then per pass (B, n_kv, n_blocks, d_head)
+        values = [[kv] for kv in memory_values]
+        logits = []
+        for j in range(k):
+            pos = positions[:, j]  # (n_blocks,)
+            rope = self.body.rope(pos.expand(B, n_blocks))
+            mask = self._pass_mask(pos, j, T)  # (1, 1, n_blocks, T + passes * n_blocks)
+            x = self.body.embed(tokens[:, pos])  # (B, n_blocks, d_model)
+            activations = [x]
+            for i, block in enumerate(self.blocks):
+                if not self.cfg.feedback:
+                    k_self, v_self = self.memory_kv(block, x, rope)
+                    keys[i].append(k_self)
+                    values[i].append(v_self)
+                x = self._layer(block, x, rope, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2), mask)
+                activations.append(x)
+            logits.append(self.body.unembed(self.body.norm(x)))
+            if self.cfg.feedback:
+                for i, (block, memory) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
+                    k_fb, v_fb = self.memory_kv(block, memory, rope)
+                    keys[i].append(k_fb)
+                    values[i].append(v_fb)
+        return torch.stack(logits, dim=2), positions  # (B, n_blocks, k, V)
+
+    def _pass_mask(self, pos: torch.Tensor, j: int, seq_len: int) -> torch.Tensor:
+        """Visibility for pass j's queries at pos (n_blocks,): target memory of the context
+        before the block (within sink + window), then the block's own entries of each earlier
+        pass (and of this pass, without feedback) on a block diagonal."""
+        t = torch.arange(seq_len, device=pos.device)
+        start = (pos - j)[:, None]  # the block's first position
+        sparse = self.cfg.sparse
+        context = (t < start) & ((t < sparse.sink) | (t >= pos[:, None] - sparse.window))  # (n_blocks, T)
+        passes = j if self.cfg.feedback else j + 1
+        own = torch.eye(len(pos), dtype=torch.bool, device=pos.device).repeat(1, passes)
+        return torch.cat([context, own], dim=1)[None, None]
+
+
+class SpireDraft:
+    """The SPIRe draft behind the engine's `Draft` protocol (spec 3.5): after every
+    verification, memory for the verified positions comes from the target activations that
+    pass already computed; its cache stays sink + window (+ k + 1) sized."""
+
+    needs_target_layers = True
+
+    def __init__(self, model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.model = model
+        self.temperature = temperature
+        self.generator = generator
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        self.cache = self.model.new_cache(verified.tokens.shape[0], slack=k + 1)
+        self.accept(verified)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.step(tokens, positions, self.cache)
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.model.write_target_memory(self.cache, verified.layers, verified.positions, verified.valid)
+        self.cache.rollback(verified.lengths)
+
+
+def spire_draft(model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+    """The engine-facing draft for a trained model. Without target activations the draft is an
+    ordinary pruned transformer reading its own sink + window cache."""
+    if model.cfg.target_activations:
+        return SpireDraft(model, temperature, generator)
+    return VanillaDraft(model.body, temperature, generator, sparse=model.cfg.sparse)
+
+
+class SpireObjective:
+    """Training objective for the trainer, `objective(draft_model, batch) -> (loss, metrics)`:
+    the frozen target runs on the batch's inputs (activations and next-token distributions on
+    the fly), the draft runs k passes, and the configured loss applies at every block position.
+    Metrics include alpha per draft position, the training-time acceptance estimate (spec 8)."""
+
+    def __init__(self, target: Transformer, k: int = 4):
+        self.target = target.eval().requires_grad_(False)
+        self.k = k
+
+    def __call__(self, model: SpireDraftModel, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
+        with torch.no_grad():
+            target_logits, target_layers = self.target(inputs, return_layers=True)
+        logits, positions = model.k_pass_logits(inputs, target_layers, self.k)  # (B, n_blocks, k, V)
+        p = torch.softmax(target_logits[:, positions].float(), dim=-1)  # (B, n_blocks, k, V)
+        distill = distillation_loss(logits, p)
+        alpha = expected_acceptance(logits, p)  # (B, n_blocks, k)
+        hard = hard_target_loss(logits, labels[:, positions])
+        cfg = model.cfg
+        loss = hard if cfg.loss == "hard" else mix(distill, alpha.mean(), cfg.mix_weight)
+        per_position = alpha.detach().mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
+        metrics = {"distill_ce": distill.item(), "hard_ce": hard.item(), "alpha": sum(per_position) / len(per_position)}
+        metrics.update({f"alpha_{j + 1}": a for j, a in enumerate(per_position)})
+        return loss, metrics

@@ -1,0 +1,307 @@
+"""Run the numbered notebook series headlessly and write the HTML reports (spec: docs/ARCHITECTURE.md).
+
+    python -m spirelib.workbook run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output]
+    python -m spirelib.workbook check --params params/smoke.yaml
+
+`run` validates the params file against every notebook's `parameters` cell (no kernel starts
+if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in order with
+papermill (cwd = notebooks/), exporting each to HTML in the output folder, merging the
+results notebooks record (`spirelib.results`) into `results.json`, and writing `run.json`
+(parameters, status and timing per notebook) and `index.html`. The first failing notebook
+stops the run (exit 1); its partial notebook is still exported with the error visible.
+
+A run without `--only` starts a fresh record; with `--only` it updates the existing record
+of that output folder, so a re-run notebook still sees the results of earlier notebooks.
+
+Params files are YAML with a `shared` and a `notebooks` section (params/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import difflib
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import papermill
+import yaml
+
+from spirelib import report, results
+from spirelib.paths import project_root
+
+NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
+SECTIONS = ("shared", "notebooks")
+
+# Checks for the annotations papermill reports; other annotations are not checked.
+_TYPE_CHECKS = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "list": lambda v: isinstance(v, list),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+class ParamsError(ValueError):
+    """A params file that does not fit the notebooks; the message lists every problem."""
+
+
+# ---------------------------------------------------------------------------- the series
+
+def discover(notebooks_dir: Path) -> list[Path]:
+    """The series: `NN_name.ipynb` files of `notebooks_dir`, in order."""
+    if not notebooks_dir.is_dir():
+        raise FileNotFoundError(f"no notebooks folder at {notebooks_dir}")
+    return sorted(p for p in notebooks_dir.iterdir() if NOTEBOOK_NAME.match(p.name))
+
+
+def select(series: list[Path], only: str | None) -> list[Path]:
+    """The notebooks named by `only` ("01,04": numbers or full stems), in series order."""
+    if not only:
+        return series
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    for w in wanted:
+        if not any(_matches(p.stem, w) for p in series):
+            stems = [p.stem for p in series]
+            raise ParamsError(f"--only {w}: no such notebook{_suggest(w, stems)}; notebooks: {', '.join(stems)}")
+    return [p for p in series if any(_matches(p.stem, w) for w in wanted)]
+
+
+def _matches(stem: str, wanted: str) -> bool:
+    return stem == wanted or stem.split("_", 1)[0] == wanted
+
+
+# ---------------------------------------------------------------------------- params
+
+def load_params(path: Path) -> dict[str, dict]:
+    """Read a params file (safe YAML) into {"shared": {...}, "notebooks": {stem: {...}}}."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping with the keys {', '.join(SECTIONS)}")
+    problems = [f"{k}: unknown top-level key{_suggest(k, SECTIONS)}; allowed: {', '.join(SECTIONS)}"
+                for k in raw if k not in SECTIONS]
+    shared, notebooks = raw.get("shared") or {}, raw.get("notebooks") or {}
+    if not isinstance(shared, dict):
+        problems.append("shared: must map parameter names to values")
+        shared = {}
+    if not isinstance(notebooks, dict):
+        problems.append("notebooks: must map notebook stems to sections of parameter values")
+        notebooks = {}
+    for stem, section in notebooks.items():
+        if section is not None and not isinstance(section, dict):
+            problems.append(f"notebooks.{stem}: must map parameter names to values")
+    if problems:
+        raise ParamsError(_problem_report(path, problems))
+    return {"shared": shared, "notebooks": {s: sec if isinstance(sec, dict) else {} for s, sec in notebooks.items()}}
+
+
+def declared_parameters(notebook: Path) -> dict[str, str]:
+    """Parameter name -> annotated type name of the notebook's `parameters` cell (no kernel)."""
+    return {name: p["inferred_type_name"] for name, p in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def type_error(value: Any, type_name: str) -> str | None:
+    """Why `value` does not fit the annotation `type_name`; None if it fits or is unchecked."""
+    optional = re.fullmatch(r"Optional\[(.*)\]", type_name)
+    if optional:
+        if value is None:
+            return None
+        type_name = optional.group(1)
+    check = _TYPE_CHECKS.get(type_name.split("[", 1)[0].strip())
+    if check is None or check(value):
+        return None
+    return f"expected {type_name}, got {type(value).__name__} {value!r}"
+
+
+def resolve(params: dict[str, dict], declared: dict[str, dict[str, str]], source: str = "params") -> dict[str, dict]:
+    """The parameters to inject into each notebook (stem -> {name: value}).
+
+    `declared` maps every notebook stem of the series to its parameters and their types.
+    A shared key goes to each notebook that declares it; a notebook's section overrides it.
+    Raises ParamsError listing every unknown, misplaced or mistyped key.
+    """
+    problems = []
+    every_name = sorted({name for names in declared.values() for name in names})
+    for key in params["shared"]:
+        if key not in every_name:
+            problems.append(f"shared.{key}: no notebook of the series declares it{_suggest(key, every_name)}; "
+                            f"declared: {', '.join(every_name) or '(none)'}")
+    for stem in params["notebooks"]:
+        if stem not in declared:
+            problems.append(f"notebooks.{stem}: no such notebook{_suggest(stem, declared)}; "
+                            f"notebooks: {', '.join(declared) or '(none)'}")
+    resolved = {}
+    for stem, names in declared.items():
+        section = params["notebooks"].get(stem, {})
+        for key in section:
+            if key not in names:
+                problems.append(f"notebooks.{stem}.{key}: not a parameter of {stem}{_suggest(key, names)}; "
+                                f"allowed: {', '.join(names) or '(none)'}")
+        chosen = {k: v for k, v in params["shared"].items() if k in names}
+        chosen.update({k: v for k, v in section.items() if k in names})
+        for key, value in chosen.items():
+            why = type_error(value, names[key])
+            if why:
+                where = f"notebooks.{stem}.{key}" if key in section else f"shared.{key} (for {stem})"
+                problems.append(f"{where}: {why}")
+        resolved[stem] = chosen
+    if problems:
+        raise ParamsError(_problem_report(source, problems))
+    return resolved
+
+
+def plan(params_file: Path, notebooks_dir: Path, only: str | None = None) -> tuple[dict, list[Path], dict[str, dict]]:
+    """Validate `params_file` against the whole series: (params, selected notebooks, injections)."""
+    params = load_params(params_file)
+    series = discover(notebooks_dir)
+    declared = {p.stem: declared_parameters(p) for p in series}
+    injected = resolve(params, declared, source=str(params_file))
+    return params, select(series, only), injected
+
+
+def _suggest(word: str, candidates) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _problem_report(source, problems: list[str]) -> str:
+    head = f"{source}: {len(problems)} problem{'s' if len(problems) > 1 else ''}, nothing was run:"
+    return "\n".join([head] + [f"  {p}" for p in problems])
+
+
+# ---------------------------------------------------------------------------- running
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """Set environment variables for the kernels started inside, restoring them afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
+        log_output: bool = False, kernel: str = "python3") -> int:
+    """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1."""
+    params, selected, injected = plan(params_file, notebooks_dir, only)
+    if not selected:
+        raise ParamsError(f"no notebooks NN_name.ipynb in {notebooks_dir}")
+    if log_output:  # papermill streams cell output through logging
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results").mkdir(exist_ok=True)
+    run_file, results_file = out_dir / "run.json", out_dir / "results.json"
+    record = results.read_json(run_file) if only else {}
+    if not only:
+        results_file.unlink(missing_ok=True)
+    record.update(params_file=str(params_file), params=params, started=_now(), finished=None, status="running")
+    record.setdefault("notebooks", {})
+    for nb in selected:
+        record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem]}
+    record["notebooks"] = dict(sorted(record["notebooks"].items()))
+    results.write_json(run_file, record)
+
+    status = "ok"
+    for i, nb in enumerate(selected, 1):
+        progress = f"[{i}/{len(selected)}] {nb.stem}"
+        print(f"{progress} started" if log_output else f"{progress} ", end="\n" if log_output else "", flush=True)
+        entry = record["notebooks"][nb.stem]
+        entry.update(status="running", started=_now())
+        status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel)
+        entry.update(status=status, seconds=round(seconds, 2), error=error)
+        all_results = results.read_json(results_file)
+        all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")
+        results.write_json(results_file, all_results)
+        if (out_dir / f"{nb.stem}.ipynb").is_file():
+            report.export_html(out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html")
+            entry["html"] = f"{nb.stem}.html"
+        outcome = f"{status} in {seconds:.1f} s" + (f": {error}" if error else "")
+        print(f"{progress} {outcome}" if log_output else outcome, flush=True)
+        results.write_json(run_file, record)
+        if status != "ok":
+            break
+    for entry in record["notebooks"].values():
+        if entry["status"] == "pending":
+            entry.update(status="skipped", error="not run: the run stopped at an earlier notebook")
+    record.update(status=status, finished=_now())
+    results.write_json(run_file, record)
+    index = report.write_index(out_dir)
+    print(f"reports: {index}")
+    return 0 if status == "ok" else (130 if status == "interrupted" else 1)
+
+
+_QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every start otherwise
+
+
+def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str):
+    """Run one notebook with papermill: (status, seconds, error message or None)."""
+    nb_results = out_dir / "results" / f"{nb.stem}.json"
+    for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
+        stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
+    start = time.perf_counter()
+    env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
+           results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve())}
+    try:
+        with _environment(**env):
+            papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
+                                       cwd=str(cwd), kernel_name=kernel, log_output=log_output,
+                                       progress_bar=False, extra_arguments=_QUIET_KERNEL)
+        return "ok", time.perf_counter() - start, None
+    except papermill.PapermillExecutionError as e:
+        return "failed", time.perf_counter() - start, f"{e.ename}: {e.evalue}"
+    except KeyboardInterrupt:
+        return "interrupted", time.perf_counter() - start, "interrupted by the user"
+    except Exception as e:  # kernel death, timeouts: the run record says what happened
+        return "failed", time.perf_counter() - start, f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spirelib.workbook", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_cmd = commands.add_parser("run", help="execute the series and write HTML reports")
+    check_cmd = commands.add_parser("check", help="validate a params file against the notebooks; run nothing")
+    for cmd in (run_cmd, check_cmd):
+        cmd.add_argument("--params", type=Path, required=True, help="params YAML (see params/README.md)")
+        cmd.add_argument("--notebooks", type=Path, default=project_root() / "notebooks", help="the series' folder")
+        cmd.add_argument("--only", help="comma-separated notebook numbers or stems, e.g. 01,04")
+    run_cmd.add_argument("--out", type=Path, help="output folder (default: outputs/<params file stem>)")
+    run_cmd.add_argument("--log-output", action="store_true", help="stream cell output while running")
+    run_cmd.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+    args = parser.parse_args(argv)
+    notebooks_dir = args.notebooks.resolve()
+    try:
+        if args.command == "check":
+            _, selected, injected = plan(args.params, notebooks_dir, args.only)
+            for nb in selected:
+                print(f"{nb.stem}: {injected[nb.stem] or '(defaults)'}")
+            print(f"{args.params}: ok ({len(selected)} notebooks)")
+            return 0
+        out_dir = args.out or project_root() / "outputs" / args.params.stem
+        return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel)
+    except (ParamsError, FileNotFoundError, yaml.YAMLError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Packaging rules: environment.yml agrees with pyproject; notebooks are committed clean and typed."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from spirelib import workbook
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ALL_NOTEBOOKS = NOTEBOOKS + sorted((ROOT / "tests" / "fixtures").rglob("*.ipynb"))
+CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name, where they differ
+
+
+def conda_requirements(spec: dict) -> dict[str, str]:
+    reqs = {}
+    for dep in spec["dependencies"]:
+        if isinstance(dep, str):
+            name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", dep).groups()
+            reqs[name] = version
+    return reqs
+
+
+def test_environment_yml_agrees_with_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    wanted = project["dependencies"] + project["optional-dependencies"]["notebooks"] \
+        + project["optional-dependencies"]["test"]
+    expected = {}
+    for line in wanted:
+        req = Requirement(line)
+        expected[CONDA_NAMES.get(req.name, req.name)] = str(req.specifier)
+    conda = conda_requirements(env)
+    python = conda.pop("python")
+    conda.pop("pip")
+    assert conda == expected
+    assert python == project["requires-python"]
+    assert env["channels"] == ["conda-forge", "nodefaults"]
+    assert {"pip": ["-e .[notebooks,test]"]} in env["dependencies"]
+
+
+def test_pyproject_keeps_the_torch_floor_and_lists_numpy():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "torch>=2.4" in deps and any(Requirement(d).name == "numpy" for d in deps)
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_notebook_has_no_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; strip them (nbstripout {path})"
+    assert "widgets" not in nb.metadata, f"{path.name}: widget state in metadata; strip it"
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters', want exactly 1"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec python3 missing"
+    untyped = [name for name, t in workbook.declared_parameters(path).items() if t == "None"]
+    assert not untyped, f"{path.name}: parameters without a type annotation: {untyped}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_series_notebook_is_named_nn_name(path):
+    assert workbook.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"

@@ -1,0 +1,221 @@
+"""The runner: params validation, notebook selection, execution, results and failure handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spirelib import results, workbook
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+SERIES = FIXTURES / "notebooks"
+
+DECLARED = {
+    "01_perf": {"hoi": "float", "batch": "int", "device": "str"},
+    "02_train": {"device": "str", "steps": "int", "fast": "bool", "sizes": "list[int]", "cut": "Optional[int]"},
+}
+
+
+def params(shared=None, notebooks=None):
+    return {"shared": shared or {}, "notebooks": notebooks or {}}
+
+
+def problems(excinfo) -> str:
+    return str(excinfo.value)
+
+
+# ---------------------------------------------------------------------------- params validation
+
+def test_shared_keys_go_only_to_notebooks_that_declare_them_and_sections_override():
+    resolved = workbook.resolve(params({"device": "cpu", "steps": 5}, {"02_train": {"device": "cuda"}}), DECLARED)
+    assert resolved == {"01_perf": {"device": "cpu"}, "02_train": {"device": "cuda", "steps": 5}}
+
+
+def test_unknown_notebook_key_names_key_notebook_allowed_keys_and_a_close_match():
+    with pytest.raises(workbook.ParamsError) as e:
+        workbook.resolve(params(notebooks={"01_perf": {"hio": 600.0}}), DECLARED, source="p.yaml")
+    msg = problems(e)
+    assert "notebooks.01_perf.hio" in msg and "did you mean 'hoi'" in msg
+    assert "allowed: hoi, batch, device" in msg and msg.startswith("p.yaml: 1 problem")
+
+
+def test_shared_key_declared_by_no_notebook_is_an_error():
+    with pytest.raises(workbook.ParamsError) as e:
+        workbook.resolve(params({"devcie": "cpu"}), DECLARED)
+    assert "shared.devcie" in problems(e) and "did you mean 'device'" in problems(e)
+
+
+def test_section_for_a_missing_notebook_is_an_error():
+    with pytest.raises(workbook.ParamsError) as e:
+        workbook.resolve(params(notebooks={"01_perfs": {"hoi": 1.0}}), DECLARED)
+    assert "notebooks.01_perfs: no such notebook (did you mean '01_perf'?)" in problems(e)
+
+
+@pytest.mark.parametrize("key,value,ok", [
+    ("hoi", 600, True),          # an int where float is declared is fine
+    ("hoi", "600", False),
+    ("batch", 4.0, False),
+    ("batch", True, False),      # bool is not an int here
+    ("fast", 1, False),
+    ("sizes", [1, 2], True),     # list[int]: checked as a list
+    ("sizes", 3, False),
+    ("cut", None, True),         # Optional accepts null
+    ("cut", 3, True),
+    ("cut", "3", False),
+    ("steps", None, False),
+])
+def test_values_are_checked_against_annotated_types(key, value, ok):
+    stem = "01_perf" if key in DECLARED["01_perf"] else "02_train"
+    p = params(notebooks={stem: {key: value}})
+    if ok:
+        assert workbook.resolve(p, DECLARED)[stem][key] == value
+    else:
+        with pytest.raises(workbook.ParamsError, match=f"notebooks.{stem}.{key}: expected"):
+            workbook.resolve(p, DECLARED)
+
+
+def test_every_problem_is_reported_at_once():
+    p = params({"nope": 1}, {"01_perf": {"hoi": "x", "zzz": 1}, "99_missing": {}})
+    with pytest.raises(workbook.ParamsError) as e:
+        workbook.resolve(p, DECLARED)
+    assert problems(e).count("\n  ") == 4
+
+
+def test_load_params_rejects_bad_layout(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("shraed: {}\nnotebooks:\n  01_perf: [1, 2]\n")
+    with pytest.raises(workbook.ParamsError) as e:
+        workbook.load_params(bad)
+    assert "shraed: unknown top-level key (did you mean 'shared'?)" in problems(e)
+    assert "notebooks.01_perf: must map" in problems(e)
+
+
+def test_load_params_does_not_construct_python_objects(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("shared: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(Exception, match="python/object"):
+        workbook.load_params(evil)
+
+
+@pytest.mark.parametrize("params_file", sorted((ROOT / "params").glob("*.yaml")), ids=lambda p: p.name)
+def test_committed_params_files_fit_the_series(params_file):
+    notebooks = ROOT / "notebooks"
+    series = workbook.discover(notebooks) if notebooks.is_dir() else []
+    declared = {p.stem: workbook.declared_parameters(p) for p in series}
+    workbook.resolve(workbook.load_params(params_file), declared, source=params_file.name)
+
+
+def test_fixture_notebooks_declare_typed_parameters():
+    assert workbook.declared_parameters(SERIES / "01_record.ipynb") == {
+        "n": "int", "scale": "float", "label": "str", "device": "str"}
+
+
+# ---------------------------------------------------------------------------- selection
+
+def test_only_selects_by_number_or_stem_in_series_order():
+    series = workbook.discover(SERIES)
+    assert [p.stem for p in series] == ["01_record", "02_consume", "03_fail", "04_after_failure"]
+    assert [p.stem for p in workbook.select(series, "03,01_record")] == ["01_record", "03_fail"]
+    with pytest.raises(workbook.ParamsError, match="--only 05: no such notebook"):
+        workbook.select(series, "01,05")
+
+
+# ---------------------------------------------------------------------------- results helper
+
+def test_record_converts_numpy_and_torch_and_replaces_keys(tmp_path, monkeypatch):
+    monkeypatch.setenv(results.RESULTS_FILE_ENV, str(tmp_path / "r.json"))
+    results.record("a", np.float32(0.5))
+    results.record("arr", np.arange(3))
+    results.record("t", {"x": torch.tensor([1.5, 2.5]), "n": np.int64(7), "pair": (1, "b")})
+    results.record("a", 2)
+    assert json.loads((tmp_path / "r.json").read_text()) == {
+        "a": 2, "arr": [0, 1, 2], "t": {"x": [1.5, 2.5], "n": 7, "pair": [1, "b"]}}
+    assert results.recorded()["a"] == 2
+
+
+def test_record_refuses_what_json_cannot_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv(results.RESULTS_FILE_ENV, str(tmp_path / "r.json"))
+    with pytest.raises(TypeError, match=r"cfg\['path'\]: cannot record a PosixPath"):
+        results.record("cfg", {"path": tmp_path})
+    with pytest.raises(TypeError, match="dict keys must be str"):
+        results.record("m", {1: 2})
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_without_runner_results_stay_in_memory(monkeypatch):
+    monkeypatch.delenv(results.RESULTS_FILE_ENV, raising=False)
+    monkeypatch.delenv(results.RUN_RESULTS_ENV, raising=False)
+    results.record("interactive_key", 1.25)
+    assert results.recorded()["interactive_key"] == 1.25
+    assert results.run_results() == {}
+
+
+# ---------------------------------------------------------------------------- running
+
+def test_bad_params_exit_nonzero_before_any_kernel_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("notebooks:\n  01_record:\n    nn: 4\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "spirelib.workbook", "run", "--params", str(bad),
+                           "--notebooks", str(SERIES), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert "notebooks.01_record.nn: not a parameter of 01_record (did you mean 'n'?)" in proc.stderr
+    assert "allowed: n, scale, label, device" in proc.stderr
+    assert not out.exists()
+
+
+def test_check_validates_without_running(capsys):
+    rc = workbook.main(["check", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES)])
+    assert rc == 0
+    assert "01_record: {'device': 'fixture-device', 'n': 4, 'scale': 0.5" in capsys.readouterr().out
+
+
+def test_run_executes_in_order_injects_params_and_merges_results(fixture_run):
+    rc, out, printed = fixture_run
+    assert rc == 1  # 03_fail fails on purpose
+    lines = printed.splitlines()
+    assert lines[0].startswith("[1/4] 01_record ok in ") and lines[0].endswith(" s")
+    assert lines[1].startswith("[2/4] 02_consume ok in ")
+    merged = json.loads((out / "results.json").read_text())
+    assert merged["01_record"] == {"label": "from-params", "n": 4, "values": [0.0, 0.5, 1.0, 1.5], "mean": 0.75}
+    assert merged["02_consume"] == {"seen_mean": 0.75, "device": "fixture-device"}  # read via run_results()
+    run = json.loads((out / "run.json").read_text())
+    assert run["notebooks"]["01_record"]["parameters"] == {"device": "fixture-device", "n": 4, "scale": 0.5,
+                                                           "label": "from-params"}
+    assert run["notebooks"]["01_record"]["seconds"] > 0
+
+
+def test_failing_notebook_stops_the_run_and_its_report_shows_the_error(fixture_run):
+    rc, out, printed = fixture_run
+    assert rc == 1
+    assert "[3/4] 03_fail failed in" in printed and "ValueError: deliberate failure" in printed
+    assert "04_after_failure" not in printed
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "failed"
+    assert run["notebooks"]["03_fail"]["error"] == "ValueError: deliberate failure in a fixture notebook"
+    assert run["notebooks"]["04_after_failure"]["status"] == "skipped"
+    assert not (out / "04_after_failure.ipynb").exists()
+    report = (out / "03_fail.html").read_text()
+    assert "deliberate failure in a fixture notebook" in report and "about to fail" in report
+
+
+def test_only_rerun_keeps_earlier_results_of_the_same_output_folder(fixture_run, tmp_path, capsys):
+    _, out, _ = fixture_run
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    rc = workbook.main(["run", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES),
+                        "--out", str(again), "--only", "02"])
+    assert rc == 0, capsys.readouterr().out
+    run = json.loads((again / "run.json").read_text())
+    assert run["status"] == "ok" and run["notebooks"]["03_fail"]["status"] == "failed"
+    assert json.loads((again / "results.json").read_text())["02_consume"]["seen_mean"] == 0.75
