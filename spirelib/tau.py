@@ -49,6 +49,7 @@ from spirelib.drafts import MagicDecDraft, VanillaDraft
 from spirelib.kvcache import SinkWindow
 from spirelib.model import Transformer
 from spirelib.speculative import Draft, SectionTimer, prefill, speculative_capacity, speculative_generate
+from spirelib.spire import spire_draft
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,13 @@ def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: i
     return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature, generator=generator)
 
 
+def _spire(target, model, *, temperature, generator):
+    return spire_draft(model, temperature=temperature, generator=generator)
+
+
 register_method("vanilla", _vanilla, needs_model=True)
 register_method("magicdec", _magicdec, needs_model=False)
+register_method("spire", _spire, needs_model=True)
 
 
 # ---------------------------------------------------------------------------- metrics

@@ -147,3 +147,27 @@ def test_sharding_over_two_processes_equals_one_process(tmp_path):
     assert one.keys() == {"vanilla/8", "vanilla/13", "magicdec/8", "magicdec/13"}
     assert all(len(v) == 7 for v in one.values())
     assert one == two
+
+
+def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
+    from spirelib.drafts import vanilla_draft_config
+
+    paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
+    draft = vanilla_draft_config(paper)
+    assert (draft.num_layers, draft.d_model, draft.d_head, draft.d_ff) == (4, 256, 64, 2048)
+    with torch.device("meta"):
+        assert Transformer(draft).body_params() == 8_390_656
+    with pytest.raises(ValueError, match="cannot halve"):
+        vanilla_draft_config(ModelConfig(vocab_size=10, num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=4, d_ff=8))
+
+
+def test_spire_is_registered_and_measurable():
+    from spirelib.spire import SpireConfig, SpireDraftModel
+
+    target = model(CFG, 0)
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval()
+    contexts = {8: torch.randint(0, CFG.vocab_size, (3, 8), generator=torch.Generator().manual_seed(2))}
+    counts = measure_tau(target, {"spire": draft_factory("spire", target, spire, temperature=1.0)}, contexts,
+                         TauProtocol(k=3, new_tokens=7))
+    stats = counts["spire"][8].stats()
+    assert stats.n_contexts == 3 and 1 <= stats.mean <= 4
