@@ -198,3 +198,18 @@ def test_one_prefill_serves_several_generations():
     ad = [autoregressive_generate(target, contexts, G, lengths=lengths, generator=torch.Generator().manual_seed(8), prefilled=p)
           for p in (shared, None)]
     assert torch.equal(ad[0].tokens, ad[1].tokens)
+
+
+def test_sample_follows_unnormalized_weights_and_never_draws_a_zero():
+    gen = torch.Generator().manual_seed(0)
+    V, n = 37, 60_000  # 6 blocks of 7 tokens, the last one padded
+    w = 3 * torch.rand(V, generator=gen)
+    w[[0, 5, 36]] = 0
+    draws = sample(w.expand(n, V), gen)
+    assert chi_square_pvalue(torch.bincount(draws, minlength=V), w / w.sum()) > 1e-3
+    assert not torch.isin(draws, torch.tensor([0, 5, 36])).any()
+    hot = torch.randint(0, V, (n,), generator=gen)
+    assert torch.equal(sample(torch.nn.functional.one_hot(hot, V).float(), gen), hot)
+    skewed = w.clone()
+    skewed[1] *= 1.2  # a 20% error in one token's weight must be caught
+    assert chi_square_pvalue(torch.bincount(sample(skewed.expand(n, V), gen), minlength=V), w / w.sum()) < 1e-6
