@@ -1,0 +1,1 @@
+"""Plotly figure builders and ipywidgets explorers, one module per topic."""

@@ -1,0 +1,251 @@
+"""Explore the throughput model interactively (spec 2): which draft wins at which (B, L)?
+
+`Scenario` says what is compared: target and draft shapes, each method's tau, the hardware
+intensity, the sparse window and (optionally) a per-request length distribution. The paper's
+scenario is `Scenario.paper()`; notebooks that measure their own taus on their own shapes
+and machine build their own. Two views of a scenario:
+
+- `LiveExplorer(scenario).widget`: an ipywidgets panel that redraws live in JupyterLab;
+- `slider_figure(scenario)`: a plotly figure with a batch-size slider, interactive in HTML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import ipywidgets as w
+import numpy as np
+import plotly.graph_objects as go
+from IPython.display import clear_output, display
+
+from spirelib import perfmodel as pm
+from spirelib.hardware import BYTES_PER_VALUE, Hardware
+from spirelib.plots.perf import METHOD_LABELS, TM_TITLE, _color, pow2_label
+
+DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
+DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M
+MANUAL_HOI = "(set HOI by hand)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """Shapes, taus and cost-model settings to compare methods under (spec 2)."""
+
+    target: pm.ModelShape | str
+    drafts: Mapping[str, pm.ModelShape | str]  # method -> draft shape (MagicDec needs none)
+    taus: Mapping[str, float]  # method -> tau at depth k; the methods shown
+    k: int = 4
+    hoi: float = pm.PAPER_HOI
+    overlap: bool = True
+    window_factor: int | None = 8
+    window: int | None = None  # fixed sparse window in tokens (overrides window_factor)
+    length_spread: float = 0.0  # > 0: each batch's lengths ~ LengthDistribution(L, spread)
+    length_kind: str = "lognormal"
+    seed: int = 0
+    bytes_per_value: float = 1.0  # per weight and per KV value (paper: 1, FP8)
+    label: str = "paper shapes, paper taus"
+
+    @classmethod
+    def paper(cls, target: str = "seqax-67m", tau_context: int = pm.PAPER_TAU_CONTEXT, **overrides) -> Scenario:
+        """The paper's comparison: its target, drafts and Table 1 taus (HOI 600, k 4)."""
+        drafts = {m: pm.PRESETS[name] for m, name in pm.PAPER_DRAFTS[target].items()}
+        return cls(pm.PRESETS[target], drafts, dict(pm.PAPER_TAU[tau_context]), label=f"{target}, paper taus",
+                   **overrides)
+
+    def with_hardware(self, hardware: Hardware, dtype: str) -> Scenario:
+        """The same comparison on `hardware` computing in `dtype`, weights and KV stored in it too."""
+        return dataclasses.replace(self, hoi=hardware.hoi(dtype), bytes_per_value=float(BYTES_PER_VALUE[dtype]))
+
+    def multipliers(self, B, L) -> dict[str, np.ndarray]:
+        """Throughput multiplier per method at the broadcast (B, L) points (L = mean when spread > 0)."""
+        out = {}
+        for method, tau in self.taus.items():
+            kwargs = dict(k=self.k, hoi=self.hoi, overlap=self.overlap, window_factor=self.window_factor,
+                          window=self.window, bytes_per_weight=self.bytes_per_value, bytes_per_kv=self.bytes_per_value)
+            draft = self.drafts.get(method)
+            if self.length_spread == 0:
+                out[method] = np.asarray(pm.throughput_multiplier(method, tau, B, L, self.target, draft, **kwargs))
+                continue
+            batch, context = np.broadcast_arrays(np.asarray(B), np.asarray(L))
+            values = [pm.throughput_multiplier(method, tau, int(b), self._lengths(float(l)), self.target, draft,
+                                               **kwargs) for b, l in zip(batch.ravel(), context.ravel())]
+            out[method] = np.reshape(values, batch.shape)
+        return out
+
+    def _lengths(self, mean: float) -> pm.LengthDistribution:
+        return pm.LengthDistribution(mean, spread=self.length_spread, kind=self.length_kind, seed=self.seed)
+
+
+def _label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def slider_figure(scenario: Scenario, *, batch_sizes=DEFAULT_BATCHES[:8], contexts=DEFAULT_CONTEXTS[:11],
+                  start_batch: int = 64, title: str | None = None) -> go.Figure:
+    """Throughput multiplier vs context, one curve per method, with a slider over batch size.
+
+    Every slider position is precomputed, so the figure stays interactive in static HTML.
+    """
+    batch_sizes, contexts = np.asarray(batch_sizes), np.asarray(contexts)
+    if start_batch not in batch_sizes:
+        raise ValueError(f"start_batch {start_batch} is not one of batch_sizes {list(batch_sizes)}")
+    grids = scenario.multipliers(batch_sizes[:, None], contexts[None, :])  # method -> (nB, nL)
+    methods = list(grids)
+    start = int(np.flatnonzero(batch_sizes == start_batch)[0])
+    fig = go.Figure()
+    for i, _ in enumerate(batch_sizes):
+        for j, method in enumerate(methods):
+            fig.add_trace(go.Scatter(x=contexts, y=grids[method][i], name=_label(method), mode="lines+markers",
+                                     line=dict(color=_color(method, j)), visible=i == start, legendgroup=method,
+                                     hovertemplate=f"{_label(method)}<br>L=%{{x}}: %{{y:.3f}}x<extra></extra>"))
+    steps = []
+    for i, b in enumerate(batch_sizes):
+        visible = [k // len(methods) == i for k in range(len(fig.data))]
+        steps.append(dict(method="update", label=pow2_label(b), args=[{"visible": visible}]))
+    top = max(float(np.max(g)) for g in grids.values())
+    fig.add_hline(y=1.0, line=dict(color="gray", dash="dot"))
+    fig.update_xaxes(type="log", title="context length L (tokens)", tickvals=list(contexts),
+                     ticktext=[pow2_label(c) for c in contexts])
+    fig.update_yaxes(title=TM_TITLE, range=[0, top * 1.08])
+    fig.update_layout(
+        title=title or f"Throughput multiplier vs context: drag the batch size ({scenario.label})",
+        sliders=[dict(active=start, currentvalue=dict(prefix="batch B = "), pad=dict(t=50), steps=steps)],
+        legend=dict(orientation="h", y=1.02, yanchor="bottom"), height=520)
+    return fig
+
+
+class LiveExplorer:
+    """An ipywidgets panel over a `Scenario`: B, L, k, HOI (or a hardware entry), tau per
+    method, overlap, sparse KV and length spread; redraws the two slices through (B, L).
+
+    Display it (last expression of a cell, or `display(explorer)`) to draw it.
+    """
+
+    def __init__(self, scenario: Scenario, *, B: int = 64, L: int = 512, batch_sizes=DEFAULT_BATCHES,
+                 contexts=DEFAULT_CONTEXTS, hardware: Mapping[str, Hardware] | None = None):
+        self.scenario = scenario
+        self.batch_sizes, self.contexts = np.asarray(batch_sizes), np.asarray(contexts)
+        if B not in self.batch_sizes or L not in self.contexts:
+            raise ValueError(f"(B, L) = ({B}, {L}) must be one of batch_sizes {self.batch_sizes.tolist()} "
+                             f"and one of contexts {self.contexts.tolist()}")
+        style = dict(description_width="110px")
+        layout = w.Layout(width="380px")
+        self.batch = w.SelectionSlider(options=[(pow2_label(b), int(b)) for b in self.batch_sizes], value=B,
+                                       description="batch B", style=style, layout=layout)
+        self.context = w.SelectionSlider(options=[(pow2_label(c), int(c)) for c in self.contexts], value=L,
+                                         description="context L", style=style, layout=layout)
+        self.k = w.IntSlider(scenario.k, min=1, max=8, description="draft depth k", style=style, layout=layout)
+        self.hoi = w.FloatLogSlider(scenario.hoi, base=10, min=0.5, max=3.5, step=0.01, readout_format=".0f",
+                                    description="HOI (FLOP/B)", style=style, layout=layout)
+        self.device_options = {MANUAL_HOI: None}
+        for name, device in (hardware or {}).items():
+            for dtype in device.peak_flops:
+                self.device_options[f"{name} {dtype}"] = (device, dtype)
+        self.device = w.Dropdown(options=list(self.device_options), description="hardware", style=style,
+                                 layout=layout)
+        self.taus = {m: w.FloatSlider(t, min=1.0, max=scenario.k + 1.0, step=0.01, description=f"tau {_label(m)}",
+                                      style=style, layout=layout) for m, t in scenario.taus.items()}
+        self.overlap = w.Checkbox(scenario.overlap, description="overlap (f = max)")
+        self.sparse = w.Checkbox(scenario.window_factor is not None or scenario.window is not None,
+                                 description="sparse draft KV cache")
+        self.spread = w.FloatSlider(scenario.length_spread, min=0.0, max=2.0, step=0.1,
+                                    description="length spread", style=style, layout=layout)
+        self.summary = w.HTML()
+        self.output = w.Output()
+        controls = [self.batch, self.context, self.k, self.hoi, self.device, *self.taus.values(), self.spread,
+                    self.overlap, self.sparse]
+        for control in controls:
+            control.observe(self._on_change, names="value")
+        half = (len(controls) + 1) // 2
+        self.widget = w.VBox([w.HBox([w.VBox(controls[:half]), w.VBox(controls[half:])]), self.summary, self.output])
+        self._syncing = False
+
+    def _ipython_display_(self) -> None:
+        display(self.widget)
+        self.redraw()
+
+    def current(self) -> Scenario:
+        """The scenario the controls describe now."""
+        base = self.scenario
+        choice = self.device_options[self.device.value]
+        scenario = dataclasses.replace(
+            base, k=self.k.value, hoi=self.hoi.value, overlap=self.overlap.value, length_spread=self.spread.value,
+            taus={m: min(s.value, self.k.value + 1.0) for m, s in self.taus.items()},
+            window_factor=base.window_factor if self.sparse.value else None,
+            window=base.window if self.sparse.value else None)
+        if self.sparse.value and base.window_factor is None and base.window is None:
+            scenario = dataclasses.replace(scenario, window_factor=8)
+        return scenario if choice is None else scenario.with_hardware(*choice)
+
+    def figure(self) -> go.Figure:
+        """Multiplier vs L at the chosen B, and vs B at the chosen L, the chosen point marked.
+
+        Built from plain dicts (no make_subplots / add_vline): a redraw takes milliseconds.
+        """
+        scenario, B, L = self.current(), self.batch.value, self.context.value
+        over_l = scenario.multipliers(B, self.contexts)
+        over_b = scenario.multipliers(self.batch_sizes, L)
+        data = []
+        for j, method in enumerate(over_l):
+            line = dict(color=_color(method, j))
+            data.append(dict(type="scatter", x=self.contexts, y=over_l[method], name=_label(method), line=line,
+                             legendgroup=method, xaxis="x", yaxis="y"))
+            data.append(dict(type="scatter", x=self.batch_sizes, y=over_b[method], name=_label(method), line=line,
+                             legendgroup=method, showlegend=False, xaxis="x2", yaxis="y2"))
+
+        def axis(values, title, domain):
+            return dict(type="log", title=title, domain=domain, tickvals=list(values),
+                        ticktext=[pow2_label(v) for v in values])
+
+        def marker(x, axis_name):
+            return dict(type="line", xref=axis_name, yref=f"{axis_name.replace('x', 'y')} domain", x0=x, x1=x,
+                        y0=0, y1=1, line=dict(dash="dash", color="black", width=1))
+
+        def unity(axis_name):
+            return dict(type="line", xref=f"{axis_name} domain", yref=axis_name.replace("x", "y"), x0=0, x1=1,
+                        y0=1, y1=1, line=dict(dash="dot", color="gray"))
+
+        titles = [(0.22, f"over context, B = {pow2_label(B)}"), (0.78, f"over batch, L = {pow2_label(L)}")]
+        layout = dict(
+            xaxis=axis(self.contexts, "context length L", [0, 0.45]),
+            xaxis2=axis(self.batch_sizes, "batch B", [0.55, 1]),
+            yaxis=dict(title=TM_TITLE), yaxis2=dict(anchor="x2"),
+            shapes=[marker(L, "x"), marker(B, "x2"), unity("x"), unity("x2")],
+            annotations=[dict(text=t, x=x, y=1.0, xref="paper", yref="paper", yanchor="bottom", showarrow=False)
+                         for x, t in titles],
+            height=420, margin=dict(t=40), legend=dict(orientation="h", y=-0.25))
+        return go.Figure(data=data, layout=layout)
+
+    def summary_html(self) -> str:
+        scenario, B, L = self.current(), self.batch.value, self.context.value
+        point = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+        best = max(point, key=point.get)
+        cells = ", ".join(f"{_label(m)} <b>{v:.2f}x</b>" for m, v in point.items())
+        return (f"At B = {B}, L = {L} (HOI {scenario.hoi:.0f} FLOP/byte, {scenario.bytes_per_value:g} byte per value, "
+                f"k = {scenario.k}): {cells}. "
+                f"Best: <b>{_label(best)}</b>.")
+
+    def redraw(self) -> None:
+        self.summary.value = self.summary_html()
+        with self.output:
+            clear_output(wait=True)
+            self.figure().show()
+
+    def _on_change(self, change) -> None:
+        if self._syncing:  # a control this handler set itself: one redraw at the end
+            return
+        self._syncing = True
+        try:
+            owner = change["owner"]
+            if owner is self.k:
+                for slider in self.taus.values():
+                    slider.max = self.k.value + 1.0
+            elif owner is self.device and self.device_options[self.device.value] is not None:
+                device, dtype = self.device_options[self.device.value]
+                self.hoi.value = device.hoi(dtype)
+            elif owner is self.hoi:
+                self.device.value = MANUAL_HOI  # a hand-set HOI belongs to no device
+        finally:
+            self._syncing = False
+        self.redraw()
