@@ -36,6 +36,7 @@ method) alone, so the merged result equals a single process's.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import zlib
 from collections.abc import Callable, Mapping
@@ -87,7 +88,8 @@ METHODS: dict[str, Method] = {}
 
 
 def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
-    """Make `name` measurable (the SPIRe module registers "spire" this way)."""
+    """Make `name` measurable: `build(target, model, *, temperature, generator, **options)`
+    returns a fresh Draft (vanilla, magicdec and spire are registered below)."""
     METHODS[name] = Method(name, build, needs_model)
 
 
@@ -99,6 +101,10 @@ def draft_factory(method: str, target: Transformer, model: torch.nn.Module | Non
     spec = METHODS[method]
     if spec.needs_model and model is None:
         raise ValueError(f"method {method!r} needs its trained draft model")
+    try:  # an unknown option fails here, before any decoding
+        inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
+    except TypeError as e:
+        raise ValueError(f"method {method!r}: {e}") from None
     return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
 
 

@@ -102,6 +102,8 @@ def test_registry_takes_new_methods_and_rejects_bad_requests():
         draft_factory("medusa", target, temperature=1.0)
     with pytest.raises(ValueError, match="needs its trained draft model"):
         draft_factory("vanilla", target, temperature=1.0)
+    with pytest.raises(ValueError, match="magicdec.*windw"):
+        draft_factory("magicdec", target, temperature=1.0, windw=8)
     register_method("test-greedy-draft", lambda t, m, *, temperature, generator: VanillaDraft(m, 0.0, generator), needs_model=True)
     try:
         factory = draft_factory("test-greedy-draft", target, small, temperature=1.0)
