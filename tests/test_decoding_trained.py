@@ -43,8 +43,17 @@ def train_bytes_model(cfg: ModelConfig, data: torch.Tensor, steps: int, seed: in
     return model.eval()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These matmuls are too small to share; on a busy machine a second thread costs 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def trained():
+def trained(one_thread):
     data = corpus()
     split = int(0.9 * len(data))
     target = train_bytes_model(TARGET, data[:split], steps=150, seed=0)
