@@ -35,6 +35,7 @@ import yaml
 
 from spirelib import report, results
 from spirelib.paths import project_root
+from spirelib.plots import HEADLESS_ENV
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 SECTIONS = ("shared", "notebooks")
@@ -199,7 +200,7 @@ def _now() -> str:
 
 
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
-        log_output: bool = False, kernel: str = "python3") -> int:
+        log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0) -> int:
     """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1."""
     params, selected, injected = plan(params_file, notebooks_dir, only)
     if not selected:
@@ -225,7 +226,8 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         print(f"{progress} started" if log_output else f"{progress} ", end="\n" if log_output else "", flush=True)
         entry = record["notebooks"][nb.stem]
         entry.update(status="running", started=_now())
-        status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel)
+        status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
+                                          cell_timeout)
         entry.update(status=status, seconds=round(seconds, 2), error=error)
         all_results = results.read_json(results_file)
         all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")
@@ -251,19 +253,22 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
 _QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every start otherwise
 
 
-def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str):
+def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str,
+             cell_timeout: float | None):
     """Run one notebook with papermill: (status, seconds, error message or None)."""
     nb_results = out_dir / "results" / f"{nb.stem}.json"
     for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
         stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
     start = time.perf_counter()
     env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
-           results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve())}
+           results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve()),
+           HEADLESS_ENV: "1"}
     try:
         with _environment(**env):
             papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
                                        cwd=str(cwd), kernel_name=kernel, log_output=log_output,
-                                       progress_bar=False, extra_arguments=_QUIET_KERNEL)
+                                       progress_bar=False, extra_arguments=_QUIET_KERNEL,
+                                       execution_timeout=cell_timeout)
         return "ok", time.perf_counter() - start, None
     except papermill.PapermillExecutionError as e:
         return "failed", time.perf_counter() - start, f"{e.ename}: {e.evalue}"
@@ -287,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd.add_argument("--out", type=Path, help="output folder (default: outputs/<params file stem>)")
     run_cmd.add_argument("--log-output", action="store_true", help="stream cell output while running")
     run_cmd.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+    run_cmd.add_argument("--cell-timeout", type=float, default=3600.0,
+                         help="seconds one cell may run before the notebook fails (default: 3600; 0: no limit)")
     args = parser.parse_args(argv)
     notebooks_dir = args.notebooks.resolve()
     try:
@@ -297,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.params}: ok ({len(selected)} notebooks)")
             return 0
         out_dir = args.out or project_root() / "outputs" / args.params.stem
-        return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel)
+        return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
+                   args.cell_timeout or None)
     except (ParamsError, FileNotFoundError, yaml.YAMLError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

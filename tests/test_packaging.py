@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import re
 import tomllib
 from pathlib import Path
@@ -66,8 +68,13 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters', want exactly 1"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec python3 missing"
-    untyped = [name for name, t in workbook.declared_parameters(path).items() if t == "None"]
+    declared = workbook.declared_parameters(path)
+    untyped = [name for name, t in declared.items() if t == "None"]
     assert not untyped, f"{path.name}: parameters without a type annotation: {untyped}"
+    assigned = [node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
+                for node in ast.parse(tagged[0].source).body if isinstance(node, (ast.AnnAssign, ast.Assign))]
+    unseen = [name for name in assigned if name not in declared]
+    assert not unseen, f"{path.name}: papermill cannot read {unseen} (an '=' in the comment?), so params can't set them"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 import ipywidgets as w
 import numpy as np
 import plotly.graph_objects as go
-from IPython.display import clear_output, display
+from IPython.display import Markdown, clear_output, display
 
 from spirelib import perfmodel as pm
 from spirelib.hardware import BYTES_PER_VALUE, Hardware
+from spirelib.plots import live_frontend
 from spirelib.plots.perf import METHOD_LABELS, TM_TITLE, _color, pow2_label
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
@@ -162,6 +163,10 @@ class LiveExplorer:
         self._syncing = False
 
     def _ipython_display_(self) -> None:
+        if not live_frontend():  # a headless run: no one to drive the controls
+            display(Markdown("*The live explorer appears when this notebook runs in JupyterLab; "
+                             "the slider figure below stays interactive in this report.*"))
+            return
         display(self.widget)
         self.redraw()
 
