@@ -76,7 +76,7 @@ class VanillaDraft:
         capacity = verified.cache.capacity
         self.cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, sparse=self.sparse,
                                   device=param.device, dtype=param.dtype)
-        self.model(verified.tokens, verified.positions, self.cache, valid=verified.valid)
+        self.model(verified.tokens, verified.positions, self.cache, valid=verified.valid, return_logits=False)
         self.previous = _last_verified(verified, None)
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

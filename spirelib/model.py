@@ -187,6 +187,7 @@ class Transformer(nn.Module):
         return_layers: bool = False,
         sparse: SinkWindow | None = None,
         valid: torch.Tensor | None = None,
+        return_logits: bool = True,
     ):
         """Logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
 
@@ -195,6 +196,9 @@ class Transformer(nn.Module):
         cache (its own sparsity applies). Without a cache, attention is causal over the T
         tokens, restricted to sink + window if `sparse` is given. With `return_layers`, also
         the residual stream before the first block and after each block, (layers+1, B, T, d_model).
+        `return_logits=False` skips the final norm and unembedding and returns None in their
+        place: a prefill only fills the cache, and (B, T, V) logits would cost a third of its
+        FLOPs here and, at V = 50,304, more memory than the rest of the pass.
         """
         B, T = tokens.shape
         if positions is None:
@@ -213,7 +217,7 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, rope, mask, cache, i, slots, positions)
             layers.append(x)
-        logits = self.unembed(self.norm(x))  # (B, T, V)
+        logits = self.unembed(self.norm(x)) if return_logits else None  # (B, T, V)
         if return_layers:
             return logits, torch.stack(layers)  # (layers+1, B, T, d_model)
         return logits

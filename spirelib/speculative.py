@@ -119,7 +119,7 @@ def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor |
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
     with torch.no_grad():
-        out = target(contexts[:, :-1], positions, cache, return_layers=return_layers, valid=valid)
+        out = target(contexts[:, :-1], positions, cache, return_layers=return_layers, valid=valid, return_logits=False)
     layers = out[1] if return_layers else None
     pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
     return Prefill(cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending)

@@ -36,6 +36,8 @@ def test_return_layers_gives_the_residual_stream():
     assert layers.shape == (TINY.num_layers + 1, 2, 7, TINY.d_model)
     torch.testing.assert_close(layers[0], model.embed(tokens))
     torch.testing.assert_close(logits, model.unembed(model.norm(layers[-1])))
+    none, same = model(tokens, return_layers=True, return_logits=False)  # a prefill: no (B, T, V) logits
+    assert none is None and torch.equal(same, layers)
 
 
 @torch.no_grad()
