@@ -14,7 +14,16 @@ import torch
 
 from spirelib.drafts import VanillaDraft
 from spirelib.model import ModelConfig, Transformer
-from spirelib.tau import METHODS, AcceptCounts, TauProtocol, draft_factory, measure_tau, register_method, summarize, t_quantile
+from spirelib.tau import (
+    METHODS,
+    AcceptCounts,
+    TauProtocol,
+    draft_factory,
+    measure_tau,
+    register_method,
+    summarize,
+    t_quantile,
+)
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)

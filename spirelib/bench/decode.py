@@ -26,7 +26,13 @@ import torch
 
 from spirelib.drafts import vanilla_draft_config
 from spirelib.model import ModelConfig, Transformer
-from spirelib.speculative import SectionTimer, autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.speculative import (
+    SectionTimer,
+    autoregressive_generate,
+    prefill,
+    speculative_capacity,
+    speculative_generate,
+)
 from spirelib.spire import SpireConfig, SpireDraftModel
 from spirelib.tau import draft_factory
 
