@@ -107,11 +107,13 @@ class _KVCache:
         self.v[layer][self._rows, :, slots] = v.transpose(1, 2)
 
     def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, n_kv, S+1, d_head) of one layer as queries at q_pos (B, T) see them."""
+        """Keys and values (B, n_kv, S', d_head) of one layer as queries at q_pos (B, T) see them:
+        all S+1 slots, or (dense cache) those up to the last prepared forward's highest position."""
         return self.k[layer], self.v[layer]
 
-    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor:
-        """Visibility (B, 1, T, S+1) of every slot for queries at q_pos (B, T)."""
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+        """Visibility (B, 1, T, S') of the slots `layer_kv` returns for queries at q_pos (B, T);
+        None means causal (query t sees keys 0..t; only where T queries read T keys)."""
         return visibility(q_pos, self.key_positions, self.sparse, include_self)
 
     def rollback(self, lengths: torch.Tensor) -> None:
@@ -121,18 +123,49 @@ class _KVCache:
 
 class DenseKVCache(_KVCache):
     """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
-    (the slow, obviously correct way to run sparse attention; a reference in tests)."""
+    (the slow, obviously correct way to run sparse attention; a reference in tests).
+
+    Reads stop at the highest position the last prepared forward wrote: slot = position, so
+    every slot beyond holds a later position (or nothing) and is invisible to all of that
+    forward's queries; attention skips the unused tail of the capacity (G + 2k slots at
+    the start of speculative decoding). Prefill fast path: when the cache's first forward
+    writes positions 0..T-1 with a valid prefix per row (a prefill of right-padded
+    contexts), the mask is plain causal (None), so attention skips the masked half.
+    """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
                  sparse: SinkWindow | None = None, device=None, dtype=torch.float32):
         super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.sparse = sparse
+        self._written = False
+        self._read = capacity + 1  # slots that reads cover
+        self._causal: torch.Tensor | None = None  # positions (B, T) of a first forward over 0..T-1
 
     def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        if bool((valid & (positions >= self.capacity)).any()):
-            raise ValueError(f"position {int(positions[valid].max())} exceeds the cache capacity {self.capacity}")
+        top = int(torch.where(valid, positions, -1).max())  # the one host sync of a forward
+        if top >= self.capacity:
+            raise ValueError(f"position {top} exceeds the cache capacity {self.capacity}")
+        self._read = max(top + 1, 1)
         return torch.where(valid, positions, self.trash)
+
+    def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        slots = super().prepare(positions, valid)
+        T = positions.shape[1]
+        first = not self._written and bool((positions == torch.arange(T, device=positions.device)).all())
+        if first and valid is not None:
+            first = bool((valid[:, 1:] <= valid[:, :-1]).all())  # padding only at the end of rows
+        self._causal = positions if first else None
+        self._written = True
+        return slots
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer][:, :, : self._read], self.v[layer][:, :, : self._read]
+
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+        if self._causal is not None and include_self and self.sparse is None and torch.equal(q_pos, self._causal):
+            return None  # a prefill: causal over its own keys
+        return visibility(q_pos, self.key_positions[:, : self._read], self.sparse, include_self)
 
 
 class SinkWindowKVCache(_KVCache):

@@ -90,9 +90,27 @@ def _no_timer(name: str):
     return contextlib.nullcontext()
 
 
-def _prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor, capacity: int, want_layers: bool):
-    """Run all but the last token of every context through a fresh target cache."""
+@dataclass
+class Prefill:
+    """The target's pass over all but the last token of every context: its cache, what it
+    computed (`verified`, handed to a draft's `begin`) and the pending last tokens (B,).
+
+    One prefill serves several generations over the same contexts (e.g. every method of a
+    tau measurement): decoding writes only positions after the context and starts by
+    rolling the cache back to `verified.lengths`, so the context's keys stay intact.
+    """
+
+    cache: DenseKVCache
+    verified: TargetPass
+    pending: torch.Tensor  # (B,)
+
+
+def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor | None = None, *,
+            capacity: int, return_layers: bool = False) -> Prefill:
+    """Run all but the last token of every context (B, L) (right-padded to L when `lengths`
+    (B,) is given) through a fresh target cache of `capacity` positions per row."""
     B, L = contexts.shape
+    lengths = _context_lengths(contexts, lengths)
     if int(lengths.min()) < 2:
         raise ValueError("every context needs at least 2 tokens")
     cfg = target.cfg
@@ -100,10 +118,28 @@ def _prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor,
     cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, device=param.device, dtype=param.dtype)
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
-    out = target(contexts[:, :-1], positions, cache, return_layers=want_layers, valid=valid)
-    layers = out[1] if want_layers else None
+    with torch.no_grad():
+        out = target(contexts[:, :-1], positions, cache, return_layers=return_layers, valid=valid, return_logits=False)
+    layers = out[1] if return_layers else None
     pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
-    return cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending
+    return Prefill(cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending)
+
+
+def _reuse(prefilled: Prefill, capacity: int, need_layers: bool) -> tuple[DenseKVCache, torch.Tensor]:
+    """The prefill's cache rolled back to the end of the contexts, and the pending tokens."""
+    if prefilled.cache.capacity < capacity:
+        raise ValueError(f"the prefill's cache holds {prefilled.cache.capacity} positions per row; "
+                         f"this generation needs {capacity}: prefill with capacity={capacity}")
+    if need_layers and prefilled.verified.layers is None:
+        raise ValueError("this draft needs the target's layers: prefill with return_layers=True")
+    prefilled.cache.rollback(prefilled.verified.lengths)
+    return prefilled.cache, prefilled.pending
+
+
+def speculative_capacity(context_length: int, max_new_tokens: int, k: int) -> int:
+    """Target cache positions per row that speculative decoding needs: a row finishes at
+    position <= L + G + k - 1 and, frozen, is still verified there (k more)."""
+    return context_length + max_new_tokens + 2 * k
 
 
 def _context_lengths(contexts: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
@@ -124,19 +160,21 @@ def speculative_generate(
     eos_token: int | None = None,
     generator: torch.Generator | None = None,
     timer: SectionTimer | None = None,
+    prefilled: Prefill | None = None,
 ) -> Generation:
     """Generate `max_new_tokens` per row after `contexts` (B, L) (right-padded to L when
     `lengths` (B,) is given) with speculative decoding; every token is a sample from the
-    target at `temperature` (0: greedy), whatever the draft proposes."""
+    target at `temperature` (0: greedy), whatever the draft proposes. `prefilled`: the
+    target's `prefill` of these same contexts, to share it between generations."""
     timer = timer or _no_timer
     B, G = contexts.shape[0], max_new_tokens
-    lengths = _context_lengths(contexts, lengths)
     dev = contexts.device
-    # A row finishes at position <= L + G + k - 1 and, frozen, is still verified there: k more slots.
-    capacity = contexts.shape[1] + G + 2 * k
     with timer("prefill"):
-        cache, prefill, pending = _prefill(target, contexts, lengths, capacity, draft.needs_target_layers)
-        draft.begin(prefill, k)
+        capacity = speculative_capacity(contexts.shape[1], G, k)
+        if prefilled is None:
+            prefilled = prefill(target, contexts, lengths, capacity=capacity, return_layers=draft.needs_target_layers)
+        cache, pending = _reuse(prefilled, capacity, draft.needs_target_layers)
+        draft.begin(prefilled.verified, k)
     out = torch.zeros(B, G + k + 1, dtype=torch.long, device=dev)  # room for one overshooting round
     produced = torch.zeros(B, dtype=torch.long, device=dev)
     active = torch.ones(B, dtype=torch.bool, device=dev)
@@ -186,12 +224,16 @@ def autoregressive_generate(
     lengths: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     timer: SectionTimer | None = None,
+    prefilled: Prefill | None = None,
 ) -> Generation:
-    """The reference: one target forward per token, same sampling code (spec 4, AD)."""
+    """The reference: one target forward per token, same sampling code (spec 4, AD).
+    `prefilled`: the target's `prefill` of these same contexts, to share it."""
     timer = timer or _no_timer
-    lengths = _context_lengths(contexts, lengths)
     with timer("prefill"):
-        cache, _, pending = _prefill(target, contexts, lengths, contexts.shape[1] + max_new_tokens, False)
+        capacity = contexts.shape[1] + max_new_tokens
+        if prefilled is None:
+            prefilled = prefill(target, contexts, lengths, capacity=capacity)
+        cache, pending = _reuse(prefilled, capacity, False)
     generated = []
     for _ in range(max_new_tokens):
         with timer("verify"):

@@ -36,6 +36,8 @@ def test_return_layers_gives_the_residual_stream():
     assert layers.shape == (TINY.num_layers + 1, 2, 7, TINY.d_model)
     torch.testing.assert_close(layers[0], model.embed(tokens))
     torch.testing.assert_close(logits, model.unembed(model.norm(layers[-1])))
+    none, same = model(tokens, return_layers=True, return_logits=False)  # a prefill: no (B, T, V) logits
+    assert none is None and torch.equal(same, layers)
 
 
 @torch.no_grad()
@@ -128,3 +130,22 @@ def test_cache_capacity_is_enforced():
     cache = dense_cache(model, 1, 4)
     with pytest.raises(ValueError, match="capacity"):
         model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+
+
+@torch.no_grad()
+def test_prefill_fast_path_equals_the_masked_path():
+    """A fresh dense cache's first forward at positions 0..T-1 attends causally over its own T
+    keys only; a cache that was written before takes the general masked path: same logits."""
+    model = tiny_model()
+    B, T = 3, 10
+    tokens = torch.randint(0, TINY.vocab_size, (B, T))
+    pos = torch.arange(T).expand(B, T)
+    valid = pos < torch.tensor([10, 4, 7])[:, None]
+    fast = dense_cache(model, B, 16)
+    out_fast = model(tokens, pos, fast, valid=valid)
+    assert fast.mask(pos) is None and fast.layer_kv(0, pos)[0].shape[2] == T
+    slow = dense_cache(model, B, 16)
+    model(tokens[:, :1], pos[:, :1], slow, valid=torch.zeros(B, 1, dtype=torch.bool))  # writes nothing
+    out_slow = model(tokens, pos, slow, valid=valid)
+    assert slow.mask(pos) is not None
+    torch.testing.assert_close(out_fast[valid], out_slow[valid], atol=1e-5, rtol=1e-5)

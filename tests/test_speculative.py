@@ -10,7 +10,7 @@ from spirelib.drafts import MagicDecDraft, VanillaDraft
 from spirelib.kvcache import SinkWindow
 from spirelib.model import ModelConfig, Transformer
 from spirelib.sampling import rejection_sample, sample
-from spirelib.speculative import autoregressive_generate, speculative_generate
+from spirelib.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -176,3 +176,40 @@ def test_sampled_speculative_decoding_matches_the_target_distribution(name):
     counts = torch.bincount(sd.tokens[:, 0] * cfg.vocab_size + sd.tokens[:, 1], minlength=cfg.vocab_size ** 2)
     assert chi_square_pvalue(counts, joint) > 1e-3
     assert math.isclose(float(joint.sum()), 1.0, rel_tol=1e-9)
+
+
+def test_one_prefill_serves_several_generations():
+    """Sharing the target's prefill between methods (as the tau protocol does) changes nothing:
+    each generation equals one with its own prefill, random stream for random stream."""
+    target = peaky_model()
+    B, L, G, k = 4, 12, 15, 4
+    contexts = torch.randint(0, CFG.vocab_size, (B, L), generator=torch.Generator().manual_seed(6))
+    lengths = torch.tensor([12, 7, 10, 3])
+    shared = prefill(target, contexts, lengths, capacity=speculative_capacity(L, G, k))
+    for name, make in drafts_for(target).items():
+        runs = []
+        for prefilled in (shared, None):
+            gen = torch.Generator().manual_seed(7)
+            draft = make(1.0)
+            draft.generator = gen
+            runs.append(speculative_generate(target, draft, contexts, G, k=k, lengths=lengths, generator=gen, prefilled=prefilled))
+        assert torch.equal(runs[0].tokens, runs[1].tokens), name
+        assert torch.equal(runs[0].accepted, runs[1].accepted), name
+    ad = [autoregressive_generate(target, contexts, G, lengths=lengths, generator=torch.Generator().manual_seed(8), prefilled=p)
+          for p in (shared, None)]
+    assert torch.equal(ad[0].tokens, ad[1].tokens)
+
+
+def test_sample_follows_unnormalized_weights_and_never_draws_a_zero():
+    gen = torch.Generator().manual_seed(0)
+    V, n = 37, 60_000  # 6 blocks of 7 tokens, the last one padded
+    w = 3 * torch.rand(V, generator=gen)
+    w[[0, 5, 36]] = 0
+    draws = sample(w.expand(n, V), gen)
+    assert chi_square_pvalue(torch.bincount(draws, minlength=V), w / w.sum()) > 1e-3
+    assert not torch.isin(draws, torch.tensor([0, 5, 36])).any()
+    hot = torch.randint(0, V, (n,), generator=gen)
+    assert torch.equal(sample(torch.nn.functional.one_hot(hot, V).float(), gen), hot)
+    skewed = w.clone()
+    skewed[1] *= 1.2  # a 20% error in one token's weight must be caught
+    assert chi_square_pvalue(torch.bincount(sample(skewed.expand(n, V), gen), minlength=V), w / w.sum()) < 1e-6

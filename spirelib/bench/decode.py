@@ -1,0 +1,139 @@
+"""`python -m spirelib.bench decode`: batched decoding throughput, AD vs SD with each draft.
+
+For every context length L and batch size B: one target prefill of B random contexts
+(timed once, shared by every method, as in the tau protocol), then, best of `--repeats`,
+G new tokens per row by autoregressive decoding (AD) and by speculative decoding with
+each draft. Reported per method: generated tokens/s of the decode phase (B x G / decode
+time, prefill excluded), the time of one round (one token step for AD), tau, and the
+split of decode time between draft, verify and bookkeeping (sampling, rejection,
+rollback, gathers; `speculative.SectionTimer`). Goal: bookkeeping under 10% at B = 64.
+
+Weights are random (speed does not depend on them), so tau, and with it SD's tokens/s,
+is not a trained model's: per-round time is what carries over, and tokens/s = tau / round.
+The vanilla draft has the spec 4 shape (`vanilla_draft_config`); the SPIRe draft is pruned
+from the target (2 layers, sink 1 + window 64); MagicDec reads sink 1 + window 64.
+
+Timings are wall clock; on a machine shared with other jobs, best-of-n is the fair figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from spirelib.drafts import vanilla_draft_config
+from spirelib.model import ModelConfig, Transformer
+from spirelib.speculative import (
+    SectionTimer,
+    autoregressive_generate,
+    prefill,
+    speculative_capacity,
+    speculative_generate,
+)
+from spirelib.spire import SpireConfig, SpireDraftModel
+from spirelib.tau import draft_factory
+
+METHODS = ("ad", "vanilla", "magicdec", "spire")
+DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
+
+
+def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> dict:
+    """A draft factory per SD method (AD needs none)."""
+    torch.manual_seed(1)
+    models = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(next(target.parameters())).eval(),
+              "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).eval(),
+              "magicdec": lambda: None}
+    options = {"magicdec": {"window": window}}
+    return {m: draft_factory(m, target, models[m](), temperature=temperature, **options.get(m, {}))
+            for m in methods if m != "ad"}
+
+
+def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
+             k: int, temperature: float, repeats: int) -> list[dict]:
+    """Every method at one (B, L): rows of results."""
+    device = next(target.parameters()).device
+    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0)).to(device)
+    start = time.perf_counter()
+    shared = prefill(target, contexts, capacity=speculative_capacity(context, new_tokens, k),
+                     return_layers="spire" in methods)
+    prefill_s = time.perf_counter() - start
+    rows = []
+    for method in methods:
+        best = None
+        for r in range(repeats + 1):  # the first run warms up
+            timer = SectionTimer(device)
+            gen = torch.Generator(device).manual_seed(r)
+            if method == "ad":
+                out = autoregressive_generate(target, contexts, new_tokens, temperature=temperature, generator=gen,
+                                              timer=timer, prefilled=shared)
+                rounds = new_tokens
+            else:
+                out = speculative_generate(target, factories[method](gen), contexts, new_tokens, k=k,
+                                           temperature=temperature, generator=gen, timer=timer, prefilled=shared)
+                rounds = out.accepted.shape[1]
+            decode = sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
+            if r > 0 and (best is None or decode < best[0]):
+                best = (decode, timer.seconds, rounds, out)
+        decode, seconds, rounds, out = best
+        done = out.accepted[out.accepted >= 0] if out.accepted is not None else None
+        rows.append({
+            "method": method, "batch": batch, "context": context,
+            "tokens_per_s": batch * new_tokens / decode,
+            "round_ms": 1e3 * decode / rounds, "rounds": rounds,
+            "tau": float((done + 1).double().mean()) if done is not None else 1.0,
+            "prefill_s": prefill_s + seconds.get("prefill", 0.0),  # shared target prefill + the draft's own
+            "split": {s: seconds.get(s, 0.0) / decode for s in DECODE_SECTIONS},
+        })
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spirelib.bench decode", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--context", type=int, nargs="+", default=[256, 960])
+    parser.add_argument("--new-tokens", type=int, default=64, help="G")
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--target-layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--n-q-per-kv", type=int, default=1)
+    parser.add_argument("--n-kv", type=int, default=4)
+    parser.add_argument("--d-head", type=int, default=32)
+    parser.add_argument("--d-ff", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (after one warm-up); best is kept")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = ModelConfig(args.vocab_size, args.target_layers, args.d_model, args.n_q_per_kv, args.n_kv, args.d_head, args.d_ff)
+    torch.manual_seed(0)
+    target = Transformer(cfg).to(args.device).eval()
+    factories = build_methods(target, args.methods, args.temperature, args.window)
+    rows = [row for L in args.context for B in args.batch
+            for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature, args.repeats)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    draft = vanilla_draft_config(cfg)
+    print(f"decode: target {cfg.num_layers}x{cfg.d_model} (n_kv {cfg.n_kv}, d_head {cfg.d_head}, d_ff {cfg.d_ff}, "
+          f"vocab {cfg.vocab_size}), vanilla draft {draft.num_layers}x{draft.d_model}, k={args.k}, G={args.new_tokens}, "
+          f"T={args.temperature}, {torch.get_num_threads()} threads, {args.device}, best of {args.repeats}")
+    print(f"{'L':>5} {'B':>3} {'method':9} {'tok/s':>8} {'vs AD':>6} {'round ms':>9} {'tau':>5} {'prefill s':>9}"
+          f" {'draft':>6} {'verify':>6} {'bookkp':>6}")
+    ad = {(r["context"], r["batch"]): r["tokens_per_s"] for r in rows if r["method"] == "ad"}
+    for r in rows:
+        base = ad.get((r["context"], r["batch"]))
+        vs = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'':6}"
+        s = r["split"]
+        print(f"{r['context']:5d} {r['batch']:3d} {r['method']:9} {r['tokens_per_s']:8.0f} {vs} {r['round_ms']:9.2f}"
+              f" {r['tau']:5.2f} {r['prefill_s']:9.2f} {s['draft']:6.1%} {s['verify']:6.1%} {s['bookkeeping']:6.1%}")
+    return 0

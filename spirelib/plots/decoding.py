@@ -1,0 +1,148 @@
+"""Plotly figures and tables for measured acceptance (spec 5, 8): tau per method and context
+length next to the paper's Table 1, and per-position acceptance.
+
+Builders take `tau.TauStats` per method and context length ({method: {L: TauStats}}) and
+compute nothing but what they plot (intervals included). `scale` is a short note of the
+model and data scale, shown in the title: every figure says at what scale it was made.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from spirelib.plots.perf import METHOD_COLORS, METHOD_LABELS
+from spirelib.tau import TauStats
+
+Stats = Mapping[str, Mapping[int, TauStats]]
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def method_color(method: str, i: int) -> str:
+    return METHOD_COLORS.get(method, qualitative.Plotly[i % len(qualitative.Plotly)])
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def model_scale(target, vanilla=None) -> str:
+    """A one-line note of the scale of a trained target and draft (`pipeline.TrainedModel`s):
+    shapes, body parameters, training tokens, corpus and vocabulary."""
+    parts = []
+    for name, m in (("target", target), ("vanilla draft", vanilla)):
+        if m is not None:
+            c = m.config
+            parts.append(f"{name} {c.num_layers}x{c.d_model} ({_count(m.model.body_params())} body params, "
+                         f"{_count(m.summary['tokens'])} training tokens)")
+    return ", ".join(parts) + f"; corpus {target.data.corpus_name}, vocab {target.config.vocab_size}"
+
+
+def _title(text: str, scale: str) -> str:
+    return text + (f"<br><sup>{scale}</sup>" if scale else "")
+
+
+def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None, scale: str = "") -> go.Figure:
+    """tau (95% CI) against context length per method; beside it, the paper's Table 1
+    (paper[L][method]) on its own context lengths, since ours may be scaled down."""
+    panels = 2 if paper else 1
+    fig = make_subplots(rows=1, cols=panels, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=("measured here", "paper, Table 1")[:panels])
+    for i, (method, by_length) in enumerate(stats.items()):
+        lengths = sorted(by_length)
+        fig.add_trace(go.Scatter(
+            x=lengths, y=[by_length[L].mean for L in lengths], mode="lines+markers", name=method_label(method),
+            legendgroup=method, line=dict(color=method_color(method, i)),
+            error_y=dict(type="data", array=[by_length[L].ci95 for L in lengths], visible=True),
+            customdata=[[by_length[L].n_contexts] for L in lengths],
+            hovertemplate="L = %{x}<br>tau = %{y:.3f} ± %{error_y.array:.3f}<br>%{customdata[0]} contexts<extra></extra>",
+        ), row=1, col=1)
+        if paper and all(method in paper[L] for L in paper):
+            paper_lengths = sorted(paper)
+            fig.add_trace(go.Scatter(
+                x=paper_lengths, y=[paper[L][method] for L in paper_lengths], mode="lines+markers",
+                name=f"{method_label(method)} (paper)", legendgroup=method, showlegend=False,
+                line=dict(color=method_color(method, i), dash="dash"), marker=dict(symbol="circle-open", size=9),
+            ), row=1, col=2)
+    fig.update_xaxes(title_text="context length L", type="log")
+    fig.update_yaxes(title_text="tau (tokens per round, bonus included)", col=1)
+    fig.update_layout(title=_title("tau = E[tokens per round]", scale), template="plotly_white",
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (NaNs without trials)."""
+    if trials == 0:
+        return math.nan, math.nan
+    p = successes / trials
+    center = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return center - half, center + half
+
+
+def per_position_figure(stats: Stats, scale: str = "") -> go.Figure:
+    """P[draft j accepted | drafts 1..j-1 accepted] against j, one panel per context length,
+    with 95% Wilson intervals from the counts (rounds are treated as independent trials)."""
+    lengths = sorted({L for by_length in stats.values() for L in by_length})
+    fig = make_subplots(rows=1, cols=len(lengths), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"L = {L}" for L in lengths])
+    for i, (method, by_length) in enumerate(stats.items()):
+        for col, L in enumerate(lengths, start=1):
+            if L not in by_length:
+                continue
+            s = by_length[L]
+            j = list(range(1, len(s.per_position) + 1))
+            bounds = [wilson_interval(a, n) for a, n in zip(s.accepted_at, s.reached)]
+            fig.add_trace(go.Scatter(
+                x=j, y=list(s.per_position), mode="lines+markers", name=method_label(method), legendgroup=method,
+                showlegend=col == 1, line=dict(color=method_color(method, i)),
+                error_y=dict(type="data", symmetric=False, visible=True,
+                             array=[hi - p for (_, hi), p in zip(bounds, s.per_position)],
+                             arrayminus=[p - lo for (lo, _), p in zip(bounds, s.per_position)]),
+                customdata=list(zip(s.accepted_at, s.reached)),
+                hovertemplate="draft %{x}: %{y:.3f}<br>%{customdata[0]} of %{customdata[1]} rounds<extra></extra>",
+            ), row=1, col=col)
+    fig.update_xaxes(title_text="draft position j", dtick=1)
+    fig.update_yaxes(title_text="P[accepted | reached]", range=[0, 1.02], col=1)
+    fig.update_layout(title=_title("Per-position acceptance", scale), template="plotly_white",
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def table1_rows(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None) -> list[dict]:
+    """Rows shaped like the paper's Table 1: one per context length (longest first), per
+    method "tau ± CI" measured here and, where the paper has that L, the paper's tau."""
+    lengths = sorted({L for by_length in stats.values() for L in by_length}, reverse=True)
+    rows = []
+    for L in lengths:
+        row = {"L": L}
+        for method, by_length in stats.items():
+            s = by_length.get(L)
+            row[method] = f"{s.mean:.3f} ± {s.ci95:.3f}" if s else ""
+            if paper:
+                row[f"{method} (paper)"] = f"{paper[L][method]:.3f}" if L in paper and method in paper[L] else "—"
+        rows.append(row)
+    return rows
+
+
+def acceptance_rows(stats: Stats) -> list[dict]:
+    """One row per method and context length: n, rounds, tau, acceptance rate, per position."""
+    rows = []
+    for method, by_length in stats.items():
+        for L in sorted(by_length):
+            s = by_length[L]
+            rows.append({"method": method, "L": L, "n_contexts": s.n_contexts, "rounds": s.rounds,
+                         "tau": f"{s.mean:.3f} ± {s.ci95:.3f}", "acceptance_rate": s.acceptance_rate,
+                         "per_position": ", ".join(f"{p:.3f}" for p in s.per_position)})
+    return rows

@@ -1,0 +1,272 @@
+"""The tau measurement protocol (spec 5) and the acceptance metrics of spec 8.
+
+Protocol: draft depth k = 4; for each context length L, n contexts of exactly L tokens
+from the validation split (drawn once, with a fixed seed, by the data layer), the SAME
+contexts for every method; G = 64 tokens generated after each by speculative decoding at
+temperature T (spec 9: T = 1 by default, exact rejection sampling). Contexts run in
+batches of B rows; the target's prefill of a batch is shared by every method. Methods are
+named ("vanilla", "magicdec", "spire", ...) and built from a registry (`register_method`),
+so a new draft plugs in without touching this module.
+
+Metrics (spec 8), from the accepted draft count a_r of every round r (0..k):
+
+- per-context tau: the mean of a_r + 1 over the context's rounds (bonus token included).
+  The last round may emit more tokens than G still needed; it counts in full. Whether a
+  round is the last depends only on earlier rounds (a stopping time): the draft proposed
+  k tokens and the target verified them as in any other round, so its a_r is an ordinary
+  draw of the round's acceptance. Truncating it to the tokens still needed would bias
+  tau downwards by an amount that depends on G, not on the draft.
+- mean tau and its 95% CI: contexts are the independent units (rounds of one context are
+  not: they share the text), so the estimate is the mean of the n per-context taus and
+  the interval is Student's t: mean +- t_{0.975, n-1} * s / sqrt(n), s the sample
+  standard deviation of the per-context taus (at the paper's n = 65,536 it is the
+  normal interval; t keeps it honest for small CPU-scale n).
+- acceptance rate: accepted draft tokens / drafted tokens over all rounds of all contexts
+  (= (pooled tau - 1) / k, where pooled tau weighs every round equally and mean tau every
+  context equally).
+- per-position acceptance: P[draft j accepted | drafts 1..j-1 accepted] = #(a_r >= j) /
+  #(a_r >= j - 1) over all rounds, j = 1..k, reported with both counts.
+
+Scale-out: under `torchrun` (any backend; gloo on CPU) every process measures the batches
+b with b % world_size == rank and the results are gathered, in batch order, on every
+process. Each batch draws its random numbers from a generator seeded by (seed, L, batch,
+method) alone, so the merged result equals a single process's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from spirelib.drafts import MagicDecDraft, VanillaDraft
+from spirelib.kvcache import SinkWindow
+from spirelib.model import Transformer
+from spirelib.speculative import Draft, SectionTimer, prefill, speculative_capacity, speculative_generate
+from spirelib.spire import spire_draft
+
+
+@dataclass(frozen=True)
+class TauProtocol:
+    """Spec 5: k = 4, G = 64; temperature and batching are the project's choices (spec 9)."""
+
+    k: int = 4
+    new_tokens: int = 64  # G
+    temperature: float = 1.0
+    batch_size: int = 64  # B rows decoded in lockstep
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.k < 1 or self.new_tokens < 1 or self.batch_size < 1 or self.temperature < 0:
+            raise ValueError(f"TauProtocol needs k, new_tokens, batch_size >= 1 and temperature >= 0, got {self}")
+
+
+# ---------------------------------------------------------------------------- methods
+
+DraftFactory = Callable[[torch.Generator], Draft]
+"""Builds a fresh draft that samples with the given generator (one per batch)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named way to draft: `build(target, model, temperature=, generator=, **options)`
+    returns a Draft; `model` is the method's trained draft model (None if it has none)."""
+
+    name: str
+    build: Callable[..., Draft]
+    needs_model: bool
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
+    """Make `name` measurable: `build(target, model, *, temperature, generator, **options)`
+    returns a fresh Draft (vanilla, magicdec and spire are registered below)."""
+    METHODS[name] = Method(name, build, needs_model)
+
+
+def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,
+                  temperature: float, **options) -> DraftFactory:
+    """A factory of `method`'s drafts for `target` (and its trained draft `model`)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; registered: {sorted(METHODS)}")
+    spec = METHODS[method]
+    if spec.needs_model and model is None:
+        raise ValueError(f"method {method!r} needs its trained draft model")
+    try:  # an unknown option fails here, before any decoding
+        inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
+    except TypeError as e:
+        raise ValueError(f"method {method!r}: {e}") from None
+    return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
+
+
+def _vanilla(target, model, *, temperature, generator):
+    return VanillaDraft(model, temperature=temperature, generator=generator)
+
+
+def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
+    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature, generator=generator)
+
+
+def _spire(target, model, *, temperature, generator):
+    return spire_draft(model, temperature=temperature, generator=generator)
+
+
+register_method("vanilla", _vanilla, needs_model=True)
+register_method("magicdec", _magicdec, needs_model=False)
+register_method("spire", _spire, needs_model=True)
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Quantile of Student's t distribution (0.5 < p < 1), by Newton's method on the CDF,
+    which is integrated from the density with Simpson's rule (no scipy needed)."""
+    if not 0.5 < p < 1 or dof < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and dof >= 1, got p={p}, dof={dof}")
+    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+
+    def density(x):
+        return torch.exp(log_c - (dof + 1) / 2 * torch.log1p(x * x / dof))
+
+    def mass(q):  # P[0 < X < q]
+        x = torch.linspace(0, q, 4001, dtype=torch.float64)
+        w = torch.ones_like(x)
+        w[1:-1:2], w[2:-1:2] = 4, 2
+        return float((w * density(x)).sum()) * q / 12000
+
+    q = 2.0
+    for _ in range(60):
+        step = (mass(q) - (p - 0.5)) / float(density(torch.tensor(q, dtype=torch.float64)))
+        q = max(q - step, q / 2)
+        if abs(step) < 1e-12 * q:
+            break
+    return q
+
+
+@dataclass(frozen=True)
+class TauStats:
+    """Spec 8 metrics of one method at one context length (definitions: module docstring)."""
+
+    mean: float  # mean over contexts of the per-context tau
+    ci95: float  # half-width of the 95% t-interval of `mean`
+    n_contexts: int
+    std: float  # sample standard deviation of the per-context taus
+    rounds: int
+    acceptance_rate: float
+    per_position: tuple[float, ...]  # P[draft j accepted | 1..j-1 accepted], j = 1..k
+    accepted_at: tuple[int, ...]  # rounds that accepted draft j
+    reached: tuple[int, ...]  # rounds that accepted drafts 1..j-1 (reached draft j)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class AcceptCounts:
+    """The accepted draft count of every round of every context (n, R), -1 after a context
+    finished (the layout of `Generation.accepted`), at draft depth k."""
+
+    accepted: torch.Tensor
+    k: int
+
+    def tau_per_context(self) -> torch.Tensor:
+        """Mean of accepted + 1 over each context's rounds, the last one in full: (n,) float64."""
+        done = self.accepted >= 0
+        tokens = torch.where(done, self.accepted + 1, 0).sum(1)
+        return tokens.double() / done.sum(1)
+
+    def stats(self) -> TauStats:
+        tau = self.tau_per_context()
+        n = tau.numel()
+        std = float(tau.std()) if n > 1 else float("nan")
+        ci = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
+        a = self.accepted[self.accepted >= 0]  # every round
+        j = torch.arange(1, self.k + 1)
+        accepted_at = (a[:, None] >= j).sum(0)  # (k,)
+        reached = (a[:, None] >= j - 1).sum(0)
+        return TauStats(
+            mean=float(tau.mean()), ci95=ci, n_contexts=n, std=std, rounds=a.numel(),
+            acceptance_rate=float(a.sum()) / (self.k * a.numel()),
+            per_position=tuple((accepted_at.double() / reached).tolist()),  # NaN where never reached
+            accepted_at=tuple(accepted_at.tolist()), reached=tuple(reached.tolist()),
+        )
+
+
+def _pad_cat(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Stack (n_i, R_i) accept-count blocks into (sum n_i, max R_i), padding with -1."""
+    width = max(b.shape[1] for b in blocks)
+    return torch.cat([torch.nn.functional.pad(b, (0, width - b.shape[1]), value=-1) for b in blocks])
+
+
+# ---------------------------------------------------------------------------- measurement
+
+
+def batch_seed(seed: int, context_length: int, batch: int, method: str) -> int:
+    """The seed of one batch's generator: a function of what the batch is, not of who runs it."""
+    return zlib.crc32(f"{seed}/{context_length}/{batch}/{method}".encode())
+
+
+class _Prefixed:
+    """A SectionTimer view that charges sections to `prefix/section`."""
+
+    def __init__(self, timer: SectionTimer, prefix: str):
+        self.timer, self.prefix = timer, prefix
+
+    def __call__(self, name: str):
+        return self.timer(f"{self.prefix}/{name}")
+
+
+def measure_tau(
+    target: Transformer,
+    methods: Mapping[str, DraftFactory],
+    contexts: Mapping[int, torch.Tensor],
+    protocol: TauProtocol = TauProtocol(),
+    timer: SectionTimer | None = None,
+    progress: bool = False,
+) -> dict[str, dict[int, AcceptCounts]]:
+    """Accept counts of every method at every context length: {method: {L: AcceptCounts}}.
+
+    `contexts` maps L to the (n, L) token contexts every method decodes from. A `timer`
+    accumulates "prefill" (the shared target prefill) and "<method>/<section>" seconds.
+    Under torch.distributed, batches are sharded over the processes and the result,
+    identical to a single process's, is returned on every process.
+    """
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    device = next(target.parameters()).device
+    mine: dict[tuple[str, int, int], torch.Tensor] = {}
+    jobs = [(L, b) for L, ctx in contexts.items() for b in range(math.ceil(ctx.shape[0] / protocol.batch_size))]
+    for L, b in tqdm(jobs[rank::world], desc="tau", disable=not progress):
+        rows = contexts[L][b * protocol.batch_size : (b + 1) * protocol.batch_size].to(device)
+        drafts = {}
+        for name, factory in methods.items():
+            gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b, name))
+            drafts[name] = (factory(gen), gen)
+        with timer("prefill") if timer else contextlib.nullcontext():
+            shared = prefill(target, rows, capacity=speculative_capacity(L, protocol.new_tokens, protocol.k),
+                             return_layers=any(d.needs_target_layers for d, _ in drafts.values()))
+        for name, (draft, gen) in drafts.items():
+            out = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
+                                       temperature=protocol.temperature, generator=gen, prefilled=shared,
+                                       timer=_Prefixed(timer, name) if timer else None)
+            mine[name, L, b] = out.accepted.cpu()
+    if world > 1:
+        shards = [None] * world
+        dist.all_gather_object(shards, mine)
+        mine = {key: value for shard in shards for key, value in shard.items()}
+    return {name: {L: AcceptCounts(_pad_cat([mine[name, L_, b] for L_, b in jobs if L_ == L]), protocol.k)
+                   for L in contexts} for name in methods}
+
+
+def summarize(counts: Mapping[str, Mapping[int, AcceptCounts]]) -> dict[str, dict[int, TauStats]]:
+    """TauStats for every method and context length."""
+    return {name: {L: c.stats() for L, c in by_length.items()} for name, by_length in counts.items()}

@@ -1,0 +1,184 @@
+"""The tau protocol (spec 5, 8): the metrics from accept counts, the method registry, the
+measurement loop end to end, and sharding over processes."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from spirelib.drafts import VanillaDraft
+from spirelib.model import ModelConfig, Transformer
+from spirelib.tau import (
+    METHODS,
+    AcceptCounts,
+    TauProtocol,
+    draft_factory,
+    measure_tau,
+    register_method,
+    summarize,
+    t_quantile,
+)
+
+CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
+DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
+
+
+def model(cfg, seed):
+    torch.manual_seed(seed)
+    return Transformer(cfg).double().eval()
+
+
+@pytest.mark.parametrize("dof, expected", [(1, 12.7062047), (4, 2.7764451), (9, 2.2621572), (30, 2.0422725), (10**6, 1.9599663)])
+def test_t_quantile_matches_tables(dof, expected):
+    assert t_quantile(0.975, dof) == pytest.approx(expected, abs=2e-6)
+
+
+def test_stats_from_hand_counted_rounds():
+    k = 4
+    accepted = torch.tensor([
+        [4, 4, 0, 2, -1],  # 5 + 5 + 1 + 3 = 14 tokens in 4 rounds; the last round counts in full
+        [1, 0, 3, 3, 4],  # 2 + 1 + 4 + 4 + 5 = 16 tokens in 5 rounds
+    ])
+    stats = AcceptCounts(accepted, k).stats()
+    assert AcceptCounts(accepted, k).tau_per_context().tolist() == [14 / 4, 16 / 5]
+    assert stats.mean == pytest.approx((3.5 + 3.2) / 2)
+    assert stats.std == pytest.approx(math.sqrt(2) * 0.15)
+    assert stats.ci95 == pytest.approx(12.7062047 * stats.std / math.sqrt(2), rel=1e-6)
+    assert stats.rounds == 9 and stats.n_contexts == 2
+    assert stats.acceptance_rate == pytest.approx(21 / 36)
+    # rounds with a >= j: j=1: 7 of 9; j=2: 6 of 7; j=3: 5 of 6; j=4: 3 of 5
+    assert stats.accepted_at == (7, 6, 5, 3) and stats.reached == (9, 7, 6, 5)
+    assert stats.per_position == pytest.approx((7 / 9, 6 / 7, 5 / 6, 3 / 5))
+
+
+def test_iid_acceptance_recovers_alpha_and_the_closed_form_tau():
+    """Rounds with i.i.d. acceptance alpha: per-position acceptance ~ alpha, and the CI of mean
+    tau covers (1 - alpha^(k+1)) / (1 - alpha) (spec 8)."""
+    gen = torch.Generator().manual_seed(0)
+    k, alpha, n, R = 4, 0.7, 400, 20
+    accepted = (torch.rand(n, R, k, generator=gen) < alpha).long().cumprod(-1).sum(-1)  # (n, R)
+    stats = AcceptCounts(accepted, k).stats()
+    tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert abs(stats.mean - tau) < stats.ci95 < 0.1
+    for p, reached in zip(stats.per_position, stats.reached):
+        assert abs(p - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / reached)
+
+
+def test_a_draft_identical_to_the_target_accepts_everything():
+    """End to end: when q == p every draft is accepted, so tau = k + 1 exactly, for the
+    vanilla path (a copy of the target as draft) and MagicDec with a window covering everything."""
+    target = model(CFG, 0)
+    L, G, k = 9, 12, 3
+    contexts = {L: torch.randint(0, CFG.vocab_size, (5, L), generator=torch.Generator().manual_seed(1))}
+    methods = {"vanilla": draft_factory("vanilla", target, target, temperature=1.0),
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, window=L + G + 2 * k)}
+    stats = summarize(measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2)))
+    for name in methods:
+        s = stats[name][L]
+        assert s.mean == k + 1 and s.acceptance_rate == 1.0 and s.n_contexts == 5, name
+        assert s.per_position == (1.0,) * k and s.rounds == 5 * math.ceil(G / (k + 1))
+
+
+def test_same_contexts_and_seed_give_the_same_result_and_every_context_gets_g_tokens():
+    target, small = model(CFG, 0), model(DRAFT, 1)
+    G, k = 10, 4
+    contexts = {L: torch.randint(0, CFG.vocab_size, (5, L), generator=torch.Generator().manual_seed(L)) for L in (6, 11)}
+    methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, sink=1, window=3)}
+    protocol = TauProtocol(k=k, new_tokens=G, batch_size=2, seed=3)
+    a, b = measure_tau(target, methods, contexts, protocol), measure_tau(target, methods, contexts, protocol)
+    for name in methods:
+        for L in contexts:
+            counts = a[name][L].accepted
+            assert torch.equal(counts, b[name][L].accepted)
+            assert counts.shape[0] == 5
+            tokens = torch.where(counts >= 0, counts + 1, 0).sum(1)
+            last = counts.gather(1, ((counts >= 0).sum(1) - 1)[:, None]).squeeze(1)
+            assert (tokens >= G).all() and (tokens - last - 1 < G).all(), "a context stops once it has G tokens"
+    other = measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2, seed=4))
+    assert not torch.equal(other["vanilla"][6].accepted, a["vanilla"][6].accepted)
+
+
+def test_registry_takes_new_methods_and_rejects_bad_requests():
+    target, small = model(CFG, 0), model(DRAFT, 1)
+    with pytest.raises(ValueError, match="unknown method"):
+        draft_factory("medusa", target, temperature=1.0)
+    with pytest.raises(ValueError, match="needs its trained draft model"):
+        draft_factory("vanilla", target, temperature=1.0)
+    with pytest.raises(ValueError, match="magicdec.*windw"):
+        draft_factory("magicdec", target, temperature=1.0, windw=8)
+    register_method("test-greedy-draft", lambda t, m, *, temperature, generator: VanillaDraft(m, 0.0, generator), needs_model=True)
+    try:
+        factory = draft_factory("test-greedy-draft", target, small, temperature=1.0)
+        contexts = {7: torch.randint(0, CFG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(2))}
+        stats = summarize(measure_tau(target, {"test-greedy-draft": factory}, contexts, TauProtocol(new_tokens=6)))
+        assert 1 <= stats["test-greedy-draft"][7].mean <= 5
+    finally:
+        del METHODS["test-greedy-draft"]
+
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    from spirelib.model import ModelConfig, Transformer
+    from spirelib.tau import TauProtocol, draft_factory, measure_tau
+
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    target = Transformer(ModelConfig(29, 2, 32, 2, 2, 8, 64)).eval()
+    torch.manual_seed(1)
+    small = Transformer(ModelConfig(29, 1, 16, 2, 2, 4, 32)).eval()
+    contexts = {L: torch.randint(0, 29, (7, L), generator=torch.Generator().manual_seed(L)) for L in (8, 13)}
+    methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, window=4)}
+    counts = measure_tau(target, methods, contexts, TauProtocol(k=3, new_tokens=9, batch_size=2, seed=5))
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        json.dump({f"{m}/{L}": c.accepted.tolist() for m, by_l in counts.items() for L, c in by_l.items()}, open(sys.argv[1], "w"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+""")
+
+
+def test_sharding_over_two_processes_equals_one_process(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")], check=True, env=env, timeout=300)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                    str(tmp_path / "two.json")], check=True, env=env, timeout=300, capture_output=True)
+    one, two = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
+    assert one.keys() == {"vanilla/8", "vanilla/13", "magicdec/8", "magicdec/13"}
+    assert all(len(v) == 7 for v in one.values())
+    assert one == two
+
+
+def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
+    from spirelib.drafts import vanilla_draft_config
+
+    paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
+    draft = vanilla_draft_config(paper)
+    assert (draft.num_layers, draft.d_model, draft.d_head, draft.d_ff) == (4, 256, 64, 2048)
+    with torch.device("meta"):
+        assert Transformer(draft).body_params() == 8_390_656
+    with pytest.raises(ValueError, match="cannot halve"):
+        vanilla_draft_config(ModelConfig(vocab_size=10, num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=4, d_ff=8))
+
+
+def test_spire_is_registered_and_measurable():
+    from spirelib.spire import SpireConfig, SpireDraftModel
+
+    target = model(CFG, 0)
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval()
+    contexts = {8: torch.randint(0, CFG.vocab_size, (3, 8), generator=torch.Generator().manual_seed(2))}
+    counts = measure_tau(target, {"spire": draft_factory("spire", target, spire, temperature=1.0)}, contexts,
+                         TauProtocol(k=3, new_tokens=7))
+    stats = counts["spire"][8].stats()
+    assert stats.n_contexts == 3 and 1 <= stats.mean <= 4
