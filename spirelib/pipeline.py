@@ -15,11 +15,11 @@ so that all of them rebuild, i.e. load, the same cached target):
     target_training: dict  TrainConfig fields except seed (spirelib.train)
 
 `trained_target(**shared)` turns them into the trained target (a `TrainedModel`), training
-it only when no finished checkpoint of the same identity exists. Other models use
-`train_language_model` (the vanilla draft: a smaller Transformer, same objective, same data:
-``train_language_model(draft_cfg, train_cfg, target.data, name="vanilla-draft", device=device)``), or
-`spirelib.train.train` directly with their own objective (the SPIRe draft), passing the
-target's `config_hash` in their identity so they retrain when the target changes.
+it only when no finished checkpoint of the same identity exists. The drafts follow from a
+trained target: `trained_vanilla_draft(target, vanilla_training, ...)` (a smaller
+Transformer, same objective, same data) and `trained_spire_draft(target, spire,
+spire_training, ...)` (k-pass training against the frozen target); both put the target's
+`config_hash` in their identity so they retrain when the target changes.
 Everything is validated (`validate_shared`) before any data is read or model built.
 
 Multi-GPU (or multi-process CPU) training uses the same recipe from the command line, and
@@ -49,7 +49,10 @@ from spirelib.data import CORPORA, TokenDataset, load_corpus, longcrawl64_datase
 from spirelib.kvcache import DenseKVCache
 from spirelib.model import ModelConfig, Transformer
 from spirelib.tokenizer import TOKENIZERS, build_tokenizer, tokenize
-from spirelib.train import TrainConfig, TrainResult, from_dict_checked, full_identity, lm_objective, run_dir_for, train
+from spirelib.drafts import vanilla_draft_config
+from spirelib.spire import SpireConfig, SpireDraftModel, SpireObjective
+from spirelib.train import (TrainConfig, TrainResult, from_dict_checked, full_identity, lm_objective, resolve_device,
+                            run_dir_for, train)
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 0
@@ -67,10 +70,11 @@ class Data:
 
 @dataclass
 class TrainedModel:
-    """A trained (or loaded) language model with everything that identifies it."""
+    """A trained (or loaded) model with everything that identifies it: a language model
+    (`Transformer`, `ModelConfig`) or a SPIRe draft (`SpireDraftModel`, `SpireConfig`)."""
 
-    model: Transformer  # on the training device, in eval mode
-    config: ModelConfig
+    model: torch.nn.Module  # on the training device, in eval mode
+    config: ModelConfig | SpireConfig
     train_config: TrainConfig
     result: TrainResult
     data: Data
@@ -162,6 +166,36 @@ def trained_target(*, device: str, seed: int, corpus: str, corpus_path: str, tok
                                            target_training=target_training)
     data = token_data(corpus, corpus_path, tokenizer, vocab_size)
     return train_language_model(model_cfg, train_cfg, data, name="target", device=device, progress=progress)
+
+
+def trained_vanilla_draft(target: TrainedModel, vanilla_training: dict, *, seed: int, device: str = "auto",
+                          progress: bool = True) -> TrainedModel:
+    """The vanilla SD draft for `target` (spec 4): `drafts.vanilla_draft_config` of its shape,
+    random init, next-token cross-entropy on the target's data; retrained when the target changes."""
+    cfg = vanilla_draft_config(target.config)
+    return train_language_model(cfg, train_config(vanilla_training, seed, "vanilla_training"), target.data,
+                                name="vanilla_draft", device=device, progress=progress,
+                                extra_identity={"target": target.config_hash})
+
+
+def trained_spire_draft(target: TrainedModel, spire: dict, spire_training: dict, *, seed: int, device: str = "auto",
+                        progress: bool = True, name: str = "spire_draft", stop_at: int | None = None) -> TrainedModel:
+    """A SPIRe draft for `target` (spec 3): `spire` holds `SpireConfig` fields (an ablation is a
+    change to them, `spire.ABLATIONS`), `spire_training` `TrainConfig` fields. k-pass training
+    against the frozen target with the configured loss; cached, retrained when the target changes.
+    The metrics log has alpha_1..alpha_k per step and validation (the acceptance estimate)."""
+    spire_cfg = spire if isinstance(spire, SpireConfig) else SpireConfig.from_dict(spire)
+    train_cfg = train_config(spire_training, seed, "spire_training")
+    identity = {"kind": "spire-draft", "spire": spire_cfg.to_dict(), "target": target.config_hash,
+                "data": target.data.dataset.checksum}
+    torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights
+    frozen = target.model.to(resolve_device(device))
+    model = SpireDraftModel.from_target(frozen, spire_cfg)
+    run_dir = run_dir_for(name, full_identity(train_cfg, identity))
+    result = train(model, SpireObjective(frozen), target.data.dataset.train, train_cfg, run_dir=run_dir,
+                   identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
+                   stop_at=stop_at)
+    return TrainedModel(result.model, spire_cfg, train_cfg, result, target.data, identity)
 
 
 @torch.no_grad()

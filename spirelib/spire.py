@@ -31,6 +31,7 @@ from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.losses import distillation_loss, expected_acceptance, hard_target_loss, mix
 from spirelib.model import Block, ModelConfig, Transformer
 from spirelib.speculative import TargetPass
+from spirelib.train import unwrap
 
 LOSSES = ("mixed", "hard")
 
@@ -43,6 +44,7 @@ class SpireConfig:
     num_layers: int = 2
     sink: int = 1
     window: int = 64
+    k: int = 4  # block size of k-pass training: the draft depth it is trained for (spec 3.6)
     feedback: bool = True
     target_activations: bool = True
     pruned_init: bool = True
@@ -52,6 +54,8 @@ class SpireConfig:
     def __post_init__(self):
         if self.num_layers < 1:
             raise ValueError(f"SpireConfig.num_layers must be >= 1, got {self.num_layers}")
+        if not 1 <= self.k <= self.window:
+            raise ValueError(f"SpireConfig.k must be in 1..window ({self.window}) so a block sees its own start, got {self.k}")
         if self.loss not in LOSSES:
             raise ValueError(f"SpireConfig.loss must be one of {LOSSES}, got {self.loss!r}")
         if not 0.0 <= self.mix_weight <= 1.0:
@@ -238,6 +242,8 @@ class SpireDraftModel(nn.Module):
                     values[i].append(v_fb)
         return torch.stack(logits, dim=2), positions  # (B, n_blocks, k, V)
 
+    forward = k_pass_logits  # what DDP wraps: the trainer computes losses through forward
+
     def _pass_mask(self, pos: torch.Tensor, j: int, seq_len: int) -> torch.Tensor:
         """Visibility for pass j's queries at pos (n_blocks,): target memory of the context
         before the block (within sink + window), then the block's own entries of each earlier
@@ -289,23 +295,23 @@ def spire_draft(model: SpireDraftModel, temperature: float = 1.0, generator: tor
 class SpireObjective:
     """Training objective for the trainer, `objective(draft_model, batch) -> (loss, metrics)`:
     the frozen target runs on the batch's inputs (activations and next-token distributions on
-    the fly), the draft runs k passes, and the configured loss applies at every block position.
-    Metrics include alpha per draft position, the training-time acceptance estimate (spec 8)."""
+    the fly), the draft runs k passes (k = its config's), and the configured loss applies at
+    every block position. Metrics include alpha per draft position j, the training-time
+    estimate of P[draft j accepted | the ones before were] (spec 8)."""
 
-    def __init__(self, target: Transformer, k: int = 4):
+    def __init__(self, target: Transformer):
         self.target = target.eval().requires_grad_(False)
-        self.k = k
 
-    def __call__(self, model: SpireDraftModel, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = unwrap(model).cfg
         inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
         with torch.no_grad():
             target_logits, target_layers = self.target(inputs, return_layers=True)
-        logits, positions = model.k_pass_logits(inputs, target_layers, self.k)  # (B, n_blocks, k, V)
+        logits, positions = model(inputs, target_layers, cfg.k)  # (B, n_blocks, k, V), (n_blocks, k)
         p = torch.softmax(target_logits[:, positions].float(), dim=-1)  # (B, n_blocks, k, V)
         distill = distillation_loss(logits, p)
         alpha = expected_acceptance(logits, p)  # (B, n_blocks, k)
         hard = hard_target_loss(logits, labels[:, positions])
-        cfg = model.cfg
         loss = hard if cfg.loss == "hard" else mix(distill, alpha.mean(), cfg.mix_weight)
         per_position = alpha.detach().mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
         metrics = {"distill_ce": distill.item(), "hard_ce": hard.item(), "alpha": sum(per_position) / len(per_position)}

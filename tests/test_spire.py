@@ -32,7 +32,7 @@ def randomized_draft(target, cfg, seed=1):
 
 def test_pruned_init_copies_the_last_layers_and_stays_independent():
     target = random_target()
-    draft = SpireDraftModel.from_target(target, SpireConfig(num_layers=2))
+    draft = SpireDraftModel.from_target(target, SpireConfig(num_layers=2, k=3))
     before = {k: v.clone() for k, v in target.state_dict().items()}
     for i in range(2):
         for name, p in draft.body.blocks[i].named_parameters():
@@ -41,7 +41,7 @@ def test_pruned_init_copies_the_last_layers_and_stays_independent():
         assert torch.equal(draft.body.get_parameter(name), target.get_parameter(name))
     opt = torch.optim.SGD(draft.parameters(), lr=1.0)
     tokens = torch.randint(0, TARGET.vocab_size, (2, 13))
-    loss, _ = SpireObjective(target, k=3)(draft, tokens)
+    loss, _ = SpireObjective(target)(draft, tokens)
     loss.backward()
     opt.step()
     assert not torch.equal(draft.body.blocks[0].mlp.w_down.weight, target.blocks[2].mlp.w_down.weight)
@@ -134,10 +134,10 @@ def test_every_ablation_trains_and_decodes_losslessly(variant):
     """Each variant's objective gives finite gradients, and greedy speculative decoding with
     it reproduces greedy autoregressive decoding token for token (ragged rows)."""
     target = random_target(dtype=torch.float64, std=0.3)
-    cfg = ablation(variant, SpireConfig(num_layers=2, sink=1, window=6))
+    cfg = ablation(variant, SpireConfig(num_layers=2, sink=1, window=6, k=3))
     draft = SpireDraftModel.from_target(target, cfg).double()
     batch = torch.randint(0, TARGET.vocab_size, (2, 14))
-    loss, metrics = SpireObjective(target, k=3)(draft, batch)
+    loss, metrics = SpireObjective(target)(draft, batch)
     loss.backward()
     assert torch.isfinite(loss) and {"alpha_1", "alpha_3", "distill_ce", "hard_ce"} <= set(metrics)
     trainable = [p for p in draft.parameters() if p.grad is not None]
@@ -162,3 +162,5 @@ def test_config_validation_names_the_problem():
         ablation("no_sparse_kv")
     with pytest.raises(ValueError, match="exceed"):
         SpireDraftModel(TARGET, SpireConfig(num_layers=5))
+    with pytest.raises(ValueError, match="k must be"):
+        SpireConfig(window=3, k=4)

@@ -36,15 +36,14 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def model_scale(target, vanilla=None) -> str:
-    """A one-line note of the scale of a trained target and draft (`pipeline.TrainedModel`s):
-    shapes, body parameters, training tokens, corpus and vocabulary."""
+def model_scale(target, drafts=None) -> str:
+    """A one-line note of the scale of a trained target and its drafts (`pipeline.TrainedModel`s,
+    `drafts` a mapping name -> model): shapes, body parameters, training tokens, corpus, vocabulary."""
     parts = []
-    for name, m in (("target", target), ("vanilla draft", vanilla)):
-        if m is not None:
-            c = m.config
-            parts.append(f"{name} {c.num_layers}x{c.d_model} ({_count(m.model.body_params())} body params, "
-                         f"{_count(m.summary['tokens'])} training tokens)")
+    for name, m in {"target": target, **(drafts or {})}.items():
+        body = getattr(m.model, "body", m.model)  # a SPIRe draft keeps its layers in a Transformer body
+        parts.append(f"{name} {body.cfg.num_layers}x{body.cfg.d_model} ({_count(body.body_params())} body params, "
+                     f"{_count(m.summary['tokens'])} training tokens)")
     return ", ".join(parts) + f"; corpus {target.data.corpus_name}, vocab {target.config.vocab_size}"
 
 

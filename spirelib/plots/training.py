@@ -53,3 +53,34 @@ def training_dashboard(metrics: list[dict], scale: str = "") -> go.Figure:
     fig.update_layout(title="Training run" + (f" — {scale}" if scale else ""), template="plotly_white",
                       height=700, showlegend=True, legend=dict(orientation="h", y=-0.1))
     return fig
+
+
+def draft_training_figure(runs: Mapping[str, list[dict]], k: int, scale: str = "") -> go.Figure:
+    """SPIRe draft training (spec 3.7): distillation CE(p, q) and cross-entropy with the data
+    (left), and alpha = E[sum_i min(p_i, q_i)] per draft position j = 1..k (right), the
+    training-time estimate of P[draft j accepted | drafts before it accepted]. Lines are
+    training intervals, markers validation; one line style per run."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("losses (nats/token)", "alpha per draft position"))
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for r, (name, metrics) in enumerate(runs.items()):
+        dash = dashes[r % len(dashes)]
+        for i, (key, label) in enumerate((("distill_ce", "distillation CE(p, q)"), ("hard_ce", "CE with data"))):
+            color = qualitative.Plotly[i]
+            for kind, mode in (("train", "lines"), ("val", "markers")):
+                x, y = _series(metrics, kind, key)
+                fig.add_trace(go.Scatter(x=x, y=y, mode=mode, name=f"{name}: {label} ({kind})", legendgroup=key,
+                                         line=dict(color=color, dash=dash), marker=dict(color=color, size=7)),
+                              row=1, col=1)
+        for j in range(1, k + 1):
+            color = qualitative.Plotly[(j + 1) % len(qualitative.Plotly)]
+            for kind, mode in (("train", "lines"), ("val", "markers")):
+                x, y = _series(metrics, kind, f"alpha_{j}")
+                fig.add_trace(go.Scatter(x=x, y=y, mode=mode, name=f"{name}: alpha_{j} ({kind})",
+                                         legendgroup=f"alpha_{j}", line=dict(color=color, dash=dash),
+                                         marker=dict(color=color, size=7)), row=1, col=2)
+    fig.update_xaxes(title_text="training tokens")
+    fig.update_yaxes(range=[0, 1], row=1, col=2)
+    fig.update_layout(title="Draft training" + (f" — {scale}" if scale else ""), template="plotly_white",
+                      height=480, legend=dict(orientation="h", y=-0.25))
+    return fig
