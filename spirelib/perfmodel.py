@@ -88,10 +88,10 @@ PAPER_TAU_CONTEXT = 512  # every modeled figure uses the L = 512 taus at every L
 PAPER_ABLATION_TAU: dict[str, float] = {
     "spire": 3.401,
     "random_init": 3.105,
-    "distillation_only": 3.375,
-    "hard_target_loss": 3.069,
+    "distill_only": 3.375,
+    "hard_target": 3.069,
     "no_feedback": 3.352,
-    "no_feedback_no_target_activations": 2.959,
+    "no_feedback_no_target_acts": 2.959,
     "no_sparse_kv": 3.401,
 }
 

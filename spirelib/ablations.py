@@ -1,0 +1,48 @@
+"""Which SPIRe component matters most (spec 3.8): importance from ablation taus.
+
+Each component is judged by what the modeled throughput multiplier (spec 2) loses when it
+is removed, comparing two variants that differ in that component alone. Five variants are
+separately trained drafts with their own measured tau; "no_sparse_kv" is cost-model only
+(SPIRe's tau, the draft reading its whole cache). With the paper's taus at (B, L) =
+(64, 512) this reproduces the paper's order (tests/test_ablations.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from spirelib import perfmodel
+
+#: component -> (variant with it, the same variant without it)
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "sparse KV": ("spire", "no_sparse_kv"),
+    "target activations": ("no_feedback", "no_feedback_no_target_acts"),
+    "distillation": ("spire", "hard_target"),
+    "pruned init": ("spire", "random_init"),
+    "feedback": ("spire", "no_feedback"),
+    "MixedLoss": ("spire", "distill_only"),
+}
+
+#: The order the paper reports (spec 3.8), most important first.
+PAPER_IMPORTANCE_ORDER = ["sparse KV", "target activations", "distillation", "pruned init", "feedback", "MixedLoss"]
+
+
+def variant_multipliers(taus: Mapping[str, float], B, L, target, draft, **model_kwargs) -> dict:
+    """Modeled SPIRe throughput multiplier of every variant with a tau, plus "no_sparse_kv"
+    (SPIRe's tau, sparse cache off) when "spire" is present; floats, or arrays over array B/L.
+    `model_kwargs` go to `perfmodel.throughput_multiplier` (k, hoi, sink_size, window_factor
+    or window, ...)."""
+    out = {name: perfmodel.throughput_multiplier("spire", tau, B, L, target, draft, **model_kwargs)
+           for name, tau in taus.items() if name != "no_sparse_kv"}
+    if "spire" in taus:
+        dense = {**model_kwargs, "window_factor": None, "window": None}
+        out["no_sparse_kv"] = perfmodel.throughput_multiplier("spire", taus["spire"], B, L, target, draft, **dense)
+    return out
+
+
+def importance(multipliers: Mapping[str, float]) -> list[tuple[str, float]]:
+    """(component, multiplier lost without it), most important first; components whose two
+    variants are not both in `multipliers` are left out."""
+    drops = [(name, multipliers[with_it] - multipliers[without])
+             for name, (with_it, without) in COMPONENTS.items() if with_it in multipliers and without in multipliers]
+    return sorted(drops, key=lambda item: -item[1])

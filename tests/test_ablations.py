@@ -1,0 +1,29 @@
+"""The ablation importance ranking reproduces the paper's order from the paper's taus."""
+
+import pytest
+
+from spirelib import perfmodel
+from spirelib.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
+from spirelib.spire import ABLATIONS
+
+
+def paper_multipliers(B=64, L=512):
+    taus = {k: v for k, v in perfmodel.PAPER_ABLATION_TAU.items() if k != "no_sparse_kv"}
+    return variant_multipliers(taus, B, L, "seqax-67m", "spire-draft")
+
+
+def test_paper_taus_give_the_paper_importance_order():
+    assert [name for name, _ in importance(paper_multipliers())] == PAPER_IMPORTANCE_ORDER
+
+
+def test_no_sparse_kv_is_spire_with_a_dense_cache():
+    m = paper_multipliers()
+    assert m["spire"] == pytest.approx(2.78, abs=0.005)
+    assert m["no_sparse_kv"] == pytest.approx(1.70, abs=0.005)
+
+
+def test_every_trained_ablation_has_a_component_and_partial_sets_rank_what_they_can():
+    trained_variants = {v for pair in COMPONENTS.values() for v in pair} - {"no_sparse_kv"}
+    assert trained_variants == set(ABLATIONS)
+    ranked = importance({"spire": 2.0, "no_feedback": 1.5, "random_init": 1.9})
+    assert ranked == [("feedback", pytest.approx(0.5)), ("pruned init", pytest.approx(0.1))]
