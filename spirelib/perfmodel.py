@@ -329,6 +329,15 @@ def iteration_time_multiplier(method, B, L, target, draft=None, *, k=4, hoi=PAPE
     return _out(((cfg.k * t_draft + t_verify) / t_target)[..., 0])
 
 
+def step_cost(shape, B, L, *, hoi=PAPER_HOI, overlap=True, bytes_per_weight=1.0, bytes_per_kv=1.0):
+    """Cost of one autoregressive decode step of `shape` at batch B and context L, in
+    FLOP-equivalents: f(2 N B, (N + KV bytes) x HOI) (spec 2). Divided by a device's peak
+    FLOP/s it is the modeled seconds of the step (notebook 09 checks that against the clock)."""
+    cfg = _config("magicdec", shape, None, 1, hoi, overlap, 0, None, None, bytes_per_weight, bytes_per_kv)
+    batch, target_tokens, _ = _kv_tokens(B, L, np.zeros(1), None)
+    return _out(_target_times(batch, target_tokens, cfg)[0][..., 0])
+
+
 def throughput_multiplier(method, tau, B, L, target, draft=None, *, k=4, hoi=PAPER_HOI, overlap=True,
                           sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0):
     """TM = tau / dt (spec 2): SD throughput over autoregressive decoding. tau includes the bonus token."""

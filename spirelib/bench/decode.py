@@ -20,24 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from spirelib.drafts import vanilla_draft_config
 from spirelib.model import ModelConfig, Transformer
-from spirelib.speculative import (
-    SectionTimer,
-    autoregressive_generate,
-    prefill,
-    speculative_capacity,
-    speculative_generate,
-)
 from spirelib.spire import SpireConfig, SpireDraftModel
 from spirelib.tau import draft_factory
+from spirelib.wallclock import time_decoding
 
 METHODS = ("ad", "vanilla", "magicdec", "spire")
-DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
 
 
 def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> dict:
@@ -53,40 +45,16 @@ def build_methods(target: Transformer, methods: list[str], temperature: float, w
 
 def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
              k: int, temperature: float, repeats: int) -> list[dict]:
-    """Every method at one (B, L): rows of results."""
-    device = next(target.parameters()).device
-    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0)).to(device)
-    start = time.perf_counter()
-    shared = prefill(target, contexts, capacity=speculative_capacity(context, new_tokens, k),
-                     return_layers="spire" in methods)
-    prefill_s = time.perf_counter() - start
+    """Every method at one (B, L), best of `repeats`: rows of results."""
+    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
+    timings = time_decoding(target, {m: factories[m] for m in methods if m != "ad"}, contexts, new_tokens, k=k,
+                            temperature=temperature, repeats=repeats, include_ad="ad" in methods)
     rows = []
-    for method in methods:
-        best = None
-        for r in range(repeats + 1):  # the first run warms up
-            timer = SectionTimer(device)
-            gen = torch.Generator(device).manual_seed(r)
-            if method == "ad":
-                out = autoregressive_generate(target, contexts, new_tokens, temperature=temperature, generator=gen,
-                                              timer=timer, prefilled=shared)
-                rounds = new_tokens
-            else:
-                out = speculative_generate(target, factories[method](gen), contexts, new_tokens, k=k,
-                                           temperature=temperature, generator=gen, timer=timer, prefilled=shared)
-                rounds = out.accepted.shape[1]
-            decode = sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
-            if r > 0 and (best is None or decode < best[0]):
-                best = (decode, timer.seconds, rounds, out)
-        decode, seconds, rounds, out = best
-        done = out.accepted[out.accepted >= 0] if out.accepted is not None else None
-        rows.append({
-            "method": method, "batch": batch, "context": context,
-            "tokens_per_s": batch * new_tokens / decode,
-            "round_ms": 1e3 * decode / rounds, "rounds": rounds,
-            "tau": float((done + 1).double().mean()) if done is not None else 1.0,
-            "prefill_s": prefill_s + seconds.get("prefill", 0.0),  # shared target prefill + the draft's own
-            "split": {s: seconds.get(s, 0.0) / decode for s in DECODE_SECTIONS},
-        })
+    for t in timings:
+        best = t.best
+        rows.append({"method": t.method, "batch": batch, "context": context,
+                     "tokens_per_s": t.tokens_per_s[best], "round_ms": 1e3 * t.seconds[best] / t.rounds[best],
+                     "rounds": t.rounds[best], "tau": t.taus[best], "prefill_s": t.prefill_s, "split": t.split(best)})
     return rows
 
 

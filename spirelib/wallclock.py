@@ -1,0 +1,143 @@
+"""Decoding throughput on the clock, and what the throughput model (spec 2) predicts for it.
+
+The paper models throughput and never measures it. `time_decoding` runs autoregressive
+decoding (AD) and speculative decoding (SD) with each draft on the same contexts, after one
+target prefill that every method shares (prefill is not decoding and is excluded), a warm-up
+run and then `repeats` timed runs, keeping every run's decode seconds, tau and the split
+between draft, verify and bookkeeping (`speculative.SectionTimer`). `bench decode` reports
+the best run; notebook 09 the median and spread, next to `modeled_speedups`: the spec's
+G-aware throughput model for the same shapes, the tau of the same runs, and this machine's
+calibrated peak FLOP/s and memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from spirelib import perfmodel
+from spirelib.kvcache import SinkWindow
+from spirelib.model import ModelConfig, Transformer
+from spirelib.speculative import (SectionTimer, autoregressive_generate, prefill, speculative_capacity,
+                                  speculative_generate)
+
+DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
+
+
+@dataclass
+class DecodeTiming:
+    """Timed runs of one method ("ad" or a draft's name) at one (batch, context)."""
+
+    method: str
+    batch: int
+    context: int
+    new_tokens: int
+    seconds: list[float]  # decode seconds of each timed run
+    taus: list[float]  # mean accepted + 1 over each run's rounds (1 for AD)
+    rounds: list[int]  # rounds (AD: steps) of each run
+    sections: list[dict[str, float]]  # seconds per section of each run
+    prefill_s: float  # the shared target prefill (once)
+
+    @property
+    def tokens_per_s(self) -> list[float]:
+        return [self.batch * self.new_tokens / s for s in self.seconds]
+
+    @property
+    def best(self) -> int:
+        """Index of the fastest run."""
+        return min(range(len(self.seconds)), key=self.seconds.__getitem__)
+
+    def split(self, run: int) -> dict[str, float]:
+        """Fractions of run `run`'s decode time per section."""
+        return {s: self.sections[run].get(s, 0.0) / self.seconds[run] for s in DECODE_SECTIONS}
+
+
+def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
+                  contexts: torch.Tensor, new_tokens: int, *, k: int = 4, temperature: float = 1.0,
+                  repeats: int = 3, include_ad: bool = True) -> list[DecodeTiming]:
+    """AD and SD with every draft factory (`tau.draft_factory`) on contexts (B, L): one timing each."""
+    device = next(target.parameters()).device
+    contexts = contexts.to(device)
+    B, L = contexts.shape
+    start = time.perf_counter()
+    needs_layers = any(getattr(factory(torch.Generator(device)), "needs_target_layers", False)
+                       for factory in factories.values())
+    shared = prefill(target, contexts, capacity=speculative_capacity(L, new_tokens, k), return_layers=needs_layers)
+    prefill_s = time.perf_counter() - start
+    methods = (["ad"] if include_ad else []) + list(factories)
+    timings = []
+    for method in methods:
+        timing = DecodeTiming(method, B, L, new_tokens, [], [], [], [], prefill_s)
+        for run in range(repeats + 1):  # run 0 warms up
+            timer = SectionTimer(device)
+            gen = torch.Generator(device).manual_seed(run)
+            if method == "ad":
+                autoregressive_generate(target, contexts, new_tokens, temperature=temperature, generator=gen,
+                                        timer=timer, prefilled=shared)
+                rounds, tau = new_tokens, 1.0
+            else:
+                out = speculative_generate(target, factories[method](gen), contexts, new_tokens, k=k,
+                                           temperature=temperature, generator=gen, timer=timer, prefilled=shared)
+                done = out.accepted[out.accepted >= 0]
+                rounds, tau = out.accepted.shape[1], float((done + 1).double().mean())
+            if run == 0:
+                continue
+            timing.seconds.append(sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS))
+            timing.sections.append({s: timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS})
+            timing.rounds.append(rounds)
+            timing.taus.append(tau)
+        timings.append(timing)
+    return timings
+
+
+def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: Mapping[str, ModelConfig | None], *,
+                     peak_flops: float, bandwidth: float, bytes_per_value: float, k: int = 4,
+                     sparse: Mapping[str, SinkWindow] | None = None) -> list[dict]:
+    """Measured vs modeled speedup over AD, one cell per SD timing with an AD timing at the
+    same (batch, context). Measured: median over runs of SD tokens/s / AD tokens/s (runs
+    paired in order), with the lowest and highest ratio. Modeled: the G-aware throughput
+    model (spec 2) with the runs' mean tau, HOI = peak / bandwidth, `bytes_per_value` for
+    weights and KV, and each sparse draft's (`sparse[method]`) sink + window as its cache."""
+    ad = {(t.batch, t.context): t for t in timings if t.method == "ad"}
+    hoi = peak_flops / bandwidth
+    cells = []
+    for t in timings:
+        base = ad.get((t.batch, t.context))
+        if t.method == "ad" or base is None:
+            continue
+        ratios = [sd / a for sd, a in zip(t.tokens_per_s, base.tokens_per_s)]
+        tau = statistics.fmean(t.taus)
+        draft = drafts.get(t.method)
+        pattern = (sparse or {}).get(t.method)
+        cache = dict(sink_size=pattern.sink, window=pattern.window) if pattern else {}
+        model = perfmodel.throughput_multiplier_over_generation(
+            t.method, min(tau, k + 1.0), t.batch, t.context, t.new_tokens, target.shape(),
+            None if draft is None else draft.shape(), k=k, hoi=hoi, window_factor=None,
+            bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value, **cache)
+        measured = statistics.median(ratios)
+        cells.append({"method": t.method, "B": t.batch, "L": t.context, "tau": tau, "measured_speedup": measured,
+                      "measured_low": min(ratios), "measured_high": max(ratios), "modeled_speedup": float(model),
+                      "error": float(model) / measured - 1.0})
+    return cells
+
+
+def modeled_step_seconds(cfg: ModelConfig, batch: int, context: int, *, peak_flops: float, bandwidth: float,
+                         bytes_per_value: float) -> float:
+    """The throughput model's seconds for one AD step of `cfg` (spec 2 cost over peak FLOP/s)."""
+    cost = perfmodel.step_cost(cfg.shape(), batch, context, hoi=peak_flops / bandwidth,
+                               bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value)
+    return float(cost) / peak_flops
+
+
+def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
+    """Matmul FLOPs of one decoded token: the body (what the model counts, 2 per body
+    parameter) and what it ignores: attention over `context` keys and the unembedding."""
+    with torch.device("meta"):
+        body = Transformer(cfg).body_params()
+    return {"body": 2.0 * body,
+            "attention": 4.0 * cfg.num_layers * cfg.n_q * cfg.d_head * context,  # q.k and p.v
+            "unembedding": 2.0 * cfg.d_model * cfg.vocab_size}
