@@ -72,3 +72,13 @@ def test_live_explorer_follows_its_controls():
     explorer.k.value = 2
     assert explorer.taus["magicdec"].value == 3.0  # tau can not exceed k + 1
     assert "Best" in explorer.summary_html()
+
+
+def test_winner_figure_names_the_best_method_and_ad_where_nothing_gains():
+    from spirelib.plots.perf import winner_figure
+
+    grids = {"spire": np.array([[2.0, 0.5]]), "vanilla": np.array([[1.5, 0.8]])}
+    fig = winner_figure([64], [512, 1024], grids, title="t")
+    heat = fig.data[0]
+    assert heat.z.tolist() == [[0, 2]]  # SPIRe wins the first cell, AD the second
+    assert heat.text[0][0].startswith("SPIRe") and heat.text[0][1].startswith("AD")

@@ -102,6 +102,33 @@ def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorb
     return fig
 
 
+def winner_figure(B, L, grids: dict, *, title: str, highlight=(64, 512)) -> go.Figure:
+    """Which method has the highest throughput multiplier per (B, L) cell, and by how much; a
+    cell where every method is below 1 goes to autoregressive decoding ("AD")."""
+    B, L = np.asarray(B), np.asarray(L)
+    keys = list(grids)
+    stack = np.stack([np.asarray(grids[k]) for k in keys])  # (methods, nB, nL)
+    best = stack.argmax(axis=0)
+    top = stack.max(axis=0)
+    names = [_label(k) for k in keys] + ["AD"]
+    choice = np.where(top < 1.0, len(keys), best)
+    colors = [_color(k, i) for i, k in enumerate(keys)] + ["#bbbbbb"]
+    n = len(names)
+    scale = [[edge, colors[i]] for i in range(n) for edge in (i / n, (i + 1) / n)]
+    text = np.vectorize(lambda c, t: f"{names[c]}<br>{t:.2f}x")(choice, top)
+    fig = go.Figure(go.Heatmap(
+        x=np.log2(L), y=np.log2(B), z=choice, zmin=-0.5, zmax=n - 0.5, colorscale=scale, text=text,
+        texttemplate="%{text}", customdata=np.broadcast_to(L, choice.shape), showscale=False,
+        hovertemplate="B=%{y} (log2)<br>L=%{customdata}<br>%{text}<extra></extra>"))
+    if highlight is not None and highlight[0] in B and highlight[1] in L:
+        hx, hy = np.log2(highlight[1]), np.log2(highlight[0])
+        fig.add_shape(type="rect", x0=hx - 0.5, x1=hx + 0.5, y0=hy - 0.5, y1=hy + 0.5, line=dict(color="black", width=3))
+    fig.update_xaxes(title="context L", **_log2_ticks(L))
+    fig.update_yaxes(title="batch B", **_log2_ticks(B))
+    fig.update_layout(title=title, height=460)
+    return fig
+
+
 def gain_coloraxis(zmin: float, zmax: float, title: str, center: float = 1.0) -> dict:
     """A color axis that is white at `center` (1: no gain), red below it and blue above it."""
     lo, hi = min(zmin, center), max(zmax, center + 1e-9)
