@@ -29,6 +29,8 @@ import yaml
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
 
+from spirelib.findings import findings_section
+
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 PLOTLY_JS = "plotly.min.js"
@@ -150,7 +152,8 @@ def results_section(run: dict, results: dict) -> str:
     return "<h2>Recorded results</h2>\n" + ("\n".join(parts) or "<p>none recorded</p>")
 
 
-INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [reports_section, parameters_section, results_section]
+INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [findings_section, reports_section, parameters_section,
+                                                     results_section]
 
 
 def render_value(value: Any, max_items: int = 12) -> str:
@@ -188,4 +191,5 @@ table.kv th { background: #f6f6f6; font-weight: normal; font-family: monospace; 
 .num { font-family: monospace; }
 .ok { color: #17702c; } .failed, .interrupted { color: #b00020; font-weight: bold; }
 .pending, .running, .skipped { color: #777; }
+.scale { color: #555; font-size: 0.9em; }
 """
