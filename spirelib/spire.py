@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from spirelib.drafts import VanillaDraft, draft_tokens
+from spirelib.kpass_attention import BandedMemory, memory_attention
 from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.losses import distillation_loss, expected_acceptance, hard_target_loss, mix
 from spirelib.model import Block, ModelConfig, Transformer
@@ -216,45 +217,39 @@ class SpireDraftModel(nn.Module):
             raise ValueError(f"k = {k} exceeds the window {self.cfg.window}: a block would not see its own start")
         n_blocks = positions.shape[0]
         all_rope = self.body.rope(torch.arange(T, device=tokens.device).expand(B, T))
-        memory_keys, memory_values = zip(*(self.memory_kv(block, memory, all_rope)
-                                           for block, memory in zip(self.blocks, self.target_memory(target_layers))))
-        keys = [[kv] for kv in memory_keys]  # per layer: target memory, then per pass (B, n_kv, n_blocks, d_head)
-        values = [[kv] for kv in memory_values]
+        memory = BandedMemory(positions[:, 0], T, k, self.cfg.sparse)
+        sink = self.cfg.sink
+        bands, sinks = [], []
+        for block, target_memory in zip(self.blocks, self.target_memory(target_layers)):
+            keys, values = self.memory_kv(block, target_memory, all_rope)  # (B, n_kv, T, d_head)
+            bands.append((memory.gather(keys), memory.gather(values)))
+            sinks.append((keys[:, :, :sink], values[:, :, :sink]))
+        own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values (B, n_kv, n_blocks, d_head)
         logits = []
         for j in range(k):
             pos = positions[:, j]  # (n_blocks,)
             rope = self.body.rope(pos.expand(B, n_blocks))
-            mask = self._pass_mask(pos, j, T)  # (1, 1, n_blocks, T + passes * n_blocks)
             x = self.body.embed(tokens[:, pos])  # (B, n_blocks, d_model)
             activations = [x]
             for i, block in enumerate(self.blocks):
-                if not self.cfg.feedback:
+                if not self.cfg.feedback:  # an ordinary transformer over the block: its own input, itself included
                     k_self, v_self = self.memory_kv(block, x, rope)
-                    keys[i].append(k_self)
-                    values[i].append(v_self)
-                x = self._layer(block, x, rope, torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2), mask)
+                    own[i][0].append(k_self)
+                    own[i][1].append(v_self)
+                mine = (torch.stack(own[i][0], dim=3), torch.stack(own[i][1], dim=3)) if own[i][0] else None
+                q = block.attn.queries(block.attn_norm(x), rope)  # (B, n_q, n_blocks, d_head)
+                x = x + block.attn.wo(memory_attention(q, memory, j, bands[i], sinks[i], mine))
+                x = x + block.mlp(block.mlp_norm(x))
                 activations.append(x)
             logits.append(self.body.unembed(self.body.norm(x)))
             if self.cfg.feedback:
-                for i, (block, memory) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
-                    k_fb, v_fb = self.memory_kv(block, memory, rope)
-                    keys[i].append(k_fb)
-                    values[i].append(v_fb)
+                for i, (block, fb) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
+                    k_fb, v_fb = self.memory_kv(block, fb, rope)
+                    own[i][0].append(k_fb)
+                    own[i][1].append(v_fb)
         return torch.stack(logits, dim=2), positions  # (B, n_blocks, k, V)
 
     forward = k_pass_logits  # what DDP wraps: the trainer computes losses through forward
-
-    def _pass_mask(self, pos: torch.Tensor, j: int, seq_len: int) -> torch.Tensor:
-        """Visibility for pass j's queries at pos (n_blocks,): target memory of the context
-        before the block (within sink + window), then the block's own entries of each earlier
-        pass (and of this pass, without feedback) on a block diagonal."""
-        t = torch.arange(seq_len, device=pos.device)
-        start = (pos - j)[:, None]  # the block's first position
-        sparse = self.cfg.sparse
-        context = (t < start) & ((t < sparse.sink) | (t >= pos[:, None] - sparse.window))  # (n_blocks, T)
-        passes = j if self.cfg.feedback else j + 1
-        own = torch.eye(len(pos), dtype=torch.bool, device=pos.device).repeat(1, passes)
-        return torch.cat([context, own], dim=1)[None, None]
 
 
 class SpireDraft:
