@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib.rope import apply_rope, rope_cos_sin
+from spirelib.rope import apply_rope, rope_rotation
 
 
 @dataclass(frozen=True)
@@ -210,8 +210,8 @@ class SinkWindowKVCache(_KVCache):
         # The query sits at cache index sink + window; a sink key i then sits at distance
         # sink + window - i instead of q - i: rotate it forward by q - window - sink (>= 0).
         shift = (q_pos - self.sparse.window - sink).clamp(min=0).expand(-1, sink)  # (B, sink)
-        cos, sin = rope_cos_sin(shift, k.shape[-1], self.rope_base)  # (B, 1, sink, d_head/2)
-        k = torch.cat((apply_rope(k[:, :, :sink], cos, sin), k[:, :, sink:]), dim=2)
+        rotation = rope_rotation(shift, k.shape[-1], self.rope_base)  # (B, 1, sink, d_head/2)
+        k = torch.cat((apply_rope(k[:, :, :sink], rotation), k[:, :, sink:]), dim=2)
         return k, v
 
     def ingest(self, source: DenseKVCache, positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spirelib.kvcache import SinkWindow, _KVCache, visibility
-from spirelib.rope import apply_rope, rope_cos_sin
+from spirelib.rope import apply_rope, rope_rotation
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,16 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated queries (B, n_q, T, d_head), keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
         q, k, v = self.wqkv(x).split([self.q_dim, self.cfg.n_kv * self.cfg.d_head, self.cfg.n_kv * self.cfg.d_head], -1)
-        return apply_rope(self._heads(q, self.cfg.n_q), *rope), apply_rope(self._heads(k, self.cfg.n_kv), *rope), self._heads(v, self.cfg.n_kv)
+        return apply_rope(self._heads(q, self.cfg.n_q), rope), apply_rope(self._heads(k, self.cfg.n_kv), rope), self._heads(v, self.cfg.n_kv)
 
     def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Rotated queries (B, n_q, T, d_head) of x (B, T, d_model)."""
-        return apply_rope(self._heads(F.linear(x, self.wqkv.weight[: self.q_dim]), self.cfg.n_q), *rope)
+        return apply_rope(self._heads(F.linear(x, self.wqkv.weight[: self.q_dim]), self.cfg.n_q), rope)
 
     def keys_values(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
         k, v = F.linear(x, self.wqkv.weight[self.q_dim :]).chunk(2, dim=-1)
-        return apply_rope(self._heads(k, self.cfg.n_kv), *rope), self._heads(v, self.cfg.n_kv)
+        return apply_rope(self._heads(k, self.cfg.n_kv), rope), self._heads(v, self.cfg.n_kv)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Softmax attention of q (B, n_q, T, d_head) over k, v (B, n_kv, S, d_head); mask (B, 1, T, S)
@@ -228,7 +228,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.blocks.parameters())
 
     def rope(self, positions: torch.Tensor):
-        return rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_base)
+        return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base)
 
     def forward(
         self,
