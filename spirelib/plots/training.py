@@ -14,6 +14,10 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 
+def _title(text: str, scale: str) -> str:
+    return text + (f"<br><sup>{scale}</sup>" if scale else "")  # the scale note on its own line
+
+
 def _series(metrics: list[dict], kind: str, key: str) -> tuple[list[int], list[float]]:
     rows = [m for m in metrics if m["kind"] == kind and key in m]
     return [m["tokens"] for m in rows], [m[key] for m in rows]
@@ -29,7 +33,7 @@ def loss_curves(runs: Mapping[str, list[dict]], scale: str = "", log_x: bool = F
         x, y = _series(metrics, "val", "val_loss")
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{name} validation",
                                  line=dict(color=color, dash="dot"), marker=dict(size=8)))
-    fig.update_layout(title="Cross-entropy (nats/token)" + (f" — {scale}" if scale else ""),
+    fig.update_layout(title=_title("Cross-entropy (nats/token)", scale),
                       xaxis_title="training tokens", yaxis_title="loss (nats/token)", template="plotly_white",
                       legend=dict(orientation="h", y=-0.2))
     if log_x:
@@ -50,7 +54,7 @@ def training_dashboard(metrics: list[dict], scale: str = "") -> go.Figure:
     x, y = _series(metrics, "train", "tokens_per_s")
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="tokens/s"), row=3, col=1)
     fig.update_xaxes(title_text="training tokens", row=3, col=1)
-    fig.update_layout(title="Training run" + (f" — {scale}" if scale else ""), template="plotly_white",
+    fig.update_layout(title=_title("Training run", scale), template="plotly_white",
                       height=700, showlegend=True, legend=dict(orientation="h", y=-0.1))
     return fig
 
@@ -81,6 +85,6 @@ def draft_training_figure(runs: Mapping[str, list[dict]], k: int, scale: str = "
                                          marker=dict(color=color, size=7)), row=1, col=2)
     fig.update_xaxes(title_text="training tokens")
     fig.update_yaxes(range=[0, 1], row=1, col=2)
-    fig.update_layout(title="Draft training" + (f" — {scale}" if scale else ""), template="plotly_white",
+    fig.update_layout(title=_title("Draft training", scale), template="plotly_white",
                       height=480, legend=dict(orientation="h", y=-0.25))
     return fig
