@@ -29,7 +29,7 @@ from torch import nn
 from spirelib.drafts import VanillaDraft, draft_tokens
 from spirelib.kpass_attention import BandedMemory, memory_attention
 from spirelib.kvcache import SinkWindow, SinkWindowKVCache
-from spirelib.losses import distillation_loss, expected_acceptance, hard_target_loss, mix
+from spirelib.losses import draft_losses
 from spirelib.model import Block, ModelConfig, Transformer
 from spirelib.speculative import TargetPass
 from spirelib.train import unwrap
@@ -225,7 +225,7 @@ class SpireDraftModel(nn.Module):
             bands.append((memory.gather(keys), memory.gather(values)))
             sinks.append((keys[:, :, :sink], values[:, :, :sink]))
         own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values (B, n_kv, n_blocks, d_head)
-        logits = []
+        hidden = []  # per pass, the last layer's output (B, n_blocks, d_model)
         for j in range(k):
             pos = positions[:, j]  # (n_blocks,)
             rope = self.body.rope(pos.expand(B, n_blocks))
@@ -241,13 +241,13 @@ class SpireDraftModel(nn.Module):
                 x = x + block.attn.wo(memory_attention(q, memory, j, bands[i], sinks[i], mine))
                 x = x + block.mlp(block.mlp_norm(x))
                 activations.append(x)
-            logits.append(self.body.unembed(self.body.norm(x)))
+            hidden.append(x)
             if self.cfg.feedback:
                 for i, (block, fb) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
                     k_fb, v_fb = self.memory_kv(block, fb, rope)
                     own[i][0].append(k_fb)
                     own[i][1].append(v_fb)
-        return torch.stack(logits, dim=2), positions  # (B, n_blocks, k, V)
+        return self.body.unembed(self.body.norm(torch.stack(hidden, dim=2))), positions  # (B, n_blocks, k, V)
 
     forward = k_pass_logits  # what DDP wraps: the trainer computes losses through forward
 
@@ -303,12 +303,10 @@ class SpireObjective:
         with torch.no_grad():
             target_logits, target_layers = self.target(inputs, return_layers=True)
         logits, positions = model(inputs, target_layers, cfg.k)  # (B, n_blocks, k, V), (n_blocks, k)
-        p = torch.softmax(target_logits[:, positions].float(), dim=-1)  # (B, n_blocks, k, V)
-        distill = distillation_loss(logits, p)
-        alpha = expected_acceptance(logits, p)  # (B, n_blocks, k)
-        hard = hard_target_loss(logits, labels[:, positions])
-        loss = hard if cfg.loss == "hard" else mix(distill, alpha.mean(), cfg.mix_weight)
-        per_position = alpha.detach().mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
-        metrics = {"distill_ce": distill.item(), "hard_ce": hard.item(), "alpha": sum(per_position) / len(per_position)}
+        loss, parts = draft_losses(logits, target_logits[:, positions], labels[:, positions],
+                                   None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
+        per_position = parts["alpha"].mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
+        metrics = {"distill_ce": parts["distill_ce"].mean().item(), "hard_ce": parts["hard_ce"].mean().item(),
+                   "alpha": sum(per_position) / len(per_position)}
         metrics.update({f"alpha_{j + 1}": a for j, a in enumerate(per_position)})
         return loss, metrics

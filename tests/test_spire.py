@@ -4,7 +4,7 @@ lossless decoding through the engine."""
 import pytest
 import torch
 
-from spirelib.losses import distillation_loss, expected_acceptance, hard_target_loss, mixed_loss
+from spirelib.losses import draft_losses, distillation_loss, expected_acceptance, hard_target_loss, mixed_loss
 from spirelib.model import ModelConfig, Transformer
 from spirelib.speculative import autoregressive_generate, speculative_generate
 from spirelib.spire import (ABLATIONS, SpireConfig, SpireDraftModel, SpireObjective, ablation, block_positions,
@@ -128,6 +128,30 @@ def test_losses_agree_with_their_definitions():
     assert float(expected_acceptance(p.log(), p).min()) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         mixed_loss(logits, p, 1.5)
+
+
+@pytest.mark.parametrize("mix_weight", [0.0, 0.5, 1.0, None])
+def test_fused_draft_losses_equal_the_definitions_in_value_and_gradient(mix_weight):
+    """`draft_losses` (one chunked pass, gradient computed in forward) against autograd
+    through the plain definitions; shapes as in training (B, n_blocks, k, V), several chunks."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 60, 4, 300, dtype=torch.float64, requires_grad=True)
+    target_logits = 2 * torch.randn(2, 60, 4, 300, dtype=torch.float64)
+    labels = torch.randint(0, 300, (2, 60, 4))  # 480 rows: more than one chunk
+    p = torch.softmax(target_logits, -1)
+    reference = hard_target_loss(logits, labels) if mix_weight is None else mixed_loss(logits, p, mix_weight)
+    expected_grad, = torch.autograd.grad(reference, logits)
+    loss, parts = draft_losses(logits, target_logits, labels, mix_weight)
+    loss.backward()
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(logits.grad, expected_grad)
+    assert logits.grad.abs().sum() > 0
+    torch.testing.assert_close(parts["alpha"], expected_acceptance(logits, p).detach())
+    torch.testing.assert_close(parts["distill_ce"].mean(), distillation_loss(logits, p).detach())
+    torch.testing.assert_close(parts["hard_ce"].mean(), hard_target_loss(logits, labels).detach())
+    assert parts["alpha"].shape == labels.shape and not parts["alpha"].requires_grad
+    with pytest.raises(ValueError, match="weight"):
+        draft_losses(logits, target_logits, labels, 1.5)
 
 
 @pytest.mark.parametrize("variant", sorted(ABLATIONS))
