@@ -10,34 +10,30 @@ performance model's count, `perfmodel.body_params(config.shape())`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from spirelib.kvcache import SinkWindow, _KVCache, visibility
+from spirelib.perfmodel import ModelShape
 from spirelib.rope import apply_rope, rope_rotation
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Shape of a model: the perf model's `ModelShape` fields plus vocabulary and RoPE base."""
+class ModelConfig(ModelShape):
+    """Shape of a model: the perf model's `ModelShape` (its fields, validation and every
+    perfmodel function apply) plus vocabulary, RoPE base and norm epsilon."""
 
     vocab_size: int
-    num_layers: int
-    d_model: int
-    n_q_per_kv: int
-    n_kv: int
-    d_head: int
-    d_ff: int
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
 
     def __post_init__(self):
-        for name in ("vocab_size", "num_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        super().__post_init__()
+        if self.vocab_size < 1:
+            raise ValueError(f"ModelConfig.vocab_size must be >= 1, got {self.vocab_size}")
         if self.d_head % 2:
             raise ValueError(f"ModelConfig.d_head must be even for rotary embeddings, got {self.d_head}")
 
@@ -45,11 +41,9 @@ class ModelConfig:
     def n_q(self) -> int:
         return self.n_q_per_kv * self.n_kv
 
-    def shape(self):
-        """This model's `perfmodel.ModelShape` (what the throughput model needs)."""
-        from spirelib.perfmodel import ModelShape
-
-        return ModelShape(self.num_layers, self.d_model, self.n_q_per_kv, self.n_kv, self.d_head, self.d_ff)
+    def shape(self) -> ModelShape:
+        """This model's plain `perfmodel.ModelShape` (what the throughput model's tables name)."""
+        return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -43,7 +43,7 @@ class ModelShape:
         for name in ("num_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelShape.{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{type(self).__name__}.{name} must be a positive integer, got {value!r}")
 
 
 def body_params(shape: ModelShape | str) -> int:

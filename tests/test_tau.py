@@ -133,9 +133,9 @@ WORKER = textwrap.dedent("""
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
-    target = Transformer(ModelConfig(29, 2, 32, 2, 2, 8, 64)).eval()
+    target = Transformer(ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)).eval()
     torch.manual_seed(1)
-    small = Transformer(ModelConfig(29, 1, 16, 2, 2, 4, 32)).eval()
+    small = Transformer(ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)).eval()
     contexts = {L: torch.randint(0, 29, (7, L), generator=torch.Generator().manual_seed(L)) for L in (8, 13)}
     methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
                "magicdec": draft_factory("magicdec", target, temperature=1.0, window=4)}

@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = ModelConfig(args.vocab_size, args.target_layers, args.d_model, args.n_q_per_kv, args.n_kv, args.d_head, args.d_ff)
+    cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model,
+                      n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
     torch.manual_seed(0)
     target = Transformer(cfg).to(args.device).eval()
     factories = build_methods(target, args.methods, args.temperature, args.window)

@@ -97,7 +97,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_cfg = ModelConfig(args.vocab_size, args.target_layers, args.d_model, 1, args.n_kv, args.d_head, args.d_ff)
+    target_cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model, n_q_per_kv=1,
+                             n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
     results = run(target_cfg, SpireConfig(num_layers=args.draft_layers, window=args.window), args.batch,
                   args.seq_len, args.k, args.repeats, args.naive_blocks)
     if args.json:
