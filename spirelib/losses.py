@@ -99,8 +99,6 @@ def draft_losses(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels
     None gives HardTargetLoss. Returns the scalar loss (differentiable in draft_logits) and
     {"distill_ce", "alpha", "hard_ce"}, each (...) and detached, whatever the loss.
     """
-    if mix_weight is not None and not 0.0 <= mix_weight <= 1.0:
-        raise ValueError(f"MixedLoss weight must be in [0, 1], got {mix_weight}")
     V = draft_logits.shape[-1]
     chunk = max(1, (1 << (28 if draft_logits.is_cuda else 17)) // V)  # rows per chunk: GPU big, CPU cache-sized
     loss, *parts = _DraftLosses.apply(draft_logits.reshape(-1, V), target_logits.reshape(-1, V),
