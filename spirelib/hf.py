@@ -1,0 +1,615 @@
+"""Bring your own target: Hugging Face Llama checkpoints in, our models out (issue 13, phase 1).
+
+`load_model(folder)` builds a `model.Transformer` from a Hugging Face Llama 2 / Llama 3.0
+folder (``config.json`` plus ``model.safetensors`` or a sharded
+``model.safetensors.index.json``), `load_tokenizer(folder)` wraps its ``tokenizer.json``
+with the interface of `spirelib.tokenizer`'s tokenizers, and `save_model(model, folder)`
+writes a folder that ``transformers.LlamaForCausalLM.from_pretrained`` loads and that
+computes our logits. The architecture is the one of spec 2 "Models" (pre-RMSNorm GQA-SwiGLU,
+rotary positions, untied unembedding), which is Llama's; `transformers` itself is not
+imported: config.json is read with `json`, the weights with `safetensors`. Pickle
+checkpoints are never unpickled.
+
+Layout mapping (Hugging Face name (shape) -> ours), n_q query heads, n_kv key/value heads
+of dh dimensions each, d = hidden size, f = intermediate size, V = vocabulary:
+
+    model.embed_tokens.weight                  (V, d)        -> embed.weight
+    model.layers.{i}.input_layernorm.weight    (d,)          -> blocks.{i}.attn_norm.weight
+    model.layers.{i}.self_attn.q_proj.weight   (n_q dh, d)   -+ rows permuted per head (RoPE),
+    model.layers.{i}.self_attn.k_proj.weight   (n_kv dh, d)  -+ then q, k, v rows concatenated
+    model.layers.{i}.self_attn.v_proj.weight   (n_kv dh, d)  -+ -> blocks.{i}.attn.wqkv.weight ((n_q + 2 n_kv) dh, d)
+    model.layers.{i}.self_attn.o_proj.weight   (d, n_q dh)   -> blocks.{i}.attn.wo.weight
+    model.layers.{i}.post_attention_layernorm.weight (d,)    -> blocks.{i}.mlp_norm.weight
+    model.layers.{i}.mlp.gate_proj.weight      (f, d)        -+ gate rows, then up rows
+    model.layers.{i}.mlp.up_proj.weight        (f, d)        -+ -> blocks.{i}.mlp.w_gate_up.weight (2f, d)
+    model.layers.{i}.mlp.down_proj.weight      (d, f)        -> blocks.{i}.mlp.w_down.weight
+    model.norm.weight                          (d,)          -> norm.weight
+    lm_head.weight                             (V, d)        -> unembed.weight
+
+RoPE order. `spirelib.rope` treats head dimensions (2j, 2j+1) as one complex number and
+rotates it by position x base^(-2j/dh); Hugging Face Llama ("rotate_half") rotates the pair
+(j, j + dh/2) by the same angle. Same rotations, different order of the dimensions within
+a head: our dimension 2j + s (s = 0, 1) is Hugging Face's dimension j + s dh/2. q.k is a
+sum over dimensions, so permuting the rows of W_q and W_k the same way within every head
+leaves attention unchanged; v and o keep their order. `_from_hf_rope_order` is the inverse
+of the permutation in transformers' ``convert_llama_weights_to_hf.py`` (which goes from
+Meta's interleaved order, ours, to Hugging Face's), `_to_hf_rope_order` is that permutation.
+
+Not implemented, so refused by name before any weight is read (`REFUSED_FIELDS`): mixture
+of experts, rope scaling of any type (Llama 3.1's "llama3" included), attention or MLP
+biases, logit soft-capping, tied embeddings, activations other than SiLU, sliding windows,
+quantized weights, and any config field this module does not know to be harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spirelib.model import ModelConfig, Transformer
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+TOKENIZER = "tokenizer.json"
+ARCHITECTURE = "LlamaForCausalLM"
+PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+GB = 1e9
+
+# Config fields that change nothing our forward computes: metadata, special-token ids,
+# generation defaults, training-only settings (dropout, initialization). pretraining_tp > 1
+# only slices the matmuls in older transformers (the same product); max_position_embeddings
+# does not enter default RoPE.
+HARMLESS_FIELDS = frozenset({
+    "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "initializer_range", "max_position_embeddings", "attention_dropout", "pretraining_tp",
+    "tokenizer_class", "_attn_implementation", "_attn_implementation_autoset", "output_attentions",
+    "output_hidden_states", "return_dict", "torchscript", "use_bfloat16", "id2label", "label2id",
+    "problem_type", "finetuning_task", "prefix", "task_specific_params", "is_decoder", "is_encoder_decoder",
+    "add_cross_attention", "tie_encoder_decoder", "cross_attention_hidden_size", "chunk_size_feed_forward",
+    "tf_legacy_loss", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+    "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
+    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "pruned_heads",
+})
+# The shape and the math we implement (read by `config_from_hf`).
+MODEL_FIELDS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+    "hidden_act", "attention_bias", "mlp_bias", "tie_word_embeddings",
+})
+# Fields that change the math, refused unless absent, null or false; the value names what is missing.
+REFUSED_FIELDS = {
+    "attention_bias": "q/k/v/o biases",
+    "mlp_bias": "MLP biases",
+    "qkv_bias": "q/k/v biases",
+    "bias": "biases",
+    "tie_word_embeddings": "tied embedding and unembedding",
+    "rope_scaling": "RoPE scaling (linear, dynamic, yarn, longrope, llama3)",
+    "partial_rotary_factor": "partial rotary embeddings",
+    "sliding_window": "sliding-window attention",
+    "use_sliding_window": "sliding-window attention",
+    "max_window_layers": "sliding-window attention",
+    "layer_types": "per-layer attention types",
+    "num_local_experts": "mixture of experts",
+    "num_experts": "mixture of experts",
+    "num_experts_per_tok": "mixture of experts",
+    "moe_intermediate_size": "mixture of experts",
+    "n_routed_experts": "mixture of experts",
+    "n_shared_experts": "mixture of experts",
+    "router_aux_loss_coef": "mixture of experts",
+    "decoder_sparse_step": "mixture of experts",
+    "final_logit_softcapping": "logit soft-capping",
+    "attn_logit_softcapping": "attention logit soft-capping",
+    "query_pre_attn_scalar": "a non-default attention scale",
+    "attention_multiplier": "a non-default attention scale",
+    "embedding_multiplier": "embedding scaling",
+    "residual_multiplier": "residual scaling",
+    "logits_scaling": "logit scaling",
+    "clip_qkv": "q/k/v clipping",
+    "use_qk_norm": "q/k normalization",
+    "qk_layernorm": "q/k normalization",
+    "no_rope_layers": "layers without RoPE",
+    "quantization_config": "quantized weights",
+}
+SILU = ("silu", "swish")  # transformers' ACT2FN maps both to nn.SiLU
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+}
+
+
+# ---------------------------------------------------------------- config
+
+
+def _refuse(field: str, value, what: str) -> ValueError:
+    return ValueError(f"config.json: {field}={value!r} ({what}) is not implemented by spirelib.hf; "
+                      f"only Llama 2 / Llama 3.0 style models load (issue 13, phase 1)")
+
+
+def _rope_theta(config: dict) -> float:
+    """RoPE base from either config format: `rope_theta` (+ `rope_scaling`) or the newer
+    `rope_parameters` dict; only rope_type "default" is implemented."""
+    theta = config.get("rope_theta")
+    scaling = config.get("rope_scaling")
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+        extra = set(scaling) - {"rope_type", "type", "rope_theta"} if isinstance(scaling, dict) else {"?"}
+        if kind != "default" or extra:
+            raise _refuse("rope_scaling", scaling, REFUSED_FIELDS["rope_scaling"])
+        theta = _same_theta(theta, scaling.get("rope_theta"), "rope_scaling.rope_theta")
+    params = config.get("rope_parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise _refuse("rope_parameters", params, "an unknown RoPE format")
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default":
+            raise _refuse("rope_parameters.rope_type", kind, REFUSED_FIELDS["rope_scaling"])
+        for key, value in params.items():
+            if key in ("rope_type", "type", "rope_theta") or (key == "partial_rotary_factor" and value == 1.0):
+                continue
+            raise _refuse(f"rope_parameters.{key}", value, "a RoPE parameter of a non-default rope type")
+        theta = _same_theta(theta, params.get("rope_theta"), "rope_parameters.rope_theta")
+    return 10000.0 if theta is None else float(theta)
+
+
+def _same_theta(theta, other, name: str):
+    if other is None:
+        return theta
+    if theta is not None and float(theta) != float(other):
+        raise ValueError(f"config.json: rope_theta={theta!r} and {name}={other!r} disagree")
+    return other
+
+
+def config_from_hf(config: dict) -> ModelConfig:
+    """Our `ModelConfig` for a Hugging Face Llama config.json dict; raises ValueError naming
+    the field and value of anything that would change the math and is not implemented."""
+    model_type = config.get("model_type")
+    architectures = config.get("architectures")
+    if model_type is None and architectures is None:
+        raise ValueError("config.json names neither model_type nor architectures; expected a Llama config")
+    if model_type is not None and model_type != "llama":
+        raise _refuse("model_type", model_type, "a model family other than Llama")
+    if architectures is not None and list(architectures) != [ARCHITECTURE]:
+        raise _refuse("architectures", architectures, f"an architecture other than {ARCHITECTURE}")
+    for field, value in config.items():
+        if field in REFUSED_FIELDS:
+            if field == "rope_scaling" or value is None or value is False:
+                continue
+            raise _refuse(field, value, REFUSED_FIELDS[field])
+        if field not in HARMLESS_FIELDS and field not in MODEL_FIELDS:
+            raise _refuse(field, value, "a config field spirelib.hf does not know to be harmless")
+    act = config.get("hidden_act", "silu")
+    if act not in SILU:
+        raise _refuse("hidden_act", act, "an MLP activation other than SiLU (SwiGLU)")
+    rope_base = _rope_theta(config)
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if field not in config:
+            raise ValueError(f"config.json lacks {field}")
+    n_q = int(config["num_attention_heads"])
+    n_kv = int(config.get("num_key_value_heads") or n_q)
+    if n_q % n_kv:
+        raise ValueError(f"config.json: num_attention_heads={n_q} is not a multiple of num_key_value_heads={n_kv}")
+    d_model = int(config["hidden_size"])
+    d_head = config.get("head_dim")
+    if d_head is None:
+        if d_model % n_q:
+            raise ValueError(f"config.json: hidden_size={d_model} is not a multiple of num_attention_heads={n_q} "
+                             "and no head_dim is given")
+        d_head = d_model // n_q
+    return ModelConfig(vocab_size=int(config["vocab_size"]), num_layers=int(config["num_hidden_layers"]),
+                       d_model=d_model, n_q_per_kv=n_q // n_kv, n_kv=n_kv, d_head=int(d_head),
+                       d_ff=int(config["intermediate_size"]), rope_base=rope_base,
+                       norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+
+
+def config_to_hf(cfg: ModelConfig, dtype: torch.dtype, *, eos_token_id: int | None = None,
+                 bos_token_id: int | None = None, max_position_embeddings: int = 4096) -> dict:
+    """A Hugging Face LlamaForCausalLM config.json dict for `cfg`, in both RoPE formats
+    (`rope_theta` for transformers 4, `rope_parameters` for 5). Special-token ids default to
+    None, not LlamaConfig's 1 and 2 (which `generate` would stop at)."""
+    name = str(dtype).removeprefix("torch.")
+    return {
+        "architectures": [ARCHITECTURE], "model_type": "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.n_q, "num_key_value_heads": cfg.n_kv,
+        "head_dim": cfg.d_head, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_base, "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        "max_position_embeddings": max_position_embeddings, "attention_dropout": 0.0,
+        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": None,
+        "torch_dtype": name, "dtype": name, "use_cache": True, "pretraining_tp": 1, "initializer_range": 0.02,
+    }
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    file = Path(path) / CONFIG
+    if not file.is_file():
+        raise ValueError(f"{path}: no {CONFIG}; expected a Hugging Face model folder")
+    return json.loads(file.read_text())
+
+
+# ---------------------------------------------------------------- layout
+
+
+def _from_hf_rope_order(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """q or k projection rows (n_heads dh, d) from Hugging Face's per-head order (j, j + dh/2)
+    to ours (2j, 2j + 1): our row h dh + 2j + s is their row h dh + s dh/2 + j."""
+    rows, d = w.shape
+    return w.view(n_heads, 2, rows // n_heads // 2, d).transpose(1, 2).reshape(rows, d)
+
+
+def _to_hf_rope_order(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of `_from_hf_rope_order` (transformers' `permute` in convert_llama_weights_to_hf.py)."""
+    rows, d = w.shape
+    return w.view(n_heads, rows // n_heads // 2, 2, d).transpose(1, 2).reshape(rows, d)
+
+
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama checkpoint of shape `cfg` holds, with its shape."""
+    d, f, V, h = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.d_head
+    shapes = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,), "lm_head.weight": (V, d)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (cfg.n_q * h, d), p + "self_attn.k_proj.weight": (cfg.n_kv * h, d),
+            p + "self_attn.v_proj.weight": (cfg.n_kv * h, d), p + "self_attn.o_proj.weight": (d, cfg.n_q * h),
+            p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f),
+        }
+    return shapes
+
+
+def _is_inv_freq(name: str) -> bool:
+    """RoPE frequencies that old transformers versions saved as a buffer: derived, not weights."""
+    return name.startswith("model.layers.") and name.endswith(".self_attn.rotary_emb.inv_freq")
+
+
+# ---------------------------------------------------------------- memory
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a model on `device`: MemAvailable of /proc/meminfo on CPU, free memory
+    of the GPU on CUDA, None where unknown (no check then)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def check_memory(n_params: int, dtype: torch.dtype, device: torch.device | str, available: int | None) -> None:
+    """Refuse (MemoryError, with the numbers and a hint) when a model of `n_params` parameters
+    in `dtype` needs more than `available` bytes on `device` (None: unknown, no check).
+    Counts the weights only: the KV cache and activations of decoding come on top."""
+    need = n_params * torch.empty((), dtype=dtype).element_size()
+    if available is None or need <= available:
+        return
+    name = str(dtype).removeprefix("torch.")
+    smaller = " load it in bfloat16 (dtype=torch.bfloat16)," if torch.empty((), dtype=dtype).element_size() > 2 else ""
+    raise MemoryError(f"the model ({_count(n_params)} parameters) in {name} needs {need / GB:.1f} GB; "
+                      f"{device} has {available / GB:.1f} GB available:{smaller} use a device with more "
+                      f"memory, or free some")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _refuse_pickles(folder: Path) -> None:
+    found = sorted({p.name for pattern in PICKLE_PATTERNS for p in folder.glob(pattern)})
+    detail = f" only pickle checkpoints ({', '.join(found)}), which spirelib never unpickles" if found else " none"
+    raise ValueError(f"{folder}: no {SINGLE} or {INDEX};{detail}. Convert to safetensors first, where you "
+                     "trust the files: transformers' AutoModelForCausalLM.from_pretrained(folder)"
+                     ".save_pretrained(out, safe_serialization=True)")
+
+
+def _shard_headers(folder: Path) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
+    """Name -> (file, safetensors dtype, shape) of every tensor, from the file headers only."""
+    from safetensors import safe_open
+
+    single, index = folder / SINGLE, folder / INDEX
+    if single.is_file() and index.is_file():
+        raise ValueError(f"{folder}: both {SINGLE} and {INDEX}; keep one")
+    if single.is_file():
+        shards, weight_map = [single], None
+    elif index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no weight_map")
+        names = sorted(set(weight_map.values()))
+        bad = [n for n in names if Path(n).name != n or not n.endswith(".safetensors")]
+        if bad:
+            raise ValueError(f"{index}: shard names {bad} are not .safetensors files in {folder}")
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise ValueError(f"{index}: missing shard(s) {missing} in {folder}")
+        shards = [folder / n for n in names]
+    else:
+        _refuse_pickles(folder)
+    headers = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                if name in headers:
+                    raise ValueError(f"{folder}: tensor {name} is in both {headers[name][0].name} and {shard.name}")
+                s = f.get_slice(name)
+                headers[name] = (shard, s.get_dtype(), tuple(s.get_shape()))
+    if weight_map is not None:
+        wrong = sorted(n for n, file in weight_map.items() if n not in headers or headers[n][0].name != file)
+        if wrong:
+            raise ValueError(f"{index}: tensors {_some(wrong)} are not in the shards the index names")
+        unlisted = sorted(set(headers) - set(weight_map))
+        if unlisted:
+            raise ValueError(f"{folder}: tensors {_some(unlisted)} are in shards but not in {INDEX}")
+    return headers
+
+
+def _some(names: list[str], n: int = 5) -> str:
+    return f"{names[:n]}" + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _check_tensors(headers: dict, cfg: ModelConfig) -> None:
+    expected = hf_shapes(cfg)
+    unknown = sorted(n for n in headers if n not in expected and not _is_inv_freq(n))
+    if unknown:
+        biases = [n for n in unknown if n.endswith(".bias")]
+        what = " (biases are not implemented: Qwen2-style q/k/v or attention_bias)" if biases else ""
+        raise ValueError(f"checkpoint holds tensors this Llama config does not have{what}: {_some(unknown)}")
+    missing = sorted(n for n in expected if n not in headers)
+    if missing:
+        raise ValueError(f"checkpoint lacks tensors: {_some(missing)}")
+    for name, shape in expected.items():
+        if headers[name][2] != shape:
+            raise ValueError(f"tensor {name} has shape {list(headers[name][2])}; config.json implies {list(shape)}")
+    for name, (_, dt, _) in headers.items():
+        if dt not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name} is stored as {dt}; only floating-point weights load "
+                             f"({', '.join(_SAFETENSORS_DTYPES)}), not quantized ones")
+
+
+def _check_inv_freq(headers: dict, cfg: ModelConfig) -> None:
+    """Saved RoPE frequencies must be the ones config.json implies (a scaled RoPE would not be)."""
+    from safetensors import safe_open
+
+    want = 1.0 / cfg.rope_base ** (torch.arange(0, cfg.d_head, 2, dtype=torch.float64) / cfg.d_head)
+    for name, (file, _, shape) in headers.items():
+        if _is_inv_freq(name):
+            with safe_open(str(file), framework="pt") as f:
+                got = f.get_tensor(name).double()
+            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-6, atol=0):
+                raise ValueError(f"tensor {name} holds RoPE frequencies that rope_theta={cfg.rope_base} does not give")
+
+
+def _resolve_dtype(headers: dict, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        return dtype
+    stored = sorted({dt for n, (_, dt, _) in headers.items() if not _is_inv_freq(n)})
+    if len(stored) > 1:
+        raise ValueError(f"the checkpoint mixes dtypes {stored}: pass dtype= to choose one")
+    return _SAFETENSORS_DTYPES[stored[0]]
+
+
+def load_model(path: str | os.PathLike, *, device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> Transformer:
+    """A `Transformer` with the weights of the Hugging Face Llama folder `path` (issue 13).
+
+    Everything that can be checked is checked before any weight is read: config.json
+    (`config_from_hf` refuses what is not implemented), the safetensors headers (missing,
+    unknown or misshapen tensors, missing shards), and the memory the model needs in `dtype`
+    on `device` (`check_memory`). The model is built on the meta device and the weights
+    assigned in the stored dtype (or `dtype`), tensor by tensor, so no copy of the model in
+    another dtype ever exists. Any error leaves nothing behind: the model is returned only
+    when complete.
+    """
+    from safetensors import safe_open
+
+    folder = Path(path)
+    cfg = config_from_hf(read_config(folder))
+    device = torch.device(device if device is not None else "cpu")
+    headers = _shard_headers(folder)
+    _check_tensors(headers, cfg)
+    dtype = _resolve_dtype(headers, dtype)
+    n_params = sum(math.prod(shape) for name, (_, _, shape) in headers.items() if not _is_inv_freq(name))
+    check_memory(n_params, dtype, device, available_bytes(device))
+    _check_inv_freq(headers, cfg)
+
+    by_file: dict[Path, list[str]] = {}
+    for name, (file, _, _) in headers.items():
+        by_file.setdefault(file, []).append(name)
+    hf: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                if _is_inv_freq(name):
+                    continue
+                hf[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                _convert_ready(hf, state, cfg)
+    if hf:  # every tensor was checked present, so every group completed
+        raise AssertionError(f"unconverted tensors {_some(sorted(hf))}")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+_TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
+        "lm_head.weight": "unembed.weight"}
+_PER_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "mlp_norm.weight",
+              "self_attn.o_proj.weight": "attn.wo.weight", "mlp.down_proj.weight": "mlp.w_down.weight"}
+
+
+def _convert_ready(hf: dict[str, torch.Tensor], state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """Move every complete group of Hugging Face tensors in `hf` into our `state`, so that at
+    most a layer's q/k/v or gate/up wait for their partners (no second copy of the model)."""
+    for name in list(hf):
+        if name not in hf:  # taken with its group
+            continue
+        if name in _TOP:
+            state[_TOP[name]] = hf.pop(name)
+            continue
+        _, _, i, rest = name.split(".", 3)  # model.layers.{i}.{rest}
+        p, ours = f"model.layers.{i}.", f"blocks.{i}."
+        if rest in _PER_LAYER:
+            state[ours + _PER_LAYER[rest]] = hf.pop(name)
+        elif rest.startswith("self_attn."):
+            qkv = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+            if all(n in hf for n in qkv):
+                q, k, v = (hf.pop(n) for n in qkv)  # (n_q dh, d), (n_kv dh, d), (n_kv dh, d)
+                state[ours + "attn.wqkv.weight"] = torch.cat(
+                    [_from_hf_rope_order(q, cfg.n_q), _from_hf_rope_order(k, cfg.n_kv), v])  # ((n_q + 2 n_kv) dh, d)
+        else:
+            gate_up = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            if all(n in hf for n in gate_up):
+                state[ours + "mlp.w_gate_up.weight"] = torch.cat([hf.pop(n) for n in gate_up])  # (2 d_ff, d)
+
+
+# ---------------------------------------------------------------- saving
+
+
+def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our weights under Hugging Face Llama names, q/k rows back in its RoPE order; every
+    tensor is its own contiguous copy (safetensors refuses shared storage)."""
+    cfg = model.cfg
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    q_dim, kv_dim = cfg.n_q * cfg.d_head, cfg.n_kv * cfg.d_head
+    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"],
+           "lm_head.weight": sd["unembed.weight"]}
+    for i in range(cfg.num_layers):
+        p, ours = f"model.layers.{i}.", f"blocks.{i}."
+        q, k, v = sd[ours + "attn.wqkv.weight"].split([q_dim, kv_dim, kv_dim])  # (n_q dh, d), (n_kv dh, d) x 2
+        gate, up = sd[ours + "mlp.w_gate_up.weight"].chunk(2)  # (d_ff, d) each
+        out |= {
+            p + "input_layernorm.weight": sd[ours + "attn_norm.weight"],
+            p + "post_attention_layernorm.weight": sd[ours + "mlp_norm.weight"],
+            p + "self_attn.q_proj.weight": _to_hf_rope_order(q, cfg.n_q),
+            p + "self_attn.k_proj.weight": _to_hf_rope_order(k, cfg.n_kv),
+            p + "self_attn.v_proj.weight": v,
+            p + "self_attn.o_proj.weight": sd[ours + "attn.wo.weight"],
+            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+            p + "mlp.down_proj.weight": sd[ours + "mlp.w_down.weight"],
+        }
+    return {k: v.to("cpu").clone(memory_format=torch.contiguous_format) for k, v in out.items()}
+
+
+def save_model(model: Transformer, path: str | os.PathLike, tokenizer=None, *,
+               max_position_embeddings: int = 4096) -> Path:
+    """Write `model` as a Hugging Face Llama folder: config.json and model.safetensors (issue
+    13), which `transformers.LlamaForCausalLM.from_pretrained(path)` loads and `load_model`
+    reads back bitwise. With a `tokenizer` from `spirelib.tokenizer` or `load_tokenizer`,
+    its eos id goes into config.json and, where it has a `tokenizers.Tokenizer` (BPE, hf),
+    tokenizer.json and tokenizer_config.json are written too. Returns the folder."""
+    from safetensors.torch import save_file
+
+    cfg = model.cfg
+    if cfg.d_model % cfg.n_q:
+        raise ValueError(f"transformers' LlamaConfig needs hidden_size ({cfg.d_model}) to be a multiple of "
+                         f"num_attention_heads ({cfg.n_q}), even with head_dim set; this model cannot be exported")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    clashing = sorted({p.name for pattern in (INDEX, "model-*.safetensors", *PICKLE_PATTERNS)
+                       for p in folder.glob(pattern)})
+    if clashing:
+        raise ValueError(f"{folder} already holds other weights ({', '.join(clashing)}); save into an empty folder")
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) != 1:
+        raise ValueError(f"the model mixes dtypes {sorted(map(str, dtypes))}; cast it to one first")
+    eos = None if tokenizer is None else getattr(tokenizer, "eos_id", None)
+    config = config_to_hf(cfg, dtypes.pop(), eos_token_id=None if eos is None else int(eos),
+                          max_position_embeddings=max_position_embeddings)
+    _atomic_write(folder / SINGLE, lambda tmp: save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"}))
+    if tokenizer is not None and hasattr(tokenizer, "tokenizer"):
+        tok = tokenizer.tokenizer
+        _atomic_write(folder / TOKENIZER, lambda tmp: tok.save(str(tmp)))
+        special = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        if eos is not None and tok.id_to_token(int(eos)) is not None:
+            special["eos_token"] = tok.id_to_token(int(eos))
+        _atomic_write(folder / "tokenizer_config.json", lambda tmp: tmp.write_text(json.dumps(special, indent=2)))
+    _atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
+    return folder
+
+
+def _atomic_write(target: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` with the interface of `spirelib.tokenizer`'s
+    tokenizers (`kind`, `vocab_size`, `eos_id`, `checksum`, `encode_batch`, `decode`), plus
+    `encode` of one text. End-of-text is config.json's `eos_token_id`, not a looked-up string."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer, eos_id: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+        self.eos_id = int(eos_id)
+        # The eos id is part of what `tokenizer.tokenize` caches (it separates documents).
+        self.checksum = hashlib.sha256((tokenizer.to_str() + f"\neos_id={self.eos_id}").encode()).hexdigest()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids, dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[np.ndarray]:
+        return [np.asarray(e.ids, dtype=np.int64)
+                for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+    """The tokenizer of the Hugging Face folder `path`: its tokenizer.json, with end-of-text
+    from config.json's `eos_token_id` (int, or a list whose first id is taken; else
+    generation_config.json's)."""
+    from tokenizers import Tokenizer
+
+    folder = Path(path)
+    file = folder / TOKENIZER
+    if not file.is_file():
+        raise ValueError(f"{folder}: no {TOKENIZER} (only fast tokenizers' tokenizer.json files load, "
+                         "not sentencepiece tokenizer.model)")
+    eos = read_config(folder).get("eos_token_id")
+    generation = folder / "generation_config.json"
+    if eos is None and generation.is_file():
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is None:
+        raise ValueError(f"{folder}: config.json has no eos_token_id (nor generation_config.json)")
+    tok = Tokenizer.from_file(str(file))
+    if tok.id_to_token(int(eos)) is None:
+        raise ValueError(f"{folder}: eos_token_id={eos} is not in the tokenizer's vocabulary of {tok.get_vocab_size()}")
+    return HFTokenizer(tok, int(eos))

@@ -1,0 +1,437 @@
+"""Hugging Face Llama checkpoints in, our models out (issue 13, phase 1; spirelib/hf.py).
+
+Tiny random Llama models built here with `transformers` (a test-only dependency; nothing
+is downloaded), saved with `save_pretrained`, loaded with `hf.load_model` and compared
+with transformers' own forward (eager attention, fp32) in every way our engine uses a
+target: full forward, one-token cached decoding, k+1 verify chunks with rollback, ragged
+right-padded prefill, greedy autoregressive and speculative decoding. transformers gets an
+all-ones attention mask throughout: without one, a jump in position_ids reads as a new
+packed sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from spirelib import hf  # noqa: E402
+from spirelib.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
+from spirelib.kvcache import DenseKVCache, SinkWindow  # noqa: E402
+from spirelib.model import ModelConfig, Transformer  # noqa: E402
+from spirelib.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+
+V = 101
+TOL = 1e-4
+
+
+def random_llama(seed: int, *, layers=2, hidden=64, heads=4, kv=2, ff=96, head_dim=None, theta=500000.0):
+    """A random LlamaForCausalLM with weights large enough that attention is far from uniform
+    and norm gains that are not all one (so that swapped or skipped tensors show)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+                         max_position_embeddings=256, rope_theta=theta, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, attn_implementation="eager")
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.3)
+    model.generation_config.eos_token_id = None  # generate must not stop early
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """(transformers model, its folder, our model loaded from it)."""
+    ref = random_llama(0)
+    folder = tmp_path_factory.mktemp("llama")
+    ref.save_pretrained(folder, safe_serialization=True)
+    return ref, folder, hf.load_model(folder)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A second model, 1 layer, head_dim given (4 x 16 heads on hidden 32): the vanilla draft."""
+    ref = random_llama(1, layers=1, hidden=32, heads=4, kv=1, ff=48, head_dim=16)
+    folder = tmp_path_factory.mktemp("llama_small")
+    ref.save_pretrained(folder, safe_serialization=True)
+    return ref, folder, hf.load_model(folder)
+
+
+def hf_logits(ref, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return ref(tokens, attention_mask=torch.ones_like(tokens)).logits  # (B, T, V)
+
+
+def tokens(seed: int, *shape) -> torch.Tensor:
+    return torch.randint(0, V, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def new_cache(model: Transformer, batch: int, capacity: int) -> DenseKVCache:
+    cfg = model.cfg
+    return DenseKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, capacity)
+
+
+def rewrite_config(folder, **changes):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is ...:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+# ---------------------------------------------------------------- logits
+
+
+@pytest.mark.parametrize("which", ["target", "small"])
+def test_full_forward_matches_transformers(which, request):
+    ref, _, ours = request.getfixturevalue(which)
+    x = tokens(1, 2, 24)
+    assert not any(p.is_meta for p in ours.parameters()) and {p.dtype for p in ours.parameters()} == {torch.float32}
+    want = hf_logits(ref, x)
+    with torch.no_grad():
+        got = ours(x)
+    assert want.std() > 1  # logits far from uniform
+    torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+
+
+def test_one_token_cached_decoding_matches_transformers(target):
+    ref, _, ours = target
+    x = tokens(2, 2, 24)
+    want = hf_logits(ref, x)
+    cache = new_cache(ours, 2, 24)
+    with torch.no_grad():
+        got = [ours(x[:, :8], cache=cache)]
+        for t in range(8, 24):
+            got.append(ours(x[:, t : t + 1], torch.full((2, 1), t), cache))
+    torch.testing.assert_close(torch.cat(got, 1), want, atol=TOL, rtol=0)
+
+
+def test_verify_chunks_with_rollback_match_transformers(target):
+    """k + 1 = 4 positions per pass, some of them wrong drafts that are rolled back and then
+    overwritten: each chunk's logits are transformers' on the verified text plus that chunk."""
+    ref, _, ours = target
+    text = tokens(3, 1, 40)
+    cache = new_cache(ours, 1, 48)
+    with torch.no_grad():
+        ours(text[:, :10], cache=cache)
+    n, gen = 10, torch.Generator().manual_seed(4)
+    for accepted in (3, 0, 1, 3, 2, 0):
+        chunk = text[:, n : n + 4].clone()
+        chunk[:, 1 + accepted :] = torch.randint(0, V, (1, 3 - accepted), generator=gen)  # rejected drafts
+        with torch.no_grad():
+            got = ours(chunk, n + torch.arange(4)[None], cache)
+        want = hf_logits(ref, torch.cat([text[:, :n], chunk], 1))[:, n:]
+        torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+        n += accepted + 1
+        cache.rollback(torch.tensor([n]))
+
+
+def test_ragged_right_padded_prefill_matches_transformers_row_by_row(target):
+    ref, _, ours = target
+    lengths = torch.tensor([17, 5, 11])
+    x = tokens(5, 3, 17)
+    pad = torch.arange(17)[None] >= lengths[:, None]
+    x = x.masked_fill(pad, 0)
+    cache = new_cache(ours, 3, 20)
+    nxt = tokens(6, 3)
+    with torch.no_grad():
+        got = ours(x, torch.arange(17).expand(3, 17), cache, valid=~pad)
+        step = ours(nxt[:, None], lengths[:, None], cache)[:, 0]  # one decode step after the ragged prefill
+    for i, n in enumerate(lengths.tolist()):
+        row = x[i : i + 1, :n]
+        torch.testing.assert_close(got[i, :n], hf_logits(ref, row)[0], atol=TOL, rtol=0)
+        torch.testing.assert_close(step[i], hf_logits(ref, torch.cat([row, nxt[i : i + 1, None]], 1))[0, -1],
+                                   atol=TOL, rtol=0)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens(target, small):
+    ref, _, ours = target
+    lengths = torch.tensor([9, 4, 7])
+    contexts = tokens(7, 3, 9).masked_fill(torch.arange(9)[None] >= lengths[:, None], 0)
+    G = 12
+    want = []
+    for i, n in enumerate(lengths.tolist()):
+        row = contexts[i : i + 1, :n]
+        out = ref.generate(row, attention_mask=torch.ones_like(row), max_new_tokens=G, do_sample=False)
+        want.append(out[0, n:])
+    want = torch.stack(want)
+    assert len(set(want.flatten().tolist())) > 3  # not one repeated token
+
+    ar = autoregressive_generate(ours, contexts, G, temperature=0, lengths=lengths)
+    assert torch.equal(ar.tokens, want)
+    drafts = {"vanilla": VanillaDraft(small[2], temperature=0),
+              "magicdec": MagicDecDraft(ours, SinkWindow(1, 3), temperature=0)}
+    for name, draft in drafts.items():
+        sd = speculative_generate(ours, draft, contexts, G, k=3, temperature=0, lengths=lengths)
+        assert torch.equal(sd.tokens, want), name
+        assert (sd.accepted >= 0).any()
+
+
+# ---------------------------------------------------------------- formats
+
+
+def test_sharded_checkpoint_loads_identically(target, tmp_path):
+    ref, _, ours = target
+    ref.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    assert (tmp_path / hf.INDEX).is_file() and len(list(tmp_path.glob("model-*.safetensors"))) > 2
+    sharded = hf.load_model(tmp_path)
+    assert sharded.cfg == ours.cfg
+    a, b = sharded.state_dict(), ours.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_both_rope_config_formats_give_the_same_model(target, tmp_path):
+    """transformers 5 writes `rope_parameters`; Llama 2/3 checkpoints carry `rope_theta` and
+    `rope_scaling: null` (and `torch_dtype`)."""
+    _, folder, ours = target
+    assert "rope_parameters" in json.loads((folder / "config.json").read_text())
+    assert ours.cfg.rope_base == 500000.0 and ours.cfg.norm_eps == 1e-5
+    shutil.copytree(folder, tmp_path / "old")
+    rewrite_config(tmp_path / "old", rope_parameters=..., dtype=..., rope_theta=500000.0, rope_scaling=None,
+                   torch_dtype="float32")
+    old = hf.load_model(tmp_path / "old")
+    assert old.cfg == ours.cfg
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), ours.state_dict().values()))
+
+
+def test_load_in_another_dtype(target):
+    _, folder, ours = target
+    half = hf.load_model(folder, dtype=torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    a, b = half.state_dict(), ours.state_dict()
+    assert all(torch.equal(a[k], b[k].to(torch.bfloat16)) for k in a)
+
+
+def random_ours(seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=V, num_layers=2, d_model=64, n_q_per_kv=2, n_kv=2, d_head=16, d_ff=96,
+                      rope_base=20000.0, norm_eps=1e-5)
+    model = Transformer(cfg)
+    model.reset_parameters(std=0.3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def test_export_round_trip_through_transformers(tmp_path):
+    ours = random_ours(8)
+    hf.save_model(ours, tmp_path)
+    ref, info = LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32,
+                                                 output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    x = tokens(9, 2, 20)
+    with torch.no_grad():
+        got = ours(x)
+    torch.testing.assert_close(hf_logits(ref.eval(), x), got, atol=TOL, rtol=0)
+
+    back = hf.load_model(tmp_path)
+    assert back.cfg == ours.cfg
+    a, b = back.state_dict(), ours.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_save_refuses_a_folder_with_other_weights(tmp_path):
+    (tmp_path / hf.INDEX).write_text("{}")
+    with pytest.raises(ValueError, match="already holds other weights"):
+        hf.save_model(random_ours(0), tmp_path)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("field, value", [
+    ("attention_bias", True),
+    ("mlp_bias", True),
+    ("tie_word_embeddings", True),
+    ("hidden_act", "gelu"),
+    ("sliding_window", 4096),
+    ("num_local_experts", 8),
+    ("final_logit_softcapping", 30.0),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}),
+    ("rope_parameters", {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    ("model_type", "mistral"),
+    ("quantization_config", {"quant_method": "gptq"}),
+    ("a_new_field", 1),
+])
+def test_unsupported_config_fields_are_refused_by_name_before_any_weight_is_read(target, tmp_path, field, value):
+    _, folder, _ = target
+    shutil.copy(folder / "config.json", tmp_path / "config.json")  # no weights at all: refused from the config
+    rewrite_config(tmp_path, **{field: value})
+    with pytest.raises(ValueError) as err:
+        hf.load_model(tmp_path)
+    message = str(err.value)
+    shown = "rope_type" if field == "rope_parameters" else field
+    shown_value = value["rope_type"] if field == "rope_parameters" else value
+    assert shown in message and repr(shown_value) in message, message
+
+
+def test_disagreeing_rope_thetas_are_refused(target, tmp_path):
+    shutil.copy(target[1] / "config.json", tmp_path / "config.json")
+    rewrite_config(tmp_path, rope_theta=10000.0)
+    with pytest.raises(ValueError, match="rope_theta=10000.0 and rope_parameters.rope_theta=500000.0 disagree"):
+        hf.load_model(tmp_path)
+
+
+def test_a_missing_shard_is_refused(target, tmp_path):
+    target[0].save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    gone = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    gone.unlink()
+    with pytest.raises(ValueError, match=f"missing shard.*{gone.name}"):
+        hf.load_model(tmp_path)
+
+
+def _edit_weights(folder, edit):
+    file = folder / hf.SINGLE
+    weights = load_file(file)
+    edit(weights)
+    save_file(weights, file, metadata={"format": "pt"})
+
+
+def test_a_shape_mismatch_is_refused_by_tensor_name(target, tmp_path):
+    shutil.copytree(target[1], tmp_path / "m")
+    rewrite_config(tmp_path / "m", intermediate_size=95)
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight has shape \[96, 64\]; "
+                                         r"config.json implies \[95, 64\]"):
+        hf.load_model(tmp_path / "m")
+
+
+def test_unknown_and_missing_tensors_are_refused_by_name(target, tmp_path):
+    shutil.copytree(target[1], tmp_path / "bias")
+    _edit_weights(tmp_path / "bias", lambda w: w.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}))
+    with pytest.raises(ValueError, match=r"biases.*model.layers.0.self_attn.q_proj.bias"):
+        hf.load_model(tmp_path / "bias")
+    shutil.copytree(target[1], tmp_path / "tied")
+    _edit_weights(tmp_path / "tied", lambda w: w.pop("lm_head.weight"))
+    with pytest.raises(ValueError, match=r"lacks tensors: \['lm_head.weight'\]"):
+        hf.load_model(tmp_path / "tied")
+
+
+def test_a_pickle_only_folder_is_refused_and_never_unpickled(target, tmp_path):
+    shutil.copy(target[1] / "config.json", tmp_path / "config.json")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this would raise UnpicklingError")
+    with pytest.raises(ValueError, match=r"pytorch_model.bin.*never unpickles.*safetensors"):
+        hf.load_model(tmp_path)
+
+
+def test_too_little_memory_is_refused_with_the_numbers_before_loading(target, monkeypatch):
+    with pytest.raises(MemoryError, match=r"the model \(8.0B parameters\) in float32 needs 32.0 GB; "
+                                          r"cpu has 24.0 GB available"):
+        hf.check_memory(8_000_000_000, torch.float32, "cpu", available=24_000_000_000)
+    hf.check_memory(8_000_000_000, torch.bfloat16, "cpu", available=24_000_000_000)  # 16 GB fits
+    hf.check_memory(8_000_000_000, torch.float32, "cpu", available=None)  # unknown: no check
+
+    _, folder, ours = target
+    need = sum(p.numel() for p in ours.parameters()) * 4
+
+    def no_reading(*args):
+        raise AssertionError("a weight was read before the memory check")
+
+    monkeypatch.setattr(hf, "available_bytes", lambda device: need - 1)
+    monkeypatch.setattr(hf, "_convert_ready", no_reading)
+    with pytest.raises(MemoryError, match="needs"):
+        hf.load_model(folder)
+    monkeypatch.setattr(hf, "available_bytes", lambda device: 2 * need - 1)  # fits in fp32, not in fp64
+    with pytest.raises(MemoryError, match="needs"):
+        hf.load_model(folder, dtype=torch.float64)
+    assert hf.available_bytes(torch.device("cpu")) > 0  # /proc/meminfo is read
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def tiny_bpe():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ate the hat", "théorie naïve"] * 10, trainer)
+    return tok
+
+
+def test_load_tokenizer_takes_eos_from_config(tmp_path):
+    tok = tiny_bpe()
+    assert tok.token_to_id("</s>") == 2 and tok.token_to_id("<|endoftext|>") == 3
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [2, 3]}))
+    loaded = hf.load_tokenizer(tmp_path)
+    assert loaded.eos_id == 2 and loaded.vocab_size == tok.get_vocab_size() and loaded.kind == "hf"
+    text = "the cat ate a naïve hat"
+    ids = loaded.encode(text)
+    assert ids.dtype.kind == "i" and len(ids) < len(text.encode())
+    assert loaded.decode(ids) == text
+    assert [a.tolist() for a in loaded.encode_batch([text, "dog"])] == [ids.tolist(), tok.encode("dog").ids]
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 1}))
+    other = hf.load_tokenizer(tmp_path)
+    assert other.eos_id == 1 and other.checksum != loaded.checksum  # the eos id is part of the identity
+
+
+def test_save_model_writes_the_tokenizer_and_its_eos(tmp_path):
+    tok = hf.HFTokenizer(tiny_bpe(), 2)
+    hf.save_model(random_ours(0), tmp_path, tokenizer=tok)
+    assert json.loads((tmp_path / "config.json").read_text())["eos_token_id"] == 2
+    back = hf.load_tokenizer(tmp_path)
+    assert back.eos_id == 2 and back.checksum == tok.checksum
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path).eos_token == "</s>"
+
+
+# ---------------------------------------------------------------- real configs
+
+LLAMA2_7B = {  # meta-llama/Llama-2-7b-hf config.json
+    "_name_or_path": "meta-llama/Llama-2-7b-hf", "architectures": ["LlamaForCausalLM"], "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.31.0.dev0", "use_cache": True, "vocab_size": 32000,
+}
+LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+
+
+def test_published_llama2_and_llama3_configs_parse_and_llama31_is_refused():
+    from spirelib.perfmodel import PRESETS
+
+    llama3 = hf.config_from_hf(LLAMA3_8B)
+    assert llama3.shape() == PRESETS["llama3-8b"] and llama3.rope_base == 500000.0 and llama3.norm_eps == 1e-5
+    llama2 = hf.config_from_hf(LLAMA2_7B)
+    assert (llama2.n_q, llama2.n_kv, llama2.d_head, llama2.rope_base) == (32, 32, 128, 10000.0)
+    n_params = sum(math.prod(s) for s in hf.hf_shapes(llama3).values())
+    assert n_params == 8_030_261_248  # Llama 3 8B
+    with pytest.raises(MemoryError, match=r"\(8.0B parameters\) in float32 needs 32.1 GB; cpu has 24.0 GB"):
+        hf.check_memory(n_params, torch.float32, "cpu", available=24 * 10**9)
+    llama31 = LLAMA3_8B | {"rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    with pytest.raises(ValueError, match=r"rope_scaling=\{'factor': 8.0.*'rope_type': 'llama3'\}"):
+        hf.config_from_hf(llama31)
