@@ -28,8 +28,16 @@ def _positive(value, name: str) -> np.ndarray:
 
 
 def training_flops(params, tokens, *, flops_per_param_token: float = 6.0):
-    """Training FLOPs ~= 6 * params * tokens (forward 2, backward 4 per parameter per token)."""
+    """Training FLOPs ~= 6 * params * tokens (forward 2, backward 4 per parameter per token).
+    MFU = training_flops(flop_params(shape), tokens/s) / peak FLOP/s."""
     return _out(flops_per_param_token * _positive(params, "params") * _positive(tokens, "tokens"))
+
+
+def flop_params(shape: ModelShape, vocab_size: int | None = None) -> int:
+    """Parameters that cost matmul FLOPs per token: the body (spec 2) plus the unembedding
+    (the embedding is a lookup). `vocab_size` defaults to the shape's own (a `ModelConfig`)."""
+    vocab = vocab_size if vocab_size is not None else shape.vocab_size
+    return body_params(shape) + shape.d_model * vocab
 
 
 def chinchilla_tokens(params, *, tokens_per_param: float = 20.0):

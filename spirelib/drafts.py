@@ -4,16 +4,25 @@ target drafting for itself over a sink + window of its own cache (MagicDec).
 Both implement `speculative.Draft`. Their k draft passes are sequential one-token
 forwards; sampling uses the engine's temperature so that q is the distribution the
 draft tokens were actually drawn from (what makes rejection sampling lossless).
+
+The registry of drafting methods lives here too: a method is a name and a builder
+(`register_method`), and `draft_factory` makes the per-batch draft factories the tau
+measurement and the wall-clock timing use. "vanilla" and "magicdec" are registered below,
+"spire" by `spirelib.spire`; a new draft plugs in the same way.
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
 from spirelib.sampling import probabilities, sample
-from spirelib.speculative import TargetPass
+from spirelib.speculative import Draft, TargetPass
 
 
 def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,
@@ -76,7 +85,7 @@ class VanillaDraft:
         capacity = verified.cache.capacity
         self.cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, sparse=self.sparse,
                                   device=param.device, dtype=param.dtype)
-        self.model(verified.tokens, verified.positions, self.cache, valid=verified.valid, return_logits=False)
+        self.model.hidden(verified.tokens, verified.positions, self.cache, valid=verified.valid)  # fills the cache
         self.previous = _last_verified(verified, None)
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -125,3 +134,55 @@ class MagicDecDraft:
     def accept(self, verified: TargetPass) -> None:
         self.cache.ingest(verified.cache, verified.positions, verified.valid)
         self.cache.rollback(verified.lengths)
+
+
+# ---------------------------------------------------------------------------- the method registry
+
+DraftFactory = Callable[[torch.Generator], Draft]
+"""Builds a fresh draft that samples with the given generator (one per batch)."""
+
+
+@dataclass(frozen=True)
+class DraftMethod:
+    """A named way to draft: `build(target, model, temperature=, generator=, **options)`
+    returns a Draft; `model` is the method's trained draft model (None if it has none)."""
+
+    name: str
+    build: Callable[..., Draft]
+    needs_model: bool
+
+
+DRAFT_METHODS: dict[str, DraftMethod] = {}
+
+
+def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
+    """Make `name` measurable: `build(target, model, *, temperature, generator, **options)`
+    returns a fresh Draft."""
+    DRAFT_METHODS[name] = DraftMethod(name, build, needs_model)
+
+
+def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,
+                  temperature: float, **options) -> DraftFactory:
+    """A factory of `method`'s drafts for `target` (and its trained draft `model`)."""
+    if method not in DRAFT_METHODS:
+        raise ValueError(f"unknown method {method!r}; registered: {sorted(DRAFT_METHODS)}")
+    spec = DRAFT_METHODS[method]
+    if spec.needs_model and model is None:
+        raise ValueError(f"method {method!r} needs its trained draft model")
+    try:  # an unknown option fails here, before any decoding
+        inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
+    except TypeError as e:
+        raise ValueError(f"method {method!r}: {e}") from None
+    return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
+
+
+def _vanilla(target, model, *, temperature, generator):
+    return VanillaDraft(model, temperature=temperature, generator=generator)
+
+
+def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
+    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature, generator=generator)
+
+
+register_method("vanilla", _vanilla, needs_model=True)
+register_method("magicdec", _magicdec, needs_model=False)

@@ -14,8 +14,7 @@ from typing import Any
 
 from spirelib import perfmodel
 from spirelib.ablations import PAPER_IMPORTANCE_ORDER
-
-METHODS = (("vanilla", "vanilla SD"), ("magicdec", "MagicDec"), ("spire", "SPIRe"))
+from spirelib.methods import label
 
 
 def _e(value: Any) -> str:
@@ -39,8 +38,8 @@ def headline(run: dict, results: dict) -> str | None:
     if not got:
         return None
     paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
-    rows = [[label, _link(run, "01_performance_model", f"{got[m]:.2f}x"), f"{paper[m]:.2f}x",
-             "yes" if round(got[m], 2) == paper[m] else "no"] for m, label in METHODS if m in got]
+    rows = [[label(m), _link(run, "01_performance_model", f"{got[m]:.2f}x"), f"{paper[m]:.2f}x",
+             "yes" if round(got[m], 2) == paper[m] else "no"] for m in perfmodel.MODELED_METHODS if m in got]
     return ("<h3>Modeled throughput at B = 64, L = 512 (paper shapes, paper taus)</h3>"
             + _table(["method", "this run", "paper", "reproduced to rounding"], rows))
 
@@ -52,7 +51,8 @@ def table1(run: dict, results: dict) -> str | None:
     if not taus:
         return None
     lengths = sorted({int(L) for by_l in taus.values() for L in by_l}, reverse=True)
-    methods = [(m, label) for m, label in METHODS if m in taus] + [(m, m) for m in taus if m not in dict(METHODS)]
+    methods = [(m, label(m)) for m in perfmodel.MODELED_METHODS if m in taus]
+    methods += [(m, label(m)) for m in taus if m not in perfmodel.MODELED_METHODS]
     rows = []
     for L in lengths:
         row = [str(L)]
@@ -62,8 +62,8 @@ def table1(run: dict, results: dict) -> str | None:
         paper = perfmodel.PAPER_TAU.get(L)
         row += [f"{paper[m]:.3f}" if paper and m in paper else "-" for m, _ in methods]
         rows.append(row)
-    header = (["L"] + [f"{label} (this run)" for _, label in methods]
-              + [f"{label} (paper)" for _, label in methods])
+    header = (["L"] + [f"{name} (this run)" for _, name in methods]
+              + [f"{name} (paper)" for _, name in methods])
     at = min(lengths, key=lambda L: (abs(L - perfmodel.PAPER_TAU_CONTEXT), L))
     order = sorted((m for m, _ in methods if str(at) in taus[m]), key=lambda m: -taus[m][str(at)]["mean"])
     paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spirelib.kvcache import SinkWindow, _KVCache, visibility
-from spirelib.perfmodel import ModelShape
+from spirelib.perfmodel import ModelShape, body_params
 from spirelib.rope import apply_rope, rope_rotation
 
 
@@ -41,19 +41,20 @@ class ModelConfig(ModelShape):
     def n_q(self) -> int:
         return self.n_q_per_kv * self.n_kv
 
+    def body_params(self) -> int:
+        """Parameters of the layer stack (spec 2; `perfmodel.body_params`)."""
+        return body_params(self)
+
+    def num_params(self) -> int:
+        """Every parameter: the body, embedding and unembedding (untied), final norm gain."""
+        return self.body_params() + 2 * self.vocab_size * self.d_model + self.d_model
+
     def shape(self) -> ModelShape:
         """This model's plain `perfmodel.ModelShape` (what the throughput model's tables name)."""
         return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
-        return cls(**d)
 
 
 class RMSNorm(nn.Module):
@@ -127,7 +128,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x)).
+
+    `forward` attends to the block's own keys/values (through a cache, if given). SPIRe's
+    draft layers attend to given memory instead (spec 3.2, 3.3): they build keys/values with
+    `memory_kv`, queries with `queries`, and close the residual with `finish`.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -142,7 +148,19 @@ class Block(nn.Module):
         if cache is not None:
             cache.write(layer, slots, k, v)
             k, v = cache.layer_kv(layer, q_pos)
-        x = x + self.attn.attend(q, k, v, mask)
+        return self.finish(x, self.attn.attend(q, k, v, mask))
+
+    def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """Rotated queries (B, n_q, T, d_head) of the block's input x (B, T, d_model)."""
+        return self.attn.queries(self.attn_norm(x), rope)
+
+    def memory_kv(self, memory: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values (B, n_kv, T, d_head) of memory vectors (B, T, d_model), normed as an input would be."""
+        return self.attn.keys_values(self.attn_norm(memory), rope)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the block after attention: x + attended (B, T, d_model), then + mlp(norm(.))."""
+        x = x + attended
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -224,30 +242,44 @@ class Transformer(nn.Module):
     def rope(self, positions: torch.Tensor):
         return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base)
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: _KVCache | None = None,
-        return_layers: bool = False,
-        sparse: SinkWindow | None = None,
-        valid: torch.Tensor | None = None,
-        targets: torch.Tensor | None = None,
-        return_logits: bool = True,
-    ):
-        """Logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
+                valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
+        """Next-token logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
 
         With `cache`, the new keys/values are stored at `positions` (entries where `valid`
         is False are dropped, e.g. padding of ragged rows) and attention reads the whole
         cache (its own sparsity applies). Without a cache, attention is causal over the T
-        tokens, restricted to sink + window if `sparse` is given. With `return_layers`, also
-        the residual stream before the first block and after each block, (layers+1, B, T, d_model).
-        With `targets` (B, T), returns instead the mean next-token cross-entropy against them,
-        fused with the unembedding (`linear_cross_entropy`: the (B, T, V) logits never exist).
-        `return_logits=False` skips the final norm and unembedding and returns None in their
-        place: a prefill only fills the cache, and (B, T, V) logits would cost a third of its
-        FLOPs here and, at V = 50,304, more memory than the rest of the pass.
+        tokens, restricted to sink + window if `sparse` is given. Positions are positions in
+        the original text (RoPE uses them).
         """
+        return self.head(self.hidden(tokens, positions, cache, valid=valid, sparse=sparse))
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
+               valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
+        """The last block's output (B, T, d_model), before the final norm (arguments as `forward`).
+        A prefill that only fills the cache calls this: (B, T, V) logits would cost a third of
+        its FLOPs here and, at V = 50,304, more memory than the rest of the pass."""
+        return self._blocks(tokens, positions, cache, valid, sparse, keep=False)[-1]
+
+    def residual_stream(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                        cache: _KVCache | None = None, *, valid: torch.Tensor | None = None,
+                        sparse: SinkWindow | None = None) -> torch.Tensor:
+        """The residual stream before the first block and after every block, (n_layers+1, B, T, d_model)
+        (arguments as `forward`); `head(stream[-1])` are the logits."""
+        return torch.stack(self._blocks(tokens, positions, cache, valid, sparse, keep=True))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""
+        return self.unembed(self.norm(x))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of tokens (B, T) against targets (B, T), fused with the
+        unembedding (`linear_cross_entropy`: the (B, T, V) logits never exist)."""
+        x = self.norm(self.hidden(tokens))
+        return linear_cross_entropy(x.flatten(0, 1), self.unembed.weight, targets.flatten())
+
+    def _blocks(self, tokens, positions, cache, valid, sparse, keep: bool) -> list[torch.Tensor]:
+        """Run the blocks; the residual stream entering each block and leaving the last ([x_L] unless `keep`)."""
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
@@ -261,15 +293,9 @@ class Transformer(nn.Module):
             mask = None  # causal
         rope = self.rope(positions)
         x = self.embed(tokens)  # (B, T, d_model)
-        layers = [x]
+        stream = [x]
         for i, block in enumerate(self.blocks):
             x = block(x, rope, mask, cache, i, slots, positions)
-            layers.append(x)
-        if targets is not None:
-            if return_layers:
-                raise ValueError("targets (a loss) and return_layers do not combine")
-            return linear_cross_entropy(self.norm(x).flatten(0, 1), self.unembed.weight, targets.flatten())
-        logits = self.unembed(self.norm(x)) if return_logits else None  # (B, T, V)
-        if return_layers:
-            return logits, torch.stack(layers)  # (layers+1, B, T, d_model)
-        return logits
+            if keep:
+                stream.append(x)
+        return stream if keep else [x]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("vanilla", "magicdec", "spire")
+MODELED_METHODS = ("vanilla", "magicdec", "spire")
 PAPER_HOI = 600.0  # FLOP/byte; the paper's H100 SXM figure (spec 2)
 
 
@@ -208,8 +208,8 @@ class _Config:
 
 
 def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv):
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method not in MODELED_METHODS:
+        raise ValueError(f"method must be one of {MODELED_METHODS}, got {method!r}")
     target = resolve_shape(target, "target")
     if method == "magicdec":
         draft = None  # MagicDec drafts with the target itself

@@ -119,8 +119,11 @@ def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor |
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
     with torch.no_grad():
-        out = target(contexts[:, :-1], positions, cache, return_layers=return_layers, valid=valid, return_logits=False)
-    layers = out[1] if return_layers else None
+        if return_layers:
+            layers = target.residual_stream(contexts[:, :-1], positions, cache, valid=valid)
+        else:
+            layers = None
+            target.hidden(contexts[:, :-1], positions, cache, valid=valid)  # fills the cache; no logits
     pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
     return Prefill(cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending)
 
@@ -187,8 +190,11 @@ def speculative_generate(
         with timer("verify"):
             tokens = torch.cat([pending[:, None], drafts], dim=1)  # (B, k+1)
             positions = n[:, None] + offsets
-            logits = target(tokens, positions, cache, return_layers=draft.needs_target_layers)
-            logits, layers = logits if draft.needs_target_layers else (logits, None)
+            if draft.needs_target_layers:
+                layers = target.residual_stream(tokens, positions, cache)  # (n_layers+1, B, k+1, d_model)
+                logits = target.head(layers[-1])  # (B, k+1, V)
+            else:
+                layers, logits = None, target(tokens, positions, cache)
         with timer("bookkeeping"):
             p = probabilities(logits, temperature)  # (B, k+1, V)
             n_acc, next_token = rejection_sample(drafts, q, p, generator)

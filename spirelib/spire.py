@@ -26,13 +26,12 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 from torch import nn
 
-from spirelib.drafts import VanillaDraft, draft_tokens
+from spirelib.drafts import VanillaDraft, draft_tokens, register_method
 from spirelib.kpass_attention import BandedMemory, memory_attention
 from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.losses import draft_losses
-from spirelib.model import Block, ModelConfig, Transformer
+from spirelib.model import ModelConfig, Transformer
 from spirelib.speculative import TargetPass
-from spirelib.train import unwrap
 
 LOSSES = ("mixed", "hard")
 
@@ -142,10 +141,6 @@ class SpireDraftModel(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.body.blocks
 
-    def memory_kv(self, block: Block, memory: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values (B, n_kv, T, d_head) of memory vectors (B, T, d_model) for one draft layer."""
-        return block.attn.keys_values(block.attn_norm(memory), rope)
-
     def target_memory(self, target_layers: torch.Tensor) -> list[torch.Tensor]:
         """Per draft layer i, the target's residual stream entering target layer n_t - n_d + i:
         target_layers is (n_t + 1, B, T, d_model); returns n_d tensors (B, T, d_model)."""
@@ -156,10 +151,6 @@ class SpireDraftModel(nn.Module):
         """m^i = sum_l softmax(w_i)_l x^l over the draft's embedding and layer outputs
         (n_d + 1 tensors (B, T, d_model)); returns (n_d, B, T, d_model)."""
         return torch.einsum("il,lbtd->ibtd", torch.softmax(self.mix, dim=-1), torch.stack(activations))
-
-    def _layer(self, block: Block, x: torch.Tensor, rope, keys, values, mask) -> torch.Tensor:
-        x = x + block.attn.attend(block.attn.queries(block.attn_norm(x), rope), keys, values, mask)
-        return x + block.mlp(block.mlp_norm(x))
 
     # --- inference (spec 3.5) -------------------------------------------------------------
 
@@ -175,7 +166,7 @@ class SpireDraftModel(nn.Module):
         slots = cache.prepare(positions, valid)
         rope = self.body.rope(positions)
         for i, (block, memory) in enumerate(zip(self.blocks, self.target_memory(target_layers))):
-            cache.write(i, slots, *self.memory_kv(block, memory, rope))
+            cache.write(i, slots, *block.memory_kv(memory, rope))
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
         """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
@@ -189,14 +180,14 @@ class SpireDraftModel(nn.Module):
         activations = [x]
         for i, block in enumerate(self.blocks):
             if not self.cfg.feedback:
-                cache.write(i, slots, *self.memory_kv(block, x, rope))
-            x = self._layer(block, x, rope, *cache.layer_kv(i, pos), mask)
+                cache.write(i, slots, *block.memory_kv(x, rope))
+            x = block.finish(x, block.attn.attend(block.queries(x, rope), *cache.layer_kv(i, pos), mask))
             activations.append(x)
         if self.cfg.feedback:
             slots = cache.prepare(pos)
             for i, (block, memory) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
-                cache.write(i, slots, *self.memory_kv(block, memory, rope))
-        return self.body.unembed(self.body.norm(x))[:, 0]
+                cache.write(i, slots, *block.memory_kv(memory, rope))
+        return self.body.head(x)[:, 0]
 
     # --- training (spec 3.6) --------------------------------------------------------------
 
@@ -212,7 +203,7 @@ class SpireDraftModel(nn.Module):
         if positions is None:
             positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
         if not self.cfg.target_activations:  # an ordinary sparse transformer: one parallel pass
-            return self.body(tokens, sparse=self.cfg.sparse)[:, positions], positions
+            return self.body(tokens, sparse=self.cfg.sparse)[:, positions], positions  # (B, n_blocks, k, V)
         if k > self.cfg.window:
             raise ValueError(f"k = {k} exceeds the window {self.cfg.window}: a block would not see its own start")
         n_blocks = positions.shape[0]
@@ -221,7 +212,7 @@ class SpireDraftModel(nn.Module):
         sink = self.cfg.sink
         bands, sinks = [], []
         for block, target_memory in zip(self.blocks, self.target_memory(target_layers)):
-            keys, values = self.memory_kv(block, target_memory, all_rope)  # (B, n_kv, T, d_head)
+            keys, values = block.memory_kv(target_memory, all_rope)  # (B, n_kv, T, d_head)
             bands.append((memory.gather(keys), memory.gather(values)))
             sinks.append((keys[:, :, :sink], values[:, :, :sink]))
         own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values (B, n_kv, n_blocks, d_head)
@@ -233,23 +224,20 @@ class SpireDraftModel(nn.Module):
             activations = [x]
             for i, block in enumerate(self.blocks):
                 if not self.cfg.feedback:  # an ordinary transformer over the block: its own input, itself included
-                    k_self, v_self = self.memory_kv(block, x, rope)
+                    k_self, v_self = block.memory_kv(x, rope)
                     own[i][0].append(k_self)
                     own[i][1].append(v_self)
                 mine = (torch.stack(own[i][0], dim=3), torch.stack(own[i][1], dim=3)) if own[i][0] else None
-                q = block.attn.queries(block.attn_norm(x), rope)  # (B, n_q, n_blocks, d_head)
-                x = x + block.attn.wo(memory_attention(q, memory, j, bands[i], sinks[i], mine))
-                x = x + block.mlp(block.mlp_norm(x))
+                q = block.queries(x, rope)  # (B, n_q, n_blocks, d_head)
+                x = block.finish(x, block.attn.wo(memory_attention(q, memory, j, bands[i], sinks[i], mine)))
                 activations.append(x)
             hidden.append(x)
             if self.cfg.feedback:
                 for i, (block, fb) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
-                    k_fb, v_fb = self.memory_kv(block, fb, rope)
+                    k_fb, v_fb = block.memory_kv(fb, rope)
                     own[i][0].append(k_fb)
                     own[i][1].append(v_fb)
-        return self.body.unembed(self.body.norm(torch.stack(hidden, dim=2))), positions  # (B, n_blocks, k, V)
-
-    forward = k_pass_logits  # what DDP wraps: the trainer computes losses through forward
+        return self.body.head(torch.stack(hidden, dim=2)), positions  # (B, n_blocks, k, V)
 
 
 class SpireDraft:
@@ -287,6 +275,13 @@ def spire_draft(model: SpireDraftModel, temperature: float = 1.0, generator: tor
     return VanillaDraft(model.body, temperature, generator, sparse=model.cfg.sparse)
 
 
+def _spire(target, model, *, temperature, generator):
+    return spire_draft(model, temperature=temperature, generator=generator)
+
+
+register_method("spire", _spire, needs_model=True)
+
+
 class SpireObjective:
     """Training objective for the trainer, `objective(draft_model, batch) -> (loss, metrics)`:
     the frozen target runs on the batch's inputs (activations and next-token distributions on
@@ -298,11 +293,12 @@ class SpireObjective:
         self.target = target.eval().requires_grad_(False)
 
     def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = unwrap(model).cfg
+        cfg = model.cfg
         inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
         with torch.no_grad():
-            target_logits, target_layers = self.target(inputs, return_layers=True)
-        logits, positions = model(inputs, target_layers, cfg.k)  # (B, n_blocks, k, V), (n_blocks, k)
+            target_layers = self.target.residual_stream(inputs)  # (n_t + 1, B, T, d_model)
+            target_logits = self.target.head(target_layers[-1])  # (B, T, V)
+        logits, positions = model.k_pass_logits(inputs, target_layers, cfg.k)  # (B, n_blocks, k, V), (n_blocks, k)
         loss, parts = draft_losses(logits, target_logits[:, positions], labels[:, positions],
                                    None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
         per_position = parts["alpha"].mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j

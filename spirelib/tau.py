@@ -5,25 +5,37 @@ from the validation split (drawn once, with a fixed seed, by the data layer), th
 contexts for every method; G = 64 tokens generated after each by speculative decoding at
 temperature T (spec 9: T = 1 by default, exact rejection sampling). Contexts run in
 batches of B rows; the target's prefill of a batch is shared by every method. Methods are
-named ("vanilla", "magicdec", "spire", ...) and built from a registry (`register_method`),
-so a new draft plugs in without touching this module.
+named ("vanilla", "magicdec", "spire", ...) and built from the drafts' registry
+(`drafts.draft_factory`, `drafts.register_method`), so a new draft plugs in without touching
+this module.
 
 Metrics (spec 8), from the accepted draft count a_r of every round r (0..k):
 
-- per-context tau: the mean of a_r + 1 over the context's rounds (bonus token included).
-  The last round may emit more tokens than G still needed; it counts in full. Whether a
-  round is the last depends only on earlier rounds (a stopping time): the draft proposed
-  k tokens and the target verified them as in any other round, so its a_r is an ordinary
-  draw of the round's acceptance. Truncating it to the tokens still needed would bias
-  tau downwards by an amount that depends on G, not on the draft.
-- mean tau and its 95% CI: contexts are the independent units (rounds of one context are
-  not: they share the text), so the estimate is the mean of the n per-context taus and
-  the interval is Student's t: mean +- t_{0.975, n-1} * s / sqrt(n), s the sample
-  standard deviation of the per-context taus (at the paper's n = 65,536 it is the
-  normal interval; t keeps it honest for small CPU-scale n).
+- tokens and rounds per context: a context emits Y_i = sum_r (a_r + 1) tokens (bonus
+  token included) in X_i rounds. The last round may emit more tokens than G still needed;
+  it counts in full. Whether a round is the last depends only on earlier rounds (a
+  stopping time): the draft proposed k tokens and the target verified them as in any
+  other round, so its a_r is an ordinary draw of the round's acceptance. Truncating it to
+  the tokens still needed would bias tau downwards by an amount that depends on G, not on
+  the draft.
+- tau (`TauStats.mean`): the pooled ratio sum_i Y_i / sum_i X_i, tokens per round over all
+  rounds of all contexts. Not the mean of the per-context ratios Y_i / X_i: a context
+  stops once it has G tokens, so a context that happened to accept much finishes in few
+  rounds and its high ratio weighs as much as a slow context's many rounds; that mean of
+  ratios is biased upwards (i.i.d. acceptance alpha = 0.5 / 0.7 / 0.85, k = 4, G = 64:
+  about +0.02 / +0.035 / +0.035 over (1 - alpha^(k+1)) / (1 - alpha), many CI widths at
+  the paper's n). By Wald's identity E[Y_i] = tau E[X_i] under that stopping rule, so the
+  pooled ratio is consistent (its bias is O(1/n)). `AcceptCounts.tau_per_context` still
+  gives the per-context ratios.
+- its 95% CI: contexts are the independent units (rounds of one context are not: they
+  share the text), so the interval is the delta-method (linearization) interval of a
+  ratio estimator over contexts: with d_i = Y_i - tau X_i, s the sample standard deviation
+  of d_i / mean(X), mean +- t_{0.975, n-1} * s / sqrt(n), Student's t (at the paper's
+  n = 65,536 it is the normal interval; t keeps it honest for small CPU-scale n).
+  `TauStats.std` is that s (the per-context spread of the linearized estimate; the
+  sample standard deviation of d_i / mean(X)), so ci95 = t * std / sqrt(n).
 - acceptance rate: accepted draft tokens / drafted tokens over all rounds of all contexts
-  (= (pooled tau - 1) / k, where pooled tau weighs every round equally and mean tau every
-  context equally).
+  (= (tau - 1) / k exactly, both pooled over rounds).
 - per-position acceptance: P[draft j accepted | drafts 1..j-1 accepted] = #(a_r >= j) /
   #(a_r >= j - 1) over all rounds, j = 1..k, reported with both counts.
 
@@ -36,21 +48,18 @@ method) alone, so the merged result equals a single process's.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from spirelib.drafts import MagicDecDraft, VanillaDraft
-from spirelib.kvcache import SinkWindow
+from spirelib.drafts import DraftFactory
 from spirelib.model import Transformer
-from spirelib.speculative import Draft, SectionTimer, prefill, speculative_capacity, speculative_generate
-from spirelib.spire import spire_draft
+from spirelib.speculative import SectionTimer, prefill, speculative_capacity, speculative_generate
 
 
 @dataclass(frozen=True)
@@ -66,63 +75,6 @@ class TauProtocol:
     def __post_init__(self):
         if self.k < 1 or self.new_tokens < 1 or self.batch_size < 1 or self.temperature < 0:
             raise ValueError(f"TauProtocol needs k, new_tokens, batch_size >= 1 and temperature >= 0, got {self}")
-
-
-# ---------------------------------------------------------------------------- methods
-
-DraftFactory = Callable[[torch.Generator], Draft]
-"""Builds a fresh draft that samples with the given generator (one per batch)."""
-
-
-@dataclass(frozen=True)
-class Method:
-    """A named way to draft: `build(target, model, temperature=, generator=, **options)`
-    returns a Draft; `model` is the method's trained draft model (None if it has none)."""
-
-    name: str
-    build: Callable[..., Draft]
-    needs_model: bool
-
-
-METHODS: dict[str, Method] = {}
-
-
-def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
-    """Make `name` measurable: `build(target, model, *, temperature, generator, **options)`
-    returns a fresh Draft (vanilla, magicdec and spire are registered below)."""
-    METHODS[name] = Method(name, build, needs_model)
-
-
-def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,
-                  temperature: float, **options) -> DraftFactory:
-    """A factory of `method`'s drafts for `target` (and its trained draft `model`)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; registered: {sorted(METHODS)}")
-    spec = METHODS[method]
-    if spec.needs_model and model is None:
-        raise ValueError(f"method {method!r} needs its trained draft model")
-    try:  # an unknown option fails here, before any decoding
-        inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
-    except TypeError as e:
-        raise ValueError(f"method {method!r}: {e}") from None
-    return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
-
-
-def _vanilla(target, model, *, temperature, generator):
-    return VanillaDraft(model, temperature=temperature, generator=generator)
-
-
-def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
-    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature, generator=generator)
-
-
-def _spire(target, model, *, temperature, generator):
-    return spire_draft(model, temperature=temperature, generator=generator)
-
-
-register_method("vanilla", _vanilla, needs_model=True)
-register_method("magicdec", _magicdec, needs_model=False)
-register_method("spire", _spire, needs_model=True)
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -157,10 +109,10 @@ def t_quantile(p: float, dof: int) -> float:
 class TauStats:
     """Spec 8 metrics of one method at one context length (definitions: module docstring)."""
 
-    mean: float  # mean over contexts of the per-context tau
-    ci95: float  # half-width of the 95% t-interval of `mean`
+    mean: float  # tau: tokens / rounds pooled over all contexts (a ratio estimator, not a mean of ratios)
+    ci95: float  # half-width of its 95% t-interval, contexts as the unit (delta method)
     n_contexts: int
-    std: float  # sample standard deviation of the per-context taus
+    std: float  # per-context standard deviation of the linearized estimate: ci95 = t * std / sqrt(n)
     rounds: int
     acceptance_rate: float
     per_position: tuple[float, ...]  # P[draft j accepted | 1..j-1 accepted], j = 1..k
@@ -179,23 +131,31 @@ class AcceptCounts:
     accepted: torch.Tensor
     k: int
 
-    def tau_per_context(self) -> torch.Tensor:
-        """Mean of accepted + 1 over each context's rounds, the last one in full: (n,) float64."""
+    def tokens_and_rounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens emitted (accepted + 1 per round, the last round in full) and rounds, per
+        context: two (n,) float64 tensors."""
         done = self.accepted >= 0
-        tokens = torch.where(done, self.accepted + 1, 0).sum(1)
-        return tokens.double() / done.sum(1)
+        return torch.where(done, self.accepted + 1, 0).sum(1).double(), done.sum(1).double()
+
+    def tau_per_context(self) -> torch.Tensor:
+        """Mean of accepted + 1 over each context's rounds, the last one in full: (n,) float64.
+        (Their mean is NOT the tau estimate: see the module docstring.)"""
+        tokens, rounds = self.tokens_and_rounds()
+        return tokens / rounds
 
     def stats(self) -> TauStats:
-        tau = self.tau_per_context()
-        n = tau.numel()
-        std = float(tau.std()) if n > 1 else float("nan")
+        tokens, rounds = self.tokens_and_rounds()
+        n = tokens.numel()
+        tau = float(tokens.sum() / rounds.sum())  # pooled ratio estimator
+        # Delta method: tau_hat - tau ~ mean(d) / mean(X), d_i = Y_i - tau X_i, contexts i.i.d.
+        std = float((tokens - tau * rounds).std() / rounds.mean()) if n > 1 else float("nan")
         ci = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
         a = self.accepted[self.accepted >= 0]  # every round
         j = torch.arange(1, self.k + 1)
         accepted_at = (a[:, None] >= j).sum(0)  # (k,)
         reached = (a[:, None] >= j - 1).sum(0)
         return TauStats(
-            mean=float(tau.mean()), ci95=ci, n_contexts=n, std=std, rounds=a.numel(),
+            mean=tau, ci95=ci, n_contexts=n, std=std, rounds=a.numel(),
             acceptance_rate=float(a.sum()) / (self.k * a.numel()),
             per_position=tuple((accepted_at.double() / reached).tolist()),  # NaN where never reached
             accepted_at=tuple(accepted_at.tolist()), reached=tuple(reached.tolist()),

@@ -10,11 +10,11 @@ API
     `batch` is a LongTensor (B, T+1) of token windows on the training device (B is this
     rank's share of `TrainConfig.batch_size`, T = `seq_len`). Return a scalar loss tensor
     to minimize and a dict of extra scalars to log (floats or 0-dim tensors; averaged over
-    each logging interval and over the validation set). Under DDP, `model` is the
-    DistributedDataParallel wrapper: compute the loss through ``model(...)`` (its forward) so
-    gradients are all-reduced, and reach other attributes with `unwrap(model)`. Frozen
-    helpers (a target) are captured by the objective (a closure or a callable object), and
-    must live on the same device; bf16 autocast (GPU only) is active around the call.
+    each logging interval and over the validation set). `model` is always the plain module
+    (call any of its methods): under DDP the trainer wraps the objective call itself, so
+    gradients are all-reduced whatever the objective computes. Frozen helpers (a target) are
+    captured by the objective (a closure or a callable object), and must live on the same
+    device; bf16 autocast (GPU only) is active around the call.
     ``eval_objective`` (default: `objective`) is called the same way on validation windows,
     under ``torch.no_grad()`` with the plain module in eval mode.
 
@@ -39,19 +39,22 @@ API
 ``cache_dir()/models/<name>-<hash>``; `spirelib.pipeline` builds identities and run folders
 for the workbook. A draft trained against a frozen target, for example::
 
-    target = pipeline.trained_target(**shared)          # cached; target.model on the device
+    target = Series.from_dict(params).trained_target()  # cached; target.model on the device
     frozen = target.model.eval().requires_grad_(False)
 
-    def objective(model, batch):                         # batch (B, T+1)
+    def objective(draft, batch):                           # batch (B, T+1)
         with torch.no_grad():
-            target_logits, layers = frozen(batch[:, :-1], return_layers=True)
-        return model(batch[:, :-1], layers, target_logits)   # the draft's forward -> (loss, metrics)
+            p = torch.softmax(frozen(batch[:, :-1]), -1)   # the target's next-token distributions
+        q = torch.log_softmax(draft(batch[:, :-1]), -1)
+        return -(p * q).sum(-1).mean(), {}                 # distillation cross-entropy
 
-    identity = {"kind": "spire-draft", "draft": draft_cfg, "target": target.config_hash,
-                "data": target.data.dataset.checksum, "objective": "mixed-0.5"}
+    identity = {"kind": "distilled-draft", "draft": draft_cfg.to_dict(), "target": target.config_hash,
+                "data": target.data.dataset.checksum}
     result = train(draft, objective, target.data.dataset.train, cfg, identity=identity,
-                   run_dir=run_dir_for("spire", full_identity(cfg, identity)),
+                   run_dir=run_dir_for("distilled", full_identity(cfg, identity)),
                    val_docs=target.data.dataset.val, device=device)
+
+(`pipeline.trained_spire_draft` is this with SPIRe's k-pass objective, `spire.SpireObjective`.)
 
 Distributed: launched under ``torchrun`` (WORLD_SIZE > 1) the trainer initializes the
 process group itself (gloo on CPU, nccl on GPU), wraps the model in DDP, and rank 0 writes
@@ -180,8 +183,8 @@ class TrainConfig:
 
 def lm_objective(model: nn.Module, batch: torch.Tensor):
     """Next-token cross-entropy (HardTargetLoss, spec 3.7) of a `Transformer` on windows (B, T+1),
-    fused with the unembedding (the model's forward with `targets`)."""
-    return model(batch[:, :-1], targets=batch[:, 1:]), {}
+    fused with the unembedding (`Transformer.loss`)."""
+    return model.loss(batch[:, :-1], batch[:, 1:]), {}
 
 
 class TrainingDiverged(RuntimeError):
@@ -201,13 +204,17 @@ class TrainResult:
         return self.meta["summary"]
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside DDP and/or torch.compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
+class _ObjectiveStep(nn.Module):
+    """`objective(model, batch)` as a module's forward, so that DDP, which all-reduces the
+    gradients of what runs inside its forward, wraps the whole objective: objectives call any
+    method of the plain model."""
+
+    def __init__(self, model: nn.Module, objective: Objective):
+        super().__init__()
+        self.model, self.objective = model, objective
+
+    def forward(self, batch: torch.Tensor):
+        return self.objective(self.model, batch)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -356,10 +363,10 @@ def train(
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    net = model
+    step_objective = partial(objective, model)
     if world > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    step_objective = partial(objective, net)
+        step_objective = nn.parallel.DistributedDataParallel(
+            _ObjectiveStep(model, objective), device_ids=[dev.index] if dev.type == "cuda" else None)
     if cfg.compile:
         # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
         # step is as fast as with real-valued RoPE, and eager is faster (spirelib.rope).

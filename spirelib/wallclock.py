@@ -22,8 +22,13 @@ import torch
 from spirelib import perfmodel
 from spirelib.kvcache import SinkWindow
 from spirelib.model import ModelConfig, Transformer
-from spirelib.speculative import (SectionTimer, autoregressive_generate, prefill, speculative_capacity,
-                                  speculative_generate)
+from spirelib.speculative import (
+    SectionTimer,
+    autoregressive_generate,
+    prefill,
+    speculative_capacity,
+    speculative_generate,
+)
 
 DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
 
@@ -59,7 +64,7 @@ class DecodeTiming:
 def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
                   contexts: torch.Tensor, new_tokens: int, *, k: int = 4, temperature: float = 1.0,
                   repeats: int = 3, include_ad: bool = True) -> list[DecodeTiming]:
-    """AD and SD with every draft factory (`tau.draft_factory`) on contexts (B, L): one timing each."""
+    """AD and SD with every draft factory (`drafts.draft_factory`) on contexts (B, L): one timing each."""
     device = next(target.parameters()).device
     contexts = contexts.to(device)
     B, L = contexts.shape
@@ -136,8 +141,6 @@ def modeled_step_seconds(cfg: ModelConfig, batch: int, context: int, *, peak_flo
 def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
     """Matmul FLOPs of one decoded token: the body (what the model counts, 2 per body
     parameter) and what it ignores: attention over `context` keys and the unembedding."""
-    with torch.device("meta"):
-        body = Transformer(cfg).body_params()
-    return {"body": 2.0 * body,
+    return {"body": 2.0 * perfmodel.body_params(cfg),
             "attention": 4.0 * cfg.num_layers * cfg.n_q * cfg.d_head * context,  # q.k and p.v
             "unembedding": 2.0 * cfg.d_model * cfg.vocab_size}

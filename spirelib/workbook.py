@@ -13,7 +13,9 @@ stops the run (exit 1); its partial notebook is still exported with the error vi
 A run without `--only` starts a fresh record; with `--only` it updates the existing record
 of that output folder, so a re-run notebook still sees the results of earlier notebooks.
 
-Params files are YAML with a `shared` and a `notebooks` section (params/README.md).
+Params files are YAML with a `series`, a `shared` and a `notebooks` section (params/README.md):
+`series` is the one series configuration (`spirelib.series.Series`), injected as the `series`
+parameter of every notebook that declares it and checked in full before anything runs.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ import papermill
 import yaml
 
 from spirelib import report, results
+from spirelib import series as series_config
 from spirelib.paths import project_root
 from spirelib.plots import HEADLESS_ENV
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
-SECTIONS = ("shared", "notebooks")
+SECTIONS = ("series", "shared", "notebooks")
+SERIES_PARAMETER = "series"  # the notebook parameter that receives the params file's series section
 
 # Checks for the annotations papermill reports; other annotations are not checked.
 _TYPE_CHECKS = {
@@ -83,13 +87,16 @@ def _matches(stem: str, wanted: str) -> bool:
 # ---------------------------------------------------------------------------- params
 
 def load_params(path: Path) -> dict[str, dict]:
-    """Read a params file (safe YAML) into {"shared": {...}, "notebooks": {stem: {...}}}."""
+    """Read a params file (safe YAML) into {"series": {...}, "shared": {...}, "notebooks": {stem: {...}}}."""
     raw = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping with the keys {', '.join(SECTIONS)}")
     problems = [f"{k}: unknown top-level key{_suggest(k, SECTIONS)}; allowed: {', '.join(SECTIONS)}"
                 for k in raw if k not in SECTIONS]
-    shared, notebooks = raw.get("shared") or {}, raw.get("notebooks") or {}
+    series, shared, notebooks = raw.get("series") or {}, raw.get("shared") or {}, raw.get("notebooks") or {}
+    if not isinstance(series, dict):
+        problems.append("series: must map series fields to values (spirelib.series)")
+        series = {}
     if not isinstance(shared, dict):
         problems.append("shared: must map parameter names to values")
         shared = {}
@@ -101,7 +108,8 @@ def load_params(path: Path) -> dict[str, dict]:
             problems.append(f"notebooks.{stem}: must map parameter names to values")
     if problems:
         raise ParamsError(_problem_report(path, problems))
-    return {"shared": shared, "notebooks": {s: sec if isinstance(sec, dict) else {} for s, sec in notebooks.items()}}
+    return {"series": series, "shared": shared,
+            "notebooks": {s: sec if isinstance(sec, dict) else {} for s, sec in notebooks.items()}}
 
 
 def declared_parameters(notebook: Path) -> dict[str, str]:
@@ -126,13 +134,18 @@ def resolve(params: dict[str, dict], declared: dict[str, dict[str, str]], source
     """The parameters to inject into each notebook (stem -> {name: value}).
 
     `declared` maps every notebook stem of the series to its parameters and their types.
-    A shared key goes to each notebook that declares it; a notebook's section overrides it.
-    Raises ParamsError listing every unknown, misplaced or mistyped key.
+    The `series` section goes to each notebook that declares the `series` parameter (checked
+    field by field, `spirelib.series.problems`). A shared key goes to each notebook that
+    declares it; a notebook's section overrides it. Raises ParamsError listing every unknown,
+    misplaced or mistyped key.
     """
-    problems = []
+    series = params.get("series", {})
+    problems = [f"series.{p}" for p in series_config.problems(series)] if series else []
     every_name = sorted({name for names in declared.values() for name in names})
     for key in params["shared"]:
-        if key not in every_name:
+        if key == SERIES_PARAMETER:
+            problems.append(f"shared.{key}: the series configuration is its own top-level section, `series:`")
+        elif key not in every_name:
             problems.append(f"shared.{key}: no notebook of the series declares it{_suggest(key, every_name)}; "
                             f"declared: {', '.join(every_name) or '(none)'}")
     for stem in params["notebooks"]:
@@ -147,6 +160,12 @@ def resolve(params: dict[str, dict], declared: dict[str, dict[str, str]], source
                 problems.append(f"notebooks.{stem}.{key}: not a parameter of {stem}{_suggest(key, names)}; "
                                 f"allowed: {', '.join(names) or '(none)'}")
         chosen = {k: v for k, v in params["shared"].items() if k in names}
+        if SERIES_PARAMETER in names and series:
+            chosen[SERIES_PARAMETER] = series
+        if isinstance(section.get(SERIES_PARAMETER), dict):  # a notebook's own changes to the series
+            merged = {**series, **section[SERIES_PARAMETER]}
+            problems += [f"notebooks.{stem}.series.{p}" for p in series_config.problems(merged)]
+            section = {**section, SERIES_PARAMETER: merged}
         chosen.update({k: v for k, v in section.items() if k in names})
         for key, value in chosen.items():
             why = type_error(value, names[key])

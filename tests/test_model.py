@@ -26,18 +26,21 @@ def test_body_params_match_the_performance_model():
     assert model.body_params() == body_params(TINY.shape())
     paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
     with torch.device("meta"):
-        assert Transformer(paper).body_params() == 67_117_056
+        assert Transformer(paper).body_params() == 67_117_056 == paper.body_params()
+        assert sum(p.numel() for p in Transformer(paper).parameters()) == paper.num_params()
+    assert sum(p.numel() for p in model.parameters()) == TINY.num_params()
 
 
-def test_return_layers_gives_the_residual_stream():
+def test_residual_stream_hidden_and_head_compose_to_the_logits():
     model = tiny_model()
     tokens = torch.randint(0, TINY.vocab_size, (2, 7))
-    logits, layers = model(tokens, return_layers=True)
+    logits, layers = model(tokens), model.residual_stream(tokens)
     assert layers.shape == (TINY.num_layers + 1, 2, 7, TINY.d_model)
     torch.testing.assert_close(layers[0], model.embed(tokens))
     torch.testing.assert_close(logits, model.unembed(model.norm(layers[-1])))
-    none, same = model(tokens, return_layers=True, return_logits=False)  # a prefill: no (B, T, V) logits
-    assert none is None and torch.equal(same, layers)
+    torch.testing.assert_close(logits, model.head(layers[-1]))
+    same = model.hidden(tokens)  # a prefill: the last block's output, no (B, T, V) logits
+    assert torch.equal(same, layers[-1])
 
 
 @torch.no_grad()

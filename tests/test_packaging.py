@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import ast
-
 import re
 import tomllib
 from pathlib import Path
 
 import nbformat
-import papermill
 import pytest
 import yaml
 from packaging.requirements import Requirement
@@ -81,15 +79,3 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_series_notebook_is_named_nn_name(path):
     assert workbook.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"
-
-
-def test_a_parameter_declared_by_several_notebooks_has_one_default():
-    """Notebooks share cached models through identical shared parameters: a notebook run alone
-    must rebuild (load) the same target and drafts as the series, so defaults must agree."""
-    defaults: dict[str, dict[str, str]] = {}
-    for path in NOTEBOOKS:
-        for name, p in papermill.inspect_notebook(str(path)).items():
-            defaults.setdefault(name, {})[path.stem] = p["default"]
-    shared = {name: by_nb for name, by_nb in defaults.items() if len(by_nb) > 1}
-    differing = {name: by_nb for name, by_nb in shared.items() if len(set(by_nb.values())) > 1}
-    assert not differing, f"shared parameters with different defaults: {differing}"

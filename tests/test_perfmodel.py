@@ -98,7 +98,7 @@ def test_body_params_of_every_preset(name, expected):
 
 
 def test_headline_at_batch_64_context_512():
-    got = {m: round(tm(m, 64, 512), 2) for m in pm.METHODS}
+    got = {m: round(tm(m, 64, 512), 2) for m in pm.MODELED_METHODS}
     assert got == {"spire": 2.78, "magicdec": 2.05, "vanilla": 1.36}
 
 
@@ -134,7 +134,7 @@ GRID_B = 2 ** np.arange(0, 8)
 GRID_L = 2 ** np.arange(5, 14)
 
 
-@pytest.mark.parametrize("method", pm.METHODS)
+@pytest.mark.parametrize("method", pm.MODELED_METHODS)
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("window_factor", [8, None])
 def test_vectorized_grid_equals_scalar_reference(method, overlap, window_factor):
@@ -154,7 +154,7 @@ def test_vectorized_grid_equals_scalar_reference(method, overlap, window_factor)
 
 
 @settings(max_examples=200, deadline=None)
-@given(method=st.sampled_from(pm.METHODS), B=st.integers(1, 4096), L=st.integers(1, 2**20),
+@given(method=st.sampled_from(pm.MODELED_METHODS), B=st.integers(1, 4096), L=st.integers(1, 2**20),
        overlap=st.booleans(), window_factor=st.sampled_from([None, 1, 3, 8, 64]), hoi=st.floats(1.0, 5000.0))
 def test_any_cell_equals_the_scalar_reference(method, B, L, overlap, window_factor, hoi):
     target = PRESETS["seqax-67m"]
@@ -178,7 +178,7 @@ def test_spire_beats_magicdec_beats_vanilla_at_the_headline_cell():
     assert tm("spire", 64, 512) > tm("magicdec", 64, 512) > tm("vanilla", 64, 512) > 1
 
 
-methods = st.sampled_from(pm.METHODS)
+methods = st.sampled_from(pm.MODELED_METHODS)
 batches = st.integers(1, 4096)
 contexts = st.integers(1, 2**20)
 
@@ -247,13 +247,13 @@ def test_fixed_window_matches_window_factor_where_they_coincide():
 
 
 def test_g_aware_variant_is_close_to_the_main_model_at_g_64():
-    for method in pm.METHODS:
+    for method in pm.MODELED_METHODS:
         draft = PAPER_DRAFTS["seqax-67m"].get(method)
         g = throughput_multiplier_over_generation(method, TAU[method], 64, 512, 64, "seqax-67m", draft)
         assert g == pytest.approx(tm(method, 64, 512), rel=0.05), method
 
 
-@pytest.mark.parametrize("method", pm.METHODS)
+@pytest.mark.parametrize("method", pm.MODELED_METHODS)
 @pytest.mark.parametrize("L, G", [(8, 64), (512, 64), (4096, 7)])
 def test_g_aware_variant_equals_its_loop_reference(method, L, G):
     target = PRESETS["seqax-67m"]
@@ -270,7 +270,7 @@ def test_g_aware_single_round_of_a_capped_draft_is_one_over_dt():
 
 def test_g_aware_tends_to_the_main_model_when_context_dwarfs_generation():
     # tau divides G (no partial last round) and L >> G: KV growth is negligible
-    for method in pm.METHODS:
+    for method in pm.MODELED_METHODS:
         draft = PAPER_DRAFTS["seqax-67m"].get(method)
         g = throughput_multiplier_over_generation(method, 4.0, 64, 2**22, 64, "seqax-67m", draft)
         main = throughput_multiplier(method, 4.0, 64, 2**22, "seqax-67m", draft)
@@ -297,7 +297,7 @@ def test_each_request_is_capped_at_its_own_window():
 
 
 def test_equal_per_request_lengths_are_a_uniform_batch():
-    for method in pm.METHODS:
+    for method in pm.MODELED_METHODS:
         mixed = tm(method, 64, RequestLengths(np.full(64, 512)))
         assert mixed == pytest.approx(tm(method, 64, 512), rel=1e-12)
         assert tm(method, 64, LengthDistribution(512, spread=0.0)) == pytest.approx(mixed, rel=1e-12)

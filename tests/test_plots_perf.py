@@ -24,7 +24,7 @@ def test_pow2_labels():
 
 
 def test_heatmap_outlines_the_highlighted_cell_only_when_it_is_on_the_grid():
-    grids = {m: paper_tm(m, B[:, None], L[None, :]) for m in pm.METHODS}
+    grids = {m: paper_tm(m, B[:, None], L[None, :]) for m in pm.MODELED_METHODS}
     fig = heatmap_figure(B, L, grids, title="t")
     assert len(fig.data) == 3 and len(fig.layout.shapes) == 3
     assert np.array_equal(fig.data[2].z, grids["spire"])
@@ -34,8 +34,9 @@ def test_heatmap_outlines_the_highlighted_cell_only_when_it_is_on_the_grid():
 
 
 def test_slice_figure_keeps_series_order_and_values():
-    fig = slice_figure(L, {"spire": paper_tm("spire", 64, L), "no_feedback": np.ones(len(L))}, title="t")
-    assert [t.name for t in fig.data] == ["SPIRe", "no_feedback"]
+    fig = slice_figure(L, {"spire": paper_tm("spire", 64, L), "no_feedback": np.ones(len(L)), "custom_key": np.ones(len(L))},
+                       title="t")
+    assert [t.name for t in fig.data] == ["SPIRe", "no feedback", "custom_key"]  # display names; unknown keys as given
     assert np.array_equal(fig.data[0].y, paper_tm("spire", 64, L))
 
 

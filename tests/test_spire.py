@@ -69,7 +69,7 @@ def test_k_pass_training_equals_step_by_step_inference(variant, sink, window, k)
     B, T = 3, 26
     tokens = torch.randint(0, TARGET.vocab_size, (B, T), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        _, layers = target(tokens, return_layers=True)
+        layers = target.residual_stream(tokens)
         trained, positions = draft.k_pass_logits(tokens, layers, k)  # (B, n_blocks, k, V)
         for b, block in enumerate(positions.tolist()):
             start = block[0]
@@ -89,7 +89,7 @@ def test_window_and_feedback_change_the_prediction():
     draft = randomized_draft(target, cfg)
     tokens = torch.randint(0, TARGET.vocab_size, (2, 17))
     with torch.no_grad():
-        _, layers = target(tokens, return_layers=True)
+        layers = target.residual_stream(tokens)
         base, _ = draft.k_pass_logits(tokens, layers, 4)
         draft.mix.add_(torch.randn_like(draft.mix))
         mixed, _ = draft.k_pass_logits(tokens, layers, 4)

@@ -12,18 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spirelib.drafts import VanillaDraft
+from spirelib.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
 from spirelib.model import ModelConfig, Transformer
-from spirelib.tau import (
-    METHODS,
-    AcceptCounts,
-    TauProtocol,
-    draft_factory,
-    measure_tau,
-    register_method,
-    summarize,
-    t_quantile,
-)
+from spirelib.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -47,18 +38,19 @@ def test_stats_from_hand_counted_rounds():
     ])
     stats = AcceptCounts(accepted, k).stats()
     assert AcceptCounts(accepted, k).tau_per_context().tolist() == [14 / 4, 16 / 5]
-    assert stats.mean == pytest.approx((3.5 + 3.2) / 2)
-    assert stats.std == pytest.approx(math.sqrt(2) * 0.15)
+    assert stats.mean == pytest.approx(30 / 9)  # pooled: all tokens over all rounds, not (3.5 + 3.2) / 2
+    # delta method: d_i = Y_i - tau X_i = (14 - 4 * 30/9, 16 - 5 * 30/9) = (2/3, -2/3); s_d = sqrt(8/9); mean X = 4.5
+    assert stats.std == pytest.approx(math.sqrt(8 / 9) / 4.5)
     assert stats.ci95 == pytest.approx(12.7062047 * stats.std / math.sqrt(2), rel=1e-6)
     assert stats.rounds == 9 and stats.n_contexts == 2
-    assert stats.acceptance_rate == pytest.approx(21 / 36)
+    assert stats.acceptance_rate == pytest.approx(21 / 36) == pytest.approx((stats.mean - 1) / k)
     # rounds with a >= j: j=1: 7 of 9; j=2: 6 of 7; j=3: 5 of 6; j=4: 3 of 5
     assert stats.accepted_at == (7, 6, 5, 3) and stats.reached == (9, 7, 6, 5)
     assert stats.per_position == pytest.approx((7 / 9, 6 / 7, 5 / 6, 3 / 5))
 
 
 def test_iid_acceptance_recovers_alpha_and_the_closed_form_tau():
-    """Rounds with i.i.d. acceptance alpha: per-position acceptance ~ alpha, and the CI of mean
+    """Rounds with i.i.d. acceptance alpha: per-position acceptance ~ alpha, and the CI of
     tau covers (1 - alpha^(k+1)) / (1 - alpha) (spec 8)."""
     gen = torch.Generator().manual_seed(0)
     k, alpha, n, R = 4, 0.7, 400, 20
@@ -70,16 +62,78 @@ def test_iid_acceptance_recovers_alpha_and_the_closed_form_tau():
         assert abs(p - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / reached)
 
 
+def stopped_rows(alpha: float, n: int, k: int, G: int, seed: int) -> AcceptCounts:
+    """n contexts under the engine's stopping rule: rounds of i.i.d. acceptance (draft j
+    accepted with probability alpha while 1..j-1 were: a geometric count truncated at k),
+    each emitting accepted + 1 tokens; a context stops after the round that brings it to G
+    tokens (that round in full), then -1 (the layout of `Generation.accepted`)."""
+    gen = torch.Generator().manual_seed(seed)
+    accepted = (torch.rand(n, G, k, generator=gen) < alpha).long().cumprod(-1).sum(-1)  # (n, G): G rounds always suffice
+    before = (accepted + 1).cumsum(1) - (accepted + 1)  # tokens a context had before each round
+    return AcceptCounts(torch.where(before < G, accepted, -1), k)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7, 0.85])
+def test_tau_under_the_stopping_rule_covers_the_closed_form(alpha):
+    """Issue 14: a context stops once it has G tokens, so a lucky context finishes in few
+    rounds; the mean of per-context tau is then biased upwards (here by about 7 of its CI
+    half-widths at 20,000 contexts), while tokens / rounds pooled over contexts is not
+    (Wald's identity). The estimate must cover the closed form within its own 95% CI."""
+    k, G, n = 4, 64, 20_000
+    counts = stopped_rows(alpha, n, k, G, seed=int(alpha * 100))
+    tokens = torch.where(counts.accepted >= 0, counts.accepted + 1, 0).sum(1)
+    last = counts.accepted.gather(1, ((counts.accepted >= 0).sum(1) - 1)[:, None]).squeeze(1)
+    assert (tokens >= G).all() and (tokens - last - 1 < G).all(), "every row stops at G tokens"
+    stats = counts.stats()
+    tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert stats.n_contexts == n and stats.ci95 < 0.01
+    assert abs(stats.mean - tau) < stats.ci95, (stats.mean, stats.ci95, tau)
+    mean_of_ratios = float(counts.tau_per_context().mean())
+    assert mean_of_ratios - tau > 3 * stats.ci95, "the check has power: the old estimator is outside the CI"
+
+
+def test_tau_ci_has_its_nominal_coverage_with_contexts_as_the_unit():
+    """Many small repetitions of the stopped simulation: the 95% delta-method t-interval
+    covers the closed form about 95% of the time (without the division by the mean round
+    count, or over sqrt(rounds) instead of sqrt(contexts), it would not)."""
+    k, G, n, reps, alpha = 4, 24, 60, 300, 0.7
+    tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+    covered = sum(abs((s := stopped_rows(alpha, n, k, G, seed=10_000 + r).stats()).mean - tau) < s.ci95
+                  for r in range(reps))
+    assert 0.91 * reps <= covered <= 0.985 * reps, covered
+
+
 def test_a_draft_identical_to_the_target_accepts_everything():
     """End to end: when q == p every draft is accepted, so tau = k + 1 exactly, for the
-    vanilla path (a copy of the target as draft) and MagicDec with a window covering everything."""
-    target = model(CFG, 0)
+    vanilla path (a copy of the target as draft), MagicDec with a window covering everything,
+    and a SPIRe draft that computes exactly the target (all its layers pruned, a window
+    covering everything, no feedback: each layer reads its own input, as the target's does).
+    The target's weights are far from uniform (std 0.5, random norm gains), so q == p is no
+    coincidence of flat distributions: an unrelated draft of the same shape accepts far less."""
+    from spirelib.spire import SpireConfig, SpireDraftModel
+
+    def sharp(seed):
+        m = model(CFG, seed)
+        m.reset_parameters(0.5)
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(0.3 * torch.randn_like(p))
+        return m
+
+    target, other = sharp(0), sharp(1)
     L, G, k = 9, 12, 3
+    window = L + G + 2 * k
     contexts = {L: torch.randint(0, CFG.vocab_size, (5, L), generator=torch.Generator().manual_seed(1))}
+    pruned_whole = SpireDraftModel.from_target(target, SpireConfig(num_layers=CFG.num_layers, window=window, k=k,
+                                                                   feedback=False)).double().eval()
     methods = {"vanilla": draft_factory("vanilla", target, target, temperature=1.0),
-               "magicdec": draft_factory("magicdec", target, temperature=1.0, window=L + G + 2 * k)}
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, window=window),
+               "spire": draft_factory("spire", target, pruned_whole, temperature=1.0),
+               "unrelated": draft_factory("vanilla", target, other, temperature=1.0)}
     stats = summarize(measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2)))
-    for name in methods:
+    assert stats["unrelated"][L].acceptance_rate < 0.5
+    for name in ("vanilla", "magicdec", "spire"):
         s = stats[name][L]
         assert s.mean == k + 1 and s.acceptance_rate == 1.0 and s.n_contexts == 5, name
         assert s.per_position == (1.0,) * k and s.rounds == 5 * math.ceil(G / (k + 1))
@@ -120,7 +174,7 @@ def test_registry_takes_new_methods_and_rejects_bad_requests():
         stats = summarize(measure_tau(target, {"test-greedy-draft": factory}, contexts, TauProtocol(new_tokens=6)))
         assert 1 <= stats["test-greedy-draft"][7].mean <= 5
     finally:
-        del METHODS["test-greedy-draft"]
+        del DRAFT_METHODS["test-greedy-draft"]
 
 
 WORKER = textwrap.dedent("""
@@ -128,7 +182,8 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from spirelib.model import ModelConfig, Transformer
-    from spirelib.tau import TauProtocol, draft_factory, measure_tau
+    from spirelib.drafts import draft_factory
+    from spirelib.tau import TauProtocol, measure_tau
 
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")

@@ -1,6 +1,5 @@
 """The trainer: schedule, budget, config validation, exact resume, reuse, refusal, divergence."""
 
-import json
 import math
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 from spirelib.checkpoint import CheckpointError, read_meta
 from spirelib.data import FlatDocs
 from spirelib.model import ModelConfig, Transformer
-from spirelib.pipeline import generate, validate_shared
+from spirelib.speculative import autoregressive_generate
 from spirelib.train import TrainConfig, TrainingDiverged, lm_objective, read_metrics, train
 
 V = 32
@@ -69,21 +68,6 @@ def test_config_dicts_refuse_unknown_and_mistyped_fields_before_compute():
         TrainConfig.from_dict({"steps": 5, "learning_rate": 0.1})
     with pytest.raises(TypeError, match="TrainConfig.steps must be int"):
         TrainConfig.from_dict({"steps": 5.5})
-    shared = dict(device="cpu", seed=0, corpus="stdlib", corpus_path="", tokenizer="bytes", vocab_size=256,
-                  target=dict(num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=8, d_ff=8),
-                  target_training=dict(steps=1))
-    model_cfg, train_cfg = validate_shared(**shared)
-    assert (model_cfg.vocab_size, train_cfg.steps) == (256, 1)
-    with pytest.raises(ValueError, match=r"target field\(s\) \['n_heads'\]; allowed: .*'n_kv'"):
-        validate_shared(**{**shared, "target": {**shared["target"], "n_heads": 4}})
-    with pytest.raises(ValueError, match="shared seed"):
-        validate_shared(**{**shared, "target_training": {"steps": 1, "seed": 3}})
-    with pytest.raises(ValueError, match="unknown corpus"):
-        validate_shared(**{**shared, "corpus": "wiki"})
-    with pytest.raises(ValueError, match="longcrawl64"):
-        validate_shared(**{**shared, "tokenizer": "gpt2", "vocab_size": 50304})
-    with pytest.raises(ValueError, match="device"):
-        validate_shared(**{**shared, "device": "gpu"})
 
 
 def test_training_lowers_the_loss_and_logs_metrics(tmp_path):
@@ -165,13 +149,16 @@ def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
     torch.manual_seed(0)
     model = Transformer(CFG).eval()
     prompt = torch.randint(0, V, (3, 5))
-    out = generate(model, prompt, 6, temperature=0)
+    out = autoregressive_generate(model, prompt, 6, temperature=0).tokens
     seq = prompt
     for _ in range(6):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(out, seq)
-    sampled = generate(model, prompt, 6, temperature=1.0, seed=3)
-    assert torch.equal(sampled, generate(model, prompt, 6, temperature=1.0, seed=3))
+    assert torch.equal(out, seq[:, 5:])
+
+    def sampled(seed):
+        return autoregressive_generate(model, prompt, 6, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(sampled(3).tokens, sampled(3).tokens)
 
 
 @pytest.mark.parametrize("chunk", [5, 1000])
@@ -190,42 +177,21 @@ def test_fused_cross_entropy_matches_logits_then_cross_entropy(chunk):
         torch.testing.assert_close(got, want)
 
 
-def test_forward_with_targets_is_the_next_token_loss_of_the_logits():
+def test_loss_is_the_next_token_loss_of_the_logits():
     torch.manual_seed(0)
     model = Transformer(CFG)
     x = torch.randint(0, V, (2, 9))
     want = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-    got = model(x[:, :-1], targets=x[:, 1:])
+    got = model.loss(x[:, :-1], x[:, 1:])
     torch.testing.assert_close(got, want)
     g_want = torch.autograd.grad(want, model.parameters())
     for a, b in zip(torch.autograd.grad(got, model.parameters()), g_want):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     with torch.no_grad():
-        torch.testing.assert_close(model(x[:, :-1], targets=x[:, 1:]), want)
+        torch.testing.assert_close(model.loss(x[:, :-1], x[:, 1:]), want)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the GPU path's dtype handling, on CPU
-        low = model(x[:, :-1], targets=x[:, 1:])
+        low = model.loss(x[:, :-1], x[:, 1:])
     assert low.dtype == torch.float32 and abs(low.item() - want.item()) < 0.05
-
-
-def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_path, monkeypatch, capsys):
-    from spirelib import pipeline
-
-    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
-    shared = dict(device="cpu", seed=0, corpus="text", corpus_path=str(tmp_path / "texts"), tokenizer="bytes",
-                  vocab_size=256, target=dict(num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
-                  target_training=dict(batch_size=2, seq_len=16, steps=3, eval_windows=2))
-    (tmp_path / "texts").mkdir()
-    for i in range(4):
-        (tmp_path / "texts" / f"{i}.txt").write_text(f"document {i} " * 40)
-    params = tmp_path / "p.yaml"
-    params.write_text(json.dumps({"shared": shared}))  # JSON is YAML
-    assert pipeline.main(["target", "--params", str(params), "--no-progress"]) == 0
-    assert "target-" in capsys.readouterr().out
-    run = pipeline.trained_target(**shared, progress=False)
-    assert run.result.reused and run.summary["steps"] == 3
-    params.write_text(json.dumps({"shared": {k: v for k, v in shared.items() if k != "seed"}}))
-    assert pipeline.main(["target", "--params", str(params)]) == 2
 
 
 @torch.no_grad()

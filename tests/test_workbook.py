@@ -54,6 +54,22 @@ def test_shared_key_declared_by_no_notebook_is_an_error():
     assert "shared.devcie" in problems(e) and "did you mean 'device'" in problems(e)
 
 
+def test_the_series_section_goes_to_notebooks_declaring_series_and_is_checked_in_full():
+    declared = {**DECLARED, "03_use": {"series": "dict", "steps": "int"}}
+    p = {**params({"steps": 2}), "series": {"device": "cpu", "seed": 3}}
+    resolved = workbook.resolve(p, declared)
+    assert resolved["03_use"] == {"series": {"device": "cpu", "seed": 3}, "steps": 2}
+    assert "series" not in resolved["01_perf"]
+    p = {**params({"series": {}}, {"03_use": {"series": {"sed": 1}}}), "series": {"devcie": "cpu", "target": 3}}
+    with pytest.raises(workbook.ParamsError) as e:
+        workbook.resolve(p, declared)
+    msg = problems(e)
+    assert "series.devcie: not a series field (did you mean 'device'?)" in msg
+    assert "series.target must be a mapping of ModelConfig fields, got int" in msg
+    assert "shared.series: the series configuration is its own top-level section" in msg
+    assert "notebooks.03_use.series.sed: not a series field (did you mean 'seed'?)" in msg
+
+
 def test_section_for_a_missing_notebook_is_an_error():
     with pytest.raises(workbook.ParamsError) as e:
         workbook.resolve(params(notebooks={"01_perfs": {"hoi": 1.0}}), DECLARED)

@@ -30,13 +30,12 @@ import json
 
 import torch
 
-from spirelib.drafts import vanilla_draft_config
+from spirelib.drafts import draft_factory, vanilla_draft_config
 from spirelib.model import ModelConfig, Transformer
 from spirelib.spire import SpireConfig, SpireDraftModel
-from spirelib.tau import draft_factory
 from spirelib.wallclock import time_decoding
 
-METHODS = ("ad", "vanilla", "magicdec", "spire")
+TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts this benchmark builds
 
 
 def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> dict:
@@ -72,7 +71,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--context", type=int, nargs="+", default=[256, 960])
     parser.add_argument("--new-tokens", type=int, default=64, help="G")
     parser.add_argument("-k", type=int, default=4)
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=TIMED, default=list(TIMED))
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
     parser.add_argument("--vocab-size", type=int, default=4096)

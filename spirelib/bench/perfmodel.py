@@ -28,7 +28,7 @@ def _median_seconds(fn, repeat: int) -> float:
 
 def _grids(B, L, model):
     def run():
-        for method in pm.METHODS:
+        for method in pm.MODELED_METHODS:
             draft = pm.PAPER_DRAFTS["seqax-67m"].get(method)
             model(method, pm.PAPER_TAU[512][method], B, L, "seqax-67m", draft)
     return run
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
         return pm.throughput_multiplier_over_generation(method, tau, B, L, 64, target, draft)
 
     def explorer_redraw():
-        for method in pm.METHODS:
+        for method in pm.MODELED_METHODS:
             draft = pm.PAPER_DRAFTS["seqax-67m"].get(method)
             tau = pm.PAPER_TAU[512][method]
             pm.throughput_multiplier(method, tau, 64, 2 ** np.arange(3, 21), "seqax-67m", draft)

@@ -54,12 +54,12 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
     plain = Transformer(draft.body.cfg)
     tokens = torch.randint(0, target_cfg.vocab_size, (batch, seq_len))
     with torch.no_grad():
-        _, layers = target(tokens, return_layers=True)
+        layers = target.residual_stream(tokens)
     positions = block_positions(seq_len, k)
 
     def target_forward():
         with torch.no_grad():
-            target(tokens, return_layers=True)
+            target.head(target.residual_stream(tokens)[-1])
 
     def k_pass():
         draft.zero_grad(set_to_none=True)

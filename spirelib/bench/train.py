@@ -56,9 +56,9 @@ import numpy as np
 import torch
 
 from spirelib.calibrate import matmul_peak
+from spirelib.costs import flop_params, training_flops
 from spirelib.data import FlatDocs
 from spirelib.model import ModelConfig, Transformer
-from spirelib.pipeline import flops_per_token_params
 from spirelib.train import TrainConfig, lm_objective, train
 
 # The default CPU target (params/default.yaml: target + vocab_size).
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
 
     cfg = DEFAULT_TARGET
-    n_flops = flops_per_token_params(cfg)
+    n_flops = flop_params(cfg)
     peak_before = matmul_peak()
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
     runs = {m: [measure(cfg, args.batch_size, args.seq_len, args.steps, m) for _ in range(args.repeats)] for m in modes}
@@ -109,8 +109,8 @@ def main(argv: list[str]) -> int:
     for m, rs in runs.items():
         tps = [r["tokens_per_s"] for r in rs]
         report["modes"]["compiled" if m else "eager"] = {
-            "tokens_per_s_best": max(tps), "tokens_per_s_all": tps, "mfu_best": 6 * n_flops * max(tps) / peak,
-            "mfu_median": 6 * n_flops * statistics.median(tps) / peak, "first_step_s": [r["first_step_s"] for r in rs]}
+            "tokens_per_s_best": max(tps), "tokens_per_s_all": tps, "mfu_best": training_flops(n_flops, max(tps)) / peak,
+            "mfu_median": training_flops(n_flops, statistics.median(tps)) / peak, "first_step_s": [r["first_step_s"] for r in rs]}
         # The first repeat's first step includes compilation (unless inductor's disk cache has it).
     if args.json:
         print(json.dumps(report))

@@ -12,21 +12,13 @@ import math
 from collections.abc import Mapping
 
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from spirelib.plots.perf import METHOD_COLORS, METHOD_LABELS
+from spirelib.methods import color as method_color
+from spirelib.methods import label as method_label
 from spirelib.tau import TauStats
 
 Stats = Mapping[str, Mapping[int, TauStats]]
-
-
-def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
-
-
-def method_color(method: str, i: int) -> str:
-    return METHOD_COLORS.get(method, qualitative.Plotly[i % len(qualitative.Plotly)])
 
 
 def _count(n: float) -> str:
@@ -41,8 +33,8 @@ def model_scale(target, drafts=None) -> str:
     `drafts` a mapping name -> model): shapes, body parameters, training tokens, corpus, vocabulary."""
     parts = []
     for name, m in {"target": target, **(drafts or {})}.items():
-        body = getattr(m.model, "body", m.model)  # a SPIRe draft keeps its layers in a Transformer body
-        parts.append(f"{name} {body.cfg.num_layers}x{body.cfg.d_model} ({_count(body.body_params())} body params, "
+        cfg = m.layers_config
+        parts.append(f"{name} {cfg.num_layers}x{cfg.d_model} ({_count(cfg.body_params())} body params, "
                      f"{_count(m.summary['tokens'])} training tokens)")
     return ", ".join(parts) + f"; corpus {target.data.corpus_name}, vocab {target.config.vocab_size}"
 

@@ -21,8 +21,10 @@ from IPython.display import Markdown, clear_output, display
 
 from spirelib import perfmodel as pm
 from spirelib.hardware import BYTES_PER_VALUE, Hardware
+from spirelib.methods import color as _color
+from spirelib.methods import label as _label
 from spirelib.plots import live_frontend
-from spirelib.plots.perf import METHOD_LABELS, TM_TITLE, _color, pow2_label
+from spirelib.plots.perf import TM_TITLE, pow2_label
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
 DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M
@@ -76,10 +78,6 @@ class Scenario:
 
     def _lengths(self, mean: float) -> pm.LengthDistribution:
         return pm.LengthDistribution(mean, spread=self.length_spread, kind=self.length_kind, seed=self.seed)
-
-
-def _label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
 
 
 def slider_figure(scenario: Scenario, *, batch_sizes=DEFAULT_BATCHES[:8], contexts=DEFAULT_CONTEXTS[:11],

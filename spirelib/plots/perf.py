@@ -13,8 +13,9 @@ from IPython.display import Markdown
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-METHOD_LABELS = {"spire": "SPIRe", "magicdec": "MagicDec", "vanilla": "vanilla SD"}
-METHOD_COLORS = {"spire": "#d62728", "magicdec": "#1f77b4", "vanilla": "#2ca02c"}
+from spirelib.methods import color as _color
+from spirelib.methods import label as _label
+
 TM_TITLE = "throughput multiplier over AD"
 
 
@@ -25,14 +26,6 @@ def pow2_label(value) -> str:
         if value >= size and value % size == 0:
             return f"{value // size}{unit}"
     return str(value)
-
-
-def _label(key) -> str:
-    return METHOD_LABELS.get(key, str(key))
-
-
-def _color(key, i: int) -> str:
-    return METHOD_COLORS.get(key, qualitative.Plotly[i % len(qualitative.Plotly)])
 
 
 def _log2_ticks(values) -> dict:

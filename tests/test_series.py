@@ -1,0 +1,90 @@
+"""The series configuration: one checked object for data, target, drafts and decoding protocol."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spirelib import series as series_module
+from spirelib.series import Series, SeriesError
+
+SMALL = dict(device="cpu", seed=0, corpus="stdlib", corpus_path="", tokenizer="bytes", vocab_size=256,
+             target=dict(num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=8, d_ff=8),
+             target_training=dict(steps=1), spire=dict(num_layers=1, window=8, k=2))
+
+
+def test_defaults_are_the_smoke_configuration_and_round_trip():
+    s = Series()
+    assert s == Series.from_dict({}) == Series.from_dict(s.to_dict())
+    assert (s.corpus, s.tokenizer, s.target.num_layers, s.target_training.steps) == ("stdlib", "bytes", 2, 40)
+    assert Series.from_dict(s) is s  # a notebook cell that builds it can run again
+    built = Series.from_dict(SMALL)
+    assert (built.target.vocab_size, built.target_training.steps, built.target_training.seed) == (256, 1, 0)
+    assert Series.from_dict(built.to_dict()) == built
+
+
+def test_seed_reaches_every_trainer_and_vocab_size_the_target():
+    s = Series.from_dict({**SMALL, "seed": 7, "vocab_size": 300, "tokenizer": "bpe"})
+    assert {s.target_training.seed, s.vanilla_training.seed, s.spire_training.seed} == {7}
+    assert s.target.vocab_size == 300
+    assert s.training({"steps": 2}, "ablation_training").seed == 7
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"target": {**SMALL["target"], "n_heads": 4}}, r"target field\(s\) \['n_heads'\]; allowed: .*'n_kv'"),
+    ({"target_training": {"steps": 1, "seed": 3}}, "the seed is the series' seed field"),
+    ({"target": {**SMALL["target"], "vocab_size": 9}}, "set vocab_size as the series' vocab_size field"),
+    ({"corpus": "wiki"}, "unknown corpus"),
+    ({"tokenizer": "gpt2", "vocab_size": 50304}, "longcrawl64"),
+    ({"vocab_size": 100}, "below the bytes tokenizer's minimum 256"),
+    ({"device": "gpu"}, "device"),
+    ({"devcie": "cpu"}, r"devcie: not a series field \(did you mean 'device'\?\)"),
+    ({"seed": 1.5}, "seed: expected int"),
+    ({"temperature": "hot"}, "temperature: expected float"),
+    ({"spire": {"num_layers": 2, "window": 8, "k": 2}}, "exceed the target's 1"),
+    ({"spire": {"windw": 8}}, r"unknown spire field\(s\) \['windw'\]"),
+    ({"magicdec": {"rope_mode": "cached"}}, "rope_mode must be 'cache' or 'original'"),
+    ({"k": 0}, "need k >= 1"),
+])
+def test_bad_values_are_refused_before_any_compute(change, message):
+    with pytest.raises(SeriesError, match=message):
+        Series.from_dict({**SMALL, **change})
+    assert series_module.problems({**SMALL, **change})
+
+
+def test_every_problem_is_reported_at_once():
+    bad = {**SMALL, "devcie": "cpu", "seed": "0", "spire": {"windw": 8}, "target_training": {"stepz": 1}}
+    found = series_module.problems(bad)
+    assert len(found) == 4, found
+    with pytest.raises(SeriesError) as e:
+        Series.from_dict(bad)
+    assert e.value.problems == found and str(e.value).startswith("series: 4 problems")
+
+
+def test_nested_configs_must_agree_when_built_directly():
+    s = Series.from_dict(SMALL)
+    with pytest.raises(SeriesError, match="target_training.seed 3 differs"):
+        Series(**{**{f: getattr(s, f) for f in s.__dataclass_fields__},
+                  "target_training": s.training({"steps": 1}, "x").__class__(steps=1, seed=3)})
+
+
+def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    config = dict(device="cpu", seed=0, corpus="text", corpus_path=str(tmp_path / "texts"), tokenizer="bytes",
+                  vocab_size=256, target=dict(num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
+                  target_training=dict(batch_size=2, seq_len=16, steps=3, eval_windows=2),
+                  spire=dict(num_layers=1, window=8, k=2))
+    (tmp_path / "texts").mkdir()
+    for i in range(4):
+        (tmp_path / "texts" / f"{i}.txt").write_text(f"document {i} " * 40)
+    params = tmp_path / "p.yaml"
+    params.write_text(json.dumps({"series": config}))  # JSON is YAML
+    assert series_module.main(["target", "--params", str(params), "--no-progress"]) == 0
+    assert "target-" in capsys.readouterr().out
+    run = Series.from_dict(config).trained_target(progress=False)
+    assert run.result.reused and run.summary["steps"] == 3
+    params.write_text(json.dumps({"series": {**config, "sed": 0}}))
+    assert series_module.main(["target", "--params", str(params)]) == 2
+    assert "sed: not a series field (did you mean 'seed'?)" in capsys.readouterr().err
