@@ -15,7 +15,9 @@ import torch
 
 def rope_rotation(positions: torch.Tensor, d_head: int, base: float) -> torch.Tensor:
     """Unit complex rotations for integer `positions` (B, T): (B, 1, T, d_head/2), complex64."""
-    inv_freq = base ** (-torch.arange(0, d_head, 2, device=positions.device, dtype=torch.float32) / d_head)
+    # 1 / base^(i/d), as Hugging Face's Llama computes it: base^(-i/d) differs by an ulp in about a
+    # third of the frequencies, which shows (1e-3 in the logits) past 100k tokens of relative distance.
+    inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, device=positions.device, dtype=torch.float32) / d_head)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, d_head/2)
     return torch.polar(torch.ones_like(angles), angles)[:, None]
 

@@ -152,3 +152,14 @@ def test_prefill_fast_path_equals_the_masked_path():
     out_slow = model(tokens, pos, slow, valid=valid)
     assert slow.mask(pos) is not None
     torch.testing.assert_close(out_fast[valid], out_slow[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_rope_frequencies_are_computed_as_hugging_face_does():
+    """1 / base^(i/d), not base^(-i/d): they differ by an ulp in about a third of the
+    frequencies, which moves the logits past 100k tokens of relative distance (issue 13)."""
+    from spirelib.rope import rope_rotation
+
+    positions = torch.tensor([[131072]])
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128)
+    angles = positions.float()[..., None] * inv_freq
+    assert torch.equal(rope_rotation(positions, 128, 500000.0), torch.polar(torch.ones_like(angles), angles)[:, None])
