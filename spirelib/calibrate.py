@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from spirelib import hardware
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -66,9 +68,5 @@ def calibrate(device: str = "cpu", save: bool = True) -> dict:
     result = {"fp32_flops": peak["flops"], "bandwidth": bw["bandwidth"], "matmul_rates": peak["rates"],
               "bandwidth_rates": bw["rates"], "threads": peak["threads"], "device": device}
     if save:
-        try:
-            from spirelib import hardware
-        except ImportError:
-            return result
         result["saved_to"] = str(hardware.save_measured({"fp32": peak["flops"]}, bw["bandwidth"]))
     return result

@@ -213,10 +213,7 @@ def test_calibration_measures_and_stores_this_machine(monkeypatch):
     assert len(peak["rates"]) == 4 and peak["flops"] == max(peak["rates"]) > 0
     saved = {}
     fake = types.SimpleNamespace(save_measured=lambda flops, bw: saved.update(flops=flops, bw=bw) or "path")
-    import spirelib
-
-    monkeypatch.setitem(__import__("sys").modules, "spirelib.hardware", fake)
-    monkeypatch.setattr(spirelib, "hardware", fake, raising=False)
+    monkeypatch.setattr(calibrate, "hardware", fake)
     monkeypatch.setattr(calibrate, "matmul_peak", lambda **kw: {"flops": 2e11, "rates": [2e11], "threads": 2})
     monkeypatch.setattr(calibrate, "memory_bandwidth", lambda **kw: {"bandwidth": 2e10, "rates": [2e10]})
     result = calibrate.calibrate()
