@@ -55,9 +55,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from spirelib.drafts import DraftFactory
+from spirelib.frontend import progress_bar
 from spirelib.model import Transformer
 from spirelib.speculative import SectionTimer, prefill, speculative_capacity, speculative_generate
 
@@ -205,7 +205,7 @@ def measure_tau(
     device = next(target.parameters()).device
     mine: dict[tuple[str, int, int], torch.Tensor] = {}
     jobs = [(L, b) for L, ctx in contexts.items() for b in range(math.ceil(ctx.shape[0] / protocol.batch_size))]
-    for L, b in tqdm(jobs[rank::world], desc="tau", disable=not progress):
+    for L, b in progress_bar(jobs[rank::world], enabled=progress, desc="tau"):
         rows = contexts[L][b * protocol.batch_size : (b + 1) * protocol.batch_size].to(device)
         drafts = {}
         for name, factory in methods.items():

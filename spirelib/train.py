@@ -70,7 +70,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -81,7 +80,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from tqdm import tqdm
 
 from spirelib.checkpoint import (
     check_identity,
@@ -92,6 +90,7 @@ from spirelib.checkpoint import (
     save_checkpoint,
 )
 from spirelib.data import WindowSampler, validation_windows
+from spirelib.frontend import progress_bar
 from spirelib.paths import cache_dir
 
 Objective = Callable[[nn.Module, torch.Tensor], "tuple[torch.Tensor, dict[str, float]]"]
@@ -389,10 +388,7 @@ def train(
         return result
 
     model.train()
-    # Plain tqdm; where stderr is no terminal (a notebook kernel), every refresh becomes a line
-    # of the saved output, so refresh rarely there.
-    bar = tqdm(total=total, initial=start, disable=not progress or rank != 0, file=sys.stderr,
-               desc="train", unit="step", mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, desc="train", unit="step")
     t_start = time.perf_counter()
     step_time, timed_steps, first_step_s = 0.0, 0, None
     interval: dict[str, float] = {}

@@ -37,8 +37,8 @@ import yaml
 
 from spirelib import report, results
 from spirelib import series as series_config
+from spirelib.frontend import HEADLESS_ENV
 from spirelib.paths import project_root
-from spirelib.plots import HEADLESS_ENV
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 SECTIONS = ("series", "shared", "notebooks")

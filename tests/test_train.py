@@ -218,3 +218,16 @@ def test_calibration_measures_and_stores_this_machine(monkeypatch):
     monkeypatch.setattr(calibrate, "memory_bandwidth", lambda **kw: {"bandwidth": 2e10, "rates": [2e10]})
     result = calibrate.calibrate()
     assert saved == {"flops": {"fp32": 2e11}, "bw": 2e10} and result["saved_to"] == "path"
+
+
+@pytest.mark.parametrize("headless", [False, True])
+def test_progress_bars_stay_out_of_headless_runs(tmp_path, monkeypatch, capsys, headless):
+    """The runner's kernels are headless: a progress bar there only leaves lines in the report."""
+    from spirelib.frontend import HEADLESS_ENV
+
+    monkeypatch.setenv(HEADLESS_ENV, "1" if headless else "0")
+    model = Transformer(CFG)
+    train(model, lm_objective, DOCS, SMALL, run_dir=tmp_path / "bar", identity={"m": CFG.to_dict()},
+          device="cpu", progress=True)
+    printed = capsys.readouterr().err
+    assert ("train" not in printed) if headless else ("train" in printed and "step" in printed)

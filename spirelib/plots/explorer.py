@@ -20,10 +20,10 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, clear_output, display
 
 from spirelib import perfmodel as pm
+from spirelib.frontend import live_frontend
 from spirelib.hardware import BYTES_PER_VALUE, Hardware
 from spirelib.methods import color as _color
 from spirelib.methods import label as _label
-from spirelib.plots import live_frontend
 from spirelib.plots.perf import TM_TITLE, pow2_label
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
