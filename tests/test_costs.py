@@ -91,3 +91,9 @@ def test_training_flop_accounting():
 def test_bad_inputs_raise_value_errors_naming_them(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_cost_table_also_does_the_papers_rounded_arithmetic():
+    row = cost_table({"spire": 2.7849}, {"spire": 0.2512})[0]
+    assert row["net_from_rounded"] == pytest.approx(10 * (1 - 1 / 2.78) - 0.25)
+    assert row["net_savings"] == pytest.approx(10 * (1 - 1 / 2.7849) - 0.2512)
