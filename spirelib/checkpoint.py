@@ -110,6 +110,30 @@ def set_rng_state(states: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def _untied_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The state_dict with every tensor shared by several names (tied embeddings) stored once,
+    under its first name, and {other name: first name} for the rest (safetensors refuses
+    shared tensors)."""
+    state, tied, first = {}, {}, {}
+    for name, value in model.state_dict().items():
+        source = _same(value, first)
+        if source is not None:
+            tied[name] = source
+            continue
+        first[name] = value
+        state[name] = value.detach().cpu().contiguous()
+    return state, tied
+
+
+def _same(value: torch.Tensor, first: dict[str, torch.Tensor]) -> str | None:
+    """The name in `first` of a tensor that is `value` (same storage, offset, shape, strides)."""
+    for name, other in first.items():
+        if (other.numel() and value.data_ptr() == other.data_ptr() and value.shape == other.shape
+                and value.stride() == other.stride() and value.dtype == other.dtype):
+            return name
+    return None
+
+
 def save_checkpoint(path: Path, model: torch.nn.Module, identity: dict, *, step: int, finished: bool,
                     optimizer: torch.optim.Optimizer | None = None, summary: dict | None = None) -> None:
     """Write a checkpoint folder atomically (the previous one stays valid until the swap)."""
@@ -117,10 +141,12 @@ def save_checkpoint(path: Path, model: torch.nn.Module, identity: dict, *, step:
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state, tied = _untied_state(model)
     save_file(state, tmp / "model.safetensors")
     meta = {"format": FORMAT, "identity": identity, "config_hash": config_hash(identity), "step": step,
             "finished": finished, "summary": summary or {}, "torch": torch.__version__}
+    if tied:
+        meta["tied"] = tied
     if optimizer is not None:
         tensors, meta["optimizer"] = _optimizer_tensors(optimizer)
         save_file(tensors, tmp / "optimizer.safetensors")
@@ -182,7 +208,10 @@ def load_checkpoint(path: Path, model: torch.nn.Module, identity: dict | None = 
     if identity is not None:
         check_identity(path, meta, identity)
     try:
-        model.load_state_dict(load_file(path / "model.safetensors"))
+        state = load_file(path / "model.safetensors")
+        for name, source in meta.get("tied", {}).items():
+            state[name] = state[source]  # load_state_dict copies into the model's own (shared) Parameter
+        model.load_state_dict(state)
         if optimizer is not None:
             _load_optimizer(optimizer, load_file(path / "optimizer.safetensors"), meta["optimizer"])
         if restore_rng:

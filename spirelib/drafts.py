@@ -122,6 +122,7 @@ class MagicDecDraft:
         param = next(self.model.parameters())
         self.cache = SinkWindowKVCache(cfg.num_layers, verified.tokens.shape[0], cfg.n_kv, cfg.d_head, self.sparse,
                                        slack=k + 1, rope_mode=self.rope_mode, rope_base=cfg.rope_base,
+                                       rope_scaling=cfg.rope_scaling,
                                        device=param.device, dtype=param.dtype)
         self.accept(verified)
 

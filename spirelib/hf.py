@@ -1,12 +1,17 @@
-"""Bring your own target: Hugging Face Llama checkpoints in, our models out (issue 13, phase 1).
+"""Bring your own target: Hugging Face Llama and Qwen2 checkpoints in, our models out (issue 13).
 
-`load_model(folder)` builds a `model.Transformer` from a Hugging Face Llama 2 / Llama 3.0
-folder (``config.json`` plus ``model.safetensors`` or a sharded
+`load_model(folder)` builds a `model.Transformer` from a Hugging Face Llama 2 / 3.0 / 3.1 /
+3.2 (and SmolLM2) or Qwen2 / Qwen2.5 folder (``config.json`` plus ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``), `load_tokenizer(folder)` wraps its ``tokenizer.json``
 with the interface of `spirelib.tokenizer`'s tokenizers, and `save_model(model, folder)`
-writes a folder that ``transformers.LlamaForCausalLM.from_pretrained`` loads and that
-computes our logits. The architecture is the one of spec 2 "Models" (pre-RMSNorm GQA-SwiGLU,
-rotary positions, untied unembedding), which is Llama's; `transformers` itself is not
+writes a folder that ``transformers.LlamaForCausalLM.from_pretrained`` (``Qwen2ForCausalLM``
+for a model with q/k/v biases) loads and that computes our logits. The architecture is the
+one of spec 2 "Models" (pre-RMSNorm GQA-SwiGLU, rotary positions), which is Llama's, with
+three `ModelConfig` options: Llama 3.1's RoPE scaling (`rope_scaling`, rope_type "llama3",
+`rope.rope_frequencies`), tied embedding and unembedding (`tie_embeddings`, from
+``tie_word_embeddings``; the checkpoint then has no lm_head.weight, or one equal to the
+embedding) and Qwen2's q/k/v biases (`qkv_bias`, set by model_type "qwen2", whose
+sliding-window fields are accepted while ``use_sliding_window`` is false); `transformers` itself is not
 imported: config.json is read with `json`, the weights with `safetensors`. Pickle
 checkpoints are never unpickled.
 
@@ -24,7 +29,9 @@ of dh dimensions each, d = hidden size, f = intermediate size, V = vocabulary:
     model.layers.{i}.mlp.up_proj.weight        (f, d)        -+ -> blocks.{i}.mlp.w_gate_up.weight (2f, d)
     model.layers.{i}.mlp.down_proj.weight      (d, f)        -> blocks.{i}.mlp.w_down.weight
     model.norm.weight                          (d,)          -> norm.weight
-    lm_head.weight                             (V, d)        -> unembed.weight
+    lm_head.weight                             (V, d)        -> unembed.weight (absent when tied)
+    Qwen2: model.layers.{i}.self_attn.{q,k,v}_proj.bias      -> blocks.{i}.attn.wqkv.bias, q and k
+                                                                biases permuted as their weight rows
 
 RoPE order. `spirelib.rope` treats head dimensions (2j, 2j+1) as one complex number and
 rotates it by position x base^(-2j/dh); Hugging Face Llama ("rotate_half") rotates the pair
@@ -36,9 +43,10 @@ of the permutation in transformers' ``convert_llama_weights_to_hf.py`` (which go
 Meta's interleaved order, ours, to Hugging Face's), `_to_hf_rope_order` is that permutation.
 
 Not implemented, so refused by name before any weight is read (`REFUSED_FIELDS`): mixture
-of experts, rope scaling of any type (Llama 3.1's "llama3" included), attention or MLP
-biases, logit soft-capping, tied embeddings, activations other than SiLU, sliding windows,
-quantized weights, and any config field this module does not know to be harmless.
+of experts, RoPE scaling other than "llama3" (linear, dynamic, yarn, longrope), Llama's
+attention_bias (o_proj bias too) and MLP biases, logit soft-capping, activations other than
+SiLU, sliding windows (Mistral's, Qwen2's when on), quantized weights, and any config field
+this module does not know to be harmless.
 """
 
 from __future__ import annotations
@@ -54,12 +62,15 @@ import numpy as np
 import torch
 
 from spirelib.model import ModelConfig, Transformer
+from spirelib.rope import LLAMA3_SCALING_FIELDS, rope_frequencies
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
 ARCHITECTURE = "LlamaForCausalLM"
+QWEN2 = "Qwen2ForCausalLM"
+ARCHITECTURES = {"llama": ARCHITECTURE, "qwen2": QWEN2}  # model_type -> architecture
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 GB = 1e9
 
@@ -88,14 +99,15 @@ MODEL_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
     "hidden_act", "attention_bias", "mlp_bias", "tie_word_embeddings",
 })
+# Qwen2's sliding-window fields, harmless while use_sliding_window is false (`_check_qwen2_window`).
+QWEN2_WINDOW_FIELDS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
 # Fields that change the math, refused unless absent, null or false; the value names what is missing.
 REFUSED_FIELDS = {
     "attention_bias": "q/k/v/o biases",
     "mlp_bias": "MLP biases",
     "qkv_bias": "q/k/v biases",
     "bias": "biases",
-    "tie_word_embeddings": "tied embedding and unembedding",
-    "rope_scaling": "RoPE scaling (linear, dynamic, yarn, longrope, llama3)",
+    "rope_scaling": "RoPE scaling other than Llama 3.1's llama3 (linear, dynamic, yarn, longrope)",
     "partial_rotary_factor": "partial rotary embeddings",
     "sliding_window": "sliding-window attention",
     "use_sliding_window": "sliding-window attention",
@@ -134,33 +146,56 @@ _SAFETENSORS_DTYPES = {
 
 def _refuse(field: str, value, what: str) -> ValueError:
     return ValueError(f"config.json: {field}={value!r} ({what}) is not implemented by spirelib.hf; "
-                      f"only Llama 2 / Llama 3.0 style models load (issue 13, phase 1)")
+                      f"only Llama 2 / 3.x and Qwen2 style models load (issue 13)")
 
 
-def _rope_theta(config: dict) -> float:
-    """RoPE base from either config format: `rope_theta` (+ `rope_scaling`) or the newer
-    `rope_parameters` dict; only rope_type "default" is implemented."""
-    theta = config.get("rope_theta")
-    scaling = config.get("rope_scaling")
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-        extra = set(scaling) - {"rope_type", "type", "rope_theta"} if isinstance(scaling, dict) else {"?"}
-        if kind != "default" or extra:
-            raise _refuse("rope_scaling", scaling, REFUSED_FIELDS["rope_scaling"])
-        theta = _same_theta(theta, scaling.get("rope_theta"), "rope_scaling.rope_theta")
-    params = config.get("rope_parameters")
-    if params is not None:
+def _rope(config: dict) -> tuple[float, tuple | None]:
+    """RoPE base and scaling (None, or `rope.LLAMA3_SCALING_FIELDS`) from either config format:
+    `rope_theta` + `rope_scaling`, or the newer `rope_parameters` dict (both must agree);
+    rope types "default" and "llama3" are implemented."""
+    theta, scaling = config.get("rope_theta"), None
+    for field in ("rope_scaling", "rope_parameters"):
+        params = config.get(field)
+        if params is None:
+            continue
         if not isinstance(params, dict):
-            raise _refuse("rope_parameters", params, "an unknown RoPE format")
+            raise _refuse(field, params, "an unknown RoPE format")
         kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            raise _refuse("rope_parameters.rope_type", kind, REFUSED_FIELDS["rope_scaling"])
+        name = "rope_scaling" if field == "rope_scaling" else "rope_parameters.rope_type"
+        shown = params if field == "rope_scaling" else kind
+        if kind not in ("default", "llama3"):
+            raise _refuse(name, shown, REFUSED_FIELDS["rope_scaling"])
+        allowed = {"rope_type", "type", "rope_theta"} | (set(LLAMA3_SCALING_FIELDS) if kind == "llama3" else set())
         for key, value in params.items():
-            if key in ("rope_type", "type", "rope_theta") or (key == "partial_rotary_factor" and value == 1.0):
+            if key in allowed or (key == "partial_rotary_factor" and value == 1.0):
                 continue
-            raise _refuse(f"rope_parameters.{key}", value, "a RoPE parameter of a non-default rope type")
-        theta = _same_theta(theta, params.get("rope_theta"), "rope_parameters.rope_theta")
-    return 10000.0 if theta is None else float(theta)
+            if field == "rope_scaling":
+                raise _refuse(field, params, REFUSED_FIELDS["rope_scaling"])
+            raise _refuse(f"rope_parameters.{key}", value, f"a RoPE parameter rope type {kind!r} does not have")
+        theta = _same_theta(theta, params.get("rope_theta"), f"{field}.rope_theta")
+        this = None
+        if kind == "llama3":
+            values = dict(params)
+            values.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
+            missing = [k for k in LLAMA3_SCALING_FIELDS if values.get(k) is None]
+            if missing:
+                raise ValueError(f"config.json: {field} of rope_type 'llama3' lacks {missing}")
+            this = tuple(float(values[k]) for k in LLAMA3_SCALING_FIELDS)
+        if field == "rope_parameters" and config.get("rope_scaling") is not None and this != scaling:
+            raise ValueError(f"config.json: rope_scaling={config['rope_scaling']!r} and rope_parameters={params!r} "
+                             "disagree")
+        scaling = this
+    return (10000.0 if theta is None else float(theta)), scaling
+
+
+def _check_qwen2_window(config: dict) -> None:
+    """Qwen2 configs carry sliding-window fields; they change nothing while use_sliding_window is false."""
+    use = config.get("use_sliding_window", False)
+    if use:
+        raise _refuse("use_sliding_window", use, "sliding-window attention")
+    types = config.get("layer_types")
+    if types is not None and any(t != "full_attention" for t in types):
+        raise _refuse("layer_types", types, "per-layer attention types")
 
 
 def _same_theta(theta, other, name: str):
@@ -178,11 +213,20 @@ def config_from_hf(config: dict) -> ModelConfig:
     architectures = config.get("architectures")
     if model_type is None and architectures is None:
         raise ValueError("config.json names neither model_type nor architectures; expected a Llama config")
-    if model_type is not None and model_type != "llama":
-        raise _refuse("model_type", model_type, "a model family other than Llama")
-    if architectures is not None and list(architectures) != [ARCHITECTURE]:
-        raise _refuse("architectures", architectures, f"an architecture other than {ARCHITECTURE}")
+    if model_type is not None and model_type not in ARCHITECTURES:
+        raise _refuse("model_type", model_type, "a model family other than Llama and Qwen2")
+    if architectures is not None and list(architectures) not in ([a] for a in ARCHITECTURES.values()):
+        raise _refuse("architectures", architectures, f"an architecture other than {sorted(ARCHITECTURES.values())}")
+    qwen2 = model_type == "qwen2" or (model_type is None and list(architectures) == [QWEN2])
+    if qwen2 and architectures is not None and list(architectures) != [QWEN2]:
+        raise _refuse("architectures", architectures, "an architecture other than Qwen2ForCausalLM for model_type qwen2")
+    if not qwen2 and model_type is not None and architectures is not None and list(architectures) != [ARCHITECTURE]:
+        raise _refuse("architectures", architectures, "an architecture other than LlamaForCausalLM for model_type llama")
+    if qwen2:
+        _check_qwen2_window(config)
     for field, value in config.items():
+        if qwen2 and field in QWEN2_WINDOW_FIELDS:
+            continue
         if field in REFUSED_FIELDS:
             if field == "rope_scaling" or value is None or value is False:
                 continue
@@ -192,7 +236,7 @@ def config_from_hf(config: dict) -> ModelConfig:
     act = config.get("hidden_act", "silu")
     if act not in SILU:
         raise _refuse("hidden_act", act, "an MLP activation other than SiLU (SwiGLU)")
-    rope_base = _rope_theta(config)
+    rope_base, rope_scaling = _rope(config)
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         if field not in config:
             raise ValueError(f"config.json lacks {field}")
@@ -210,26 +254,35 @@ def config_from_hf(config: dict) -> ModelConfig:
     return ModelConfig(vocab_size=int(config["vocab_size"]), num_layers=int(config["num_hidden_layers"]),
                        d_model=d_model, n_q_per_kv=n_q // n_kv, n_kv=n_kv, d_head=int(d_head),
                        d_ff=int(config["intermediate_size"]), rope_base=rope_base,
-                       norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+                       norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_scaling=rope_scaling,
+                       tie_embeddings=bool(config.get("tie_word_embeddings", False)), qkv_bias=qwen2)
 
 
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype, *, eos_token_id: int | None = None,
                  bos_token_id: int | None = None, max_position_embeddings: int = 4096) -> dict:
-    """A Hugging Face LlamaForCausalLM config.json dict for `cfg`, in both RoPE formats
-    (`rope_theta` for transformers 4, `rope_parameters` for 5). Special-token ids default to
-    None, not LlamaConfig's 1 and 2 (which `generate` would stop at)."""
+    """A Hugging Face config.json dict for `cfg`, LlamaForCausalLM (Qwen2ForCausalLM with q/k/v
+    biases), in both RoPE formats (`rope_theta` + `rope_scaling` for transformers 4,
+    `rope_parameters` for 5). Special-token ids default to None, not LlamaConfig's 1 and 2
+    (which `generate` would stop at)."""
     name = str(dtype).removeprefix("torch.")
-    return {
-        "architectures": [ARCHITECTURE], "model_type": "llama",
+    scaling = None if cfg.rope_scaling is None else {
+        "rope_type": "llama3", **dict(zip(LLAMA3_SCALING_FIELDS, cfg.rope_scaling))}
+    if scaling is not None:
+        scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
+    model_type = "qwen2" if cfg.qkv_bias else "llama"
+    family = ({"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.num_layers}
+              if cfg.qkv_bias else {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1})
+    return family | {
+        "architectures": [ARCHITECTURES[model_type]], "model_type": model_type,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.n_q, "num_key_value_heads": cfg.n_kv,
         "head_dim": cfg.d_head, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_base, "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        "rope_theta": cfg.rope_base, "rope_scaling": scaling,
+        "rope_parameters": (scaling or {"rope_type": "default"}) | {"rope_theta": cfg.rope_base},
+        "tie_word_embeddings": cfg.tie_embeddings,
         "max_position_embeddings": max_position_embeddings, "attention_dropout": 0.0,
         "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": None,
-        "torch_dtype": name, "dtype": name, "use_cache": True, "pretraining_tp": 1, "initializer_range": 0.02,
+        "torch_dtype": name, "dtype": name, "use_cache": True, "initializer_range": 0.02,
     }
 
 
@@ -246,20 +299,23 @@ def read_config(path: str | os.PathLike) -> dict:
 def _from_hf_rope_order(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """q or k projection rows (n_heads dh, d) from Hugging Face's per-head order (j, j + dh/2)
     to ours (2j, 2j + 1): our row h dh + 2j + s is their row h dh + s dh/2 + j."""
-    rows, d = w.shape
-    return w.view(n_heads, 2, rows // n_heads // 2, d).transpose(1, 2).reshape(rows, d)
+    rows, rest = w.shape[0], w.shape[1:]  # a bias (rows,) moves as its weight's rows do
+    return w.view(n_heads, 2, rows // n_heads // 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
 def _to_hf_rope_order(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Inverse of `_from_hf_rope_order` (transformers' `permute` in convert_llama_weights_to_hf.py)."""
-    rows, d = w.shape
-    return w.view(n_heads, rows // n_heads // 2, 2, d).transpose(1, 2).reshape(rows, d)
+    rows, rest = w.shape[0], w.shape[1:]
+    return w.view(n_heads, rows // n_heads // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
 def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama checkpoint of shape `cfg` holds, with its shape."""
+    """Every tensor a Llama (Qwen2) checkpoint of shape `cfg` holds, with its shape; a tied
+    one holds no lm_head.weight (`_check_tensors` accepts one equal to the embedding)."""
     d, f, V, h = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.d_head
-    shapes = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,), "lm_head.weight": (V, d)}
+    shapes = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (V, d)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         shapes |= {
@@ -268,6 +324,9 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (cfg.n_kv * h, d), p + "self_attn.o_proj.weight": (d, cfg.n_q * h),
             p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f),
         }
+        if cfg.qkv_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (cfg.n_q * h,), p + "self_attn.k_proj.bias": (cfg.n_kv * h,),
+                       p + "self_attn.v_proj.bias": (cfg.n_kv * h,)}
     return shapes
 
 
@@ -370,10 +429,12 @@ def _some(names: list[str], n: int = 5) -> str:
 
 def _check_tensors(headers: dict, cfg: ModelConfig) -> None:
     expected = hf_shapes(cfg)
+    if cfg.tie_embeddings and "lm_head.weight" in headers:  # some tied checkpoints store it anyway
+        expected["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)
     unknown = sorted(n for n in headers if n not in expected and not _is_inv_freq(n))
     if unknown:
         biases = [n for n in unknown if n.endswith(".bias")]
-        what = " (biases are not implemented: Qwen2-style q/k/v or attention_bias)" if biases else ""
+        what = (" (biases are implemented only as Qwen2's q/k/v biases, model_type qwen2)" if biases else "")
         raise ValueError(f"checkpoint holds tensors this Llama config does not have{what}: {_some(unknown)}")
     missing = sorted(n for n in expected if n not in headers)
     if missing:
@@ -391,13 +452,14 @@ def _check_inv_freq(headers: dict, cfg: ModelConfig) -> None:
     """Saved RoPE frequencies must be the ones config.json implies (a scaled RoPE would not be)."""
     from safetensors import safe_open
 
-    want = 1.0 / cfg.rope_base ** (torch.arange(0, cfg.d_head, 2, dtype=torch.float64) / cfg.d_head)
+    want = rope_frequencies(cfg.d_head, cfg.rope_base, cfg.rope_scaling).double()
     for name, (file, _, shape) in headers.items():
         if _is_inv_freq(name):
             with safe_open(str(file), framework="pt") as f:
                 got = f.get_tensor(name).double()
             if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-6, atol=0):
-                raise ValueError(f"tensor {name} holds RoPE frequencies that rope_theta={cfg.rope_base} does not give")
+                raise ValueError(f"tensor {name} holds RoPE frequencies that rope_theta={cfg.rope_base} and "
+                                 f"rope_scaling={cfg.rope_scaling} do not give")
 
 
 def _resolve_dtype(headers: dict, dtype: torch.dtype | None) -> torch.dtype:
@@ -431,7 +493,8 @@ def load_model(path: str | os.PathLike, *, device: torch.device | str | None = N
     headers = _shard_headers(folder)
     _check_tensors(headers, cfg)
     dtype = _resolve_dtype(headers, dtype)
-    n_params = sum(math.prod(shape) for name, (_, _, shape) in headers.items() if not _is_inv_freq(name))
+    n_params = sum(math.prod(shape) for name, (_, _, shape) in headers.items()
+                   if not _is_inv_freq(name) and not (cfg.tie_embeddings and name == "lm_head.weight"))
     check_memory(n_params, dtype, device, available_bytes(device))
     _check_inv_freq(headers, cfg)
 
@@ -449,9 +512,15 @@ def load_model(path: str | os.PathLike, *, device: torch.device | str | None = N
                 _convert_ready(hf, state, cfg)
     if hf:  # every tensor was checked present, so every group completed
         raise AssertionError(f"unconverted tensors {_some(sorted(hf))}")
+    if cfg.tie_embeddings:
+        lm_head = state.pop("unembed.weight", None)
+        if lm_head is not None and not torch.equal(lm_head, state["embed.weight"]):
+            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight")
+        state["unembed.weight"] = state["embed.weight"]
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict(state, strict=True, assign=True)
+    model.tie()  # assign=True replaced the shared Parameter by two
     return model.eval()
 
 
@@ -475,11 +544,12 @@ def _convert_ready(hf: dict[str, torch.Tensor], state: dict[str, torch.Tensor], 
         if rest in _PER_LAYER:
             state[ours + _PER_LAYER[rest]] = hf.pop(name)
         elif rest.startswith("self_attn."):
-            qkv = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
-            if all(n in hf for n in qkv):
-                q, k, v = (hf.pop(n) for n in qkv)  # (n_q dh, d), (n_kv dh, d), (n_kv dh, d)
-                state[ours + "attn.wqkv.weight"] = torch.cat(
-                    [_from_hf_rope_order(q, cfg.n_q), _from_hf_rope_order(k, cfg.n_kv), v])  # ((n_q + 2 n_kv) dh, d)
+            for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
+                qkv = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
+                if all(n in hf for n in qkv):
+                    q, k, v = (hf.pop(n) for n in qkv)  # (n_q dh, d), (n_kv dh, d), (n_kv dh, d); biases (rows,)
+                    state[ours + f"attn.wqkv.{kind}"] = torch.cat(
+                        [_from_hf_rope_order(q, cfg.n_q), _from_hf_rope_order(k, cfg.n_kv), v])  # ((n_q + 2 n_kv) dh, ...)
         else:
             gate_up = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
             if all(n in hf for n in gate_up):
@@ -495,8 +565,9 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     cfg = model.cfg
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     q_dim, kv_dim = cfg.n_q * cfg.d_head, cfg.n_kv * cfg.d_head
-    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"],
-           "lm_head.weight": sd["unembed.weight"]}
+    out = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm.weight"]}
+    if not cfg.tie_embeddings:  # tied: transformers re-ties lm_head to the embedding on load
+        out["lm_head.weight"] = sd["unembed.weight"]
     for i in range(cfg.num_layers):
         p, ours = f"model.layers.{i}.", f"blocks.{i}."
         q, k, v = sd[ours + "attn.wqkv.weight"].split([q_dim, kv_dim, kv_dim])  # (n_q dh, d), (n_kv dh, d) x 2
@@ -511,6 +582,10 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
             p + "mlp.down_proj.weight": sd[ours + "mlp.w_down.weight"],
         }
+        if cfg.qkv_bias:
+            qb, kb, vb = sd[ours + "attn.wqkv.bias"].split([q_dim, kv_dim, kv_dim])
+            out |= {p + "self_attn.q_proj.bias": _to_hf_rope_order(qb, cfg.n_q),
+                    p + "self_attn.k_proj.bias": _to_hf_rope_order(kb, cfg.n_kv), p + "self_attn.v_proj.bias": vb}
     return {k: v.to("cpu").clone(memory_format=torch.contiguous_format) for k, v in out.items()}
 
 

@@ -179,7 +179,8 @@ class SinkWindowKVCache(_KVCache):
     """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, sparse: SinkWindow, slack: int, *,
-                 rope_mode: str = "original", rope_base: float = 10000.0, device=None, dtype=torch.float32):
+                 rope_mode: str = "original", rope_base: float = 10000.0, rope_scaling: tuple | None = None,
+                 device=None, dtype=torch.float32):
         if rope_mode not in ("original", "cache"):
             raise ValueError(f"rope_mode must be 'original' or 'cache', got {rope_mode!r}")
         if slack < 1:
@@ -190,6 +191,7 @@ class SinkWindowKVCache(_KVCache):
         self.slack = slack
         self.rope_mode = rope_mode
         self.rope_base = rope_base
+        self.rope_scaling = rope_scaling
 
     def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         sink = self.sparse.sink
@@ -210,7 +212,7 @@ class SinkWindowKVCache(_KVCache):
         # The query sits at cache index sink + window; a sink key i then sits at distance
         # sink + window - i instead of q - i: rotate it forward by q - window - sink (>= 0).
         shift = (q_pos - self.sparse.window - sink).clamp(min=0).expand(-1, sink)  # (B, sink)
-        rotation = rope_rotation(shift, k.shape[-1], self.rope_base)  # (B, 1, sink, d_head/2)
+        rotation = rope_rotation(shift, k.shape[-1], self.rope_base, self.rope_scaling)  # (B, 1, sink, d_head/2)
         k = torch.cat((apply_rope(k[:, :, :sink], rotation), k[:, :, sink:]), dim=2)
         return k, v
 

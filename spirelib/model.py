@@ -18,7 +18,7 @@ from torch import nn
 
 from spirelib.kvcache import SinkWindow, _KVCache, visibility
 from spirelib.perfmodel import ModelShape, body_params
-from spirelib.rope import apply_rope, rope_rotation
+from spirelib.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,23 @@ class ModelConfig(ModelShape):
     vocab_size: int
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
+    # Fields added later (issue 13): `to_dict` leaves them out at their defaults, so the
+    # config hash of every model that does not use them is what it was before them.
+    rope_scaling: tuple | None = None  # Llama 3.1's: rope.LLAMA3_SCALING_FIELDS, see rope.rope_frequencies
+    tie_embeddings: bool = False  # unembed.weight is embed.weight (Llama 3.2 1B/3B, SmolLM2)
+    qkv_bias: bool = False  # biases on W_q, W_k, W_v (Qwen2)
 
     def __post_init__(self):
         super().__post_init__()
+        if self.rope_scaling is not None:
+            scaling = tuple(float(v) for v in self.rope_scaling)  # a JSON list comes back as a tuple
+            if len(scaling) != len(LLAMA3_SCALING_FIELDS):
+                raise ValueError(f"ModelConfig.rope_scaling must be {LLAMA3_SCALING_FIELDS}, got {self.rope_scaling!r}")
+            factor, low, high, old_context = scaling
+            if not (factor >= 1 and 0 < low < high and old_context > 0):
+                raise ValueError(f"ModelConfig.rope_scaling {dict(zip(LLAMA3_SCALING_FIELDS, scaling))} needs "
+                                 "factor >= 1, 0 < low_freq_factor < high_freq_factor, original_max > 0")
+            object.__setattr__(self, "rope_scaling", scaling)
         if self.vocab_size < 1:
             raise ValueError(f"ModelConfig.vocab_size must be >= 1, got {self.vocab_size}")
         if self.d_head % 2:
@@ -42,19 +56,29 @@ class ModelConfig(ModelShape):
         return self.n_q_per_kv * self.n_kv
 
     def body_params(self) -> int:
-        """Parameters of the layer stack (spec 2; `perfmodel.body_params`)."""
-        return body_params(self)
+        """Parameters of the layer stack (spec 2; `perfmodel.body_params`, plus q/k/v biases if any)."""
+        biases = self.num_layers * (self.n_q + 2 * self.n_kv) * self.d_head if self.qkv_bias else 0
+        return body_params(self) + biases
 
     def num_params(self) -> int:
-        """Every parameter: the body, embedding and unembedding (untied), final norm gain."""
-        return self.body_params() + 2 * self.vocab_size * self.d_model + self.d_model
+        """Every parameter: the body, embedding and unembedding (once if tied), final norm gain."""
+        return self.body_params() + (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model + self.d_model
 
     def shape(self) -> ModelShape:
         """This model's plain `perfmodel.ModelShape` (what the throughput model's tables name)."""
         return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict, `ModelConfig(**d)` rebuilds it; fields added after the first
+        checkpoints were cached (`_LATER_FIELDS`) only where they differ from their defaults."""
+        d = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
+
+
+_LATER_FIELDS = {"rope_scaling": None, "tie_embeddings": False, "qkv_bias": False}
 
 
 class RMSNorm(nn.Module):
@@ -75,7 +99,7 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.q_dim = cfg.n_q * cfg.d_head
-        self.wqkv = nn.Linear(cfg.d_model, (cfg.n_q + 2 * cfg.n_kv) * cfg.d_head, bias=False)
+        self.wqkv = nn.Linear(cfg.d_model, (cfg.n_q + 2 * cfg.n_kv) * cfg.d_head, bias=cfg.qkv_bias)
         self.wo = nn.Linear(self.q_dim, cfg.d_model, bias=False)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -89,11 +113,13 @@ class Attention(nn.Module):
 
     def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Rotated queries (B, n_q, T, d_head) of x (B, T, d_model)."""
-        return apply_rope(self._heads(F.linear(x, self.wqkv.weight[: self.q_dim]), self.cfg.n_q), rope)
+        bias = None if self.wqkv.bias is None else self.wqkv.bias[: self.q_dim]
+        return apply_rope(self._heads(F.linear(x, self.wqkv.weight[: self.q_dim], bias), self.cfg.n_q), rope)
 
     def keys_values(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
-        k, v = F.linear(x, self.wqkv.weight[self.q_dim :]).chunk(2, dim=-1)
+        bias = None if self.wqkv.bias is None else self.wqkv.bias[self.q_dim :]
+        k, v = F.linear(x, self.wqkv.weight[self.q_dim :], bias).chunk(2, dim=-1)
         return apply_rope(self._heads(k, self.cfg.n_kv), rope), self._heads(v, self.cfg.n_kv)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -223,13 +249,22 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.tie()
         self.reset_parameters()
+
+    def tie(self) -> None:
+        """With `cfg.tie_embeddings`, make unembed.weight the embedding's Parameter (again: after
+        a `load_state_dict(assign=True)`, which replaces Parameters one by one)."""
+        if self.cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."""
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
             elif name.endswith(("wo.weight", "w_down.weight")):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.num_layers))
             else:
@@ -240,7 +275,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.blocks.parameters())
 
     def rope(self, positions: torch.Tensor):
-        return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base)
+        return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base, self.cfg.rope_scaling)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
                 valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:

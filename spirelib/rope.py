@@ -10,14 +10,40 @@ forward and backward (measured on this CPU).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+#: Llama 3.1's RoPE scaling ("llama3" in Hugging Face configs), as a hashable tuple:
+#: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).
+LLAMA3_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
-def rope_rotation(positions: torch.Tensor, d_head: int, base: float) -> torch.Tensor:
-    """Unit complex rotations for integer `positions` (B, T): (B, 1, T, d_head/2), complex64."""
+
+def rope_frequencies(d_head: int, base: float, scaling: tuple | None = None, device=None) -> torch.Tensor:
+    """The d_head/2 rotation frequencies (fp32): 1 / base^(2j/d_head), then, with `scaling`
+    (a `LLAMA3_SCALING_FIELDS` tuple), Llama 3.1's: wavelengths longer than
+    original_max / low_freq_factor slowed down by `factor`, shorter than original_max /
+    high_freq_factor kept, those between interpolated (transformers' `_compute_llama3_parameters`,
+    operation for operation, so that the fp32 values agree)."""
     # 1 / base^(i/d), as Hugging Face's Llama computes it: base^(-i/d) differs by an ulp in about a
     # third of the frequencies, which shows (1e-3 in the logits) past 100k tokens of relative distance.
-    inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, device=positions.device, dtype=torch.float32) / d_head)
+    inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
+    if scaling is None:
+        return inv_freq
+    factor, low, high, old_context = scaling
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_rotation(positions: torch.Tensor, d_head: int, base: float, scaling: tuple | None = None) -> torch.Tensor:
+    """Unit complex rotations for integer `positions` (B, T): (B, 1, T, d_head/2), complex64
+    (`scaling`: see `rope_frequencies`)."""
+    inv_freq = rope_frequencies(d_head, base, scaling, positions.device)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, d_head/2)
     return torch.polar(torch.ones_like(angles), angles)[:, None]
 

@@ -158,7 +158,7 @@ class SpireDraftModel(nn.Module):
         c = self.body.cfg
         param = self.mix
         return SinkWindowKVCache(c.num_layers, batch, c.n_kv, c.d_head, self.cfg.sparse, slack,
-                                 rope_base=c.rope_base, device=param.device, dtype=param.dtype)
+                                 rope_base=c.rope_base, rope_scaling=c.rope_scaling, device=param.device, dtype=param.dtype)
 
     def write_target_memory(self, cache: SinkWindowKVCache, target_layers: torch.Tensor,
                             positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:

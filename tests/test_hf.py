@@ -32,15 +32,21 @@ V = 101
 TOL = 1e-4
 
 
-def random_llama(seed: int, *, layers=2, hidden=64, heads=4, kv=2, ff=96, head_dim=None, theta=500000.0):
-    """A random LlamaForCausalLM with weights large enough that attention is far from uniform
-    and norm gains that are not all one (so that swapped or skipped tensors show)."""
+def random_llama(seed: int, *, layers=2, hidden=64, heads=4, kv=2, ff=96, head_dim=None, theta=500000.0,
+                 family="llama", **extra):
+    """A random LlamaForCausalLM (Qwen2ForCausalLM with family="qwen2") with weights (biases
+    too) large enough that attention is far from uniform and norm gains that are not all one
+    (so that swapped or skipped tensors show)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
-                         max_position_embeddings=256, rope_theta=theta, rms_norm_eps=1e-5,
-                         tie_word_embeddings=False, attn_implementation="eager")
-    model = LlamaForCausalLM(config).eval()
+    config_cls, model_cls = ((LlamaConfig, LlamaForCausalLM) if family == "llama"
+                             else (transformers.Qwen2Config, transformers.Qwen2ForCausalLM))
+    extra = {"tie_word_embeddings": False, "rope_theta": theta} | extra
+    if head_dim is not None:
+        extra["head_dim"] = head_dim
+    config = config_cls(vocab_size=V, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv,
+                        max_position_embeddings=256, rms_norm_eps=1e-5, attn_implementation="eager", **extra)
+    model = model_cls(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -263,13 +269,12 @@ def test_save_refuses_a_folder_with_other_weights(tmp_path):
 @pytest.mark.parametrize("field, value", [
     ("attention_bias", True),
     ("mlp_bias", True),
-    ("tie_word_embeddings", True),
+    ("use_sliding_window", True),
     ("hidden_act", "gelu"),
     ("sliding_window", 4096),
     ("num_local_experts", 8),
     ("final_logit_softcapping", 30.0),
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8192}),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}),
     ("rope_parameters", {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
     ("model_type", "mistral"),
     ("quantization_config", {"quant_method": "gptq"}),
@@ -420,7 +425,7 @@ LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json
 }
 
 
-def test_published_llama2_and_llama3_configs_parse_and_llama31_is_refused():
+def test_published_llama2_llama3_and_llama31_configs_parse_and_yarn_is_refused():
     from spirelib.perfmodel import PRESETS
 
     llama3 = hf.config_from_hf(LLAMA3_8B)
@@ -433,5 +438,211 @@ def test_published_llama2_and_llama3_configs_parse_and_llama31_is_refused():
         hf.check_memory(n_params, torch.float32, "cpu", available=24 * 10**9)
     llama31 = LLAMA3_8B | {"rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                             "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
-    with pytest.raises(ValueError, match=r"rope_scaling=\{'factor': 8.0.*'rope_type': 'llama3'\}"):
-        hf.config_from_hf(llama31)
+    assert hf.config_from_hf(llama31).rope_scaling == (8.0, 1.0, 4.0, 8192.0)
+    yarn = LLAMA3_8B | {"rope_scaling": {"factor": 8.0, "original_max_position_embeddings": 8192, "rope_type": "yarn"}}
+    with pytest.raises(ValueError, match=r"rope_scaling=\{'factor': 8.0.*'rope_type': 'yarn'\}"):
+        hf.config_from_hf(yarn)
+
+
+# ---------------------------------------------------------------- Llama 3.1 RoPE scaling, tied embeddings, Qwen2
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}  # tiny: positions past 16 are where scaling matters
+LONG = 48
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory):
+    """A Llama 3.1 style model (rope_type llama3, d_head 16 on theta 10000: wavelengths from 6 to
+    ~20k, on both sides of the 4..16 band) with tied embeddings, as Llama 3.2 1B/3B have."""
+    ref = random_llama(10, head_dim=16, theta=10000.0, rope_parameters={"rope_theta": 10000.0, **LLAMA3_ROPE},
+                       tie_word_embeddings=True)
+    folder = tmp_path_factory.mktemp("llama31")
+    ref.save_pretrained(folder, safe_serialization=True)
+    return ref, folder, hf.load_model(folder)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    """A Qwen2 model: q/k/v biases, sliding-window fields present but off."""
+    ref = random_llama(11, family="qwen2", theta=1000000.0, use_sliding_window=False, sliding_window=4096,
+                       max_window_layers=1)
+    folder = tmp_path_factory.mktemp("qwen2")
+    ref.save_pretrained(folder, safe_serialization=True)
+    rewrite_config(folder, sliding_window=4096)  # as published Qwen2.5 configs carry it (transformers nulls it)
+    return ref, folder, hf.load_model(folder)
+
+
+def test_llama3_rope_frequencies_are_transformers_bitwise():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from spirelib.rope import rope_frequencies
+
+    config = LlamaConfig(hidden_size=128, num_attention_heads=1, head_dim=128, max_position_embeddings=131072,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192})
+    want, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    got = rope_frequencies(128, 500000.0, (8.0, 1.0, 4.0, 8192.0))
+    assert attention_factor == 1.0 and torch.equal(got, want)
+    plain = rope_frequencies(128, 500000.0)
+    assert (got < plain).any() and (got == plain).any() and ((got > plain / 8) & (got < plain)).any()  # all 3 bands
+
+
+@pytest.mark.parametrize("which", ["scaled", "qwen2"])
+def test_full_forward_and_cached_decoding_match_transformers(which, request):
+    ref, _, ours = request.getfixturevalue(which)
+    x = tokens(12, 2, LONG)
+    want = hf_logits(ref, x)
+    assert want.std() > 1
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), want, atol=TOL, rtol=0)
+        cache = new_cache(ours, 2, LONG)
+        got = [ours(x[:, :8], cache=cache)]
+        for t in range(8, LONG):
+            got.append(ours(x[:, t : t + 1], torch.full((2, 1), t), cache))
+    torch.testing.assert_close(torch.cat(got, 1), want, atol=TOL, rtol=0)
+
+
+def test_the_llama31_config_gives_scaling_and_ties(scaled):
+    _, folder, ours = scaled
+    assert "lm_head.weight" not in load_file(folder / hf.SINGLE)  # transformers does not save a tied head
+    assert ours.cfg.rope_scaling == (4.0, 1.0, 4.0, 16.0) and ours.cfg.tie_embeddings and not ours.cfg.qkv_bias
+    assert ours.unembed.weight is ours.embed.weight
+    assert ours.cfg.num_params() == sum(p.numel() for p in ours.parameters())  # the tied matrix once
+
+
+def test_qwen2_config_gives_biases_and_its_window_fields_are_harmless_only_when_off(qwen2, tmp_path):
+    ref, folder, ours = qwen2
+    assert ours.cfg.qkv_bias and not ours.cfg.tie_embeddings and ours.cfg.rope_base == 1000000.0
+    assert ours.blocks[0].attn.wqkv.bias is not None and ours.blocks[0].attn.wo.bias is None
+    assert ours.cfg.num_params() == sum(p.numel() for p in ours.parameters())
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    rewrite_config(tmp_path, use_sliding_window=True)
+    with pytest.raises(ValueError, match="use_sliding_window=True"):
+        hf.load_model(tmp_path)
+    rewrite_config(tmp_path, use_sliding_window=False, layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match="layer_types"):
+        hf.load_model(tmp_path)
+
+
+@torch.no_grad()
+def test_separate_query_and_key_value_projections_use_the_biases(qwen2):
+    """SPIRe's path (Block.queries / memory_kv) computes what the fused q/k/v projection does."""
+    ours = qwen2[2]
+    x = torch.randn(2, 7, ours.cfg.d_model, generator=torch.Generator().manual_seed(13))
+    rope = ours.rope(torch.arange(7).expand(2, 7))
+    block = ours.blocks[1]
+    q, k, v = block.attn.qkv(block.attn_norm(x), rope)
+    torch.testing.assert_close(block.queries(x, rope), q, atol=1e-6, rtol=0)
+    k2, v2 = block.memory_kv(x, rope)
+    torch.testing.assert_close(k2, k, atol=1e-6, rtol=0)
+    torch.testing.assert_close(v2, v, atol=1e-6, rtol=0)
+
+
+@torch.no_grad()
+def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
+    """rope_mode="cache" at a query past original_max_position_embeddings: with one layer, a
+    query over sink + window scores as the compacted sequence at positions 0..n-1 does (cf.
+    test_model); the sink keys are re-rotated by the distance they move, in scaled frequencies."""
+    from dataclasses import replace
+
+    from spirelib.kvcache import SinkWindowKVCache
+
+    torch.manual_seed(14)
+    ours = Transformer(replace(scaled[2].cfg, num_layers=1)).eval()
+    ours.reset_parameters(std=0.3)
+    cfg, sparse = ours.cfg, SinkWindow(sink=2, window=4)
+    x = tokens(14, 1, LONG)
+    dense = new_cache(ours, 1, LONG)
+    ours(x[:, : LONG - 1], cache=dense)
+    ring = SinkWindowKVCache(cfg.num_layers, 1, cfg.n_kv, cfg.d_head, sparse, slack=1, rope_mode="cache",
+                             rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling)
+    ring.ingest(dense, torch.arange(LONG - 1)[None])
+    out = ours(x[:, LONG - 1 :], torch.tensor([[LONG - 1]]), ring)
+    compacted = torch.cat([x[:, :2], x[:, LONG - 5 :]], dim=1)  # sink, the 4 before the query, the query
+    torch.testing.assert_close(out[:, 0], ours(compacted)[:, -1], atol=1e-4, rtol=0)
+
+
+def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_the_original_context(scaled):
+    from spirelib.spire import SpireConfig, SpireDraft, SpireDraftModel
+
+    ref, _, ours = scaled
+    lengths = torch.tensor([20, 14])
+    contexts = tokens(15, 2, 20).masked_fill(torch.arange(20)[None] >= lengths[:, None], 0)
+    G = 16
+    want = []
+    for i, n in enumerate(lengths.tolist()):
+        row = contexts[i : i + 1, :n]
+        want.append(ref.generate(row, attention_mask=torch.ones_like(row), max_new_tokens=G, do_sample=False)[0, n:])
+    want = torch.stack(want)
+    assert len(set(want.flatten().tolist())) > 3
+    assert torch.equal(autoregressive_generate(ours, contexts, G, temperature=0, lengths=lengths).tokens, want)
+    spire = SpireDraftModel.from_target(ours, SpireConfig(num_layers=1, sink=1, window=8, k=3))
+    assert spire.body.cfg.rope_scaling == ours.cfg.rope_scaling
+    assert spire.body.unembed.weight is spire.body.embed.weight  # the draft stays tied
+    assert torch.equal(spire.body.embed.weight, ours.embed.weight)
+    drafts = {"magicdec": MagicDecDraft(ours, SinkWindow(1, 6), temperature=0),
+              "spire": SpireDraft(spire, temperature=0)}
+    for name, draft in drafts.items():
+        sd = speculative_generate(ours, draft, contexts, G, k=3, temperature=0, lengths=lengths)
+        assert torch.equal(sd.tokens, want), name
+
+
+@pytest.mark.parametrize("which", ["scaled", "qwen2"])
+def test_export_round_trip_through_transformers_scaled_tied_and_biased(which, request, tmp_path):
+    _, _, ours = request.getfixturevalue(which)
+    hf.save_model(ours, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    cls = transformers.Qwen2ForCausalLM if which == "qwen2" else LlamaForCausalLM
+    ref, info = cls.from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32,
+                                    output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert (ref.lm_head.weight is ref.model.embed_tokens.weight) == ours.cfg.tie_embeddings
+    x = tokens(16, 2, LONG)
+    with torch.no_grad():
+        torch.testing.assert_close(hf_logits(ref.eval(), x), ours(x), atol=TOL, rtol=0)
+    back = hf.load_model(tmp_path)
+    assert back.cfg == ours.cfg and config["model_type"] == ("qwen2" if which == "qwen2" else "llama")
+    a, b = back.state_dict(), ours.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_tied_checkpoint_with_a_different_lm_head_is_refused(scaled, tmp_path):
+    shutil.copytree(scaled[1], tmp_path / "m")
+    _edit_weights(tmp_path / "m", lambda w: w.update({"lm_head.weight": w["model.embed_tokens.weight"] + 1}))
+    with pytest.raises(ValueError, match="lm_head.weight differs"):
+        hf.load_model(tmp_path / "m")
+    _edit_weights(tmp_path / "m", lambda w: w.update({"lm_head.weight": w["model.embed_tokens.weight"].clone()}))
+    assert hf.load_model(tmp_path / "m").unembed.weight is not None  # an equal stored head loads
+
+
+def test_a_tied_model_checkpoints_once_stays_tied_and_resumes_training(scaled, tmp_path):
+    from spirelib import checkpoint
+
+    def fresh():
+        torch.manual_seed(17)
+        model = Transformer(scaled[2].cfg)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, seed):
+        x = tokens(seed, 2, 12)
+        opt.zero_grad()
+        model.loss(x[:, :-1], x[:, 1:]).backward()
+        opt.step()
+
+    model, opt = fresh()
+    for s in range(2):
+        step(model, opt, s)
+    identity = {"model": model.cfg.to_dict()}
+    checkpoint.save_checkpoint(tmp_path / "ck", model, identity, step=2, finished=False, optimizer=opt)
+    assert "unembed.weight" not in load_file(tmp_path / "ck" / "model.safetensors")
+    step(model, opt, 2)  # the uninterrupted run
+
+    resumed, opt2 = fresh()
+    checkpoint.load_checkpoint(tmp_path / "ck", resumed, identity, optimizer=opt2)
+    assert resumed.unembed.weight is resumed.embed.weight
+    step(resumed, opt2, 2)
+    assert resumed.unembed.weight is resumed.embed.weight
+    a, b = resumed.state_dict(), model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
