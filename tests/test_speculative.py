@@ -152,32 +152,37 @@ def test_end_of_text_stops_a_row():
     assert torch.equal(sd.tokens[0, : step + 1], free.tokens[0, : step + 1])
 
 
-def exact_two_token_distribution(target, context):
-    """P(t1, t2 | context) by enumeration (V x V)."""
+def exact_two_token_distribution(target, context, temperature=1.0):
+    """P(t1, t2 | context) by enumeration (V x V), each token from softmax(logits / temperature)."""
     with torch.no_grad():
-        p1 = torch.softmax(target(context[None])[0, -1], -1)  # (V,)
+        p1 = torch.softmax(target(context[None])[0, -1] / temperature, -1)  # (V,)
         V = p1.shape[0]
         seqs = torch.cat([context.expand(V, -1), torch.arange(V)[:, None]], dim=1)
-        p2 = torch.softmax(target(seqs)[:, -1], -1)  # (V, V)
+        p2 = torch.softmax(target(seqs)[:, -1] / temperature, -1)  # (V, V)
     return p1[:, None] * p2
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
 @pytest.mark.parametrize("name", ["vanilla-small", "magicdec"])
-def test_sampled_speculative_decoding_matches_the_target_distribution(name):
-    """At T = 1 the first two generated tokens follow the target's exact joint distribution."""
+def test_sampled_speculative_decoding_matches_the_target_distribution(name, temperature):
+    """At T = 1, and at temperatures that sharpen (0.7) or flatten (1.5) the target, the first
+    two generated tokens follow the target's exact joint distribution at that temperature,
+    softmax(logits / T) computed here by hand."""
     cfg = ModelConfig(vocab_size=6, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
     target = peaky_model(cfg, std=0.15)
     small = ModelConfig(vocab_size=6, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
     gen = torch.Generator().manual_seed(11)
-    draft = {"vanilla-small": VanillaDraft(peaky_model(small, 7, std=0.15), generator=gen),
-             "magicdec": MagicDecDraft(target, SinkWindow(1, 3), generator=gen)}[name]
+    draft = {"vanilla-small": VanillaDraft(peaky_model(small, 7, std=0.15), temperature=temperature, generator=gen),
+             "magicdec": MagicDecDraft(target, SinkWindow(1, 3), temperature=temperature, generator=gen)}[name]
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1])
     n = 20_000
-    sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=1.0, generator=gen)
-    joint = exact_two_token_distribution(target, context).flatten()
+    sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
+    joint = exact_two_token_distribution(target, context, temperature).flatten()
     counts = torch.bincount(sd.tokens[:, 0] * cfg.vocab_size + sd.tokens[:, 1], minlength=cfg.vocab_size ** 2)
     assert chi_square_pvalue(counts, joint) > 1e-3
     assert math.isclose(float(joint.sum()), 1.0, rel_tol=1e-9)
+    if temperature != 1.0:  # the check has power: the T = 1 distribution is rejected
+        assert chi_square_pvalue(counts, exact_two_token_distribution(target, context).flatten()) < 1e-6
 
 
 def test_one_prefill_serves_several_generations():
