@@ -29,7 +29,7 @@ from torch import nn
 from spirelib.drafts import VanillaDraft, draft_tokens, register_method
 from spirelib.kpass_attention import BandedMemory, memory_attention
 from spirelib.kvcache import SinkWindow, SinkWindowKVCache
-from spirelib.losses import draft_losses
+from spirelib.losses import head_draft_losses
 from spirelib.model import ModelConfig, Transformer
 from spirelib.speculative import TargetPass
 
@@ -198,12 +198,20 @@ class SpireDraftModel(nn.Module):
         tokens (B, T), target_layers (n_t + 1, B, T, d_model) from the frozen target on the
         same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
         logits at position t predict token t + 1. `positions` selects blocks (default: all).
+        `head(k_pass_hidden(...))`; training uses `k_pass_hidden` (no (B, n_blocks, k, V) tensor).
         """
+        hidden, positions = self.k_pass_hidden(tokens, target_layers, k, positions)
+        return self.body.head(hidden), positions  # (B, n_blocks, k, V)
+
+    def k_pass_hidden(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's outputs (B, n_blocks, k, d_model), before the final norm, of
+        `k_pass_logits` (same arguments), and their positions (n_blocks, k)."""
         B, T = tokens.shape
         if positions is None:
             positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
         if not self.cfg.target_activations:  # an ordinary sparse transformer: one parallel pass
-            return self.body(tokens, sparse=self.cfg.sparse)[:, positions], positions  # (B, n_blocks, k, V)
+            return self.body.hidden(tokens, sparse=self.cfg.sparse)[:, positions], positions  # (B, n_blocks, k, d)
         if k > self.cfg.window:
             raise ValueError(f"k = {k} exceeds the window {self.cfg.window}: a block would not see its own start")
         n_blocks = positions.shape[0]
@@ -237,7 +245,7 @@ class SpireDraftModel(nn.Module):
                     k_fb, v_fb = block.memory_kv(fb, rope)
                     own[i][0].append(k_fb)
                     own[i][1].append(v_fb)
-        return self.body.head(torch.stack(hidden, dim=2)), positions  # (B, n_blocks, k, V)
+        return torch.stack(hidden, dim=2), positions  # (B, n_blocks, k, d_model)
 
 
 class SpireDraft:
@@ -284,10 +292,12 @@ register_method("spire", _spire, needs_model=True)
 
 class SpireObjective:
     """Training objective for the trainer, `objective(draft_model, batch) -> (loss, metrics)`:
-    the frozen target runs on the batch's inputs (activations and next-token distributions on
-    the fly), the draft runs k passes (k = its config's), and the configured loss applies at
-    every block position. Metrics include alpha per draft position j, the training-time
-    estimate of P[draft j accepted | the ones before were] (spec 8)."""
+    the frozen target runs on the batch's inputs (activations on the fly), the draft runs k
+    passes (k = its config's), and the configured loss applies at every block position,
+    fused with both unembeddings (`losses.head_draft_losses`: the target's next-token
+    distributions and the draft's logits exist one chunk of rows at a time). Metrics include
+    alpha per draft position j, the training-time estimate of P[draft j accepted | the ones
+    before were] (spec 8)."""
 
     def __init__(self, target: Transformer):
         self.target = target.eval().requires_grad_(False)
@@ -297,10 +307,12 @@ class SpireObjective:
         inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
         with torch.no_grad():
             target_layers = self.target.residual_stream(inputs)  # (n_t + 1, B, T, d_model)
-            target_logits = self.target.head(target_layers[-1])  # (B, T, V)
-        logits, positions = model.k_pass_logits(inputs, target_layers, cfg.k)  # (B, n_blocks, k, V), (n_blocks, k)
-        loss, parts = draft_losses(logits, target_logits[:, positions], labels[:, positions],
-                                   None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
+        hidden, positions = model.k_pass_hidden(inputs, target_layers, cfg.k)  # (B, n_blocks, k, d), (n_blocks, k)
+        with torch.no_grad():
+            target_x = self.target.norm(target_layers[-1][:, positions])  # (B, n_blocks, k, d)
+        loss, parts = head_draft_losses(model.body.norm(hidden), model.body.unembed.weight, target_x,
+                                        self.target.unembed.weight, labels[:, positions],
+                                        None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
         per_position = parts["alpha"].mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
         metrics = {"distill_ce": parts["distill_ce"].mean().item(), "hard_ce": parts["hard_ce"].mean().item(),
                    "alpha": sum(per_position) / len(per_position)}

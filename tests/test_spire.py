@@ -4,7 +4,8 @@ lossless decoding through the engine."""
 import pytest
 import torch
 
-from spirelib.losses import draft_losses, distillation_loss, expected_acceptance, hard_target_loss, mixed_loss
+from spirelib.losses import (draft_losses, distillation_loss, expected_acceptance, hard_target_loss, head_draft_losses,
+                             mixed_loss)
 from spirelib.model import ModelConfig, Transformer
 from spirelib.speculative import autoregressive_generate, speculative_generate
 from spirelib.spire import (ABLATIONS, SpireConfig, SpireDraftModel, SpireObjective, ablation, block_positions,
@@ -152,6 +153,63 @@ def test_fused_draft_losses_equal_the_definitions_in_value_and_gradient(mix_weig
     assert parts["alpha"].shape == labels.shape and not parts["alpha"].requires_grad
     with pytest.raises(ValueError, match="weight"):
         draft_losses(logits, target_logits, labels, 1.5)
+
+
+@pytest.mark.parametrize("mix_weight", [0.0, 0.5, 1.0, None])
+def test_head_fused_draft_losses_equal_the_definitions_in_value_and_gradients(mix_weight):
+    """`head_draft_losses` (final norms outside, both unembeddings fused into the chunked pass)
+    against autograd through norm, unembedding and the plain definitions: the loss, the parts
+    and the gradients with respect to the draft's hidden states, norm gain and unembedding;
+    120 rows in chunks of 7 (the last one partial)."""
+    torch.manual_seed(0)
+    d, V, eps = 16, 300, 1e-6
+    f64 = dict(dtype=torch.float64)
+    hidden = torch.randn(2, 15, 4, d, **f64, requires_grad=True)
+    gain = (1 + 0.3 * torch.randn(d, **f64)).requires_grad_()
+    weight = (0.5 * torch.randn(V, d, **f64)).requires_grad_()
+    target_x = torch.nn.functional.rms_norm(torch.randn(2, 15, 4, d, **f64), (d,), 1 + 0.3 * torch.randn(d, **f64), eps)
+    target_weight = 0.7 * torch.randn(V, d, **f64)
+    labels = torch.randint(0, V, (2, 15, 4))
+    draft_x = lambda: torch.nn.functional.rms_norm(hidden, (d,), gain, eps)  # noqa: E731
+    logits = draft_x() @ weight.T
+    p = torch.softmax(target_x @ target_weight.T, -1)
+    reference = hard_target_loss(logits, labels) if mix_weight is None else mixed_loss(logits, p, mix_weight)
+    expected = torch.autograd.grad(reference, (hidden, gain, weight))
+    loss, parts = head_draft_losses(draft_x(), weight, target_x, target_weight, labels, mix_weight, chunk=7)
+    got = torch.autograd.grad(loss, (hidden, gain, weight))
+    torch.testing.assert_close(loss, reference)
+    for name, g, e in zip(("hidden", "norm gain", "unembedding"), got, expected):
+        assert e.abs().sum() > 0
+        torch.testing.assert_close(g, e, msg=lambda m: f"gradient wrt the {name}: {m}")
+    torch.testing.assert_close(parts["alpha"], expected_acceptance(logits, p).detach())
+    torch.testing.assert_close(parts["distill_ce"].mean(), distillation_loss(logits, p).detach())
+    torch.testing.assert_close(parts["hard_ce"].mean(), hard_target_loss(logits, labels).detach())
+    assert parts["alpha"].shape == labels.shape and not parts["alpha"].requires_grad
+
+
+@pytest.mark.parametrize("variant", ["spire", "hard_target", "no_feedback_no_target_acts"])
+def test_objective_trains_through_hidden_states_as_through_the_logits(variant):
+    """`SpireObjective` (k_pass_hidden, head_draft_losses, no (B, n_blocks, k, V) tensor) gives
+    the loss and every parameter's gradient of the logits path (k_pass_logits, draft_losses)."""
+    target = random_target(dtype=torch.float64, std=0.3)
+    cfg = ablation(variant, SpireConfig(num_layers=2, sink=1, window=6, k=3))
+    draft = randomized_draft(target, cfg).double()
+    batch = torch.randint(0, TARGET.vocab_size, (2, 17), generator=torch.Generator().manual_seed(3))
+    params = [p for p in draft.parameters()]
+    loss, metrics = SpireObjective(target)(draft, batch)
+    got = torch.autograd.grad(loss, params, allow_unused=True)
+    with torch.no_grad():
+        layers = target.residual_stream(batch[:, :-1])
+    logits, positions = draft.k_pass_logits(batch[:, :-1], layers, cfg.k)
+    reference, parts = draft_losses(logits, target.head(layers[-1])[:, positions], batch[:, 1:][:, positions],
+                                    None if cfg.loss == "hard" else cfg.mix_weight)
+    expected = torch.autograd.grad(reference, params, allow_unused=True)
+    torch.testing.assert_close(loss, reference)
+    assert metrics["alpha"] == pytest.approx(float(parts["alpha"].mean()))
+    for (name, _), g, e in zip(draft.named_parameters(), got, expected):
+        assert (g is None) == (e is None), name
+        if e is not None:
+            torch.testing.assert_close(g, e, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("variant", sorted(ABLATIONS))
