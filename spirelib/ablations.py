@@ -46,3 +46,10 @@ def importance(multipliers: Mapping[str, float]) -> list[tuple[str, float]]:
     drops = [(name, multipliers[with_it] - multipliers[without])
              for name, (with_it, without) in COMPONENTS.items() if with_it in multipliers and without in multipliers]
     return sorted(drops, key=lambda item: -item[1])
+
+
+def matches_paper_order(ranking: list[tuple[str, float]]) -> bool:
+    """Whether an `importance` ranking orders its components as the paper does (spec 3.8),
+    comparing only the components it has."""
+    ours = [name for name, _ in ranking]
+    return ours == [name for name in PAPER_IMPORTANCE_ORDER if name in ours]

@@ -137,10 +137,13 @@ def hardware_table() -> dict[str, Hardware]:
     return table
 
 
-def get_hardware(name: str) -> Hardware:
-    """A device by name (including "this-machine" once measured)."""
-    table = hardware_table()
-    if name not in table:
-        hint = " (run the calibration to measure this machine)" if name == MEASURED_NAME else ""
-        raise ValueError(f"unknown hardware {name!r}{hint}; known: {sorted(table)}")
-    return table[name]
+def operating_points(dtypes=("fp8", "bf16", "fp32"), per_device: int = 2,
+                     table: dict[str, Hardware] | None = None) -> list[tuple[str, float, int]]:
+    """("device dtype", HOI, bytes per value) for the first `per_device` of `dtypes` (in that
+    order) that each device of `table` (default: `hardware_table()`) has: the hardware rows the
+    throughput model is evaluated on (spec 2: HOI and the bytes per value are all it needs)."""
+    points = []
+    for name, device in (table if table is not None else hardware_table()).items():
+        for dtype in [d for d in dtypes if d in device.peak_flops][:per_device]:
+            points.append((f"{name} {dtype}", device.hoi(dtype), BYTES_PER_VALUE[dtype]))
+    return points

@@ -19,7 +19,7 @@ trained drafts use, and bytes per weight / per KV value as parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,6 +154,21 @@ class LengthDistribution:
         else:
             raw = self.mean * (1 + self.spread * rng.uniform(-1.0, 1.0, n))
         return RequestLengths(np.maximum(1, np.round(raw)))
+
+
+def mixed_and_uniform(method, tau, B, lengths: RequestLengths, target, draft=None, **model_kwargs) -> tuple[float, float]:
+    """TM of a batch whose requests have `lengths`, and TM of a uniform batch of their mean
+    length (the paper's claim that SPIRe gains most when lengths vary, spec 2); `model_kwargs`
+    go to `throughput_multiplier`."""
+    mean = float(np.mean(lengths.lengths))
+    return (float(throughput_multiplier(method, tau, B, lengths, target, draft, **model_kwargs)),
+            float(throughput_multiplier(method, tau, B, mean, target, draft, **model_kwargs)))
+
+
+def best_method(grids: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per cell, the name of the method with the highest multiplier in `grids` (method -> array)."""
+    names = list(grids)
+    return np.asarray(names)[np.stack([np.asarray(grids[m]) for m in names]).argmax(0)]
 
 
 def klen(L, *, sink_size: int = 1, window_factor: int | None = 8, window: int | None = None):

@@ -27,3 +27,11 @@ def test_every_trained_ablation_has_a_component_and_partial_sets_rank_what_they_
     assert trained_variants == set(ABLATIONS)
     ranked = importance({"spire": 2.0, "no_feedback": 1.5, "random_init": 1.9})
     assert ranked == [("feedback", pytest.approx(0.5)), ("pruned init", pytest.approx(0.1))]
+
+
+def test_order_agreement_compares_only_the_components_ranked():
+    from spirelib.ablations import matches_paper_order
+
+    assert matches_paper_order(importance(paper_multipliers()))
+    assert matches_paper_order([("pruned init", 0.3), ("MixedLoss", 0.1)])  # a partial ranking in the paper's order
+    assert not matches_paper_order([("MixedLoss", 0.3), ("pruned init", 0.1)])

@@ -9,9 +9,9 @@ from spirelib.hardware import (
     BYTES_PER_VALUE,
     HARDWARE,
     Hardware,
-    get_hardware,
     hardware_table,
     measured_hardware,
+    operating_points,
     save_measured,
 )
 
@@ -34,8 +34,6 @@ def test_narrower_dtypes_are_never_slower_on_any_device():
 def test_unknown_dtype_and_device_are_refused():
     with pytest.raises(ValueError, match="fp8"):
         HARDWARE["a100-sxm"].hoi("fp8")
-    with pytest.raises(ValueError, match="unknown hardware"):
-        get_hardware("h900")
 
 
 def test_entries_validate():
@@ -53,7 +51,7 @@ def test_measured_entry_round_trips_through_the_cache(tmp_path, monkeypatch):
     assert path == tmp_path / "hardware" / "this_machine.json"
     entry = measured_hardware()
     assert entry.hoi("fp32") == pytest.approx(16.0)
-    assert get_hardware("this-machine") == hardware_table()["this-machine"]
+    assert hardware_table()["this-machine"] == entry
 
 
 def test_a_corrupt_measurement_is_refused_with_what_to_do(tmp_path, monkeypatch):
@@ -70,3 +68,12 @@ def test_save_measured_refuses_nonsense(tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         save_measured({"fp32": float("nan")}, 1e10)
     assert not hardware.measured_path().exists()
+
+
+def test_operating_points_take_each_devices_first_dtypes_in_order():
+    points = operating_points(("fp8", "bf16"), per_device=1, table=HARDWARE)
+    assert ("h100-sxm fp8", HARDWARE["h100-sxm"].hoi("fp8"), 1) in points
+    assert ("a100-sxm bf16", HARDWARE["a100-sxm"].hoi("bf16"), 2) in points  # no fp8 on an A100
+    assert len(points) == len(HARDWARE)
+    both = operating_points(("fp8", "bf16", "fp32"), per_device=2, table=HARDWARE)
+    assert [p[0] for p in both if p[0].startswith("h100-sxm ")] == ["h100-sxm fp8", "h100-sxm bf16"]

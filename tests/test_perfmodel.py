@@ -398,3 +398,22 @@ def test_the_model_imports_without_torch():
     code = ("import sys; import spirelib.perfmodel, spirelib.acceptance, spirelib.costs, spirelib.hardware; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_mixed_and_uniform_compare_a_batch_with_its_mean_length_batch():
+    spread = pm.LengthDistribution(512, 1.0, seed=0).sample(64)
+    mixed, uniform = pm.mixed_and_uniform("spire", 3.0, 64, spread, "seqax-67m", "spire-draft", window=64)
+    mean = float(spread.lengths.mean())
+    assert uniform == pytest.approx(float(pm.throughput_multiplier("spire", 3.0, 64, mean, "seqax-67m", "spire-draft",
+                                                                   window=64)))
+    assert mixed == pytest.approx(float(pm.throughput_multiplier("spire", 3.0, 64, spread, "seqax-67m", "spire-draft",
+                                                                 window=64)))
+    assert mixed != pytest.approx(uniform)
+    flat = pm.LengthDistribution(512, 0.0, seed=0).sample(64)
+    assert pm.mixed_and_uniform("magicdec", 3.0, 64, flat, "seqax-67m")[0] == pytest.approx(
+        pm.mixed_and_uniform("magicdec", 3.0, 64, flat, "seqax-67m")[1])
+
+
+def test_best_method_is_the_argmax_over_methods_per_cell():
+    grids = {"a": np.array([[1.0, 3.0]]), "b": np.array([[2.0, 1.0]])}
+    assert pm.best_method(grids).tolist() == [["b", "a"]]
