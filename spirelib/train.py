@@ -8,9 +8,12 @@ API
 ---
 ``objective(model, batch) -> (loss, metrics)``
     `batch` is a LongTensor (B, T+1) of token windows on the training device (B is this
-    rank's share of `TrainConfig.batch_size`, T = `seq_len`). Return a scalar loss tensor
-    to minimize and a dict of extra scalars to log (floats or 0-dim tensors; averaged over
-    each logging interval and over the validation set). `model` is always the plain module
+    rank's share of `TrainConfig.batch_size`, or `micro_batch_size` windows of it when set,
+    T = `seq_len`). Return a scalar loss tensor to minimize, the mean over the batch's
+    windows (micro-batches of a step are equal in size, so the mean of their losses and
+    the sum of their gradients / their count are those of the whole batch), and a dict of
+    extra scalars to log (floats or 0-dim tensors, means over the batch likewise; averaged
+    over a step's micro-batches, each logging interval and the validation set). `model` is always the plain module
     (call any of its methods): under DDP the trainer wraps the objective call itself, so
     gradients are all-reduced whatever the objective computes. Frozen helpers (a target) are
     captured by the objective (a closure or a callable object), and must live on the same
@@ -138,9 +141,16 @@ class TrainConfig:
     log_every: int = 10
     compile: bool = False  # torch.compile the objective (model and loss together)
     seed: int = 0
+    # Windows per forward/backward: each rank's share of the batch runs in micro-batches whose
+    # gradients accumulate before the one optimizer step; 0 = the rank's whole share at once.
+    micro_batch_size: int = 0
 
-    # Fields that change how a run is executed or observed, not what it computes.
-    OPERATIONAL = ("checkpoint_every", "log_every", "compile")
+    # Fields that change how a run is executed or observed, not what it computes. The
+    # micro-batch size is one: the step's loss and gradient are the mean over the same
+    # batch whatever it is (only float summation order differs, as with the world size,
+    # which no identity holds either), so a run may resume, or a finished model be reused,
+    # on a machine that needs a different one.
+    OPERATIONAL = ("checkpoint_every", "log_every", "compile", "micro_batch_size")
 
     def __post_init__(self):
         if (self.steps > 0) == (self.tokens_per_param > 0):
@@ -151,6 +161,20 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, 0 <= warmup_fraction < 1: {self}")
+        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
+            raise ValueError(f"TrainConfig.micro_batch_size must be 0 (the whole batch) or divide batch_size "
+                             f"({self.batch_size}), got {self.micro_batch_size}")
+
+    def micro_batches(self, world: int = 1) -> tuple[int, int]:
+        """(windows per micro-batch, micro-batches per step) on each of `world` ranks."""
+        if self.batch_size % world:
+            raise ValueError(f"TrainConfig.batch_size {self.batch_size} does not split over {world} ranks")
+        per_rank = self.batch_size // world
+        micro = self.micro_batch_size or per_rank
+        if per_rank % micro:
+            raise ValueError(f"TrainConfig.micro_batch_size {micro} must divide the per-rank batch "
+                             f"{per_rank} (batch_size {self.batch_size} over {world} ranks)")
+        return micro, per_rank // micro
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -160,7 +184,8 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def identity(self) -> dict:
-        """What determines the trained weights (the operational fields left out)."""
+        """What determines the trained weights (the operational fields left out; every field
+        added since, `micro_batch_size`, is operational, so config hashes stay what they were)."""
         return {k: v for k, v in self.to_dict().items() if k not in self.OPERATIONAL}
 
     def tokens_per_step(self) -> int:
@@ -307,6 +332,28 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
     return _mean_metrics(sums, len(windows))
 
 
+def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int,
+                device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+    """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
+    windows; the gradients add up to those of the mean loss over the whole batch (each
+    micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
+    all-reduces. Returns the batch's mean loss (detached) and metrics (means over micro-batches)."""
+    total = None
+    sums: dict[str, float] = {}
+    for m in range(n_micro):
+        sync = ddp is None or m == n_micro - 1
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            with _autocast(device):
+                loss, metrics = step_objective(batch[m * micro : (m + 1) * micro])
+            (loss / n_micro if n_micro > 1 else loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    if n_micro == 1:
+        return total, sums
+    return total / n_micro, _mean_metrics(sums, n_micro)
+
+
 def _autocast(device: torch.device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -363,8 +410,9 @@ def train(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     step_objective = partial(objective, model)
+    ddp = None
     if world > 1:
-        step_objective = nn.parallel.DistributedDataParallel(
+        step_objective = ddp = nn.parallel.DistributedDataParallel(
             _ObjectiveStep(model, objective), device_ids=[dev.index] if dev.type == "cuda" else None)
     if cfg.compile:
         # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
@@ -373,7 +421,8 @@ def train(
         step_objective = torch.compile(step_objective)
     sampler = WindowSampler(train_docs, cfg.batch_size, cfg.seq_len + 1, cfg.seed)
     val = validation_windows(val_docs, cfg.eval_windows, cfg.seq_len + 1, cfg.seed) if val_docs is not None else None
-    per_rank = cfg.batch_size // world
+    micro, n_micro = cfg.micro_batches(world)
+    per_rank = micro * n_micro
     params = [p for p in model.parameters() if p.requires_grad]
 
     def save(step: int, finished: bool, summary: dict | None = None) -> None:
@@ -383,7 +432,7 @@ def train(
             dist.barrier()
 
     def run_eval(step: int) -> dict:
-        result = evaluate(model, eval_objective, val, per_rank, dev, rank, world)
+        result = evaluate(model, eval_objective, val, micro, dev, rank, world)
         log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
         return result
 
@@ -401,12 +450,9 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr
         batch = sampler.batch(step, rank, world).to(dev, non_blocking=True)  # (B/world, T+1)
-        with _autocast(dev):
-            loss, metrics = step_objective(batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
-        loss_value = loss.detach()
         if world > 1:
             dist.all_reduce(loss_value)
             loss_value /= world
@@ -432,7 +478,7 @@ def train(
             interval[k] = interval.get(k, 0.0) + float(v)
         interval_steps, interval_time = interval_steps + 1, interval_time + dt
         done = step + 1
-        tokens_per_s = per_rank * world * cfg.seq_len * interval_steps / interval_time
+        tokens_per_s = cfg.tokens_per_step() * interval_steps / interval_time
         if done % cfg.log_every == 0 or done == total:
             log.add({"kind": "train", "step": done, "tokens": done * cfg.tokens_per_step(), "lr": lr,
                      "tokens_per_s": tokens_per_s, "elapsed_s": time.perf_counter() - t_start,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.checkpoint import CheckpointError, read_meta
+from spirelib.checkpoint import CheckpointError, config_hash, read_meta
 from spirelib.data import FlatDocs
 from spirelib.model import ModelConfig, Transformer
 from spirelib.speculative import autoregressive_generate
@@ -231,3 +231,45 @@ def test_progress_bars_stay_out_of_headless_runs(tmp_path, monkeypatch, capsys, 
           device="cpu", progress=True)
     printed = capsys.readouterr().err
     assert ("train" not in printed) if headless else ("train" in printed and "step" in printed)
+
+
+def test_gradient_accumulation_trains_the_same_weights_and_logs_the_same_metrics(tmp_path):
+    """Micro-batches of 1 window (4 per step) give the whole-batch step: same weights and logged
+    losses to float tolerance, the same schedule and token counts."""
+    whole = run(tmp_path, SMALL, "whole")
+    accumulated = run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 1}), "accumulated")
+    for k, v in weights(whole.model).items():
+        torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
+    assert [e["step"] for e in accumulated.metrics] == [e["step"] for e in whole.metrics]
+    for a, w in zip(accumulated.metrics, whole.metrics):
+        assert a["tokens"] == w["tokens"] and a.get("lr") == w.get("lr")
+        for key in ("loss", "val_loss", "grad_norm"):
+            if key in w:
+                assert a[key] == pytest.approx(w[key], rel=1e-4), (key, a["step"])
+
+
+def test_resume_with_gradient_accumulation_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
+    cfg = TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 2})
+    full = run(tmp_path, cfg, "full")
+    assert read_meta(run(tmp_path, cfg, "stopped", stop_at=6).path)["step"] == 6
+    resumed = run(tmp_path, cfg, "stopped")
+    for k, v in weights(full.model).items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
+    assert [e["loss"] for e in resumed.metrics if e["kind"] == "train"] == [
+        e["loss"] for e in full.metrics if e["kind"] == "train"]
+
+
+def test_micro_batch_size_leaves_config_hashes_unchanged_and_must_divide_the_batch(tmp_path):
+    """Hashes computed before `micro_batch_size` existed; it is operational (how the step is
+    executed), so a finished run is reused whatever micro-batch size asks for it."""
+    assert config_hash(TrainConfig(steps=10).identity()).startswith("48ac0fd9f826e564")
+    assert config_hash(TrainConfig(tokens_per_param=20.0).identity()).startswith("42d31bd49a5eec13")
+    assert config_hash(SMALL.identity()).startswith("300ecc2eba54e4e6")
+    assert TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 2}).identity() == SMALL.identity()
+    run(tmp_path, SMALL)
+    assert run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 2}),
+               objective=lambda m, b: pytest.fail("trained again")).reused
+    with pytest.raises(ValueError, match="micro_batch_size must be 0 .* or divide batch_size"):
+        TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 3})
+    with pytest.raises(ValueError, match="must divide the per-rank batch 2"):
+        TrainConfig(batch_size=4, micro_batch_size=4, steps=1).micro_batches(world=2)
