@@ -131,13 +131,20 @@ class Attention(nn.Module):
 
 
 def scaled_dot_product_attention(q, k, v, mask):
-    """SDPA with grouped-query heads (each group of n_q_per_kv query heads shares one kv head)."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
+    """SDPA of q (B, n_q, T, d_head) over k, v (B, n_kv, S, d_head) with grouped-query heads
+    (query head h reads kv head h // groups). With a mask (B, 1, T, S) the groups fold into
+    the query axis, so a kv head's cache is read once for all its query heads and never
+    copied; causal attention (mask None, T == S) repeats the kv heads instead."""
+    B, n_q, T, d_head = q.shape
+    groups = n_q // k.shape[1]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    if mask is None:  # folding would give every group the causal pattern of one long sequence
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    folded = q.reshape(B, k.shape[1], groups * T, d_head)  # row g * T + t: group g's query t
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(1, 1, groups, 1))
+    return out.view(B, n_q, T, d_head)
 
 
 class MLP(nn.Module):
