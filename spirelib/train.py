@@ -412,8 +412,13 @@ def train(
     step_objective = partial(objective, model)
     ddp = None
     if world > 1:
+        # find_unused_parameters: a variant may leave parameters out of its graph (the SPIRe
+        # draft's feedback mixture without feedback); the check is one graph traversal a step
+        # (DDP warns once where none is unused). static_graph would skip it, but fails with
+        # no_sync's micro-batches (torch 2.x: reducer assertion).
         step_objective = ddp = nn.parallel.DistributedDataParallel(
-            _ObjectiveStep(model, objective), device_ids=[dev.index] if dev.type == "cuda" else None)
+            _ObjectiveStep(model, objective), device_ids=[dev.index] if dev.type == "cuda" else None,
+            find_unused_parameters=True)
     if cfg.compile:
         # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
         # step is as fast as with real-valued RoPE, and eager is faster (spirelib.rope).
