@@ -587,6 +587,7 @@ def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_th
     for name, draft in drafts.items():
         sd = speculative_generate(ours, draft, contexts, G, k=3, temperature=0, lengths=lengths)
         assert torch.equal(sd.tokens, want), name
+    assert drafts["magicdec"].cache.rope_scaling == ours.cfg.rope_scaling  # its cache re-rotates in scaled RoPE
 
 
 @pytest.mark.parametrize("which", ["scaled", "qwen2"])
