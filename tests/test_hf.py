@@ -647,3 +647,36 @@ def test_a_tied_model_checkpoints_once_stays_tied_and_resumes_training(scaled, t
     assert resumed.unembed.weight is resumed.embed.weight
     a, b = resumed.state_dict(), model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+LLAMA32_1B = {  # meta-llama/Llama-3.2-1B config.json
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "use_cache": True, "vocab_size": 128256,
+}
+QWEN25_05B = {  # Qwen/Qwen2.5-0.5B config.json
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_published_llama32_and_qwen25_configs_parse_with_their_parameter_counts():
+    llama = hf.config_from_hf(LLAMA32_1B)
+    assert llama.rope_scaling == (32.0, 1.0, 4.0, 8192.0) and llama.tie_embeddings and not llama.qkv_bias
+    assert llama.num_params() == 1_235_814_400
+    assert sum(math.prod(s) for s in hf.hf_shapes(llama).values()) == llama.num_params()
+    qwen = hf.config_from_hf(QWEN25_05B)
+    assert qwen.qkv_bias and qwen.tie_embeddings and qwen.rope_scaling is None and qwen.d_head == 64
+    assert qwen.num_params() == 494_032_768
+    assert sum(math.prod(s) for s in hf.hf_shapes(qwen).values()) == qwen.num_params()
+    with pytest.raises(ValueError, match="architectures"):
+        hf.config_from_hf(QWEN25_05B | {"architectures": ["LlamaForCausalLM"]})
