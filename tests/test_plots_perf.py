@@ -1,13 +1,14 @@
 """Figure builders and explorers show exactly what the model computes."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 
 from spirelib import perfmodel as pm
 from spirelib.hardware import HARDWARE
-from spirelib.plots.explorer import LiveExplorer, Scenario, slider_figure
+from spirelib.plots.explorer import HOI_STEP, MANUAL_HOI, LiveExplorer, Scenario, slider_figure
 from spirelib.plots.perf import heatmap_figure, pow2_label, slice_figure
 
 B = 2 ** np.arange(0, 8)
@@ -73,6 +74,47 @@ def test_live_explorer_follows_its_controls():
     explorer.k.value = 2
     assert explorer.taus["magicdec"].value == 3.0  # tau can not exceed k + 1
     assert "Best" in explorer.summary_html()
+
+
+def snapped(value, step=HOI_STEP):
+    """What the browser writes back for a log slider given `value`: the nearest step."""
+    return 10 ** (round(math.log10(value) / step) * step)
+
+
+def test_hardware_choice_survives_the_slider_snapping_its_hoi():
+    explorer = LiveExplorer(Scenario.paper(), B=1024, L=64, hardware=HARDWARE)
+    explorer.hoi.value = snapped(600.0)  # the first render snaps the notebook's 600
+    assert explorer.current().hoi == 600.0
+    explorer.device.value = "h100-sxm bf16"
+    explorer.hoi.value = snapped(HARDWARE["h100-sxm"].hoi("bf16"))  # ~0.4 s later, from the browser
+    assert explorer.device.value == "h100-sxm bf16"
+    scenario = explorer.current()
+    assert scenario.hoi == HARDWARE["h100-sxm"].hoi("bf16") and scenario.bytes_per_value == 2.0
+    want = pm.throughput_multiplier("spire", pm.PAPER_TAU[512]["spire"], 1024, 64, "seqax-67m", "spire-draft",
+                                    hoi=scenario.hoi, bytes_per_weight=2.0, bytes_per_kv=2.0)
+    assert f"SPIRe <b>{float(want):.2f}x</b>" in explorer.summary_html()
+    assert "h100-sxm bf16" in explorer.summary_html() and "2 byte per value" in explorer.summary_html()
+    explorer.hoi.value = snapped(explorer.hoi.value * 1.5)  # a real move is a hand-set HOI
+    assert explorer.device.value == MANUAL_HOI and explorer.current().bytes_per_value == 1.0
+
+
+def test_lowering_k_caps_tau_and_raising_it_gives_it_back():
+    explorer = LiveExplorer(Scenario.paper())
+    explorer.k.value = 2
+    assert explorer.taus["magicdec"].value == 3.0 and explorer.taus["spire"].value == 3.0
+    explorer.k.value = 4
+    assert explorer.taus["magicdec"].value == pytest.approx(3.891)
+    assert explorer.taus["spire"].value == pytest.approx(3.401)
+    explorer.taus["spire"].value = 2.5  # a tau set by hand is what comes back
+    explorer.k.value = 1
+    explorer.k.value = 6
+    assert explorer.taus["spire"].value == 2.5 and explorer.taus["spire"].max == 7.0
+
+
+def test_sliders_redraw_on_release():
+    explorer = LiveExplorer(Scenario.paper())
+    sliders = [explorer.batch, explorer.context, explorer.k, explorer.hoi, explorer.spread, *explorer.taus.values()]
+    assert all(s.continuous_update is False for s in sliders)
 
 
 def test_winner_figure_names_the_best_method_and_ad_where_nothing_gains():

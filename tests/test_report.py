@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,6 +51,40 @@ def test_exported_report_loads_one_local_plotly_js_and_nothing_from_a_cdn(fixtur
     assert '<script src="plotly.min.js">' not in (out / "02_consume.html").read_text()  # no figure, no plotly.js
 
 
+def plain_text(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_report_shows_the_injected_parameters_not_the_notebook_defaults(fixture_run):
+    _, out, _ = fixture_run
+    text = plain_text((out / "01_record.html").read_text())
+    assert 'label = "from-params"' in text  # papermill's injected-parameters cell
+    assert 'label: str = "default"' not in text  # the notebook's own parameters cell is left out
+    nb = nbformat.read(out / "01_record.ipynb", as_version=4)
+    assert any("parameters" in c.metadata.get("tags", []) for c in nb.cells)  # the notebook itself keeps it
+
+
+def test_long_lines_wrap_and_missing_plotly_js_is_said_in_words(fixture_run):
+    _, out, _ = fixture_run
+    page = (out / "01_record.html").read_text()
+    assert "white-space: pre-wrap" in page
+    fallback = page[page.index('<div class="plotly-fallback">'):]
+    assert "Figure: fixture figure" in fallback[:400] and "plotly.min.js" in fallback[:400]
+    assert "document.querySelectorAll('.plotly-fallback').forEach(e => e.remove())" in page
+
+
+def test_executed_notebook_keeps_a_static_rendering_of_each_figure(fixture_run):
+    _, out, _ = fixture_run
+    nb = nbformat.read(out / "01_record.ipynb", as_version=4)
+    figures = [o for c in nb.cells for o in c.get("outputs", []) if report.PLOTLY_MIME in o.get("data", {})]
+    assert len(figures) == 1
+    data = figures[0].data
+    assert data["text/plain"].startswith("[plotly figure: fixture figure;")  # GitHub shows at least this
+    if report._png_renderer() is not None:  # kaleido and a chromium: a picture too
+        assert base64.b64decode(data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.add_static_figures(nb) == 0  # exporting again changes nothing
+
+
 def test_mathjax_only_for_reports_with_latex(tmp_path):
     path = tmp_path / "m.ipynb"
     nbformat.write(notebook_with(markdown="throughput multiplier $TM = \\tau / \\Delta t$"), path)
@@ -61,16 +98,17 @@ def test_index_links_reports_and_shows_status_params_and_results(fixture_run):
         assert f"<a href='{stem}.html'>{stem}</a>" in index
     assert "04_after_failure</td><td class='skipped'>skipped" in index
     assert "ValueError: deliberate failure in a fixture notebook" in index
-    assert "label: from-params" in index  # the params file as YAML
-    assert "<th>seen_mean</th><td><span class='num'>0.75</span>" in index
-    assert "[<span class='num'>0</span>, <span class='num'>0.5</span>" in index
+    assert "label: from-params" in index  # the params file as YAML, folded
+    assert index.index("<h2>Parameters</h2>\n<details>") < index.index("label: from-params")
+    assert "<a href='results.json'>results.json</a>" in index  # raw results behind a link, not inline
+    assert "seen_mean" not in index and "01_record (4)" in index
 
 
 def test_index_sections_are_extendable():
     def findings(run, results):
         return f"<h2>Findings</h2><p>{len(results)} notebooks</p>"
     page = report.render_index({"status": "ok"}, {"a": {"x": 1}}, report.INDEX_SECTIONS + [findings])
-    assert page.index("Recorded results") < page.index("<h2>Findings</h2><p>1 notebooks</p>")
+    assert page.index("Raw results") < page.index("<h2>Findings</h2><p>1 notebooks</p>")
 
 
 def test_render_value_escapes_and_folds_long_lists():

@@ -12,6 +12,7 @@ and machine build their own. Two views of a scenario:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import ipywidgets as w
@@ -29,6 +30,8 @@ from spirelib.plots.perf import TM_TITLE, pow2_label
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
 DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M
 MANUAL_HOI = "(set HOI by hand)"
+K_MAX = 8  # the largest draft depth the explorer offers
+HOI_STEP = 0.001  # the HOI slider's step in log10 (0.23%)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,26 +133,33 @@ class LiveExplorer:
                              f"and one of contexts {self.contexts.tolist()}")
         style = dict(description_width="110px")
         layout = w.Layout(width="380px")
+        slider = dict(style=style, layout=layout, continuous_update=False)  # redraw on release, not per step
         self.batch = w.SelectionSlider(options=[(pow2_label(b), int(b)) for b in self.batch_sizes], value=B,
-                                       description="batch B", style=style, layout=layout)
+                                       description="batch B", **slider)
         self.context = w.SelectionSlider(options=[(pow2_label(c), int(c)) for c in self.contexts], value=L,
-                                         description="context L", style=style, layout=layout)
-        self.k = w.IntSlider(scenario.k, min=1, max=8, description="draft depth k", style=style, layout=layout)
-        self.hoi = w.FloatLogSlider(scenario.hoi, base=10, min=0.5, max=3.5, step=0.01, readout_format=".0f",
-                                    description="HOI (FLOP/B)", style=style, layout=layout)
+                                         description="context L", **slider)
+        self.k = w.IntSlider(scenario.k, min=1, max=K_MAX, description="draft depth k", **slider)
+        # The slider moves in steps of HOI_STEP in log10; the HOI used is `_hoi`, exact: a device's, or the
+        # notebook's, or where the reader dragged the slider (a move of less than half a step is the
+        # browser snapping the value to its step, not a choice).
+        self._hoi = float(scenario.hoi)
+        self.hoi = w.FloatLogSlider(scenario.hoi, base=10, min=0.5, max=3.5, step=HOI_STEP, readout_format=".0f",
+                                    description="HOI (FLOP/B)", **slider)
         self.device_options = {MANUAL_HOI: None}
         for name, device in (hardware or {}).items():
             for dtype in device.peak_flops:
                 self.device_options[f"{name} {dtype}"] = (device, dtype)
         self.device = w.Dropdown(options=list(self.device_options), description="hardware", style=style,
                                  layout=layout)
-        self.taus = {m: w.FloatSlider(t, min=1.0, max=scenario.k + 1.0, step=0.01, description=f"tau {_label(m)}",
-                                      style=style, layout=layout) for m, t in scenario.taus.items()}
+        # The tau each slider was set to: lowering k caps the sliders at k + 1, raising it gives these back.
+        self._tau_wanted = {m: float(t) for m, t in scenario.taus.items()}
+        self.taus = {m: w.FloatSlider(min(t, scenario.k + 1.0), min=1.0, max=scenario.k + 1.0, step=0.01,
+                                      description=f"tau {_label(m)}", **slider) for m, t in scenario.taus.items()}
         self.overlap = w.Checkbox(scenario.overlap, description="overlap (f = max)")
         self.sparse = w.Checkbox(scenario.window_factor is not None or scenario.window is not None,
                                  description="sparse draft KV cache")
         self.spread = w.FloatSlider(scenario.length_spread, min=0.0, max=2.0, step=0.1,
-                                    description="length spread", style=style, layout=layout)
+                                    description="length spread", **slider)
         self.summary = w.HTML()
         self.output = w.Output()
         controls = [self.batch, self.context, self.k, self.hoi, self.device, *self.taus.values(), self.spread,
@@ -173,7 +183,7 @@ class LiveExplorer:
         base = self.scenario
         choice = self.device_options[self.device.value]
         scenario = dataclasses.replace(
-            base, k=self.k.value, hoi=self.hoi.value, overlap=self.overlap.value, length_spread=self.spread.value,
+            base, k=self.k.value, hoi=self._hoi, overlap=self.overlap.value, length_spread=self.spread.value,
             taus={m: min(s.value, self.k.value + 1.0) for m, s in self.taus.items()},
             window_factor=base.window_factor if self.sparse.value else None,
             window=base.window if self.sparse.value else None)
@@ -225,9 +235,9 @@ class LiveExplorer:
         point = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
         best = max(point, key=point.get)
         cells = ", ".join(f"{_label(m)} <b>{v:.2f}x</b>" for m, v in point.items())
-        return (f"At B = {B}, L = {L} (HOI {scenario.hoi:.0f} FLOP/byte, {scenario.bytes_per_value:g} byte per value, "
-                f"k = {scenario.k}): {cells}. "
-                f"Best: <b>{_label(best)}</b>.")
+        device = "" if self.device_options[self.device.value] is None else f"{self.device.value}, "
+        return (f"At B = {B}, L = {L} ({device}HOI {scenario.hoi:.0f} FLOP/byte, {scenario.bytes_per_value:g} byte "
+                f"per value, k = {scenario.k}): {cells}. Best: <b>{_label(best) if point[best] >= 1 else 'AD'}</b>.")
 
     def redraw(self) -> None:
         self.summary.value = self.summary_html()
@@ -242,13 +252,22 @@ class LiveExplorer:
         try:
             owner = change["owner"]
             if owner is self.k:
-                for slider in self.taus.values():
-                    slider.max = self.k.value + 1.0
+                top = self.k.value + 1.0
+                for method, slider in self.taus.items():
+                    slider.max = max(top, slider.min)
+                    slider.value = min(self._tau_wanted[method], top)
             elif owner is self.device and self.device_options[self.device.value] is not None:
                 device, dtype = self.device_options[self.device.value]
-                self.hoi.value = device.hoi(dtype)
+                self._hoi = float(device.hoi(dtype))
+                self.hoi.value = self._hoi
             elif owner is self.hoi:
+                if abs(math.log10(change["new"]) - math.log10(self._hoi)) <= HOI_STEP / 2 + 1e-9:
+                    return  # the slider snapping the value it was given to its step: keep HOI and device
+                self._hoi = float(change["new"])
                 self.device.value = MANUAL_HOI  # a hand-set HOI belongs to no device
+            elif owner in self.taus.values():
+                method = next(m for m, slider in self.taus.items() if slider is owner)
+                self._tau_wanted[method] = float(change["new"])
         finally:
             self._syncing = False
         self.redraw()
