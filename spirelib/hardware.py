@@ -22,6 +22,7 @@ from spirelib.paths import cache_dir
 
 BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 MEASURED_NAME = "this-machine"
+PROFILED_NAME = "this-machine-profiled"  # effective rates fitted by the profiled cost model
 
 
 @dataclass(frozen=True)
@@ -94,16 +95,18 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def measured_path() -> Path:
-    """Where `save_measured` keeps this machine's measured peaks."""
-    return cache_dir() / "hardware" / "this_machine.json"
+def measured_path(name: str = MEASURED_NAME) -> Path:
+    """Where `save_measured` keeps a measured entry of this machine."""
+    return cache_dir() / "hardware" / f"{name.replace('-', '_')}.json"
 
 
-def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float) -> Path:
-    """Store this machine's measured matmul peaks (FLOP/s per dtype) and memory bandwidth (bytes/s)."""
-    entry = Hardware(MEASURED_NAME, {k: float(v) for k, v in peak_flops_by_dtype.items()}, float(bandwidth),
-                     "measured by spirelib.calibrate")
-    path = measured_path()
+def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float, *, name: str = MEASURED_NAME,
+                  source: str = "measured by spirelib.calibrate") -> Path:
+    """Store this machine's measured matmul peaks (FLOP/s per dtype) and memory bandwidth (bytes/s):
+    the calibrated peaks (`MEASURED_NAME`), or the profiled cost model's effective rates
+    (`PROFILED_NAME`, `spirelib.profiled`)."""
+    entry = Hardware(name, {k: float(v) for k, v in peak_flops_by_dtype.items()}, float(bandwidth), source)
+    path = measured_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": entry.name, "peak_flops": entry.peak_flops, "bandwidth": entry.bandwidth,
               "source": entry.source, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -114,14 +117,14 @@ def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float) -> Pa
     return path
 
 
-def measured_hardware() -> Hardware | None:
-    """The "this machine, measured" entry, or None when no calibration has been saved."""
-    path = measured_path()
+def measured_hardware(name: str = MEASURED_NAME) -> Hardware | None:
+    """A "this machine" entry (calibrated, or profiled), or None when none has been saved."""
+    path = measured_path(name)
     if not path.is_file():
         return None
     try:
         record = json.loads(path.read_text())
-        return Hardware(MEASURED_NAME, dict(record["peak_flops"]), record["bandwidth"],
+        return Hardware(name, dict(record["peak_flops"]), record["bandwidth"],
                         f"{record.get('source', 'measured')} at {record.get('measured_at', '?')}")
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a valid hardware measurement ({err}); delete it and rerun "
@@ -129,11 +132,13 @@ def measured_hardware() -> Hardware | None:
 
 
 def hardware_table() -> dict[str, Hardware]:
-    """Every named device, plus "this-machine" when a measurement has been saved."""
+    """Every named device, plus "this-machine" (calibrated) and "this-machine-profiled" (the
+    profiled cost model's effective FLOP/s and bandwidth) when they have been saved."""
     table = dict(HARDWARE)
-    measured = measured_hardware()
-    if measured is not None:
-        table[MEASURED_NAME] = measured
+    for name in (MEASURED_NAME, PROFILED_NAME):
+        measured = measured_hardware(name)
+        if measured is not None:
+            table[name] = measured
     return table
 
 

@@ -7,11 +7,14 @@ run and then `repeats` timed runs, keeping every run's decode seconds, tau and t
 between draft, verify and bookkeeping (`speculative.SectionTimer`). `bench decode` reports
 the best run; notebook 09 the median and spread, next to `modeled_speedups`: the spec's
 G-aware throughput model for the same shapes, the tau of the same runs, and this machine's
-calibrated peak FLOP/s and memory bandwidth.
+calibrated peak FLOP/s and memory bandwidth, and `profiled_speedups`: the profiled cost
+model (`spirelib.profiled`), fitted by `profile` to timings of single forwards at a few shapes
+(never to the speculative runs it is then judged on).
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib import perfmodel
-from spirelib.kvcache import SinkWindow
+from spirelib import perfmodel, profiled
+from spirelib.kvcache import DenseKVCache, SinkWindow
 from spirelib.model import ModelConfig, Transformer
+from spirelib.sampling import probabilities, rejection_sample
 from spirelib.speculative import (
     SectionTimer,
     autoregressive_generate,
@@ -144,3 +148,84 @@ def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
     return {"body": 2.0 * perfmodel.body_params(cfg),
             "attention": 4.0 * cfg.num_layers * cfg.n_q * cfg.d_head * context,  # q.k and p.v
             "unembedding": 2.0 * cfg.d_model * cfg.vocab_size}
+
+
+# ---------------------------------------------------------------------------- the profiled model
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), keys=(64, 256, 960), news=(1, 5),
+                     repeats: int = 5) -> list[tuple[profiled.ForwardWork, float]]:
+    """Median seconds of single cached forwards of every model at every (B, keys, new tokens):
+    the profiling pass the profiled cost model is fitted to (random tokens: speed does not
+    depend on them). A forward writes `new` tokens after `keys` cached positions per row."""
+    samples = []
+    for model in models.values():
+        cfg = model.cfg
+        param = next(model.parameters())
+        for B, S, T in itertools.product(batches, keys, news):
+            cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, S + T, device=param.device, dtype=param.dtype)
+            model.hidden(torch.randint(0, cfg.vocab_size, (B, S), device=param.device), cache=cache)
+            tokens = torch.randint(0, cfg.vocab_size, (B, T), device=param.device)
+            lengths = torch.full((B,), S, device=param.device)
+
+            def step():
+                cache.rollback(lengths)
+                model(tokens, cache.next_positions(T), cache)
+                if param.device.type == "cuda":
+                    torch.cuda.synchronize(param.device)
+
+            work = profiled.forward_work(cfg.shape(), cfg.vocab_size, B, T, S + T, bytes_per_value=param.element_size())
+            samples.append((work, _median_seconds(step, repeats)))
+    return samples
+
+
+@torch.no_grad()
+def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, repeats: int = 5,
+                        device="cpu") -> list[tuple[int, float]]:
+    """Median seconds of one round's bookkeeping (probabilities of k + 1 target positions,
+    rejection sampling, the emitted-token scatter) at every batch size: (logits, seconds)."""
+    samples = []
+    gen = torch.Generator(device).manual_seed(0)
+    for B in batches:
+        logits = torch.randn(B, k + 1, vocab_size, device=device)
+        q = torch.softmax(torch.randn(B, k, vocab_size, device=device), dim=-1)
+        drafts = torch.randint(0, vocab_size, (B, k), device=device)
+
+        def book():
+            n_acc, nxt = rejection_sample(drafts, q, probabilities(logits, 1.0), gen)
+            torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], nxt[:, None])
+
+        samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats)))
+    return samples
+
+
+def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None, *, peak_flops: float,
+            bandwidth: float, k: int = 4, **grid) -> tuple[profiled.ProfiledCost, list]:
+    """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`)
+    and the bookkeeping, then fit the profiled cost model: (cost, forward samples)."""
+    samples = profile_forwards({"target": target, **(drafts or {})}, **grid)
+    device = next(target.parameters()).device
+    book = profile_bookkeeping(target.cfg.vocab_size, batches=grid.get("batches", (1, 16, 64)), k=k, device=device)
+    return profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book), samples
+
+
+def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,
+                      drafts: Mapping[str, profiled.DraftShape], *, bytes_per_value: float, k: int = 4) -> dict:
+    """The profiled model's SD speedup over AD for every SD timing with an AD timing at the
+    same (batch, context), at the runs' mean tau: {(method, B, L): speedup}."""
+    ad = {(t.batch, t.context) for t in timings if t.method == "ad"}
+    return {(t.method, t.batch, t.context): profiled.speedup(
+                cost, drafts[t.method], statistics.fmean(t.taus), target.shape(), target.vocab_size, t.batch,
+                t.context, t.new_tokens, k, bytes_per_value)
+            for t in timings if t.method != "ad" and (t.batch, t.context) in ad}
