@@ -637,6 +637,33 @@ def _atomic_write(target: Path, write) -> None:
         raise
 
 
+def checkpoint_digest(path: str | os.PathLike) -> str:
+    """sha256 over the folder's config.json and weight files (names and bytes): the identity
+    of an imported target, so drafts trained for it retrain when its weights change. Each
+    file's digest is cached under the cache folder by (path, size, mtime), so a series reads a
+    large checkpoint's bytes once, not in every notebook."""
+    from spirelib.paths import cache_dir
+
+    folder = Path(path).resolve()
+    files = [folder / CONFIG] + sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.safetensors.index.json"))
+    store = cache_dir() / "hf" / "digests.json"
+    known = json.loads(store.read_text()) if store.is_file() else {}
+    total = hashlib.sha256()
+    for f in files:
+        stat = f.stat()
+        key = f"{f}|{stat.st_size}|{stat.st_mtime_ns}"
+        if key not in known:
+            digest = hashlib.sha256()
+            with open(f, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 24), b""):
+                    digest.update(block)
+            known[key] = digest.hexdigest()
+        total.update(f"{f.name}:{known[key]}\n".encode())
+    store.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, indent=1)))
+    return total.hexdigest()
+
+
 # ---------------------------------------------------------------- tokenizer
 
 

@@ -3,9 +3,11 @@
 `spirelib.series.Series` holds the configuration and calls these: `token_data` (corpus ->
 split -> tokenizer -> token memmaps), `train_language_model` (the target, or any
 Transformer trained on next-token cross-entropy), `trained_vanilla_draft` (spec 4) and
-`trained_spire_draft` (spec 3, k-pass training against the frozen target). A model is
-trained only when no finished checkpoint of the same identity exists; the drafts put the
-target's `config_hash` in their identity so they retrain when the target changes.
+`trained_spire_draft` (spec 3, k-pass training against the frozen target), and
+`imported_target` (a Hugging Face checkpoint as the target, evaluated instead of trained;
+issue 13). A model is trained only when no finished checkpoint of the same identity exists;
+the drafts put the target's `config_hash` in their identity so they retrain when the target
+changes (an imported target's hash covers its weight files' bytes).
 
 The train/validation split is fixed: 10% of documents (at least one) for validation,
 permutation seed 0, independent of the series' seed, so changing the training seed never
@@ -15,16 +17,18 @@ moves documents between splits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from spirelib.costs import flop_params, training_flops
-from spirelib.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents
+from spirelib.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
 from spirelib.drafts import vanilla_draft_config
 from spirelib.model import ModelConfig, Transformer
 from spirelib.spire import SpireConfig, SpireDraftModel, SpireObjective
 from spirelib.tokenizer import build_tokenizer, tokenize
-from spirelib.train import TrainConfig, TrainResult, full_identity, lm_objective, resolve_device, run_dir_for, train
+from spirelib.train import (TrainConfig, TrainResult, evaluate, full_identity, lm_objective, resolve_device,
+                            run_dir_for, train)
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 0
@@ -70,15 +74,18 @@ class TrainedModel:
         return self.result.metrics
 
 
-def token_data(corpus: str, corpus_path: str, tokenizer: str, vocab_size: int) -> Data:
-    """Corpus -> split -> tokenizer (trained on the training split) -> cached token memmaps."""
+def token_data(corpus: str, corpus_path: str, tokenizer, vocab_size: int) -> Data:
+    """Corpus -> split -> tokenizer -> cached token memmaps. `tokenizer` names a kind
+    (`tokenizer.build_tokenizer`: "bpe" is trained on the training split) or is a ready
+    tokenizer (an imported target's, `hf.load_tokenizer`); token caches are keyed by its checksum."""
     source = load_corpus(corpus, corpus_path)
     if corpus == "longcrawl64":
         ds = longcrawl64_dataset(source)
         return Data(ds, build_tokenizer("gpt2", vocab_size), corpus, (source.train.rows, source.val.rows))
     train_docs, val_docs = split_documents(len(source), VAL_FRACTION, SPLIT_SEED)
     split_key = f"val{VAL_FRACTION}-seed{SPLIT_SEED}"
-    tok = build_tokenizer(tokenizer, vocab_size, source, train_docs, split_key)
+    tok = (build_tokenizer(tokenizer, vocab_size, source, train_docs, split_key) if isinstance(tokenizer, str)
+           else tokenizer)
     return Data(tokenize(source, tok, train_docs, val_docs, split_key), tok, corpus, (len(train_docs), len(val_docs)))
 
 
@@ -100,6 +107,26 @@ def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: D
     result = train(model, lm_objective, data.dataset.train, train_cfg, run_dir=run_dir, identity=identity,
                    val_docs=data.dataset.val, device=device, progress=progress, stop_at=stop_at)
     return TrainedModel(result.model, model_cfg, train_cfg, result, data, identity)
+
+
+def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto") -> TrainedModel:
+    """The Hugging Face checkpoint at `path` as the series' target (issue 13): loaded by
+    `hf.load_model` (fp32 on CPU, where bf16 is slow; the stored dtype on GPU), evaluated on
+    `eval_cfg.eval_windows` validation windows of `eval_cfg.seq_len` tokens instead of trained.
+    Its identity is the sha256 of its config and weight files (`hf.checkpoint_digest`)."""
+    from spirelib import hf
+
+    dev = resolve_device(device)
+    model = hf.load_model(path, device=dev, dtype=torch.float32 if dev.type == "cpu" else None).eval()
+    if model.cfg.vocab_size < data.dataset.vocab_size:
+        raise ValueError(f"{path}: the model's vocabulary {model.cfg.vocab_size} is smaller than its tokenizer's "
+                         f"{data.dataset.vocab_size}")
+    windows = validation_windows(data.dataset.val, eval_cfg.eval_windows, eval_cfg.seq_len + 1, eval_cfg.seed)
+    summary = {"steps": 0, "tokens": 0, "tokens_per_s": float("nan"), "device": str(dev), "imported_from": str(path),
+               **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
+    identity = {"kind": "imported-language-model", "checkpoint": hf.checkpoint_digest(path)}
+    result = TrainResult(model, Path(path), {"config_hash": identity["checkpoint"], "summary": summary}, [], reused=True)
+    return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)
 
 
 def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, device: str = "auto",

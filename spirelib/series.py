@@ -11,11 +11,16 @@ Fields (params keys):
     seed: int               model init and training-window seed (every trainer)
     corpus: str             "sotu" | "stdlib" | "text" | "longcrawl64"   (spirelib.data)
     corpus_path: str        files for "text", the Zarr folder for "longcrawl64" (relative to the project root)
-    tokenizer: str          "bpe" | "bytes" | "gpt2" (gpt2: LongCrawl64's ids)
+    tokenizer: str          "bpe" | "bytes" | "gpt2" (gpt2: LongCrawl64's ids) | "hf" (an imported target's)
     vocab_size: int         the models' vocabulary; BPE is trained to this size; it may pad a
                             fixed tokenizer's vocabulary (GPT-2's 50257 -> 50304)
+    target_source: str      "" (train the target) or "hf:PATH", a local Hugging Face checkpoint
+                            folder (config.json, *.safetensors, tokenizer.json; relative to the
+                            project root) used as the target: its config gives `target` and
+                            `vocab_size`, its tokenizer.json tokenizes the corpus (`tokenizer: hf`)
     target: dict            ModelConfig fields except vocab_size (spec 2)
-    target_training: dict   TrainConfig fields except seed (spirelib.train)
+    target_training: dict   TrainConfig fields except seed (spirelib.train); an imported target
+                            is evaluated on its eval_windows of seq_len tokens
     vanilla_training: dict  the vanilla draft's TrainConfig (its shape: `drafts.vanilla_draft_config`, spec 4)
     spire: dict             SpireConfig fields (spec 3; an ablation changes them, `spire.ABLATIONS`)
     spire_training: dict    the SPIRe draft's TrainConfig
@@ -44,7 +49,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from spirelib import pipeline
-from spirelib.data import CORPORA
+from spirelib.data import CORPORA, resolve_path
 from spirelib.kvcache import SinkWindow
 from spirelib.model import ModelConfig
 from spirelib.spire import SpireConfig, ablation
@@ -64,6 +69,8 @@ SMOKE = {
     "magicdec": {},
 }
 _TOKENIZER_MINIMUM = {"bytes": 256, "gpt2": 50257, "bpe": 257}
+HF_PREFIX = "hf:"
+_FROM_CHECKPOINT = ("target", "vocab_size")  # an imported target's config.json gives these
 
 
 class SeriesError(ValueError):
@@ -111,6 +118,7 @@ class Series:
     corpus_path: str = ""
     tokenizer: str = "bytes"
     vocab_size: int = 256
+    target_source: str = ""
     target: ModelConfig = field(default_factory=lambda: ModelConfig(vocab_size=256, **SMOKE["target"]))
     target_training: TrainConfig = field(default_factory=lambda: TrainConfig(**SMOKE["target_training"]))
     vanilla_training: TrainConfig = field(default_factory=lambda: TrainConfig(**SMOKE["vanilla_training"]))
@@ -145,6 +153,8 @@ class Series:
         """The params form (what `from_dict` takes back)."""
         out = {}
         for f in fields(self):
+            if self.target_source and f.name in _FROM_CHECKPOINT:
+                continue
             value = getattr(self, f.name)
             if isinstance(value, ModelConfig):
                 value = {k: v for k, v in value.to_dict().items() if k != "vocab_size"}
@@ -167,13 +177,28 @@ class Series:
             memo[key] = build()
         return memo[key]
 
+    @property
+    def imported(self) -> Path | None:
+        """The Hugging Face folder of an imported target (`target_source: "hf:PATH"`), else None."""
+        return resolve_path(self.target_source[len(HF_PREFIX):]) if self.target_source else None
+
     def data(self) -> pipeline.Data:
-        """Corpus -> split -> tokenizer -> cached token memmaps (`pipeline.token_data`)."""
-        return self._cached("data", lambda: pipeline.token_data(self.corpus, self.corpus_path, self.tokenizer,
-                                                                self.vocab_size))
+        """Corpus -> split -> tokenizer -> cached token memmaps (`pipeline.token_data`); an
+        imported target's corpus is tokenized with its own tokenizer.json."""
+        def build():
+            from spirelib import hf
+
+            tokenizer = hf.load_tokenizer(self.imported) if self.imported else self.tokenizer
+            return pipeline.token_data(self.corpus, self.corpus_path, tokenizer, self.vocab_size)
+
+        return self._cached("data", build)
 
     def trained_target(self, progress: bool = True) -> pipeline.TrainedModel:
-        """The target, trained only when no finished checkpoint of the same identity exists."""
+        """The target: trained only when no finished checkpoint of the same identity exists, or
+        the imported checkpoint, evaluated on the validation split (`pipeline.imported_target`)."""
+        if self.imported:
+            return self._cached("target", lambda: pipeline.imported_target(
+                self.imported, self.data(), self.target_training, device=self.device))
         return self._cached("target", lambda: pipeline.train_language_model(
             self.target, self.target_training, self.data(), name="target", device=self.device, progress=progress))
 
@@ -243,8 +268,14 @@ def _parse(d: dict) -> tuple[dict, list[str]]:
             problems.append(f"{f.name}: expected {kind}, got {type(value).__name__} {value!r}")
         else:
             values[f.name] = float(value) if kind == "float" else value
+    imported = _imported_config(values, d, problems)
+    if imported is not None:
+        values.update(target=imported, vocab_size=imported.vocab_size)
+        values.setdefault("tokenizer", "hf")
     seed, vocab = values.get("seed", Series.seed), values.get("vocab_size", Series.vocab_size)
     for name, kind in _NESTED.items():
+        if name == "target" and imported is not None:
+            continue
         given = d.get(name, SMOKE[name])
         try:
             if kind == "model":
@@ -260,12 +291,46 @@ def _parse(d: dict) -> tuple[dict, list[str]]:
     return values, problems
 
 
+def _imported_config(values: dict, d: dict, problems: list[str]) -> ModelConfig | None:
+    """The ModelConfig of `target_source: "hf:PATH"` from its config.json (no weights read), or
+    None; what is wrong with it goes to `problems`."""
+    source = values.get("target_source", "")
+    if not source:
+        return None
+    if not source.startswith(HF_PREFIX):
+        problems.append(f"target_source: {source!r} is neither empty (train the target) nor 'hf:PATH', a local "
+                        "Hugging Face checkpoint folder")
+        return None
+    from spirelib import hf
+
+    folder = resolve_path(source[len(HF_PREFIX):])
+    if not (folder / hf.CONFIG).is_file():
+        problems.append(f"target_source: no {hf.CONFIG} in {folder}; put the checkpoint there first (this "
+                        "project never downloads at run time: README, 'Bring your own target')")
+        return None
+    given = [name for name in _FROM_CHECKPOINT if name in d]
+    if given:
+        problems.append(f"{', '.join(given)}: an imported target's come from its config.json; leave them out")
+    try:
+        return hf.config_from_hf(hf.read_config(folder))
+    except ValueError as e:
+        problems.append(f"target_source: {e}")
+        return None
+
+
 def _field_problems(s: Series) -> list[str]:
     """What is wrong with the combination of a Series' fields (each field on its own is valid)."""
     problems = []
     if s.corpus not in CORPORA:
         problems.append(f"corpus: unknown corpus {s.corpus!r}; choose one of {list(CORPORA)}")
-    if s.tokenizer not in TOKENIZERS:
+    if s.target_source or s.tokenizer == "hf":
+        if not s.target_source or s.tokenizer != "hf":
+            problems.append("tokenizer hf (an imported target's tokenizer.json) goes with target_source hf:PATH, "
+                            "and only with it")
+        if s.corpus == "longcrawl64":
+            problems.append("corpus longcrawl64 is pre-tokenized GPT-2 ids, not an imported target's tokens: "
+                            "use a text corpus (sotu, stdlib, text)")
+    elif s.tokenizer not in TOKENIZERS:
         problems.append(f"tokenizer: unknown tokenizer {s.tokenizer!r}; choose one of {list(TOKENIZERS)}")
     elif (s.corpus == "longcrawl64") != (s.tokenizer == "gpt2"):
         problems.append("corpus longcrawl64 is pre-tokenized GPT-2 ids: use it with tokenizer: gpt2 (and only it)")

@@ -88,3 +88,79 @@ def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_pat
     params.write_text(json.dumps({"series": {**config, "sed": 0}}))
     assert series_module.main(["target", "--params", str(params)]) == 2
     assert "sed: not a series field (did you mean 'seed'?)" in capsys.readouterr().err
+
+
+def _checkpoint(tmp_path):
+    """A tiny random Llama checkpoint with a BPE tokenizer.json, as a user would bring one."""
+    import torch
+
+    from spirelib import hf
+    from spirelib.model import ModelConfig, Transformer
+    from spirelib.tokenizer import BPETokenizer, train_bpe
+
+    tok = BPETokenizer(train_bpe(["the cat sat on the mat, the dog ate the hat"] * 20, 300))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=320, num_layers=2, d_model=64, n_q_per_kv=2, n_kv=2, d_head=16,
+                                    d_ff=128))
+    return hf.save_model(model, tmp_path / "ckpt", tokenizer=tok), model
+
+
+def test_an_imported_target_gives_the_target_and_the_vocabulary(tmp_path):
+    folder, model = _checkpoint(tmp_path)
+    s = Series.from_dict({"target_source": f"hf:{folder}", "device": "cpu"})
+    assert s.target == model.cfg and s.vocab_size == 320 and s.tokenizer == "hf" and s.imported == folder
+    assert Series.from_dict(s.to_dict()) == s
+    for change, message in (({"target_source": "hf:nowhere"}, "no config.json in"),
+                            ({"target_source": "s3://bucket"}, "neither empty"),
+                            ({"target_source": f"hf:{folder}", "vocab_size": 320}, "come from its config.json"),
+                            ({"target_source": f"hf:{folder}", "tokenizer": "bpe"}, "tokenizer hf"),
+                            ({"tokenizer": "hf"}, "tokenizer hf"),
+                            ({"target_source": f"hf:{folder}", "corpus": "longcrawl64", "tokenizer": "hf"}, "GPT-2")):
+        with pytest.raises(SeriesError, match=message):
+            Series.from_dict(change)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
+    with pytest.raises(SeriesError, match="attention_bias"):
+        Series.from_dict({"target_source": f"hf:{folder}"})
+
+
+def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
+    """02 evaluates the imported target, 03 trains both drafts for it, 04 measures all three taus."""
+    from pathlib import Path
+
+    from spirelib import workbook
+
+    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    folder, _ = _checkpoint(tmp_path)
+    short = {"batch_size": 4, "seq_len": 64, "steps": 4, "eval_windows": 4, "log_every": 2}
+    params = tmp_path / "p.yaml"
+    params.write_text(json.dumps({
+        "series": {"target_source": f"hf:{folder}", "device": "cpu", "target_training": short,
+                   "vanilla_training": short, "spire_training": short, "new_tokens": 8},
+        "notebooks": {"02_train_target": {"num_samples": 1, "prompt_tokens": 8, "sample_tokens": 8},
+                      "04_measure_tau": {"context_lengths": [16], "n_contexts": 4, "decode_batch_size": 4}}}))
+    out = tmp_path / "out"
+    root = Path(__file__).resolve().parent.parent
+    assert workbook.main(["run", "--params", str(params), "--notebooks", str(root / "notebooks"), "--only",
+                          "02,03,04", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["02_train_target"]["target"]["imported_from"] == str(folder)
+    assert results["02_train_target"]["target"]["embedding_params"] == 2 * 320 * 64 + 64
+    assert set(results["04_measure_tau"]["tau"]) == {"vanilla", "magicdec", "spire"}
+
+
+def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    from spirelib import hf
+
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    folder, model = _checkpoint(tmp_path)
+    before = hf.checkpoint_digest(folder)
+    assert hf.checkpoint_digest(folder) == before  # cached, and the same
+    with torch.no_grad():
+        model.blocks[0].mlp.w_down.weight.add_(1e-3)
+    save_file(hf.hf_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert hf.checkpoint_digest(folder) != before  # same shapes and config, other weights: drafts retrain
