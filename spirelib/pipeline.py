@@ -27,8 +27,16 @@ from spirelib.drafts import vanilla_draft_config
 from spirelib.model import ModelConfig, Transformer
 from spirelib.spire import SpireConfig, SpireDraftModel, SpireObjective
 from spirelib.tokenizer import build_tokenizer, tokenize
-from spirelib.train import (TrainConfig, TrainResult, evaluate, full_identity, lm_objective, resolve_device,
-                            run_dir_for, train)
+from spirelib.train import (
+    TrainConfig,
+    TrainResult,
+    evaluate,
+    full_identity,
+    lm_objective,
+    resolve_device,
+    run_dir_for,
+    train,
+)
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 0

@@ -4,12 +4,25 @@ lossless decoding through the engine."""
 import pytest
 import torch
 
-from spirelib.losses import (draft_losses, distillation_loss, expected_acceptance, hard_target_loss, head_draft_losses,
-                             mixed_loss)
+from spirelib.losses import (
+    distillation_loss,
+    draft_losses,
+    expected_acceptance,
+    hard_target_loss,
+    head_draft_losses,
+    mixed_loss,
+)
 from spirelib.model import ModelConfig, Transformer
 from spirelib.speculative import autoregressive_generate, speculative_generate
-from spirelib.spire import (ABLATIONS, SpireConfig, SpireDraftModel, SpireObjective, ablation, block_positions,
-                            spire_draft)
+from spirelib.spire import (
+    ABLATIONS,
+    SpireConfig,
+    SpireDraftModel,
+    SpireObjective,
+    ablation,
+    block_positions,
+    spire_draft,
+)
 
 TARGET = ModelConfig(vocab_size=29, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 
