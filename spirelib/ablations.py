@@ -53,3 +53,21 @@ def matches_paper_order(ranking: list[tuple[str, float]]) -> bool:
     comparing only the components it has."""
     ours = [name for name, _ in ranking]
     return ours == [name for name in PAPER_IMPORTANCE_ORDER if name in ours]
+
+
+#: Components whose two variants are both trained drafts: their tau difference is measured
+#: (paired, `tau.delta_tau`). "sparse KV" is cost-model only, exact at any scale.
+MEASURED_COMPONENTS = {name: pair for name, pair in COMPONENTS.items() if "no_sparse_kv" not in pair}
+
+
+def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bool]) -> list[dict]:
+    """An `importance` ranking with what this run can tell apart: components whose measured tau
+    difference is resolved (`resolved[name]`, e.g. `tau.DeltaTau.resolved`; cost-model-only
+    components always are) get ranks 1, 2, ... in order of the multiplier they are worth; the
+    others follow without a rank, as "not resolved at this scale"."""
+    rows = [{"part": name, "multiplier_lost": drop, "resolved": name not in MEASURED_COMPONENTS or resolved[name]}
+            for name, drop in ranking]
+    ordered = [r for r in rows if r["resolved"]] + [r for r in rows if not r["resolved"]]
+    for rank, row in enumerate(ordered, 1):
+        row["rank"] = rank if row["resolved"] else None
+    return ordered

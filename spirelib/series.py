@@ -165,9 +165,10 @@ class Series:
             out[f.name] = value
         return out
 
-    def training(self, d: dict, what: str) -> TrainConfig:
-        """A TrainConfig from params fields with the series' seed (e.g. notebook 05's ablation budget)."""
-        return _training(d, self.seed, what)
+    def training(self, d: dict, what: str, seed: int | None = None) -> TrainConfig:
+        """A TrainConfig from params fields with the series' seed, or `seed` (e.g. notebook 05's
+        ablation budget, trained at several seeds)."""
+        return _training(d, self.seed if seed is None else seed, what)
 
     # ------------------------------------------------------------------ the cached recipes
 

@@ -39,10 +39,19 @@ Metrics (spec 8), from the accepted draft count a_r of every round r (0..k):
 - per-position acceptance: P[draft j accepted | drafts 1..j-1 accepted] = #(a_r >= j) /
   #(a_r >= j - 1) over all rounds, j = 1..k, reported with both counts.
 
+Comparing two drafts (spec 3.8's ablations): every method decodes batch b from a generator
+seeded by (seed, L, b) alone, the same stream for every method (common random numbers), so
+two similar drafts see the same draws and their difference in tau is measured paired, per
+context (`delta_tau`): d_i = (Y_i - tau X_i) / mean(X) for one minus the same for the other,
+the delta-method linearization of each pooled ratio, with Student's t over contexts. Over
+several training seeds the difference is the mean of the seeds' differences, its variance
+the within-seed part plus the between-seed spread / S (conservative: that spread also holds
+the within-seed noise once more).
+
 Scale-out: under `torchrun` (any backend; gloo on CPU) every process measures the batches
 b with b % world_size == rank and the results are gathered, in batch order, on every
-process. Each batch draws its random numbers from a generator seeded by (seed, L, batch,
-method) alone, so the merged result equals a single process's.
+process. Each batch's generator depends on (seed, L, batch) alone, so the merged result
+equals a single process's.
 """
 
 from __future__ import annotations
@@ -162,6 +171,59 @@ class AcceptCounts:
         )
 
 
+@dataclass(frozen=True)
+class DeltaTau:
+    """tau of one draft minus another's on the same contexts (module docstring): the mean
+    over training seeds, the half-width of its 95% interval, and each seed's difference."""
+
+    mean: float
+    ci95: float
+    per_seed: tuple[float, ...]
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes 0 (the difference is resolved at this scale)."""
+        return abs(self.mean) > self.ci95
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "ci95": self.ci95, "per_seed": list(self.per_seed), "resolved": self.resolved}
+
+
+def _linearized(counts: AcceptCounts) -> tuple[float, torch.Tensor]:
+    """The pooled tau and its per-context linearization (Y_i - tau X_i) / mean(X): (n,)."""
+    tokens, rounds = counts.tokens_and_rounds()
+    tau = float(tokens.sum() / rounds.sum())
+    return tau, (tokens - tau * rounds) / rounds.mean()
+
+
+def delta_tau(a: list[AcceptCounts], b: list[AcceptCounts]) -> DeltaTau:
+    """tau(a) - tau(b), paired by context, for one pair of accept counts per training seed
+    (a[s] and b[s] decoded the same contexts with the same random streams)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"delta_tau needs one pair of counts per seed, got {len(a)} and {len(b)}")
+    diffs, within = [], []
+    for x, y in zip(a, b):
+        if x.accepted.shape[0] != y.accepted.shape[0]:
+            raise ValueError("paired counts must come from the same contexts")
+        (tau_x, dx), (tau_y, dy) = _linearized(x), _linearized(y)
+        d = dx - dy  # (n,)
+        diffs.append(tau_x - tau_y)
+        within.append(float(d.var()) / d.numel() if d.numel() > 1 else float("nan"))
+    S, n = len(diffs), a[0].accepted.shape[0]
+    variance = sum(within) / S**2
+    if S > 1:
+        variance += float(torch.tensor(diffs, dtype=torch.float64).var()) / S
+    ci = t_quantile(0.975, S * (n - 1)) * math.sqrt(variance) if S * (n - 1) >= 1 else float("nan")
+    return DeltaTau(sum(diffs) / S, ci, tuple(diffs))
+
+
+def merge_counts(counts: list[AcceptCounts]) -> AcceptCounts:
+    """One AcceptCounts over the contexts of several (e.g. one per training seed)."""
+    if len({c.k for c in counts}) != 1:
+        raise ValueError(f"accept counts of different draft depths {sorted({c.k for c in counts})} do not merge")
+    return AcceptCounts(_pad_cat([c.accepted for c in counts]), counts[0].k)
+
+
 def _pad_cat(blocks: list[torch.Tensor]) -> torch.Tensor:
     """Stack (n_i, R_i) accept-count blocks into (sum n_i, max R_i), padding with -1."""
     width = max(b.shape[1] for b in blocks)
@@ -171,9 +233,10 @@ def _pad_cat(blocks: list[torch.Tensor]) -> torch.Tensor:
 # ---------------------------------------------------------------------------- measurement
 
 
-def batch_seed(seed: int, context_length: int, batch: int, method: str) -> int:
-    """The seed of one batch's generator: a function of what the batch is, not of who runs it."""
-    return zlib.crc32(f"{seed}/{context_length}/{batch}/{method}".encode())
+def batch_seed(seed: int, context_length: int, batch: int) -> int:
+    """The seed of one batch's generator: a function of what the batch is, not of who runs it
+    or which method decodes it (common random numbers across methods)."""
+    return zlib.crc32(f"{seed}/{context_length}/{batch}".encode())
 
 
 class _Prefixed:
@@ -209,7 +272,7 @@ def measure_tau(
         rows = contexts[L][b * protocol.batch_size : (b + 1) * protocol.batch_size].to(device)
         drafts = {}
         for name, factory in methods.items():
-            gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b, name))
+            gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b))
             drafts[name] = (factory(gen), gen)
         with timer("prefill") if timer else contextlib.nullcontext():
             shared = prefill(target, rows, capacity=speculative_capacity(L, protocol.new_tokens, protocol.k),

@@ -35,3 +35,16 @@ def test_order_agreement_compares_only_the_components_ranked():
     assert matches_paper_order(importance(paper_multipliers()))
     assert matches_paper_order([("pruned init", 0.3), ("MixedLoss", 0.1)])  # a partial ranking in the paper's order
     assert not matches_paper_order([("MixedLoss", 0.3), ("pruned init", 0.1)])
+
+
+def test_unresolved_differences_get_no_rank():
+    from spirelib.ablations import MEASURED_COMPONENTS, resolved_ranking
+
+    assert "sparse KV" not in MEASURED_COMPONENTS and len(MEASURED_COMPONENTS) == len(COMPONENTS) - 1
+    ranking = importance(paper_multipliers())
+    resolved = {name: name in ("target activations", "feedback") for name in MEASURED_COMPONENTS}
+    rows = resolved_ranking(ranking, resolved)
+    assert [(r["part"], r["rank"]) for r in rows] == [
+        ("sparse KV", 1), ("target activations", 2), ("feedback", 3),
+        ("distillation", None), ("pruned init", None), ("MixedLoss", None)]
+    assert all(r["resolved"] == (r["rank"] is not None) for r in rows)

@@ -249,3 +249,56 @@ def test_recorded_taus_picks_the_nearest_measured_context_length():
     assert L == 256 and taus == {"spire": 3.1, "vanilla": 2.5} and per_position == {"spire": [0.9, 0.8]}
     assert recorded_taus(run, 900)[2] == 960 and recorded_taus(run, 900)[0] == {"spire": 2.9}
     assert recorded_taus({}, 512) is None
+
+
+def common_rows(alphas, n, k, G, seed):
+    """`stopped_rows` for several acceptance rates from the same uniform draws (common random
+    numbers: what measure_tau gives two drafts decoding the same batches)."""
+    u = torch.rand(n, G, k, generator=torch.Generator().manual_seed(seed))
+    out = []
+    for alpha in alphas:
+        accepted = (u < alpha).long().cumprod(-1).sum(-1)
+        before = (accepted + 1).cumsum(1) - (accepted + 1)
+        out.append(AcceptCounts(torch.where(before < G, accepted, -1), k))
+    return out
+
+
+def test_paired_delta_tau_covers_the_true_difference_and_is_sharper_than_unpaired():
+    from spirelib.tau import delta_tau
+
+    k, G, n = 4, 64, 2000
+    a, b = common_rows([0.72, 0.70], n, k, G, seed=1)
+    d = delta_tau([a], [b])
+    truth = (1 - 0.72 ** 5) / 0.28 - (1 - 0.70 ** 5) / 0.30
+    assert abs(d.mean - truth) < d.ci95 and d.resolved
+    unpaired = math.hypot(a.stats().ci95, b.stats().ci95)
+    assert d.ci95 < unpaired / 3, (d.ci95, unpaired)  # common random numbers pay off
+    same = delta_tau([a], [a])
+    assert same.mean == 0 and same.ci95 == 0 and not same.resolved
+
+
+def test_delta_tau_over_seeds_adds_the_spread_between_seeds():
+    from spirelib.tau import delta_tau
+
+    k, G, n = 4, 64, 500
+    a0, b0 = common_rows([0.72, 0.70], n, k, G, seed=2)
+    a1, b1 = common_rows([0.62, 0.70], n, k, G, seed=3)  # seed 1's variant came out much worse
+    one = delta_tau([a0], [b0])
+    both = delta_tau([a0, a1], [b0, b1])
+    assert both.per_seed == pytest.approx((one.mean, delta_tau([a1], [b1]).mean))
+    assert both.mean == pytest.approx(sum(both.per_seed) / 2)
+    assert both.ci95 > 1.9 * abs(both.per_seed[0] - both.per_seed[1]) / 2 and not both.resolved
+    with pytest.raises(ValueError, match="same contexts"):
+        delta_tau([a0], [common_rows([0.7], n + 1, k, G, seed=4)[0]])
+
+
+def test_merged_counts_pool_every_context():
+    from spirelib.tau import merge_counts
+
+    a, b = common_rows([0.6, 0.8], 50, 4, 16, seed=5)
+    merged = merge_counts([a, b])
+    (ta, ra), (tb, rb) = a.tokens_and_rounds(), b.tokens_and_rounds()
+    assert merged.stats().n_contexts == 100
+    assert merged.stats().mean == pytest.approx(float((ta.sum() + tb.sum()) / (ra.sum() + rb.sum())))
+    with pytest.raises(ValueError, match="draft depths"):
+        merge_counts([a, AcceptCounts(a.accepted, 3)])
