@@ -1,0 +1,189 @@
+"""`python -m spirelib.bench memory`: peak memory of one training step at the paper's shapes.
+
+One training step (forward, backward, AdamW step, its state allocated) of
+- target: the paper's target (8 layers x 512, 8 kv heads of 128, d_ff 4096, V 50,304),
+  `Transformer.loss` (fused unembedding + cross-entropy),
+- vanilla: `drafts.vanilla_draft_config` of it, the same loss,
+- spire: the SPIRe draft (2 layers, pruned from the target) with `spire.SpireObjective`
+  (frozen target activations, k-pass forward, `losses.head_draft_losses`),
+- spire-logits: the same through logits, as before issue 16 (`k_pass_logits`, the target's
+  full (B, T, V) logits, `losses.draft_losses`), for comparison,
+on CPU in fp32, each configuration in a fresh subprocess: the peak resident set during the
+step (VmHWM, reset through /proc/self/clear_refs just before it, freed heap returned first,
+allocations of 64 KiB or more mapped apart so freeing returns them) minus the resident set
+after `import torch` (the interpreter and libraries). The peak includes the weights (and
+the frozen target's), the gradients and AdamW's two moments.
+
+The step's peak is the larger of two phases, measured apart: forward + backward (weights,
+AdamW's moments, allocated beforehand as in every step after the first, gradients and
+activations) and the optimizer step (weights, moments, gradients, AdamW's temporaries; it
+does not grow with the batch). Per training token = (forward + backward peak at batch 2 -
+at batch 1) / seq_len: what grows with B x T. Fixed = the batch-1 peak - seq_len x per token. Each is measured at V = 50,304
+and at a small vocabulary; their difference is the part that scales with V (per token: the
+(tokens, V) tensors; fixed: the embedding and unembedding with gradient and moments, the
+loss chunks). 80 GB fits batch (80e9 - fixed) / (per token x seq_len), by extrapolation
+(if the optimizer phase fits too).
+
+Measured (2-core VM, torch 2.13 CPU, fp32, 1 thread, seq_len 1,024, V 50,304 vs 512;
+MB = 1e6 bytes; per-token figures are good to ~10%, the ~V parts of the fused models are
+zero within that noise):
+
+    model         peak B=1  peak B=2  bytes/token  of it ~V  fixed MB  of it ~V  optimizer MB  batch in 80 GB
+    target           2,698     3,547      828,316   -26,904     1,850       928         2,215              92
+    vanilla            894     1,109      209,408   -13,484       680       477           752             369
+    spire            2,002     2,297      288,012   -56,776     1,707     1,098         1,886             265
+    spire-logits     2,561     3,704    1,116,380   767,632     1,418       813         1,886              68
+
+spire-logits (before issue 16) held ~15 bytes per token per vocabulary entry (draft logits,
+the target's logits and their gathered copy, the fp32 gradient): 50 GB of the paper's
+64 x 1,024 batch. Fused, the SPIRe step's per-token memory is its activations only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+PAPER_TARGET = dict(num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
+PAPER_VOCAB = 50_304
+MODELS = ("target", "vanilla", "spire", "spire-logits")
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status memory field in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status (Linux only)")
+
+
+def _trim() -> None:
+    """Return freed heap memory to the system (glibc), so the resident set is what is live."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window: int = 64,
+            shape: dict | None = None) -> dict:
+    """Peak bytes of one training step of `model` (in this process; call it in a fresh one);
+    `shape`: the target's ModelConfig fields other than the vocabulary (default: the paper's)."""
+    import torch
+
+    base = _status("VmRSS")
+    from spirelib.drafts import vanilla_draft_config
+    from spirelib.losses import draft_losses
+    from spirelib.model import ModelConfig, Transformer
+    from spirelib.spire import SpireConfig, SpireDraftModel, SpireObjective
+    from spirelib.train import TrainConfig, lm_objective, make_optimizer
+
+    torch.manual_seed(0)
+    target_cfg = ModelConfig(vocab_size=vocab, **(shape or PAPER_TARGET))
+    if model in ("target", "vanilla"):
+        trained = Transformer(target_cfg if model == "target" else vanilla_draft_config(target_cfg))
+        objective = lm_objective
+    else:
+        target = Transformer(target_cfg)
+        trained = SpireDraftModel.from_target(target, SpireConfig(num_layers=2, window=window, k=k))
+        objective = SpireObjective(target)
+        if model == "spire-logits":
+            def objective(draft, batch, frozen=objective.target):  # the objective before issue 16
+                inputs, labels = batch[:, :-1], batch[:, 1:]
+                with torch.no_grad():
+                    layers = frozen.residual_stream(inputs)
+                    target_logits = frozen.head(layers[-1])  # (B, T, V)
+                logits, positions = draft.k_pass_logits(inputs, layers, k)  # (B, n_blocks, k, V)
+                return draft_losses(logits, target_logits[:, positions], labels[:, positions], 0.5)
+    opt = make_optimizer(trained, TrainConfig(steps=1))
+    for p in trained.parameters():  # AdamW's moments exist from the second step on: allocate them
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    tokens = torch.randint(0, vocab, (batch, seq_len + 1))
+    setup = _status("VmRSS")
+
+    def peak_of(fn) -> int:
+        _trim()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident set
+        fn()
+        return _status("VmHWM") - base
+
+    def forward_backward():
+        objective(trained, tokens)[0].backward()
+
+    fb, step = peak_of(forward_backward), peak_of(opt.step)
+    return {"model": model, "batch": batch, "seq_len": seq_len, "vocab": vocab, "setup_bytes": setup - base,
+            "forward_backward_bytes": fb, "optimizer_bytes": step, "peak_bytes": max(fb, step),
+            "params": sum(p.numel() for p in trained.parameters())}
+
+
+def _child(model: str, batch: int, seq_len: int, vocab: int, threads: int) -> dict:
+    # Every allocation of 64 KiB or more its own mapping, unmapped when freed: the resident set
+    # follows the live tensors (glibc otherwise keeps freed heap resident).
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-m", "spirelib.bench", "memory", "--child", model, str(batch),
+                          str(seq_len), str(vocab)], env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{model} B={batch} V={vocab} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[dict], seq_len: int, vocab: int, small_vocab: int, budget: float = 80e9) -> list[dict]:
+    """Per model: bytes per training token and fixed bytes, at both vocabularies, their
+    difference (the part that scales with V) and the batch that fits `budget` at `vocab`."""
+    at = {(r["model"], r["batch"], r["vocab"]): r for r in results}
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        row = {"model": model}
+        for v, name in ((vocab, "V"), (small_vocab, "small")):
+            fb1, fb2 = at[model, 1, v]["forward_backward_bytes"], at[model, 2, v]["forward_backward_bytes"]
+            per_token = (fb2 - fb1) / seq_len
+            row[f"per_token_{name}"] = per_token
+            row[f"fixed_{name}"] = fb1 - per_token * seq_len
+            row[f"optimizer_{name}"] = max(at[model, b, v]["optimizer_bytes"] for b in (1, 2))
+            row[f"peak_b1_{name}"], row[f"peak_b2_{name}"] = at[model, 1, v]["peak_bytes"], at[model, 2, v]["peak_bytes"]
+        row["per_token_from_V"] = row["per_token_V"] - row["per_token_small"]
+        row["fixed_from_V"] = row["fixed_V"] - row["fixed_small"]
+        fits = budget >= row["optimizer_V"]
+        row["batch_in_budget"] = int((budget - row["fixed_V"]) // (row["per_token_V"] * seq_len)) if fits else 0
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--child":
+        model, batch, seq_len, vocab = argv[1], *map(int, argv[2:5])
+        print(json.dumps(measure(model, batch, seq_len, vocab)))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m spirelib.bench memory", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--vocab-size", type=int, default=PAPER_VOCAB)
+    parser.add_argument("--small-vocab", type=int, default=512, help="the second vocabulary, for the V-scaling part")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget-gb", type=float, default=80.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = [_child(m, b, args.seq_len, v, args.threads)
+               for m in args.models for v in (args.vocab_size, args.small_vocab) for b in (1, 2)]
+    rows = table(results, args.seq_len, args.vocab_size, args.small_vocab, args.budget_gb * 1e9)
+    if args.json:
+        print(json.dumps({"measurements": results, "table": rows}, indent=2))
+        return 0
+    print(f"peak memory of one training step (fp32, CPU), seq_len {args.seq_len}, V {args.vocab_size:,} "
+          f"(V-scaling part: minus V {args.small_vocab:,}); MB = 1e6 bytes")
+    print(f"  {'model':13s} {'peak B=1':>9s} {'peak B=2':>9s} {'B/token':>9s} {'of it ~V':>9s} "
+          f"{'fixed MB':>9s} {'of it ~V':>9s} {'optim MB':>9s}  batch in {args.budget_gb:g} GB")
+    for r in rows:
+        print(f"  {r['model']:13s} {r['peak_b1_V'] / 1e6:9.0f} {r['peak_b2_V'] / 1e6:9.0f} {r['per_token_V']:9,.0f} "
+              f"{r['per_token_from_V']:9,.0f} {r['fixed_V'] / 1e6:9.0f} {r['fixed_from_V'] / 1e6:9.0f} "
+              f"{r['optimizer_V'] / 1e6:9.0f}  {r['batch_in_budget']:,}")
+    return 0
