@@ -15,22 +15,21 @@ from the target (2 layers, sink 1 + window 64); MagicDec reads sink 1 + window 6
 
 Timings are wall clock; on a machine shared with other jobs, best-of-n is the fair figure.
 
-Measured (2-core VM, torch 2.13 CPU, default target 4 x 128, k = 4, G = 64, best of 3):
-bookkeeping is 3-8% of decode time at every B and L (3.9-7.5% at B = 64), so the engine's
-own overhead meets the goal. At B = 64, AD makes 4,990 tokens/s at L = 256 and 3,009 at
-L = 960; SD with the SPIRe draft 5,156 and 5,173 (1.03x, 1.72x: the per-round time of the
-tiny draft's k sequential passes is set by per-op overhead, not FLOPs, until long context
-makes the target's verification memory-bound).
+Measured results, dated and with the machine: README.md, "Benchmarks".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 
 import torch
 
+from spirelib import profiled
 from spirelib.drafts import draft_factory, vanilla_draft_config
+from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
 from spirelib.spire import SpireConfig, SpireDraftModel
 from spirelib.wallclock import time_decoding
@@ -64,6 +63,80 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     return rows
 
 
+@torch.no_grad()
+def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, peak_flops: float,
+                  bandwidth: float, repeats: int = 20) -> list[dict]:
+    """One row per forward kind at (B, L): measured ms (median of `repeats`), FLOPs and bytes
+    (`profiled.forward_work`: body, attention over the visible keys, unembedding; weights and KV
+    at their dtype), roofline ms = max(FLOPs / peak, bytes / bandwidth) and measured / roofline.
+    Kinds: the AD step (1 token), verification (k + 1 tokens), the vanilla draft's step, MagicDec's
+    step (the target over sink 1 + window) and SPIRe's step (its body over sink 1 + window)."""
+    cfg, param = target.cfg, next(target.parameters())
+    dev, value_bytes = param.device, param.element_size()
+    tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)
+    vanilla = Transformer(vanilla_draft_config(cfg)).to(param).eval()
+    spire = SpireDraftModel.from_target(target, SpireConfig(window=window)).eval()
+    sparse = SinkWindow(1, window)
+
+    def dense(model):
+        c = model.cfg
+        cache = DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, context + k + 1, device=dev, dtype=param.dtype)
+        model.hidden(tokens[:, :context], cache=cache)
+        return cache
+
+    def median_ms(step, reset):
+        times = []
+        for i in range(repeats + 1):
+            reset()
+            start = time.perf_counter()
+            step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            if i:
+                times.append(time.perf_counter() - start)
+        return 1e3 * statistics.median(times)
+
+    lengths = torch.full((batch,), context, device=dev)
+    rows = []
+    target_cache, vanilla_cache = dense(target), dense(vanilla)
+    ring = SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, sparse, k + 1, rope_mode="cache",
+                             rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
+    ring.ingest(target_cache, torch.arange(context, device=dev).expand(batch, context))
+    memory = spire.new_cache(batch, slack=k + 1)
+    spire.write_target_memory(memory, target.residual_stream(tokens[:, :context]), torch.arange(context, device=dev)
+                              .expand(batch, context))
+    pos = lengths[:, None]
+    cases = [
+        ("AD step", cfg, 1, context + 1, lambda: target(tokens[:, context:context + 1], pos, target_cache),
+         lambda: target_cache.rollback(lengths)),
+        (f"verify ({k + 1} tokens)", cfg, k + 1, context + k + 1,
+         lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev), target_cache),
+         lambda: target_cache.rollback(lengths)),
+        ("vanilla step", vanilla.cfg, 1, context + 1, lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache),
+         lambda: vanilla_cache.rollback(lengths)),
+        ("MagicDec step", cfg, 1, min(context, 1 + window) + 1,
+         lambda: target(tokens[:, context:context + 1], pos, ring), lambda: ring.rollback(lengths)),
+        ("SPIRe step", spire.body.cfg, 1, min(context, 1 + window),
+         lambda: spire.step(tokens[:, context], lengths, memory), lambda: memory.rollback(lengths)),
+    ]
+    for name, shape_cfg, new, keys, step, reset in cases:
+        work = profiled.forward_work(shape_cfg.shape(), shape_cfg.vocab_size, batch, new, keys,
+                                     bytes_per_value=value_bytes)
+        roof = 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
+        ms = median_ms(step, reset)
+        rows.append({"kind": name, "batch": batch, "context": context, "ms": ms, "gflop": work.flops / 1e9,
+                     "mbytes": work.bytes / 1e6, "roofline_ms": roof, "ratio": ms / roof})
+    return rows
+
+
+def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float) -> None:
+    print(f"roofline: fp32 peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated now)")
+    print(f"{'L':>5} {'B':>3} {'forward':18} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8} {'x roof':>7}")
+    for r in rows:
+        print(f"{r['context']:5d} {r['batch']:3d} {r['kind']:18} {r['ms']:8.2f} {r['gflop']:8.3f} {r['mbytes']:8.1f}"
+              f" {r['roofline_ms']:8.3f} {r['ratio']:7.1f}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m spirelib.bench decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +158,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--roofline", action="store_true",
+                        help="time single forwards of every kind against this machine's roofline instead")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -92,6 +167,14 @@ def main(argv: list[str]) -> int:
                       n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
     torch.manual_seed(0)
     target = Transformer(cfg).to(args.device).eval()
+    if args.roofline:
+        from spirelib.calibrate import matmul_peak, memory_bandwidth
+
+        peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
+        rows = [row for L in args.context for B in args.batch
+                for row in roofline_rows(target, B, L, args.k, args.window, peak_flops=peak, bandwidth=bw)]
+        print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw)
+        return 0
     factories = build_methods(target, args.methods, args.temperature, args.window)
     rows = [row for L in args.context for B in args.batch
             for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature, args.repeats)]

@@ -10,17 +10,7 @@ and, separately, the frozen target's forward that supplies activations and distr
 Tokens/s count the training positions (B x T). The loss is a stand-in (mean logsumexp), the
 same for every variant, so only the model's forward/backward is compared.
 
-Measured (2-core VM, torch 2.13 CPU, 2 threads, default target 4 x 128, draft 2 layers,
-window 64, k = 4; best of 5, noisy machine):
-
-    batch      k-pass tok/s   ordinary tok/s   k-pass/ordinary   naive tok/s   k-pass/naive
-    16 x 256   11,200         15,800           0.71              1,340         8.4x
-    4 x 1024    8,800         10,500           0.84                354         25x
-
-The naive cost grows with T (T sequential passes); k-pass stays near one forward. End to
-end (`SpireObjective` + AdamW, 4 x 1024, losses included) the main run trains at ~5,700
-tokens/s, after fusing the three losses into one chunked pass (`losses.draft_losses`; it
-was ~4,100). torch.compile of the whole objective took ~300 s to compile and ran slower.
+Measured results, dated and with the machine: README.md, "Benchmarks".
 """
 
 from __future__ import annotations

@@ -10,37 +10,7 @@ is excluded as warm-up/compilation), and reports
 Attention score FLOPs are not counted (as in spec 2), so longer sequences lower MFU.
 The peak is measured again after the runs; MFU uses the higher of the two.
 
-Measured (2-core Xeon VM, torch 2.13 CPU, 2 threads, shared with other jobs, so the best of
-several repeats is the figure and the spread is wide; peak 310-343 GFLOP/s; default target
-4 x 128, 4 heads of 32, d_ff 512, vocab 4096, 1,573,888 FLOP-params; batch 16 x 256):
-
-    variant                                          tokens/s (best)   MFU
-    eager, logits + F.cross_entropy (the start)      11,800            34%
-    eager, fused unembedding + cross-entropy         13,000-14,500     38-41%
-    torch.compile, logits + F.cross_entropy          15,900            46%
-    torch.compile, fused unembedding + CE (default)  17,100-19,200     48-53%
-    same at batch 4 x 1,024 (params/default.yaml)    12,900-13,200     35-38%
-
-Compilation costs ~36 s cold (inductor's disk cache empty), ~6 s warm. What was tried:
-
-- Fused unembedding + cross-entropy (`model.linear_cross_entropy`): gradients computed
-  chunk by chunk in the forward, so the 64 MB (B*T, V) logits never exist; 512-row chunks
-  beat 128, 256, 1024 and 2048. +20% eager, +10% compiled. Kept.
-- torch.compile of model + loss together (inductor fuses norms, RoPE, SwiGLU): +25-35%;
-  compiling the model alone and leaving the loss eager gained only ~10%. Kept, switchable
-  (`TrainConfig.compile`). `max_autotune` with the CPP GEMM backend: no gain.
-- Batch shape at 4,096 tokens/step is best: 8 x 256 and 32 x 256 were slower (39%, 43%);
-  32 x 128 similar (48%). Longer windows cost attention time: 4 x 1,024 is ~25% slower.
-- Threads: OMP_WAIT_POLICY=PASSIVE hurts (-20%); ACTIVE, OMP_PROC_BIND and GOMP_SPINCOUNT
-  did not beat the defaults beyond the noise. Fused AdamW on CPU: no measurable gain
-  (the optimizer is ~3% of a step).
-- Heads of 64 instead of 32 make CPU flash attention only ~10% faster.
-
-Where the time goes (compiled, 16 x 256): matmuls ~70% at 220-300 GFLOP/s (the K = 128
-shapes of a d_model 128 model run below the square-matmul peak), flash attention ~20%
-(uncounted FLOPs), fused elementwise kernels and AdamW the rest. The goal of 65% is not
-reached: attention alone takes a fifth of the step, and matmuls reach about 70-75% of the
-measured peak.
+Measured results, dated and with the machine: README.md, "Benchmarks".
 """
 
 from __future__ import annotations
