@@ -69,17 +69,18 @@ def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
         assert set(overrides) <= set(declared[stem]), (stem, set(overrides) - set(declared[stem]))
 
 
-@pytest.mark.parametrize("params_file", ["paper.yaml", "smoke.yaml"])
-def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook(params_file):
+@pytest.mark.parametrize("params_file, corpus_path", [("paper.yaml", "/somewhere/lc64"), ("smoke.yaml", None)])
+def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook(params_file, corpus_path):
     path = ROOT / "params" / params_file
     _, _, full = workbook.plan(path, NOTEBOOKS)
-    _, _, dry = workbook.plan(path, NOTEBOOKS, dry_run=True, corpus_path="/somewhere/lc64")
+    _, _, dry = workbook.plan(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
     assert dry.keys() == full.keys()
     for stem, chosen in dry.items():
         table = workbook.DRY_RUN_NOTEBOOKS.get(stem, {})
         for key, value in chosen.items():
             if key == "series":
-                want = series_config.dry_run({**full[stem].get("series", {}), "corpus_path": "/somewhere/lc64"})
+                want = series_config.dry_run(workbook.with_corpus_path(
+                    {"series": full[stem].get("series", {})}, corpus_path)["series"])
                 assert value == want and Series.from_dict(value).device == "cpu"
             elif key in table:
                 rule = table[key]
@@ -87,6 +88,8 @@ def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook
             else:
                 assert value == full[stem][key], (stem, key)  # not a budget: the file's value
         assert set(chosen) - set(full[stem]) <= set(table) | {"series"}
+        # a notebook with the series gets its dry run even when the file has no series section (smoke.yaml)
+        assert ("series" in chosen) == ("series" in workbook.declared_parameters(NOTEBOOKS / f"{stem}.ipynb"))
     assert dry["05_ablations"]["ablation_training"]["steps"] == 2 and len(dry["05_ablations"]["ablation_seeds"]) == 1
     assert full["01_performance_model"] == dry["01_performance_model"]  # numpy-only notebooks run as they are
 
