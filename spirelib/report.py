@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import copy
 import html
 import json
@@ -186,10 +187,8 @@ class _PngRenderer:
         return base64.b64encode(png).decode("ascii")
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already stopped
             self.kaleido.stop_sync_server(silence_warnings=True)
-        except Exception:  # noqa: BLE001 - already stopped
-            pass
 
 
 _RENDERER: list = []  # [renderer or None] once looked for
@@ -202,8 +201,8 @@ def _png_renderer() -> _PngRenderer | None:
         return None
     if not _RENDERER:
         try:
-            import kaleido  # noqa: PLC0415 - optional
-            from choreographer.browsers.chromium import Chromium  # noqa: PLC0415
+            import kaleido  # optional: text-only figures without it
+            from choreographer.browsers.chromium import Chromium
 
             _RENDERER.append(_PngRenderer(kaleido) if Chromium.find_browser(skip_local=True) else None)
         except Exception:  # noqa: BLE001 - no kaleido, no browser, or an API change: text only
