@@ -250,10 +250,10 @@ def plan(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry
     return params, select(series, only), injected
 
 
-def dry_run_corpus(params_file: Path, out_dir: Path) -> str | None:
+def dry_run_corpus(params_file: Path, out_dir: Path, write: bool = True) -> str | None:
     """The corpus folder a dry run uses instead of the file's: for a LongCrawl64 series whose
     corpus_path holds no dataset, a fixture generated under `out_dir` (`FIXTURE_FOLDER`, kept
-    for later runs); None (the file's corpus) otherwise."""
+    for later runs; `write=False` only names it); None (the file's corpus) otherwise."""
     series = load_params(params_file)["series"]
     if series.get("corpus") != "longcrawl64":
         return None
@@ -262,9 +262,10 @@ def dry_run_corpus(params_file: Path, out_dir: Path) -> str | None:
                                                 for s in data.LONGCRAWL64_SPLITS):
         return None
     fixture = out_dir / FIXTURE_FOLDER
-    if not all((fixture / s / ".zarray").is_file() for s in data.LONGCRAWL64_SPLITS):
+    if write and not all((fixture / s / ".zarray").is_file() for s in data.LONGCRAWL64_SPLITS):
         data.write_longcrawl64_fixture(fixture)
-    print(f"dry run: no LongCrawl64 at {given!r}; using the generated fixture {fixture}", flush=True)
+    print(f"dry run: no LongCrawl64 at {given!r}; {'using' if write else 'a run uses'} the generated fixture "
+          f"{fixture}", flush=True)
     return str(fixture.resolve())
 
 
@@ -410,14 +411,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     notebooks_dir = args.notebooks.resolve()
     try:
+        default_out = project_root() / "outputs" / (args.params.stem + (DRY_RUN_SUFFIX if args.dry_run else ""))
         if args.command == "check":
+            corpus_path = args.corpus_path
+            if args.dry_run and corpus_path is None:
+                corpus_path = dry_run_corpus(args.params, default_out, write=False)
             _, selected, injected = plan(args.params, notebooks_dir, args.only, dry_run=args.dry_run,
-                                         corpus_path=args.corpus_path)
+                                         corpus_path=corpus_path)
             for nb in selected:
                 print(f"{nb.stem}: {injected[nb.stem] or '(defaults)'}")
             print(f"{args.params}: ok ({len(selected)} notebooks)")
             return 0
-        out_dir = args.out or project_root() / "outputs" / (args.params.stem + (DRY_RUN_SUFFIX if args.dry_run else ""))
+        out_dir = args.out or default_out
         return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
                    args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path)
     except (ParamsError, FileNotFoundError, yaml.YAMLError) as e:

@@ -129,8 +129,10 @@ def test_dry_run_cli_writes_to_stem_dry_run_with_its_own_cache_on_a_generated_fi
     params = isolated / "paper.yaml"
     params.write_text(yaml.safe_dump({"series": {**paper_series(), "corpus_path": "no/such/folder"}}))
     monkeypatch.setattr(workbook, "project_root", lambda: isolated)
-    assert workbook.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
     out = isolated / "outputs" / "paper-dry-run"
+    assert workbook.main(["check", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
+    assert "a run uses the generated fixture" in capsys.readouterr().out and not out.exists()  # check writes nothing
+    assert workbook.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
     run = json.loads((out / "run.json").read_text())
     got = json.loads((out / "results.json").read_text())["01_probe"]
     fixture = out / workbook.FIXTURE_FOLDER
