@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -125,3 +126,44 @@ def test_winner_figure_names_the_best_method_and_ad_where_nothing_gains():
     heat = fig.data[0]
     assert heat.z.tolist() == [[0, 2]]  # SPIRe wins the first cell, AD the second
     assert heat.text[0][0].startswith("SPIRe") and heat.text[0][1].startswith("AD")
+
+
+def test_long_titles_wrap_inside_the_figure_and_get_room_above_the_plot():
+    from spirelib.plots.perf import TITLE_WIDTH, winner_figure, wrap_title
+
+    title = ("Best method per (B, L): paper shapes, taus measured in this run by notebook 04 at L = 64, "
+             "mixed lengths (sigma 1)")
+    grids = {m: paper_tm(m, B[:, None], L[None, :]) for m in pm.MODELED_METHODS}
+    fig = winner_figure(B, L, grids, title=title)
+    lines = fig.layout.title.text.split("<br>")
+    assert len(lines) == 2 and all(len(line) <= TITLE_WIDTH for line in lines)
+    assert lines[-1].endswith("mixed lengths (sigma 1)")  # the suffix is shown, not cut at the edge
+    assert fig.layout.margin.t >= 30 + 2 * 24
+    short = winner_figure(B, L, grids, title="short")
+    assert fig.layout.margin.t > short.layout.margin.t
+    scale = "target 2x64 (74k body params, 81.9k training tokens), vanilla draft 1x32 " * 3
+    wrapped, big, small = wrap_title(f"tau<br><sup>{scale.strip()}</sup>")
+    assert big == 1 and small >= 2 and wrapped.count("<sup>") == small
+    assert all(len(re.sub("<[^>]+>", "", line)) <= int(TITLE_WIDTH * 1.4) for line in wrapped.split("<br>"))
+
+
+def test_tables_and_legends_show_display_names():
+    from spirelib.plots.perf import markdown_table
+
+    table = markdown_table([{"scale": "paper shapes", "magicdec": 2.0, "winner": "magicdec"}]).data
+    assert "| scale | MagicDec | winner |" in table and "| paper shapes | 2.000 | MagicDec |" in table
+    assert "magicdec" not in table
+
+
+def test_draft_training_legend_stays_short_for_six_runs():
+    from spirelib.plots.training import draft_training_figure
+
+    metrics = [{"kind": kind, "tokens": t, "distill_ce": 3.0, "hard_ce": 3.1, **{f"alpha_{j}": 0.5 for j in (1, 2, 3, 4)}}
+               for t in (10, 20) for kind in ("train", "val")]
+    runs = {name: metrics for name in ("spire", "random init", "distill only", "hard target", "no feedback",
+                                       "no feedback, no target acts")}
+    fig = draft_training_figure(runs, 4, scale="tiny")
+    entries = [t.name for t in fig.data if t.showlegend is not False]
+    assert len(entries) == 6 + 6  # 2 losses + 4 alphas, then the 6 runs
+    assert len(fig.data) == len(entries) + 6 * 6 * 2  # every curve is still drawn
+    assert fig.layout.legend.orientation != "h"  # a vertical legend beside the plots, never over the x axis

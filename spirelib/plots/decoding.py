@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 
 from spirelib.methods import color as method_color
 from spirelib.methods import label as method_label
+from spirelib.plots.perf import title_layout
 from spirelib.tau import TauStats
 
 Stats = Mapping[str, Mapping[int, TauStats]]
@@ -67,7 +68,8 @@ def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = N
             ), row=1, col=2)
     fig.update_xaxes(title_text="context length L", type="log")
     fig.update_yaxes(title_text="tau (tokens per round, bonus included)", col=1)
-    fig.update_layout(title=_title("tau = E[tokens per round]", scale), template="plotly_white",
+    fig.update_layout(**title_layout(_title("tau = E[tokens per round]", scale), top=45),
+                      template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig
 
@@ -106,23 +108,26 @@ def per_position_figure(stats: Stats, scale: str = "") -> go.Figure:
             ), row=1, col=col)
     fig.update_xaxes(title_text="draft position j", dtick=1)
     fig.update_yaxes(title_text="P[accepted | reached]", range=[0, 1.02], col=1)
-    fig.update_layout(title=_title("Per-position acceptance", scale), template="plotly_white",
+    fig.update_layout(**title_layout(_title("Per-position acceptance", scale), top=45),
+                      template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig
 
 
 def table1_rows(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None) -> list[dict]:
     """Rows shaped like the paper's Table 1: one per context length (longest first), per
-    method "tau ± CI" measured here and, where the paper has that L, the paper's tau."""
+    method "tau ± CI" measured here and, where the paper has that L, the paper's tau. Keys are
+    the methods' display names (they are the table's headers)."""
     lengths = sorted({L for by_length in stats.values() for L in by_length}, reverse=True)
     rows = []
     for L in lengths:
         row = {"L": L}
         for method, by_length in stats.items():
             s = by_length.get(L)
-            row[method] = f"{s.mean:.3f} ± {s.ci95:.3f}" if s else ""
+            row[method_label(method)] = f"{s.mean:.3f} ± {s.ci95:.3f}" if s else ""
             if paper:
-                row[f"{method} (paper)"] = f"{paper[L][method]:.3f}" if L in paper and method in paper[L] else "—"
+                row[f"{method_label(method)} (paper)"] = (f"{paper[L][method]:.3f}" if L in paper and method in paper[L]
+                                                          else "—")
         rows.append(row)
     return rows
 

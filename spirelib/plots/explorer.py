@@ -25,7 +25,7 @@ from spirelib.frontend import live_frontend
 from spirelib.hardware import BYTES_PER_VALUE, Hardware
 from spirelib.methods import color as _color
 from spirelib.methods import label as _label
-from spirelib.plots.perf import TM_TITLE, pow2_label
+from spirelib.plots.perf import TM_TITLE, pow2_label, title_layout
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
 DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M
@@ -110,10 +110,11 @@ def slider_figure(scenario: Scenario, *, batch_sizes=DEFAULT_BATCHES[:8], contex
     fig.update_xaxes(type="log", title="context length L (tokens)", tickvals=list(contexts),
                      ticktext=[pow2_label(c) for c in contexts])
     fig.update_yaxes(title=TM_TITLE, range=[0, top * 1.08])
+    layout = title_layout(title or f"Throughput multiplier vs context: drag the batch size ({scenario.label})",
+                          top=50)  # the legend sits above the plot
     fig.update_layout(
-        title=title or f"Throughput multiplier vs context: drag the batch size ({scenario.label})",
-        sliders=[dict(active=start, currentvalue=dict(prefix="batch B = "), pad=dict(t=50), steps=steps)],
-        legend=dict(orientation="h", y=1.02, yanchor="bottom"), height=520)
+        **layout, sliders=[dict(active=start, currentvalue=dict(prefix="batch B = "), pad=dict(t=50), steps=steps)],
+        legend=dict(orientation="h", y=1.02, yanchor="bottom"), height=500 + layout["margin"]["t"])
     return fig
 
 

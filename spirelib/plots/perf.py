@@ -7,16 +7,43 @@ Batch sizes and context lengths are powers of two on log2 axes.
 
 from __future__ import annotations
 
+import re
+import textwrap
+
 import numpy as np
 import plotly.graph_objects as go
 from IPython.display import Markdown
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from spirelib.methods import STYLES
 from spirelib.methods import color as _color
 from spirelib.methods import label as _label
 
 TM_TITLE = "throughput multiplier over AD"
+TITLE_WIDTH = 80  # characters per title line: plotly never wraps a title, and cuts it at the figure's edge
+_SUP = re.compile(r"^<sup>(.*)</sup>$", re.S)
+
+
+def wrap_title(text: str, width: int = TITLE_WIDTH) -> tuple[str, int, int]:
+    """`text` broken at spaces into lines of at most `width` characters (`<sup>` lines, a smaller
+    font, at 1.4x that), keeping the `<br>`s it has; also its number of full-size and `<sup>` lines."""
+    lines, big, small = [], 0, 0
+    for part in text.split("<br>"):
+        sup = _SUP.match(part.strip())
+        inner = sup.group(1) if sup else part
+        wrapped = textwrap.wrap(inner, int(width * 1.4) if sup else width, break_long_words=False) or [""]
+        lines += [f"<sup>{line}</sup>" if sup else line for line in wrapped]
+        small, big = (small + len(wrapped), big) if sup else (small, big + len(wrapped))
+    return "<br>".join(lines), big, small
+
+
+def title_layout(text: str, width: int = TITLE_WIDTH, top: int = 30) -> dict:
+    """Layout settings for a title that stays inside the figure: wrapped (`wrap_title`), left
+    aligned, and a top margin that holds every line above `top` pixels of plot decorations."""
+    wrapped, big, small = wrap_title(text, width)
+    return dict(title=dict(text=wrapped, x=0.01, xanchor="left", y=0.99, yanchor="top", yref="container"),
+                margin=dict(t=top + 24 * big + 15 * small))
 
 
 def pow2_label(value) -> str:
@@ -59,7 +86,7 @@ def slice_figure(x, series: dict, *, title: str, x_title: str = "context length 
         raise ValueError(f"x_axis must be 'pow2', 'log' or 'linear', got {x_axis!r}")
     fig.update_xaxes(title=x_title)
     fig.update_yaxes(title=y_title)
-    fig.update_layout(title=title, hovermode="x unified", legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(**title_layout(title), hovermode="x unified", legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -91,7 +118,9 @@ def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorb
             fig.add_shape(type="rect", x0=hx - 0.5, x1=hx + 0.5, y0=hy - 0.5, y1=hy + 0.5,
                           line=dict(color="black", width=3), row=1, col=col)
     fig.update_yaxes(title="batch B", row=1, col=1, **_log2_ticks(B))
-    fig.update_layout(title=title, height=420, coloraxis=gain_coloraxis(zmin, zmax, colorbar_title, center))
+    layout = title_layout(title, top=45)  # room for the subplot titles
+    fig.update_layout(**layout, height=400 + layout["margin"]["t"],
+                      coloraxis=gain_coloraxis(zmin, zmax, colorbar_title, center))
     return fig
 
 
@@ -118,7 +147,8 @@ def winner_figure(B, L, grids: dict, *, title: str, highlight=(64, 512)) -> go.F
         fig.add_shape(type="rect", x0=hx - 0.5, x1=hx + 0.5, y0=hy - 0.5, y1=hy + 0.5, line=dict(color="black", width=3))
     fig.update_xaxes(title="context L", **_log2_ticks(L))
     fig.update_yaxes(title="batch B", **_log2_ticks(B))
-    fig.update_layout(title=title, height=460)
+    layout = title_layout(title)
+    fig.update_layout(**layout, height=440 + layout["margin"]["t"])
     return fig
 
 
@@ -142,7 +172,7 @@ def intensity_figure(B, intensities: dict, hoi: float, *, title: str) -> go.Figu
                   annotation_position="top left")
     fig.update_xaxes(type="log", title="batch B", tickvals=list(B), ticktext=[pow2_label(b) for b in B])
     fig.update_yaxes(type="log", title="FLOP / byte")
-    fig.update_layout(title=title, legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(**title_layout(title), legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -155,19 +185,23 @@ def bar_figure(groups: dict, *, title: str, y_title: str) -> go.Figure:
         ys = [groups[c].get(key, np.nan) for c in categories]
         fig.add_trace(go.Bar(x=categories, y=ys, name=_label(key), marker_color=_color(key, i),
                              text=[f"{y:.2f}" for y in ys], textposition="outside"))
-    fig.update_layout(title=title, barmode="group", yaxis_title=y_title, legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(**title_layout(title), barmode="group", yaxis_title=y_title,
+                      legend=dict(orientation="h", y=-0.2))
     return fig
 
 
 def markdown_table(rows: list[dict], columns: dict[str, str] | None = None, *, digits: int = 3) -> Markdown:
     """Rows of dicts as a Markdown table (renders in JupyterLab and in the HTML export).
 
-    columns maps row keys to headers (default: the first row's keys); floats get `digits`
-    decimals (scientific from 1e7), integers thousands separators.
+    columns maps row keys to headers (default: the first row's keys, a method's key as its
+    display name); floats get `digits` decimals (scientific from 1e7), integers thousands
+    separators; a string cell that is a method's key ("magicdec") shows its display name.
     """
-    columns = columns or {key: key for key in rows[0]}
+    columns = columns or {key: _label(key) for key in rows[0]}
 
     def cell(value) -> str:
+        if isinstance(value, str) and value in STYLES:
+            return _label(value)
         if isinstance(value, (bool, np.bool_)) or value is None:
             return str(value)
         if isinstance(value, (int, np.integer)):

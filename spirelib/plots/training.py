@@ -13,6 +13,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from spirelib.plots.perf import title_layout
+
 
 def _title(text: str, scale: str) -> str:
     return text + (f"<br><sup>{scale}</sup>" if scale else "")  # the scale note on its own line
@@ -33,7 +35,7 @@ def loss_curves(runs: Mapping[str, list[dict]], scale: str = "", log_x: bool = F
         x, y = _series(metrics, "val", "val_loss")
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{name} validation",
                                  line=dict(color=color, dash="dot"), marker=dict(size=8)))
-    fig.update_layout(title=_title("Cross-entropy (nats/token)", scale),
+    fig.update_layout(**title_layout(_title("Cross-entropy (nats/token)", scale), top=45),
                       xaxis_title="training tokens", yaxis_title="loss (nats/token)", template="plotly_white",
                       legend=dict(orientation="h", y=-0.2))
     if log_x:
@@ -54,7 +56,7 @@ def training_dashboard(metrics: list[dict], scale: str = "") -> go.Figure:
     x, y = _series(metrics, "train", "tokens_per_s")
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="tokens/s"), row=3, col=1)
     fig.update_xaxes(title_text="training tokens", row=3, col=1)
-    fig.update_layout(title=_title("Training run", scale), template="plotly_white",
+    fig.update_layout(**title_layout(_title("Training run", scale), top=45), template="plotly_white",
                       height=700, showlegend=True, legend=dict(orientation="h", y=-0.1))
     return fig
 
@@ -63,28 +65,37 @@ def draft_training_figure(runs: Mapping[str, list[dict]], k: int, scale: str = "
     """SPIRe draft training (spec 3.7): distillation CE(p, q) and cross-entropy with the data
     (left), and alpha = E[sum_i min(p_i, q_i)] per draft position j = 1..k (right), the
     training-time estimate of P[draft j accepted | drafts before it accepted]. Lines are
-    training intervals, markers validation; one line style per run."""
+    training intervals, markers validation. Colour is the quantity, line style the run: the
+    legend has one entry per quantity (click to hide it in every run) and one per run, so it
+    stays short however many runs there are (05 has six)."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("losses (nats/token)", "alpha per draft position"))
-    dashes = ["solid", "dash", "dot", "dashdot"]
+    dashes = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+    quantities = [("distill_ce", "distillation CE(p, q)", 1), ("hard_ce", "CE with data", 1)]
+    quantities += [(f"alpha_{j}", f"alpha_{j}", 2) for j in range(1, k + 1)]
+    palette = qualitative.Plotly
     for r, (name, metrics) in enumerate(runs.items()):
         dash = dashes[r % len(dashes)]
-        for i, (key, label) in enumerate((("distill_ce", "distillation CE(p, q)"), ("hard_ce", "CE with data"))):
-            color = qualitative.Plotly[i]
+        for i, (key, text, col) in enumerate(quantities):
+            color = palette[(i + 1 if i >= 2 else i) % len(palette)]
             for kind, mode in (("train", "lines"), ("val", "markers")):
                 x, y = _series(metrics, kind, key)
-                fig.add_trace(go.Scatter(x=x, y=y, mode=mode, name=f"{name}: {label} ({kind})", legendgroup=key,
-                                         line=dict(color=color, dash=dash), marker=dict(color=color, size=7)),
-                              row=1, col=1)
-        for j in range(1, k + 1):
-            color = qualitative.Plotly[(j + 1) % len(qualitative.Plotly)]
-            for kind, mode in (("train", "lines"), ("val", "markers")):
-                x, y = _series(metrics, kind, f"alpha_{j}")
-                fig.add_trace(go.Scatter(x=x, y=y, mode=mode, name=f"{name}: alpha_{j} ({kind})",
-                                         legendgroup=f"alpha_{j}", line=dict(color=color, dash=dash),
-                                         marker=dict(color=color, size=7)), row=1, col=2)
+                fig.add_trace(go.Scatter(x=x, y=y, mode=mode, name=f"{name}: {text} ({kind})", legendgroup=key,
+                                         showlegend=False, line=dict(color=color, dash=dash),
+                                         marker=dict(color=color, size=7),
+                                         hovertemplate=f"{name}: {text} ({kind})<br>%{{x}} tokens: %{{y:.3f}}"
+                                                       "<extra></extra>"), row=1, col=col)
+    for i, (key, text, _) in enumerate(quantities):  # legend keys: colour = quantity
+        color = palette[(i + 1 if i >= 2 else i) % len(palette)]
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=text, legendgroup=key,
+                                 legendgrouptitle_text="quantity" if i == 0 else None, line=dict(color=color)))
+    if len(runs) > 1:
+        for r, name in enumerate(runs):  # legend keys: line style = run
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, legendgroup=f"run:{name}",
+                                     legendgrouptitle_text="run" if r == 0 else None,
+                                     line=dict(color="#444", dash=dashes[r % len(dashes)])))
     fig.update_xaxes(title_text="training tokens")
     fig.update_yaxes(range=[0, 1], row=1, col=2)
-    fig.update_layout(title=_title("Draft training", scale), template="plotly_white",
-                      height=480, legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(**title_layout(_title("Draft training: lines training, markers validation", scale), top=45),
+                      template="plotly_white", height=520, legend=dict(tracegroupgap=4))
     return fig

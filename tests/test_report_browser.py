@@ -1,0 +1,131 @@
+"""The reports as a reader sees them, in a real headless Chromium (Debian's, driven by
+playwright with `executable_path`; no browser download): the index shows its verdict in the
+first screen, no report carries progress-bar output or the notebook's default parameters, long
+code lines wrap, and a figure whose plotly.js is missing says so in words. Skipped only where
+chromium or playwright is missing (.ci/run installs chromium; playwright is in the test extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spirelib import report, workbook
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+CHROMIUM = os.environ.get("SPIRE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - the test extra installs it
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium; .ci/run does)"),
+    pytest.mark.skipif(sync_playwright is None, reason="playwright not installed (pip install -e '.[test]')"),
+]
+
+FIRST_SCREEN = {"width": 1280, "height": 800}
+PROGRESS = re.compile(r"\d+%\|| \d+/\d+ \[\d\d:\d\d|it/s\]|s/it\]")  # tqdm's bar, counter and rate
+
+# A run's results as the series records them (abridged): every view of the verdict has something.
+RESULTS = {
+    "01_performance_model": {"headline": {"spire": 2.7787, "magicdec": 2.0524, "vanilla": 1.3613},
+                             "headline_cell": {"B": 64, "L": 512, "hoi": 600.0, "overlap": True, "tau_context": 512},
+                             "peak_flops_like_noise": {"peak_flops": 2.60477e11, "config_hash": "8a737e711ec9175e"}},
+    "04_measure_tau": {"tau": {m: {"64": {"mean": t, "ci95": 0.2, "n_contexts": 6}}
+                               for m, t in (("vanilla", 2.99), ("magicdec", 4.73), ("spire", 4.77))},
+                       "tau_protocol": {"k": 4, "scale": "target 2x64"}},
+    "06_speedup_explorer": {
+        "taus_used": {"source": "measured", "context_length": 64,
+                      "taus": {"vanilla": 2.99, "magicdec": 4.73, "spire": 4.77}},
+        "multipliers_at_highlight": {"B": 64, "L": 512,
+                                     "paper shapes": {"vanilla": 1.54, "magicdec": 2.49, "spire": 3.90},
+                                     "trained shapes": {"vanilla": 1.50, "magicdec": 3.94, "spire": 4.34}}},
+    "09_measured_vs_modeled": {
+        "cells": [{"method": m, "B": b, "L": L, "measured_speedup": s, "modeled_speedup": 1.5}
+                  for (m, b, L, s) in (("vanilla", 1, 32, 1.17), ("magicdec", 1, 32, 1.87), ("spire", 1, 32, 1.29),
+                                       ("vanilla", 4, 64, 0.48), ("magicdec", 4, 64, 0.61), ("spire", 4, 64, 0.66))],
+        "machine": {"device": "cpu", "ad_step_overhead": 64.0}},
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """The fixture notebook run headlessly by the runner; its index rebuilt over RESULTS."""
+    out = tmp_path_factory.mktemp("report_run")
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = workbook.main(["run", "--params", str(FIXTURES / "report_params.yaml"),
+                            "--notebooks", str(FIXTURES / "report_notebooks"), "--out", str(out)])
+    assert rc == 0, json.loads((out / "run.json").read_text())
+    run = json.loads((out / "run.json").read_text())
+    for stem in RESULTS:
+        run["notebooks"].setdefault(stem, {"status": "ok", "html": f"{stem}.html"})
+    (out / "run.json").write_text(json.dumps(run))
+    (out / "results.json").write_text(json.dumps(RESULTS))
+    report.write_index(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def page():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport=FIRST_SCREEN)
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def test_index_shows_the_verdict_in_the_first_screen(run_dir, page):
+    page.goto((run_dir / "index.html").as_uri())
+    heading = page.locator("#verdict")
+    lead = page.locator("p.verdict")
+    assert heading.is_visible() and lead.is_visible()
+    assert lead.bounding_box()["y"] + lead.bounding_box()["height"] <= FIRST_SCREEN["height"]
+    first_screen_rows = page.locator("table.verdict tr").first.bounding_box()
+    assert first_screen_rows["y"] < FIRST_SCREEN["height"]  # the table of the four answers starts on it too
+    text = lead.inner_text()
+    assert "SPIRe wins" in text and "slower than AD in 3 of 6 cells" in text, text
+    body = page.locator("body").inner_text()
+    assert "Reproduced (" in body and "Not reproduced (" in body
+    assert "2.60477e+11" not in body and "8a737e711ec9175e" not in body  # raw results only behind the link
+    assert page.locator("a[href='results.json']").count() == 1
+
+
+def test_no_report_shows_progress_bars_or_the_default_parameters(run_dir, page):
+    reports = sorted(run_dir.glob("[0-9][0-9]_*.html"))
+    assert reports
+    for path in reports:
+        page.goto(path.as_uri())
+        text = page.locator("body").inner_text()
+        assert not PROGRESS.search(text), (path.name, PROGRESS.search(text).group(0))
+        assert "notebook default" not in text and "from-params" in text  # the injected parameters only
+        assert "total 1225 label from-params" in text  # the loop ran
+
+
+def test_long_code_lines_wrap_and_figures_draw(run_dir, page):
+    page.goto((run_dir / "01_progress.html").as_uri())
+    page.wait_for_selector(".main-svg")  # plotly.js drew the figure
+    assert page.locator(".plotly-fallback").count() == 0  # so the words for a missing plotly.js are gone
+    clipped = page.evaluate("""() => Array.from(document.querySelectorAll('.jp-InputArea pre, .jp-OutputArea pre'))
+        .filter(e => e.scrollWidth > e.clientWidth + 1).length""")
+    assert clipped == 0
+    assert page.evaluate("document.documentElement.scrollWidth") <= FIRST_SCREEN["width"]
+
+
+def test_a_report_without_its_plotly_js_says_so(run_dir, page, tmp_path):
+    shutil.copy(run_dir / "01_progress.html", tmp_path / "01_progress.html")  # no plotly.min.js beside it
+    page.goto((tmp_path / "01_progress.html").as_uri())
+    fallback = page.locator(".plotly-fallback")
+    assert fallback.count() == 1 and fallback.is_visible()
+    assert "report fixture figure" in fallback.inner_text() and "plotly.min.js" in fallback.inner_text()
