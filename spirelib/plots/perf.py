@@ -42,8 +42,8 @@ def title_layout(text: str, width: int = TITLE_WIDTH, top: int = 30) -> dict:
     """Layout settings for a title that stays inside the figure: wrapped (`wrap_title`), left
     aligned, and a top margin that holds every line above `top` pixels of plot decorations."""
     wrapped, big, small = wrap_title(text, width)
-    return dict(title=dict(text=wrapped, x=0.01, xanchor="left", y=0.99, yanchor="top", yref="container"),
-                margin=dict(t=top + 24 * big + 15 * small))
+    # plotly centres the title in the top margin (anchoring it at the top cuts a multi-line title off)
+    return dict(title=dict(text=wrapped, x=0.01, xanchor="left"), margin=dict(t=top + 24 * big + 15 * small))
 
 
 def pow2_label(value) -> str:
