@@ -19,7 +19,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
 
-.PHONY: setup data run test bench
+.PHONY: setup data run test test-slow bench
 
 setup: $(STAMP)
 
@@ -40,6 +40,11 @@ run: setup data
 # PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
 test: setup data
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest $(PYTEST_ARGS)
+
+# The slow tests (e.g. the paper-shape dry run of the whole series, ~4 min); a fast test covers
+# the same code in `make test`.
+test-slow: setup data
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 # Benchmarks: `make bench BENCH=<name>`; without BENCH it lists them (python -m spirelib.bench --help).
 BENCH ?=
