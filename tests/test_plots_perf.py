@@ -160,10 +160,11 @@ def test_draft_training_legend_stays_short_for_six_runs():
 
     metrics = [{"kind": kind, "tokens": t, "distill_ce": 3.0, "hard_ce": 3.1, **{f"alpha_{j}": 0.5 for j in (1, 2, 3, 4)}}
                for t in (10, 20) for kind in ("train", "val")]
-    runs = {name: metrics for name in ("spire", "random init", "distill only", "hard target", "no feedback",
-                                       "no feedback, no target acts")}
+    runs = {name: metrics for name in ("spire", "random_init", "distill_only", "hard_target", "no_feedback",
+                                       "no_feedback_no_target_acts")}
     fig = draft_training_figure(runs, 4, scale="tiny")
     entries = [t.name for t in fig.data if t.showlegend is not False]
     assert len(entries) == 6 + 6  # 2 losses + 4 alphas, then the 6 runs
+    assert "random init" in entries and "random_init" not in entries  # display names
     assert len(fig.data) == len(entries) + 6 * 6 * 2  # every curve is still drawn
     assert fig.layout.legend.orientation != "h"  # a vertical legend beside the plots, never over the x axis

@@ -43,7 +43,7 @@ def title_layout(text: str, width: int = TITLE_WIDTH, top: int = 30) -> dict:
     aligned, and a top margin that holds every line above `top` pixels of plot decorations."""
     wrapped, big, small = wrap_title(text, width)
     # plotly centres the title in the top margin (anchoring it at the top cuts a multi-line title off)
-    return dict(title=dict(text=wrapped, x=0.01, xanchor="left"), margin=dict(t=top + 24 * big + 15 * small))
+    return dict(title=dict(text=wrapped, x=0.01, xanchor="left"), margin=dict(t=top + 24 * big + 22 * small))
 
 
 def pow2_label(value) -> str:

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from spirelib.methods import label
 from spirelib.plots.perf import title_layout
 
 
@@ -28,7 +29,7 @@ def _series(metrics: list[dict], kind: str, key: str) -> tuple[list[int], list[f
 def loss_curves(runs: Mapping[str, list[dict]], scale: str = "", log_x: bool = False) -> go.Figure:
     """Training loss (lines) and validation loss (markers) against tokens seen, one color per run."""
     fig = go.Figure()
-    for i, (name, metrics) in enumerate(runs.items()):
+    for i, (name, metrics) in enumerate({label(n): m for n, m in runs.items()}.items()):
         color = qualitative.Plotly[i % len(qualitative.Plotly)]
         x, y = _series(metrics, "train", "loss")
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} train", line=dict(color=color)))
@@ -74,6 +75,7 @@ def draft_training_figure(runs: Mapping[str, list[dict]], k: int, scale: str = "
     quantities = [("distill_ce", "distillation CE(p, q)", 1), ("hard_ce", "CE with data", 1)]
     quantities += [(f"alpha_{j}", f"alpha_{j}", 2) for j in range(1, k + 1)]
     palette = qualitative.Plotly
+    runs = {label(name): metrics for name, metrics in runs.items()}  # "random_init" -> "random init"
     for r, (name, metrics) in enumerate(runs.items()):
         dash = dashes[r % len(dashes)]
         for i, (key, text, col) in enumerate(quantities):
