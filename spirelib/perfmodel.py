@@ -165,10 +165,13 @@ def mixed_and_uniform(method, tau, B, lengths: RequestLengths, target, draft=Non
             float(throughput_multiplier(method, tau, B, mean, target, draft, **model_kwargs)))
 
 
-def best_method(grids: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Per cell, the name of the method with the highest multiplier in `grids` (method -> array)."""
+def best_method(grids: Mapping[str, np.ndarray], baseline: float | None = None) -> np.ndarray:
+    """Per cell, the name of the method with the highest multiplier in `grids` (method -> array);
+    with `baseline` (1.0: autoregressive decoding), "ad" where no method exceeds it."""
     names = list(grids)
-    return np.asarray(names)[np.stack([np.asarray(grids[m]) for m in names]).argmax(0)]
+    stack = np.stack([np.asarray(grids[m]) for m in names])
+    best = np.asarray(names)[stack.argmax(0)]
+    return best if baseline is None else np.where(stack.max(0) > baseline, best, "ad")
 
 
 def klen(L, *, sink_size: int = 1, window_factor: int | None = 8, window: int | None = None):

@@ -17,7 +17,7 @@ from spirelib import workbook
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ALL_NOTEBOOKS = NOTEBOOKS + sorted((ROOT / "tests" / "fixtures").rglob("*.ipynb"))
-CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name, where they differ
+CONDA_NAMES = {"torch": "pytorch", "kaleido": "python-kaleido"}  # PyPI name -> conda-forge name, where they differ
 
 
 def conda_requirements(spec: dict) -> dict[str, str]:

@@ -417,3 +417,4 @@ def test_mixed_and_uniform_compare_a_batch_with_its_mean_length_batch():
 def test_best_method_is_the_argmax_over_methods_per_cell():
     grids = {"a": np.array([[1.0, 3.0]]), "b": np.array([[2.0, 1.0]])}
     assert pm.best_method(grids).tolist() == [["b", "a"]]
+    assert pm.best_method(grids, baseline=2.5).tolist() == [["ad", "a"]]  # no draft beats AD in the first cell
