@@ -5,20 +5,28 @@ HOI) and nothing else; at CPU scale that misses most of the clock (fixed per-for
 attention FLOPs, the unembedding, 4-byte values). This model, in the spirit of
 operator-profiled simulators such as Vidur (MLSys 2024), prices one forward as
 
-    seconds = fixed + per_layer x layers + max(FLOPs / flops_per_s, bytes / bytes_per_s)
+    seconds = fixed + (per_layer + per_token_layer x tokens) x layers
+              + max(matmul FLOPs / flops_per_s, bytes / bytes_per_s) + attention FLOPs / attention_flops_per_s
 
 with FLOPs and bytes from `forward_work` (body matmuls, attention over the visible keys, the
-unembedding; weights and KV at the actual dtype). The four coefficients are fitted
+unembedding; weights and KV at the actual dtype); the per-token term is what elementwise
+kernels (norms, RoPE, softmax, SwiGLU) cost per token beyond the matmuls, and attention's
+FLOPs run at a rate of their own (a CPU's attention kernel reaches a fraction of the matmul
+peak, and with several queries per row it is compute-bound). A forward over MagicDec's sink +
+window ring (`ring=True`) adds the ring's own per-layer cost (re-rotating the sink keys,
+assembling the ring). The coefficients are fitted
 (`fit`) to timings of single forwards at a few shapes (`wallclock.profile_forwards`, about
 30 s), never to the speculative runs it is judged on. A speculative round is then the sum of
-its forwards (`round_seconds`): the draft's k passes as each method runs them, the target's
-verification of k + 1 tokens, and a fixed bookkeeping cost per round.
+its forwards (`round_seconds`): the draft's k passes as each method runs them, each followed by
+sampling a token from (B, V) probabilities, the target's verification of k + 1 tokens, and the
+round's bookkeeping (rejection sampling over (B, k + 1, V)).
 
 Numpy only, like the paper's model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import asdict, dataclass
 
@@ -34,6 +42,9 @@ class ForwardWork:
     flops: float
     bytes: float
     layers: int
+    tokens: int = 0  # B x T: what the per-token costs scale with
+    attention_flops: float = 0.0  # the part of `flops` that is attention (q.k and p.v)
+    ring: bool = False  # reads a sink + window ring re-rotated per query (MagicDec's cache)
 
 
 def forward_work(shape: ModelShape, vocab_size: int, batch: int, new: int, keys: int, *, logits: bool = True,
@@ -49,16 +60,18 @@ def forward_work(shape: ModelShape, vocab_size: int, batch: int, new: int, keys:
     n_q = shape.n_q_per_kv * shape.n_kv
     kv_per_token = 2 * shape.num_layers * shape.n_kv * shape.d_head  # values cached per token
     unembed = shape.d_model * vocab_size if logits else 0
-    flops = 2.0 * (body_params(shape) + unembed) * tokens + 4.0 * shape.num_layers * n_q * shape.d_head * tokens * keys
+    attention = 4.0 * shape.num_layers * n_q * shape.d_head * tokens * keys
+    flops = 2.0 * (body_params(shape) + unembed) * tokens + attention
     moved = (body_params(shape) + unembed + kv_per_token * batch * (keys + new)) * bytes_per_value
-    return ForwardWork(float(flops), float(moved), shape.num_layers)
+    return ForwardWork(float(flops), float(moved), shape.num_layers, tokens, float(attention))
 
 
 @dataclass(frozen=True)
 class ProfiledCost:
-    """Fitted coefficients: seconds = fixed_s + per_layer_s x layers + max(FLOPs / flops_per_s,
-    bytes / bytes_per_s) per forward; a speculative round's bookkeeping (sampling, rejection,
-    rollback) costs bookkeeping_s + bookkeeping_per_logit_s x B (k + 1) V."""
+    """Fitted coefficients: seconds = fixed_s + (per_layer_s + per_token_layer_s x tokens) x layers
+    + max(FLOPs / flops_per_s, bytes / bytes_per_s) per forward; a round's bookkeeping costs
+    bookkeeping_s + bookkeeping_per_logit_s x B (k + 1) V, a draft pass's sampling
+    sampling_s + sampling_per_logit_s x B V."""
 
     fixed_s: float
     per_layer_s: float
@@ -66,61 +79,92 @@ class ProfiledCost:
     bytes_per_s: float
     bookkeeping_s: float = 0.0
     bookkeeping_per_logit_s: float = 0.0
+    per_token_layer_s: float = 0.0
+    sampling_s: float = 0.0
+    sampling_per_logit_s: float = 0.0
+    attention_flops_per_s: float = float("inf")
+    ring_per_layer_s: float = 0.0
+    ring_per_token_layer_s: float = 0.0
 
     def seconds(self, work: ForwardWork) -> float:
-        return (self.fixed_s + self.per_layer_s * work.layers
-                + max(work.flops / self.flops_per_s, work.bytes / self.bytes_per_s))
+        per_layer = self.per_layer_s + self.per_token_layer_s * work.tokens
+        if work.ring:
+            per_layer += self.ring_per_layer_s + self.ring_per_token_layer_s * work.tokens
+        return (self.fixed_s + per_layer * work.layers + work.attention_flops / self.attention_flops_per_s
+                + max((work.flops - work.attention_flops) / self.flops_per_s, work.bytes / self.bytes_per_s))
 
     def bookkeeping(self, batch: int, k: int, vocab_size: int) -> float:
         return self.bookkeeping_s + self.bookkeeping_per_logit_s * batch * (k + 1) * vocab_size
+
+    def sampling(self, batch: int, vocab_size: int) -> float:
+        return self.sampling_s + self.sampling_per_logit_s * batch * vocab_size
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def fit(samples: list[tuple[ForwardWork, float]], *, peak_flops: float, bandwidth: float,
-        bookkeeping: list[tuple[int, float]] = ()) -> ProfiledCost:
+        bookkeeping: list[tuple[int, float]] = (), sampling: list[tuple[int, float]] = (),
+        ring: list[tuple[ForwardWork, float]] = ()) -> ProfiledCost:
     """Least-squares fit of the coefficients to (work, measured seconds) samples, in relative
     error (every shape counts alike). For each (flops_per_s, bytes_per_s) on a log grid from
-    1/64 to 1x of the calibrated `peak_flops` and `bandwidth`, the fixed and per-layer costs
-    are the non-negative least-squares solution; the pair with the smallest error wins.
-    `bookkeeping`: (logits per round B (k + 1) V, measured seconds) of a round's bookkeeping."""
+    1/64 to 1x of the calibrated `peak_flops` and `bandwidth`, the fixed, per-layer and
+    per-token-layer costs are the non-negative least-squares solution; the pair with the
+    smallest error wins (with the attention rate, a fourth free coefficient). `bookkeeping`:
+    (logits per round B (k + 1) V, seconds) of a round's bookkeeping; `sampling`: (logits B V,
+    seconds) of a draft pass's sampling; `ring`: timed forwards over MagicDec's ring, whose
+    extra per-layer cost (a + b x tokens) is fitted to what the model leaves unexplained."""
     if len(samples) < 3:
         raise ValueError(f"fit needs at least 3 timed forwards, got {len(samples)}")
-    flops = np.array([w.flops for w, _ in samples])
+    attention = np.array([w.attention_flops for w, _ in samples])
+    flops = np.array([w.flops for w, _ in samples]) - attention
     moved = np.array([w.bytes for w, _ in samples])
     layers = np.array([w.layers for w, _ in samples], dtype=float)
+    token_layers = np.array([w.tokens * w.layers for w, _ in samples], dtype=float)
     t = np.array([s for _, s in samples])
     scales = 2.0 ** -np.arange(0, 6.25, 0.25)  # 1 .. 1/64
     best = None
     for fs, bs in itertools.product(scales, scales):
         P, W = peak_flops * fs, bandwidth * bs
-        rest = t - np.maximum(flops / P, moved / W)  # what fixed + per_layer x layers must explain
-        a = np.stack([np.ones_like(t), layers], axis=1) / t[:, None]  # relative residuals
+        rest = t - np.maximum(flops / P, moved / W)  # what the fixed terms must explain
+        a = np.stack([np.ones_like(t), layers, token_layers, attention], axis=1) / t[:, None]  # relative residuals
         coef = _nonnegative_lstsq(a, rest / t)
         err = float(np.sum((a @ coef - rest / t) ** 2))
         if best is None or err < best[0]:
-            best = (err, (float(coef[0]), float(coef[1]), float(P), float(W)))
-    book = (0.0, 0.0)
-    if bookkeeping:
-        n = np.array([float(c) for c, _ in bookkeeping])
-        s = np.array([float(v) for _, v in bookkeeping])
-        a = np.stack([np.ones_like(s), n], axis=1) / s[:, None]
-        book = tuple(float(c) for c in _nonnegative_lstsq(a, np.ones_like(s)))
-    return ProfiledCost(*best[1], *book)
+            best = (err, coef, float(P), float(W))
+    _, (fixed, per_layer, per_token_layer, per_attention_flop), P, W = best
+    book, draw = _affine(bookkeeping), _affine(sampling)
+    cost = ProfiledCost(float(fixed), float(per_layer), P, W, *book, float(per_token_layer), *draw,
+                        attention_flops_per_s=1.0 / per_attention_flop if per_attention_flop > 0 else float("inf"))
+    if ring:
+        a, b = _affine([(w.tokens, max(1e-9, (s - cost.seconds(w)) / w.layers)) for w, s in ring])
+        cost = dataclasses.replace(cost, ring_per_layer_s=a, ring_per_token_layer_s=b)
+    return cost
+
+
+def _affine(pairs: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 of seconds ~ a + b x n, fitted in relative error; (0, 0) without samples."""
+    if not pairs:
+        return 0.0, 0.0
+    n = np.array([float(c) for c, _ in pairs])
+    s = np.array([float(v) for _, v in pairs])
+    a = np.stack([np.ones_like(s), n], axis=1) / s[:, None]
+    return tuple(float(c) for c in _nonnegative_lstsq(a, np.ones_like(s)))
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| over x >= 0 for two unknowns: the unconstrained solution, or the best
-    with one coefficient at 0."""
-    x = np.linalg.lstsq(a, b, rcond=None)[0]
-    if np.all(x >= 0):
-        return x
-    options = [np.zeros(2)]
-    for i in range(2):
-        xi = max(0.0, float(np.dot(a[:, i], b) / np.dot(a[:, i], a[:, i])))
-        options.append(np.eye(2)[i] * xi)
-    return min(options, key=lambda o: float(np.sum((a @ o - b) ** 2)))
+    """argmin ||a x - b|| over x >= 0 (a few unknowns): the best least-squares solution over
+    every subset of coefficients left free, the others at 0, that comes out non-negative."""
+    n = a.shape[1]
+    best, best_err = np.zeros(n), float(np.sum(b**2))
+    for size in range(1, n + 1):
+        for free in itertools.combinations(range(n), size):
+            x = np.zeros(n)
+            x[list(free)] = np.linalg.lstsq(a[:, list(free)], b, rcond=None)[0]
+            err = float(np.sum((a @ x - b) ** 2))
+            if np.all(x >= 0) and err < best_err:
+                best, best_err = x, err
+    return best
 
 
 def relative_errors(cost: ProfiledCost, samples: list[tuple[ForwardWork, float]]) -> np.ndarray:
@@ -159,12 +203,13 @@ def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, voc
     shape = draft.shape if draft.shape is not None else target
     keys = context if draft.keys is None else min(context, draft.keys)
     memory = draft.memory_layers * 2 * shape.n_kv * shape.d_head * shape.d_model  # K/V projection weights
-    seconds = 0.0
+    seconds = k * cost.sampling(batch, vocab_size)  # each pass samples its token from (B, V) probabilities
     for j in range(k):
         w = forward_work(shape, vocab_size, batch, 2 if (draft.method == "vanilla" and j == 0) else 1, keys,
                          bytes_per_value=bytes_per_value)
         # SPIRe stores each pass's feedback memory: one K/V projection per layer
-        seconds += cost.seconds(ForwardWork(w.flops + 2.0 * memory * batch, w.bytes, w.layers))
+        seconds += cost.seconds(dataclasses.replace(w, flops=w.flops + 2.0 * memory * batch,
+                                                    ring=draft.method == "magicdec"))
     if memory:  # and, after verification, the memory of the k + 1 verified positions
         seconds += (cost.per_layer_s * draft.memory_layers
                     + max(2.0 * memory * batch * (k + 1) / cost.flops_per_s, memory * bytes_per_value / cost.bytes_per_s))

@@ -14,6 +14,7 @@ model (`spirelib.profiled`), fitted by `profile` to timings of single forwards a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 import time
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from spirelib import perfmodel, profiled
-from spirelib.kvcache import DenseKVCache, SinkWindow
+from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
-from spirelib.sampling import probabilities, rejection_sample
+from spirelib.sampling import probabilities, rejection_sample, sample
 from spirelib.speculative import (
     SectionTimer,
     autoregressive_generate,
@@ -192,10 +193,11 @@ def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), 
 
 @torch.no_grad()
 def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, repeats: int = 5,
-                        device="cpu") -> list[tuple[int, float]]:
+                        device="cpu") -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """Median seconds of one round's bookkeeping (probabilities of k + 1 target positions,
-    rejection sampling, the emitted-token scatter) at every batch size: (logits, seconds)."""
-    samples = []
+    rejection sampling, the emitted-token scatter) and of one draft pass's sampling
+    (probabilities and a draw from (B, V)) at every batch size: two lists of (logits, seconds)."""
+    samples, draws = [], []
     gen = torch.Generator(device).manual_seed(0)
     for B in batches:
         logits = torch.randn(B, k + 1, vocab_size, device=device)
@@ -207,17 +209,51 @@ def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, rep
             torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], nxt[:, None])
 
         samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats)))
+        draws.append((B * vocab_size, _median_seconds(lambda: sample(probabilities(logits[:, 0], 1.0), gen), repeats)))
+    return samples, draws
+
+
+@torch.no_grad()
+def profile_ring(target: Transformer, sparse: SinkWindow, *, batches=(1, 16, 64), k: int = 4,
+                 repeats: int = 5) -> list[tuple[profiled.ForwardWork, float]]:
+    """Median seconds of one-token forwards of the target over MagicDec's sink + window ring
+    (positions re-rotated per query, `kvcache.SinkWindowKVCache` in rope_mode "cache")."""
+    cfg, param = target.cfg, next(target.parameters())
+    samples = []
+    for B in batches:
+        context = sparse.sink + sparse.window + k + 1
+        ring = SinkWindowKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, sparse, k + 1, rope_mode="cache",
+                                 rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling, device=param.device,
+                                 dtype=param.dtype)
+        dense = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, context, device=param.device, dtype=param.dtype)
+        target.hidden(torch.randint(0, cfg.vocab_size, (B, context), device=param.device), cache=dense)
+        ring.ingest(dense, torch.arange(context, device=param.device).expand(B, context))  # as MagicDec fills it
+        lengths = torch.full((B,), context, device=param.device)
+        tokens = torch.randint(0, cfg.vocab_size, (B, 1), device=param.device)
+
+        def step():
+            ring.rollback(lengths)
+            target(tokens, lengths[:, None], ring)
+
+        work = profiled.forward_work(cfg.shape(), cfg.vocab_size, B, 1, sparse.sink + sparse.window + 1,
+                                     bytes_per_value=param.element_size())
+        samples.append((dataclasses.replace(work, ring=True), _median_seconds(step, repeats)))
     return samples
 
 
 def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None, *, peak_flops: float,
-            bandwidth: float, k: int = 4, **grid) -> tuple[profiled.ProfiledCost, list]:
-    """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`)
-    and the bookkeeping, then fit the profiled cost model: (cost, forward samples)."""
+            bandwidth: float, k: int = 4, ring: SinkWindow | None = None, **grid) -> tuple[profiled.ProfiledCost, list]:
+    """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`),
+    the bookkeeping and, with `ring`, the target over MagicDec's ring; then fit the profiled
+    cost model: (cost, forward samples)."""
     samples = profile_forwards({"target": target, **(drafts or {})}, **grid)
     device = next(target.parameters()).device
-    book = profile_bookkeeping(target.cfg.vocab_size, batches=grid.get("batches", (1, 16, 64)), k=k, device=device)
-    return profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book), samples
+    batches = grid.get("batches", (1, 16, 64))
+    book, draws = profile_bookkeeping(target.cfg.vocab_size, batches=batches, k=k, device=device)
+    rings = profile_ring(target, ring, batches=batches, k=k) if ring is not None else []
+    cost = profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book, sampling=draws,
+                        ring=rings)
+    return cost, samples
 
 
 def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,

@@ -22,27 +22,33 @@ def test_forward_work_counts_body_attention_unembedding_and_kv_traffic():
 
 
 def test_fit_recovers_the_coefficients_it_was_made_with():
-    true = profiled.ProfiledCost(fixed_s=2e-4, per_layer_s=5e-5, flops_per_s=1e11 / 4, bytes_per_s=1e10 / 2)
+    true = profiled.ProfiledCost(fixed_s=2e-4, per_layer_s=5e-5, flops_per_s=1e11 / 4, bytes_per_s=1e10 / 2,
+                                 per_token_layer_s=3e-7)
     big = ModelShape(num_layers=4, d_model=128, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
     works = [profiled.forward_work(s, 4096, B, T, S) for s in (SHAPE, big)
              for B in (1, 16, 64) for S in (64, 960) for T in (1, 5)]
     samples = [(w, true.seconds(w)) for w in works]
     book = [(n, 1e-4 + 2e-9 * n) for n in (5 * 4096, 80 * 4096, 320 * 4096)]
-    got = profiled.fit(samples, peak_flops=1e11, bandwidth=1e10, bookkeeping=book)
-    for name in ("fixed_s", "per_layer_s", "flops_per_s", "bytes_per_s"):
+    draws = [(n, 3e-5 + 1e-9 * n) for n in (4096, 16 * 4096, 64 * 4096)]
+    got = profiled.fit(samples, peak_flops=1e11, bandwidth=1e10, bookkeeping=book, sampling=draws)
+    for name in ("fixed_s", "per_layer_s", "flops_per_s", "bytes_per_s", "per_token_layer_s"):
         assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name
     assert (got.bookkeeping_s, got.bookkeeping_per_logit_s) == (pytest.approx(1e-4), pytest.approx(2e-9))
+    assert (got.sampling_s, got.sampling_per_logit_s) == (pytest.approx(3e-5), pytest.approx(1e-9))
     assert abs(profiled.relative_errors(got, samples)).max() < 1e-6
 
 
 def test_a_round_is_the_drafts_passes_the_verification_and_the_bookkeeping():
-    cost = profiled.ProfiledCost(1e-4, 1e-5, 1e11, 1e10, bookkeeping_s=3e-5)
+    cost = profiled.ProfiledCost(1e-4, 1e-5, 1e11, 1e10, bookkeeping_s=3e-5, per_token_layer_s=1e-7)
     target = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
     verify = cost.seconds(profiled.forward_work(target, 100, 8, 5, 105))
     vanilla = profiled.DraftShape("vanilla", SHAPE)
     passes = cost.seconds(profiled.forward_work(SHAPE, 100, 8, 2, 100)) + 3 * cost.seconds(
         profiled.forward_work(SHAPE, 100, 8, 1, 100))
     assert profiled.round_seconds(cost, vanilla, target, 100, 8, 100, 4) == pytest.approx(passes + verify + 3e-5)
+    sampled = profiled.ProfiledCost(1e-4, 1e-5, 1e11, 1e10, bookkeeping_s=3e-5, per_token_layer_s=1e-7, sampling_s=2e-5)
+    assert profiled.round_seconds(sampled, vanilla, target, 100, 8, 100, 4) == pytest.approx(
+        passes + verify + 3e-5 + 4 * 2e-5)  # one draw per draft pass
     magicdec = profiled.DraftShape("magicdec", None, keys=70)
     assert profiled.round_seconds(cost, magicdec, target, 100, 8, 100, 4) == pytest.approx(
         4 * cost.seconds(profiled.forward_work(target, 100, 8, 1, 70)) + verify + 3e-5)
@@ -60,8 +66,11 @@ def test_the_profiling_pass_times_real_forwards_and_the_fit_explains_them():
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
                                      d_ff=64)).eval()
+    from spirelib.kvcache import SinkWindow
+
     cost, samples = profile(target, peak_flops=1e11, bandwidth=1e10, batches=(1, 4), keys=(16, 64), news=(1, 3),
-                            repeats=3)
+                            repeats=3, ring=SinkWindow(1, 8))
     assert len(samples) == 8 and all(s > 0 for _, s in samples)
     assert cost.fixed_s + cost.per_layer_s > 0 and cost.bookkeeping_s + cost.bookkeeping_per_logit_s > 0
+    assert cost.sampling_s + cost.sampling_per_logit_s > 0 and cost.ring_per_layer_s + cost.ring_per_token_layer_s > 0
     assert abs(profiled.relative_errors(cost, samples)).max() < 1.0  # timing noise, not a wrong model
