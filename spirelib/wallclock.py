@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from spirelib import perfmodel, profiled
-from spirelib.kvcache import DenseKVCache, SinkWindow
+from spirelib.kvcache import SinkWindow
 from spirelib.model import ModelConfig, Transformer
 from spirelib.sampling import probabilities, rejection_sample
 from spirelib.speculative import (
@@ -174,7 +174,7 @@ def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), 
         cfg = model.cfg
         param = next(model.parameters())
         for B, S, T in itertools.product(batches, keys, news):
-            cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, S + T, device=param.device, dtype=param.dtype)
+            cache = model.new_cache(B, S + T)
             model.hidden(torch.randint(0, cfg.vocab_size, (B, S), device=param.device), cache=cache)
             tokens = torch.randint(0, cfg.vocab_size, (B, T), device=param.device)
             lengths = torch.full((B,), S, device=param.device)
