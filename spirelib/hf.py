@@ -1,17 +1,19 @@
-"""Bring your own target: Hugging Face Llama and Qwen2 checkpoints in, our models out (issue 13).
+"""Bring your own target: Hugging Face Llama, Qwen2 and Mistral checkpoints in, our models out (issue 13).
 
 `load_model(folder)` builds a `model.Transformer` from a Hugging Face Llama 2 / 3.0 / 3.1 /
-3.2 (and SmolLM2) or Qwen2 / Qwen2.5 folder (``config.json`` plus ``model.safetensors`` or a sharded
+3.2 (and SmolLM2), Qwen2 / Qwen2.5 or Mistral folder (``config.json`` plus ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``), `load_tokenizer(folder)` wraps its ``tokenizer.json``
 with the interface of `spirelib.tokenizer`'s tokenizers, and `save_model(model, folder)`
 writes a folder that ``transformers.LlamaForCausalLM.from_pretrained`` (``Qwen2ForCausalLM``
-for a model with q/k/v biases) loads and that computes our logits. The architecture is the
+for a model with q/k/v biases, ``MistralForCausalLM`` for one with a sliding window) loads and that computes our logits. The architecture is the
 one of spec 2 "Models" (pre-RMSNorm GQA-SwiGLU, rotary positions), which is Llama's, with
-three `ModelConfig` options: Llama 3.1's RoPE scaling (`rope_scaling`, rope_type "llama3",
+four `ModelConfig` options: Llama 3.1's RoPE scaling (`rope_scaling`, rope_type "llama3",
 `rope.rope_frequencies`), tied embedding and unembedding (`tie_embeddings`, from
 ``tie_word_embeddings``; the checkpoint then has no lm_head.weight, or one equal to the
 embedding) and Qwen2's q/k/v biases (`qkv_bias`, set by model_type "qwen2", whose
-sliding-window fields are accepted while ``use_sliding_window`` is false); `transformers` itself is not
+sliding-window fields are accepted while ``use_sliding_window`` is false) and Mistral's sliding
+window (`sliding_window`, model_type "mistral": each query sees the last W positions, itself
+included, in every forward and the target's own cache); `transformers` itself is not
 imported: config.json is read with `json`, the weights with `safetensors`. Pickle
 checkpoints are never unpickled.
 
@@ -70,7 +72,8 @@ INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
 ARCHITECTURE = "LlamaForCausalLM"
 QWEN2 = "Qwen2ForCausalLM"
-ARCHITECTURES = {"llama": ARCHITECTURE, "qwen2": QWEN2}  # model_type -> architecture
+MISTRAL = "MistralForCausalLM"
+ARCHITECTURES = {"llama": ARCHITECTURE, "qwen2": QWEN2, "mistral": MISTRAL}  # model_type -> architecture
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 GB = 1e9
 
@@ -214,18 +217,20 @@ def config_from_hf(config: dict) -> ModelConfig:
     if model_type is None and architectures is None:
         raise ValueError("config.json names neither model_type nor architectures; expected a Llama config")
     if model_type is not None and model_type not in ARCHITECTURES:
-        raise _refuse("model_type", model_type, "a model family other than Llama and Qwen2")
+        raise _refuse("model_type", model_type, "a model family other than Llama, Qwen2 and Mistral")
     if architectures is not None and list(architectures) not in ([a] for a in ARCHITECTURES.values()):
         raise _refuse("architectures", architectures, f"an architecture other than {sorted(ARCHITECTURES.values())}")
-    qwen2 = model_type == "qwen2" or (model_type is None and list(architectures) == [QWEN2])
-    if qwen2 and architectures is not None and list(architectures) != [QWEN2]:
-        raise _refuse("architectures", architectures, "an architecture other than Qwen2ForCausalLM for model_type qwen2")
-    if not qwen2 and model_type is not None and architectures is not None and list(architectures) != [ARCHITECTURE]:
-        raise _refuse("architectures", architectures, "an architecture other than LlamaForCausalLM for model_type llama")
+    if model_type is None:
+        model_type = {a: t for t, a in ARCHITECTURES.items()}[architectures[0]]
+    if architectures is not None and list(architectures) != [ARCHITECTURES[model_type]]:
+        raise _refuse("architectures", architectures,
+                      f"an architecture other than {ARCHITECTURES[model_type]} for model_type {model_type}")
+    qwen2, mistral = model_type == "qwen2", model_type == "mistral"
     if qwen2:
         _check_qwen2_window(config)
+    window = config.get("sliding_window") if mistral else None  # Mistral v0.1: 4096; v0.2 and later: null
     for field, value in config.items():
-        if qwen2 and field in QWEN2_WINDOW_FIELDS:
+        if (qwen2 and field in QWEN2_WINDOW_FIELDS) or (mistral and field == "sliding_window"):
             continue
         if field in REFUSED_FIELDS:
             if field == "rope_scaling" or value is None or value is False:
@@ -255,12 +260,14 @@ def config_from_hf(config: dict) -> ModelConfig:
                        d_model=d_model, n_q_per_kv=n_q // n_kv, n_kv=n_kv, d_head=int(d_head),
                        d_ff=int(config["intermediate_size"]), rope_base=rope_base,
                        norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_scaling=rope_scaling,
-                       tie_embeddings=bool(config.get("tie_word_embeddings", False)), qkv_bias=qwen2)
+                       tie_embeddings=bool(config.get("tie_word_embeddings", False)), qkv_bias=qwen2,
+                       sliding_window=None if window is None else int(window))
 
 
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype, *, eos_token_id: int | None = None,
                  bos_token_id: int | None = None, max_position_embeddings: int = 4096) -> dict:
-    """A Hugging Face config.json dict for `cfg`, LlamaForCausalLM (Qwen2ForCausalLM with q/k/v
+    """A Hugging Face config.json dict for `cfg`, LlamaForCausalLM (MistralForCausalLM with a
+    sliding window, Qwen2ForCausalLM with q/k/v
     biases), in both RoPE formats (`rope_theta` + `rope_scaling` for transformers 4,
     `rope_parameters` for 5). Special-token ids default to None, not LlamaConfig's 1 and 2
     (which `generate` would stop at)."""
@@ -269,9 +276,12 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype, *, eos_token_id: int | No
         "rope_type": "llama3", **dict(zip(LLAMA3_SCALING_FIELDS, cfg.rope_scaling))}
     if scaling is not None:
         scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
-    model_type = "qwen2" if cfg.qkv_bias else "llama"
-    family = ({"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.num_layers}
-              if cfg.qkv_bias else {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1})
+    if cfg.qkv_bias and cfg.sliding_window is not None:
+        raise ValueError("a model with both q/k/v biases and a sliding window has no Hugging Face family here")
+    model_type = "qwen2" if cfg.qkv_bias else "mistral" if cfg.sliding_window is not None else "llama"
+    family = {"qwen2": {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.num_layers},
+              "mistral": {"sliding_window": cfg.sliding_window},
+              "llama": {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}}[model_type]
     return family | {
         "architectures": [ARCHITECTURES[model_type]], "model_type": model_type,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spirelib.kvcache import SinkWindow, _KVCache, visibility
+from spirelib.kvcache import DenseKVCache, SinkWindow, _KVCache, visibility
 from spirelib.perfmodel import ModelShape, body_params
 from spirelib.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
 
@@ -34,6 +34,7 @@ class ModelConfig(ModelShape):
     rope_scaling: tuple | None = None  # Llama 3.1's: rope.LLAMA3_SCALING_FIELDS, see rope.rope_frequencies
     tie_embeddings: bool = False  # unembed.weight is embed.weight (Llama 3.2 1B/3B, SmolLM2)
     qkv_bias: bool = False  # biases on W_q, W_k, W_v (Qwen2)
+    sliding_window: int | None = None  # Mistral v0.1: each query sees the last W positions, itself included
 
     def __post_init__(self):
         super().__post_init__()
@@ -46,6 +47,8 @@ class ModelConfig(ModelShape):
                 raise ValueError(f"ModelConfig.rope_scaling {dict(zip(LLAMA3_SCALING_FIELDS, scaling))} needs "
                                  "factor >= 1, 0 < low_freq_factor < high_freq_factor, original_max > 0")
             object.__setattr__(self, "rope_scaling", scaling)
+        if self.sliding_window is not None and self.sliding_window < 2:
+            raise ValueError(f"ModelConfig.sliding_window must be None or >= 2 positions, got {self.sliding_window}")
         if self.vocab_size < 1:
             raise ValueError(f"ModelConfig.vocab_size must be >= 1, got {self.vocab_size}")
         if self.d_head % 2:
@@ -54,6 +57,12 @@ class ModelConfig(ModelShape):
     @property
     def n_q(self) -> int:
         return self.n_q_per_kv * self.n_kv
+
+    @property
+    def attention_window(self) -> SinkWindow | None:
+        """The sliding window as the caches' visibility rule sees it: no sink, the W - 1
+        positions before the query (and the query itself); None for full attention."""
+        return None if self.sliding_window is None else SinkWindow(0, self.sliding_window - 1)
 
     def body_params(self) -> int:
         """Parameters of the layer stack (spec 2; `perfmodel.body_params`, plus q/k/v biases if any)."""
@@ -78,7 +87,7 @@ class ModelConfig(ModelShape):
         return d
 
 
-_LATER_FIELDS = {"rope_scaling": None, "tie_embeddings": False, "qkv_bias": False}
+_LATER_FIELDS = {"rope_scaling": None, "tie_embeddings": False, "qkv_bias": False, "sliding_window": None}
 
 
 class RMSNorm(nn.Module):
@@ -310,6 +319,13 @@ class Transformer(nn.Module):
         (arguments as `forward`); `head(stream[-1])` are the logits."""
         return torch.stack(self._blocks(tokens, positions, cache, valid, sparse, keep=True))
 
+    def new_cache(self, batch: int, capacity: int) -> DenseKVCache:
+        """A dense KV cache for this model on its device and dtype, applying its sliding window if any."""
+        param = next(self.parameters())
+        c = self.cfg
+        return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=c.attention_window,
+                            device=param.device, dtype=param.dtype)
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""
         return self.unembed(self.norm(x))
@@ -325,6 +341,12 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
+        window = self.cfg.attention_window
+        if window is not None and cache is None:
+            sparse = sparse or window
+        elif window is not None and cache.sparse is None:
+            raise ValueError(f"this model attends through a sliding window of {self.cfg.sliding_window} positions; "
+                             "its cache must apply it: build it with Transformer.new_cache")
         slots = None
         if cache is not None:
             slots = cache.prepare(positions, valid)

@@ -113,9 +113,7 @@ def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor |
     lengths = _context_lengths(contexts, lengths)
     if int(lengths.min()) < 2:
         raise ValueError("every context needs at least 2 tokens")
-    cfg = target.cfg
-    param = next(target.parameters())
-    cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, device=param.device, dtype=param.dtype)
+    cache = target.new_cache(B, capacity)
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
     with torch.no_grad():

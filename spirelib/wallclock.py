@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from spirelib import perfmodel, profiled
-from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
 from spirelib.sampling import probabilities, rejection_sample, sample
 from spirelib.speculative import (
@@ -175,7 +175,7 @@ def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), 
         cfg = model.cfg
         param = next(model.parameters())
         for B, S, T in itertools.product(batches, keys, news):
-            cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, S + T, device=param.device, dtype=param.dtype)
+            cache = model.new_cache(B, S + T)
             model.hidden(torch.randint(0, cfg.vocab_size, (B, S), device=param.device), cache=cache)
             tokens = torch.randint(0, cfg.vocab_size, (B, T), device=param.device)
             lengths = torch.full((B,), S, device=param.device)
@@ -225,7 +225,7 @@ def profile_ring(target: Transformer, sparse: SinkWindow, *, batches=(1, 16, 64)
         ring = SinkWindowKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, sparse, k + 1, rope_mode="cache",
                                  rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling, device=param.device,
                                  dtype=param.dtype)
-        dense = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, context, device=param.device, dtype=param.dtype)
+        dense = target.new_cache(B, context)
         target.hidden(torch.randint(0, cfg.vocab_size, (B, context), device=param.device), cache=dense)
         ring.ingest(dense, torch.arange(context, device=param.device).expand(B, context))  # as MagicDec fills it
         lengths = torch.full((B,), context, device=param.device)

@@ -38,8 +38,9 @@ def random_llama(seed: int, *, layers=2, hidden=64, heads=4, kv=2, ff=96, head_d
     too) large enough that attention is far from uniform and norm gains that are not all one
     (so that swapped or skipped tensors show)."""
     torch.manual_seed(seed)
-    config_cls, model_cls = ((LlamaConfig, LlamaForCausalLM) if family == "llama"
-                             else (transformers.Qwen2Config, transformers.Qwen2ForCausalLM))
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
+                             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}[family]
     extra = {"tie_word_embeddings": False, "rope_theta": theta} | extra
     if head_dim is not None:
         extra["head_dim"] = head_dim
@@ -276,7 +277,7 @@ def test_save_refuses_a_folder_with_other_weights(tmp_path):
     ("final_logit_softcapping", 30.0),
     ("rope_scaling", {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}),
     ("rope_parameters", {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
-    ("model_type", "mistral"),
+    ("model_type", "gemma2"),
     ("quantization_config", {"quant_method": "gptq"}),
     ("a_new_field", 1),
 ])
@@ -680,3 +681,61 @@ def test_published_llama32_and_qwen25_configs_parse_with_their_parameter_counts(
     assert sum(math.prod(s) for s in hf.hf_shapes(qwen).values()) == qwen.num_params()
     with pytest.raises(ValueError, match="architectures"):
         hf.config_from_hf(QWEN25_05B | {"architectures": ["LlamaForCausalLM"]})
+
+
+# ---------------------------------------------------------------- Mistral's sliding window
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    """A Mistral v0.1 style model: a sliding window of 6 positions, far shorter than the tests' sequences."""
+    ref = random_llama(13, family="mistral", theta=10000.0, sliding_window=6)
+    folder = tmp_path_factory.mktemp("mistral")
+    ref.save_pretrained(folder, safe_serialization=True)
+    return ref, folder, hf.load_model(folder)
+
+
+def test_mistral_full_forward_and_cached_decoding_match_transformers_through_the_window(mistral):
+    ref, _, ours = mistral
+    assert ours.cfg.sliding_window == 6
+    x = tokens(17, 2, LONG)
+    want = hf_logits(ref, x)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), want, atol=TOL, rtol=0)
+        cache = ours.new_cache(2, LONG)
+        got = [ours(x[:, :8], cache=cache)]
+        for t in range(8, LONG, 4):  # verify-sized chunks through the window
+            got.append(ours(x[:, t : t + 4], torch.arange(t, t + 4).expand(2, 4), cache))
+        torch.testing.assert_close(torch.cat(got, 1), want, atol=TOL, rtol=0)
+        full = Transformer(ModelConfig(**{**ours.cfg.to_dict(), "sliding_window": None}))
+        full.load_state_dict(ours.state_dict())
+        assert (full(x) - want).abs().max() > 0.1  # the window matters at this length
+        with pytest.raises(ValueError, match="sliding window of 6"):
+            ours(x[:, :4], cache=new_cache(ours, 2, LONG))  # a cache that would ignore it is refused
+
+
+def test_mistral_greedy_and_speculative_decoding_give_transformers_greedy_tokens(mistral):
+    ref, _, ours = mistral
+    lengths = torch.tensor([20, 13])
+    contexts = tokens(18, 2, 20).masked_fill(torch.arange(20)[None] >= lengths[:, None], 0)
+    G = 12
+    want = torch.stack([ref.generate(contexts[i : i + 1, :n], attention_mask=torch.ones(1, n, dtype=torch.long),
+                                     max_new_tokens=G, do_sample=False)[0, n:]
+                        for i, n in enumerate(lengths.tolist())])
+    assert len(set(want.flatten().tolist())) > 3
+    assert torch.equal(autoregressive_generate(ours, contexts, G, temperature=0, lengths=lengths).tokens, want)
+    sd = speculative_generate(ours, MagicDecDraft(ours, SinkWindow(1, 4), temperature=0), contexts, G, k=3,
+                              temperature=0, lengths=lengths)
+    assert torch.equal(sd.tokens, want)
+
+
+def test_mistral_export_round_trip_through_transformers(mistral, tmp_path):
+    _, _, ours = mistral
+    hf.save_model(ours, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "mistral" and config["sliding_window"] == 6
+    ref = transformers.MistralForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32)
+    x = tokens(19, 2, LONG)
+    with torch.no_grad():
+        torch.testing.assert_close(hf_logits(ref.eval(), x), ours(x), atol=TOL, rtol=0)
+    assert hf.load_model(tmp_path).cfg == ours.cfg

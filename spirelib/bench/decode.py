@@ -29,7 +29,7 @@ import torch
 
 from spirelib import profiled
 from spirelib.drafts import draft_factory, vanilla_draft_config
-from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
 from spirelib.spire import SpireConfig, SpireDraftModel
 from spirelib.wallclock import time_decoding
@@ -79,8 +79,7 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     sparse = SinkWindow(1, window)
 
     def dense(model):
-        c = model.cfg
-        cache = DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, context + k + 1, device=dev, dtype=param.dtype)
+        cache = model.new_cache(batch, context + k + 1)
         model.hidden(tokens[:, :context], cache=cache)
         return cache
 
