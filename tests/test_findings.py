@@ -82,3 +82,19 @@ def test_details_compare_with_the_paper_and_link_the_notebook():
 
 def test_no_recorded_results_means_no_verdict_and_no_details():
     assert findings_section(RUN, {}) == "" and verdict_section(RUN, {}) == ""
+
+
+def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such():
+    from spirelib.findings import _claim_ablations, _claim_measured
+
+    results = {"05_ablations": {"importance": [
+        {"part": "sparse KV", "multiplier_lost": 0.76, "resolved": True, "rank": 1},
+        {"part": "feedback", "multiplier_lost": 0.01, "resolved": False, "rank": None}]},
+        "09_measured_vs_modeled": {"cells": [
+            {"method": "spire", "B": 1, "L": 256, "measured_speedup": 0.9, "modeled_speedup": 1.8,
+             "profiled_speedup": 1.0, "profiled_error": 0.111}]}}
+    (good, text), = _claim_ablations({}, results)
+    assert "sparse KV (+0.76x)" in text and "not resolved at this scale: feedback" in text
+    assert "feedback (+0.01x)" not in text
+    claims = _claim_measured({}, results)
+    assert any("profiled cost model" in t and "median error 11%" in t and not ok for ok, t in claims)
