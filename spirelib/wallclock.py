@@ -154,14 +154,19 @@ def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------- the profiled model
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
+def repeat_seconds(fn, repeats: int) -> list[float]:
+    """Wall seconds of `repeats` calls of `fn` after one untimed warm-up call."""
+    fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    return statistics.median(repeat_seconds(fn, repeats))
 
 
 @torch.no_grad()

@@ -20,22 +20,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 
 from spirelib import perfmodel as pm
 from spirelib.frontend import HEADLESS_ENV
 from spirelib.hardware import BYTES_PER_VALUE, HARDWARE
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("SPIRE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - the test extra installs it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium; .ci/run does)"),
-    pytest.mark.skipif(sync_playwright is None, reason="playwright not installed (pip install -e '.[test]')"),
-]
+pytestmark = NEEDS_BROWSER
 
 DEVICE, DTYPE = "h100-sxm", "bf16"
 

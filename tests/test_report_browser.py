@@ -10,27 +10,18 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 
 from spirelib import report, workbook
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-CHROMIUM = os.environ.get("SPIRE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - the test extra installs it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium; .ci/run does)"),
-    pytest.mark.skipif(sync_playwright is None, reason="playwright not installed (pip install -e '.[test]')"),
-]
+pytestmark = NEEDS_BROWSER
 
 FIRST_SCREEN = {"width": 1280, "height": 800}
 PROGRESS = re.compile(r"\d+%\|| \d+/\d+ \[\d\d:\d\d|it/s\]|s/it\]")  # tqdm's bar, counter and rate

@@ -18,22 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
 from spirelib.model import ModelConfig, Transformer
 from spirelib.spire import SpireConfig, SpireDraftModel, block_positions
-
-
-def _time(fn, repeats: int) -> list[float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+from spirelib.wallclock import repeat_seconds as _time
 
 
 def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
