@@ -11,10 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from spirelib import perfmodel
-
-
-def _out(arr: np.ndarray):
-    return float(arr) if np.ndim(arr) == 0 else arr
+from spirelib.perfmodel import scalar_or_array
 
 
 def _depth(k) -> int:
@@ -33,7 +30,7 @@ def _alpha(alpha) -> np.ndarray:
 def tau_from_alpha(alpha, k: int = 4):
     """tau = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha); k + 1 at alpha = 1."""
     a, k = _alpha(alpha), _depth(k)
-    return _out(sum(a**j for j in range(k + 1)))
+    return scalar_or_array(sum(a**j for j in range(k + 1)))
 
 
 def alpha_from_tau(tau, k: int = 4):
@@ -47,13 +44,13 @@ def alpha_from_tau(tau, k: int = 4):
         mid = (lo + hi) / 2
         below = tau_from_alpha(mid, k) < t
         lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    return _out((lo + hi) / 2)
+    return scalar_or_array((lo + hi) / 2)
 
 
 def acceptance_rate(tau, k: int = 4):
     """Accepted draft tokens / drafted tokens = (tau - 1) / k (tau includes the bonus token)."""
     k = _depth(k)
-    return _out((np.asarray(tau, dtype=float) - 1) / k)
+    return scalar_or_array((np.asarray(tau, dtype=float) - 1) / k)
 
 
 def tau_from_per_position(per_position):
@@ -61,7 +58,7 @@ def tau_from_per_position(per_position):
     p = np.asarray(per_position, dtype=float)
     if p.ndim == 0 or p.shape[-1] == 0 or not np.all((p >= 0) & (p <= 1)):
         raise ValueError(f"per_position must be probabilities of shape (..., k), got {per_position!r}")
-    return _out(1 + np.cumprod(p, axis=-1).sum(axis=-1))
+    return scalar_or_array(1 + np.cumprod(p, axis=-1).sum(axis=-1))
 
 
 def _counts(counts) -> np.ndarray:
@@ -75,7 +72,7 @@ def tau_from_counts(counts):
     """tau from a histogram of rounds by accepted drafts: counts[..., n] rounds accepted n of k."""
     c = _counts(counts)
     emitted = np.arange(1, c.shape[-1] + 1)  # n accepted drafts + the bonus token
-    return _out((c * emitted).sum(axis=-1) / c.sum(axis=-1))
+    return scalar_or_array((c * emitted).sum(axis=-1) / c.sum(axis=-1))
 
 
 def per_position_from_counts(counts):

@@ -10,27 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.perfmodel import ModelShape, body_params, resolve_shape
+from spirelib.perfmodel import ModelShape, body_params, positive, resolve_shape, scalar_or_array
 
 PAPER_SERVING_UNITS = 10.0
 PAPER_SPIRE_TRAINING_UNITS = 0.25
 
 
-def _out(arr):
-    return float(arr) if np.ndim(arr) == 0 else np.asarray(arr)
-
-
-def _positive(value, name: str) -> np.ndarray:
-    arr = np.asarray(value, dtype=float)
-    if not np.all(arr > 0):
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return arr
-
-
 def training_flops(params, tokens, *, flops_per_param_token: float = 6.0):
     """Training FLOPs ~= 6 * params * tokens (forward 2, backward 4 per parameter per token).
     MFU = training_flops(flop_params(shape), tokens/s) / peak FLOP/s."""
-    return _out(flops_per_param_token * _positive(params, "params") * _positive(tokens, "tokens"))
+    return scalar_or_array(flops_per_param_token * positive(params, "params") * positive(tokens, "tokens"))
 
 
 def flop_params(shape: ModelShape, vocab_size: int | None = None) -> int:
@@ -42,7 +31,7 @@ def flop_params(shape: ModelShape, vocab_size: int | None = None) -> int:
 
 def chinchilla_tokens(params, *, tokens_per_param: float = 20.0):
     """Compute-optimal training tokens, 20 per parameter (spec 6: each model trained on 20 x N)."""
-    return _out(tokens_per_param * _positive(params, "params"))
+    return scalar_or_array(tokens_per_param * positive(params, "params"))
 
 
 def draft_training_units(draft: ModelShape | str, target: ModelShape | str, *, token_ratio: float = 1.0,
@@ -54,14 +43,14 @@ def draft_training_units(draft: ModelShape | str, target: ModelShape | str, *, t
     a lower draft MFU (mfu_ratio < 1) raises it.
     """
     ratio = body_params(resolve_shape(draft, "draft")) / body_params(resolve_shape(target, "target"))
-    return float(ratio * _positive(token_ratio, "token_ratio") / _positive(mfu_ratio, "mfu_ratio"))
+    return float(ratio * positive(token_ratio, "token_ratio") / positive(mfu_ratio, "mfu_ratio"))
 
 
 def serving_savings(tm, *, serving_units: float = PAPER_SERVING_UNITS, training_units: float = 0.0):
     """Net savings in target-training units: serving_units * (1 - 1/TM) - training_units."""
-    tm = _positive(tm, "tm")
-    serving = _positive(serving_units, "serving_units")
-    return _out(serving * (1 - 1 / tm) - np.asarray(training_units, dtype=float))
+    tm = positive(tm, "tm")
+    serving = positive(serving_units, "serving_units")
+    return scalar_or_array(serving * (1 - 1 / tm) - np.asarray(training_units, dtype=float))
 
 
 def break_even_serving(tm, training_units, *, baseline_tm=1.0, baseline_training_units=0.0):
@@ -71,13 +60,13 @@ def break_even_serving(tm, training_units, *, baseline_tm=1.0, baseline_training
     autoregressive decoding (baseline_tm = 1) it is the volume that repays the draft's
     training. inf where the draft never catches up; 0 where it is ahead from the start.
     """
-    tm = _positive(tm, "tm")
-    base = _positive(baseline_tm, "baseline_tm")
+    tm = positive(tm, "tm")
+    base = positive(baseline_tm, "baseline_tm")
     extra = np.asarray(training_units, dtype=float) - np.asarray(baseline_training_units, dtype=float)
     gain = 1 / base - 1 / tm  # decoding cost saved per serving unit
     with np.errstate(divide="ignore", invalid="ignore"):
         volume = np.where(extra <= 0, 0.0, np.where(gain > 0, extra / gain, np.inf))
-    return _out(volume)
+    return scalar_or_array(volume)
 
 
 def cost_table(multipliers: dict[str, float], training_units: dict[str, float], *,

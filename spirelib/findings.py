@@ -31,13 +31,14 @@ GRID_L = [int(L) for L in 2 ** np.arange(5, 14)]  # 32 .. 8K
 AD = "ad"
 
 
-def _e(value: Any) -> str:
+def escape(value: Any) -> str:
+    """`value` as text safe inside HTML (attributes included)."""
     return html.escape(str(value), quote=True)
 
 
 def _link(run: dict, stem: str, text: str) -> str:
     page = run.get("notebooks", {}).get(stem, {}).get("html")
-    return f"<a href='{_e(page)}'>{text}</a>" if page else text
+    return f"<a href='{escape(page)}'>{text}</a>" if page else text
 
 
 def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
@@ -69,7 +70,7 @@ def _winner(values: dict[str, float]) -> str:
 def _cell_text(values: dict[str, float]) -> str:
     win = _winner(values)
     others = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]) if m != win)
-    head = f"<b>{_e(label(win))}</b>" + (f" {values[win]:.2f}x" if win != AD else "")
+    head = f"<b>{escape(label(win))}</b>" + (f" {values[win]:.2f}x" if win != AD else "")
     return head + (f" <span class='aside'>({others})</span>" if others else "")
 
 
@@ -84,7 +85,7 @@ def _grid_counts(winners: list[list[str]]) -> dict[str, int]:
 def _grid_text(winners: list[list[str]], B: list[int], L: list[int]) -> str:
     counts = _grid_counts(winners)
     total = sum(counts.values())
-    parts = [f"<b>{_e(label(m))}</b> {n}" if i == 0 else f"{_e(label(m))} {n}" for i, (m, n) in enumerate(counts.items())]
+    parts = [f"<b>{escape(label(m))}</b> {n}" if i == 0 else f"{escape(label(m))} {n}" for i, (m, n) in enumerate(counts.items())]
     return f"{', '.join(parts)} of {total} cells <span class='aside'>(B = {_span(B)}, L = {_span(L)})</span>"
 
 
@@ -191,13 +192,13 @@ def verdict(run: dict, results: dict) -> str | None:
         at = f"B = {r['B']}, L = {_pow2(r['L'])}: " + _cell_text(r["at"]) + (
             f" <span class='aside'>({r['note']})</span>" if r.get("note") else "")
         grid = _grid_text(*r["grid"]) if r.get("grid") else "<span class='aside'>(no grid recorded)</span>"
-        table.append([_link(run, r["stem"], _e(r["way"])), at, grid, _e(r["trust"])])
+        table.append([_link(run, r["stem"], escape(r["way"])), at, grid, escape(r["trust"])])
     first = rows[0]
     by_winner: dict[str, list[str]] = {}
     for r in rows:
         by_winner.setdefault(_winner(r["at"]), []).append(r["short"])
     lead = f"At B = {first['B']}, L = {_pow2(first['L'])}: " + "; ".join(
-        f"<b>{_e(label(w))}</b> wins {' and '.join(ways)}" for w, ways in by_winner.items())
+        f"<b>{escape(label(w))}</b> wins {' and '.join(ways)}" for w, ways in by_winner.items())
     slower, total = slower_than_ad(results)
     lead += (f". <b>Measured on this machine, SD was slower than AD in {slower} of {total} cells.</b>" if total
              else ".")
@@ -259,7 +260,7 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
     ours = [m for m in order if m in paper_at]
     return [(ours == paper_order, f"Order of tau across drafts: here at L = {at} "
-             + _link(run, "04_measure_tau", _e(here)) + f"; paper at L = 512: {_e(paper)}")]
+             + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}")]
 
 
 def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
@@ -271,7 +272,7 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
     win = _winner(values)
     numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
     return [(win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} with this run's tau "
-             "at the paper's shapes: " + _link(run, "06_speedup_explorer", _e(numbers)))]
+             "at the paper's shapes: " + _link(run, "06_speedup_explorer", escape(numbers)))]
 
 
 def _claim_ablations(run: dict, results: dict) -> list[Claim]:
@@ -284,7 +285,7 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     ours = " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in resolved)
     rest = f"; not resolved at this scale: {', '.join(unresolved)}" if unresolved else ""
     return [(bool(recorded.get("importance_matches_paper")), "Importance of SPIRe's parts: here "
-             + _link(run, "05_ablations", _e(ours + rest)) + "; paper " + _e(" > ".join(PAPER_IMPORTANCE_ORDER)))]
+             + _link(run, "05_ablations", escape(ours + rest)) + "; paper " + escape(" > ".join(PAPER_IMPORTANCE_ORDER)))]
 
 
 def _claim_costs(run: dict, results: dict) -> list[Claim]:
@@ -294,7 +295,7 @@ def _claim_costs(run: dict, results: dict) -> list[Claim]:
         return round(c["from_rounded_tm"], 2) == c["paper"] or round(c["from_full_tm"], 2) == c["paper"]
 
     def text(items):
-        return ", ".join(f"{_e(q)} {c['from_full_tm']:.2f} (paper {c['paper']:.2f})" for q, c in items)
+        return ", ".join(f"{escape(q)} {c['from_full_tm']:.2f} (paper {c['paper']:.2f})" for q, c in items)
 
     out = []
     for good in (True, False):
@@ -318,7 +319,7 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
     claims = [
         (slower == 0, "Speculative decoding is faster than AD on the clock: "
          + _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells")
-         + f" (best {best['measured_speedup']:.2f}x, {_e(label(best['method']))} at B = {best['B']}, L = {best['L']})"),
+         + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, L = {best['L']})"),
         (statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
          + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%}")
          + f", at most {max(errors):.0%}"),
@@ -396,10 +397,10 @@ def table1(run: dict, results: dict) -> str | None:
     scale = recorded.get("tau_protocol", {}).get("scale", "")
     return ("<h3>tau per method and context length (Table 1 analog)</h3>"
             + _table(header, rows)
-            + f"<p>Order at L = {at}: {_e(' > '.join(label(m) for m in order))}; paper's order at L = 512: "
-            f"{_e(' > '.join(label(m) for m in paper_order))} "
+            + f"<p>Order at L = {at}: {escape(' > '.join(label(m) for m in order))}; paper's order at L = 512: "
+            f"{escape(' > '.join(label(m) for m in paper_order))} "
             f"({'the same' if paper_order_all == paper_order else 'different'}).</p>"
-            + (f"<p class='scale'>Scale: {_e(scale)}</p>" if scale else ""))
+            + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
 
 
 def ablation_ranking(run: dict, results: dict) -> str | None:
@@ -415,7 +416,7 @@ def ablation_ranking(run: dict, results: dict) -> str | None:
     return ("<h3>Which part of SPIRe matters most (ablations)</h3>"
             + _table(["rank", "this run (multiplier lost without it)", "paper"], rows)
             + f"<p>The order {'matches' if matches else 'differs from'} the paper's.</p>"
-            + (f"<p class='scale'>Scale: {_e(scale)}</p>" if scale else ""))
+            + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
 
 
 def measured_vs_modeled(run: dict, results: dict) -> str | None:
@@ -431,15 +432,15 @@ def measured_vs_modeled(run: dict, results: dict) -> str | None:
     machine = recorded.get("machine", {})
     text = (f"SD was slower than AD in {slower} of {total} measured cells. "
             f"Over them the model is off by {statistics.median(errors):.0%} (median) and at most "
-            f"{max(errors):.0%} ({_e(label(worst['method']))} at B = {worst['B']}, L = {worst['L']}: modeled "
+            f"{max(errors):.0%} ({escape(label(worst['method']))} at B = {worst['B']}, L = {worst['L']}: modeled "
             f"{worst['modeled_speedup']:.2f}x, measured {worst['measured_speedup']:.2f}x). The fastest measured "
-            f"speedup is {best['measured_speedup']:.2f}x ({_e(label(best['method']))}, B = {best['B']}, L = {best['L']}). "
+            f"speedup is {best['measured_speedup']:.2f}x ({escape(label(best['method']))}, B = {best['B']}, L = {best['L']}). "
             f"Calibrated HOI {recorded.get('hoi', float('nan')):.1f} FLOP/byte")
     if machine.get("ad_step_overhead"):
         text += f"; an AD step takes {machine['ad_step_overhead']:.1f}x its modeled time"
     return ("<h3>The model against the clock</h3><p>"
             + _link(run, "09_measured_vs_modeled", text) + ".</p>"
-            + (f"<p class='scale'>Scale: {_e(machine.get('scale', ''))}</p>" if machine.get("scale") else ""))
+            + (f"<p class='scale'>Scale: {escape(machine.get('scale', ''))}</p>" if machine.get("scale") else ""))
 
 
 DETAILS = [headline, table1, ablation_ranking, measured_vs_modeled]

@@ -205,7 +205,8 @@ def resolve_shape(value, name: str = "shape") -> ModelShape:
     return value
 
 
-def _positive(value, name: str) -> np.ndarray:
+def positive(value, name: str) -> np.ndarray:
+    """`value` as a float array, refused with its `name` unless every entry is > 0 (and there is one)."""
     arr = np.asarray(value, dtype=float)
     if arr.size == 0 or not np.all(arr > 0):
         raise ValueError(f"{name} must be positive, got {value!r}")
@@ -237,7 +238,7 @@ def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, wi
         draft = resolve_shape(draft, "draft")
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
-    _positive(hoi, "hoi")
+    positive(hoi, "hoi")
     if np.ndim(hoi) != 0:
         raise ValueError(f"hoi must be a scalar, got shape {np.shape(hoi)}")
     if not isinstance(sink_size, (int, np.integer)) or sink_size < 0:
@@ -246,8 +247,8 @@ def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, wi
         raise ValueError(f"window_factor must be a positive integer or None, got {window_factor!r}")
     if window is not None and (not isinstance(window, (int, np.integer)) or window < 1):
         raise ValueError(f"window must be a positive integer or None, got {window!r}")
-    _positive(bytes_per_weight, "bytes_per_weight")
-    _positive(bytes_per_kv, "bytes_per_kv")
+    positive(bytes_per_weight, "bytes_per_weight")
+    positive(bytes_per_kv, "bytes_per_kv")
     sparse = method != "vanilla" and (window is not None or window_factor is not None)
     cap = None
     if sparse:
@@ -258,7 +259,7 @@ def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, wi
 
 
 def _tau(tau, k: int) -> np.ndarray:
-    arr = _positive(tau, "tau")
+    arr = positive(tau, "tau")
     if not np.all((arr >= 1) & (arr <= k + 1)):
         raise ValueError(f"tau must lie in [1, k + 1] = [1, {k + 1}] (bonus token included), got {tau!r}")
     return arr
@@ -275,7 +276,7 @@ def _kv_tokens(B, L, offsets: np.ndarray, cap):
     A sparse draft's cache size is fixed by each request's initial length (spec 2, G-aware).
     """
     if isinstance(L, (RequestLengths, LengthDistribution)):
-        batch = _positive(B, "B")
+        batch = positive(B, "B")
         if not np.all(batch == np.round(batch)):
             raise ValueError(f"B must be whole requests with per-request lengths, got {B!r}")
         n = int(batch.max())
@@ -290,7 +291,7 @@ def _kv_tokens(B, L, offsets: np.ndarray, cap):
         draft = cur if cap is None else np.minimum(cur, np.asarray(cap(lengths), float)[:, None])
         index = batch.astype(np.int64) - 1  # batches of size b hold the first b requests
         return batch, np.cumsum(cur, axis=0)[index], np.cumsum(draft, axis=0)[index]
-    batch, L0 = np.broadcast_arrays(_positive(B, "B"), _positive(L, "L"))
+    batch, L0 = np.broadcast_arrays(positive(B, "B"), positive(L, "L"))
     cur = L0[..., None] + offsets  # S + (m,)
     draft = cur if cap is None else np.minimum(cur, np.asarray(cap(L0), float)[..., None])
     return batch, batch[..., None] * cur, batch[..., None] * draft
@@ -324,8 +325,9 @@ def _draft_time(batch, draft_tokens, cfg: _Config):
     return _pass_time(flops, n * cfg.bytes_per_weight, kv, cfg)
 
 
-def _out(arr: np.ndarray):
-    return float(arr) if arr.ndim == 0 else arr
+def scalar_or_array(arr):
+    """A 0-d result as a float, anything else as an array (the numpy model's return convention)."""
+    return float(arr) if np.ndim(arr) == 0 else np.asarray(arr)
 
 
 # --- public model ------------------------------------------------------------------------
@@ -344,7 +346,7 @@ def iteration_time_multiplier(method, B, L, target, draft=None, *, k=4, hoi=PAPE
     batch, target_tokens, draft_tokens = _kv_tokens(B, L, np.zeros(1), cfg.cap)
     t_target, t_verify = _target_times(batch, target_tokens, cfg)
     t_draft = _draft_time(batch, draft_tokens, cfg)
-    return _out(((cfg.k * t_draft + t_verify) / t_target)[..., 0])
+    return scalar_or_array(((cfg.k * t_draft + t_verify) / t_target)[..., 0])
 
 
 def step_cost(shape, B, L, *, hoi=PAPER_HOI, overlap=True, bytes_per_weight=1.0, bytes_per_kv=1.0):
@@ -353,7 +355,7 @@ def step_cost(shape, B, L, *, hoi=PAPER_HOI, overlap=True, bytes_per_weight=1.0,
     FLOP/s it is the modeled seconds of the step (notebook 09 checks that against the clock)."""
     cfg = _config("magicdec", shape, None, 1, hoi, overlap, 0, None, None, bytes_per_weight, bytes_per_kv)
     batch, target_tokens, _ = _kv_tokens(B, L, np.zeros(1), None)
-    return _out(_target_times(batch, target_tokens, cfg)[0][..., 0])
+    return scalar_or_array(_target_times(batch, target_tokens, cfg)[0][..., 0])
 
 
 def throughput_multiplier(method, tau, B, L, target, draft=None, *, k=4, hoi=PAPER_HOI, overlap=True,
@@ -363,7 +365,7 @@ def throughput_multiplier(method, tau, B, L, target, draft=None, *, k=4, hoi=PAP
     dt = iteration_time_multiplier(method, B, L, target, draft, k=k, hoi=hoi, overlap=overlap, sink_size=sink_size,
                                    window_factor=window_factor, window=window,
                                    bytes_per_weight=bytes_per_weight, bytes_per_kv=bytes_per_kv)
-    return _out(np.asarray(tau / np.asarray(dt)))
+    return scalar_or_array(np.asarray(tau / np.asarray(dt)))
 
 
 def throughput_multiplier_over_generation(method, tau, B, L, G, target, draft=None, *, k=4, hoi=PAPER_HOI,
@@ -390,18 +392,18 @@ def throughput_multiplier_over_generation(method, tau, B, L, G, target, draft=No
     draft_offsets = (rounds[:, None] + np.arange(cfg.k)).ravel()  # (R * k,)
     _, _, draft_tokens = _kv_tokens(B, L, draft_offsets, cfg.cap)
     t_draft = _draft_time(batch, draft_tokens, cfg).sum(-1)
-    return _out(t_ad / (t_draft + t_verify))
+    return scalar_or_array(t_ad / (t_draft + t_verify))
 
 
 def verification_intensity(shape, B, L, k=4, *, bytes_per_weight=1.0, bytes_per_kv=1.0):
     """Operational intensity of verification (spec 2, paper Figure 3): 2 N (B k) / (N + B L x)."""
     shape = resolve_shape(shape, "shape")
-    batch, length = np.broadcast_arrays(_positive(B, "B"), _positive(L, "L"))
-    _positive(k, "k")
+    batch, length = np.broadcast_arrays(positive(B, "B"), positive(L, "L"))
+    positive(k, "k")
     n = body_params(shape)
     flops = 2.0 * n * batch * k
     moved = n * bytes_per_weight + batch * length * kv_values_per_token(shape) * bytes_per_kv
-    return _out(flops / moved)
+    return scalar_or_array(flops / moved)
 
 
 def critical_context_length(shape, hoi=PAPER_HOI, k=4, *, exact=False, bytes_per_kv=1.0):
@@ -412,8 +414,8 @@ def critical_context_length(shape, hoi=PAPER_HOI, k=4, *, exact=False, bytes_per
     Llama 3 70B): that is the default. exact=True gives the crossover itself.
     """
     shape = resolve_shape(shape, "shape")
-    _positive(hoi, "hoi")
-    _positive(k, "k")
+    positive(hoi, "hoi")
+    positive(k, "k")
     crossover = 2.0 * body_params(shape) * k / (kv_values_per_token(shape) * bytes_per_kv * hoi)
     if exact:
         return float(crossover)

@@ -45,7 +45,7 @@ import yaml
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
 
-from spirelib.findings import findings_section, verdict_section
+from spirelib.findings import escape, findings_section, verdict_section
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -237,8 +237,8 @@ def render_index(run: dict, results: dict, sections: list[Callable[[dict, dict],
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{_CSS}</style></head>\n<body><h1>{title}</h1>\n"
-            f"<p>status <b class='{_e(run.get('status'))}'>{_e(run.get('status'))}</b>; "
-            f"started {_e(run.get('started'))}, finished {_e(run.get('finished') or '-')}</p>\n"
+            f"<p>status <b class='{escape(run.get('status'))}'>{escape(run.get('status'))}</b>; "
+            f"started {escape(run.get('started'))}, finished {escape(run.get('finished') or '-')}</p>\n"
             f"{body}\n</body></html>\n")
 
 
@@ -246,28 +246,28 @@ def reports_section(run: dict, results: dict) -> str:
     """One row per notebook: link to its report, status, elapsed time, error if any."""
     rows = []
     for stem, nb in run.get("notebooks", {}).items():
-        link = f"<a href='{_e(nb['html'])}'>{_e(stem)}</a>" if nb.get("html") else _e(stem)
+        link = f"<a href='{escape(nb['html'])}'>{escape(stem)}</a>" if nb.get("html") else escape(stem)
         seconds = f"{nb['seconds']:.1f} s" if nb.get("seconds") is not None else ""
-        rows.append(f"<tr><td>{link}</td><td class='{_e(nb.get('status'))}'>{_e(nb.get('status'))}</td>"
-                    f"<td class='num'>{seconds}</td><td>{_e(nb.get('error') or '')}</td></tr>")
+        rows.append(f"<tr><td>{link}</td><td class='{escape(nb.get('status'))}'>{escape(nb.get('status'))}</td>"
+                    f"<td class='num'>{seconds}</td><td>{escape(nb.get('error') or '')}</td></tr>")
     return ("<h2>Reports</h2>\n<table><tr><th>notebook</th><th>status</th><th>time</th><th>error</th></tr>\n"
             + "\n".join(rows) + "\n</table>")
 
 
 def parameters_section(run: dict, results: dict) -> str:
     """The params file as loaded, and what was injected into each notebook (folded)."""
-    rows = "\n".join(f"<tr><td>{_e(stem)}</td><td>{render_value(nb.get('parameters', {}))}</td></tr>"
+    rows = "\n".join(f"<tr><td>{escape(stem)}</td><td>{render_value(nb.get('parameters', {}))}</td></tr>"
                      for stem, nb in run.get("notebooks", {}).items())
     params = yaml.safe_dump(run.get("params", {}), sort_keys=False)
-    return (f"<h2>Parameters</h2>\n<details><summary>from <code>{_e(run.get('params_file'))}</code> "
-            f"(click to show)</summary>\n<pre>{_e(params)}</pre>\n<h3>Injected per notebook</h3>\n"
+    return (f"<h2>Parameters</h2>\n<details><summary>from <code>{escape(run.get('params_file'))}</code> "
+            f"(click to show)</summary>\n<pre>{escape(params)}</pre>\n<h3>Injected per notebook</h3>\n"
             f"<table><tr><th>notebook</th><th>parameters (others: the notebook's defaults)</th></tr>\n{rows}\n"
             "</table></details>")
 
 
 def results_section(run: dict, results: dict) -> str:
     """A link to every result recorded with `spirelib.results.record` (results.json), and what it holds."""
-    counts = ", ".join(f"{_e(stem)} ({len(values)})" for stem, values in results.items() if values)
+    counts = ", ".join(f"{escape(stem)} ({len(values)})" for stem, values in results.items() if values)
     return ("<h2>Raw results</h2>\n<p>Every value the notebooks recorded, per notebook: "
             "<a href='results.json'>results.json</a>" + (f" &mdash; {counts}" if counts else " (none recorded)")
             + ".</p>")
@@ -282,22 +282,18 @@ def render_value(value: Any, max_items: int = 12) -> str:
     if isinstance(value, dict):
         if not value:
             return "<i>(none)</i>"
-        rows = "".join(f"<tr><th>{_e(k)}</th><td>{render_value(v, max_items)}</td></tr>" for k, v in value.items())
+        rows = "".join(f"<tr><th>{escape(k)}</th><td>{render_value(v, max_items)}</td></tr>" for k, v in value.items())
         return f"<table class='kv'>{rows}</table>"
     if isinstance(value, list):
         if len(value) <= max_items and all(not isinstance(v, (dict, list)) for v in value):
             return "[" + ", ".join(render_value(v) for v in value) + "]"
-        shown = _e(json.dumps(value, indent=1)[:20000])
+        shown = escape(json.dumps(value, indent=1)[:20000])
         return f"<details><summary>list of {len(value)}</summary><pre>{shown}</pre></details>"
     if isinstance(value, float):
         return f"<span class='num'>{value:.6g}</span>"
     if isinstance(value, (bool, int)) or value is None:
-        return f"<span class='num'>{_e(json.dumps(value))}</span>"
-    return _e(value)
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+        return f"<span class='num'>{escape(json.dumps(value))}</span>"
+    return escape(value)
 
 
 def _read(path: Path) -> dict:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 
 from spirelib.methods import color, label
-from spirelib.plots.perf import title_layout
+from spirelib.plots.perf import scale_title, title_layout
 
 
 def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: str = "") -> go.Figure:
@@ -24,8 +24,7 @@ def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: 
     fig.add_trace(go.Scatter(x=[label(n) for n in names], y=[paper.get(n) for n in names], mode="markers",
                              name="paper (L = 512)", marker=dict(symbol="diamond-open", size=13, color="black")))
     fig.add_hline(y=0.0, line=dict(color="gray", width=1))
-    fig.update_layout(**title_layout("tau of each variant minus SPIRe's (paired, 95% CI)"
-                                     + (f"<br><sup>{scale}</sup>" if scale else "")),
+    fig.update_layout(**title_layout(scale_title("tau of each variant minus SPIRe's (paired, 95% CI)", scale)),
                       yaxis_title="delta tau (tokens per round)", template="plotly_white", height=480,
                       legend=dict(orientation="h", y=-0.25))
     return fig

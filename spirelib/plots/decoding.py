@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from spirelib.methods import color as method_color
 from spirelib.methods import label as method_label
-from spirelib.plots.perf import title_layout
+from spirelib.plots.perf import scale_title, title_layout
 from spirelib.tau import TauStats
 
 Stats = Mapping[str, Mapping[int, TauStats]]
@@ -38,10 +38,6 @@ def model_scale(target, drafts=None) -> str:
         parts.append(f"{name} {cfg.num_layers}x{cfg.d_model} ({_count(cfg.body_params())} body params, "
                      f"{_count(m.summary['tokens'])} training tokens)")
     return ", ".join(parts) + f"; corpus {target.data.corpus_name}, vocab {target.config.vocab_size}"
-
-
-def _title(text: str, scale: str) -> str:
-    return text + (f"<br><sup>{scale}</sup>" if scale else "")
 
 
 def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None, scale: str = "") -> go.Figure:
@@ -68,7 +64,7 @@ def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = N
             ), row=1, col=2)
     fig.update_xaxes(title_text="context length L", type="log")
     fig.update_yaxes(title_text="tau (tokens per round, bonus included)", col=1)
-    fig.update_layout(**title_layout(_title("tau = E[tokens per round]", scale), top=45),
+    fig.update_layout(**title_layout(scale_title("tau = E[tokens per round]", scale), top=45),
                       template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -108,7 +104,7 @@ def per_position_figure(stats: Stats, scale: str = "") -> go.Figure:
             ), row=1, col=col)
     fig.update_xaxes(title_text="draft position j", dtick=1)
     fig.update_yaxes(title_text="P[accepted | reached]", range=[0, 1.02], col=1)
-    fig.update_layout(**title_layout(_title("Per-position acceptance", scale), top=45),
+    fig.update_layout(**title_layout(scale_title("Per-position acceptance", scale), top=45),
                       template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig

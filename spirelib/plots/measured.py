@@ -8,7 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from spirelib.methods import color, label
-from spirelib.plots.perf import title_layout
+from spirelib.plots.perf import scale_title, title_layout
 
 
 def speedup_scatter(cells: list[dict], predictions: dict[str, str], scale: str = "") -> go.Figure:
@@ -37,7 +37,7 @@ def speedup_scatter(cells: list[dict], predictions: dict[str, str], scale: str =
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="prediction exact",
                              line=dict(dash="dot", color="gray")))
     fig.add_hline(y=1.0, line=dict(color="gray", width=1), annotation_text="AD", annotation_position="bottom right")
-    fig.update_layout(**title_layout("Speedup over AD: measured vs predicted" + (f"<br><sup>{scale}</sup>" if scale else "")),
+    fig.update_layout(**title_layout(scale_title("Speedup over AD: measured vs predicted", scale)),
                       xaxis_title="predicted speedup", yaxis_title="measured speedup", template="plotly_white",
                       height=560, legend=dict(orientation="h", y=-0.18))
     return fig

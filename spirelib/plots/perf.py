@@ -38,6 +38,11 @@ def wrap_title(text: str, width: int = TITLE_WIDTH) -> tuple[str, int, int]:
     return "<br>".join(lines), big, small
 
 
+def scale_title(text: str, scale: str) -> str:
+    """A title with its scale note on a line of its own (every figure says at what scale it was made)."""
+    return text + (f"<br><sup>{scale}</sup>" if scale else "")
+
+
 def title_layout(text: str, width: int = TITLE_WIDTH, top: int = 30) -> dict:
     """Layout settings for a title that stays inside the figure: wrapped (`wrap_title`), left
     aligned, and a top margin that holds every line above `top` pixels of plot decorations."""
