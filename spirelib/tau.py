@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from spirelib.acceptance import acceptance_rate, per_position_from_counts, tau_from_counts
 from spirelib.drafts import DraftFactory
 from spirelib.frontend import progress_bar
 from spirelib.model import Transformer
@@ -155,18 +156,19 @@ class AcceptCounts:
     def stats(self) -> TauStats:
         tokens, rounds = self.tokens_and_rounds()
         n = tokens.numel()
-        tau = float(tokens.sum() / rounds.sum())  # pooled ratio estimator
+        a = self.accepted[self.accepted >= 0]  # every round
+        histogram = torch.bincount(a, minlength=self.k + 1).numpy()  # rounds by accepted drafts 0..k
+        tau = float(tau_from_counts(histogram))  # pooled ratio estimator: all tokens / all rounds
         # Delta method: tau_hat - tau ~ mean(d) / mean(X), d_i = Y_i - tau X_i, contexts i.i.d.
         std = float((tokens - tau * rounds).std() / rounds.mean()) if n > 1 else float("nan")
         ci = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
-        a = self.accepted[self.accepted >= 0]  # every round
         j = torch.arange(1, self.k + 1)
         accepted_at = (a[:, None] >= j).sum(0)  # (k,)
         reached = (a[:, None] >= j - 1).sum(0)
         return TauStats(
             mean=tau, ci95=ci, n_contexts=n, std=std, rounds=a.numel(),
-            acceptance_rate=float(a.sum()) / (self.k * a.numel()),
-            per_position=tuple((accepted_at.double() / reached).tolist()),  # NaN where never reached
+            acceptance_rate=float(acceptance_rate(tau, self.k)),
+            per_position=tuple(per_position_from_counts(histogram).tolist()),  # NaN where never reached
             accepted_at=tuple(accepted_at.tolist()), reached=tuple(reached.tolist()),
         )
 
