@@ -148,7 +148,7 @@ def test_long_titles_wrap_inside_the_figure_and_get_room_above_the_plot():
 
 
 def test_tables_and_legends_show_display_names():
-    from spirelib.plots.perf import markdown_table
+    from spirelib.display import markdown_table
 
     table = markdown_table([{"scale": "paper shapes", "magicdec": 2.0, "winner": "magicdec"}]).data
     assert "| scale | MagicDec | winner |" in table and "| paper shapes | 2.000 | MagicDec |" in table

@@ -22,24 +22,6 @@ from spirelib.tau import TauStats
 Stats = Mapping[str, Mapping[int, TauStats]]
 
 
-def _count(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
-
-
-def model_scale(target, drafts=None) -> str:
-    """A one-line note of the scale of a trained target and its drafts (`pipeline.TrainedModel`s,
-    `drafts` a mapping name -> model): shapes, body parameters, training tokens, corpus, vocabulary."""
-    parts = []
-    for name, m in {"target": target, **(drafts or {})}.items():
-        cfg = m.layers_config
-        parts.append(f"{name} {cfg.num_layers}x{cfg.d_model} ({_count(cfg.body_params())} body params, "
-                     f"{_count(m.summary['tokens'])} training tokens)")
-    return ", ".join(parts) + f"; corpus {target.data.corpus_name}, vocab {target.config.vocab_size}"
-
-
 def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None, scale: str = "") -> go.Figure:
     """tau (95% CI) against context length per method; beside it, the paper's Table 1
     (paper[L][method]) on its own context lengths, since ours may be scaled down."""

@@ -12,11 +12,9 @@ import textwrap
 
 import numpy as np
 import plotly.graph_objects as go
-from IPython.display import Markdown
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from spirelib.methods import STYLES
 from spirelib.methods import color as _color
 from spirelib.methods import label as _label
 
@@ -194,27 +192,3 @@ def bar_figure(groups: dict, *, title: str, y_title: str) -> go.Figure:
                       legend=dict(orientation="h", y=-0.2))
     return fig
 
-
-def markdown_table(rows: list[dict], columns: dict[str, str] | None = None, *, digits: int = 3) -> Markdown:
-    """Rows of dicts as a Markdown table (renders in JupyterLab and in the HTML export).
-
-    columns maps row keys to headers (default: the first row's keys, a method's key as its
-    display name); floats get `digits` decimals (scientific from 1e7), integers thousands
-    separators; a string cell that is a method's key ("magicdec") shows its display name.
-    """
-    columns = columns or {key: _label(key) for key in rows[0]}
-
-    def cell(value) -> str:
-        if isinstance(value, str) and value in STYLES:
-            return _label(value)
-        if isinstance(value, (bool, np.bool_)) or value is None:
-            return str(value)
-        if isinstance(value, (int, np.integer)):
-            return f"{int(value):,}"
-        if isinstance(value, (float, np.floating)):
-            return f"{float(value):.3e}" if abs(value) >= 1e7 else f"{float(value):.{digits}f}"
-        return str(value)
-
-    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(key, "")) for key in columns) + " |" for row in rows]
-    return Markdown("\n".join(lines))
