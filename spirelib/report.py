@@ -73,6 +73,7 @@ _TEMPLATE = """\
 {%- endblock footer_js -%}
 """
 PARAMETERS_TAG, INJECTED_TAG = "parameters", "injected-parameters"
+CONCLUSION_TAG = "conclusion"  # cells whose text output a report shows first, under its title
 PNG_SIZE = (960, 540)  # default size of a static figure; a figure's own layout height wins
 
 
@@ -84,6 +85,9 @@ def offline_outputs(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, i
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     nb.cells = [c for c in nb.cells if c.cell_type == "markdown" or not _drop_parameters_cell(nb, c)]
+    conclusion = conclusion_cell(nb)
+    if conclusion is not None:  # a report leads with its conclusion, in words, before the evidence
+        nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, conclusion)
     figures = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []):
@@ -95,6 +99,25 @@ def offline_outputs(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, i
                 text = data.get("text/plain", "")
                 output["data"] = {"text/plain": f"[interactive widget; open the notebook in JupyterLab] {text}"}
     return nb, figures
+
+
+def conclusion_cell(nb: nbformat.NotebookNode):
+    """A markdown cell with what the cells tagged `conclusion` printed or displayed as text
+    (their figures stay where they are), or None: the report shows it under the title."""
+    parts = []
+    for cell in nb.cells:
+        if CONCLUSION_TAG not in _tags(cell):
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "text/markdown" in data:
+                parts.append("".join(data["text/markdown"]))
+            elif output.get("output_type") == "stream" and output.get("name") == "stdout":
+                parts.append("".join(output.get("text", "")).strip())
+    if not parts:
+        return None
+    return nbformat.v4.new_markdown_cell("### What this run shows\n\n" + "\n\n".join(parts)
+                                         + "\n\n*(computed at the end of this notebook; the evidence follows)*")
 
 
 def _tags(cell) -> list[str]:

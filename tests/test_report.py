@@ -135,3 +135,21 @@ def test_plotly_figure_is_drawn_by_a_real_browser_offline(fixture_run, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'class="main-svg"' in dom  # plotly.js ran and drew the figure
     assert 'class="trace scatter' in dom and "fixture figure" in dom
+
+
+def test_a_report_leads_with_what_its_conclusion_cells_say(tmp_path):
+    nb = new_notebook(cells=[
+        new_markdown_cell("# 09 · A notebook"),
+        new_code_cell("evidence()", outputs=[new_output("stream", name="stdout", text="a long table of timings\n")]),
+        new_code_cell("conclude()", metadata={"tags": ["conclusion"]}, outputs=[
+            new_output("display_data", data={"text/markdown": "**SD was slower than AD in 15 of 18 cells.**"}),
+            new_output("stream", name="stdout", text="3 of 6 parts are resolved at this scale\n")]),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "09_a.ipynb"
+    nbformat.write(nb, path)
+    page = report.export_html(path, tmp_path / "09_a.html").read_text()
+    conclusion, evidence = page.index("SD was slower than AD in 15 of 18 cells"), page.index("a long table of timings")
+    assert page.index("What this run shows") < conclusion < evidence
+    assert page.index("3 of 6 parts are resolved") < evidence
+    assert report.conclusion_cell(nbformat.read(path, as_version=4)).cell_type == "markdown"
