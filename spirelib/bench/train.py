@@ -31,8 +31,8 @@ from spirelib.data import FlatDocs
 from spirelib.model import ModelConfig, Transformer
 from spirelib.train import TrainConfig, lm_objective, train
 
-# The default CPU target (params/default.yaml: target + vocab_size).
-DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=4, d_model=128, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
+# The default CPU target (params/default.yaml: series.target + vocab_size).
+DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
 
 
 def measure(model_cfg: ModelConfig, batch_size: int, seq_len: int, steps: int, compile: bool) -> dict:
