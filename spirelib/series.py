@@ -425,6 +425,10 @@ def main(argv: list[str]) -> int:
         dist.barrier()
     run = series.trained_target(progress=not args.no_progress)
     print(f"{run.result.path.parent.name}: {run.summary}")
+    if world > 1:  # gloo's and nccl's threads must not outlive the interpreter
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return 0
 
 

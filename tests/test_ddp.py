@@ -36,6 +36,9 @@ WORKER = textwrap.dedent("""
     rank = dist.get_rank() if dist.is_initialized() else "single"
     save_file(dict(result.model.state_dict()), f"{out}/rank{rank}.safetensors")
     print("val_loss", result.summary["val_loss"], "world", result.summary["world_size"])
+    if dist.is_initialized():  # gloo's threads must not outlive the interpreter (an abort at exit otherwise)
+        dist.barrier()
+        dist.destroy_process_group()
 """)
 
 
@@ -92,6 +95,9 @@ SPIRE_WORKER = textwrap.dedent("""
         name = dist.get_rank() if dist.is_initialized() else "single"
         save_file(dict(result.model.state_dict()), f"{out}/{variant}-rank{name}.safetensors")
         print(variant, "val_loss", result.summary["val_loss"], "world", result.summary["world_size"])
+    if dist.is_initialized():  # gloo's threads must not outlive the interpreter (an abort at exit otherwise)
+        dist.barrier()
+        dist.destroy_process_group()
 """)
 
 SPIRE_VARIANTS = ("spire", "no_feedback")
