@@ -658,7 +658,7 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
     files = [folder / CONFIG] + sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.safetensors.index.json"))
     store = cache_dir() / "hf" / "digests.json"
     known = json.loads(store.read_text()) if store.is_file() else {}
-    total = hashlib.sha256()
+    total, before = hashlib.sha256(), len(known)
     for f in files:
         stat = f.stat()
         key = f"{f}|{stat.st_size}|{stat.st_mtime_ns}"
@@ -669,8 +669,9 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
                     digest.update(block)
             known[key] = digest.hexdigest()
         total.update(f"{f.name}:{known[key]}\n".encode())
-    store.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, indent=1)))
+    if len(known) > before:  # new digests only: a series reads the checkpoint once, writes the store once
+        store.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, indent=1)))
     return total.hexdigest()
 
 

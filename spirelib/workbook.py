@@ -167,7 +167,7 @@ def resolve(params: dict[str, dict], declared: dict[str, dict[str, str]], source
     misplaced or mistyped key.
     """
     series = params.get("series", {})
-    problems = [f"series.{p}" for p in series_config.problems(series)] if series else []
+    problems = [f"series.{p}" for p in series_config.problems(series)]
     every_name = sorted({name for names in declared.values() for name in names})
     for key in params["shared"]:
         if key == SERIES_PARAMETER:
