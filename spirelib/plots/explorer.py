@@ -63,12 +63,16 @@ class Scenario:
         """The same comparison on `hardware` computing in `dtype`, weights and KV stored in it too."""
         return dataclasses.replace(self, hoi=hardware.hoi(dtype), bytes_per_value=float(BYTES_PER_VALUE[dtype]))
 
+    def model_kwargs(self) -> dict:
+        """The cost-model settings of `perfmodel.throughput_multiplier` (spec 2) this scenario fixes."""
+        return dict(k=self.k, hoi=self.hoi, overlap=self.overlap, window_factor=self.window_factor, window=self.window,
+                    bytes_per_weight=self.bytes_per_value, bytes_per_kv=self.bytes_per_value)
+
     def multipliers(self, B, L) -> dict[str, np.ndarray]:
         """Throughput multiplier per method at the broadcast (B, L) points (L = mean when spread > 0)."""
         out = {}
+        kwargs = self.model_kwargs()
         for method, tau in self.taus.items():
-            kwargs = dict(k=self.k, hoi=self.hoi, overlap=self.overlap, window_factor=self.window_factor,
-                          window=self.window, bytes_per_weight=self.bytes_per_value, bytes_per_kv=self.bytes_per_value)
             draft = self.drafts.get(method)
             if self.length_spread == 0:
                 out[method] = np.asarray(pm.throughput_multiplier(method, tau, B, L, self.target, draft, **kwargs))
@@ -78,6 +82,12 @@ class Scenario:
                                                **kwargs) for b, l in zip(batch.ravel(), context.ravel())]
             out[method] = np.reshape(values, batch.shape)
         return out
+
+    def mixed_and_uniform(self, B: int, lengths: pm.RequestLengths) -> dict[str, tuple[float, float]]:
+        """Per method, TM of a batch of B requests with `lengths` and TM of a uniform batch of
+        their mean length (`perfmodel.mixed_and_uniform`)."""
+        return {m: pm.mixed_and_uniform(m, tau, B, lengths, self.target, self.drafts.get(m), **self.model_kwargs())
+                for m, tau in self.taus.items()}
 
     def _lengths(self, mean: float) -> pm.LengthDistribution:
         return pm.LengthDistribution(mean, spread=self.length_spread, kind=self.length_kind, seed=self.seed)

@@ -1,0 +1,3 @@
+"""The rows of the notebooks' tables and the numbers they summarize, one module per topic
+(as `plots/` builds the figures): notebooks call these and display the rows with
+`display.markdown_table(rows, COLUMNS)`, each module's COLUMNS naming the headers."""

@@ -1,0 +1,170 @@
+"""Tables of the paper's throughput model (spec 2) as notebooks 01 and 06 show them: the
+shapes, the headline cell, verification's critical context, the G-aware model, devices, the
+best draft depth and mixed-length batches.
+
+A `Scenario` (`plots.explorer`) says what is compared; multipliers are TM = tau / dt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from spirelib import perfmodel as pm
+from spirelib.acceptance import alpha_from_tau, best_k
+from spirelib.hardware import operating_points
+from spirelib.methods import label as method_label
+from spirelib.plots.explorer import Scenario
+
+SHAPE_COLUMNS = {"name": "model", "num_layers": "layers", "d_model": "d_model", "n_q_per_kv": "q per kv",
+                 "n_kv": "kv heads", "d_head": "d_head", "d_ff": "d_ff", "body": "body params",
+                 "kv": "KV bytes / token"}
+HEADLINE_COLUMNS = {"method": "method", "tau": "tau", "dt": "iteration time dt", "tm": "modeled TM",
+                    "paper": "paper"}
+CRITICAL_COLUMNS = {"target": "target", "grid": "L_crit (power-of-two grid)",
+                    "exact": "exact crossover 2Nk/(x HOI)"}
+ABLATION_COLUMNS = {"ablation": "variant", "tau": "tau (paper)", "tm": "TM at B = 64, L = 512"}
+MIXED_COLUMNS = {"window": "draft window", "spread": "sigma", "mean": "batch mean L"}  # + one per method
+
+
+def shape_rows(presets=pm.PRESETS) -> list[dict]:
+    """One row per model shape (spec 2, "Models"): its `ModelShape` fields, body parameters
+    and KV values per token (bytes at one byte per value)."""
+    return [dict(name=name, **dataclasses.asdict(shape), body=pm.body_params(shape), kv=pm.kv_values_per_token(shape))
+            for name, shape in presets.items()]
+
+
+def headline_rows(taus: dict, multipliers: dict, stated: dict | None = None) -> list[dict]:
+    """The headline cell (spec 2): per method tau, the iteration time multiplier dt = tau / TM,
+    the modeled TM and the paper's stated TM (`stated`: method -> TM; None off the paper's cell)."""
+    return [{"method": method_label(m), "tau": taus[m], "dt": taus[m] / tm, "tm": tm,
+             "paper": stated[m] if stated else "(other cell)"} for m, tm in multipliers.items()]
+
+
+def critical_length_rows(targets, hoi: float, k: int) -> list[dict]:
+    """Per target, the context length from which verification of k tokens is memory-bound at
+    every batch (spec 2, Figure 3): on the power-of-two grid and the exact crossover."""
+    return [{"target": name, "grid": pm.critical_context_length(name, hoi, k),
+             "exact": pm.critical_context_length(name, hoi, k, exact=True)} for name in targets]
+
+
+def ablation_rows(multipliers: dict, taus: dict) -> list[dict]:
+    """The ablations (spec 3.8) ranked by modeled TM, best first: variant, its tau, its TM."""
+    return [{"ablation": name.replace("_", " "), "tau": taus[name], "tm": tm}
+            for name, tm in sorted(multipliers.items(), key=lambda kv: -kv[1])]
+
+
+def multipliers_over_generation(scenario: Scenario, B: int, L_values, G: int) -> dict[str, np.ndarray]:
+    """The G-aware TM (spec 2's model priced over the G generated tokens, the cache growing)
+    per method of `scenario`, (len(L_values),) at batch B."""
+    return {m: np.array([pm.throughput_multiplier_over_generation(m, tau, B, L, G, scenario.target,
+                                                                  scenario.drafts.get(m), **scenario.model_kwargs())
+                         for L in L_values]) for m, tau in scenario.taus.items()}
+
+
+def relative_change_rows(L_values, relative: dict, *, first: str, header: str) -> list[dict]:
+    """One row per L: `relative[method]` ((len(L_values),) fractions) as signed percentages;
+    keys are the headers (`first` for L, "<method's name>: <header>" per method)."""
+    return [{first: int(L), **{f"{method_label(m)}: {header}": f"{100 * relative[m][i]:+.1f}%" for m in relative}}
+            for i, L in enumerate(L_values)]
+
+
+def device_rows(scenario: Scenario, cells, dtypes=("fp8", "bf16", "fp32"), per_device: int = 2) -> list[dict]:
+    """The scenario on every device of the hardware table (`hardware.operating_points`): per
+    device and dtype its HOI, bytes per value and, per (B, L) of `cells` and method, the TM
+    (keys "method@(B, L)", `device_columns`)."""
+    rows = []
+    for name, device_hoi, value_bytes in operating_points(dtypes, per_device=per_device):
+        on = dataclasses.replace(scenario, hoi=device_hoi, bytes_per_value=float(value_bytes))
+        at = {cell: on.multipliers(*cell) for cell in cells}
+        rows.append({"device": name, "hoi": device_hoi, "bytes": value_bytes,
+                     **{f"{m}@{c}": float(at[c][m]) for c in at for m in at[c]}})
+    return rows
+
+
+def device_columns(methods, cells) -> dict[str, str]:
+    """The headers of `device_rows`."""
+    return {"device": "device, dtype", "hoi": "HOI", "bytes": "bytes/value",
+            **{f"{m}@{c}": f"{method_label(m)} B={c[0]} L={c[1]}" for c in cells for m in methods}}
+
+
+def best_k_rows(scenario: Scenario, alphas: dict, B: int, L_values, k_max: int) -> list[dict]:
+    """Per L, each method's best draft depth under i.i.d. acceptance `alphas[method]` (spec 2:
+    tau(k) = (1 - alpha^(k+1)) / (1 - alpha)) with its TM, next to the TM at the scenario's k."""
+    rows = []
+    for L in L_values:
+        at_k = scenario.multipliers(B, L)
+        row = {"L": L}
+        for m, alpha in alphas.items():
+            k_best, tm_best = best_k(m, alpha, B, L, scenario.target, scenario.drafts.get(m), k_max=k_max,
+                                     **_depth_free(scenario))
+            row[m] = f"k={k_best}: {tm_best:.2f}x (k={scenario.k}: {float(at_k[m]):.2f}x)"
+        rows.append(row)
+    return rows
+
+
+def best_k_maps(scenario: Scenario, taus: dict, per_position: dict, B, L, default_cap: int = 8):
+    """Per method, the best draft depth at every broadcast (B, L) cell, and the deepest k searched.
+
+    A method with measured per-position acceptance (`per_position[method]`, (k,)) is searched
+    up to its measured depth; otherwise i.i.d. alpha from its tau at the scenario's k, up to
+    `default_cap`. Returns ({method: k grid}, {method: cap}).
+    """
+    best, caps = {}, {}
+    for method, tau in taus.items():
+        acceptance = per_position.get(method)
+        acceptance = np.asarray(acceptance) if acceptance else float(alpha_from_tau(tau, scenario.k))
+        caps[method] = len(acceptance) if np.ndim(acceptance) == 1 else default_cap  # best_k's k_max
+        best[method], _ = best_k(method, acceptance, B, L, scenario.target, scenario.drafts.get(method),
+                                 k_max=caps[method], **_depth_free(scenario))
+    return best, caps
+
+
+def _depth_free(scenario: Scenario) -> dict:
+    """The scenario's cost-model settings without its k (`acceptance.best_k` varies k)."""
+    return {key: value for key, value in scenario.model_kwargs().items() if key != "k"}
+
+
+def window_name(scenario: Scenario) -> str:
+    """The scenario's draft window as a table shows it: "64 tokens", or "L/8"."""
+    return f"{scenario.window} tokens" if scenario.window is not None else f"L/{scenario.window_factor}"
+
+
+def mixed_length_rows(scenario: Scenario, B: int, L: int, spreads, seed: int, windows=(None, 64)):
+    """Mixed-length batches against uniform ones of the same mean length (the paper's claim
+    that SPIRe gains most when lengths vary, spec 2): per draft window (None: the scenario's)
+    and log-length spread sigma, the batch's mean length and per method "TM (vs uniform)".
+
+    Returns (rows, change): change[window][method] is the largest |mixed / uniform - 1| over
+    the spreads, the window as "L/8" or its tokens ("64").
+    """
+    rows, change = [], {}
+    for window in windows:
+        on = dataclasses.replace(scenario, window=window) if window is not None else scenario
+        name = window_name(on)
+        key = name if window is None else str(window)
+        change[key] = {}
+        for spread in spreads:
+            lengths = pm.LengthDistribution(L, spread, seed=seed).sample(B)
+            row = {"window": name, "spread": spread, "mean": float(lengths.lengths.mean())}
+            for m, (mixed, uniform) in on.mixed_and_uniform(B, lengths).items():
+                row[m] = f"{mixed:.3f} ({100 * (mixed / uniform - 1):+.2f}%)"
+                change[key][m] = max(change[key].get(m, 0.0), abs(mixed / uniform - 1))
+            rows.append(row)
+    return rows, change
+
+
+def winner_change_rows(scale: str, B, L, uniform: dict, mixed: dict) -> list[dict]:
+    """The (B, L) cells whose best method (`perfmodel.best_method`) differs between the
+    uniform and the mixed-length grids (method -> (len(B), len(L)))."""
+    uniform_best, mixed_best = pm.best_method(uniform), pm.best_method(mixed)
+    return [{"scale": scale, "B": int(B[i]), "L": int(L[j]), "uniform": method_label(uniform_best[i, j]),
+             "mixed": method_label(mixed_best[i, j])} for i, j in zip(*np.nonzero(uniform_best != mixed_best))]
+
+
+def cell_index(B, L, b: int, l: int) -> tuple[int, int] | None:
+    """(i, j) of the cell (b, l) on the grid B x L, None when either is off it."""
+    if b not in B or l not in L:
+        return None
+    return int(np.flatnonzero(B == b)[0]), int(np.flatnonzero(L == l)[0])

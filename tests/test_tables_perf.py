@@ -1,0 +1,122 @@
+"""Tables of the throughput model (notebooks 01, 06) hold exactly what perfmodel computes."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from spirelib import perfmodel as pm
+from spirelib.acceptance import alpha_from_tau, best_k
+from spirelib.plots.explorer import Scenario
+from spirelib.tables import perf as tables
+
+PAPER = Scenario.paper()
+B = 2 ** np.arange(0, 8)
+L = 2 ** np.arange(5, 14)
+
+
+def test_scenario_model_kwargs_and_mixed_and_uniform():
+    on = dataclasses.replace(PAPER, hoi=300.0, window=64)
+    assert on.model_kwargs() == dict(k=4, hoi=300.0, overlap=True, window_factor=8, window=64, bytes_per_weight=1.0,
+                                     bytes_per_kv=1.0)
+    lengths = pm.LengthDistribution(512, 1.0, seed=0).sample(8)
+    both = on.mixed_and_uniform(8, lengths)
+    assert list(both) == list(PAPER.taus)
+    assert both["spire"] == pm.mixed_and_uniform("spire", PAPER.taus["spire"], 8, lengths, "seqax-67m", "spire-draft",
+                                                 hoi=300.0, window=64)
+
+
+def test_shape_rows_one_per_preset():
+    rows = tables.shape_rows()
+    assert [r["name"] for r in rows] == list(pm.PRESETS)
+    assert rows[0]["body"] == pm.body_params(rows[0]["name"]) and rows[0]["kv"] == pm.kv_values_per_token(rows[0]["name"])
+    assert set(tables.SHAPE_COLUMNS) <= set(rows[0])
+
+
+def test_headline_rows_dt_is_tau_over_tm():
+    tm = {"spire": 2.5, "vanilla": 1.25}
+    rows = tables.headline_rows({"spire": 3.5, "vanilla": 2.5}, tm, {"spire": 2.78, "vanilla": 1.36})
+    assert rows[0] == {"method": "SPIRe", "tau": 3.5, "dt": 1.4, "tm": 2.5, "paper": 2.78}
+    assert rows[1]["dt"] == 2.0
+    assert tables.headline_rows({"spire": 3.5}, {"spire": 2.5})[0]["paper"] == "(other cell)"
+
+
+def test_critical_length_rows():
+    rows = tables.critical_length_rows(("seqax-67m", "llama3-70b"), 600.0, 4)
+    assert [r["target"] for r in rows] == ["seqax-67m", "llama3-70b"]
+    assert rows[1]["exact"] == pm.critical_context_length("llama3-70b", 600.0, 4, exact=True)
+    assert rows[0]["grid"] == pm.critical_context_length("seqax-67m", 600.0, 4)
+
+
+def test_ablation_rows_best_first():
+    rows = tables.ablation_rows({"spire": 2.0, "no_feedback": 2.5, "random_init": 1.0},
+                                {"spire": 3.4, "no_feedback": 3.3, "random_init": 3.1})
+    assert [r["ablation"] for r in rows] == ["no feedback", "spire", "random init"]
+    assert rows[0]["tau"] == 3.3 and rows[0]["tm"] == 2.5
+
+
+def test_multipliers_over_generation_per_length():
+    out = tables.multipliers_over_generation(PAPER, 64, [64, 512], 32)  # method -> (2,)
+    assert out["spire"].shape == (2,)
+    assert out["spire"][1] == pm.throughput_multiplier_over_generation("spire", PAPER.taus["spire"], 64, 512, 32,
+                                                                       "seqax-67m", "spire-draft")
+
+
+def test_relative_change_rows_are_signed_percentages():
+    rows = tables.relative_change_rows([8, 16], {"spire": np.array([0.0123, -0.5])}, first="L", header="vs main")
+    assert rows == [{"L": 8, "SPIRe: vs main": "+1.2%"}, {"L": 16, "SPIRe: vs main": "-50.0%"}]
+
+
+def test_device_rows_and_columns():
+    cells = [(64, 512), (1024, 64)]
+    rows = tables.device_rows(PAPER, cells, dtypes=("fp8",), per_device=1)
+    h100 = next(r for r in rows if r["device"] == "h100-sxm fp8")
+    on = dataclasses.replace(PAPER, hoi=h100["hoi"], bytes_per_value=1.0)
+    assert h100["spire@(1024, 64)"] == float(on.multipliers(1024, 64)["spire"]) and h100["bytes"] == 1
+    columns = tables.device_columns(PAPER.taus, cells)
+    assert columns["spire@(1024, 64)"] == "SPIRe B=1024 L=64" and set(columns) == set(h100)
+
+
+def test_best_k_rows_quote_the_best_depth_and_the_scenario_k():
+    alpha = {"spire": float(alpha_from_tau(PAPER.taus["spire"], 4))}
+    (row,) = tables.best_k_rows(PAPER, alpha, 64, [512], k_max=12)
+    k, tm = best_k("spire", alpha["spire"], 64, 512, "seqax-67m", "spire-draft", k_max=12)
+    assert row == {"L": 512, "spire": f"k={k}: {tm:.2f}x (k=4: {float(PAPER.multipliers(64, 512)['spire']):.2f}x)"}
+
+
+def test_best_k_maps_search_the_measured_depth_or_the_cap():
+    taus = {"spire": PAPER.taus["spire"], "vanilla": PAPER.taus["vanilla"]}
+    best, caps = tables.best_k_maps(PAPER, taus, {"spire": [0.9, 0.8, 0.7]}, B[:, None], L[None, :])
+    assert caps == {"spire": 3, "vanilla": 8}
+    assert best["spire"].shape == (len(B), len(L)) and best["spire"].max() <= 3
+    expected, _ = best_k("vanilla", float(alpha_from_tau(taus["vanilla"], 4)), 16, 512, "seqax-67m", "vanilla-draft")
+    assert best["vanilla"][4, 4] == expected
+    assert tables.best_k_maps(PAPER, taus, {}, 64, 512, default_cap=12)[1]["spire"] == 12
+
+
+def test_window_name():
+    assert tables.window_name(PAPER) == "L/8"
+    assert tables.window_name(dataclasses.replace(PAPER, window=64)) == "64 tokens"
+
+
+def test_mixed_length_rows_compare_with_a_uniform_batch():
+    rows, change = tables.mixed_length_rows(PAPER, 16, 512, [0.0, 1.0], seed=3)
+    assert [(r["window"], r["spread"]) for r in rows] == [("L/8", 0.0), ("L/8", 1.0), ("64 tokens", 0.0),
+                                                          ("64 tokens", 1.0)]
+    lengths = pm.LengthDistribution(512, 1.0, seed=3).sample(16)
+    mixed, uniform = dataclasses.replace(PAPER, window=64).mixed_and_uniform(16, lengths)["spire"]
+    assert rows[3]["spire"] == f"{mixed:.3f} ({100 * (mixed / uniform - 1):+.2f}%)"
+    assert rows[0]["spire"].endswith("(+0.00%)")  # sigma 0: the batch is uniform
+    assert list(change) == ["L/8", "64"] and change["64"]["spire"] == pytest.approx(abs(mixed / uniform - 1))
+
+
+def test_winner_change_rows_list_the_cells_that_change():
+    uniform = {"spire": np.array([[2.0, 1.0]]), "magicdec": np.array([[1.0, 2.0]])}  # (1, 2)
+    mixed = {"spire": np.array([[2.0, 3.0]]), "magicdec": np.array([[1.0, 2.0]])}
+    assert tables.winner_change_rows("s", np.array([4]), np.array([8, 16]), uniform, mixed) == [
+        {"scale": "s", "B": 4, "L": 16, "uniform": "MagicDec", "mixed": "SPIRe"}]
+
+
+def test_cell_index():
+    assert tables.cell_index(B, L, 64, 512) == (6, 4)
+    assert tables.cell_index(B, L, 64, 600) is None and tables.cell_index(B, L, 3, 512) is None
