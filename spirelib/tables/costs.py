@@ -1,0 +1,108 @@
+"""Tables of the paper's cost analysis (spec 2, "Cost analysis") as notebook 08 shows them:
+what a draft costs to train, the paper's five numbers recomputed, break-even serving volumes
+and net savings in mixed-length batches. Costs are in target-training units (`costs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spirelib import costs
+from spirelib import perfmodel as pm
+from spirelib.methods import label as method_label
+from spirelib.plots.explorer import Scenario
+from spirelib.tables.perf import window_name
+
+DRAFT_COST_COLUMNS = {"target": "target", "draft": "draft", "params": "body params",
+                      "same_tokens": "units (target's tokens, MFU ratio applied)",
+                      "own": "units (own Chinchilla budget)", "flops": "FLOPs on the target's tokens"}
+COST_COLUMNS = {"method": "method", "tm": "modeled TM", "training_units": "training units",
+                "gross_savings": "gross savings", "net_savings": "net savings",
+                "net_from_rounded": "net, from TM rounded to 2 decimals"}
+CHECK_COLUMNS = {"quantity": "quantity", "paper": "paper", "tm": "modeled TM", "rounded": "from TM to 2 decimals",
+                 "full": "from full TM", "which": "matches the paper to 2 decimals"}
+# The paper's five cost numbers (spec 2): quantity, target, L, method, training units, stated savings.
+PAPER_COST_CHECKS = (("SPIRe gross, (64, 512)", "seqax-67m", 512, "spire", 0.0, 6.40),
+                     ("SPIRe net, (64, 512)", "seqax-67m", 512, "spire", 0.25, 6.15),
+                     ("MagicDec, (64, 512)", "seqax-67m", 512, "magicdec", 0.0, 5.12),
+                     ("SPIRe net, 70B (64, 65536)", "llama3-70b", 65536, "spire", 0.25, 6.20),
+                     ("MagicDec, 70B (64, 65536)", "llama3-70b", 65536, "magicdec", 0.0, 5.33))
+
+
+def draft_training_units(scenarios: dict[str, Scenario], mfu_ratio: float = 1.0) -> dict[str, dict[str, float]]:
+    """target name -> method -> the draft's training cost in target-training units (trained on
+    its target's tokens; `mfu_ratio` = the draft's training MFU / the target's)."""
+    return {target: {m: costs.draft_training_units(d, target, mfu_ratio=mfu_ratio) for m, d in s.drafts.items()}
+            for target, s in scenarios.items()}
+
+
+def draft_cost_rows(scenarios: dict[str, Scenario], training: dict[str, dict[str, float]]) -> list[dict]:
+    """Per target and draft: body parameters, training units on the target's tokens
+    (`training`, from `draft_training_units`), units on its own Chinchilla budget (20 tokens per
+    parameter, against the target's), and its training FLOPs on the target's tokens."""
+    rows = []
+    for target, scenario in scenarios.items():
+        n_target = pm.body_params(target)
+        target_flops = costs.training_flops(n_target, costs.chinchilla_tokens(n_target))
+        for method, draft in scenario.drafts.items():
+            n = pm.body_params(draft)
+            rows.append({"target": target, "draft": f"{method_label(method)}: {pm.PAPER_DRAFTS[target][method]}",
+                         "params": n, "same_tokens": training[target][method],
+                         "own": costs.training_flops(n, costs.chinchilla_tokens(n)) / target_flops,
+                         "flops": costs.training_flops(n, costs.chinchilla_tokens(n_target))})
+    return rows
+
+
+def by_method(rows: list[dict], key: str) -> dict:
+    """method -> row[key] of a `costs.cost_table`."""
+    return {r["method"]: r[key] for r in rows}
+
+
+def relative_margin(nets: dict[str, float]) -> float | None:
+    """SPIRe's net savings over MagicDec's, as a fraction; None when MagicDec saves nothing."""
+    return nets["spire"] / nets["magicdec"] - 1 if nets["magicdec"] > 0 else None
+
+
+def paper_cost_checks(scenarios: dict[str, Scenario], B: int = 64) -> list[dict]:
+    """The paper's five cost numbers (`PAPER_COST_CHECKS`) recomputed at its own cells: per
+    quantity the stated value, the modeled TM, the savings from TM rounded to two decimals (the
+    paper's arithmetic) and from the full TM, and which of the two matches to two decimals."""
+    rows = []
+    for quantity, target, L, method, training, stated in PAPER_COST_CHECKS:
+        tm = float(scenarios[target].multipliers(B, L)[method])
+        full = costs.serving_savings(tm, training_units=training)
+        rounded = costs.serving_savings(round(tm, 2), training_units=training)
+        rows.append({"quantity": quantity, "paper": stated, "tm": tm, "rounded": rounded, "full": full,
+                     "which": ", ".join(n for n, v in (("rounded", rounded), ("full", full)) if round(v, 2) == stated)
+                     or "neither"})
+    return rows
+
+
+def break_even_volumes(tm: dict, training: dict, tm_70b: dict, training_70b: dict) -> dict[str, float]:
+    """Serving volumes (target-training units) from which a trained draft pays
+    (`costs.break_even_serving`): SPIRe and vanilla SD against AD, SPIRe against MagicDec for
+    the small target and for the 70B (tm: method -> TM, training: method -> units); inf: never."""
+    return {"spire_vs_ad": costs.break_even_serving(tm["spire"], training["spire"]),
+            "vanilla_vs_ad": costs.break_even_serving(tm["vanilla"], training["vanilla"]),
+            "spire_vs_magicdec": costs.break_even_serving(tm["spire"], training["spire"], baseline_tm=tm["magicdec"]),
+            "spire_vs_magicdec_70b": costs.break_even_serving(tm_70b["spire"], training_70b["spire"],
+                                                              baseline_tm=tm_70b["magicdec"])}
+
+
+def mixed_length_savings(scenario: Scenario, B: int, lengths, serving_units: float, training: dict,
+                         windows=(None, 64)):
+    """Net savings of a batch whose requests have `lengths` and of a uniform batch of their
+    mean length, per draft window (None: the scenario's) and method (training: method -> units).
+
+    Returns (rows, margins): rows show "mixed (uniform u)" per method; margins[window] is
+    SPIRe's net savings minus MagicDec's, (mixed, uniform).
+    """
+    rows, margins = [], {}
+    for window in windows:
+        on = dataclasses.replace(scenario, window=window) if window is not None else scenario
+        saved = {(m, batch): costs.serving_savings(tm, serving_units=serving_units,
+                                                   training_units=training.get(m, 0.0))
+                 for m, tms in on.mixed_and_uniform(B, lengths).items() for batch, tm in zip(("mixed", "uniform"), tms)}
+        rows.append({"window": window_name(on), **{m: f"{saved[m, 'mixed']:.3f} (uniform {saved[m, 'uniform']:.3f})"
+                                                   for m in on.taus}})
+        margins[window_name(on)] = tuple(saved["spire", b] - saved["magicdec", b] for b in ("mixed", "uniform"))
+    return rows, margins
