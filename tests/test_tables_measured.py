@@ -1,0 +1,100 @@
+"""Tables of notebook 09 (the model against the clock) hold what wallclock and profiled compute."""
+
+import numpy as np
+import pytest
+
+from spirelib import profiled
+from spirelib.kvcache import SinkWindow
+from spirelib.model import ModelConfig
+from spirelib.spire import SpireConfig
+from spirelib.tables import measured as tables
+from spirelib.wallclock import DecodeTiming, flops_per_token, modeled_speedups, modeled_step_seconds
+
+TARGET = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
+DRAFT = ModelConfig(vocab_size=64, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
+SPIRE = SpireConfig(num_layers=1, window=4)
+RING = SinkWindow(1, 8)
+COST = profiled.ProfiledCost(fixed_s=1e-4, per_layer_s=2e-5, flops_per_s=1e10, bytes_per_s=1e10)
+
+
+def timing(method, seconds, tau=1.0, rounds=8, batch=2, context=16):
+    return DecodeTiming(method, batch, context, 16, seconds, [tau] * len(seconds), [rounds] * len(seconds),
+                        [{"draft": s / 2, "verify": s / 4} for s in seconds], 0.01)
+
+
+TIMINGS = [timing("ad", [0.02, 0.01], rounds=16), timing("vanilla", [0.008, 0.004], tau=2.0),
+           timing("spire", [0.01, 0.02], tau=3.0)]
+
+
+def test_profile_summary_names_every_term():
+    text = tables.profile_summary(COST, np.array([0.1, 0.3]), 1.25)
+    assert text.startswith("profiled 2 forwards in 1.2 s: fixed 100 us + (20 us")
+    assert text.endswith("fit error median 20.0%, worst 30.0%")
+
+
+def test_timing_rows():
+    rows = tables.timing_rows(TIMINGS)
+    assert [r["method"] for r in rows] == ["AD", "vanilla SD", "SPIRe"]
+    assert rows[0]["tps"] == 2400.0 and rows[0]["round"] == pytest.approx(1e3 * 0.015 / 16)
+    assert rows[0]["spread"] == "1,600 to 3,200" and rows[0]["draft"] == 0.5 and rows[2]["tau"] == 3.0
+
+
+def test_profiled_draft_shapes():
+    shapes = tables.profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    assert shapes["magicdec"] == profiled.DraftShape("magicdec", None, keys=10)
+    assert shapes["spire"] == profiled.DraftShape("spire", DRAFT.shape(), keys=SPIRE.sink + SPIRE.window,
+                                                  memory_layers=SPIRE.num_layers)
+    no_memory = SpireConfig(num_layers=1, window=4, feedback=False, target_activations=False)
+    assert tables.profiled_draft_shapes(DRAFT, DRAFT, no_memory, RING)["spire"].memory_layers == 0
+
+
+def test_speedup_cells_add_the_profiled_model():
+    drafts = {"vanilla": DRAFT, "spire": DRAFT}
+    shapes = tables.profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    kw = dict(peak_flops=1e10, bandwidth=1e10, bytes_per_value=4, k=4)
+    cells = tables.speedup_cells(TIMINGS, TARGET, drafts, shapes, COST, sparse={"spire": SPIRE.sparse}, **kw)
+    assert [{k: v for k, v in c.items() if not k.startswith("profiled")} for c in cells] == modeled_speedups(
+        TIMINGS, TARGET, drafts, sparse={"spire": SPIRE.sparse}, **kw)
+    spire = cells[1]
+    expected = profiled.speedup(COST, shapes["spire"], 3.0, TARGET.shape(), TARGET.vocab_size, 2, 16, 16, 4, 4)
+    assert spire["profiled_speedup"] == pytest.approx(expected)
+    assert spire["profiled_error"] == pytest.approx(expected / spire["measured_speedup"] - 1)
+
+
+def test_ad_step_rows():
+    (row,) = tables.ad_step_rows(TIMINGS, TARGET, COST, peak_flops=1e10, bandwidth=1e10, bytes_per_value=4,
+                                 new_tokens=16)
+    modeled = modeled_step_seconds(TARGET, 2, 16, peak_flops=1e10, bandwidth=1e10, bytes_per_value=4)
+    assert row["measured"] == pytest.approx(1e3 * 0.015 / 16) and row["modeled"] == pytest.approx(1e3 * modeled)
+    assert row["ratio"] == pytest.approx(0.015 / 16 / modeled)
+    assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 16 + 8, 4))
+
+
+def test_flop_rows_cap_a_sparse_draft_keys():
+    rows = tables.flop_rows({"target": TARGET, "draft": DRAFT}, [32, 64], {"draft": 5})
+    assert [(r["model"], r["L"]) for r in rows] == [("target", 32), ("target", 64), ("draft", 32), ("draft", 64)]
+    f = flops_per_token(DRAFT, 5)
+    assert rows[3]["attention"] == pytest.approx(f["attention"] / f["body"]) and rows[3]["body"] == f["body"]
+    assert rows[1]["attention"] == pytest.approx(flops_per_token(TARGET, 64)["attention"] / rows[1]["body"])
+
+
+CELLS = [{"method": "spire", "B": 1, "L": 32, "error": 0.5, "profiled_error": -0.1, "measured_speedup": 0.8},
+         {"method": "vanilla", "B": 4, "L": 64, "error": -0.1, "profiled_error": 0.3, "measured_speedup": 1.2}]
+
+
+def test_summarize():
+    s = tables.summarize(CELLS, [{"ratio": 2.0}, {"ratio": 4.0}, {"ratio": 9.0}])
+    assert s["worst"] is CELLS[0] and s["best"] is CELLS[1] and s["worst_profiled"] is CELLS[1]
+    assert s["overhead"] == 4.0 and s["losing"] == [CELLS[0]]
+    assert s["median_error"] == pytest.approx(0.3) and s["profiled_error"] == pytest.approx(0.2)
+
+
+def test_conclusion():
+    summary = tables.summarize(CELLS, [{"ratio": 4.0}])
+    paper, clock = tables.conclusion(summary, 2, COST, 12.5)
+    assert paper.startswith("At this scale the model's error ranges from -10% (vanilla SD, B = 4, L = 64) to +50%")
+    assert "Fixed per-pass costs dominate" in paper and paper.endswith("HOI here is 12.5 FLOP/byte against the paper's 600.")
+    assert clock.startswith("**Speculative decoding was slower than AD in 1 of 2 measured cells**: "
+                            "SPIRe at B = 1, L = 32 (0.80x). The profiled model's median error is 20%")
+    assert "its worst cell is vanilla SD at B = 4, L = 64 (+30%)" in clock and "fixed 120 us-plus" in clock
+    assert "Passes are close" in tables.conclusion(tables.summarize(CELLS, [{"ratio": 2.0}]), 2, COST, 1.0)[0]
