@@ -1,5 +1,5 @@
-"""Plotly figures and tables for measured acceptance (spec 5, 8): tau per method and context
-length next to the paper's Table 1, and per-position acceptance.
+"""Plotly figures of measured acceptance (spec 5, 8): tau per method and context length next
+to the paper's Table 1, and per-position acceptance (the tables: `tables.decoding`).
 
 Builders take `tau.TauStats` per method and context length ({method: {L: TauStats}}) and
 compute nothing but what they plot (intervals included). `scale` is a short note of the
@@ -90,33 +90,3 @@ def per_position_figure(stats: Stats, scale: str = "") -> go.Figure:
                       template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig
-
-
-def table1_rows(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None) -> list[dict]:
-    """Rows shaped like the paper's Table 1: one per context length (longest first), per
-    method "tau ± CI" measured here and, where the paper has that L, the paper's tau. Keys are
-    the methods' display names (they are the table's headers)."""
-    lengths = sorted({L for by_length in stats.values() for L in by_length}, reverse=True)
-    rows = []
-    for L in lengths:
-        row = {"L": L}
-        for method, by_length in stats.items():
-            s = by_length.get(L)
-            row[method_label(method)] = f"{s.mean:.3f} ± {s.ci95:.3f}" if s else ""
-            if paper:
-                row[f"{method_label(method)} (paper)"] = (f"{paper[L][method]:.3f}" if L in paper and method in paper[L]
-                                                          else "—")
-        rows.append(row)
-    return rows
-
-
-def acceptance_rows(stats: Stats) -> list[dict]:
-    """One row per method and context length: n, rounds, tau, acceptance rate, per position."""
-    rows = []
-    for method, by_length in stats.items():
-        for L in sorted(by_length):
-            s = by_length[L]
-            rows.append({"method": method, "L": L, "n_contexts": s.n_contexts, "rounds": s.rounds,
-                         "tau": f"{s.mean:.3f} ± {s.ci95:.3f}", "acceptance_rate": s.acceptance_rate,
-                         "per_position": ", ".join(f"{p:.3f}" for p in s.per_position)})
-    return rows
