@@ -116,9 +116,12 @@ class Attention(nn.Module):
         return x.view(B, T, n, self.cfg.d_head).transpose(1, 2)  # (B, n, T, d_head)
 
     def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rotated queries (B, n_q, T, d_head), keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
-        q, k, v = self.wqkv(x).split([self.q_dim, self.cfg.n_kv * self.cfg.d_head, self.cfg.n_kv * self.cfg.d_head], -1)
-        return apply_rope(self._heads(q, self.cfg.n_q), rope), apply_rope(self._heads(k, self.cfg.n_kv), rope), self._heads(v, self.cfg.n_kv)
+        """Rotated queries (B, n_q, T, d_head), keys and values (B, n_kv, T, d_head) of x (B, T, d_model);
+        queries and keys are rotated together (one rotation instead of two: fewer kernels per step)."""
+        n_q, n_kv = self.cfg.n_q, self.cfg.n_kv
+        heads = self._heads(self.wqkv(x), n_q + 2 * n_kv)  # (B, n_q + 2 n_kv, T, d_head)
+        qk = apply_rope(heads[:, : n_q + n_kv], rope)  # (B, n_q + n_kv, T, d_head)
+        return qk[:, :n_q], qk[:, n_q:], heads[:, n_q + n_kv :]
 
     def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Rotated queries (B, n_q, T, d_head) of x (B, T, d_model)."""

@@ -10,6 +10,7 @@ forward and backward (measured on this CPU).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -43,9 +44,15 @@ def rope_frequencies(d_head: int, base: float, scaling: tuple | None = None, dev
 def rope_rotation(positions: torch.Tensor, d_head: int, base: float, scaling: tuple | None = None) -> torch.Tensor:
     """Unit complex rotations for integer `positions` (B, T): (B, 1, T, d_head/2), complex64
     (`scaling`: see `rope_frequencies`)."""
-    inv_freq = rope_frequencies(d_head, base, scaling, positions.device)
+    inv_freq = _cached_frequencies(d_head, base, scaling, positions.device)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, d_head/2)
     return torch.polar(torch.ones_like(angles), angles)[:, None]
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_frequencies(d_head: int, base: float, scaling: tuple | None, device: torch.device) -> torch.Tensor:
+    """`rope_frequencies`, computed once per (shape, device): every forward asks for them."""
+    return rope_frequencies(d_head, base, scaling, device)
 
 
 def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
