@@ -149,6 +149,58 @@ def _context_lengths(contexts: torch.Tensor, lengths: torch.Tensor | None) -> to
     return lengths.to(device=contexts.device, dtype=torch.long)
 
 
+@dataclass
+class Rows:
+    """What speculative decoding keeps per row between rounds: the output so far, how many
+    tokens each row has produced, which rows still decode, the pending tokens, and every
+    round's accepted count."""
+
+    out: torch.Tensor  # (B, G + k + 1) generated tokens, room for one overshooting round
+    produced: torch.Tensor  # (B,)
+    active: torch.Tensor  # (B,) bool
+    pending: torch.Tensor  # (B,) emitted, not yet run through the target
+    offsets: torch.Tensor  # (k + 1,) 0..k
+    max_new_tokens: int
+    rounds: list[torch.Tensor]  # per round (B,): accepted drafts, -1 for a finished row
+
+    @classmethod
+    def start(cls, pending: torch.Tensor, max_new_tokens: int, k: int) -> Rows:
+        B, dev = pending.shape[0], pending.device
+        return cls(torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev),
+                   torch.zeros(B, dtype=torch.long, device=dev), torch.ones(B, dtype=torch.bool, device=dev),
+                   pending, torch.arange(k + 1, device=dev), max_new_tokens, [])
+
+    def settle(self, cache: DenseKVCache, tokens: torch.Tensor, positions: torch.Tensor, layers: torch.Tensor | None,
+               q: torch.Tensor, logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+               eos_token: int | None = None) -> TargetPass:
+        """A round's bookkeeping after the target scored `tokens` (B, k+1) (the pending token and
+        k drafts) at `positions` (B, k+1) into `logits` (B, k+1, V): rejection sampling against
+        the draft's probabilities q (B, k, V), the emitted tokens, the cache rolled back per row
+        to the verified positions, the next pending tokens. Returns what was verified."""
+        G, offsets, active = self.max_new_tokens, self.offsets, self.active
+        drafts, n = tokens[:, 1:], positions[:, 0]
+        n_acc, next_token = rejection_sample(drafts, q, probabilities(logits, temperature), generator)
+        n_acc = torch.where(active, n_acc, 0)
+        emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], next_token[:, None])  # (B, k+1)
+        keep = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
+        if eos_token is not None:  # a row ends at its first end-of-text token
+            eos = keep & (emitted == eos_token)
+            keep &= (eos.long().cumsum(1) - eos.long()) == 0
+            ended = eos.any(1)
+        slots = (self.produced[:, None] + offsets).clamp(max=G + offsets.shape[0] - 1)
+        self.out.scatter_(1, slots, torch.where(keep, emitted, self.out.gather(1, slots)))
+        self.rounds.append(torch.where(active, n_acc, -1))
+        self.produced += keep.sum(1)
+        new_lengths = torch.where(active, n + n_acc + 1, n)
+        cache.rollback(new_lengths)
+        self.pending = torch.where(active, next_token, self.pending)
+        verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache, layers)
+        self.active = active & (self.produced < G)
+        if eos_token is not None:
+            self.active &= ~ended
+        return verified
+
+
 @torch.no_grad()
 def speculative_generate(
     target: Transformer,
@@ -168,55 +220,31 @@ def speculative_generate(
     target at `temperature` (0: greedy), whatever the draft proposes. `prefilled`: the
     target's `prefill` of these same contexts, to share it between generations."""
     timer = timer or _no_timer
-    B, G = contexts.shape[0], max_new_tokens
-    dev = contexts.device
+    G = max_new_tokens
     with timer("prefill"):
         capacity = speculative_capacity(contexts.shape[1], G, k)
         if prefilled is None:
             prefilled = prefill(target, contexts, lengths, capacity=capacity, return_layers=draft.needs_target_layers)
         cache, pending = _reuse(prefilled, capacity, draft.needs_target_layers)
         draft.begin(prefilled.verified, k)
-    out = torch.zeros(B, G + k + 1, dtype=torch.long, device=dev)  # room for one overshooting round
-    produced = torch.zeros(B, dtype=torch.long, device=dev)
-    active = torch.ones(B, dtype=torch.bool, device=dev)
-    offsets = torch.arange(k + 1, device=dev)
-    rounds = []
-    while bool(active.any()):
+    rows = Rows.start(pending, G, k)
+    while bool(rows.active.any()):
         n = cache.lengths  # (B,) position of the pending token
         with timer("draft"):
-            drafts, q = draft.propose(pending, n, k)  # (B, k), (B, k, V)
+            drafts, q = draft.propose(rows.pending, n, k)  # (B, k), (B, k, V)
         with timer("verify"):
-            tokens = torch.cat([pending[:, None], drafts], dim=1)  # (B, k+1)
-            positions = n[:, None] + offsets
+            tokens = torch.cat([rows.pending[:, None], drafts], dim=1)  # (B, k+1)
+            positions = n[:, None] + rows.offsets
             if draft.needs_target_layers:
                 layers = target.residual_stream(tokens, positions, cache)  # (n_layers+1, B, k+1, d_model)
                 logits = target.head(layers[-1])  # (B, k+1, V)
             else:
                 layers, logits = None, target(tokens, positions, cache)
         with timer("bookkeeping"):
-            p = probabilities(logits, temperature)  # (B, k+1, V)
-            n_acc, next_token = rejection_sample(drafts, q, p, generator)
-            n_acc = torch.where(active, n_acc, 0)
-            emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], next_token[:, None])  # (B, k+1)
-            keep = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
-            if eos_token is not None:  # a row ends at its first end-of-text token
-                eos = keep & (emitted == eos_token)
-                keep &= (eos.long().cumsum(1) - eos.long()) == 0
-                ended = eos.any(1)
-            slots = (produced[:, None] + offsets).clamp(max=G + k)
-            out.scatter_(1, slots, torch.where(keep, emitted, out.gather(1, slots)))
-            rounds.append(torch.where(active, n_acc, -1))
-            produced += keep.sum(1)
-            new_lengths = torch.where(active, n + n_acc + 1, n)
-            cache.rollback(new_lengths)
-            pending = torch.where(active, next_token, pending)
-            verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache, layers)
-            active &= produced < G
-            if eos_token is not None:
-                active &= ~ended
+            verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature, generator, eos_token)
         with timer("draft"):
             draft.accept(verified)
-    return Generation(out[:, :G], torch.stack(rounds, dim=1))
+    return Generation(rows.out[:, :G], torch.stack(rows.rounds, dim=1))
 
 
 @torch.no_grad()
