@@ -67,6 +67,20 @@ def forward_work(shape: ModelShape, vocab_size: int, batch: int, new: int, keys:
 
 
 @dataclass(frozen=True)
+class DraftOverhead:
+    """What a drafting method costs beyond its passes' forwards and draws, fitted to its own
+    timed calls (`wallclock.profile_drafts`): per pass pass_s + pass_per_row_s x B (the
+    method's Python, cache bookkeeping, MagicDec's ring, SPIRe's feedback writes), and per
+    round its `accept` of the verified positions, accept_s + accept_per_row_s x B (MagicDec
+    copies them into its ring, SPIRe writes their memory)."""
+
+    pass_s: float = 0.0
+    pass_per_row_s: float = 0.0
+    accept_s: float = 0.0
+    accept_per_row_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class ProfiledCost:
     """Fitted coefficients: seconds = fixed_s + (per_layer_s + per_token_layer_s x tokens) x layers
     + max(FLOPs / flops_per_s, bytes / bytes_per_s) per forward; a round's bookkeeping costs
@@ -85,6 +99,7 @@ class ProfiledCost:
     attention_flops_per_s: float = float("inf")
     ring_per_layer_s: float = 0.0
     ring_per_token_layer_s: float = 0.0
+    drafts: dict = dataclasses.field(default_factory=dict)  # method -> DraftOverhead
 
     def seconds(self, work: ForwardWork) -> float:
         per_layer = self.per_layer_s + self.per_token_layer_s * work.tokens
@@ -98,6 +113,10 @@ class ProfiledCost:
 
     def sampling(self, batch: int, vocab_size: int) -> float:
         return self.sampling_s + self.sampling_per_logit_s * batch * vocab_size
+
+    def draft(self, method: str) -> DraftOverhead:
+        """The method's fitted overhead (none if it was not profiled)."""
+        return self.drafts.get(method, DraftOverhead())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,27 +213,71 @@ def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, bat
     return cost.seconds(forward_work(target, vocab_size, batch, 1, context, bytes_per_value=bytes_per_value))
 
 
-def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
-                  context: int, k: int, bytes_per_value: float = 4.0) -> float:
-    """One speculative round at `context`: the draft's k passes as the engine runs them, the
-    target verifying k + 1 tokens, and the bookkeeping. The vanilla draft's first pass runs two
-    tokens (the one before the pending one again, `drafts.VanillaDraft`); SPIRe also projects
-    the k + 1 verified positions into its memory keys/values."""
+def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
+                    context: int, k: int, bytes_per_value: float = 4.0) -> float:
+    """The draft's k passes as the engine runs them, each followed by a draw from (B, V)
+    probabilities, priced by their forwards alone (no `DraftOverhead`). The vanilla draft's
+    first pass runs two tokens (the one before the pending one again, `drafts.VanillaDraft`);
+    a SPIRe pass also projects its feedback memory (one K/V projection per layer)."""
     shape = draft.shape if draft.shape is not None else target
     keys = context if draft.keys is None else min(context, draft.keys)
-    memory = draft.memory_layers * 2 * shape.n_kv * shape.d_head * shape.d_model  # K/V projection weights
-    seconds = k * cost.sampling(batch, vocab_size)  # each pass samples its token from (B, V) probabilities
+    memory = _memory_weights(draft, shape)
+    seconds = k * cost.sampling(batch, vocab_size)
     for j in range(k):
         w = forward_work(shape, vocab_size, batch, 2 if (draft.method == "vanilla" and j == 0) else 1, keys,
                          bytes_per_value=bytes_per_value)
-        # SPIRe stores each pass's feedback memory: one K/V projection per layer
         seconds += cost.seconds(dataclasses.replace(w, flops=w.flops + 2.0 * memory * batch,
                                                     ring=draft.method == "magicdec"))
-    if memory:  # and, after verification, the memory of the k + 1 verified positions
-        seconds += (cost.per_layer_s * draft.memory_layers
-                    + max(2.0 * memory * batch * (k + 1) / cost.flops_per_s, memory * bytes_per_value / cost.bytes_per_s))
+    return seconds
+
+
+def accept_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, batch: int, k: int,
+                   bytes_per_value: float = 4.0) -> float:
+    """The draft's `accept` of k + 1 verified positions priced by its work alone: SPIRe
+    projects their target activations into its memory keys/values (other drafts: nothing)."""
+    memory = _memory_weights(draft, draft.shape if draft.shape is not None else target)
+    if not memory:
+        return 0.0
+    return (cost.per_layer_s * draft.memory_layers
+            + max(2.0 * memory * batch * (k + 1) / cost.flops_per_s, memory * bytes_per_value / cost.bytes_per_s))
+
+
+def _memory_weights(draft: DraftShape, shape: ModelShape) -> int:
+    """The K/V projection weights of the layers that write memory (SPIRe's, spec 3.3)."""
+    return draft.memory_layers * 2 * shape.n_kv * shape.d_head * shape.d_model
+
+
+def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
+                  context: int, k: int, bytes_per_value: float = 4.0) -> float:
+    """One speculative round at `context`: the draft's k passes (`propose_seconds`), the target
+    verifying k + 1 tokens, the bookkeeping, the draft's `accept` (`accept_seconds`), and the
+    method's fitted overhead per pass and per accept (`ProfiledCost.draft`)."""
+    extra = cost.draft(draft.method)
     verify = forward_work(target, vocab_size, batch, k + 1, context + k + 1, bytes_per_value=bytes_per_value)
-    return seconds + cost.seconds(verify) + cost.bookkeeping(batch, k, vocab_size)
+    return (propose_seconds(cost, draft, target, vocab_size, batch, context, k, bytes_per_value)
+            + k * (extra.pass_s + extra.pass_per_row_s * batch)
+            + cost.seconds(verify) + cost.bookkeeping(batch, k, vocab_size)
+            + accept_seconds(cost, draft, target, batch, k, bytes_per_value) + extra.accept_s + extra.accept_per_row_s * batch)
+
+
+def fit_draft(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, k: int,
+              samples: list[tuple[int, int, float, float]], bytes_per_value: float = 4.0) -> DraftOverhead:
+    """A method's `DraftOverhead`, least squares in relative error, from timed calls
+    (B, context, propose seconds, accept seconds): what its passes' forwards and draws, and
+    its accept's work, leave unexplained (it may come out negative where the forwards, timed
+    alone, cost more than inside the method)."""
+    if len(samples) < 2:
+        raise ValueError(f"fit_draft needs at least 2 timed calls at different batch sizes, got {len(samples)}")
+    B = np.array([float(b) for b, _, _, _ in samples])
+    propose = np.array([p for _, _, p, _ in samples])
+    accept = np.array([a for _, _, _, a in samples])
+    base = np.array([propose_seconds(cost, draft, target, vocab_size, b, c, k, bytes_per_value) for b, c, _, _ in samples])
+    a = np.stack([np.full_like(B, k), k * B], axis=1) / propose[:, None]
+    pass_s, pass_per_row_s = np.linalg.lstsq(a, 1.0 - base / propose, rcond=None)[0]
+    base = np.array([accept_seconds(cost, draft, target, b, k, bytes_per_value) for b, _, _, _ in samples])
+    a = np.stack([np.ones_like(B), B], axis=1) / accept[:, None]
+    accept_s, accept_per_row_s = np.linalg.lstsq(a, 1.0 - base / accept, rcond=None)[0]
+    return DraftOverhead(float(pass_s), float(pass_per_row_s), float(accept_s), float(accept_per_row_s))
 
 
 def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: ModelShape, vocab_size: int, batch: int,

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from spirelib import perfmodel, profiled
-from spirelib.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
-from spirelib.sampling import probabilities, rejection_sample, sample
+from spirelib.sampling import probabilities, sample
 from spirelib.speculative import (
+    Rows,
     SectionTimer,
+    TargetPass,
     autoregressive_generate,
     prefill,
     speculative_capacity,
@@ -199,23 +201,54 @@ def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), 
 @torch.no_grad()
 def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, repeats: int = 5,
                         device="cpu") -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """Median seconds of one round's bookkeeping (probabilities of k + 1 target positions,
-    rejection sampling, the emitted-token scatter) and of one draft pass's sampling
-    (probabilities and a draw from (B, V)) at every batch size: two lists of (logits, seconds)."""
+    """Median seconds of one round's bookkeeping as the engine runs it (`speculative.Rows.settle`:
+    probabilities of the k + 1 target positions, rejection sampling, the emitted tokens, the
+    rollback) and of one draft pass's sampling (probabilities and a draw from (B, V)) at every
+    batch size: two lists of (logits, seconds)."""
     samples, draws = [], []
     gen = torch.Generator(device).manual_seed(0)
     for B in batches:
         logits = torch.randn(B, k + 1, vocab_size, device=device)
         q = torch.softmax(torch.randn(B, k, vocab_size, device=device), dim=-1)
-        drafts = torch.randint(0, vocab_size, (B, k), device=device)
+        tokens = torch.randint(0, vocab_size, (B, k + 1), device=device)
+        cache = DenseKVCache(1, B, 1, 2, 2 * k + 2, device=device)  # settle only rolls its lengths back
+        positions = torch.arange(k + 1, device=device).expand(B, k + 1)
 
         def book():
-            n_acc, nxt = rejection_sample(drafts, q, probabilities(logits, 1.0), gen)
-            torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], nxt[:, None])
+            Rows.start(tokens[:, 0], 1 << 20, k).settle(cache, tokens, positions, None, q, logits, 1.0, gen)
 
         samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats)))
         draws.append((B * vocab_size, _median_seconds(lambda: sample(probabilities(logits[:, 0], 1.0), gen), repeats)))
     return samples, draws
+
+
+@torch.no_grad()
+def profile_drafts(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]], *,
+                   batches=(1, 16, 64), keys=(64, 256, 960), k: int = 4,
+                   repeats: int = 5) -> dict[str, list[tuple[int, int, float, float]]]:
+    """Median seconds of each drafting method's own calls as the engine makes them, at every
+    (B, context): `propose` (k passes after the pending token) and `accept` of k + 1 verified
+    positions, after one target prefill per shape that every method shares (random tokens).
+    Returns {method: [(B, context, propose seconds, accept seconds)]}."""
+    device = next(target.parameters()).device
+    drafts = {m: factory(torch.Generator(device).manual_seed(0)) for m, factory in factories.items()}
+    layers = any(d.needs_target_layers for d in drafts.values())
+    vocab = target.cfg.vocab_size
+    out = {m: [] for m in factories}
+    for B, L in itertools.product(batches, keys):
+        contexts = torch.randint(0, vocab, (B, L), device=device)
+        shared = prefill(target, contexts, capacity=speculative_capacity(L, k + 1, k), return_layers=layers)
+        n = shared.cache.lengths.clone()  # (B,) the pending token's position
+        tokens = torch.cat([shared.pending[:, None], torch.randint(0, vocab, (B, k), device=device)], dim=1)
+        positions = n[:, None] + torch.arange(k + 1, device=device)  # (B, k+1)
+        stream = target.residual_stream(tokens, positions, shared.cache) if layers else None
+        verified = TargetPass(positions, tokens, torch.ones_like(tokens, dtype=torch.bool), n + k + 1, shared.cache,
+                              stream)  # every draft accepted: the most an accept writes
+        for method, draft in drafts.items():
+            draft.begin(shared.verified, k)
+            propose = _median_seconds(lambda: draft.propose(shared.pending, n, k), repeats)
+            out[method].append((B, L, propose, _median_seconds(lambda: draft.accept(verified), repeats)))
+    return out
 
 
 @torch.no_grad()
@@ -247,10 +280,14 @@ def profile_ring(target: Transformer, sparse: SinkWindow, *, batches=(1, 16, 64)
 
 
 def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None, *, peak_flops: float,
-            bandwidth: float, k: int = 4, ring: SinkWindow | None = None, **grid) -> tuple[profiled.ProfiledCost, list]:
+            bandwidth: float, k: int = 4, ring: SinkWindow | None = None,
+            methods: Mapping[str, tuple[profiled.DraftShape, Callable[[torch.Generator], object]]] | None = None,
+            **grid) -> tuple[profiled.ProfiledCost, list]:
     """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`),
-    the bookkeeping and, with `ring`, the target over MagicDec's ring; then fit the profiled
-    cost model: (cost, forward samples)."""
+    the bookkeeping and, with `ring`, the target over MagicDec's ring; fit the profiled cost
+    model; then, for every drafting method in `methods` ({method: (its DraftShape, its draft
+    factory)}), time its own propose and accept calls (`profile_drafts`) and fit its
+    `profiled.DraftOverhead`. Returns (cost, forward samples)."""
     samples = profile_forwards({"target": target, **(drafts or {})}, **grid)
     device = next(target.parameters()).device
     batches = grid.get("batches", (1, 16, 64))
@@ -258,6 +295,13 @@ def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None
     rings = profile_ring(target, ring, batches=batches, k=k) if ring is not None else []
     cost = profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book, sampling=draws,
                         ring=rings)
+    if methods:
+        calls = profile_drafts(target, {m: factory for m, (_, factory) in methods.items()}, batches=batches,
+                               keys=grid.get("keys", (64, 256, 960)), k=k, repeats=grid.get("repeats", 5))
+        value_bytes = next(target.parameters()).element_size()
+        cost = dataclasses.replace(cost, drafts={
+            m: profiled.fit_draft(cost, shape, target.cfg.shape(), target.cfg.vocab_size, k, calls[m], value_bytes)
+            for m, (shape, _) in methods.items()})
     return cost, samples
 
 

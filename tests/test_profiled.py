@@ -1,5 +1,8 @@
 """The profiled cost model (issue 12, Part 2): its work accounting, its fit, its rounds."""
 
+import dataclasses
+import statistics
+
 import pytest
 import torch
 
@@ -74,3 +77,51 @@ def test_the_profiling_pass_times_real_forwards_and_the_fit_explains_them():
     assert cost.fixed_s + cost.per_layer_s > 0 and cost.bookkeeping_s + cost.bookkeeping_per_logit_s > 0
     assert cost.sampling_s + cost.sampling_per_logit_s > 0 and cost.ring_per_layer_s + cost.ring_per_token_layer_s > 0
     assert abs(profiled.relative_errors(cost, samples)).max() < 1.0  # timing noise, not a wrong model
+
+
+def test_a_methods_fitted_overhead_is_recovered_and_priced_in_its_rounds():
+    cost = profiled.ProfiledCost(1e-4, 1e-5, 1e11, 1e10, bookkeeping_s=3e-5, per_token_layer_s=1e-7, sampling_s=2e-5)
+    target = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
+    spire = profiled.DraftShape("spire", SHAPE, keys=70, memory_layers=2)
+    true = profiled.DraftOverhead(pass_s=4e-5, pass_per_row_s=2e-6, accept_s=1e-4, accept_per_row_s=5e-6)
+    calls = [(B, L, profiled.propose_seconds(cost, spire, target, 100, B, L, 4) + 4 * (4e-5 + 2e-6 * B),
+              profiled.accept_seconds(cost, spire, target, B, 4) + 1e-4 + 5e-6 * B) for B in (1, 16, 64) for L in (64, 960)]
+    got = profiled.fit_draft(cost, spire, target, 100, 4, calls)
+    for name in ("pass_s", "pass_per_row_s", "accept_s", "accept_per_row_s"):
+        assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name
+    plain = profiled.round_seconds(cost, spire, target, 100, 8, 100, 4)
+    fitted = profiled.round_seconds(dataclasses.replace(cost, drafts={"spire": got}), spire, target, 100, 8, 100, 4)
+    assert fitted == pytest.approx(plain + 4 * (4e-5 + 2e-6 * 8) + 1e-4 + 5e-6 * 8)
+    with pytest.raises(ValueError, match="at least 2"):
+        profiled.fit_draft(cost, spire, target, 100, 4, calls[:1])
+
+
+def test_the_profiling_pass_times_each_methods_own_propose_and_accept():
+    from spirelib.drafts import draft_factory, vanilla_draft_config
+    from spirelib.spire import SpireConfig, SpireDraftModel
+    from spirelib.wallclock import profile, profile_drafts
+
+    torch.manual_seed(0)
+    target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
+                                     d_ff=64)).eval()
+    vanilla = Transformer(vanilla_draft_config(target.cfg)).eval()
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=8, k=3)).eval()
+    factories = {"vanilla": draft_factory("vanilla", target, vanilla, temperature=1.0),
+                 "magicdec": draft_factory("magicdec", target, temperature=1.0, window=8),
+                 "spire": draft_factory("spire", target, spire, temperature=1.0)}
+    calls = profile_drafts(target, factories, batches=(1, 3), keys=(16, 40), k=3, repeats=2)
+    assert {m: [(B, L) for B, L, _, _ in c] for m, c in calls.items()} == {
+        m: [(1, 16), (1, 40), (3, 16), (3, 40)] for m in factories}
+    assert all(p > 0 and a > 0 for c in calls.values() for _, _, p, a in c)
+    shapes = {"vanilla": profiled.DraftShape("vanilla", vanilla.cfg.shape()),
+              "magicdec": profiled.DraftShape("magicdec", None, keys=9),
+              "spire": profiled.DraftShape("spire", spire.body.cfg.shape(), keys=9, memory_layers=1)}
+    cost, _ = profile(target, {"vanilla": vanilla}, peak_flops=1e11, bandwidth=1e10, k=3, batches=(1, 3),
+                      keys=(16, 40), news=(1, 4), repeats=2,
+                      methods={m: (shapes[m], factories[m]) for m in factories})
+    assert set(cost.drafts) == set(factories)
+    for m, shape in shapes.items():  # the fitted overhead explains the timed proposes (up to timing noise)
+        over = cost.draft(m)
+        errors = [profiled.propose_seconds(cost, shape, target.cfg.shape(), 64, B, L, 3)
+                  + 3 * (over.pass_s + over.pass_per_row_s * B) - p for B, L, p, _ in calls[m]]
+        assert statistics.median(abs(e) / p for e, (_, _, p, _) in zip(errors, calls[m])) < 0.3, m
