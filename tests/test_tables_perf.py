@@ -120,3 +120,11 @@ def test_winner_change_rows_list_the_cells_that_change():
 def test_cell_index():
     assert tables.cell_index(B, L, 64, 512) == (6, 4)
     assert tables.cell_index(B, L, 64, 600) is None and tables.cell_index(B, L, 3, 512) is None
+
+
+def test_taus_used_are_the_measured_ones_or_the_paper_table():
+    taus, per_position, at, source = tables.taus_used(None)
+    assert taus == pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT] and per_position == {} and at is None
+    assert source.startswith("the paper's Table 1 taus at L = 512")
+    assert tables.taus_used(({"spire": 3.0}, {"spire": [0.9]}, 64)) == (
+        {"spire": 3.0}, {"spire": [0.9]}, 64, "taus measured in this run by notebook 04 at L = 64")

@@ -28,6 +28,17 @@ ABLATION_COLUMNS = {"ablation": "variant", "tau": "tau (paper)", "tm": "TM at B 
 MIXED_COLUMNS = {"window": "draft window", "spread": "sigma", "mean": "batch mean L"}  # + one per method
 
 
+def taus_used(measured) -> tuple[dict, dict, int | None, str]:
+    """The taus a comparison uses: those measured in the run (`measured`: `tau.recorded_taus`'s
+    (taus, per-position acceptance, L)) or, without them (None), the paper's Table 1 at its L;
+    with the phrase that names their source. Returns (taus, per_position, L or None, source)."""
+    if measured is None:
+        return (dict(pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT]), {}, None,
+                f"the paper's Table 1 taus at L = {pm.PAPER_TAU_CONTEXT} (no taus were measured in this run)")
+    taus, per_position, L = measured
+    return taus, per_position, L, f"taus measured in this run by notebook 04 at L = {L}"
+
+
 def shape_rows(presets=pm.PRESETS) -> list[dict]:
     """One row per model shape (spec 2, "Models"): its `ModelShape` fields, body parameters
     and KV values per token (bytes at one byte per value)."""
