@@ -42,6 +42,14 @@ def test_slice_figure_keeps_series_order_and_values():
     assert np.array_equal(fig.data[0].y, paper_tm("spire", 64, L))
 
 
+def test_slice_figure_draws_dashed_variants_in_their_main_lines_colours():
+    fig = slice_figure(L, {"spire": np.ones(len(L)), "magicdec": np.ones(len(L))}, title="t",
+                       dashed={"SPIRe (G = 64)": np.zeros(len(L)), "MagicDec (G = 64)": np.zeros(len(L))})
+    assert [t.name for t in fig.data] == ["SPIRe", "MagicDec", "SPIRe (G = 64)", "MagicDec (G = 64)"]
+    assert [t.line.dash for t in fig.data] == [None, None, "dash", "dash"]
+    assert fig.data[2].line.color == fig.data[0].line.color != fig.data[3].line.color == fig.data[1].line.color
+
+
 def test_slider_figure_shows_one_batch_at_a_time():
     fig = slider_figure(Scenario.paper(), batch_sizes=B, contexts=L)
     assert len(fig.data) == len(B) * 3

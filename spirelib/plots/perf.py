@@ -65,16 +65,20 @@ def _log2_ticks(values) -> dict:
 
 def slice_figure(x, series: dict, *, title: str, x_title: str = "context length L (tokens)",
                  y_title: str = TM_TITLE, highlight_x=None, baseline: float | None = 1.0,
-                 baseline_label: str = "autoregressive", x_axis: str = "pow2") -> go.Figure:
+                 baseline_label: str = "autoregressive", x_axis: str = "pow2", dashed: dict | None = None) -> go.Figure:
     """Lines of `series` (label or method -> values over x) (paper Figures 1, 5, 6).
 
     x_axis: "pow2" (log axis ticked at the x values, 1K/1M labels), "log" or "linear".
+    dashed: more lines (label -> values), the i-th dashed in the colour of the i-th of `series`
+    (a variant of each, e.g. the G-aware model beside the main one).
     """
     x = np.asarray(x)
     fig = go.Figure()
-    for i, (key, values) in enumerate(series.items()):
-        fig.add_trace(go.Scatter(x=x, y=np.asarray(values), name=_label(key), mode="lines+markers",
-                                 line=dict(color=_color(key, i)),
+    colors = [_color(key, i) for i, key in enumerate(series)]
+    lines = [(key, values, dict(color=c)) for (key, values), c in zip(series.items(), colors)]
+    lines += [(key, values, dict(color=c, dash="dash")) for (key, values), c in zip((dashed or {}).items(), colors)]
+    for key, values, line in lines:
+        fig.add_trace(go.Scatter(x=x, y=np.asarray(values), name=_label(key), mode="lines+markers", line=line,
                                  hovertemplate=f"{_label(key)}<br>%{{x}}: %{{y:.3f}}x<extra></extra>"))
     if baseline is not None:
         fig.add_hline(y=baseline, line=dict(color="gray", dash="dot"), annotation_text=baseline_label,
