@@ -128,3 +128,24 @@ def test_taus_used_are_the_measured_ones_or_the_paper_table():
     assert source.startswith("the paper's Table 1 taus at L = 512")
     assert tables.taus_used(({"spire": 3.0}, {"spire": [0.9]}, 64)) == (
         {"spire": 3.0}, {"spire": [0.9]}, 64, "taus measured in this run by notebook 04 at L = 64")
+
+
+def test_paper_ablation_multipliers_price_every_variant_as_spire():
+    out = tables.paper_ablation_multipliers(dataclasses.replace(PAPER, hoi=30.0, overlap=False), 64, 512)
+    assert list(out) == list(pm.PAPER_ABLATION_TAU)
+    assert out["hard_target"] == pm.throughput_multiplier("spire", pm.PAPER_ABLATION_TAU["hard_target"], 64, 512,
+                                                          "seqax-67m", "spire-draft", hoi=30.0, overlap=False)
+    assert out["no_sparse_kv"] == pm.throughput_multiplier("spire", pm.PAPER_ABLATION_TAU["spire"], 64, 512, "seqax-67m",
+                                                           "spire-draft", hoi=30.0, overlap=False, window_factor=None)
+
+
+def test_overlap_rows_and_columns_put_the_scenarios_rule_first():
+    rows = tables.overlap_rows(PAPER, 64, 512)
+    assert [r["method"] for r in rows] == ["vanilla SD", "MagicDec", "SPIRe"]
+    assert rows[2]["max"] == float(PAPER.multipliers(64, 512)["spire"])
+    assert rows[2]["sum"] == float(dataclasses.replace(PAPER, overlap=False).multipliers(64, 512)["spire"])
+    assert tables.overlap_columns(PAPER, 64, 512) == {"method": "method (B = 64, L = 512)", "max": "f = max",
+                                                      "sum": "f = sum"}
+    summed = dataclasses.replace(PAPER, overlap=False)
+    assert tables.overlap_columns(summed, 1, 2)["max"] == "f = sum"
+    assert tables.overlap_rows(summed, 64, 512)[2]["sum"] == rows[2]["max"]

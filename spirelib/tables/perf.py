@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from spirelib import perfmodel as pm
+from spirelib.ablations import variant_multipliers
 from spirelib.acceptance import alpha_from_tau, best_k
 from spirelib.hardware import operating_points
 from spirelib.methods import label as method_label
@@ -58,6 +59,27 @@ def critical_length_rows(targets, hoi: float, k: int) -> list[dict]:
     every batch (spec 2, Figure 3): on the power-of-two grid and the exact crossover."""
     return [{"target": name, "grid": pm.critical_context_length(name, hoi, k),
              "exact": pm.critical_context_length(name, hoi, k, exact=True)} for name in targets]
+
+
+def paper_ablation_multipliers(scenario: Scenario, B: int, L) -> dict:
+    """SPIRe's modeled TM (spec 2) with each of the paper's ablation taus (spec 3.8,
+    `perfmodel.PAPER_ABLATION_TAU`) under the scenario's shapes and settings, "no_sparse_kv"
+    with a dense draft cache (`ablations.variant_multipliers`); floats, or (len(L),) arrays."""
+    return variant_multipliers(pm.PAPER_ABLATION_TAU, B, L, scenario.target, scenario.drafts["spire"],
+                               **scenario.model_kwargs())
+
+
+def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:
+    """Per method, TM at (B, L) with the scenario's overlap rule f and with the other one
+    (spec 2: max of compute and memory time, or their sum); `overlap_columns` names them."""
+    ours, other = scenario.multipliers(B, L), dataclasses.replace(scenario, overlap=not scenario.overlap).multipliers(B, L)
+    return [{"method": method_label(m), "max": float(ours[m]), "sum": float(other[m])} for m in scenario.taus]
+
+
+def overlap_columns(scenario: Scenario, B: int, L: int) -> dict[str, str]:
+    """The headers of `overlap_rows`: the first column says which f the scenario uses."""
+    first, second = ("max", "sum") if scenario.overlap else ("sum", "max")
+    return {"method": f"method (B = {B}, L = {L})", "max": f"f = {first}", "sum": f"f = {second}"}
 
 
 def ablation_rows(multipliers: dict, taus: dict) -> list[dict]:
