@@ -63,6 +63,17 @@ def test_slider_figure_shows_one_batch_at_a_time():
     assert np.allclose(shown[2].y, paper_tm("spire", 64, L))
 
 
+def test_trained_scenario_prunes_the_target_for_spire_and_fixes_its_window():
+    from spirelib.model import ModelConfig
+
+    target = ModelConfig(vocab_size=64, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
+    vanilla = dataclasses.replace(target, num_layers=2, d_model=16, d_head=4, d_ff=32)
+    s = Scenario.trained(target, vanilla, 1, 16, {"spire": 3.0}, hoi=50.0)
+    assert s.target == target.shape() and s.drafts == {"vanilla": vanilla.shape(),
+                                                       "spire": dataclasses.replace(target, num_layers=1).shape()}
+    assert (s.window, s.window_factor, s.hoi, s.taus) == (16, None, 50.0, {"spire": 3.0})
+
+
 def test_scenario_with_mixed_lengths_uses_the_distribution():
     scenario = dataclasses.replace(Scenario.paper(), length_spread=1.0, seed=5)
     got = scenario.multipliers(64, 512)["spire"]

@@ -59,6 +59,15 @@ class Scenario:
         return cls(pm.PRESETS[target], drafts, dict(pm.PAPER_TAU[tau_context]), label=f"{target}, paper taus",
                    **overrides)
 
+    @classmethod
+    def trained(cls, target, vanilla, spire_layers: int, window: int, taus: Mapping[str, float],
+                **overrides) -> Scenario:
+        """The trained series' comparison: its target and vanilla draft (`ModelConfig`s) and the
+        SPIRe draft as the target's first `spire_layers` layers (spec 3.1's pruned init) reading a
+        fixed sparse `window` of tokens."""
+        drafts = {"vanilla": vanilla.shape(), "spire": dataclasses.replace(target, num_layers=spire_layers).shape()}
+        return cls(target.shape(), drafts, taus, window_factor=None, window=window, **overrides)
+
     def with_hardware(self, hardware: Hardware, dtype: str) -> Scenario:
         """The same comparison on `hardware` computing in `dtype`, weights and KV stored in it too."""
         return dataclasses.replace(self, hoi=hardware.hoi(dtype), bytes_per_value=float(BYTES_PER_VALUE[dtype]))
