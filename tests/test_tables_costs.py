@@ -61,3 +61,9 @@ def test_mixed_length_savings_margins():
     assert margins["64 tokens"][0] == pytest.approx(spire - magicdec)
     assert rows[1]["spire"].startswith(f"{spire:.3f} (uniform ")
     assert np.isfinite(margins["L/8"]).all()
+
+
+def test_net_savings_charge_each_method_its_training():
+    nets = tables.net_savings({"spire": 2.0, "magicdec": np.array([1.25, 2.5])}, 10.0, {"spire": 0.25})
+    assert nets["spire"] == pytest.approx(4.75) and nets["magicdec"] == pytest.approx([2.0, 6.0])
+    assert tables.net_savings({"spire": 2.0}, np.array([1.0, 4.0]), {"spire": 0.5})["spire"] == pytest.approx([0.0, 1.5])

@@ -62,6 +62,14 @@ def relative_margin(nets: dict[str, float]) -> float | None:
     return nets["spire"] / nets["magicdec"] - 1 if nets["magicdec"] > 0 else None
 
 
+def net_savings(multipliers: dict, serving_units, training: dict) -> dict:
+    """method -> net savings, serving x (1 - 1/TM) - training units (spec 2, "Cost analysis"),
+    at `multipliers` (method -> TM; floats or arrays, as `serving_units` may be); a method
+    without training units (MagicDec) pays none."""
+    return {m: costs.serving_savings(tm, serving_units=serving_units, training_units=training.get(m, 0.0))
+            for m, tm in multipliers.items()}
+
+
 def paper_cost_checks(scenarios: dict[str, Scenario], B: int = 64) -> list[dict]:
     """The paper's five cost numbers (`PAPER_COST_CHECKS`) recomputed at its own cells: per
     quantity the stated value, the modeled TM, the savings from TM rounded to two decimals (the
@@ -99,10 +107,8 @@ def mixed_length_savings(scenario: Scenario, B: int, lengths, serving_units: flo
     rows, margins = [], {}
     for window in windows:
         on = dataclasses.replace(scenario, window=window) if window is not None else scenario
-        saved = {(m, batch): costs.serving_savings(tm, serving_units=serving_units,
-                                                   training_units=training.get(m, 0.0))
-                 for m, tms in on.mixed_and_uniform(B, lengths).items() for batch, tm in zip(("mixed", "uniform"), tms)}
-        rows.append({"window": window_name(on), **{m: f"{saved[m, 'mixed']:.3f} (uniform {saved[m, 'uniform']:.3f})"
-                                                   for m in on.taus}})
-        margins[window_name(on)] = tuple(saved["spire", b] - saved["magicdec", b] for b in ("mixed", "uniform"))
+        both = on.mixed_and_uniform(B, lengths)
+        mixed, uniform = (net_savings({m: tms[i] for m, tms in both.items()}, serving_units, training) for i in (0, 1))
+        rows.append({"window": window_name(on), **{m: f"{mixed[m]:.3f} (uniform {uniform[m]:.3f})" for m in on.taus}})
+        margins[window_name(on)] = (mixed["spire"] - mixed["magicdec"], uniform["spire"] - uniform["magicdec"])
     return rows, margins
