@@ -29,7 +29,8 @@ def test_scenario_model_kwargs_and_mixed_and_uniform():
 def test_shape_rows_one_per_preset():
     rows = tables.shape_rows()
     assert [r["name"] for r in rows] == list(pm.PRESETS)
-    assert rows[0]["body"] == pm.body_params(rows[0]["name"]) and rows[0]["kv"] == pm.kv_values_per_token(rows[0]["name"])
+    first = rows[0]["name"]
+    assert rows[0]["body"] == pm.body_params(first) and rows[0]["kv"] == pm.kv_values_per_token(first)
     assert set(tables.SHAPE_COLUMNS) <= set(rows[0])
 
 
@@ -135,8 +136,9 @@ def test_paper_ablation_multipliers_price_every_variant_as_spire():
     assert list(out) == list(pm.PAPER_ABLATION_TAU)
     assert out["hard_target"] == pm.throughput_multiplier("spire", pm.PAPER_ABLATION_TAU["hard_target"], 64, 512,
                                                           "seqax-67m", "spire-draft", hoi=30.0, overlap=False)
-    assert out["no_sparse_kv"] == pm.throughput_multiplier("spire", pm.PAPER_ABLATION_TAU["spire"], 64, 512, "seqax-67m",
-                                                           "spire-draft", hoi=30.0, overlap=False, window_factor=None)
+    assert out["no_sparse_kv"] == pm.throughput_multiplier("spire", pm.PAPER_ABLATION_TAU["spire"], 64, 512,
+                                                           "seqax-67m", "spire-draft", hoi=30.0, overlap=False,
+                                                           window_factor=None)
 
 
 def test_overlap_rows_and_columns_put_the_scenarios_rule_first():

@@ -73,7 +73,8 @@ def tau_rows(stats: dict, predicted: dict, deltas: dict, paper_tau: dict) -> lis
                      "delta": f"{d.mean:+.3f} ± {d.ci95:.3f}" if d is not None else "(reference)",
                      "seeds": ", ".join(f"{x:+.3f}" for x in d.per_seed) if d is not None else "",
                      "resolved": ("yes" if d.resolved else "not resolved at this scale") if d is not None else "",
-                     "paper": paper_tau.get(name, np.nan), "paper_delta": paper_tau.get(name, np.nan) - paper_tau["spire"]})
+                     "paper": paper_tau.get(name, np.nan),
+                     "paper_delta": paper_tau.get(name, np.nan) - paper_tau["spire"]})
     return rows
 
 

@@ -11,8 +11,7 @@ import numpy as np
 from spirelib import profiled
 from spirelib.kvcache import SinkWindow
 from spirelib.methods import label as method_label
-from spirelib.wallclock import (DecodeTiming, flops_per_token, modeled_speedups, modeled_step_seconds,
-                                profiled_speedups)
+from spirelib.wallclock import DecodeTiming, flops_per_token, modeled_speedups, modeled_step_seconds, profiled_speedups
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
                   "tau": "tau", "round": "ms per round (step)", "draft": "draft", "verify": "verify",
@@ -36,7 +35,8 @@ def profile_summary(cost: profiled.ProfiledCost, fit_error: np.ndarray, seconds:
             f"+ ({1e6 * cost.per_layer_s:.0f} us + {1e9 * cost.per_token_layer_s:.0f} ns per token) per layer "
             f"+ max(matmul FLOPs / {cost.flops_per_s / 1e9:.1f} GFLOP/s, bytes / {cost.bytes_per_s / 1e9:.1f} GB/s) "
             f"+ attention FLOPs / {cost.attention_flops_per_s / 1e9:.1f} GFLOP/s; MagicDec's ring "
-            f"+{1e6 * cost.ring_per_layer_s:.0f} us per layer; bookkeeping {1e6 * cost.bookkeeping_s:.0f} us per round, "
+            f"+{1e6 * cost.ring_per_layer_s:.0f} us per layer; "
+            f"bookkeeping {1e6 * cost.bookkeeping_s:.0f} us per round, "
             f"sampling {1e6 * cost.sampling_s:.0f} us per draft pass; fit error median {np.median(fit_error):.1%}, "
             f"worst {fit_error.max():.1%}")
 
@@ -136,7 +136,8 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
              f"B = {best['B']}, L = {best['L']}) to {worst['error']:+.0%} ({method_label(worst['method'])}, "
              f"B = {worst['B']}, L = {worst['L']}); a median AD step takes {overhead:,.1f}x the modeled time. "
              + ("Fixed per-pass costs dominate: the model overstates what speculative decoding gains here. "
-                if overhead > 3 else "Passes are close to their modeled cost, so the model's ranking of methods holds. ")
+                if overhead > 3 else
+                "Passes are close to their modeled cost, so the model's ranking of methods holds. ")
              + f"HOI here is {hoi:,.1f} FLOP/byte against the paper's 600.")
     clock = (f"**Speculative decoding was slower than AD in {len(losing)} of {n_cells} measured cells**"
              + (": " + ", ".join(f"{_cell(c)} ({c['measured_speedup']:.2f}x)" for c in losing) if losing else "")

@@ -72,7 +72,8 @@ def paper_ablation_multipliers(scenario: Scenario, B: int, L) -> dict:
 def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:
     """Per method, TM at (B, L) with the scenario's overlap rule f and with the other one
     (spec 2: max of compute and memory time, or their sum); `overlap_columns` names them."""
-    ours, other = scenario.multipliers(B, L), dataclasses.replace(scenario, overlap=not scenario.overlap).multipliers(B, L)
+    ours = scenario.multipliers(B, L)
+    other = dataclasses.replace(scenario, overlap=not scenario.overlap).multipliers(B, L)
     return [{"method": method_label(m), "max": float(ours[m]), "sum": float(other[m])} for m in scenario.taus]
 
 
