@@ -1,6 +1,7 @@
-"""Tables of the paper's throughput model (spec 2) as notebooks 01 and 06 show them: the
-shapes, the headline cell, verification's critical context, the G-aware model, devices, the
-best draft depth and mixed-length batches.
+"""Tables of the paper's throughput model (spec 2) as notebooks 01 and 06 show them: the taus
+used, the shapes, the headline cell, verification's critical context, the ablations, the
+G-aware model, the overlap rule, devices, the best draft depth, mixed-length batches and the
+cells whose winner they change.
 
 A `Scenario` (`plots.explorer`) says what is compared; multipliers are TM = tau / dt.
 """
@@ -55,8 +56,8 @@ def headline_rows(taus: dict, multipliers: dict, stated: dict | None = None) -> 
 
 
 def critical_length_rows(targets, hoi: float, k: int) -> list[dict]:
-    """Per target, the context length from which verification of k tokens is memory-bound at
-    every batch (spec 2, Figure 3): on the power-of-two grid and the exact crossover."""
+    """Per target, L_crit (spec 2, Figure 3): the longest context at which verifying k tokens
+    can still become compute-bound, on the paper's power-of-two grid and as the exact crossover."""
     return [{"target": name, "grid": pm.critical_context_length(name, hoi, k),
              "exact": pm.critical_context_length(name, hoi, k, exact=True)} for name in targets]
 
@@ -74,13 +75,13 @@ def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:
     (spec 2: max of compute and memory time, or their sum); `overlap_columns` names them."""
     ours = scenario.multipliers(B, L)
     other = dataclasses.replace(scenario, overlap=not scenario.overlap).multipliers(B, L)
-    return [{"method": method_label(m), "max": float(ours[m]), "sum": float(other[m])} for m in scenario.taus]
+    return [{"method": method_label(m), "ours": float(ours[m]), "other": float(other[m])} for m in scenario.taus]
 
 
 def overlap_columns(scenario: Scenario, B: int, L: int) -> dict[str, str]:
     """The headers of `overlap_rows`: the first column says which f the scenario uses."""
     first, second = ("max", "sum") if scenario.overlap else ("sum", "max")
-    return {"method": f"method (B = {B}, L = {L})", "max": f"f = {first}", "sum": f"f = {second}"}
+    return {"method": f"method (B = {B}, L = {L})", "ours": f"f = {first}", "other": f"f = {second}"}
 
 
 def ablation_rows(multipliers: dict, taus: dict) -> list[dict]:
