@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.model import ModelConfig, Transformer
 from spirelib.sampling import probabilities, sample
 from spirelib.speculative import Draft, TargetPass
@@ -79,12 +79,7 @@ class VanillaDraft:
         self.sparse = sparse  # attend to sink + window only (a sparse draft trained that way)
 
     def begin(self, verified: TargetPass, k: int) -> None:
-        cfg = self.model.cfg
-        param = next(self.model.parameters())
-        B = verified.tokens.shape[0]
-        capacity = verified.cache.capacity
-        self.cache = DenseKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, capacity, sparse=self.sparse,
-                                  device=param.device, dtype=param.dtype)
+        self.cache = self.model.new_cache(verified.tokens.shape[0], verified.cache.capacity, self.sparse)
         self.model.hidden(verified.tokens, verified.positions, self.cache, valid=verified.valid)  # fills the cache
         self.previous = _last_verified(verified, None)
 

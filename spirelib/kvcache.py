@@ -69,9 +69,10 @@ class _KVCache:
     sparse: SinkWindow | None = None
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, slots: int, *, device=None, dtype=torch.float32):
-        shape = (num_layers, batch, n_kv, slots + 1, d_head)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (layers, B, n_kv, S+1, d_head)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # One tensor per layer (B, n_kv, S+1, d_head), not one (layers, ...) tensor: a compiled forward
+        # (`Transformer.compile_decoding`) writes a layer in place; into a view of a bigger tensor it copies it.
+        self.k = [torch.zeros(batch, n_kv, slots + 1, d_head, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(batch, n_kv, slots + 1, d_head, device=device, dtype=dtype) for _ in range(num_layers)]
         self.key_positions = torch.full((batch, slots + 1), -1, device=device, dtype=torch.long)  # (B, S+1)
         self.lengths = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) positions 0..len-1 valid
         self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
@@ -79,7 +80,7 @@ class _KVCache:
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.key_positions.shape[0]
 
     def next_positions(self, num_tokens: int) -> torch.Tensor:
         """Positions (B, T) that continue every row."""
@@ -128,16 +129,19 @@ class DenseKVCache(_KVCache):
     Reads stop at the highest position the last prepared forward wrote: slot = position, so
     every slot beyond holds a later position (or nothing) and is invisible to all of that
     forward's queries; attention skips the unused tail of the capacity (G + 2k slots at
-    the start of speculative decoding). Prefill fast path: when the cache's first forward
+    the start of speculative decoding). With `static_reads`, reads cover the whole capacity
+    instead, so every forward of a kind has the same shapes (what a compiled forward needs,
+    `Transformer.compile_decoding`). Prefill fast path: when the cache's first forward
     writes positions 0..T-1 with a valid prefix per row (a prefill of right-padded
     contexts), the mask is plain causal (None), so attention skips the masked half.
     """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
-                 sparse: SinkWindow | None = None, device=None, dtype=torch.float32):
+                 sparse: SinkWindow | None = None, static_reads: bool = False, device=None, dtype=torch.float32):
         super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.sparse = sparse
+        self.static_reads = static_reads
         self._written = False
         self._read = capacity + 1  # slots that reads cover
         self._causal: torch.Tensor | None = None  # positions (B, T) of a first forward over 0..T-1
@@ -146,7 +150,8 @@ class DenseKVCache(_KVCache):
         top = int(torch.where(valid, positions, -1).max())  # the one host sync of a forward
         if top >= self.capacity:
             raise ValueError(f"position {top} exceeds the cache capacity {self.capacity}")
-        self._read = max(top + 1, 1)
+        if not self.static_reads:
+            self._read = max(top + 1, 1)
         return torch.where(valid, positions, self.trash)
 
     def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -221,6 +226,6 @@ class SinkWindowKVCache(_KVCache):
         verified positions into its own sparse drafting cache; a prefill)."""
         slots = self.prepare(positions, valid)
         src = positions.clamp(0, source.capacity - 1)  # dropped entries read anything, land in trash
-        for layer in range(self.k.shape[0]):
+        for layer in range(len(self.k)):
             self.write(layer, slots, source.k[layer][self._rows, :, src].transpose(1, 2),
                        source.v[layer][self._rows, :, src].transpose(1, 2))

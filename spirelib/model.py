@@ -260,6 +260,15 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         return total / h.shape[0]
 
 
+def compile_for_decoding(fn, device: torch.device):
+    """`fn` compiled as a decode-time forward: one graph without breaks; shapes static at first,
+    then (after a second shape) dynamic, so a few graphs serve a whole grid; on CPU C++ kernels
+    called from C++ (the Python wrapper would cost about as much as the kernels at B = 1), on
+    CUDA replayed as CUDA graphs."""
+    options = {"mode": "reduce-overhead"} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
+    return torch.compile(fn, fullgraph=True, **options)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -322,12 +331,13 @@ class Transformer(nn.Module):
         (arguments as `forward`); `head(stream[-1])` are the logits."""
         return torch.stack(self._blocks(tokens, positions, cache, valid, sparse, keep=True))
 
-    def new_cache(self, batch: int, capacity: int) -> DenseKVCache:
-        """A dense KV cache for this model on its device and dtype, applying its sliding window if any."""
+    def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None) -> DenseKVCache:
+        """A dense KV cache for this model on its device and dtype, applying its sliding window if
+        any (or reading only `sparse`'s sink + window); with compiled decoding, of static reads."""
         param = next(self.parameters())
         c = self.cfg
-        return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=c.attention_window,
-                            device=param.device, dtype=param.dtype)
+        return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
+                            static_reads=self._compiled is not None, device=param.device, dtype=param.dtype)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""
@@ -338,6 +348,21 @@ class Transformer(nn.Module):
         unembedding (`linear_cross_entropy`: the (B, T, V) logits never exist)."""
         x = self.norm(self.hidden(tokens))
         return linear_cross_entropy(x.flatten(0, 1), self.unembed.weight, targets.flatten())
+
+    def compile_decoding(self, enabled: bool = True, *, max_tokens: int = 16) -> Transformer:
+        """Run every cached forward of at most `max_tokens` tokens per row (decoding: AD steps,
+        verification, draft passes; not prefill) through one compiled graph per shape
+        (torch.compile without graph breaks: on CPU C++ kernels with a C++ wrapper, on CUDA
+        CUDA graphs), or, with `enabled` False, eagerly again: eager is the reference. Caches
+        this model builds (`new_cache`) then read their whole capacity, so that a graph serves
+        every step. Results equal eager up to rounding (fused kernels, RoPE in real arithmetic)."""
+        self._compiled, self._compiled_tokens = None, max_tokens
+        if enabled:
+            self._compiled = compile_for_decoding(self._stream, next(self.parameters()).device)
+        return self
+
+    _compiled = None  # the compiled `_stream`, see `compile_decoding`
+    _compiled_tokens = 16
 
     def _blocks(self, tokens, positions, cache, valid, sparse, keep: bool) -> list[torch.Tensor]:
         """Run the blocks; the residual stream entering each block and leaving the last ([x_L] unless `keep`)."""
@@ -350,14 +375,15 @@ class Transformer(nn.Module):
         elif window is not None and cache.sparse is None:
             raise ValueError(f"this model attends through a sliding window of {self.cfg.sliding_window} positions; "
                              "its cache must apply it: build it with Transformer.new_cache")
-        slots = None
-        if cache is not None:
-            slots = cache.prepare(positions, valid)
-            mask = cache.mask(positions)  # (B, 1, T, S)
-        elif sparse is not None:
-            mask = visibility(positions, positions, sparse)  # (B, 1, T, T)
-        else:
-            mask = None  # causal
+        if cache is None:
+            mask = None if sparse is None else visibility(positions, positions, sparse)  # (B, 1, T, T); None: causal
+            return self._stream(tokens, None, None, positions, mask, keep)
+        slots = cache.prepare(positions, valid)  # the forward's one host sync: outside any compiled graph
+        mask = cache.mask(positions)  # (B, 1, T, S)
+        stream = self._compiled if self._compiled is not None and T <= self._compiled_tokens else self._stream
+        return stream(tokens, cache, slots, positions, mask, keep)
+
+    def _stream(self, tokens, cache, slots, positions, mask, keep: bool) -> list[torch.Tensor]:
         rope = self.rope(positions)
         x = self.embed(tokens)  # (B, T, d_model)
         stream = [x]

@@ -43,9 +43,13 @@ def rope_frequencies(d_head: int, base: float, scaling: tuple | None = None, dev
 
 def rope_rotation(positions: torch.Tensor, d_head: int, base: float, scaling: tuple | None = None) -> torch.Tensor:
     """Unit complex rotations for integer `positions` (B, T): (B, 1, T, d_head/2), complex64
-    (`scaling`: see `rope_frequencies`)."""
-    inv_freq = _cached_frequencies(d_head, base, scaling, positions.device)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, d_head/2)
+    (`scaling`: see `rope_frequencies`). Inside a compiled graph, whose compilers generate no
+    kernels for complex numbers, the same rotations as (cos, sin) pairs: (B, 1, T, d_head/2, 2)
+    fp32, the layout of `torch.view_as_real`."""
+    if torch.compiler.is_compiling():  # the frequencies become constants of the graph
+        angles = positions.to(torch.float32)[..., None] * rope_frequencies(d_head, base, scaling, positions.device)
+        return torch.stack((angles.cos(), angles.sin()), dim=-1)[:, None]
+    angles = positions.to(torch.float32)[..., None] * _cached_frequencies(d_head, base, scaling, positions.device)
     return torch.polar(torch.ones_like(angles), angles)[:, None]
 
 
@@ -56,8 +60,13 @@ def _cached_frequencies(d_head: int, base: float, scaling: tuple | None, device:
 
 
 def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` (B, H, T, d_head) by `rotation` (B, 1, T, d_head/2); computed in fp32 or wider."""
+    """Rotate `x` (B, H, T, d_head) by `rotation` (`rope_rotation`: complex, or (cos, sin)
+    pairs); computed in fp32 or wider."""
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    if not rotation.is_complex():  # (cos, sin) pairs: the complex product written out
+        cos, sin = rotation.to(wide.dtype).unbind(-1)  # (B, 1, T, d_head/2) each
+        even, odd = wide.unflatten(-1, (-1, 2)).unbind(-1)  # (B, H, T, d_head/2) each
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).to(x.dtype)
     pairs = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))  # (B, H, T, d_head/2)
     rotated = torch.view_as_real(pairs * (rotation if wide.dtype == torch.float32 else rotation.to(torch.complex128)))
     return rotated.flatten(-2).to(x.dtype)

@@ -30,7 +30,7 @@ from spirelib.drafts import VanillaDraft, draft_tokens, register_method
 from spirelib.kpass_attention import BandedMemory, memory_attention
 from spirelib.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.losses import head_draft_losses
-from spirelib.model import ModelConfig, Transformer
+from spirelib.model import ModelConfig, Transformer, compile_for_decoding
 from spirelib.speculative import TargetPass
 
 LOSSES = ("mixed", "hard")
@@ -72,7 +72,7 @@ class SpireConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SpireConfig":
+    def from_dict(cls, d: dict) -> SpireConfig:
         allowed = {f.name for f in fields(cls)}
         unknown = set(d) - allowed
         if unknown:
@@ -122,7 +122,7 @@ class SpireDraftModel(nn.Module):
         self.mix = nn.Parameter(torch.zeros(cfg.num_layers, cfg.num_layers + 1))  # uniform mixture at init
 
     @classmethod
-    def from_target(cls, target: Transformer, cfg: SpireConfig) -> "SpireDraftModel":
+    def from_target(cls, target: Transformer, cfg: SpireConfig) -> SpireDraftModel:
         """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
         copied (spec 3.1), or random weights for the `random_init` ablation."""
         draft = cls(target.cfg, cfg).to(next(target.parameters()))
@@ -168,9 +168,20 @@ class SpireDraftModel(nn.Module):
         for i, (block, memory) in enumerate(zip(self.blocks, self.target_memory(target_layers))):
             cache.write(i, slots, *block.memory_kv(memory, rope))
 
+    _compiled_step = None  # `_step`, compiled (`compile_decoding`)
+
+    def compile_decoding(self, enabled: bool = True) -> SpireDraftModel:
+        """Run `step` as one compiled graph (`model.compile_for_decoding`), or, with `enabled`
+        False, eagerly again (the reference)."""
+        self._compiled_step = compile_for_decoding(self._step, self.mix.device) if enabled else None
+        return self
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
         """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
         this position's memory (feedback mixture, or each layer's input without feedback)."""
+        return (self._compiled_step or self._step)(tokens, positions, cache)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
         pos = positions[:, None]  # (B, 1)
         rope = self.body.rope(pos)
         if not self.cfg.feedback:  # an ordinary transformer over its own positions: self included

@@ -99,7 +99,7 @@ def test_sink_window_ring_matches_dense_sparse_reference(include_sink):
     # then decoding in steps of 1..3 tokens through the ring.
     model(tokens[:, :17], cache=dense)
     ring.ingest(dense, torch.arange(17).expand(B, 17))
-    assert ring.k.shape[3] == include_sink + 5 + 3 + 1
+    assert ring.k[0].shape[2] == include_sink + 5 + 3 + 1  # slots per layer (B, n_kv, S+1, d_head)
     t = 17
     for n in [1, 3, 2, 1, 3, 1, 2]:
         pos = ring.next_positions(n)

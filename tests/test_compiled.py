@@ -1,0 +1,61 @@
+"""Compiled decoding (`Transformer.compile_decoding`, issue 12 Part 1) against eager decoding,
+the reference: greedy tokens equal for AD and every draft, sampled speculative decoding still
+follows the target's exact distribution."""
+
+import torch
+from test_speculative import CFG, chi_square_pvalue, exact_two_token_distribution, peaky_model
+from torch._dynamo.utils import counters
+
+from spirelib.drafts import MagicDecDraft, VanillaDraft
+from spirelib.kvcache import SinkWindow
+from spirelib.model import ModelConfig
+from spirelib.speculative import autoregressive_generate, speculative_generate
+from spirelib.spire import SpireConfig, SpireDraft, SpireDraftModel
+
+
+def greedy(target, draft, contexts, lengths, G=20):
+    """Greedy tokens (B, G): AD with `draft` None, else speculative decoding with it."""
+    if draft is None:
+        return autoregressive_generate(target, contexts, G, temperature=0.0, lengths=lengths).tokens
+    return speculative_generate(target, draft, contexts, G, k=4, temperature=0.0, lengths=lengths).tokens
+
+
+def test_compiled_decoding_emits_the_eager_greedy_tokens():
+    target = peaky_model()
+    small = peaky_model(ModelConfig(vocab_size=CFG.vocab_size, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2,
+                                    d_head=8, d_ff=32), seed=5)
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=4)).eval()
+    contexts = torch.randint(0, CFG.vocab_size, (4, 20), generator=torch.Generator().manual_seed(3))
+    lengths = torch.tensor([20, 18, 20, 17])  # ragged contexts; prefill (> 16 tokens) stays eager
+    drafts = {"ad": (None, lambda: None), "magicdec": (None, lambda: MagicDecDraft(target, SinkWindow(1, 6), temperature=0.0)),
+              "vanilla": (small, lambda: VanillaDraft(small, temperature=0.0)),
+              "spire": (spire, lambda: SpireDraft(spire, temperature=0.0))}
+    eager = {name: greedy(target, make(), contexts, lengths) for name, (_, make) in drafts.items()}
+    target.compile_decoding()
+    for name, (model, make) in drafts.items():  # each model's compiled graphs run, and emit eager's tokens
+        graphs = counters["stats"]["unique_graphs"]
+        assert torch.equal(greedy(target, make(), contexts, lengths), eager[name]), name  # the target compiled
+        if model is not None:  # then the draft model too: the graphs it adds are its own
+            graphs = counters["stats"]["unique_graphs"]
+            model.compile_decoding()
+            assert torch.equal(greedy(target, make(), contexts, lengths), eager[name]), name
+        assert counters["stats"]["unique_graphs"] > graphs, f"{name} decoded through newly compiled graphs"
+    for model in (target, small, spire):
+        model.compile_decoding(False)
+    assert torch.equal(greedy(target, drafts["spire"][1](), contexts, lengths), eager["spire"])
+
+
+def test_compiled_speculative_sampling_follows_the_target_distribution():
+    cfg = ModelConfig(vocab_size=6, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
+    target = peaky_model(cfg, std=0.15)
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=3, k=3)).eval()
+    context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1])
+    joint = exact_two_token_distribution(target, context).flatten()  # eager, before compiling
+    target.compile_decoding()
+    spire.compile_decoding()
+    gen = torch.Generator().manual_seed(11)
+    n = 20_000
+    sd = speculative_generate(target, SpireDraft(spire, temperature=1.0, generator=gen), context.expand(n, -1), 2, k=3,
+                              temperature=1.0, generator=gen)
+    counts = torch.bincount(sd.tokens[:, 0] * cfg.vocab_size + sd.tokens[:, 1], minlength=cfg.vocab_size ** 2)
+    assert chi_square_pvalue(counts, joint) > 1e-3
