@@ -27,6 +27,9 @@ Fields (params keys):
     k, new_tokens, temperature, tau_seed
                             the decoding protocol (spec 5, 9): draft depth, G, T (0: greedy), seed
     magicdec: dict          MagicDec's sink, window and rope_mode (spec 4)
+    compile_decoding: bool  decode through compiled graphs (`Transformer.compile_decoding`): the
+                            target and the trained drafts, in every notebook that decodes; eager
+                            (false) is the reference, compiled costs seconds per new shape once
 
 `dry_run(d)` (and `Series.dry_run()`) is the same series with every shape unchanged and every
 budget scaled down to seconds (`DRY_RUN`, `DRY_RUN_TRAINING`): what `workbook run --dry-run`
@@ -141,6 +144,7 @@ class Series:
     temperature: float = 1.0
     tau_seed: int = 0
     magicdec: MagicDecOptions = field(default_factory=MagicDecOptions)
+    compile_decoding: bool = False
 
     def __post_init__(self):
         problems = _field_problems(self)
@@ -192,6 +196,8 @@ class Series:
         memo = self.__dict__["_memo"]
         if key not in memo:
             memo[key] = build()
+            if self.compile_decoding and key != "data":
+                memo[key].model.compile_decoding()
         return memo[key]
 
     @property
@@ -280,7 +286,7 @@ def _parse(d: dict) -> tuple[dict, list[str]]:
         value, kind = d[f.name], f.type
         ok = {"int": isinstance(value, int) and not isinstance(value, bool),
               "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-              "str": isinstance(value, str)}[kind]
+              "str": isinstance(value, str), "bool": isinstance(value, bool)}[kind]
         if not ok:
             problems.append(f"{f.name}: expected {kind}, got {type(value).__name__} {value!r}")
         else:

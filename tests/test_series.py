@@ -46,6 +46,7 @@ def test_seed_reaches_every_trainer_and_vocab_size_the_target():
     ({"spire": {"windw": 8}}, r"unknown spire field\(s\) \['windw'\]"),
     ({"magicdec": {"rope_mode": "cached"}}, "rope_mode must be 'cache' or 'original'"),
     ({"k": 0}, "need k >= 1"),
+    ({"compile_decoding": "yes"}, "compile_decoding: expected bool"),
 ])
 def test_bad_values_are_refused_before_any_compute(change, message):
     with pytest.raises(SeriesError, match=message):
@@ -90,6 +91,9 @@ def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_pat
     params.write_text(json.dumps({"series": {**config, "sed": 0}}))
     assert series_module.main(["target", "--params", str(params)]) == 2
     assert "sed: not a series field (did you mean 'seed'?)" in capsys.readouterr().err
+    compiled = Series.from_dict({**config, "compile_decoding": True})
+    assert compiled.trained_target(progress=False).model._compiled is not None  # the same checkpoint, compiled
+    assert run.model._compiled is None
 
 
 def _checkpoint(tmp_path):
