@@ -265,6 +265,9 @@ def compile_for_decoding(fn, device: torch.device):
     then (after a second shape) dynamic, so a few graphs serve a whole grid; on CPU C++ kernels
     called from C++ (the Python wrapper would cost about as much as the kernels at B = 1), on
     CUDA replayed as CUDA graphs."""
+    # Every model's graphs count against one code object's limit (the default 8 recompiles): the
+    # target's, the drafts' and the profiling pass's shapes, kinds (dense, ring) and both outputs.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     options = {"mode": "reduce-overhead"} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
     return torch.compile(fn, fullgraph=True, **options)
 
@@ -337,7 +340,7 @@ class Transformer(nn.Module):
         param = next(self.parameters())
         c = self.cfg
         return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
-                            static_reads=self._compiled is not None, device=param.device, dtype=param.dtype)
+                            static_reads=self.compiled_decoding, device=param.device, dtype=param.dtype)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""
@@ -363,6 +366,11 @@ class Transformer(nn.Module):
 
     _compiled = None  # the compiled `_stream`, see `compile_decoding`
     _compiled_tokens = 16
+
+    @property
+    def compiled_decoding(self) -> bool:
+        """Whether cached decode-time forwards run compiled (`compile_decoding`)."""
+        return self._compiled is not None
 
     def _blocks(self, tokens, positions, cache, valid, sparse, keep: bool) -> list[torch.Tensor]:
         """Run the blocks; the residual stream entering each block and leaving the last ([x_L] unless `keep`)."""

@@ -12,14 +12,17 @@ with FLOPs and bytes from `forward_work` (body matmuls, attention over the visib
 unembedding; weights and KV at the actual dtype); the per-token term is what elementwise
 kernels (norms, RoPE, softmax, SwiGLU) cost per token beyond the matmuls, and attention's
 FLOPs run at a rate of their own (a CPU's attention kernel reaches a fraction of the matmul
-peak, and with several queries per row it is compute-bound). A forward over MagicDec's sink +
-window ring (`ring=True`) adds the ring's own per-layer cost (re-rotating the sink keys,
-assembling the ring). The coefficients are fitted
-(`fit`) to timings of single forwards at a few shapes (`wallclock.profile_forwards`, about
-30 s), never to the speculative runs it is judged on. A speculative round is then the sum of
-its forwards (`round_seconds`): the draft's k passes as each method runs them, each followed by
-sampling a token from (B, V) probabilities, the target's verification of k + 1 tokens, and the
-round's bookkeeping (rejection sampling over (B, k + 1, V)).
+peak, and with several queries per row it is compute-bound). The coefficients are fitted
+(`fit`) to timings of single forwards at a few shapes (`wallclock.profile_forwards`), never to
+the speculative runs it is judged on. A speculative round is then the sum of its parts
+(`round_seconds`): the draft's k passes as each method runs them (`propose_seconds`), each
+followed by sampling a token from (B, V) probabilities, the target's verification of k + 1
+tokens, the round's bookkeeping (`speculative.Rows.settle`: rejection sampling over
+(B, k + 1, V), the emitted tokens, the rollback), and the draft's accept of the verified
+positions. What a method's own code adds to its passes and its accept (its Python, MagicDec's
+ring re-rotating the sink keys and copying verified keys/values in, SPIRe's memory writes) is
+its `DraftOverhead`, fitted to its own timed propose and accept calls (`wallclock.profile_drafts`).
+Under compiled decoding every dense-cache forward reads its whole capacity (`speedup(static_reads=True)`).
 
 Numpy only, like the paper's model.
 """
@@ -44,7 +47,6 @@ class ForwardWork:
     layers: int
     tokens: int = 0  # B x T: what the per-token costs scale with
     attention_flops: float = 0.0  # the part of `flops` that is attention (q.k and p.v)
-    ring: bool = False  # reads a sink + window ring re-rotated per query (MagicDec's cache)
 
 
 def forward_work(shape: ModelShape, vocab_size: int, batch: int, new: int, keys: int, *, logits: bool = True,
@@ -97,14 +99,10 @@ class ProfiledCost:
     sampling_s: float = 0.0
     sampling_per_logit_s: float = 0.0
     attention_flops_per_s: float = float("inf")
-    ring_per_layer_s: float = 0.0
-    ring_per_token_layer_s: float = 0.0
     drafts: dict = dataclasses.field(default_factory=dict)  # method -> DraftOverhead
 
     def seconds(self, work: ForwardWork) -> float:
         per_layer = self.per_layer_s + self.per_token_layer_s * work.tokens
-        if work.ring:
-            per_layer += self.ring_per_layer_s + self.ring_per_token_layer_s * work.tokens
         return (self.fixed_s + per_layer * work.layers + work.attention_flops / self.attention_flops_per_s
                 + max((work.flops - work.attention_flops) / self.flops_per_s, work.bytes / self.bytes_per_s))
 
@@ -123,16 +121,15 @@ class ProfiledCost:
 
 
 def fit(samples: list[tuple[ForwardWork, float]], *, peak_flops: float, bandwidth: float,
-        bookkeeping: list[tuple[int, float]] = (), sampling: list[tuple[int, float]] = (),
-        ring: list[tuple[ForwardWork, float]] = ()) -> ProfiledCost:
+        bookkeeping: list[tuple[int, float]] = (), sampling: list[tuple[int, float]] = ()) -> ProfiledCost:
     """Least-squares fit of the coefficients to (work, measured seconds) samples, in relative
     error (every shape counts alike). For each (flops_per_s, bytes_per_s) on a log grid from
     1/64 to 1x of the calibrated `peak_flops` and `bandwidth`, the fixed, per-layer and
     per-token-layer costs are the non-negative least-squares solution; the pair with the
     smallest error wins (with the attention rate, a fourth free coefficient). `bookkeeping`:
     (logits per round B (k + 1) V, seconds) of a round's bookkeeping; `sampling`: (logits B V,
-    seconds) of a draft pass's sampling; `ring`: timed forwards over MagicDec's ring, whose
-    extra per-layer cost (a + b x tokens) is fitted to what the model leaves unexplained."""
+    seconds) of a draft pass's sampling. What each drafting method costs beyond its forwards is
+    fitted afterwards (`fit_draft`)."""
     if len(samples) < 3:
         raise ValueError(f"fit needs at least 3 timed forwards, got {len(samples)}")
     attention = np.array([w.attention_flops for w, _ in samples])
@@ -153,12 +150,8 @@ def fit(samples: list[tuple[ForwardWork, float]], *, peak_flops: float, bandwidt
             best = (err, coef, float(P), float(W))
     _, (fixed, per_layer, per_token_layer, per_attention_flop), P, W = best
     book, draw = _affine(bookkeeping), _affine(sampling)
-    cost = ProfiledCost(float(fixed), float(per_layer), P, W, *book, float(per_token_layer), *draw,
+    return ProfiledCost(float(fixed), float(per_layer), P, W, *book, float(per_token_layer), *draw,
                         attention_flops_per_s=1.0 / per_attention_flop if per_attention_flop > 0 else float("inf"))
-    if ring:
-        a, b = _affine([(w.tokens, max(1e-9, (s - cost.seconds(w)) / w.layers)) for w, s in ring])
-        cost = dataclasses.replace(cost, ring_per_layer_s=a, ring_per_token_layer_s=b)
-    return cost
 
 
 def _affine(pairs: list[tuple[int, float]]) -> tuple[float, float]:
@@ -214,20 +207,20 @@ def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, bat
 
 
 def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
-                    context: int, k: int, bytes_per_value: float = 4.0) -> float:
+                    context: int, k: int, bytes_per_value: float = 4.0, dense_keys: int | None = None) -> float:
     """The draft's k passes as the engine runs them, each followed by a draw from (B, V)
     probabilities, priced by their forwards alone (no `DraftOverhead`). The vanilla draft's
     first pass runs two tokens (the one before the pending one again, `drafts.VanillaDraft`);
-    a SPIRe pass also projects its feedback memory (one K/V projection per layer)."""
+    a SPIRe pass also projects its feedback memory (one K/V projection per layer). `dense_keys`:
+    the keys a pass over a dense cache reads (default `context`; with static reads, the capacity)."""
     shape = draft.shape if draft.shape is not None else target
-    keys = context if draft.keys is None else min(context, draft.keys)
+    keys = (dense_keys or context) if draft.keys is None else min(context, draft.keys)
     memory = _memory_weights(draft, shape)
     seconds = k * cost.sampling(batch, vocab_size)
     for j in range(k):
         w = forward_work(shape, vocab_size, batch, 2 if (draft.method == "vanilla" and j == 0) else 1, keys,
                          bytes_per_value=bytes_per_value)
-        seconds += cost.seconds(dataclasses.replace(w, flops=w.flops + 2.0 * memory * batch,
-                                                    ring=draft.method == "magicdec"))
+        seconds += cost.seconds(dataclasses.replace(w, flops=w.flops + 2.0 * memory * batch))
     return seconds
 
 
@@ -248,13 +241,15 @@ def _memory_weights(draft: DraftShape, shape: ModelShape) -> int:
 
 
 def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
-                  context: int, k: int, bytes_per_value: float = 4.0) -> float:
+                  context: int, k: int, bytes_per_value: float = 4.0, dense_keys: int | None = None) -> float:
     """One speculative round at `context`: the draft's k passes (`propose_seconds`), the target
     verifying k + 1 tokens, the bookkeeping, the draft's `accept` (`accept_seconds`), and the
-    method's fitted overhead per pass and per accept (`ProfiledCost.draft`)."""
+    method's fitted overhead per pass and per accept (`ProfiledCost.draft`). `dense_keys`: the
+    keys a forward over a dense cache reads (default: the positions it sees; with static reads,
+    `kvcache.DenseKVCache(static_reads=True)` under compiled decoding, the capacity)."""
     extra = cost.draft(draft.method)
-    verify = forward_work(target, vocab_size, batch, k + 1, context + k + 1, bytes_per_value=bytes_per_value)
-    return (propose_seconds(cost, draft, target, vocab_size, batch, context, k, bytes_per_value)
+    verify = forward_work(target, vocab_size, batch, k + 1, dense_keys or context + k + 1, bytes_per_value=bytes_per_value)
+    return (propose_seconds(cost, draft, target, vocab_size, batch, context, k, bytes_per_value, dense_keys)
             + k * (extra.pass_s + extra.pass_per_row_s * batch)
             + cost.seconds(verify) + cost.bookkeeping(batch, k, vocab_size)
             + accept_seconds(cost, draft, target, batch, k, bytes_per_value) + extra.accept_s + extra.accept_per_row_s * batch)
@@ -281,9 +276,12 @@ def fit_draft(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_s
 
 
 def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: ModelShape, vocab_size: int, batch: int,
-            context: int, new_tokens: int, k: int, bytes_per_value: float = 4.0) -> float:
+            context: int, new_tokens: int, k: int, bytes_per_value: float = 4.0, static_reads: bool = False) -> float:
     """SD tokens/s over AD tokens/s while G = `new_tokens` tokens are generated after a context
-    of `context`: both priced at the mean context of the generation (L + G / 2)."""
+    of `context`: both priced at the mean context of the generation (L + G / 2). With
+    `static_reads` (compiled decoding) every forward over a dense cache reads its whole
+    capacity: L + G for AD, L + G + 2k for speculative decoding (`speculative_capacity`)."""
     mid = context + new_tokens // 2
-    ad = ad_step_seconds(cost, target, vocab_size, batch, mid, bytes_per_value)
-    return tau * ad / round_seconds(cost, draft, target, vocab_size, batch, mid, k, bytes_per_value)
+    ad = ad_step_seconds(cost, target, vocab_size, batch, context + new_tokens if static_reads else mid, bytes_per_value)
+    dense = context + new_tokens + 2 * k if static_reads else None
+    return tau * ad / round_seconds(cost, draft, target, vocab_size, batch, mid, k, bytes_per_value, dense)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from spirelib import perfmodel, profiled
-from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.kvcache import DenseKVCache, SinkWindow
 from spirelib.model import ModelConfig, Transformer
 from spirelib.sampling import probabilities, sample
 from spirelib.speculative import (
@@ -53,6 +53,7 @@ class DecodeTiming:
     rounds: list[int]  # rounds (AD: steps) of each run
     sections: list[dict[str, float]]  # seconds per section of each run
     prefill_s: float  # the shared target prefill (once)
+    compiled: bool = False  # decoded through compiled graphs (`Transformer.compile_decoding`: static reads)
 
     @property
     def tokens_per_s(self) -> list[float]:
@@ -83,7 +84,7 @@ def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.G
     methods = (["ad"] if include_ad else []) + list(factories)
     timings = []
     for method in methods:
-        timing = DecodeTiming(method, B, L, new_tokens, [], [], [], [], prefill_s)
+        timing = DecodeTiming(method, B, L, new_tokens, [], [], [], [], prefill_s, target.compiled_decoding)
         for run in range(repeats + 1):  # run 0 warms up
             timer = SectionTimer(device)
             gen = torch.Generator(device).manual_seed(run)
@@ -156,19 +157,22 @@ def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------- the profiled model
 
 
-def repeat_seconds(fn, repeats: int) -> list[float]:
-    """Wall seconds of `repeats` calls of `fn` after one untimed warm-up call."""
-    fn()
+def repeat_seconds(fn, repeats: int, before=None) -> list[float]:
+    """Wall seconds of `repeats` calls of `fn` after one untimed warm-up call; `before()`, untimed,
+    runs ahead of every call (e.g. what precedes the call in a round, leaving the caches as it does)."""
     times = []
-    for _ in range(repeats):
+    for i in range(repeats + 1):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
+        if i:
+            times.append(time.perf_counter() - start)
     return times
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    return statistics.median(repeat_seconds(fn, repeats))
+def _median_seconds(fn, repeats: int, before=None) -> float:
+    return statistics.median(repeat_seconds(fn, repeats, before))
 
 
 @torch.no_grad()
@@ -215,7 +219,7 @@ def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, rep
         positions = torch.arange(k + 1, device=device).expand(B, k + 1)
 
         def book():
-            Rows.start(tokens[:, 0], 1 << 20, k).settle(cache, tokens, positions, None, q, logits, 1.0, gen)
+            Rows.start(tokens[:, 0], 2 * (k + 1), k).settle(cache, tokens, positions, None, q, logits, 1.0, gen)
 
         samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats)))
         draws.append((B * vocab_size, _median_seconds(lambda: sample(probabilities(logits[:, 0], 1.0), gen), repeats)))
@@ -229,7 +233,9 @@ def profile_drafts(target: Transformer, factories: Mapping[str, Callable[[torch.
     """Median seconds of each drafting method's own calls as the engine makes them, at every
     (B, context): `propose` (k passes after the pending token) and `accept` of k + 1 verified
     positions, after one target prefill per shape that every method shares (random tokens).
-    Returns {method: [(B, context, propose seconds, accept seconds)]}."""
+    Each call follows an untimed target verification, as in a round, so that it finds the
+    caches as a round leaves them (the target's weights and keys/values in, the draft's partly
+    out). Returns {method: [(B, context, propose seconds, accept seconds)]}."""
     device = next(target.parameters()).device
     drafts = {m: factory(torch.Generator(device).manual_seed(0)) for m, factory in factories.items()}
     layers = any(d.needs_target_layers for d in drafts.values())
@@ -244,57 +250,31 @@ def profile_drafts(target: Transformer, factories: Mapping[str, Callable[[torch.
         stream = target.residual_stream(tokens, positions, shared.cache) if layers else None
         verified = TargetPass(positions, tokens, torch.ones_like(tokens, dtype=torch.bool), n + k + 1, shared.cache,
                               stream)  # every draft accepted: the most an accept writes
+
+        def verify():
+            shared.cache.rollback(n)
+            target.hidden(tokens, positions, shared.cache)
+
         for method, draft in drafts.items():
             draft.begin(shared.verified, k)
-            propose = _median_seconds(lambda: draft.propose(shared.pending, n, k), repeats)
-            out[method].append((B, L, propose, _median_seconds(lambda: draft.accept(verified), repeats)))
+            propose = _median_seconds(lambda: draft.propose(shared.pending, n, k), repeats, verify)
+            out[method].append((B, L, propose, _median_seconds(lambda: draft.accept(verified), repeats, verify)))
     return out
 
 
-@torch.no_grad()
-def profile_ring(target: Transformer, sparse: SinkWindow, *, batches=(1, 16, 64), k: int = 4,
-                 repeats: int = 5) -> list[tuple[profiled.ForwardWork, float]]:
-    """Median seconds of one-token forwards of the target over MagicDec's sink + window ring
-    (positions re-rotated per query, `kvcache.SinkWindowKVCache` in rope_mode "cache")."""
-    cfg, param = target.cfg, next(target.parameters())
-    samples = []
-    for B in batches:
-        context = sparse.sink + sparse.window + k + 1
-        ring = SinkWindowKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, sparse, k + 1, rope_mode="cache",
-                                 rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling, device=param.device,
-                                 dtype=param.dtype)
-        dense = target.new_cache(B, context)
-        target.hidden(torch.randint(0, cfg.vocab_size, (B, context), device=param.device), cache=dense)
-        ring.ingest(dense, torch.arange(context, device=param.device).expand(B, context))  # as MagicDec fills it
-        lengths = torch.full((B,), context, device=param.device)
-        tokens = torch.randint(0, cfg.vocab_size, (B, 1), device=param.device)
-
-        def step():
-            ring.rollback(lengths)
-            target(tokens, lengths[:, None], ring)
-
-        work = profiled.forward_work(cfg.shape(), cfg.vocab_size, B, 1, sparse.sink + sparse.window + 1,
-                                     bytes_per_value=param.element_size())
-        samples.append((dataclasses.replace(work, ring=True), _median_seconds(step, repeats)))
-    return samples
-
-
 def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None, *, peak_flops: float,
-            bandwidth: float, k: int = 4, ring: SinkWindow | None = None,
+            bandwidth: float, k: int = 4,
             methods: Mapping[str, tuple[profiled.DraftShape, Callable[[torch.Generator], object]]] | None = None,
             **grid) -> tuple[profiled.ProfiledCost, list]:
-    """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`),
-    the bookkeeping and, with `ring`, the target over MagicDec's ring; fit the profiled cost
-    model; then, for every drafting method in `methods` ({method: (its DraftShape, its draft
+    """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`) and
+    the bookkeeping; fit the profiled cost model; then, for every drafting method in `methods` ({method: (its DraftShape, its draft
     factory)}), time its own propose and accept calls (`profile_drafts`) and fit its
     `profiled.DraftOverhead`. Returns (cost, forward samples)."""
     samples = profile_forwards({"target": target, **(drafts or {})}, **grid)
     device = next(target.parameters()).device
     batches = grid.get("batches", (1, 16, 64))
     book, draws = profile_bookkeeping(target.cfg.vocab_size, batches=batches, k=k, device=device)
-    rings = profile_ring(target, ring, batches=batches, k=k) if ring is not None else []
-    cost = profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book, sampling=draws,
-                        ring=rings)
+    cost = profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book, sampling=draws)
     if methods:
         calls = profile_drafts(target, {m: factory for m, (_, factory) in methods.items()}, batches=batches,
                                keys=grid.get("keys", (64, 256, 960)), k=k, repeats=grid.get("repeats", 5))
@@ -312,5 +292,5 @@ def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, 
     ad = {(t.batch, t.context) for t in timings if t.method == "ad"}
     return {(t.method, t.batch, t.context): profiled.speedup(
                 cost, drafts[t.method], statistics.fmean(t.taus), target.shape(), target.vocab_size, t.batch,
-                t.context, t.new_tokens, k, bytes_per_value)
+                t.context, t.new_tokens, k, bytes_per_value, static_reads=t.compiled)
             for t in timings if t.method != "ad" and (t.batch, t.context) in ad}

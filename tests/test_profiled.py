@@ -69,13 +69,11 @@ def test_the_profiling_pass_times_real_forwards_and_the_fit_explains_them():
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
                                      d_ff=64)).eval()
-    from spirelib.kvcache import SinkWindow
-
     cost, samples = profile(target, peak_flops=1e11, bandwidth=1e10, batches=(1, 4), keys=(16, 64), news=(1, 3),
-                            repeats=3, ring=SinkWindow(1, 8))
+                            repeats=3)
     assert len(samples) == 8 and all(s > 0 for _, s in samples)
     assert cost.fixed_s + cost.per_layer_s > 0 and cost.bookkeeping_s + cost.bookkeeping_per_logit_s > 0
-    assert cost.sampling_s + cost.sampling_per_logit_s > 0 and cost.ring_per_layer_s + cost.ring_per_token_layer_s > 0
+    assert cost.sampling_s + cost.sampling_per_logit_s > 0
     assert abs(profiled.relative_errors(cost, samples)).max() < 1.0  # timing noise, not a wrong model
 
 
@@ -125,3 +123,21 @@ def test_the_profiling_pass_times_each_methods_own_propose_and_accept():
         errors = [profiled.propose_seconds(cost, shape, target.cfg.shape(), 64, B, L, 3)
                   + 3 * (over.pass_s + over.pass_per_row_s * B) - p for B, L, p, _ in calls[m]]
         assert statistics.median(abs(e) / p for e, (_, _, p, _) in zip(errors, calls[m])) < 0.3, m
+
+
+def test_compiled_decoding_reads_whole_capacities():
+    """Static reads (compiled decoding): AD reads its capacity L + G, every dense-cache forward of
+    speculative decoding L + G + 2k; the sparse drafts read their sink + window either way."""
+    cost = profiled.ProfiledCost(1e-4, 1e-5, 1e11, 1e10, per_token_layer_s=1e-7)
+    target = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
+    vanilla, magicdec = profiled.DraftShape("vanilla", SHAPE), profiled.DraftShape("magicdec", None, keys=70)
+    for draft in (vanilla, magicdec):
+        static = profiled.speedup(cost, draft, 3.0, target, 100, 64, 500, 64, 4, static_reads=True)
+        ad = profiled.ad_step_seconds(cost, target, 100, 64, 564)
+        rounds = profiled.round_seconds(cost, draft, target, 100, 64, 532, 4, dense_keys=572)
+        assert static == pytest.approx(3.0 * ad / rounds)
+        assert static != pytest.approx(profiled.speedup(cost, draft, 3.0, target, 100, 64, 500, 64, 4))
+    assert profiled.propose_seconds(cost, magicdec, target, 100, 64, 532, 4, dense_keys=572) == pytest.approx(
+        profiled.propose_seconds(cost, magicdec, target, 100, 64, 532, 4))
+    assert profiled.propose_seconds(cost, vanilla, target, 100, 64, 532, 4, dense_keys=572) > profiled.propose_seconds(
+        cost, vanilla, target, 100, 64, 532, 4)

@@ -92,8 +92,8 @@ def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_pat
     assert series_module.main(["target", "--params", str(params)]) == 2
     assert "sed: not a series field (did you mean 'seed'?)" in capsys.readouterr().err
     compiled = Series.from_dict({**config, "compile_decoding": True})
-    assert compiled.trained_target(progress=False).model._compiled is not None  # the same checkpoint, compiled
-    assert run.model._compiled is None
+    assert compiled.trained_target(progress=False).model.compiled_decoding  # the same checkpoint, compiled
+    assert not run.model.compiled_decoding
 
 
 def _checkpoint(tmp_path):

@@ -1,5 +1,7 @@
 """Tables of notebook 09 (the model against the clock) hold what wallclock and profiled compute."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,10 @@ def test_profile_summary_names_every_term():
     text = tables.profile_summary(COST, np.array([0.1, 0.3]), 1.25)
     assert text.startswith("profiled 2 forwards in 1.2 s: fixed 100 us + (20 us")
     assert text.endswith("fit error median 20.0%, worst 30.0%")
+    fitted = dataclasses.replace(COST, drafts={"spire": profiled.DraftOverhead(5e-5, 2e-9, -1e-5, 3e-9)})
+    assert tables.profile_summary(fitted, np.array([0.1, 0.3]), 1.25).endswith(
+        "worst 30.0%. Each method's own code, fitted to its timed calls, adds SPIRe +50 us +2 ns per row per pass, "
+        "-10 us +3 ns per row per accept")
 
 
 def test_timing_rows():
@@ -68,6 +74,10 @@ def test_ad_step_rows():
     assert row["measured"] == pytest.approx(1e3 * 0.015 / 16) and row["modeled"] == pytest.approx(1e3 * modeled)
     assert row["ratio"] == pytest.approx(0.015 / 16 / modeled)
     assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 16 + 8, 4))
+    compiled = dataclasses.replace(TIMINGS[0], compiled=True)  # static reads: the whole capacity L + G
+    (row,) = tables.ad_step_rows([compiled], TARGET, COST, peak_flops=1e10, bandwidth=1e10, bytes_per_value=4,
+                                 new_tokens=16)
+    assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 16 + 16, 4))
 
 
 def test_flop_rows_cap_a_sparse_draft_keys():

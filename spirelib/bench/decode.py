@@ -37,15 +37,17 @@ from spirelib.wallclock import time_decoding
 TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts this benchmark builds
 
 
-def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> dict:
-    """A draft factory per SD method (AD needs none)."""
+def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> tuple[dict, list]:
+    """A draft factory per SD method (AD needs none), and the draft models built for them."""
     torch.manual_seed(1)
     models = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(next(target.parameters())).eval(),
               "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).eval(),
               "magicdec": lambda: None}
     options = {"magicdec": {"window": window}}
-    return {m: draft_factory(m, target, models[m](), temperature=temperature, **options.get(m, {}))
-            for m in methods if m != "ad"}
+    built = {m: models[m]() for m in methods if m != "ad"}
+    factories = {m: draft_factory(m, target, model, temperature=temperature, **options.get(m, {}))
+                 for m, model in built.items()}
+    return factories, [model for model in built.values() if model is not None]
 
 
 def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
@@ -65,17 +67,21 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
 
 @torch.no_grad()
 def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, peak_flops: float,
-                  bandwidth: float, repeats: int = 20) -> list[dict]:
+                  bandwidth: float, repeats: int = 20, compiled: bool = False) -> list[dict]:
     """One row per forward kind at (B, L): measured ms (median of `repeats`), FLOPs and bytes
     (`profiled.forward_work`: body, attention over the visible keys, unembedding; weights and KV
     at their dtype), roofline ms = max(FLOPs / peak, bytes / bandwidth) and measured / roofline.
     Kinds: the AD step (1 token), verification (k + 1 tokens), the vanilla draft's step, MagicDec's
-    step (the target over sink 1 + window) and SPIRe's step (its body over sink 1 + window)."""
+    step (the target over sink 1 + window) and SPIRe's step (its body over sink 1 + window).
+    `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`;
+    the first call of each kind, untimed, compiles)."""
     cfg, param = target.cfg, next(target.parameters())
     dev, value_bytes = param.device, param.element_size()
     tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)
     vanilla = Transformer(vanilla_draft_config(cfg)).to(param).eval()
     spire = SpireDraftModel.from_target(target, SpireConfig(window=window)).eval()
+    for model in (target, vanilla, spire):
+        model.compile_decoding(compiled)
     sparse = SinkWindow(1, window)
 
     def dense(model):
@@ -124,16 +130,17 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
         roof = 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
         ms = median_ms(step, reset)
         rows.append({"kind": name, "batch": batch, "context": context, "ms": ms, "gflop": work.flops / 1e9,
-                     "mbytes": work.bytes / 1e6, "roofline_ms": roof, "ratio": ms / roof})
+                     "mbytes": work.bytes / 1e6, "roofline_ms": roof, "ratio": ms / roof,
+                     "mode": "compiled" if compiled else "eager"})
     return rows
 
 
 def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float) -> None:
     print(f"roofline: fp32 peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated now)")
-    print(f"{'L':>5} {'B':>3} {'forward':18} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8} {'x roof':>7}")
+    print(f"{'L':>5} {'B':>3} {'forward':18} {'mode':8} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8} {'x roof':>7}")
     for r in rows:
-        print(f"{r['context']:5d} {r['batch']:3d} {r['kind']:18} {r['ms']:8.2f} {r['gflop']:8.3f} {r['mbytes']:8.1f}"
-              f" {r['roofline_ms']:8.3f} {r['ratio']:7.1f}")
+        print(f"{r['context']:5d} {r['batch']:3d} {r['kind']:18} {r['mode']:8} {r['ms']:8.2f} {r['gflop']:8.3f}"
+              f" {r['mbytes']:8.1f} {r['roofline_ms']:8.3f} {r['ratio']:7.1f}")
 
 
 def main(argv: list[str]) -> int:
@@ -147,8 +154,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
     parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--target-layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--target-layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--n-q-per-kv", type=int, default=1)
     parser.add_argument("--n-kv", type=int, default=4)
     parser.add_argument("--d-head", type=int, default=32)
@@ -159,6 +166,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--roofline", action="store_true",
                         help="time single forwards of every kind against this machine's roofline instead")
+    parser.add_argument("--compile", action="store_true",
+                        help="also decode through compiled graphs (Transformer.compile_decoding), side by side with eager")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,17 +175,26 @@ def main(argv: list[str]) -> int:
                       n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
     torch.manual_seed(0)
     target = Transformer(cfg).to(args.device).eval()
+    modes = (False, True) if args.compile else (False,)
     if args.roofline:
         from spirelib.calibrate import matmul_peak, memory_bandwidth
 
         peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
-        rows = [row for L in args.context for B in args.batch
-                for row in roofline_rows(target, B, L, args.k, args.window, peak_flops=peak, bandwidth=bw)]
+        rows = [row for L in args.context for B in args.batch for compiled in modes
+                for row in roofline_rows(target, B, L, args.k, args.window, peak_flops=peak, bandwidth=bw,
+                                         compiled=compiled)]
         print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw)
         return 0
-    factories = build_methods(target, args.methods, args.temperature, args.window)
-    rows = [row for L in args.context for B in args.batch
-            for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature, args.repeats)]
+    factories, drafts = build_methods(target, args.methods, args.temperature, args.window)
+    rows = []
+    for compiled in modes:
+        for model in (target, *drafts):
+            model.compile_decoding(compiled)
+        for L in args.context:
+            for B in args.batch:
+                for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature,
+                                    args.repeats):
+                    rows.append({**row, "mode": "compiled" if compiled else "eager"})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -184,13 +202,14 @@ def main(argv: list[str]) -> int:
     print(f"decode: target {cfg.num_layers}x{cfg.d_model} (n_kv {cfg.n_kv}, d_head {cfg.d_head}, d_ff {cfg.d_ff}, "
           f"vocab {cfg.vocab_size}), vanilla draft {draft.num_layers}x{draft.d_model}, k={args.k}, G={args.new_tokens}, "
           f"T={args.temperature}, {torch.get_num_threads()} threads, {args.device}, best of {args.repeats}")
-    print(f"{'L':>5} {'B':>3} {'method':9} {'tok/s':>8} {'vs AD':>6} {'round ms':>9} {'tau':>5} {'prefill s':>9}"
-          f" {'draft':>6} {'verify':>6} {'bookkp':>6}")
-    ad = {(r["context"], r["batch"]): r["tokens_per_s"] for r in rows if r["method"] == "ad"}
+    print(f"{'L':>5} {'B':>3} {'method':9} {'mode':8} {'tok/s':>8} {'vs AD':>6} {'round ms':>9} {'tau':>5}"
+          f" {'prefill s':>9} {'draft':>6} {'verify':>6} {'bookkp':>6}")
+    ad = {(r["context"], r["batch"], r["mode"]): r["tokens_per_s"] for r in rows if r["method"] == "ad"}
     for r in rows:
-        base = ad.get((r["context"], r["batch"]))
+        base = ad.get((r["context"], r["batch"], r["mode"]))
         vs = f"{r['tokens_per_s'] / base:6.2f}" if base else f"{'':6}"
         s = r["split"]
-        print(f"{r['context']:5d} {r['batch']:3d} {r['method']:9} {r['tokens_per_s']:8.0f} {vs} {r['round_ms']:9.2f}"
+        print(f"{r['context']:5d} {r['batch']:3d} {r['method']:9} {r['mode']:8} {r['tokens_per_s']:8.0f} {vs}"
+              f" {r['round_ms']:9.2f}"
               f" {r['tau']:5.2f} {r['prefill_s']:9.2f} {s['draft']:6.1%} {s['verify']:6.1%} {s['bookkeeping']:6.1%}")
     return 0

@@ -34,11 +34,14 @@ def profile_summary(cost: profiled.ProfiledCost, fit_error: np.ndarray, seconds:
     return (f"profiled {len(fit_error)} forwards in {seconds:.1f} s: fixed {1e6 * cost.fixed_s:.0f} us "
             f"+ ({1e6 * cost.per_layer_s:.0f} us + {1e9 * cost.per_token_layer_s:.0f} ns per token) per layer "
             f"+ max(matmul FLOPs / {cost.flops_per_s / 1e9:.1f} GFLOP/s, bytes / {cost.bytes_per_s / 1e9:.1f} GB/s) "
-            f"+ attention FLOPs / {cost.attention_flops_per_s / 1e9:.1f} GFLOP/s; MagicDec's ring "
-            f"+{1e6 * cost.ring_per_layer_s:.0f} us per layer; "
+            f"+ attention FLOPs / {cost.attention_flops_per_s / 1e9:.1f} GFLOP/s; "
             f"bookkeeping {1e6 * cost.bookkeeping_s:.0f} us per round, "
             f"sampling {1e6 * cost.sampling_s:.0f} us per draft pass; fit error median {np.median(fit_error):.1%}, "
-            f"worst {fit_error.max():.1%}")
+            f"worst {fit_error.max():.1%}"
+            + (". Each method's own code, fitted to its timed calls, adds " + "; ".join(
+                f"{method_label(m)} {1e6 * o.pass_s:+.0f} us {1e9 * o.pass_per_row_s:+.0f} ns per row per pass, "
+                f"{1e6 * o.accept_s:+.0f} us {1e9 * o.accept_per_row_s:+.0f} ns per row per accept"
+                for m, o in cost.drafts.items()) if cost.drafts else ""))
 
 
 def timing_rows(timings: list[DecodeTiming]) -> list[dict]:
@@ -85,14 +88,15 @@ def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCos
                  bandwidth: float, bytes_per_value: float, new_tokens: int) -> list[dict]:
     """Per AD timing, ms per step measured (median run), by the paper's model
     (`wallclock.modeled_step_seconds`, at the starting context) and by the profiled model (at
-    the mean context of the generation, L + G / 2), and measured / paper's."""
+    the mean context of the generation, L + G / 2, or, compiled, the capacity L + G it reads),
+    and measured / paper's."""
     rows = []
     for t in (t for t in timings if t.method == "ad"):
         measured = float(np.median(t.seconds)) / t.rounds[0]
         modeled = modeled_step_seconds(target, t.batch, t.context, peak_flops=peak_flops, bandwidth=bandwidth,
                                        bytes_per_value=bytes_per_value)
-        fitted = profiled.ad_step_seconds(cost, target.shape(), target.vocab_size, t.batch,
-                                          t.context + new_tokens // 2, bytes_per_value)
+        reads = t.context + (new_tokens if t.compiled else new_tokens // 2)  # compiled: the whole capacity
+        fitted = profiled.ad_step_seconds(cost, target.shape(), target.vocab_size, t.batch, reads, bytes_per_value)
         rows.append({"L": t.context, "B": t.batch, "measured": 1e3 * measured, "modeled": 1e3 * modeled,
                      "ratio": measured / modeled, "profiled": 1e3 * fitted})
     return rows
