@@ -166,16 +166,21 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
 
 def training_mfu(trained: TrainedModel) -> dict:
     """MFU of a training run against the peak measured now on the device it trained on:
-    fp32 on CPU, bf16 (autocast) on GPU. {"peak_flops", "mfu", "device"}; mfu is None when
-    that device is not present here (e.g. a GPU-trained checkpoint loaded on a laptop)."""
+    fp32 on CPU, bf16 (autocast) on GPU. {"peak_flops", "mfu", "run_mfu", "device"}: `mfu` of
+    the steady state (timed steps: the first, compiling step, evaluations and checkpoints
+    excluded), `run_mfu` of the run's wall clock (all of them included; None for a checkpoint
+    that predates the figure). Both are None when that device is not present here (e.g. a
+    GPU-trained checkpoint loaded on a laptop)."""
     from spirelib.calibrate import matmul_peak
 
     device = torch.device(trained.summary["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
-        return {"peak_flops": None, "mfu": None, "device": str(device)}
+        return {"peak_flops": None, "mfu": None, "run_mfu": None, "device": str(device)}
     if device.type == "cuda":
         peak = matmul_peak(sizes=(8192,), device=str(device), dtype=torch.bfloat16)["flops"]
     else:
         peak = matmul_peak(seconds=0.2, repeats=2)["flops"]
-    flops = training_flops(flop_params(trained.config), trained.summary["tokens_per_s"])
-    return {"peak_flops": peak, "mfu": flops / peak, "device": str(device)}
+    n = flop_params(trained.config)
+    run = trained.summary.get("run_tokens_per_s")
+    return {"peak_flops": peak, "mfu": training_flops(n, trained.summary["tokens_per_s"]) / peak,
+            "run_mfu": None if run is None else training_flops(n, run) / peak, "device": str(device)}

@@ -503,8 +503,10 @@ def train(
     if val is not None:
         last_val = run_eval(total)
     tokens_per_s = per_rank * world * cfg.seq_len * timed_steps / step_time if timed_steps else float("nan")
+    run_s = time.perf_counter() - t_start  # this session's wall clock: compilation, evaluation, checkpoints included
     summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": last_loss,
-               "tokens_per_s": tokens_per_s, "first_step_s": first_step_s, "budget_params": budget_params,
+               "tokens_per_s": tokens_per_s, "run_tokens_per_s": (total - start) * cfg.tokens_per_step() / run_s,
+               "first_step_s": first_step_s, "budget_params": budget_params,
                "world_size": world, "device": str(dev), **last_val}
     save(total, finished=True, summary=summary)
     return TrainResult(model.eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)

@@ -79,6 +79,20 @@ def test_training_lowers_the_loss_and_logs_metrics(tmp_path):
     assert val_log[-1]["val_loss"] < 0.6 * math.log(V)
     assert result.summary["val_loss"] == val_log[-1]["val_loss"] and result.summary["tokens"] == 60 * 8 * 32
     assert read_metrics(result.path.parent / "metrics.jsonl") == result.metrics
+    # steady state (timed steps) and the run's wall clock (first step, evaluations, checkpoints too)
+    assert 0 < result.summary["run_tokens_per_s"] < result.summary["tokens_per_s"]
+
+
+def test_training_mfu_reports_the_steady_state_and_the_runs_wall_clock():
+    from types import SimpleNamespace
+
+    from spirelib.pipeline import training_mfu
+
+    run = SimpleNamespace(config=CFG, summary={"device": "cpu", "tokens_per_s": 3000.0, "run_tokens_per_s": 2000.0})
+    speed = training_mfu(run)
+    assert speed["run_mfu"] == pytest.approx(speed["mfu"] * 2 / 3) and 0 < speed["mfu"]
+    del run.summary["run_tokens_per_s"]  # a checkpoint from before the figure existed
+    assert training_mfu(run)["run_mfu"] is None
 
 
 def test_resume_after_stop_or_crash_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
