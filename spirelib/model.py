@@ -301,10 +301,6 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    def body_params(self) -> int:
-        """Parameters of the layer stack (spec 2): embedding, unembedding and final norm excluded."""
-        return sum(p.numel() for p in self.blocks.parameters())
-
     def rope(self, positions: torch.Tensor):
         return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base, self.cfg.rope_scaling)
 
