@@ -3,7 +3,7 @@
 Measures, on one training batch of the chosen shapes, forward + backward time of
 - k-pass: `SpireDraftModel.k_pass_logits` (all blocks of a sequence in k passes),
 - ordinary: a plain `Transformer` of the same shape (n_d layers, the target's width) over
-  the same T tokens, the cost k-pass training should stay close to (goal: ratio >= 0.7),
+  the same T tokens, the cost k-pass training should stay close to (goal: ratio >= 0.9, issue 12),
 - naive: the same draft trained block by block, k one-query passes per block (T sequential
   passes per sequence), what training would cost without the k-pass formulation,
 and, separately, the frozen target's forward that supplies activations and distributions.
@@ -72,15 +72,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m spirelib.bench spire-train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--target-layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--target-layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--n-kv", type=int, default=4)
     parser.add_argument("--d-head", type=int, default=32)
     parser.add_argument("--d-ff", type=int, default=512)
     parser.add_argument("--draft-layers", type=int, default=2)
     parser.add_argument("--window", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--naive-blocks", type=int, default=4, help="blocks timed for the naive variant (extrapolated)")
@@ -102,6 +102,6 @@ def main(argv: list[str]) -> int:
     for name in ("target_forward", "k_pass", "ordinary", "naive"):
         r = results[name]
         print(f"  {name:15s} {r['best_s'] * 1e3:9.1f} ms (median {r['median_s'] * 1e3:.1f})  {r['tokens_per_s']:10.0f} tokens/s")
-    print(f"  k-pass / ordinary throughput: {results['k_pass_vs_ordinary']:.2f} (goal >= 0.7)")
+    print(f"  k-pass / ordinary throughput: {results['k_pass_vs_ordinary']:.2f} (goal >= 0.9)")
     print(f"  k-pass / naive throughput:    {results['k_pass_vs_naive']:.1f}x")
     return 0
