@@ -4,7 +4,7 @@ figure and table of a run carries (a report says at what scale its numbers were 
 from __future__ import annotations
 
 import numpy as np
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
 from spirelib.methods import STYLES, label
 
@@ -32,6 +32,11 @@ def markdown_table(rows: list[dict], columns: dict[str, str] | None = None, *, d
     lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row.get(key, "")) for key in columns) + " |" for row in rows]
     return Markdown("\n".join(lines))
+
+
+def show_table(rows: list[dict], columns: dict[str, str] | None = None, *, digits: int = 3) -> None:
+    """Display `markdown_table(rows, columns, digits=digits)` (a notebook's table in one call)."""
+    display(markdown_table(rows, columns, digits=digits))
 
 
 def _count(n: float) -> str:

@@ -35,6 +35,14 @@ def test_heatmap_outlines_the_highlighted_cell_only_when_it_is_on_the_grid():
         heatmap_figure(B, L[:-1], grids, title="t")
 
 
+def test_heatmap_takes_a_named_colorscale_and_range_for_grids_that_are_not_multipliers():
+    grid = {"spire": np.ones((len(B), len(L))) * 3}
+    gain = heatmap_figure(B, L, grid, title="t").layout.coloraxis
+    depth = heatmap_figure(B, L, grid, title="t", colorscale="Viridis", zrange=(1, 12)).layout.coloraxis
+    assert (depth.cmin, depth.cmax) == (1, 12) and depth.colorbar.title.text == gain.colorbar.title.text
+    assert depth.colorscale[0][1] == "#440154" and gain.colorscale != depth.colorscale
+
+
 def test_slice_figure_keeps_series_order_and_values():
     fig = slice_figure(L, {"spire": paper_tm("spire", 64, L), "no_feedback": np.ones(len(L)), "custom_key": np.ones(len(L))},
                        title="t")
@@ -61,6 +69,17 @@ def test_slider_figure_shows_one_batch_at_a_time():
     assert B[start] == 64
     shown = [t for t in fig.data if t.visible]
     assert np.allclose(shown[2].y, paper_tm("spire", 64, L))
+
+
+def test_views_start_at_the_default_cell_when_asked_for_an_off_grid_one():
+    explorer = LiveExplorer(Scenario.paper(), B=3, L=100)
+    assert (explorer.batch.value, explorer.context.value) == (64, 512)
+    explorer = LiveExplorer(Scenario.paper(), B=256, L=64)
+    assert (explorer.batch.value, explorer.context.value) == (256, 64)
+    fig = slider_figure(Scenario.paper(), batch_sizes=B, contexts=L, start_batch=1024)  # B stops at 128
+    assert B[fig.layout.sliders[0].active] == 64
+    with pytest.raises(ValueError, match="nor is the default"):
+        LiveExplorer(Scenario.paper(), B=3, batch_sizes=[1, 2])
 
 
 def test_trained_scenario_prunes_the_target_for_spire_and_fixes_its_window():

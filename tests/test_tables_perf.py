@@ -151,3 +151,84 @@ def test_overlap_rows_and_columns_put_the_scenarios_rule_first():
     summed = dataclasses.replace(PAPER, overlap=False)
     assert tables.overlap_columns(summed, 1, 2)["ours"] == "f = sum"
     assert tables.overlap_rows(summed, 64, 512)[2]["other"] == rows[2]["ours"]
+
+
+def test_headline_quotes_the_paper_only_on_its_cell_and_records_both_results():
+    tm, rows, results = tables.headline(PAPER, 64, 512, 512)
+    assert tm == {m: float(v) for m, v in PAPER.multipliers(64, 512).items()}
+    assert [r["paper"] for r in rows] == [pm.PAPER_MULTIPLIERS["seqax-67m"][m] for m in tm]
+    assert list(results["headline"]) == ["spire", "magicdec", "vanilla"]
+    assert results["headline_cell"] == {"B": 64, "L": 512, "hoi": 600.0, "overlap": True, "tau_context": 512}
+    for off in (tables.headline(PAPER, 32, 512, 512), tables.headline(PAPER, 64, 512, 256),
+                tables.headline(dataclasses.replace(PAPER, hoi=300.0), 64, 512, 512)):
+        assert {r["paper"] for r in off[1]} == {"(other cell)"}
+
+
+def test_settings_line_names_f_k_and_the_taus():
+    line = tables.settings_line(dataclasses.replace(PAPER, overlap=False), 960)
+    assert line.startswith("HOI = 600 FLOP/byte, f = sum, k = 4, tau from L = 960: {")
+
+
+def test_dense_scenario_drops_the_window_and_vanilla():
+    dense = tables.dense_scenario(PAPER)
+    assert dense.window_factor is None and list(dense.taus) == ["magicdec", "spire"]
+    assert float(dense.multipliers(64, 512)["spire"]) < float(PAPER.multipliers(64, 512)["spire"])
+
+
+def test_min_max_and_no_sparse_sentence():
+    spread = tables.min_max(np.array([1.5, 0.25, 1.0]))
+    assert spread == {"min": 0.25, "max": 1.5}
+    assert tables.no_sparse_sentence(spread) == "SPIRe without sparse KV at B = 64, L = 8..1M: min 0.2500x, max 1.5000x"
+
+
+def test_ablation_curves_use_display_names():
+    curves = tables.ablation_curves(PAPER, 64, L)
+    assert "spire" in curves and "random init" in curves and "no sparse kv" in curves
+    assert np.allclose(curves["random init"], tables.paper_ablation_multipliers(PAPER, 64, L)["random_init"])
+
+
+def test_device_bars_pick_one_cell():
+    cells = [(64, 512), (1024, 64)]
+    rows = tables.device_rows(PAPER, cells)
+    bars = tables.device_bars(rows, PAPER.taus, cells[1])
+    assert list(bars) == [r["device"] for r in rows]
+    assert bars[rows[0]["device"]]["spire"] == rows[0]["spire@(1024, 64)"]
+
+
+def test_alpha_sentence_and_best_k_columns():
+    assert tables.alpha_sentence({"spire": 0.8, "vanilla": 0.51234}) == \
+        "Implied i.i.d. acceptance: SPIRe alpha = 0.800, vanilla SD alpha = 0.512"
+    assert tables.best_k_columns(["spire"]) == {"L": "L (B = 64)", "spire": "SPIRe"}
+
+
+def test_mixed_columns_change_sentences_and_flat_change():
+    assert list(tables.mixed_columns(["spire"])) == ["window", "spread", "mean", "spire"]
+    change = {"L/8": {"spire": 0.0123, "vanilla": 0.0}, "64": {"spire": 0.5}}
+    assert tables.mixed_change_sentences(change).split("\n") == [
+        "window L/8: largest change vs a uniform batch of the same mean: SPIRe 1.23%, vanilla SD 0.00%",
+        "window 64: largest change vs a uniform batch of the same mean: SPIRe 50.00%"]
+    assert tables.flat_change(change) == {"L/8:spire": 0.0123, "L/8:vanilla": 0.0, "64:spire": 0.5}
+
+
+def test_spire_over_magicdec_and_its_sentence():
+    summary = tables.spire_over_magicdec({"spire": 3.0, "magicdec": 2.0}, np.array([[1.0, 2.0], [0.5, 1.25]]))
+    assert summary == {"at_highlight": 1.5, "grid_min": 0.5, "grid_max": 2.0}
+    assert tables.margin_sentence((64, 512), summary) == \
+        "SPIRe / MagicDec at (B, L) = (64, 512): 1.500; over the grid 0.500 .. 2.000"
+
+
+def test_record_all_records_every_item_in_order(monkeypatch):
+    from spirelib import results
+    from spirelib.tables import record_all
+    monkeypatch.delenv(results.RESULTS_FILE_ENV, raising=False)
+    monkeypatch.setattr(results, "_in_memory", {})
+    record_all({"b": 1, "a": {"x": np.float64(0.5)}})
+    assert results.recorded() == {"b": 1, "a": {"x": 0.5}}
+
+
+def test_show_table_displays_the_markdown_table(monkeypatch):
+    from spirelib import display
+    shown = []
+    monkeypatch.setattr(display, "display", shown.append)
+    display.show_table([{"a": 1.23456}], {"a": "A"}, digits=2)
+    assert [m.data for m in shown] == [display.markdown_table([{"a": 1.23456}], {"a": "A"}, digits=2).data]

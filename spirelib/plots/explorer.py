@@ -32,6 +32,17 @@ DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M
 MANUAL_HOI = "(set HOI by hand)"
 K_MAX = 8  # the largest draft depth the explorer offers
 HOI_STEP = 0.001  # the HOI slider's step in log10 (0.23%)
+DEFAULT_B, DEFAULT_L = 64, 512  # the paper's headline cell (spec 2), where a view starts when asked for an off-grid one
+
+
+def _on_grid(value: int, grid, default: int, name: str) -> int:
+    """`value` when it is on `grid`, else `default` (a notebook's highlighted cell may lie off a
+    view's grid); ValueError when the default is off the grid too."""
+    if value in grid:
+        return value
+    if default not in grid:
+        raise ValueError(f"{name} {value} is not one of {list(grid)}, nor is the default {default}")
+    return default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +117,11 @@ def slider_figure(scenario: Scenario, *, batch_sizes=DEFAULT_BATCHES[:8], contex
                   start_batch: int = 64, title: str | None = None) -> go.Figure:
     """Throughput multiplier vs context, one curve per method, with a slider over batch size.
 
-    Every slider position is precomputed, so the figure stays interactive in static HTML.
+    Every slider position is precomputed, so the figure stays interactive in static HTML. A
+    `start_batch` off `batch_sizes` starts at B = 64 (the paper's batch).
     """
     batch_sizes, contexts = np.asarray(batch_sizes), np.asarray(contexts)
-    if start_batch not in batch_sizes:
-        raise ValueError(f"start_batch {start_batch} is not one of batch_sizes {list(batch_sizes)}")
+    start_batch = _on_grid(start_batch, batch_sizes, DEFAULT_B, "start_batch")
     grids = scenario.multipliers(batch_sizes[:, None], contexts[None, :])  # method -> (nB, nL)
     methods = list(grids)
     start = int(np.flatnonzero(batch_sizes == start_batch)[0])
@@ -141,16 +152,16 @@ class LiveExplorer:
     """An ipywidgets panel over a `Scenario`: B, L, k, HOI (or a hardware entry), tau per
     method, overlap, sparse KV and length spread; redraws the two slices through (B, L).
 
-    Display it (last expression of a cell, or `display(explorer)`) to draw it.
+    Display it (last expression of a cell, or `display(explorer)`) to draw it. A B or L off the
+    grids starts the sliders at (64, 512).
     """
 
-    def __init__(self, scenario: Scenario, *, B: int = 64, L: int = 512, batch_sizes=DEFAULT_BATCHES,
+    def __init__(self, scenario: Scenario, *, B: int = DEFAULT_B, L: int = DEFAULT_L, batch_sizes=DEFAULT_BATCHES,
                  contexts=DEFAULT_CONTEXTS, hardware: Mapping[str, Hardware] | None = None):
         self.scenario = scenario
         self.batch_sizes, self.contexts = np.asarray(batch_sizes), np.asarray(contexts)
-        if B not in self.batch_sizes or L not in self.contexts:
-            raise ValueError(f"(B, L) = ({B}, {L}) must be one of batch_sizes {self.batch_sizes.tolist()} "
-                             f"and one of contexts {self.contexts.tolist()}")
+        B = _on_grid(B, self.batch_sizes, DEFAULT_B, "B")  # an off-grid B or L starts at the default cell
+        L = _on_grid(L, self.contexts, DEFAULT_L, "L")
         style = dict(description_width="110px")
         layout = w.Layout(width="380px")
         slider = dict(style=style, layout=layout, continuous_update=False)  # redraw on release, not per step

@@ -98,10 +98,12 @@ def slice_figure(x, series: dict, *, title: str, x_title: str = "context length 
 
 
 def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorbar_title: str = "TM",
-                   decimals: int = 2, center: float = 1.0) -> go.Figure:
+                   decimals: int = 2, center: float = 1.0, colorscale: str | None = None,
+                   zrange: tuple[float, float] | None = None) -> go.Figure:
     """One heat map per entry of `grids` (values of shape (len(B), len(L))), shared color scale
     white at `center` (1: no gain), log2 axes, the cell (B, L) = `highlight` outlined (paper
-    Figures 4, 6)."""
+    Figures 4, 6). A named `colorscale` ("Viridis") and `zrange` (cmin, cmax) replace the gain
+    scale, for grids that are not multipliers (a best draft depth k)."""
     B, L = np.asarray(B), np.asarray(L)
     keys = list(grids)
     values = [np.asarray(grids[key]) for key in keys]
@@ -128,6 +130,10 @@ def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorb
     layout = title_layout(title, top=45)  # room for the subplot titles
     fig.update_layout(**layout, height=400 + layout["margin"]["t"],
                       coloraxis=gain_coloraxis(zmin, zmax, colorbar_title, center))
+    if colorscale is not None:
+        fig.update_layout(coloraxis=dict(colorscale=colorscale))
+    if zrange is not None:
+        fig.update_layout(coloraxis=dict(cmin=zrange[0], cmax=zrange[1]))
     return fig
 
 

@@ -203,3 +203,92 @@ def cell_index(B, L, b: int, l: int) -> tuple[int, int] | None:
     if b not in B or l not in L:
         return None
     return int(np.flatnonzero(B == b)[0]), int(np.flatnonzero(L == l)[0])
+
+
+# Notebook 01's cells: what they show and record, and the sentences that state it.
+
+def headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "seqax-67m"
+             ) -> tuple[dict, list[dict], dict]:
+    """The headline cell (spec 2) of the paper's `target` at (B, L): per method the modeled TM
+    (floats), the rows of `headline_rows` (the paper's stated TM only on the paper's own cell: its B, L, HOI 600,
+    f = max and Table 1 at L = 512) and the results to record ("headline", "headline_cell")."""
+    multipliers = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+    stated = pm.PAPER_MULTIPLIERS[target]
+    on_paper_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
+    results = {"headline": {m: multipliers[m] for m in ("spire", "magicdec", "vanilla")},
+               "headline_cell": {"B": B, "L": L, "hoi": scenario.hoi, "overlap": scenario.overlap,
+                                 "tau_context": tau_context}}
+    return multipliers, headline_rows(scenario.taus, multipliers, stated if on_paper_cell else None), results
+
+
+def settings_line(scenario: Scenario, tau_context: int) -> str:
+    """The cost-model settings a notebook runs under: HOI, the overlap rule f, k and the taus
+    (Table 1 at `tau_context`)."""
+    return (f"HOI = {scenario.hoi:g} FLOP/byte, f = {'max' if scenario.overlap else 'sum'}, k = {scenario.k}, "
+            f"tau from L = {tau_context}: {scenario.taus}")
+
+
+def dense_scenario(scenario: Scenario) -> Scenario:
+    """The scenario without the sparse draft KV cache (Klen = L, spec 2): the drafts whose cache
+    the window bounds, MagicDec and SPIRe."""
+    return dataclasses.replace(scenario, window_factor=None, taus={m: scenario.taus[m] for m in ("magicdec", "spire")})
+
+
+def min_max(values) -> dict[str, float]:
+    """{"min", "max"} of `values` as floats."""
+    return {"min": float(np.min(values)), "max": float(np.max(values))}
+
+
+def no_sparse_sentence(spread: dict, B: int = 64) -> str:
+    """What SPIRe's TM without the sparse KV cache spans (`min_max`) at batch B over L = 8..1M."""
+    return f"SPIRe without sparse KV at B = {B}, L = 8..1M: min {spread['min']:.4f}x, max {spread['max']:.4f}x"
+
+
+def ablation_curves(scenario: Scenario, B: int, L) -> dict:
+    """`paper_ablation_multipliers` keyed by the names a figure shows ("random init"; "spire" stays)."""
+    return {(name if name == "spire" else name.replace("_", " ")): tm
+            for name, tm in paper_ablation_multipliers(scenario, B, L).items()}
+
+
+def device_bars(rows: list[dict], methods, cell) -> dict[str, dict]:
+    """Per device of `device_rows`, each method's TM at the (B, L) `cell` (a bar chart's groups)."""
+    return {r["device"]: {m: r[f"{m}@{cell}"] for m in methods} for r in rows}
+
+
+def alpha_sentence(alphas: dict) -> str:
+    """The i.i.d. acceptance rates implied by the taus (spec 2's tau(k) inverted)."""
+    return "Implied i.i.d. acceptance: " + ", ".join(f"{method_label(m)} alpha = {a:.3f}" for m, a in alphas.items())
+
+
+def best_k_columns(methods, B: int = 64) -> dict[str, str]:
+    """The headers of `best_k_rows`."""
+    return {"L": f"L (B = {B})", **{m: method_label(m) for m in methods}}
+
+
+def mixed_columns(methods) -> dict[str, str]:
+    """The headers of `mixed_length_rows`: MIXED_COLUMNS and one "TM (vs uniform)" per method."""
+    return {**MIXED_COLUMNS, **{m: f"{method_label(m)} TM (vs uniform)" for m in methods}}
+
+
+def mixed_change_sentences(change: dict) -> str:
+    """One line per draft window of `mixed_length_rows`'s change: the largest change per method."""
+    return "\n".join(f"window {window}: largest change vs a uniform batch of the same mean: "
+                     + ", ".join(f"{method_label(m)} {100 * v:.2f}%" for m, v in by_method.items())
+                     for window, by_method in change.items())
+
+
+def flat_change(change: dict) -> dict[str, float]:
+    """`mixed_length_rows`'s change flattened to "window:method" keys (as results.json holds it)."""
+    return {f"{w}:{m}": v for w, by_method in change.items() for m, v in by_method.items()}
+
+
+def spire_over_magicdec(multipliers: dict, margin) -> dict[str, float]:
+    """SPIRe's TM over MagicDec's at the headline cell (`multipliers`) and its range over a grid (`margin`)."""
+    return {"at_highlight": float(multipliers["spire"] / multipliers["magicdec"]),
+            "grid_min": float(np.min(margin)), "grid_max": float(np.max(margin))}
+
+
+def margin_sentence(cell, summary: dict) -> str:
+    """`spire_over_magicdec`'s numbers in one line, the headline cell (B, L) named."""
+    return (f"SPIRe / MagicDec at (B, L) = {tuple(cell)}: {summary['at_highlight']:.3f}; "
+            f"over the grid {summary['grid_min']:.3f} .. {summary['grid_max']:.3f}")
