@@ -232,3 +232,62 @@ def test_show_table_displays_the_markdown_table(monkeypatch):
     monkeypatch.setattr(display, "display", shown.append)
     display.show_table([{"a": 1.23456}], {"a": "A"}, digits=2)
     assert [m.data for m in shown] == [display.markdown_table([{"a": 1.23456}], {"a": "A"}, digits=2).data]
+
+
+def test_taus_rows_put_the_paper_tau_beside_each_method():
+    rows = tables.taus_rows({"spire": 3.0, "ngram": 1.5})
+    assert rows[0] == {"method": "spire", "tau": 3.0, "paper": pm.PAPER_TAU[512]["spire"]}
+    assert np.isnan(rows[1]["paper"]) and list(tables.TAUS_COLUMNS) == ["method", "tau", "paper"]
+
+
+def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
+    from spirelib.drafts import vanilla_draft_config
+    from spirelib.series import Series
+    series = Series.from_dict({})
+    taus = {"vanilla": 2.0, "spire": 3.0}
+    scenarios = tables.series_scenarios(series, taus, 300.0, "src")
+    paper, trained = scenarios["paper shapes"], scenarios["trained shapes"]
+    assert (paper.taus, paper.k, paper.hoi, paper.label) == (taus, series.k, 300.0, "paper shapes, src")
+    assert paper.target == PAPER.target
+    assert trained == Scenario.trained(series.target, vanilla_draft_config(series.target), series.spire.num_layers,
+                                       series.spire.window, taus, k=series.k, hoi=300.0,
+                                       label=f"trained shapes (window {series.spire.window}), src")
+
+
+def test_mixed_scenarios_keep_the_shapes_and_name_the_spread():
+    mixed = tables.mixed_scenarios({"p": PAPER}, 1.0, 7)["p"]
+    assert (mixed.length_spread, mixed.seed, mixed.target) == (1.0, 7, PAPER.target)
+    assert mixed.label == PAPER.label + ", mixed lengths (sigma 1)"
+
+
+def test_winner_grid_multipliers_at_winners_and_answer_rows():
+    grid = {"vanilla": np.array([[0.5, 2.0]]), "spire": np.array([[0.9, 1.5]])}
+    assert tables.winner_grid(np.array([1]), np.array([8, 16]), grid) == {"B": [1], "L": [8, 16],
+                                                                          "winners": [["ad", "vanilla"]]}
+    at = tables.multipliers_at({"p": PAPER}, 64, 512)
+    assert at == {"p": {m: float(v) for m, v in PAPER.multipliers(64, 512).items()}}
+    assert tables.winners({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 3.0, "y": 2.0}}) == {"a": "y", "b": "x"}
+    assert tables.answer_rows({"a": {"x": 1.0, "y": 2.0}}) == [{"scale": "a", "x": 1.0, "y": 2.0, "best": "y"}]
+    assert tables.answer_heading(8, 64) == "**The answer at B = 8, L = 64** (modeled throughput multiplier over AD):"
+
+
+def test_searched_depths_and_capped_note():
+    assert tables.searched_depths({"spire": 4, "vanilla": 8}) == "SPIRe k <= 4, vanilla SD k <= 8"
+    best, caps = {"spire": np.array([[2, 4]]), "vanilla": np.array([[3, 5]])}, {"spire": 4, "vanilla": 8}
+    note = tables.capped_note(best, caps)
+    assert note.startswith("**Capped search:**") and "where SPIRe shows its cap" in note and note.endswith("still.")
+    assert tables.capped_note(best, caps, 7).endswith("finds k = 7 for SPIRe at (64, 512)).")
+    assert tables.capped_note(best, {"spire": 5, "vanilla": 8}) is None
+
+
+def test_explorer_results_name_the_source_and_the_best_k_on_the_grid_only():
+    at = {"p": {"spire": 2.0, "vanilla": 1.5}}
+    best = {"spire": np.array([[3, 4]])}
+    on = tables.explorer_results({"spire": 3.0}, 512, (64, 512), at, [], best, (0, 1))
+    assert list(on) == ["taus_used", "multipliers_at_highlight", "winner_at_highlight",
+                        "winner_changes_mixed_lengths", "best_k_at_highlight"]
+    assert on["taus_used"] == {"source": "measured", "context_length": 512, "taus": {"spire": 3.0}}
+    assert on["multipliers_at_highlight"] == {"B": 64, "L": 512, "p": at["p"]}
+    assert on["winner_at_highlight"] == {"p": "spire"} and on["best_k_at_highlight"] == {"spire": 4}
+    off = tables.explorer_results({"spire": 3.0}, None, (3, 512), at, [], best, None)
+    assert off["taus_used"]["source"] == "paper" and "best_k_at_highlight" not in off

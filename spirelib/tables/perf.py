@@ -292,3 +292,97 @@ def margin_sentence(cell, summary: dict) -> str:
     """`spire_over_magicdec`'s numbers in one line, the headline cell (B, L) named."""
     return (f"SPIRe / MagicDec at (B, L) = {tuple(cell)}: {summary['at_highlight']:.3f}; "
             f"over the grid {summary['grid_min']:.3f} .. {summary['grid_max']:.3f}")
+
+
+# Notebook 06's cells: the series' scenarios, the answer at the highlighted cell, what it records.
+
+TAUS_COLUMNS = {"method": "method", "tau": "tau used here", "paper": "paper (L = 512)"}
+
+
+def taus_rows(taus: dict) -> list[dict]:
+    """Per method the tau a comparison uses next to the paper's Table 1 tau at L = 512 (NaN where it has none)."""
+    paper = pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT]
+    return [{"method": m, "tau": t, "paper": paper.get(m, np.nan)} for m, t in taus.items()]
+
+
+def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, Scenario]:
+    """The two scales a series is compared at (spec 2): the paper's shapes and the series' trained
+    shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
+    series' k and `hoi`; `source` names where the taus come from in each label."""
+    from spirelib.drafts import vanilla_draft_config  # torch: only notebooks with a series need it
+
+    spire = series.spire
+    return {
+        "paper shapes": dataclasses.replace(Scenario.paper(), taus=taus, k=series.k, hoi=hoi,
+                                            label=f"paper shapes, {source}"),
+        "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
+                                           spire.window, taus, k=series.k, hoi=hoi,
+                                           label=f"trained shapes (window {spire.window}), {source}"),
+    }
+
+
+def mixed_scenarios(scenarios: dict[str, Scenario], spread: float, seed: int) -> dict[str, Scenario]:
+    """Each scenario with mixed-length batches (log-length sigma `spread`, sampled with `seed`), labelled so."""
+    return {name: dataclasses.replace(s, length_spread=spread, seed=seed,
+                                      label=s.label + f", mixed lengths (sigma {spread:g})")
+            for name, s in scenarios.items()}
+
+
+def winner_grid(B, L, grid: dict) -> dict:
+    """The best method per (B, L) cell (`perfmodel.best_method`, "ad" where no draft gains) as results.json holds it."""
+    return {"B": np.asarray(B).tolist(), "L": np.asarray(L).tolist(),
+            "winners": pm.best_method(grid, baseline=1.0).tolist()}
+
+
+def multipliers_at(scenarios: dict[str, Scenario], B: int, L: int) -> dict[str, dict[str, float]]:
+    """Per scenario, each method's TM at (B, L) as floats."""
+    return {name: {m: float(tm) for m, tm in s.multipliers(B, L).items()} for name, s in scenarios.items()}
+
+
+def winners(at: dict[str, dict[str, float]]) -> dict[str, str]:
+    """Per scenario of `multipliers_at`, the method with the highest TM."""
+    return {name: max(values, key=values.get) for name, values in at.items()}
+
+
+def answer_heading(B: int, L: int) -> str:
+    """The heading of the answer table at (B, L)."""
+    return f"**The answer at B = {B}, L = {L}** (modeled throughput multiplier over AD):"
+
+
+def answer_rows(at: dict[str, dict[str, float]]) -> list[dict]:
+    """One row per scenario of `multipliers_at`: each method's TM and the best method."""
+    best = winners(at)
+    return [{"scale": name, **values, "best": best[name]} for name, values in at.items()]
+
+
+def searched_depths(caps: dict[str, int]) -> str:
+    """How deep `best_k_maps` searched per method ("SPIRe k <= 4, ...")."""
+    return ", ".join(f"{method_label(m)} k <= {c}" for m, c in caps.items())
+
+
+def capped_note(best: dict, caps: dict[str, int], deeper: int | None = None) -> str | None:
+    """A note for the methods whose best-k map reaches its search cap somewhere (a deeper draft
+    may be better still), quoting notebook 01's best k for SPIRe at (64, 512) (`deeper`) when
+    known; None when no map reaches its cap."""
+    capped = [method_label(m) for m in best if int(np.max(best[m])) == caps[m]]
+    if not capped:
+        return None
+    return (f"**Capped search:** measured acceptance reaches only the measured depth, so the map stops "
+            f"there; where {', '.join(capped)} shows its cap a deeper draft may be better still"
+            + (f" (notebook 01, with i.i.d. acceptance up to k = 12 and the paper's tau, finds k = {deeper} "
+               "for SPIRe at (64, 512))." if deeper else "."))
+
+
+def explorer_results(taus: dict, measured_at: int | None, cell, at: dict, changes: list[dict], best: dict,
+                     index: tuple[int, int] | None) -> dict:
+    """What notebook 06 records: the taus used (measured at L = `measured_at`, or the paper's when
+    None), the TM and winner per scenario at the highlighted (B, L) `cell`, the cells whose winner
+    mixed lengths change and, when the cell is on the grid (`index`), each method's best k there."""
+    results = {"taus_used": {"source": "paper" if measured_at is None else "measured", "context_length": measured_at,
+                             "taus": taus},
+               "multipliers_at_highlight": {"B": cell[0], "L": cell[1], **at},
+               "winner_at_highlight": winners(at),
+               "winner_changes_mixed_lengths": changes}
+    if index is not None:
+        results["best_k_at_highlight"] = {m: int(ks[index]) for m, ks in best.items()}
+    return results
