@@ -86,3 +86,63 @@ def test_importance_rows():
                        "paper_drop": 0.25}
     assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == "cost model only"
     assert rows[1]["paper_rank"] == 1 and np.isnan(rows[1]["paper_drop"])
+
+
+def test_check_variants_names_the_unknown_ones():
+    tables.check_variants(["spire", "random_init"])
+    with pytest.raises(ValueError, match=r"unknown ablations \['nope'\]; choose from"):
+        tables.check_variants(["spire", "nope"])
+
+
+def test_scale_note_states_shapes_budget_and_protocol():
+    base = SimpleNamespace(num_layers=2, window=16)
+    series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0)
+    assert tables.scale_note("target 8x64", base, 12345, [0, 1], 64, 8, series) == (
+        "target 8x64; every variant 2 layers, window 16, 12,345 training tokens per seed, seeds [0, 1]; "
+        "tau at L = 64, n = 8 contexts, k = 4, G = 8, T = 1")
+
+
+def test_paper_deltas_only_for_the_variants_the_paper_reports():
+    from spirelib.perfmodel import PAPER_ABLATION_TAU as paper
+    assert tables.paper_deltas(["random_init", "mine"]) == {"random_init": paper["random_init"] - paper["spire"]}
+
+
+def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
+    from spirelib.ablations import importance, variant_multipliers
+    from spirelib.perfmodel import PAPER_ABLATION_TAU, PAPER_HOI
+    taus = {"spire": 3.0, "random_init": 2.0, "no_feedback": 2.5}
+    assert tables.headline_importance(taus, 4) == importance(
+        variant_multipliers(taus, 64, 512, "seqax-67m", "spire-draft", k=4, hoi=PAPER_HOI))
+    paper_taus = {n: t for n, t in PAPER_ABLATION_TAU.items() if n != "no_sparse_kv"}
+    assert tables.paper_importance(4) == dict(tables.headline_importance(paper_taus, 4))
+    assert "sparse KV" in tables.paper_importance(4)  # the cost model's part, from SPIRe's own tau
+
+
+def test_order_sentence_judges_the_resolved_parts_and_the_full_ranking():
+    ranked = [{"part": "target activations", "multiplier_lost": 0.5, "resolved": True},
+              {"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True},
+              {"part": "feedback", "multiplier_lost": 0.3, "resolved": False}]
+    ours = [("target activations", 0.5), ("sparse KV", 0.4), ("feedback", 0.3)]
+    assert tables.order_sentence(ranked, ours) == (
+        "2 of 3 parts are resolved at this scale; among them the order differs from the paper's. The full ranking "
+        "differs from the paper's, unresolved differences included.")
+    ranked[0]["resolved"] = False
+    assert tables.order_sentence(ranked, [("sparse KV", 0.4), ("feedback", 0.3)]).startswith(
+        "1 of 3 parts are resolved at this scale; among them the order matches the paper's. The full ranking matches")
+
+
+def test_ablation_results_and_protocol_keep_the_results_keys():
+    stats = {"spire": SimpleNamespace(mean=3.0, ci95=0.1, n_contexts=8)}
+    delta = SimpleNamespace(to_dict=lambda: {"delta": -1.0})
+    results = tables.ablation_results(stats, [{"part": "x"}], {"random_init": delta}, {"feedback": delta}, [0],
+                                      False, {"k": 4})
+    assert results == {"tau": {"spire": {"mean": 3.0, "ci95": 0.1, "n_contexts": 8}}, "importance": [{"part": "x"}],
+                       "delta_tau": {"random_init": {"delta": -1.0}},
+                       "component_delta_tau": {"feedback": {"delta": -1.0}},
+                       "seeds": [0], "importance_matches_paper": False, "ablation_protocol": {"k": 4}}
+    series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0, tau_seed=3)
+    todict = SimpleNamespace(to_dict=lambda: {"steps": 2})
+    protocol = tables.ablation_protocol(series, 64, 8, todict, todict, [0, 1], 1.5, "s")
+    assert protocol == {"context_length": 64, "n_contexts": 8, "k": 4, "new_tokens": 8, "temperature": 1.0,
+                        "seed": 3, "training": {"steps": 2}, "spire": {"steps": 2}, "seeds": [0, 1],
+                        "training_seconds": 1.5, "scale": "s"}

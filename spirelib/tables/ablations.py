@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from spirelib import perfmodel
+from spirelib.ablations import importance, matches_paper_order, variant_multipliers
 from spirelib.acceptance import tau_from_per_position
 from spirelib.drafts import draft_factory
 from spirelib.methods import label
+from spirelib.spire import ABLATIONS
 from spirelib.tau import AcceptCounts, TauProtocol, delta_tau, measure_tau
 
 TAU_COLUMNS = {"variant": "variant", "tau": "tau (all seeds, 95% CI)",
@@ -87,3 +90,69 @@ def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, pap
                        if r["part"] in component_deltas else "cost model only"),
              "paper_rank": list(paper_order).index(r["part"]) + 1, "paper_drop": paper.get(r["part"], np.nan)}
             for r in ranked]
+
+
+def check_variants(names) -> None:
+    """Refuse ablation names that `spire.ABLATIONS` does not know (ValueError naming the choices)."""
+    unknown = sorted(set(names) - set(ABLATIONS))
+    if unknown:
+        raise ValueError(f"unknown ablations {unknown}; choose from {sorted(ABLATIONS)}")
+
+
+def scale_note(target_scale: str, base, tokens: int, seeds, context_length: int, n_contexts: int, series) -> str:
+    """The scale of the ablations in one line: the target's (`display.model_scale`), every
+    variant's shape (`base`: the series' SpireConfig) and training tokens per seed, the seeds and
+    the tau protocol (spec 5: L, contexts, the series' k, G and temperature)."""
+    return (f"{target_scale}; every variant {base.num_layers} layers, window {base.window}, {tokens:,} training "
+            f"tokens per seed, seeds {seeds}; tau at L = {context_length}, n = {n_contexts} contexts, "
+            f"k = {series.k}, G = {series.new_tokens}, T = {series.temperature:g}")
+
+
+def paper_deltas(names) -> dict[str, float]:
+    """The paper's tau difference to SPIRe (spec 3.8, `perfmodel.PAPER_ABLATION_TAU`) per variant it reports."""
+    paper = perfmodel.PAPER_ABLATION_TAU
+    return {name: paper[name] - paper["spire"] for name in names if name in paper}
+
+
+def headline_importance(taus: dict, k: int, hoi: float = perfmodel.PAPER_HOI) -> list[tuple[str, float]]:
+    """`ablations.importance` at the paper's headline cell (B = 64, L = 512, seqax-67m with its
+    SPIRe draft, spec 2): the modeled multiplier each part of SPIRe is worth given the variants' taus."""
+    return importance(variant_multipliers(taus, 64, 512, "seqax-67m", "spire-draft", k=k, hoi=hoi))
+
+
+def paper_importance(k: int, hoi: float = perfmodel.PAPER_HOI) -> dict[str, float]:
+    """`headline_importance` with the paper's measured ablation taus (its "no_sparse_kv" is the
+    cost model's, not a tau of its own)."""
+    taus = {name: tau for name, tau in perfmodel.PAPER_ABLATION_TAU.items() if name != "no_sparse_kv"}
+    return dict(headline_importance(taus, k, hoi))
+
+
+def order_sentence(ranked: list[dict], ours: list[tuple[str, float]]) -> str:
+    """Whether the parts this run resolves (`resolved_ranking`'s rows) and the full ranking
+    (`ours`, unresolved differences included) order SPIRe's parts as the paper does (spec 3.8)."""
+    resolved = [(r["part"], r["multiplier_lost"]) for r in ranked if r["resolved"]]
+    return (f"{len(resolved)} of {len(ranked)} parts are resolved at this scale; among them the order "
+            + ("matches" if matches_paper_order(resolved) else "differs from") + " the paper's. The full ranking "
+            + ("matches" if matches_paper_order(ours) else "differs from") + " the paper's, unresolved differences "
+            "included.")
+
+
+def ablation_results(stats: dict, ranked: list[dict], deltas: dict, component_deltas: dict, seeds, agree: bool,
+                     protocol: dict) -> dict:
+    """What notebook 05 records: per variant its tau (mean, CI, contexts), the ranking, the paired
+    differences to SPIRe per variant and per part, the seeds, whether the ranking matches the
+    paper's and the protocol (`ablation_protocol`)."""
+    return {"tau": {name: {"mean": s.mean, "ci95": s.ci95, "n_contexts": s.n_contexts} for name, s in stats.items()},
+            "importance": ranked,
+            "delta_tau": {name: d.to_dict() for name, d in deltas.items()},
+            "component_delta_tau": {part: d.to_dict() for part, d in component_deltas.items()},
+            "seeds": seeds, "importance_matches_paper": agree, "ablation_protocol": protocol}
+
+
+def ablation_protocol(series, context_length: int, n_contexts: int, budget, base, seeds, training_seconds: float,
+                      scale: str) -> dict:
+    """How the ablations were measured (spec 5's tau protocol) and trained, as results.json holds it."""
+    return {"context_length": context_length, "n_contexts": n_contexts, "k": series.k,
+            "new_tokens": series.new_tokens, "temperature": series.temperature, "seed": series.tau_seed,
+            "training": budget.to_dict(), "spire": base.to_dict(), "seeds": seeds,
+            "training_seconds": training_seconds, "scale": scale}
