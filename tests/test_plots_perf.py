@@ -58,6 +58,11 @@ def test_slice_figure_draws_dashed_variants_in_their_main_lines_colours():
     assert fig.data[2].line.color == fig.data[0].line.color != fig.data[3].line.color == fig.data[1].line.color
 
 
+def test_slice_figure_takes_a_y_range():
+    assert slice_figure(L, {"spire": np.ones(len(L))}, title="t").layout.yaxis.range is None
+    assert slice_figure(L, {"spire": np.ones(len(L))}, title="t", y_range=(-0.5, 0.7)).layout.yaxis.range == (-0.5, 0.7)
+
+
 def test_slider_figure_shows_one_batch_at_a_time():
     fig = slider_figure(Scenario.paper(), batch_sizes=B, contexts=L)
     assert len(fig.data) == len(B) * 3

@@ -69,3 +69,64 @@ def test_net_savings_charge_each_method_its_training():
     assert nets["spire"] == pytest.approx(4.75) and nets["magicdec"] == pytest.approx([2.0, 6.0])
     by_volume = tables.net_savings({"spire": 2.0}, np.array([1.0, 4.0]), {"spire": 0.5})["spire"]  # (2,)
     assert by_volume == pytest.approx([0.0, 1.5])
+
+
+def test_cost_at_prices_the_scenario_at_one_cell():
+    small = SCENARIOS["seqax-67m"]
+    training = {"spire": 0.1, "magicdec": 0.0, "vanilla": 0.05}
+    tm = {m: float(v) for m, v in small.multipliers(64, 512).items()}
+    assert tables.cost_at(small, 64, 512, training, 5.0) == costs.cost_table(tm, training, serving_units=5.0)
+    assert tables.cost_heading("seqax-67m", 64, 512, 10.0) == "**seqax-67m at B = 64, L = 512**, serving = 10 units"
+
+
+def test_margin_sentence_with_and_without_a_magicdec_saving():
+    assert tables.margin_sentence("x", {"spire": 3.0, "magicdec": 2.0}) == \
+        "x: SPIRe's net savings minus MagicDec's = 1.000 units (+50.0%)"
+    assert tables.margin_sentence("x", {"spire": 3.0, "magicdec": 0.0}).endswith(" (MagicDec saves nothing here)")
+
+
+def test_savings_and_check_results_keep_the_results_keys():
+    net, gross = {"spire": 3.0, "magicdec": 2.0, "vanilla": 1.0}, {"spire": 3.5}
+    results = tables.savings_results(gross, net, {"spire": 5.0, "magicdec": 4.0, "vanilla": 0.5})
+    assert results == {"savings": {"spire_gross": 3.5, "spire_net": 3.0, "magicdec": 2.0, "vanilla_net": 1.0,
+                                   "spire_margin_over_magicdec": 0.5},
+                       "savings_70b": {"spire_net": 5.0, "magicdec": 4.0, "vanilla_net": 0.5}}
+    checks = [{"quantity": q, "paper": p, "rounded": r, "full": f}
+              for q, p, r, f in (("a", 6.4, 6.41, 6.405), ("b", 5.5, 5.5, 5.6), ("c", 5.0, 5.0, 4.0))]
+    assert tables.check_results(checks)["b"] == {"paper": 5.5, "from_rounded_tm": 5.5, "from_full_tm": 5.6}
+    assert tables.check_sentences(checks).split("\n") == [
+        "SPIRe net over MagicDec at (64, 512),   paper: 10.00%",
+        "SPIRe net over MagicDec at (64, 512), rounded: 10.00%",
+        "SPIRe net over MagicDec at (64, 512),    full: 40.00%"]
+
+
+def test_break_even_rows_and_result():
+    volumes = {"spire_vs_magicdec": 2.5, "vanilla": math.inf}
+    assert tables.break_even_rows(volumes) == [{"comparison": "spire vs magicdec", "volume": 2.5},
+                                               {"comparison": "vanilla", "volume": math.inf}]
+    assert tables.break_even_result(volumes) == {"spire_vs_magicdec": 2.5, "vanilla": None}
+
+
+def test_max_training_units_is_where_spire_stops_being_ahead():
+    tm = {"spire": 4.0, "magicdec": 2.0}
+    limit = tables.max_training_units(tm, 10.0)
+    assert limit == pytest.approx(2.5)
+    assert costs.serving_savings(4.0, serving_units=10.0, training_units=limit) == \
+        pytest.approx(costs.serving_savings(2.0, serving_units=10.0))
+    assert tables.max_training_sentence(limit) == \
+        "SPIRe stays ahead while its training costs less than 2.50 target-training units"
+
+
+def test_mixed_heading_columns_sentences_and_result():
+    lengths = pm.LengthDistribution(512, 1.0, seed=0).sample(8)
+    values = lengths.lengths
+    assert tables.mixed_heading(lengths, 1.0, 0, 10.0) == (
+        f"B = 8 requests, lengths {values.min()}..{values.max()}, mean {float(values.mean()):.0f} (sigma 1, seed 0); "
+        "net savings at serving = 10:")
+    assert tables.mixed_columns(["spire"]) == {"window": "draft window", "spire": "SPIRe"}
+    margins = {"L/8": (1.25, 1.0), "64": (0.5, 0.75)}
+    assert tables.mixed_margin_sentences(margins).split("\n") == [
+        "window L/8: SPIRe's net savings minus MagicDec's, mixed batch 1.250 units, uniform batch 1.000 units",
+        "window 64: SPIRe's net savings minus MagicDec's, mixed batch 0.500 units, uniform batch 0.750 units"]
+    assert tables.mixed_margin_result(margins) == {"L/8": {"mixed": 1.25, "uniform": 1.0},
+                                                   "64": {"mixed": 0.5, "uniform": 0.75}}

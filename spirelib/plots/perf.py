@@ -65,12 +65,14 @@ def _log2_ticks(values) -> dict:
 
 def slice_figure(x, series: dict, *, title: str, x_title: str = "context length L (tokens)",
                  y_title: str = TM_TITLE, highlight_x=None, baseline: float | None = 1.0,
-                 baseline_label: str = "autoregressive", x_axis: str = "pow2", dashed: dict | None = None) -> go.Figure:
+                 baseline_label: str = "autoregressive", x_axis: str = "pow2", dashed: dict | None = None,
+                 y_range: tuple[float, float] | None = None) -> go.Figure:
     """Lines of `series` (label or method -> values over x) (paper Figures 1, 5, 6).
 
     x_axis: "pow2" (log axis ticked at the x values, 1K/1M labels), "log" or "linear".
     dashed: more lines (label -> values), the i-th dashed in the colour of the i-th of `series`
-    (a variant of each, e.g. the G-aware model beside the main one).
+    (a variant of each, e.g. the G-aware model beside the main one). y_range: (low, high) of the
+    y axis (default: plotly's, fitted to the lines).
     """
     x = np.asarray(x)
     fig = go.Figure()
@@ -94,6 +96,8 @@ def slice_figure(x, series: dict, *, title: str, x_title: str = "context length 
     fig.update_xaxes(title=x_title)
     fig.update_yaxes(title=y_title)
     fig.update_layout(**title_layout(title), hovermode="x unified", legend=dict(orientation="h", y=-0.2))
+    if y_range is not None:
+        fig.update_yaxes(range=list(y_range))
     return fig
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from spirelib import costs
 from spirelib import perfmodel as pm
 from spirelib.methods import label as method_label
@@ -112,3 +114,94 @@ def mixed_length_savings(scenario: Scenario, B: int, lengths, serving_units: flo
         rows.append({"window": window_name(on), **{m: f"{mixed[m]:.3f} (uniform {uniform[m]:.3f})" for m in on.taus}})
         margins[window_name(on)] = (mixed["spire"] - mixed["magicdec"], uniform["spire"] - uniform["magicdec"])
     return rows, margins
+
+
+# Notebook 08's cells: the cost tables at its operating points, what it records and the sentences.
+
+BREAK_EVEN_COLUMNS = {"comparison": "comparison", "volume": "break-even serving volume (units)"}
+
+
+def cost_at(scenario: Scenario, B: int, L: int, training: dict[str, float], serving_units: float) -> list[dict]:
+    """`costs.cost_table` (spec 2, "Cost analysis") of the scenario's methods at (B, L): their
+    modeled TM, the drafts' training units and `serving_units` of autoregressive serving."""
+    tm = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+    return costs.cost_table(tm, training, serving_units=serving_units)
+
+
+def cost_heading(name: str, B: int, L: int, serving_units: float) -> str:
+    """The heading of one `cost_at` table."""
+    return f"**{name} at B = {B}, L = {L}**, serving = {serving_units:g} units"
+
+
+def margin_sentence(label: str, nets: dict[str, float]) -> str:
+    """SPIRe's net savings minus MagicDec's (units, and `relative_margin` when MagicDec saves anything)."""
+    m = relative_margin(nets)
+    return (f"{label}: SPIRe's net savings minus MagicDec's = {nets['spire'] - nets['magicdec']:.3f} units"
+            + (f" ({100 * m:+.1f}%)" if m is not None else " (MagicDec saves nothing here)"))
+
+
+def savings_results(gross: dict, net: dict, net_70b: dict) -> dict:
+    """What notebook 08 records of its two cost tables ("savings": the small target's; "savings_70b")."""
+    return {"savings": {"spire_gross": gross["spire"], "spire_net": net["spire"], "magicdec": net["magicdec"],
+                        "vanilla_net": net["vanilla"], "spire_margin_over_magicdec": relative_margin(net)},
+            "savings_70b": {"spire_net": net_70b["spire"], "magicdec": net_70b["magicdec"],
+                            "vanilla_net": net_70b["vanilla"]}}
+
+
+def check_results(checks: list[dict]) -> dict:
+    """`paper_cost_checks` by quantity: the paper's number and ours from the rounded and the full TM."""
+    return {c["quantity"]: {"paper": c["paper"], "from_rounded_tm": c["rounded"], "from_full_tm": c["full"]}
+            for c in checks}
+
+
+def check_sentences(checks: list[dict]) -> str:
+    """SPIRe's net savings over MagicDec's at (64, 512) (checks 1 and 2) from the paper's numbers,
+    the rounded and the full TM, one line each."""
+    return "\n".join(f"SPIRe net over MagicDec at (64, 512), {column:>7}: "
+                     f"{100 * (checks[1][column] / checks[2][column] - 1):.2f}%"
+                     for column in ("paper", "rounded", "full"))
+
+
+def break_even_rows(break_even: dict[str, float]) -> list[dict]:
+    """The rows of `break_even_volumes` (BREAK_EVEN_COLUMNS)."""
+    return [{"comparison": k.replace("_", " "), "volume": v} for k, v in break_even.items()]
+
+
+def break_even_result(break_even: dict[str, float]) -> dict:
+    """`break_even_volumes` as results.json holds it: None where a draft never breaks even."""
+    return {k: (v if np.isfinite(v) else None) for k, v in break_even.items()}
+
+
+def max_training_units(tm: dict[str, float], serving_units: float) -> float:
+    """The training cost below which SPIRe's net savings beat MagicDec's (taken as free to train):
+    serving * (1 / TM_magicdec - 1 / TM_spire), in target-training units."""
+    return serving_units * (1 / tm["magicdec"] - 1 / tm["spire"])
+
+
+def max_training_sentence(limit: float) -> str:
+    """`max_training_units` in words."""
+    return f"SPIRe stays ahead while its training costs less than {limit:.2f} target-training units"
+
+
+def mixed_heading(lengths, spread: float, seed: int, serving_units: float) -> str:
+    """The heading of `mixed_length_savings`'s table: the batch's lengths (a `LengthDistribution` sample)."""
+    values = lengths.lengths
+    return (f"B = {len(values)} requests, lengths {values.min()}..{values.max()}, "
+            f"mean {float(values.mean()):.0f} (sigma {spread:g}, seed {seed}); "
+            f"net savings at serving = {serving_units:g}:")
+
+
+def mixed_columns(methods) -> dict[str, str]:
+    """The headers of `mixed_length_savings`'s rows."""
+    return {"window": "draft window", **{m: method_label(m) for m in methods}}
+
+
+def mixed_margin_sentences(margins: dict) -> str:
+    """Per draft window, SPIRe's net savings minus MagicDec's in the mixed and the uniform batch."""
+    return "\n".join(f"window {window}: SPIRe's net savings minus MagicDec's, mixed batch {mixed:.3f} units, "
+                     f"uniform batch {uniform:.3f} units" for window, (mixed, uniform) in margins.items())
+
+
+def mixed_margin_result(margins: dict) -> dict:
+    """`mixed_length_savings`'s margins as results.json holds them."""
+    return {w: {"mixed": a, "uniform": b} for w, (a, b) in margins.items()}
