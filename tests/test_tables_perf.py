@@ -291,3 +291,40 @@ def test_explorer_results_name_the_source_and_the_best_k_on_the_grid_only():
     assert on["winner_at_highlight"] == {"p": "spire"} and on["best_k_at_highlight"] == {"spire": 4}
     off = tables.explorer_results({"spire": 3.0}, None, (3, 512), at, [], best, None)
     assert off["taus_used"]["source"] == "paper" and "best_k_at_highlight" not in off
+
+
+def test_device_rows_take_a_table_and_columns_can_leave_out_the_bytes():
+    from spirelib.hardware import HARDWARE, operating_points
+    one = dict(list(HARDWARE.items())[:1])
+    rows = tables.device_rows(PAPER, [(64, 512)], ("fp8", "bf16"), per_device=1, table=one)
+    assert [r["device"] for r in rows] == [p[0] for p in operating_points(("fp8", "bf16"), 1, table=one)]
+    assert len(rows) == 1
+    assert list(tables.device_columns(["spire"], [(64, 512)], with_bytes=False)) == ["device", "hoi", "spire@(64, 512)"]
+
+
+def test_role_rows_share_the_target():
+    rows = tables.role_rows("llama3-70b", pm.PAPER_DRAFTS["llama3-70b"])
+    assert [r["role"] for r in rows] == ["target", "vanilla draft", "SPIRe draft", "MagicDec draft"]
+    assert rows[0]["body_share"] == rows[3]["body_share"] == 1.0 == rows[0]["kv_share"]
+    spire = pm.PRESETS[pm.PAPER_DRAFTS["llama3-70b"]["spire"]]
+    assert rows[2]["kv_share"] == pm.kv_values_per_token(spire) / pm.kv_values_per_token(pm.PRESETS["llama3-70b"])
+    assert rows[1]["body_share"] < 1.0
+
+
+def test_extrapolation_headline_quotes_the_paper_on_its_cell_only():
+    big = Scenario.paper("llama3-70b")
+    stated = pm.PAPER_MULTIPLIERS["llama3-70b"]
+    rows, results = tables.extrapolation_headline(big, stated["B"], stated["L"], 512)
+    assert results["headline_70b"] == {m: float(v) for m, v in big.multipliers(stated["B"], stated["L"]).items()}
+    assert results["headline_70b_cell"] == {"B": stated["B"], "L": stated["L"], "hoi": 600.0, "overlap": True}
+    assert [r["paper"] for r in rows] == [stated.get(m, "not stated") for m in big.taus]
+    off, _ = tables.extrapolation_headline(big, stated["B"], stated["L"], 960)
+    assert {r["paper"] for r in off} == {"(other cell)"}
+
+
+def test_memory_sentence_in_gigabytes():
+    shape = pm.PRESETS["llama3-70b"]
+    kv = 64 * 65536 * pm.kv_values_per_token(shape) / 1e9
+    assert tables.memory_sentence("llama3-70b", 64, 65536) == (
+        f"B = 64, L = 65536: target KV cache {kv:,.0f} GB, body weights {pm.body_params(shape) / 1e9:,.0f} GB "
+        "(at 1 byte per value)")

@@ -105,12 +105,13 @@ def relative_change_rows(L_values, relative: dict, *, first: str, header: str) -
             for i, L in enumerate(L_values)]
 
 
-def device_rows(scenario: Scenario, cells, dtypes=("fp8", "bf16", "fp32"), per_device: int = 2) -> list[dict]:
-    """The scenario on every device of the hardware table (`hardware.operating_points`): per
-    device and dtype its HOI, bytes per value and, per (B, L) of `cells` and method, the TM
-    (keys "method@(B, L)", `device_columns`)."""
+def device_rows(scenario: Scenario, cells, dtypes=("fp8", "bf16", "fp32"), per_device: int = 2,
+                table=None) -> list[dict]:
+    """The scenario on every device of the hardware table (`hardware.operating_points`; `table`
+    None: `hardware_table()`, with the measured machine): per device and dtype its HOI, bytes per
+    value and, per (B, L) of `cells` and method, the TM (keys "method@(B, L)", `device_columns`)."""
     rows = []
-    for name, device_hoi, value_bytes in operating_points(dtypes, per_device=per_device):
+    for name, device_hoi, value_bytes in operating_points(dtypes, per_device=per_device, table=table):
         on = dataclasses.replace(scenario, hoi=device_hoi, bytes_per_value=float(value_bytes))
         at = {cell: on.multipliers(*cell) for cell in cells}
         rows.append({"device": name, "hoi": device_hoi, "bytes": value_bytes,
@@ -118,9 +119,9 @@ def device_rows(scenario: Scenario, cells, dtypes=("fp8", "bf16", "fp32"), per_d
     return rows
 
 
-def device_columns(methods, cells) -> dict[str, str]:
-    """The headers of `device_rows`."""
-    return {"device": "device, dtype", "hoi": "HOI", "bytes": "bytes/value",
+def device_columns(methods, cells, *, with_bytes: bool = True) -> dict[str, str]:
+    """The headers of `device_rows` (without the bytes per value when not `with_bytes`)."""
+    return {"device": "device, dtype", "hoi": "HOI", **({"bytes": "bytes/value"} if with_bytes else {}),
             **{f"{m}@{c}": f"{method_label(m)} B={c[0]} L={c[1]}" for c in cells for m in methods}}
 
 
@@ -386,3 +387,47 @@ def explorer_results(taus: dict, measured_at: int | None, cell, at: dict, change
     if index is not None:
         results["best_k_at_highlight"] = {m: int(ks[index]) for m, ks in best.items()}
     return results
+
+
+# Notebook 07's cells: Llama 3 70B with the paper's drafts (spec 2, "Extrapolation").
+
+ROLE_COLUMNS = {"role": "role", "name": "shape", "body": "body params", "body_share": "x target body",
+                "kv": "KV bytes / token", "kv_share": "x target KV"}
+EXTRAPOLATION_COLUMNS = {"method": "method", "tau": "tau (small-scale)", "tm": "modeled TM", "paper": "paper"}
+
+
+def role_rows(target: str, drafts: dict[str, str]) -> list[dict]:
+    """The target and each draft's shape (`perfmodel.PRESETS` names; MagicDec drafts with the
+    target itself): body parameters and KV values per token, absolute and as a share of the target's."""
+    shape = pm.PRESETS[target]
+    rows = []
+    for role, name in (("target", target), ("vanilla draft", drafts["vanilla"]), ("SPIRe draft", drafts["spire"]),
+                       ("MagicDec draft", target)):
+        other = pm.PRESETS[name]
+        rows.append({"role": role, "name": name, "body": pm.body_params(other),
+                     "body_share": pm.body_params(other) / pm.body_params(shape), "kv": pm.kv_values_per_token(other),
+                     "kv_share": pm.kv_values_per_token(other) / pm.kv_values_per_token(shape)})
+    return rows
+
+
+def extrapolation_headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "llama3-70b"
+                           ) -> tuple[list[dict], dict]:
+    """The extrapolated headline cell: per method its small-scale tau, the modeled TM and the
+    paper's stated TM (only on the paper's cell: its B, L, HOI 600, f = max, Table 1 at L = 512;
+    "not stated" for a method it does not quote), and the results to record ("headline_70b",
+    "headline_70b_cell")."""
+    multipliers = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+    stated = pm.PAPER_MULTIPLIERS[target]
+    on_paper_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
+    rows = [{"method": method_label(m), "tau": scenario.taus[m], "tm": v,
+             "paper": stated.get(m, "not stated") if on_paper_cell else "(other cell)"} for m, v in multipliers.items()]
+    return rows, {"headline_70b": multipliers,
+                  "headline_70b_cell": {"B": B, "L": L, "hoi": scenario.hoi, "overlap": scenario.overlap}}
+
+
+def memory_sentence(target: str, B: int, L: int) -> str:
+    """The target's KV cache for B rows of L tokens beside its body weights, in GB at one byte per value."""
+    shape = pm.PRESETS[target]
+    kv_bytes, weight_bytes = B * L * pm.kv_values_per_token(shape), pm.body_params(shape)
+    return (f"B = {B}, L = {L}: target KV cache {kv_bytes / 1e9:,.0f} GB, body weights "
+            f"{weight_bytes / 1e9:,.0f} GB (at 1 byte per value)")
