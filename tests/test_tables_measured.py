@@ -109,3 +109,25 @@ def test_conclusion():
                             "SPIRe at B = 1, L = 32 (0.80x). The profiled model's median error is 20%")
     assert "its worst cell is vanilla SD at B = 4, L = 64 (+30%)" in clock and "fixed 120 us-plus" in clock
     assert "Passes are close" in tables.conclusion(tables.summarize(CELLS, [{"ratio": 2.0}]), 2, COST, 1.0)[0]
+
+
+def test_machine_sentence_states_peak_bandwidth_hoi_and_dtype():
+    machine = {"fp32_flops": 3e11, "bandwidth": 1e11, "saved_to": "/x.json"}
+    assert tables.machine_sentence(machine, "torch.float32", 4) == (
+        "fp32 matmul peak 300.0 GFLOP/s, memory bandwidth 100.0 GB/s -> HOI 3.0 FLOP/byte (the paper's H100 FP8 "
+        "figure: 600); models in torch.float32, 4 bytes per value; saved to /x.json")
+    assert tables.machine_sentence({"fp32_flops": 1e9, "bandwidth": 1e9}, "f", 2).endswith("saved to (not saved)")
+
+
+def test_measured_results_keep_the_results_keys():
+    cells = [{key: i for i, key in enumerate(tables.CELL_FIELDS)} | {"extra": 1}]
+    summary = {"profiled_error": 0.2, "losing": [1, 2], "overhead": 5.0}
+    machine = {"fp32_flops": 3e11, "bandwidth": 1e11}
+    results = tables.measured_results(cells, COST, np.array([0.1, -0.3, 0.2]), summary, machine, "cpu", 4, "s")
+    assert list(results) == ["cells", "profiled_model", "hoi", "machine"]
+    assert results["cells"] == [{key: i for i, key in enumerate(tables.CELL_FIELDS)}]
+    assert results["profiled_model"] == {**COST.to_dict(), "fit_error_median": 0.1, "fit_error_max": 0.2,
+                                         "median_error": 0.2, "cells_slower_than_ad": 2}
+    assert results["hoi"] == 3.0
+    assert results["machine"] == {"fp32_flops": 3e11, "bandwidth": 1e11, "device": "cpu", "bytes_per_value": 4,
+                                  "ad_step_overhead": 5.0, "scale": "s"}

@@ -151,3 +151,27 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
              f"draft's k passes each pay the fixed {1e6 * (cost.fixed_s + cost.per_layer_s):.0f} us-plus of a forward "
              f"that one AD step pays once per token.")
     return paper, clock
+
+
+def machine_sentence(machine: dict, dtype, bytes_per_value: int) -> str:
+    """This machine as `calibrate.calibrate` measured it (fp32 matmul peak, memory bandwidth, the
+    HOI they make, spec 2) and the models' dtype (`dtype`, `bytes_per_value`), in one line."""
+    peak, bandwidth = machine["fp32_flops"], machine["bandwidth"]
+    return (f"fp32 matmul peak {peak / 1e9:,.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:,.1f} GB/s "
+            f"-> HOI {peak / bandwidth:,.1f} FLOP/byte (the paper's H100 FP8 figure: 600); models in {dtype}, "
+            f"{bytes_per_value} bytes per value; saved to {machine.get('saved_to', '(not saved)')}")
+
+
+def measured_results(cells: list[dict], cost: profiled.ProfiledCost, fit_error: np.ndarray, summary: dict,
+                     machine: dict, device: str, bytes_per_value: int, scale: str) -> dict:
+    """What notebook 09 records: the cells (CELL_FIELDS), the profiled model with its fit errors
+    and `summarize`'s verdict, the HOI and the machine (`calibrate`'s peak and bandwidth, the
+    device, bytes per value, the AD step's overhead, the scale note)."""
+    peak, bandwidth = machine["fp32_flops"], machine["bandwidth"]
+    return {"cells": [{key: c[key] for key in CELL_FIELDS} for c in cells],
+            "profiled_model": {**cost.to_dict(), "fit_error_median": float(np.median(fit_error)),
+                               "fit_error_max": float(fit_error.max()), "median_error": summary["profiled_error"],
+                               "cells_slower_than_ad": len(summary["losing"])},
+            "hoi": peak / bandwidth,
+            "machine": {"fp32_flops": peak, "bandwidth": bandwidth, "device": device,
+                        "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale}}
