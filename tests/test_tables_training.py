@@ -1,0 +1,86 @@
+"""What notebook 02 says about the target (tables.training) holds what series, pipeline and the trainer computed."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from spirelib.costs import flop_params
+from spirelib.model import ModelConfig
+from spirelib.tables import training as tables
+
+CFG = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
+TRAINED = SimpleNamespace(imported=None, corpus="tiny", tokenizer="bytes")
+IMPORTED = SimpleNamespace(imported=Path("/models/llama"), corpus="tiny", tokenizer="hf")
+TRAIN_CFG = SimpleNamespace(batch_size=4, seq_len=64, beta1=0.9, beta2=0.95, lr=3e-3, warmup_fraction=0.1,
+                            min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0)
+SUMMARY = {"val_loss": 2.0, "device": "cpu", "tokens_per_s": 12345.6, "run_tokens_per_s": 10000.0, "tokens": 2560,
+           "steps": 10}
+
+
+def run(reused=False, summary=SUMMARY):
+    return SimpleNamespace(summary=summary, config_hash="abc", result=SimpleNamespace(
+        reused=reused, path=Path("/cache/target-abc/final.safetensors")))
+
+
+def test_data_note_counts_each_split():
+    train = SimpleNamespace(num_tokens=1000, lengths=np.array([3, 70]))
+    val = SimpleNamespace(num_tokens=200, lengths=np.array([50]))
+    data = SimpleNamespace(num_documents=(12, 3), dataset=SimpleNamespace(train=train, val=val, vocab_size=256,
+                                                                          checksum="0123456789abcdef"))
+    note = tables.data_note(data, TRAINED, 260)
+    assert "| train | 12 | 1,000 | 70 |\n| validation | 3 | 200 | 50 |" in note
+    assert note.endswith("tokenizer **bytes** with 256 ids (model vocabulary 260); dataset checksum `0123456789ab`.")
+
+
+def test_scale_line_and_model_note_trained_and_imported():
+    assert tables.scale_line(CFG, TRAINED, 2_500_000) == \
+        f"2 layers, d_model 32, {CFG.num_params() / 1e6:.2f}M params, 2.50M tokens of tiny"
+    assert tables.scale_line(CFG, IMPORTED, 0).endswith("params, imported from /models/llama")
+    trained = tables.model_note(CFG, TRAIN_CFG, TRAINED, 10, 2560)
+    assert f"| 2 | 32 | 2 x 2 | 8 | 64 | 256 | {CFG.body_params():,} | {CFG.num_params():,} |" in trained
+    assert f"**2,560 tokens**, {2560 / CFG.num_params():.2f} tokens per parameter (paper: 20)" in trained
+    assert "warm-up 10% of steps, cosine to 0.1x" in trained
+    imported = tables.model_note(CFG, TRAIN_CFG, IMPORTED, 0, 0)
+    assert "**Imported** from `/models/llama`" in imported and "**Budget:**" not in imported
+    assert f"hold {1 - CFG.body_params() / CFG.num_params():.0%} of its parameters" in imported
+
+
+def test_trained_sentence_says_where_the_target_came_from():
+    assert tables.trained_sentence(run(), None) == (
+        "Trained the target (target-abc): validation loss 2.000 nats/token (perplexity 7.4) on cpu, "
+        "12,346 training tokens/s")
+    assert tables.trained_sentence(run(reused=True), None).startswith("Loaded the cached target (target-abc)")
+    assert tables.trained_sentence(run(reused=True), IMPORTED.imported).startswith(
+        "Imported the target (final.safetensors)") and "training tokens/s" not in tables.trained_sentence(
+        run(), IMPORTED.imported)
+
+
+def test_mfu_sentence_for_each_case():
+    speed = {"mfu": 0.25, "run_mfu": 0.2, "peak_flops": 2e11, "device": "cpu"}
+    assert tables.mfu_sentence(SUMMARY, speed, CFG, None) == (
+        f"steady state: 12,346 tokens/s x 6 x {flop_params(CFG):,} FLOP-params / 200 GFLOP/s peak = MFU 25.0%; "
+        "the run's wall clock: 10,000 tokens/s, MFU 20.0%")
+    assert tables.mfu_sentence(SUMMARY, {**speed, "run_mfu": None}, CFG, None).endswith(
+        "not recorded by this cached checkpoint")
+    assert tables.mfu_sentence(SUMMARY, {**speed, "mfu": None, "device": "cuda:0"}, CFG, None) == \
+        "trained on cuda:0, which is not present here: no MFU"
+    assert tables.mfu_sentence(SUMMARY, speed, CFG, IMPORTED.imported) == "imported, not trained here: no training MFU"
+
+
+def test_sample_text_decodes_prompt_target_and_actual():
+    assert tables.sample_text(0, lambda t: "".join(t), ["a", "b"], ["c"], ["d"]) == \
+        "--- sample 1\nPROMPT: 'ab'\nTARGET: 'c'\nACTUAL: 'd'"
+
+
+def test_target_result_keeps_the_results_keys():
+    speed = {"mfu": 0.25, "run_mfu": None, "peak_flops": 2e11}
+    result = tables.target_result(run(), CFG, speed, None)
+    assert list(result) == ["params", "body_params", "val_loss", "tokens_per_s", "mfu", "run_mfu", "run_tokens_per_s",
+                            "peak_flops", "tokens", "steps", "device", "config_hash", "reused", "imported_from",
+                            "embedding_params"]
+    assert result["embedding_params"] == CFG.num_params() - CFG.body_params() and result["imported_from"] is None
+    assert result["run_tokens_per_s"] == 10000.0 and result["mfu"] == 0.25 and result["reused"] is False
+    old = {k: v for k, v in SUMMARY.items() if k != "run_tokens_per_s"}  # a checkpoint that predates the figure
+    assert tables.target_result(run(summary=old), CFG, speed, IMPORTED.imported)["run_tokens_per_s"] is None
+    assert tables.target_result(run(), CFG, speed, IMPORTED.imported)["imported_from"] == "/models/llama"
