@@ -328,3 +328,19 @@ def test_memory_sentence_in_gigabytes():
     assert tables.memory_sentence("llama3-70b", 64, 65536) == (
         f"B = 64, L = 65536: target KV cache {kv:,.0f} GB, body weights {pm.body_params(shape) / 1e9:,.0f} GB "
         "(at 1 byte per value)")
+
+
+def test_implied_alphas_give_back_the_taus():
+    alphas = tables.implied_alphas(PAPER)
+    assert list(alphas) == list(PAPER.taus)
+    for m, alpha in alphas.items():
+        assert (1 - alpha ** (PAPER.k + 1)) / (1 - alpha) == pytest.approx(PAPER.taus[m])
+
+
+def test_spire_best_k_is_best_k_with_spire_alone():
+    grid = tables.spire_best_k(PAPER, B, L, cap=12)
+    assert grid.shape == (len(B), len(L))
+    alpha = alpha_from_tau(PAPER.taus["spire"], PAPER.k)
+    expected, _ = best_k("spire", alpha, 64, 512, PAPER.target, PAPER.drafts["spire"], k_max=12,
+                         **{k: v for k, v in PAPER.model_kwargs().items() if k != "k"})
+    assert grid[tables.cell_index(B, L, 64, 512)] == expected

@@ -431,3 +431,17 @@ def memory_sentence(target: str, B: int, L: int) -> str:
     kv_bytes, weight_bytes = B * L * pm.kv_values_per_token(shape), pm.body_params(shape)
     return (f"B = {B}, L = {L}: target KV cache {kv_bytes / 1e9:,.0f} GB, body weights "
             f"{weight_bytes / 1e9:,.0f} GB (at 1 byte per value)")
+
+
+def implied_alphas(scenario: Scenario) -> dict[str, float]:
+    """Per method the i.i.d. acceptance rate alpha its tau implies at the scenario's k (spec 2:
+    tau(k) = (1 - alpha^(k+1)) / (1 - alpha), inverted)."""
+    return {m: alpha_from_tau(tau, scenario.k) for m, tau in scenario.taus.items()}
+
+
+def spire_best_k(scenario: Scenario, B, L, cap: int) -> np.ndarray:
+    """SPIRe's best draft depth on the grid B x L ((len(B), len(L))), i.i.d. alpha from its tau,
+    searched up to `cap` (`best_k_maps`)."""
+    B, L = np.asarray(B), np.asarray(L)
+    best, _ = best_k_maps(scenario, {"spire": scenario.taus["spire"]}, {}, B[:, None], L[None, :], default_cap=cap)
+    return best["spire"]
