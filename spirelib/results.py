@@ -64,6 +64,13 @@ def record(key: str, value: Any) -> None:
     write_json(Path(path), results)
 
 
+def record_all(results: dict[str, Any]) -> None:
+    """`record(key, value)` for every item of `results`, in order (one call for a cell's
+    several results; the keys are results.json's)."""
+    for key, value in results.items():
+        record(key, value)
+
+
 def recorded() -> dict[str, Any]:
     """What this notebook has recorded so far."""
     path = os.environ.get(RESULTS_FILE_ENV)

@@ -219,7 +219,7 @@ def test_spire_over_magicdec_and_its_sentence():
 
 def test_record_all_records_every_item_in_order(monkeypatch):
     from spirelib import results
-    from spirelib.tables import record_all
+    from spirelib.results import record_all
     monkeypatch.delenv(results.RESULTS_FILE_ENV, raising=False)
     monkeypatch.setattr(results, "_in_memory", {})
     record_all({"b": 1, "a": {"x": np.float64(0.5)}})
