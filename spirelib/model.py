@@ -388,6 +388,8 @@ class Transformer(nn.Module):
         return stream(tokens, cache, slots, positions, mask, keep)
 
     def _stream(self, tokens, cache, slots, positions, mask, keep: bool) -> list[torch.Tensor]:
+        """The blocks over tokens (B, T) with the cache already prepared (`slots` (B, T)) and the
+        visibility `mask` (None: causal): what `compile_decoding` compiles."""
         rope = self.rope(positions)
         x = self.embed(tokens)  # (B, T, d_model)
         stream = [x]
