@@ -206,6 +206,12 @@ def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, bat
     return cost.seconds(forward_work(target, vocab_size, batch, 1, context, bytes_per_value=bytes_per_value))
 
 
+def ad_keys(context: int, new_tokens: int, static_reads: bool = False) -> int:
+    """The keys an AD step reads, on average over G = `new_tokens` steps after `context`: the mean
+    context L + G / 2, or, with static reads (compiled decoding), the cache's capacity L + G."""
+    return context + (new_tokens if static_reads else new_tokens // 2)
+
+
 def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
                     context: int, k: int, bytes_per_value: float = 4.0, dense_keys: int | None = None) -> float:
     """The draft's k passes as the engine runs them, each followed by a draw from (B, V)
@@ -248,11 +254,13 @@ def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, voc
     keys a forward over a dense cache reads (default: the positions it sees; with static reads,
     `kvcache.DenseKVCache(static_reads=True)` under compiled decoding, the capacity)."""
     extra = cost.draft(draft.method)
-    verify = forward_work(target, vocab_size, batch, k + 1, dense_keys or context + k + 1, bytes_per_value=bytes_per_value)
+    verify = forward_work(target, vocab_size, batch, k + 1, dense_keys or context + k + 1,
+                          bytes_per_value=bytes_per_value)
     return (propose_seconds(cost, draft, target, vocab_size, batch, context, k, bytes_per_value, dense_keys)
             + k * (extra.pass_s + extra.pass_per_row_s * batch)
             + cost.seconds(verify) + cost.bookkeeping(batch, k, vocab_size)
-            + accept_seconds(cost, draft, target, batch, k, bytes_per_value) + extra.accept_s + extra.accept_per_row_s * batch)
+            + accept_seconds(cost, draft, target, batch, k, bytes_per_value)
+            + extra.accept_s + extra.accept_per_row_s * batch)
 
 
 def fit_draft(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, k: int,
@@ -266,7 +274,8 @@ def fit_draft(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_s
     B = np.array([float(b) for b, _, _, _ in samples])
     propose = np.array([p for _, _, p, _ in samples])
     accept = np.array([a for _, _, _, a in samples])
-    base = np.array([propose_seconds(cost, draft, target, vocab_size, b, c, k, bytes_per_value) for b, c, _, _ in samples])
+    base = np.array([propose_seconds(cost, draft, target, vocab_size, b, c, k, bytes_per_value)
+                     for b, c, _, _ in samples])
     a = np.stack([np.full_like(B, k), k * B], axis=1) / propose[:, None]
     pass_s, pass_per_row_s = np.linalg.lstsq(a, 1.0 - base / propose, rcond=None)[0]
     base = np.array([accept_seconds(cost, draft, target, b, k, bytes_per_value) for b, _, _, _ in samples])
@@ -282,6 +291,6 @@ def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: ModelShap
     `static_reads` (compiled decoding) every forward over a dense cache reads its whole
     capacity: L + G for AD, L + G + 2k for speculative decoding (`speculative_capacity`)."""
     mid = context + new_tokens // 2
-    ad = ad_step_seconds(cost, target, vocab_size, batch, context + new_tokens if static_reads else mid, bytes_per_value)
+    ad = ad_step_seconds(cost, target, vocab_size, batch, ad_keys(context, new_tokens, static_reads), bytes_per_value)
     dense = context + new_tokens + 2 * k if static_reads else None
     return tau * ad / round_seconds(cost, draft, target, vocab_size, batch, mid, k, bytes_per_value, dense)

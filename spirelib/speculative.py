@@ -194,7 +194,8 @@ class Rows:
         new_lengths = torch.where(active, n + n_acc + 1, n)
         cache.rollback(new_lengths)
         self.pending = torch.where(active, next_token, self.pending)
-        verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache, layers)
+        verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache,
+                              layers)
         self.active = active & (self.produced < G)
         if eos_token is not None:
             self.active &= ~ended

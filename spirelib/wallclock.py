@@ -157,22 +157,28 @@ def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------- the profiled model
 
 
-def repeat_seconds(fn, repeats: int, before=None) -> list[float]:
+def repeat_seconds(fn, repeats: int, before=None, device=None) -> list[float]:
     """Wall seconds of `repeats` calls of `fn` after one untimed warm-up call; `before()`, untimed,
-    runs ahead of every call (e.g. what precedes the call in a round, leaving the caches as it does)."""
+    runs ahead of every call (e.g. what precedes the call in a round, leaving the caches as it does).
+    On a CUDA `device` each call is timed to the end of its kernels."""
+    sync = torch.cuda.synchronize if device is not None and torch.device(device).type == "cuda" else None
     times = []
     for i in range(repeats + 1):
         if before is not None:
             before()
+        if sync:
+            sync(device)
         start = time.perf_counter()
         fn()
+        if sync:
+            sync(device)
         if i:
             times.append(time.perf_counter() - start)
     return times
 
 
-def _median_seconds(fn, repeats: int, before=None) -> float:
-    return statistics.median(repeat_seconds(fn, repeats, before))
+def _median_seconds(fn, repeats: int, before=None, device=None) -> float:
+    return statistics.median(repeat_seconds(fn, repeats, before, device))
 
 
 @torch.no_grad()
@@ -194,11 +200,9 @@ def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), 
             def step():
                 cache.rollback(lengths)
                 model(tokens, cache.next_positions(T), cache)
-                if param.device.type == "cuda":
-                    torch.cuda.synchronize(param.device)
 
             work = profiled.forward_work(cfg.shape(), cfg.vocab_size, B, T, S + T, bytes_per_value=param.element_size())
-            samples.append((work, _median_seconds(step, repeats)))
+            samples.append((work, _median_seconds(step, repeats, device=param.device)))
     return samples
 
 
@@ -221,8 +225,9 @@ def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, rep
         def book():
             Rows.start(tokens[:, 0], 2 * (k + 1), k).settle(cache, tokens, positions, None, q, logits, 1.0, gen)
 
-        samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats)))
-        draws.append((B * vocab_size, _median_seconds(lambda: sample(probabilities(logits[:, 0], 1.0), gen), repeats)))
+        samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats, device=device)))
+        draws.append((B * vocab_size, _median_seconds(lambda: sample(probabilities(logits[:, 0], 1.0), gen), repeats,
+                                                      device=device)))
     return samples, draws
 
 
@@ -257,8 +262,8 @@ def profile_drafts(target: Transformer, factories: Mapping[str, Callable[[torch.
 
         for method, draft in drafts.items():
             draft.begin(shared.verified, k)
-            propose = _median_seconds(lambda: draft.propose(shared.pending, n, k), repeats, verify)
-            out[method].append((B, L, propose, _median_seconds(lambda: draft.accept(verified), repeats, verify)))
+            propose = _median_seconds(lambda: draft.propose(shared.pending, n, k), repeats, verify, device)
+            out[method].append((B, L, propose, _median_seconds(lambda: draft.accept(verified), repeats, verify, device)))
     return out
 
 
@@ -267,8 +272,8 @@ def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None
             methods: Mapping[str, tuple[profiled.DraftShape, Callable[[torch.Generator], object]]] | None = None,
             **grid) -> tuple[profiled.ProfiledCost, list]:
     """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`) and
-    the bookkeeping; fit the profiled cost model; then, for every drafting method in `methods` ({method: (its DraftShape, its draft
-    factory)}), time its own propose and accept calls (`profile_drafts`) and fit its
+    the bookkeeping; fit the profiled cost model; then, for every drafting method in `methods`
+    ({method: (its DraftShape, its draft factory)}), time its own propose and accept calls (`profile_drafts`) and fit its
     `profiled.DraftOverhead`. Returns (cost, forward samples)."""
     samples = profile_forwards({"target": target, **(drafts or {})}, **grid)
     device = next(target.parameters()).device

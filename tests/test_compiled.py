@@ -27,7 +27,8 @@ def test_compiled_decoding_emits_the_eager_greedy_tokens():
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=4)).eval()
     contexts = torch.randint(0, CFG.vocab_size, (4, 20), generator=torch.Generator().manual_seed(3))
     lengths = torch.tensor([20, 18, 20, 17])  # ragged contexts; prefill (> 16 tokens) stays eager
-    drafts = {"ad": (None, lambda: None), "magicdec": (None, lambda: MagicDecDraft(target, SinkWindow(1, 6), temperature=0.0)),
+    drafts = {"ad": (None, lambda: None),
+              "magicdec": (None, lambda: MagicDecDraft(target, SinkWindow(1, 6), temperature=0.0)),
               "vanilla": (small, lambda: VanillaDraft(small, temperature=0.0)),
               "spire": (spire, lambda: SpireDraft(spire, temperature=0.0))}
     eager = {name: greedy(target, make(), contexts, lengths) for name, (_, make) in drafts.items()}

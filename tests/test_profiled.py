@@ -83,7 +83,8 @@ def test_a_methods_fitted_overhead_is_recovered_and_priced_in_its_rounds():
     spire = profiled.DraftShape("spire", SHAPE, keys=70, memory_layers=2)
     true = profiled.DraftOverhead(pass_s=4e-5, pass_per_row_s=2e-6, accept_s=1e-4, accept_per_row_s=5e-6)
     calls = [(B, L, profiled.propose_seconds(cost, spire, target, 100, B, L, 4) + 4 * (4e-5 + 2e-6 * B),
-              profiled.accept_seconds(cost, spire, target, B, 4) + 1e-4 + 5e-6 * B) for B in (1, 16, 64) for L in (64, 960)]
+              profiled.accept_seconds(cost, spire, target, B, 4) + 1e-4 + 5e-6 * B)
+             for B in (1, 16, 64) for L in (64, 960)]
     got = profiled.fit_draft(cost, spire, target, 100, 4, calls)
     for name in ("pass_s", "pass_per_row_s", "accept_s", "accept_per_row_s"):
         assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name

@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--roofline", action="store_true",
                         help="time single forwards of every kind against this machine's roofline instead")
     parser.add_argument("--compile", action="store_true",
-                        help="also decode through compiled graphs (Transformer.compile_decoding), side by side with eager")
+                        help="also decode through compiled graphs (Transformer.compile_decoding), beside eager")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -95,8 +95,8 @@ def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCos
         measured = float(np.median(t.seconds)) / t.rounds[0]
         modeled = modeled_step_seconds(target, t.batch, t.context, peak_flops=peak_flops, bandwidth=bandwidth,
                                        bytes_per_value=bytes_per_value)
-        reads = t.context + (new_tokens if t.compiled else new_tokens // 2)  # compiled: the whole capacity
-        fitted = profiled.ad_step_seconds(cost, target.shape(), target.vocab_size, t.batch, reads, bytes_per_value)
+        fitted = profiled.ad_step_seconds(cost, target.shape(), target.vocab_size, t.batch,
+                                          profiled.ad_keys(t.context, new_tokens, t.compiled), bytes_per_value)
         rows.append({"L": t.context, "B": t.batch, "measured": 1e3 * measured, "modeled": 1e3 * modeled,
                      "ratio": measured / modeled, "profiled": 1e3 * fitted})
     return rows
