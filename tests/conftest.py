@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spirelib import workbook
+from spirelib import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -23,6 +23,6 @@ def fixture_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fixture_run")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rc = workbook.main(["run", "--params", str(FIXTURES / "params.yaml"),
+        rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"),
                             "--notebooks", str(FIXTURES / "notebooks"), "--out", str(out)])
     return rc, out, printed.getvalue()

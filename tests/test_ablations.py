@@ -2,9 +2,9 @@
 
 import pytest
 
-from spirelib import perfmodel
-from spirelib.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
-from spirelib.spire import ABLATIONS
+from spirelib.engine.spire import ABLATIONS
+from spirelib.modeling import perfmodel
+from spirelib.modeling.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
 
 
 def paper_multipliers(B=64, L=512):
@@ -30,7 +30,7 @@ def test_every_trained_ablation_has_a_component_and_partial_sets_rank_what_they_
 
 
 def test_order_agreement_compares_only_the_components_ranked():
-    from spirelib.ablations import matches_paper_order
+    from spirelib.modeling.ablations import matches_paper_order
 
     assert matches_paper_order(importance(paper_multipliers()))
     assert matches_paper_order([("pruned init", 0.3), ("MixedLoss", 0.1)])  # a partial ranking in the paper's order
@@ -38,7 +38,7 @@ def test_order_agreement_compares_only_the_components_ranked():
 
 
 def test_unresolved_differences_get_no_rank():
-    from spirelib.ablations import MEASURED_COMPONENTS, resolved_ranking
+    from spirelib.modeling.ablations import MEASURED_COMPONENTS, resolved_ranking
 
     assert "sparse KV" not in MEASURED_COMPONENTS and len(MEASURED_COMPONENTS) == len(COMPONENTS) - 1
     ranking = importance(paper_multipliers())

@@ -1,11 +1,11 @@
-"""tau from acceptance and the best draft depth (spec 8 vocabulary: tau includes the bonus token)."""
+"""tau from acceptance and the best draft depth (method §8 vocabulary: tau includes the bonus token)."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spirelib.acceptance import (
+from spirelib.modeling.acceptance import (
     acceptance_rate,
     alpha_from_tau,
     best_k,
@@ -15,7 +15,7 @@ from spirelib.acceptance import (
     tau_from_counts,
     tau_from_per_position,
 )
-from spirelib.perfmodel import throughput_multiplier
+from spirelib.modeling.perfmodel import throughput_multiplier
 
 
 def test_tau_from_alpha_matches_the_closed_form_and_its_limits():

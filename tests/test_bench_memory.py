@@ -1,4 +1,4 @@
-"""`python -m spirelib.bench memory`: one training step per model runs and is measured; the
+"""`spire bench memory`: one training step per model runs and is measured; the
 table's per-token, fixed and V-scaling parts are the stated differences."""
 
 import pytest

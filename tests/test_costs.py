@@ -1,9 +1,9 @@
-"""Training-cost accounting and the paper's cost analysis (spec 2)."""
+"""Training-cost accounting and the paper's cost analysis (method §2)."""
 
 import numpy as np
 import pytest
 
-from spirelib.costs import (
+from spirelib.modeling.costs import (
     break_even_serving,
     chinchilla_tokens,
     cost_table,
@@ -11,7 +11,7 @@ from spirelib.costs import (
     serving_savings,
     training_flops,
 )
-from spirelib.perfmodel import PAPER_MULTIPLIERS, PAPER_TAU, throughput_multiplier
+from spirelib.modeling.perfmodel import PAPER_MULTIPLIERS, PAPER_TAU, throughput_multiplier
 
 TAU = PAPER_TAU[512]
 

@@ -1,4 +1,4 @@
-"""Corpora, the document split, and deterministic window/context sampling (spirelib.data)."""
+"""Corpora, the document split, and deterministic window/context sampling (spirelib.training.data)."""
 
 import json
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib import data
-from spirelib.data import FlatDocs, LongCrawl64, WindowSampler, eval_contexts, load_corpus, split_documents
+from spirelib import cli
+from spirelib.training import data
+from spirelib.training.data import FlatDocs, LongCrawl64, WindowSampler, eval_contexts, load_corpus, split_documents
 
 
 @pytest.fixture(autouse=True)
@@ -192,9 +193,10 @@ def test_longcrawl64_fixture_overwrites_only_a_fixture(tmp_path, capsys):
     make_zarr_store(tmp_path)  # stands for a real copy of the dataset
     with pytest.raises(FileExistsError, match="not a generated fixture"):
         data.write_longcrawl64_fixture(tmp_path)
-    assert data.main(["fixture", "longcrawl64", str(tmp_path)]) == 2 and "refusing" in capsys.readouterr().err
+    assert cli.main(["data", "fixture", "longcrawl64", str(tmp_path)]) == 2 and "refusing" in capsys.readouterr().err
     assert LongCrawl64(str(tmp_path)).train.rows == 10  # untouched
-    assert data.main(["fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "2", "--doc-len", "300"]) == 0
-    assert data.main(["fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "3"]) == 0  # a fixture: rewritten
+    assert cli.main(["data", "fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "2", "--doc-len", "300"]) == 0
+    assert cli.main(["data", "fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "3"]) == 0  # a fixture: rewritten
     assert LongCrawl64(str(tmp_path / "fx")).train.rows == 3
-    assert data.main(["fixture", "nope", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit, match="2"):  # argparse: not a kind of fixture
+        cli.main(["data", "fixture", "nope", str(tmp_path)])

@@ -19,9 +19,9 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.data import FlatDocs
-    from spirelib.model import ModelConfig, Transformer
-    from spirelib.train import TrainConfig, lm_objective, train
+    from spirelib.training.data import FlatDocs
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.training.train import TrainConfig, lm_objective, train
 
     torch.set_num_threads(1)
     out = sys.argv[1]
@@ -71,10 +71,10 @@ SPIRE_WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.data import FlatDocs
-    from spirelib.model import ModelConfig, Transformer
-    from spirelib.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
-    from spirelib.train import TrainConfig, train
+    from spirelib.training.data import FlatDocs
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
+    from spirelib.training.train import TrainConfig, train
 
     torch.set_num_threads(1)
     out, micro = sys.argv[1], int(sys.argv[2])

@@ -17,9 +17,11 @@ import nbformat
 import pytest
 import yaml
 
-from spirelib import data, workbook
-from spirelib import series as series_config
-from spirelib.series import Series
+from spirelib import cli
+from spirelib.training import data
+from spirelib.training import series as series_config
+from spirelib.training.series import Series
+from spirelib.workbook import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -37,7 +39,7 @@ def isolated(tmp_path, monkeypatch):
 
 
 def paper_series() -> dict:
-    return workbook.load_params(PAPER)["series"]
+    return runner.load_params(PAPER)["series"]
 
 
 # ---------------------------------------------------------------------------- the series' dry run
@@ -63,8 +65,8 @@ def test_series_dry_run_keeps_every_shape_and_scales_every_budget():
 # ---------------------------------------------------------------------------- the notebook override table
 
 def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
-    declared = {p.stem: workbook.declared_parameters(p) for p in workbook.discover(NOTEBOOKS)}
-    for stem, overrides in workbook.DRY_RUN_NOTEBOOKS.items():
+    declared = {p.stem: runner.declared_parameters(p) for p in runner.discover(NOTEBOOKS)}
+    for stem, overrides in runner.DRY_RUN_NOTEBOOKS.items():
         assert stem in declared, stem
         assert set(overrides) <= set(declared[stem]), (stem, set(overrides) - set(declared[stem]))
 
@@ -72,14 +74,14 @@ def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
 @pytest.mark.parametrize("params_file, corpus_path", [("paper.yaml", "/somewhere/lc64"), ("smoke.yaml", None)])
 def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook(params_file, corpus_path):
     path = ROOT / "params" / params_file
-    _, _, full = workbook.plan(path, NOTEBOOKS)
-    _, _, dry = workbook.plan(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
+    _, _, full = runner.plan(path, NOTEBOOKS)
+    _, _, dry = runner.plan(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
     assert dry.keys() == full.keys()
     for stem, chosen in dry.items():
-        table = workbook.DRY_RUN_NOTEBOOKS.get(stem, {})
+        table = runner.DRY_RUN_NOTEBOOKS.get(stem, {})
         for key, value in chosen.items():
             if key == "series":
-                want = series_config.dry_run(workbook.with_corpus_path(
+                want = series_config.dry_run(runner.with_corpus_path(
                     {"series": full[stem].get("series", {})}, corpus_path)["series"])
                 assert value == want and Series.from_dict(value).device == "cpu"
             elif key in table:
@@ -89,21 +91,21 @@ def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook
                 assert value == full[stem][key], (stem, key)  # not a budget: the file's value
         assert set(chosen) - set(full[stem]) <= set(table) | {"series"}
         # a notebook with the series gets its dry run even when the file has no series section (smoke.yaml)
-        assert ("series" in chosen) == ("series" in workbook.declared_parameters(NOTEBOOKS / f"{stem}.ipynb"))
+        assert ("series" in chosen) == ("series" in runner.declared_parameters(NOTEBOOKS / f"{stem}.ipynb"))
     assert dry["05_ablations"]["ablation_training"]["steps"] == 2 and len(dry["05_ablations"]["ablation_seeds"]) == 1
     assert full["01_performance_model"] == dry["01_performance_model"]  # numpy-only notebooks run as they are
 
 
 def test_the_ablation_budget_of_the_dry_run_is_the_spire_drafts_so_its_model_is_reused():
-    _, _, dry = workbook.plan(PAPER, NOTEBOOKS, dry_run=True)
+    _, _, dry = runner.plan(PAPER, NOTEBOOKS, dry_run=True)
     series = Series.from_dict(dry["05_ablations"]["series"])
     assert series.training(dry["05_ablations"]["ablation_training"], "ablation_training") == series.spire_training
 
 
 def test_a_dry_run_value_that_does_not_fit_its_notebook_is_reported(monkeypatch):
-    monkeypatch.setitem(workbook.DRY_RUN_NOTEBOOKS, "04_measure_tau", {"n_contexts": "two"})
-    with pytest.raises(workbook.ParamsError, match="dry run of 04_measure_tau: n_contexts: expected int"):
-        workbook.plan(PAPER, NOTEBOOKS, dry_run=True)
+    monkeypatch.setitem(runner.DRY_RUN_NOTEBOOKS, "04_measure_tau", {"n_contexts": "two"})
+    with pytest.raises(runner.ParamsError, match="dry run of 04_measure_tau: n_contexts: expected int"):
+        runner.plan(PAPER, NOTEBOOKS, dry_run=True)
 
 
 # ---------------------------------------------------------------------------- the runner's wiring
@@ -114,7 +116,7 @@ def _probe_notebook(folder: Path) -> Path:
     params = nbformat.v4.new_code_cell("series: dict = {}")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, nbformat.v4.new_code_cell(
-        "import os\nfrom spirelib.results import record\nfrom spirelib.series import Series\n"
+        "import os\nfrom spirelib.workbook.results import record\nfrom spirelib.training.series import Series\n"
         "s = Series.from_dict(series)\n"
         "record('series', series)\nrecord('cache', os.environ.get('SPIRE_CACHE_DIR'))\n"
         "record('train_rows', s.data().dataset.train.rows)")]
@@ -128,25 +130,25 @@ def test_dry_run_cli_writes_to_stem_dry_run_with_its_own_cache_on_a_generated_fi
     notebooks = _probe_notebook(isolated / "notebooks")
     params = isolated / "paper.yaml"
     params.write_text(yaml.safe_dump({"series": {**paper_series(), "corpus_path": "no/such/folder"}}))
-    monkeypatch.setattr(workbook, "project_root", lambda: isolated)
+    monkeypatch.setattr(runner, "project_root", lambda: isolated)
     out = isolated / "outputs" / "paper-dry-run"
-    assert workbook.main(["check", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
+    assert cli.main(["check", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
     assert "a run uses the generated fixture" in capsys.readouterr().out and not out.exists()  # check writes nothing
-    assert workbook.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
+    assert cli.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run"]) == 0
     run = json.loads((out / "run.json").read_text())
     got = json.loads((out / "results.json").read_text())["01_probe"]
-    fixture = out / workbook.FIXTURE_FOLDER
+    fixture = out / runner.FIXTURE_FOLDER
     assert run["dry_run"] is True and run["notebooks"]["01_probe"]["status"] == "ok"
     assert got["series"] == series_config.dry_run({**paper_series(), "corpus_path": str(fixture.resolve())})
     assert got["cache"] == str(out / "cache") and got["train_rows"] == 8
     assert "using the generated fixture" in capsys.readouterr().out
     # --corpus-path wins over the fixture, and a plain run is no dry run
     data.write_longcrawl64_fixture(isolated / "lc", train_docs=3)
-    assert workbook.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run",
+    assert cli.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run",
                           "--corpus-path", str(isolated / "lc"), "--out", str(isolated / "other")]) == 0
     got = json.loads((isolated / "other" / "results.json").read_text())["01_probe"]
     assert got["train_rows"] == 3 and got["series"]["corpus_path"] == str(isolated / "lc")
-    assert not (isolated / "other" / workbook.FIXTURE_FOLDER).exists()
+    assert not (isolated / "other" / runner.FIXTURE_FOLDER).exists()
 
 
 # ---------------------------------------------------------------------------- at the paper's shapes
@@ -166,7 +168,7 @@ def test_notebook_04_runs_at_the_paper_shapes_with_dry_run_budgets(isolated):
     """The SPIRe loss (its draft's k-pass training), the vanilla draft and the target trained at
     V = 50,304, then tau for every method: the heart of the dry run, in under a minute."""
     out = isolated / "out"
-    rc = workbook.main(["run", "--params", str(PAPER), "--notebooks", str(NOTEBOOKS), "--dry-run", "--only", "04",
+    rc = cli.main(["run", "--params", str(PAPER), "--notebooks", str(NOTEBOOKS), "--dry-run", "--only", "04",
                         "--out", str(out)])
     entry = json.loads((out / "run.json").read_text())["notebooks"]["04_measure_tau"]
     assert rc == 0 and entry["status"] == "ok", entry.get("error")
@@ -177,7 +179,7 @@ def test_notebook_04_runs_at_the_paper_shapes_with_dry_run_budgets(isolated):
 @pytest.mark.slow
 def test_the_whole_paper_series_runs_as_a_dry_run_on_a_longcrawl64_fixture(isolated):
     out = isolated / "out"
-    rc = workbook.main(["run", "--params", str(PAPER), "--notebooks", str(NOTEBOOKS), "--dry-run", "--out", str(out)])
+    rc = cli.main(["run", "--params", str(PAPER), "--notebooks", str(NOTEBOOKS), "--dry-run", "--out", str(out)])
     run = json.loads((out / "run.json").read_text())
     failed = {stem: e.get("error") for stem, e in run["notebooks"].items() if e["status"] != "ok"}
     assert rc == 0 and not failed, failed

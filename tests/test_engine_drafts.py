@@ -17,12 +17,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from spirelib.drafts import MagicDecDraft, VanillaDraft
-from spirelib.kvcache import DenseKVCache, SinkWindow
-from spirelib.model import ModelConfig, Transformer
-from spirelib.sampling import probabilities
-from spirelib.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation, spire_draft
+from spirelib.engine.drafts import MagicDecDraft, VanillaDraft
+from spirelib.engine.kvcache import DenseKVCache, SinkWindow
+from spirelib.engine.sampling import probabilities
+from spirelib.engine.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.engine.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation, spire_draft
+from spirelib.engine.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=23, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 SMALL = ModelConfig(vocab_size=23, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
@@ -219,7 +219,7 @@ def test_every_round_proposes_what_a_fresh_draft_over_the_accepted_prefix_propos
 
 @pytest.mark.parametrize("variant", sorted(ABLATIONS))
 def test_k_pass_training_equals_inference_through_the_engine(variant):
-    """For every ablation (spec 3.8), each round's draft distributions q inside
+    """For every ablation (method §3.8), each round's draft distributions q inside
     `speculative_generate` equal the training forward on the same text: `k_pass_logits` over
     the accepted prefix (target memory, from the target's residual stream) followed by the
     block the draft ran (the pending token and its first k - 1 proposals, teacher-forced),
@@ -334,7 +334,7 @@ def test_pruned_init_copies_every_tensor_it_should_and_random_init_none():
 
 
 def test_feedback_memory_is_the_softmax_mixture_of_the_embedding_and_every_layer_output():
-    """m^i = sum_l softmax(w_i)_l x^l over x^0 (the embedding) .. x^{n_d} (spec 3.2), by hand,
+    """m^i = sum_l softmax(w_i)_l x^l over x^0 (the embedding) .. x^{n_d} (method §3.2), by hand,
     with non-uniform mixing logits; every term, the embedding's too, moves each m^i by its
     weight."""
     target = random_target()

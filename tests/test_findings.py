@@ -3,8 +3,8 @@ recorded results, each number linked to its notebook."""
 
 import re
 
-from spirelib import findings
-from spirelib.findings import findings_section, verdict_section
+from spirelib.workbook import findings
+from spirelib.workbook.findings import findings_section, verdict_section
 
 RUN = {"notebooks": {"01_performance_model": {"html": "01_performance_model.html"},
                      "04_measure_tau": {"html": "04_measure_tau.html"},
@@ -85,7 +85,7 @@ def test_no_recorded_results_means_no_verdict_and_no_details():
 
 
 def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such():
-    from spirelib.findings import _claim_ablations, _claim_measured
+    from spirelib.workbook.findings import _claim_ablations, _claim_measured
 
     results = {"05_ablations": {"importance": [
         {"part": "sparse KV", "multiplier_lost": 0.76, "resolved": True, "rank": 1},

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from spirelib import hardware
-from spirelib.hardware import (
+from spirelib.modeling import hardware
+from spirelib.modeling.hardware import (
     BYTES_PER_VALUE,
     HARDWARE,
     Hardware,
@@ -82,7 +82,7 @@ def test_operating_points_take_each_devices_first_dtypes_in_order():
 def test_the_profiled_entry_is_kept_beside_the_calibrated_one(tmp_path, monkeypatch):
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path))
     save_measured({"fp32": 2.4e11}, 1.5e10)
-    save_measured({"fp32": 6e10}, 5e9, name=hardware.PROFILED_NAME, source="fitted by spirelib.profiled")
+    save_measured({"fp32": 6e10}, 5e9, name=hardware.PROFILED_NAME, source="fitted by spirelib.modeling.profiled")
     table = hardware_table()
     assert table["this-machine"].hoi("fp32") == pytest.approx(16.0)
     assert table["this-machine-profiled"].hoi("fp32") == pytest.approx(12.0)

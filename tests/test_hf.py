@@ -1,4 +1,4 @@
-"""Hugging Face Llama checkpoints in, our models out (issue 13, phase 1; spirelib/hf.py).
+"""Hugging Face Llama checkpoints in, our models out (issue 13, phase 1; spirelib/training/hf.py).
 
 Tiny random Llama models built here with `transformers` (a test-only dependency; nothing
 is downloaded), saved with `save_pretrained`, loaded with `hf.load_model` and compared
@@ -22,11 +22,11 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from spirelib import hf  # noqa: E402
-from spirelib.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
-from spirelib.kvcache import DenseKVCache, SinkWindow  # noqa: E402
-from spirelib.model import ModelConfig, Transformer  # noqa: E402
-from spirelib.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from spirelib.engine.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
+from spirelib.engine.kvcache import DenseKVCache, SinkWindow  # noqa: E402
+from spirelib.engine.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from spirelib.engine.transformer import ModelConfig, Transformer  # noqa: E402
+from spirelib.training import hf  # noqa: E402
 
 V = 101
 TOL = 1e-4
@@ -427,7 +427,7 @@ LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json
 
 
 def test_published_llama2_llama3_and_llama31_configs_parse_and_yarn_is_refused():
-    from spirelib.perfmodel import PRESETS
+    from spirelib.modeling.perfmodel import PRESETS
 
     llama3 = hf.config_from_hf(LLAMA3_8B)
     assert llama3.shape() == PRESETS["llama3-8b"] and llama3.rope_base == 500000.0 and llama3.norm_eps == 1e-5
@@ -477,7 +477,7 @@ def qwen2(tmp_path_factory):
 def test_llama3_rope_frequencies_are_transformers_bitwise():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from spirelib.rope import rope_frequencies
+    from spirelib.engine.rope import rope_frequencies
 
     config = LlamaConfig(hidden_size=128, num_attention_heads=1, head_dim=128, max_position_embeddings=131072,
                          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
@@ -548,7 +548,7 @@ def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
     test_model); the sink keys are re-rotated by the distance they move, in scaled frequencies."""
     from dataclasses import replace
 
-    from spirelib.kvcache import SinkWindowKVCache
+    from spirelib.engine.kvcache import SinkWindowKVCache
 
     torch.manual_seed(14)
     ours = Transformer(replace(scaled[2].cfg, num_layers=1)).eval()
@@ -566,7 +566,7 @@ def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
 
 
 def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_the_original_context(scaled):
-    from spirelib.spire import SpireConfig, SpireDraft, SpireDraftModel
+    from spirelib.engine.spire import SpireConfig, SpireDraft, SpireDraftModel
 
     ref, _, ours = scaled
     lengths = torch.tensor([20, 14])
@@ -620,7 +620,7 @@ def test_a_tied_checkpoint_with_a_different_lm_head_is_refused(scaled, tmp_path)
 
 
 def test_a_tied_model_checkpoints_once_stays_tied_and_resumes_training(scaled, tmp_path):
-    from spirelib import checkpoint
+    from spirelib.training import checkpoint
 
     def fresh():
         torch.manual_seed(17)

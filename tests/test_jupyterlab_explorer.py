@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 
-from spirelib import perfmodel as pm
 from spirelib.frontend import HEADLESS_ENV
-from spirelib.hardware import BYTES_PER_VALUE, HARDWARE
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.hardware import BYTES_PER_VALUE, HARDWARE
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = NEEDS_BROWSER

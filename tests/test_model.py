@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from spirelib.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
-from spirelib.model import ModelConfig, Transformer
+from spirelib.engine.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.engine.transformer import ModelConfig, Transformer
 
 TINY = ModelConfig(vocab_size=61, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
 
@@ -25,7 +25,7 @@ def layer_stack_params(model: Transformer) -> int:
 
 
 def test_body_params_match_the_performance_model():
-    from spirelib.perfmodel import body_params
+    from spirelib.modeling.perfmodel import body_params
 
     model = tiny_model()
     assert layer_stack_params(model) == body_params(TINY.shape())
@@ -162,7 +162,7 @@ def test_prefill_fast_path_equals_the_masked_path():
 def test_rope_frequencies_are_computed_as_hugging_face_does():
     """1 / base^(i/d), not base^(-i/d): they differ by an ulp in about a third of the
     frequencies, which moves the logits past 100k tokens of relative distance (issue 13)."""
-    from spirelib.rope import rope_rotation
+    from spirelib.engine.rope import rope_rotation
 
     positions = torch.tensor([[131072]])
     inv_freq = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128)
@@ -176,7 +176,7 @@ def test_config_fields_added_later_leave_existing_config_hashes_unchanged():
     import json
     from dataclasses import replace
 
-    from spirelib.checkpoint import config_hash
+    from spirelib.training.checkpoint import config_hash
 
     cfg = ModelConfig(vocab_size=4096, num_layers=4, d_model=128, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
     assert config_hash(cfg.to_dict()) == "80caf671a82bb05b5f8f8590eab6ca298172682921408652e204a873be7243bf"

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from spirelib import workbook
+from spirelib import cli
+from spirelib.workbook import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-SERIES = workbook.discover(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
+SERIES = runner.discover(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def smoke_out(tmp_path_factory):
 
 @pytest.mark.parametrize("notebook", SERIES, ids=[p.stem for p in SERIES])
 def test_notebook_runs_under_smoke_params(notebook, smoke_out):
-    rc = workbook.main(["run", "--params", str(ROOT / "params" / "smoke.yaml"), "--notebooks", str(NOTEBOOKS),
+    rc = cli.main(["run", "--params", str(ROOT / "params" / "smoke.yaml"), "--notebooks", str(NOTEBOOKS),
                         "--only", notebook.stem, "--out", str(smoke_out), "--cell-timeout", "900"])
     entry = json.loads((smoke_out / "run.json").read_text())["notebooks"][notebook.stem]
     assert rc == 0 and entry["status"] == "ok", f"{notebook.name}: {entry.get('error')} (report: {smoke_out})"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from spirelib import workbook
+from spirelib.workbook import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -67,7 +67,7 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters', want exactly 1"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec python3 missing"
-    declared = workbook.declared_parameters(path)
+    declared = runner.declared_parameters(path)
     untyped = [name for name, t in declared.items() if t == "None"]
     assert not untyped, f"{path.name}: parameters without a type annotation: {untyped}"
     assigned = [node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
@@ -78,4 +78,4 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_series_notebook_is_named_nn_name(path):
-    assert workbook.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"
+    assert runner.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"

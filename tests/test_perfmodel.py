@@ -1,4 +1,4 @@
-"""The throughput model (spec 2): every number the spec states, a plain reference, invariants."""
+"""The throughput model (method §2): every number the spec states, a plain reference, invariants."""
 
 import subprocess
 import sys
@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spirelib import perfmodel as pm
-from spirelib.perfmodel import (
+from spirelib import cli
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.perfmodel import (
     PAPER_ABLATION_TAU,
     PAPER_DRAFTS,
     PAPER_TAU,
@@ -74,7 +75,7 @@ def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, wind
 
 
 def reference_over_generation(method, tau, B, L, G, target, draft, k=4):
-    """The G-aware variant of spec 2, written as the loops it describes."""
+    """The G-aware variant of method §2, written as the loops it describes."""
     cap = float("inf") if method == "vanilla" else reference_klen(method, L)  # sparse: fixed by the initial L
     ad = sum(reference_times(method, B, L + g, 0, target, draft, k)[0] for g in range(G))
     sd, i = 0.0, 0.0
@@ -388,14 +389,12 @@ def test_model_shapes_and_lengths_validate():
 
 
 def test_benchmark_runs(capsys):
-    from spirelib.bench import perfmodel as bench
-
-    assert bench.main(["--repeat", "1"]) == 0
+    assert cli.main(["bench", "perfmodel", "--repeat", "1"]) == 0
     assert "256 x 256" in capsys.readouterr().out
 
 
 def test_the_model_imports_without_torch():
-    code = ("import sys; import spirelib.perfmodel, spirelib.acceptance, spirelib.costs, spirelib.hardware; "
+    code = ("import sys; import spirelib.modeling.perfmodel, spirelib.modeling.acceptance, spirelib.modeling.costs, spirelib.modeling.hardware; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -7,10 +7,10 @@ import re
 import numpy as np
 import pytest
 
-from spirelib import perfmodel as pm
-from spirelib.hardware import HARDWARE
-from spirelib.plots.explorer import HOI_STEP, MANUAL_HOI, LiveExplorer, Scenario, slider_figure
-from spirelib.plots.perf import heatmap_figure, pow2_label, slice_figure
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.hardware import HARDWARE
+from spirelib.workbook.plots.explorer import HOI_STEP, MANUAL_HOI, LiveExplorer, Scenario, slider_figure
+from spirelib.workbook.plots.perf import heatmap_figure, pow2_label, slice_figure
 
 B = 2 ** np.arange(0, 8)
 L = 2 ** np.arange(5, 14)
@@ -88,7 +88,7 @@ def test_views_start_at_the_default_cell_when_asked_for_an_off_grid_one():
 
 
 def test_trained_scenario_prunes_the_target_for_spire_and_fixes_its_window():
-    from spirelib.model import ModelConfig
+    from spirelib.engine.transformer import ModelConfig
 
     target = ModelConfig(vocab_size=64, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
     vanilla = dataclasses.replace(target, num_layers=2, d_model=16, d_head=4, d_ff=32)
@@ -162,7 +162,7 @@ def test_sliders_redraw_on_release():
 
 
 def test_winner_figure_names_the_best_method_and_ad_where_nothing_gains():
-    from spirelib.plots.perf import winner_figure
+    from spirelib.workbook.plots.perf import winner_figure
 
     grids = {"spire": np.array([[2.0, 0.5]]), "vanilla": np.array([[1.5, 0.8]])}
     fig = winner_figure([64], [512, 1024], grids, title="t")
@@ -172,7 +172,7 @@ def test_winner_figure_names_the_best_method_and_ad_where_nothing_gains():
 
 
 def test_long_titles_wrap_inside_the_figure_and_get_room_above_the_plot():
-    from spirelib.plots.perf import TITLE_WIDTH, winner_figure, wrap_title
+    from spirelib.workbook.plots.perf import TITLE_WIDTH, winner_figure, wrap_title
 
     title = ("Best method per (B, L): paper shapes, taus measured in this run by notebook 04 at L = 64, "
              "mixed lengths (sigma 1)")
@@ -191,7 +191,7 @@ def test_long_titles_wrap_inside_the_figure_and_get_room_above_the_plot():
 
 
 def test_tables_and_legends_show_display_names():
-    from spirelib.display import markdown_table
+    from spirelib.workbook.display import markdown_table
 
     table = markdown_table([{"scale": "paper shapes", "magicdec": 2.0, "winner": "magicdec"}]).data
     assert "| scale | MagicDec | winner |" in table and "| paper shapes | 2.000 | MagicDec |" in table
@@ -199,7 +199,7 @@ def test_tables_and_legends_show_display_names():
 
 
 def test_draft_training_legend_stays_short_for_six_runs():
-    from spirelib.plots.training import draft_training_figure
+    from spirelib.workbook.plots.training import draft_training_figure
 
     metrics = [{"kind": kind, "tokens": t, "distill_ce": 3.0, "hard_ce": 3.1, **{f"alpha_{j}": 0.5 for j in (1, 2, 3, 4)}}
                for t in (10, 20) for kind in ("train", "val")]

@@ -6,9 +6,9 @@ import statistics
 import pytest
 import torch
 
-from spirelib import profiled
-from spirelib.model import ModelConfig, Transformer
-from spirelib.perfmodel import ModelShape, body_params
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.modeling import profiled
+from spirelib.modeling.perfmodel import ModelShape, body_params
 
 SHAPE = ModelShape(num_layers=2, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
 
@@ -64,7 +64,7 @@ def test_a_round_is_the_drafts_passes_the_verification_and_the_bookkeeping():
 
 
 def test_the_profiling_pass_times_real_forwards_and_the_fit_explains_them():
-    from spirelib.wallclock import profile
+    from spirelib.engine.wallclock import profile
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
@@ -96,9 +96,9 @@ def test_a_methods_fitted_overhead_is_recovered_and_priced_in_its_rounds():
 
 
 def test_the_profiling_pass_times_each_methods_own_propose_and_accept():
-    from spirelib.drafts import draft_factory, vanilla_draft_config
-    from spirelib.spire import SpireConfig, SpireDraftModel
-    from spirelib.wallclock import profile, profile_drafts
+    from spirelib.engine.drafts import draft_factory, vanilla_draft_config
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel
+    from spirelib.engine.wallclock import profile, profile_drafts
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,

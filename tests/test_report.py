@@ -16,7 +16,7 @@ import plotly.offline
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from spirelib import report
+from spirelib.workbook import report
 
 
 def notebook_with(*outputs, markdown="# title"):

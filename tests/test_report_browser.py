@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 
-from spirelib import report, workbook
+from spirelib import cli
+from spirelib.workbook import report
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -53,7 +54,7 @@ def run_dir(tmp_path_factory):
     """The fixture notebook run headlessly by the runner; its index rebuilt over RESULTS."""
     out = tmp_path_factory.mktemp("report_run")
     with contextlib.redirect_stdout(io.StringIO()):
-        rc = workbook.main(["run", "--params", str(FIXTURES / "report_params.yaml"),
+        rc = cli.main(["run", "--params", str(FIXTURES / "report_params.yaml"),
                             "--notebooks", str(FIXTURES / "report_notebooks"), "--out", str(out)])
     assert rc == 0, json.loads((out / "run.json").read_text())
     run = json.loads((out / "run.json").read_text())

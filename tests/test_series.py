@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from spirelib import series as series_module
-from spirelib.series import Series, SeriesError
+from spirelib import cli
+from spirelib.training import series as series_module
+from spirelib.training.series import Series, SeriesError
 
 SMALL = dict(device="cpu", seed=0, corpus="stdlib", corpus_path="", tokenizer="bytes", vocab_size=256,
              target=dict(num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=8, d_ff=8),
@@ -66,31 +67,43 @@ def test_every_problem_is_reported_at_once():
 def test_nested_configs_must_agree_when_built_directly():
     from dataclasses import replace
 
-    from spirelib.train import TrainConfig
+    from spirelib.training.train import TrainConfig
 
     with pytest.raises(SeriesError, match="target_training.seed 3 differs"):
         replace(Series.from_dict(SMALL), target_training=TrainConfig(steps=1, seed=3))
 
 
-def test_cli_trains_the_target_from_a_params_file_and_notebooks_reuse_it(tmp_path, monkeypatch, capsys):
+def test_cli_trains_the_series_models_from_a_params_file_and_notebooks_reuse_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    tiny = dict(batch_size=2, seq_len=16, steps=3, eval_windows=2)
     config = dict(device="cpu", seed=0, corpus="text", corpus_path=str(tmp_path / "texts"), tokenizer="bytes",
-                  vocab_size=256, target=dict(num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
-                  target_training=dict(batch_size=2, seq_len=16, steps=3, eval_windows=2),
+                  vocab_size=256, target=dict(num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
+                  target_training=tiny, vanilla_training=tiny, spire_training=tiny,
                   spire=dict(num_layers=1, window=8, k=2))
     (tmp_path / "texts").mkdir()
     for i in range(4):
         (tmp_path / "texts" / f"{i}.txt").write_text(f"document {i} " * 40)
     params = tmp_path / "p.yaml"
     params.write_text(json.dumps({"series": config}))  # JSON is YAML
-    assert series_module.main(["target", "--params", str(params), "--no-progress"]) == 0
+    assert cli.main(["train", "target", "--params", str(params), "--no-progress"]) == 0
     assert "target-" in capsys.readouterr().out
     run = Series.from_dict(config).trained_target(progress=False)
     assert run.result.reused and run.summary["steps"] == 3
+    for model, variant in (("vanilla", "spire"), ("spire", "spire"), ("spire", "no_feedback")):
+        assert cli.main(["train", model, "--params", str(params), "--variant", variant, "--no-progress"]) == 0
+    fresh = Series.from_dict(config)
+    assert fresh.trained_vanilla_draft(progress=False).result.reused
+    assert fresh.trained_spire_draft("no_feedback", progress=False).result.reused
     params.write_text(json.dumps({"series": {**config, "sed": 0}}))
-    assert series_module.main(["target", "--params", str(params)]) == 2
-    assert "sed: not a series field (did you mean 'seed'?)" in capsys.readouterr().err
+    capsys.readouterr()
+    assert cli.main(["train", "spire", "--params", str(params), "--variant", "no_feedbak"]) == 2
+    err = capsys.readouterr().err
+    assert "2 problems, nothing was run" in err and "series.sed: not a series field (did you mean 'seed'?)" in err
+    assert "--variant no_feedbak: no such SPIRe variant" in err
+    params.write_text(json.dumps({"series": config}))
+    assert cli.main(["train", "vanilla", "--params", str(params), "--variant", "no_feedback"]) == 2
+    assert "only the spire draft has variants" in capsys.readouterr().err
     compiled = Series.from_dict({**config, "compile_decoding": True})
     assert compiled.trained_target(progress=False).model.compiled_decoding  # the same checkpoint, compiled
     assert not run.model.compiled_decoding
@@ -100,9 +113,9 @@ def _checkpoint(tmp_path):
     """A tiny random Llama checkpoint with a BPE tokenizer.json, as a user would bring one."""
     import torch
 
-    from spirelib import hf
-    from spirelib.model import ModelConfig, Transformer
-    from spirelib.tokenizer import BPETokenizer, train_bpe
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.training import hf
+    from spirelib.training.tokenizer import BPETokenizer, train_bpe
 
     tok = BPETokenizer(train_bpe(["the cat sat on the mat, the dog ate the hat"] * 20, 300))
     torch.manual_seed(0)
@@ -134,8 +147,6 @@ def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
     """02 evaluates the imported target, 03 trains both drafts for it, 04 measures all three taus."""
     from pathlib import Path
 
-    from spirelib import workbook
-
     monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
     folder, _ = _checkpoint(tmp_path)
@@ -148,7 +159,7 @@ def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
                       "04_measure_tau": {"context_lengths": [16], "n_contexts": 4, "decode_batch_size": 4}}}))
     out = tmp_path / "out"
     root = Path(__file__).resolve().parent.parent
-    assert workbook.main(["run", "--params", str(params), "--notebooks", str(root / "notebooks"), "--only",
+    assert cli.main(["run", "--params", str(params), "--notebooks", str(root / "notebooks"), "--only",
                           "02,03,04", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["02_train_target"]["target"]["imported_from"] == str(folder)
@@ -160,7 +171,7 @@ def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch)
     import torch
     from safetensors.torch import save_file
 
-    from spirelib import hf
+    from spirelib.training import hf
 
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
     folder, model = _checkpoint(tmp_path)

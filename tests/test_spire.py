@@ -4,7 +4,7 @@ lossless decoding through the engine."""
 import pytest
 import torch
 
-from spirelib.losses import (
+from spirelib.engine.losses import (
     distillation_loss,
     draft_losses,
     expected_acceptance,
@@ -12,9 +12,8 @@ from spirelib.losses import (
     head_draft_losses,
     mixed_loss,
 )
-from spirelib.model import ModelConfig, Transformer
-from spirelib.speculative import autoregressive_generate, speculative_generate
-from spirelib.spire import (
+from spirelib.engine.speculative import autoregressive_generate, speculative_generate
+from spirelib.engine.spire import (
     ABLATIONS,
     SpireConfig,
     SpireDraftModel,
@@ -23,6 +22,7 @@ from spirelib.spire import (
     block_positions,
     spire_draft,
 )
+from spirelib.engine.transformer import ModelConfig, Transformer
 
 TARGET = ModelConfig(vocab_size=29, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 
@@ -73,7 +73,7 @@ def test_block_positions_cover_the_sequence_after_position_zero():
 @pytest.mark.parametrize("variant", ["spire", "no_feedback"])
 @pytest.mark.parametrize("sink,window,k", [(1, 5, 3), (2, 7, 4), (0, 4, 4), (1, 12, 3), (2, 10, 3)])
 def test_k_pass_training_equals_step_by_step_inference(variant, sink, window, k):
-    """The efficient training computes exactly what inference computes (spec 3.6): for every
+    """The efficient training computes exactly what inference computes (method §3.6): for every
     block, running the draft step by step on the same tokens, with target memory for the
     context before the block, gives the same logits as the k-pass forward. Windows of at
     least 2k make several blocks share a gathered band (the last chunk partly padding)."""
@@ -267,8 +267,8 @@ def test_spire_draft_trains_the_same_with_gradient_accumulation(tmp_path):
     logged metrics (loss, alpha per position) of whole-batch steps, to float tolerance."""
     import numpy as np
 
-    from spirelib.data import FlatDocs
-    from spirelib.train import TrainConfig, train
+    from spirelib.training.data import FlatDocs
+    from spirelib.training.train import TrainConfig, train
 
     target = random_target(std=0.3)
     tokens = np.random.default_rng(0).integers(0, TARGET.vocab_size, 2000)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.acceptance import tau_from_per_position
-from spirelib.model import ModelConfig, Transformer
-from spirelib.tables import ablations as tables
-from spirelib.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
+from spirelib.engine.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.modeling.acceptance import tau_from_per_position
+from spirelib.workbook.tables import ablations as tables
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 
@@ -32,7 +32,7 @@ def test_budget_note():
 
 
 def test_variant_counts_pair_every_variant_and_seed():
-    from spirelib.spire import SpireConfig, SpireDraftModel
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel
 
     torch.manual_seed(0)
     target = Transformer(CFG).double().eval()
@@ -103,13 +103,13 @@ def test_scale_note_states_shapes_budget_and_protocol():
 
 
 def test_paper_deltas_only_for_the_variants_the_paper_reports():
-    from spirelib.perfmodel import PAPER_ABLATION_TAU as paper
+    from spirelib.modeling.perfmodel import PAPER_ABLATION_TAU as paper
     assert tables.paper_deltas(["random_init", "mine"]) == {"random_init": paper["random_init"] - paper["spire"]}
 
 
 def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
-    from spirelib.ablations import importance, variant_multipliers
-    from spirelib.perfmodel import PAPER_ABLATION_TAU, PAPER_HOI
+    from spirelib.modeling.ablations import importance, variant_multipliers
+    from spirelib.modeling.perfmodel import PAPER_ABLATION_TAU, PAPER_HOI
     taus = {"spire": 3.0, "random_init": 2.0, "no_feedback": 2.5}
     assert tables.headline_importance(taus, 4) == importance(
         variant_multipliers(taus, 64, 512, "seqax-67m", "spire-draft", k=4, hoi=PAPER_HOI))

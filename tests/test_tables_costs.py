@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from spirelib import costs
-from spirelib import perfmodel as pm
-from spirelib.plots.explorer import Scenario
-from spirelib.tables import costs as tables
+from spirelib.modeling import costs
+from spirelib.modeling import perfmodel as pm
+from spirelib.workbook.plots.explorer import Scenario
+from spirelib.workbook.tables import costs as tables
 
 SCENARIOS = {"seqax-67m": Scenario.paper("seqax-67m"), "llama3-70b": Scenario.paper("llama3-70b")}
 

@@ -1,7 +1,7 @@
 """Tables of measured acceptance (notebook 04): Table 1's shape and every measurement's counts."""
 
-from spirelib.tables.decoding import acceptance_rows, table1_rows
-from spirelib.tau import TauStats
+from spirelib.engine.tau import TauStats
+from spirelib.workbook.tables.decoding import acceptance_rows, table1_rows
 
 
 def stats(mean, per_position=(0.8, 0.5)):

@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spirelib import profiled
-from spirelib.kvcache import SinkWindow
-from spirelib.model import ModelConfig
-from spirelib.spire import SpireConfig
-from spirelib.tables import measured as tables
-from spirelib.wallclock import DecodeTiming, flops_per_token, modeled_speedups, modeled_step_seconds
+from spirelib.engine.kvcache import SinkWindow
+from spirelib.engine.spire import SpireConfig
+from spirelib.engine.transformer import ModelConfig
+from spirelib.engine.wallclock import DecodeTiming, flops_per_token, modeled_speedups, modeled_step_seconds
+from spirelib.modeling import profiled
+from spirelib.workbook.tables import measured as tables
 
 TARGET = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=64, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)

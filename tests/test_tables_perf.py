@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spirelib import perfmodel as pm
-from spirelib.acceptance import alpha_from_tau, best_k
-from spirelib.plots.explorer import Scenario
-from spirelib.tables import perf as tables
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.workbook.plots.explorer import Scenario
+from spirelib.workbook.tables import perf as tables
 
 PAPER = Scenario.paper()
 B = 2 ** np.arange(0, 8)
@@ -218,8 +218,8 @@ def test_spire_over_magicdec_and_its_sentence():
 
 
 def test_record_all_records_every_item_in_order(monkeypatch):
-    from spirelib import results
-    from spirelib.results import record_all
+    from spirelib.workbook import results
+    from spirelib.workbook.results import record_all
     monkeypatch.delenv(results.RESULTS_FILE_ENV, raising=False)
     monkeypatch.setattr(results, "_in_memory", {})
     record_all({"b": 1, "a": {"x": np.float64(0.5)}})
@@ -227,7 +227,7 @@ def test_record_all_records_every_item_in_order(monkeypatch):
 
 
 def test_show_table_displays_the_markdown_table(monkeypatch):
-    from spirelib import display
+    from spirelib.workbook import display
     shown = []
     monkeypatch.setattr(display, "display", shown.append)
     display.show_table([{"a": 1.23456}], {"a": "A"}, digits=2)
@@ -241,8 +241,8 @@ def test_taus_rows_put_the_paper_tau_beside_each_method():
 
 
 def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
-    from spirelib.drafts import vanilla_draft_config
-    from spirelib.series import Series
+    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.training.series import Series
     series = Series.from_dict({})
     taus = {"vanilla": 2.0, "spire": 3.0}
     scenarios = tables.series_scenarios(series, taus, 300.0, "src")
@@ -294,7 +294,7 @@ def test_explorer_results_name_the_source_and_the_best_k_on_the_grid_only():
 
 
 def test_device_rows_take_a_table_and_columns_can_leave_out_the_bytes():
-    from spirelib.hardware import HARDWARE, operating_points
+    from spirelib.modeling.hardware import HARDWARE, operating_points
     one = dict(list(HARDWARE.items())[:1])
     rows = tables.device_rows(PAPER, [(64, 512)], ("fp8", "bf16"), per_device=1, table=one)
     assert [r["device"] for r in rows] == [p[0] for p in operating_points(("fp8", "bf16"), 1, table=one)]

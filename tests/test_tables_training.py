@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from spirelib.costs import flop_params
-from spirelib.model import ModelConfig
-from spirelib.tables import training as tables
+from spirelib.engine.transformer import ModelConfig
+from spirelib.modeling.costs import flop_params
+from spirelib.workbook.tables import training as tables
 
 CFG = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 TRAINED = SimpleNamespace(imported=None, corpus="tiny", tokenizer="bytes")

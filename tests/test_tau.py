@@ -1,4 +1,4 @@
-"""The tau protocol (spec 5, 8): the metrics from accept counts, the method registry, the
+"""The tau protocol (method §5, 8): the metrics from accept counts, the method registry, the
 measurement loop end to end, and sharding over processes."""
 
 import json
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spirelib.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
-from spirelib.model import ModelConfig, Transformer
-from spirelib.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
+from spirelib.engine.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.engine.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -51,7 +51,7 @@ def test_stats_from_hand_counted_rounds():
 
 def test_iid_acceptance_recovers_alpha_and_the_closed_form_tau():
     """Rounds with i.i.d. acceptance alpha: per-position acceptance ~ alpha, and the CI of
-    tau covers (1 - alpha^(k+1)) / (1 - alpha) (spec 8)."""
+    tau covers (1 - alpha^(k+1)) / (1 - alpha) (method §8)."""
     gen = torch.Generator().manual_seed(0)
     k, alpha, n, R = 4, 0.7, 400, 20
     accepted = (torch.rand(n, R, k, generator=gen) < alpha).long().cumprod(-1).sum(-1)  # (n, R)
@@ -110,7 +110,7 @@ def test_a_draft_identical_to_the_target_accepts_everything():
     covering everything, no feedback: each layer reads its own input, as the target's does).
     The target's weights are far from uniform (std 0.5, random norm gains), so q == p is no
     coincidence of flat distributions: an unrelated draft of the same shape accepts far less."""
-    from spirelib.spire import SpireConfig, SpireDraftModel
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel
 
     def sharp(seed):
         m = model(CFG, seed)
@@ -181,9 +181,9 @@ WORKER = textwrap.dedent("""
     import json, os, sys
     import torch
     import torch.distributed as dist
-    from spirelib.model import ModelConfig, Transformer
-    from spirelib.drafts import draft_factory
-    from spirelib.tau import TauProtocol, measure_tau
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.engine.drafts import draft_factory
+    from spirelib.engine.tau import TauProtocol, measure_tau
 
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
@@ -216,7 +216,7 @@ def test_sharding_over_two_processes_equals_one_process(tmp_path):
 
 
 def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
-    from spirelib.drafts import vanilla_draft_config
+    from spirelib.engine.drafts import vanilla_draft_config
 
     paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
     draft = vanilla_draft_config(paper)
@@ -228,7 +228,7 @@ def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
 
 
 def test_spire_is_registered_and_measurable():
-    from spirelib.spire import SpireConfig, SpireDraftModel
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel
 
     target = model(CFG, 0)
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval()
@@ -240,7 +240,7 @@ def test_spire_is_registered_and_measurable():
 
 
 def test_recorded_taus_picks_the_nearest_measured_context_length():
-    from spirelib.tau import recorded_taus
+    from spirelib.engine.tau import recorded_taus
 
     run = {"04_measure_tau": {
         "tau": {"spire": {"256": {"mean": 3.1}, "960": {"mean": 2.9}}, "vanilla": {"256": {"mean": 2.5}}},
@@ -264,7 +264,7 @@ def common_rows(alphas, n, k, G, seed):
 
 
 def test_paired_delta_tau_covers_the_true_difference_and_is_sharper_than_unpaired():
-    from spirelib.tau import delta_tau
+    from spirelib.engine.tau import delta_tau
 
     k, G, n = 4, 64, 2000
     a, b = common_rows([0.72, 0.70], n, k, G, seed=1)
@@ -278,7 +278,7 @@ def test_paired_delta_tau_covers_the_true_difference_and_is_sharper_than_unpaire
 
 
 def test_delta_tau_over_seeds_adds_the_spread_between_seeds():
-    from spirelib.tau import delta_tau
+    from spirelib.engine.tau import delta_tau
 
     k, G, n = 4, 64, 500
     a0, b0 = common_rows([0.72, 0.70], n, k, G, seed=2)
@@ -293,7 +293,7 @@ def test_delta_tau_over_seeds_adds_the_spread_between_seeds():
 
 
 def test_merged_counts_pool_every_context():
-    from spirelib.tau import merge_counts
+    from spirelib.engine.tau import merge_counts
 
     a, b = common_rows([0.6, 0.8], 50, 4, 16, seed=5)
     merged = merge_counts([a, b])

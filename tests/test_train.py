@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.checkpoint import CheckpointError, config_hash, read_meta
-from spirelib.data import FlatDocs
-from spirelib.model import ModelConfig, Transformer
-from spirelib.speculative import autoregressive_generate
-from spirelib.train import TrainConfig, TrainingDiverged, lm_objective, read_metrics, train
+from spirelib.engine.speculative import autoregressive_generate
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.training.checkpoint import CheckpointError, config_hash, read_meta
+from spirelib.training.data import FlatDocs
+from spirelib.training.train import TrainConfig, TrainingDiverged, lm_objective, read_metrics, train
 
 V = 32
 CFG = ModelConfig(vocab_size=V, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
@@ -86,7 +86,7 @@ def test_training_lowers_the_loss_and_logs_metrics(tmp_path):
 def test_training_mfu_reports_the_steady_state_and_the_runs_wall_clock():
     from types import SimpleNamespace
 
-    from spirelib.pipeline import training_mfu
+    from spirelib.training.pipeline import training_mfu
 
     run = SimpleNamespace(config=CFG, summary={"device": "cpu", "tokens_per_s": 3000.0, "run_tokens_per_s": 2000.0})
     speed = training_mfu(run)
@@ -177,7 +177,7 @@ def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
 
 @pytest.mark.parametrize("chunk", [5, 1000])
 def test_fused_cross_entropy_matches_logits_then_cross_entropy(chunk):
-    from spirelib.model import _LinearCrossEntropy
+    from spirelib.engine.transformer import _LinearCrossEntropy
 
     torch.manual_seed(0)
     h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
@@ -210,7 +210,7 @@ def test_loss_is_the_next_token_loss_of_the_logits():
 
 @torch.no_grad()
 def test_fused_cross_entropy_without_grad_chunks_rows_too():
-    from spirelib.model import linear_cross_entropy
+    from spirelib.engine.transformer import linear_cross_entropy
 
     torch.manual_seed(0)
     h, w = torch.randn(23, 8), torch.randn(200_000, 8)  # 2**21 // 200_000 = 10 rows per chunk
@@ -221,7 +221,7 @@ def test_fused_cross_entropy_without_grad_chunks_rows_too():
 def test_calibration_measures_and_stores_this_machine(monkeypatch):
     import types
 
-    from spirelib import calibrate
+    from spirelib.engine import calibrate
 
     peak = calibrate.matmul_peak(sizes=(64, 128), seconds=0.01, repeats=2)
     assert len(peak["rates"]) == 4 and peak["flops"] == max(peak["rates"]) > 0

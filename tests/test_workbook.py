@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib import results, workbook
+from spirelib import cli
+from spirelib.workbook import results, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -36,33 +37,33 @@ def problems(excinfo) -> str:
 # ---------------------------------------------------------------------------- params validation
 
 def test_shared_keys_go_only_to_notebooks_that_declare_them_and_sections_override():
-    resolved = workbook.resolve(params({"device": "cpu", "steps": 5}, {"02_train": {"device": "cuda"}}), DECLARED)
+    resolved = runner.resolve(params({"device": "cpu", "steps": 5}, {"02_train": {"device": "cuda"}}), DECLARED)
     assert resolved == {"01_perf": {"device": "cpu"}, "02_train": {"device": "cuda", "steps": 5}}
 
 
 def test_unknown_notebook_key_names_key_notebook_allowed_keys_and_a_close_match():
-    with pytest.raises(workbook.ParamsError) as e:
-        workbook.resolve(params(notebooks={"01_perf": {"hio": 600.0}}), DECLARED, source="p.yaml")
+    with pytest.raises(runner.ParamsError) as e:
+        runner.resolve(params(notebooks={"01_perf": {"hio": 600.0}}), DECLARED, source="p.yaml")
     msg = problems(e)
     assert "notebooks.01_perf.hio" in msg and "did you mean 'hoi'" in msg
     assert "allowed: hoi, batch, device" in msg and msg.startswith("p.yaml: 1 problem")
 
 
 def test_shared_key_declared_by_no_notebook_is_an_error():
-    with pytest.raises(workbook.ParamsError) as e:
-        workbook.resolve(params({"devcie": "cpu"}), DECLARED)
+    with pytest.raises(runner.ParamsError) as e:
+        runner.resolve(params({"devcie": "cpu"}), DECLARED)
     assert "shared.devcie" in problems(e) and "did you mean 'device'" in problems(e)
 
 
 def test_the_series_section_goes_to_notebooks_declaring_series_and_is_checked_in_full():
     declared = {**DECLARED, "03_use": {"series": "dict", "steps": "int"}}
     p = {**params({"steps": 2}), "series": {"device": "cpu", "seed": 3}}
-    resolved = workbook.resolve(p, declared)
+    resolved = runner.resolve(p, declared)
     assert resolved["03_use"] == {"series": {"device": "cpu", "seed": 3}, "steps": 2}
     assert "series" not in resolved["01_perf"]
     p = {**params({"series": {}}, {"03_use": {"series": {"sed": 1}}}), "series": {"devcie": "cpu", "target": 3}}
-    with pytest.raises(workbook.ParamsError) as e:
-        workbook.resolve(p, declared)
+    with pytest.raises(runner.ParamsError) as e:
+        runner.resolve(p, declared)
     msg = problems(e)
     assert "series.devcie: not a series field (did you mean 'device'?)" in msg
     assert "series.target must be a mapping of ModelConfig fields, got int" in msg
@@ -71,8 +72,8 @@ def test_the_series_section_goes_to_notebooks_declaring_series_and_is_checked_in
 
 
 def test_section_for_a_missing_notebook_is_an_error():
-    with pytest.raises(workbook.ParamsError) as e:
-        workbook.resolve(params(notebooks={"01_perfs": {"hoi": 1.0}}), DECLARED)
+    with pytest.raises(runner.ParamsError) as e:
+        runner.resolve(params(notebooks={"01_perfs": {"hoi": 1.0}}), DECLARED)
     assert "notebooks.01_perfs: no such notebook (did you mean '01_perf'?)" in problems(e)
 
 
@@ -93,24 +94,24 @@ def test_values_are_checked_against_annotated_types(key, value, ok):
     stem = "01_perf" if key in DECLARED["01_perf"] else "02_train"
     p = params(notebooks={stem: {key: value}})
     if ok:
-        assert workbook.resolve(p, DECLARED)[stem][key] == value
+        assert runner.resolve(p, DECLARED)[stem][key] == value
     else:
-        with pytest.raises(workbook.ParamsError, match=f"notebooks.{stem}.{key}: expected"):
-            workbook.resolve(p, DECLARED)
+        with pytest.raises(runner.ParamsError, match=f"notebooks.{stem}.{key}: expected"):
+            runner.resolve(p, DECLARED)
 
 
 def test_every_problem_is_reported_at_once():
     p = params({"nope": 1}, {"01_perf": {"hoi": "x", "zzz": 1}, "99_missing": {}})
-    with pytest.raises(workbook.ParamsError) as e:
-        workbook.resolve(p, DECLARED)
+    with pytest.raises(runner.ParamsError) as e:
+        runner.resolve(p, DECLARED)
     assert problems(e).count("\n  ") == 4
 
 
 def test_load_params_rejects_bad_layout(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("shraed: {}\nnotebooks:\n  01_perf: [1, 2]\n")
-    with pytest.raises(workbook.ParamsError) as e:
-        workbook.load_params(bad)
+    with pytest.raises(runner.ParamsError) as e:
+        runner.load_params(bad)
     assert "shraed: unknown top-level key (did you mean 'shared'?)" in problems(e)
     assert "notebooks.01_perf: must map" in problems(e)
 
@@ -119,38 +120,38 @@ def test_load_params_does_not_construct_python_objects(tmp_path):
     evil = tmp_path / "evil.yaml"
     evil.write_text("shared: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(Exception, match="python/object"):
-        workbook.load_params(evil)
+        runner.load_params(evil)
 
 
 @pytest.mark.parametrize("params_file", sorted((ROOT / "params").glob("*.yaml")), ids=lambda p: p.name)
 def test_committed_params_files_fit_the_series(params_file, tmp_path):
     notebooks = ROOT / "notebooks"
-    series = workbook.discover(notebooks) if notebooks.is_dir() else []
-    declared = {p.stem: workbook.declared_parameters(p) for p in series}
-    params = workbook.load_params(params_file)
+    series = runner.discover(notebooks) if notebooks.is_dir() else []
+    declared = {p.stem: runner.declared_parameters(p) for p in series}
+    params = runner.load_params(params_file)
     if params["series"].get("target_source"):  # the user's checkpoint is not in the repository: a tiny stand-in
-        from spirelib import hf
-        from spirelib.model import ModelConfig, Transformer
+        from spirelib.engine.transformer import ModelConfig, Transformer
+        from spirelib.training import hf
 
         stand_in = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8,
                                            d_ff=32))
         params["series"]["target_source"] = f"hf:{hf.save_model(stand_in, tmp_path / 'target')}"
-    workbook.resolve(params, declared, source=params_file.name)
+    runner.resolve(params, declared, source=params_file.name)
 
 
 def test_fixture_notebooks_declare_typed_parameters():
-    assert workbook.declared_parameters(SERIES / "01_record.ipynb") == {
+    assert runner.declared_parameters(SERIES / "01_record.ipynb") == {
         "n": "int", "scale": "float", "label": "str", "device": "str"}
 
 
 # ---------------------------------------------------------------------------- selection
 
 def test_only_selects_by_number_or_stem_in_series_order():
-    series = workbook.discover(SERIES)
+    series = runner.discover(SERIES)
     assert [p.stem for p in series] == ["01_record", "02_consume", "03_fail", "04_after_failure"]
-    assert [p.stem for p in workbook.select(series, "03,01_record")] == ["01_record", "03_fail"]
-    with pytest.raises(workbook.ParamsError, match="--only 05: no such notebook"):
-        workbook.select(series, "01,05")
+    assert [p.stem for p in runner.select(series, "03,01_record")] == ["01_record", "03_fail"]
+    with pytest.raises(runner.ParamsError, match="--only 05: no such notebook"):
+        runner.select(series, "01,05")
 
 
 # ---------------------------------------------------------------------------- results helper
@@ -189,7 +190,7 @@ def test_bad_params_exit_nonzero_before_any_kernel_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("notebooks:\n  01_record:\n    nn: 4\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "spirelib.workbook", "run", "--params", str(bad),
+    proc = subprocess.run([sys.executable, "-m", "spirelib", "run", "--params", str(bad),
                            "--notebooks", str(SERIES), "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
@@ -199,7 +200,7 @@ def test_bad_params_exit_nonzero_before_any_kernel_starts(tmp_path):
 
 
 def test_check_validates_without_running(capsys):
-    rc = workbook.main(["check", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES)])
+    rc = cli.main(["check", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES)])
     assert rc == 0
     assert "01_record: {'device': 'fixture-device', 'n': 4, 'scale': 0.5" in capsys.readouterr().out
 
@@ -237,9 +238,39 @@ def test_only_rerun_keeps_earlier_results_of_the_same_output_folder(fixture_run,
     _, out, _ = fixture_run
     again = tmp_path / "again"
     shutil.copytree(out, again)
-    rc = workbook.main(["run", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES),
+    rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES),
                         "--out", str(again), "--only", "02"])
     assert rc == 0, capsys.readouterr().out
     run = json.loads((again / "run.json").read_text())
     assert run["status"] == "ok" and run["notebooks"]["03_fail"]["status"] == "failed"
     assert json.loads((again / "results.json").read_text())["02_consume"]["seen_mean"] == 0.75
+
+
+@pytest.mark.parametrize("params_file", sorted((ROOT / "params").glob("*.yaml")), ids=lambda p: p.name)
+def test_injected_parameters_read_as_a_block(params_file):
+    """What papermill writes into a report's injected cell, for every notebook of every committed
+    params file: no line over 120 characters, and the cell evaluates to exactly the parameters."""
+    from papermill.translators import papermill_translators
+
+    translator = papermill_translators.find_translator("python3", "python")
+    params = runner.load_params(params_file)
+    values = {"series": params["series"], **params["shared"]}
+    for section in params["notebooks"].values():
+        values.update(section)
+    code = translator.codify(values)
+    too_long = [line for line in code.splitlines() if len(line) > runner.INJECTED_WIDTH]
+    assert not too_long, f"{len(too_long)} injected lines over {runner.INJECTED_WIDTH} characters: {too_long[0]}"
+    namespace = {}
+    exec(code, namespace)  # noqa: S102 - our own literal, checked to round-trip
+    assert {k: namespace[k] for k in values} == values
+    if len(str(params["series"])) > runner.INJECTED_WIDTH:  # a long series section spans lines: a block
+        assert code.splitlines()[1] == "series = {"
+
+
+def test_python_literal_breaks_only_what_does_not_fit():
+    value = {"a": [1, 2], "b": {"c": "x" * 30, "d": {"e": 1.5, "f": None, "g": True}}}
+    assert runner.python_literal(value) == ('{"a": [1, 2], "b": {"c": "' + "x" * 30
+                                            + '", "d": {"e": 1.5, "f": None, "g": True}}}')
+    assert runner.python_literal(value, width=50) == (
+        '{\n    "a": [1, 2],\n    "b": {\n        "c": "' + "x" * 30 + '",\n'
+        '        "d": {"e": 1.5, "f": None, "g": True},\n    },\n}')

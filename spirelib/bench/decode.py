@@ -1,4 +1,4 @@
-"""`python -m spirelib.bench decode`: batched decoding throughput, AD vs SD with each draft.
+"""`spire bench decode`: batched decoding throughput, AD vs SD with each draft.
 
 For every context length L and batch size B: one target prefill of B random contexts
 (timed once, shared by every method, as in the tau protocol), then, best of `--repeats`,
@@ -10,12 +10,12 @@ rollback, gathers; `speculative.SectionTimer`). Goal: bookkeeping under 10% at B
 
 Weights are random (speed does not depend on them), so tau, and with it SD's tokens/s,
 is not a trained model's: per-round time is what carries over, and tokens/s = tau / round.
-The vanilla draft has the spec 4 shape (`vanilla_draft_config`); the SPIRe draft is pruned
+The vanilla draft has the method §4 shape (`vanilla_draft_config`); the SPIRe draft is pruned
 from the target (2 layers, sink 1 + window 64); MagicDec reads sink 1 + window 64.
 
 Timings are wall clock; on a machine shared with other jobs, best-of-n is the fair figure.
 
-Measured results, dated and with the machine: README.md, "Benchmarks".
+Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import time
 
 import torch
 
-from spirelib import profiled
-from spirelib.drafts import draft_factory, vanilla_draft_config
-from spirelib.kvcache import SinkWindow, SinkWindowKVCache
-from spirelib.model import ModelConfig, Transformer
-from spirelib.spire import SpireConfig, SpireDraftModel
-from spirelib.wallclock import time_decoding
+from spirelib.bench import positive
+from spirelib.engine.drafts import draft_factory, vanilla_draft_config
+from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.engine.spire import SpireConfig, SpireDraftModel
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.engine.wallclock import time_decoding
+from spirelib.modeling import profiled
 
 TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts this benchmark builds
 
@@ -143,9 +144,7 @@ def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float) -> Non
               f" {r['mbytes']:8.1f} {r['roofline_ms']:8.3f} {r['ratio']:7.1f}")
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spirelib.bench decode", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--context", type=int, nargs="+", default=[256, 960])
     parser.add_argument("--new-tokens", type=int, default=64, help="G")
@@ -168,7 +167,13 @@ def main(argv: list[str]) -> int:
                         help="time single forwards of every kind against this machine's roofline instead")
     parser.add_argument("--compile", action="store_true",
                         help="also decode through compiled graphs (Transformer.compile_decoding), beside eager")
-    args = parser.parse_args(argv)
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    return positive(args, "batch", "context", "new_tokens", "k", "window", "vocab_size", "target_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff", "repeats")
+
+
+def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model,
@@ -177,7 +182,7 @@ def main(argv: list[str]) -> int:
     target = Transformer(cfg).to(args.device).eval()
     modes = (False, True) if args.compile else (False,)
     if args.roofline:
-        from spirelib.calibrate import matmul_peak, memory_bandwidth
+        from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
 
         peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
         rows = [row for L in args.context for B in args.batch for compiled in modes

@@ -1,4 +1,4 @@
-"""`python -m spirelib.bench memory`: peak memory of one training step at the paper's shapes.
+"""`spire bench memory`: peak memory of one training step at the paper's shapes.
 
 One training step (forward, backward, AdamW step, its state allocated) of
 - target: the paper's target (8 layers x 512, 8 kv heads of 128, d_ff 4096, V 50,304),
@@ -48,6 +48,8 @@ import os
 import subprocess
 import sys
 
+from spirelib.bench import positive
+
 PAPER_TARGET = dict(num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
 PAPER_VOCAB = 50_304
 MODELS = ("target", "vanilla", "spire", "spire-logits")
@@ -77,11 +79,11 @@ def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window
     import torch
 
     base = _status("VmRSS")
-    from spirelib.drafts import vanilla_draft_config
-    from spirelib.losses import draft_losses
-    from spirelib.model import ModelConfig, Transformer
-    from spirelib.spire import SpireConfig, SpireDraftModel, SpireObjective
-    from spirelib.train import TrainConfig, lm_objective, make_optimizer
+    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.engine.losses import draft_losses
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.training.train import TrainConfig, lm_objective, make_optimizer
 
     torch.manual_seed(0)
     target_cfg = ModelConfig(vocab_size=vocab, **(shape or PAPER_TARGET))
@@ -128,7 +130,7 @@ def _child(model: str, batch: int, seq_len: int, vocab: int, threads: int) -> di
     # Every allocation of 64 KiB or more its own mapping, unmapped when freed: the resident set
     # follows the live tensors (glibc otherwise keeps freed heap resident).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, "-m", "spirelib.bench", "memory", "--child", model, str(batch),
+    out = subprocess.run([sys.executable, "-m", "spirelib", "bench", "memory", "--child", model, str(batch),
                           str(seq_len), str(vocab)], env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{model} B={batch} V={vocab} failed:\n{out.stderr[-2000:]}")
@@ -157,13 +159,7 @@ def table(results: list[dict], seq_len: int, vocab: int, small_vocab: int, budge
     return rows
 
 
-def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--child":
-        model, batch, seq_len, vocab = argv[1], *map(int, argv[2:5])
-        print(json.dumps(measure(model, batch, seq_len, vocab)))
-        return 0
-    parser = argparse.ArgumentParser(prog="python -m spirelib.bench memory", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=PAPER_VOCAB)
@@ -171,7 +167,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-gb", type=float, default=80.0)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--child", nargs=4, metavar=("MODEL", "BATCH", "SEQ_LEN", "VOCAB"), help=argparse.SUPPRESS)
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    return positive(args, "seq_len", "vocab_size", "small_vocab", "threads", "budget_gb")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.child:  # one measurement, in the fresh process `_child` started
+        model, batch, seq_len, vocab = args.child[0], *map(int, args.child[1:])
+        print(json.dumps(measure(model, batch, seq_len, vocab)))
+        return 0
     results = [_child(m, b, args.seq_len, v, args.threads)
                for m in args.models for v in (args.vocab_size, args.small_vocab) for b in (1, 2)]
     rows = table(results, args.seq_len, args.vocab_size, args.small_vocab, args.budget_gb * 1e9)

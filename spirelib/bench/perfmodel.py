@@ -1,4 +1,4 @@
-"""`python -m spirelib.bench perfmodel`: how long the vectorized throughput model takes.
+"""`spire bench perfmodel`: how long the vectorized throughput model takes.
 
 Times the paper's three Figure-4 heat maps (3 methods x 8 batch sizes x 9 contexts, one
 call per method, and cell by cell for comparison), a 256 x 256 grid per method, the G-aware Figure-4 grids (G = 64) and one
@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from spirelib import perfmodel as pm
+from spirelib.bench import positive
+from spirelib.modeling import perfmodel as pm
 
 
 def _median_seconds(fn, repeat: int) -> float:
@@ -34,13 +35,15 @@ def _grids(B, L, model):
     return run
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spirelib.bench perfmodel", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per case (median reported)")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error("--repeat must be >= 1")
 
+
+def problems(args: argparse.Namespace) -> list[str]:
+    return positive(args, "repeat")
+
+
+def main(args: argparse.Namespace) -> int:
     fig4_b, fig4_l = 2 ** np.arange(0, 8)[:, None], 2 ** np.arange(5, 14)[None, :]  # (8, 1), (1, 9)
     big_b = np.linspace(1, 1024, 256)[:, None]  # (256, 1)
     big_l = np.geomspace(8, 2**20, 256)[None, :]  # (1, 256)

@@ -1,4 +1,4 @@
-"""`python -m spirelib.bench spire-train`: SPIRe draft training throughput (spec 3.6).
+"""`spire bench spire-train`: SPIRe draft training throughput (method §3.6).
 
 Measures, on one training batch of the chosen shapes, forward + backward time of
 - k-pass: `SpireDraftModel.k_pass_logits` (all blocks of a sequence in k passes),
@@ -10,7 +10,7 @@ and, separately, the frozen target's forward that supplies activations and distr
 Tokens/s count the training positions (B x T). The loss is a stand-in (mean logsumexp), the
 same for every variant, so only the model's forward/backward is compared.
 
-Measured results, dated and with the machine: README.md, "Benchmarks".
+Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import statistics
 
 import torch
 
-from spirelib.model import ModelConfig, Transformer
-from spirelib.spire import SpireConfig, SpireDraftModel, block_positions
-from spirelib.wallclock import repeat_seconds as _time
+from spirelib.bench import positive
+from spirelib.engine.spire import SpireConfig, SpireDraftModel, block_positions
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.engine.wallclock import repeat_seconds as _time
 
 
 def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
@@ -68,9 +69,7 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
     return results
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spirelib.bench spire-train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--target-layers", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=64)
@@ -86,7 +85,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--naive-blocks", type=int, default=4, help="blocks timed for the naive variant (extrapolated)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args(argv)
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    return positive(args, "vocab_size", "target_layers", "d_model", "n_kv", "d_head", "d_ff", "draft_layers", "window", "batch", "seq_len", "k", "repeats", "naive_blocks")
+
+
+def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target_cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model, n_q_per_kv=1,

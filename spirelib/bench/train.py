@@ -1,16 +1,16 @@
-"""`python -m spirelib.bench train`: training throughput and model FLOP utilization (MFU).
+"""`spire bench train`: training throughput and model FLOP utilization (MFU).
 
 Measures, in one process: this machine's fp32 matmul peak (large square matmuls,
-`spirelib.calibrate`), then training tokens/s of the default CPU target through the real
-trainer (`spirelib.train.train`, random tokens, AdamW, clipping, the works; the first step
+`spirelib.engine.calibrate`), then training tokens/s of the default CPU target through the real
+trainer (`spirelib.training.train.train`, random tokens, AdamW, clipping, the works; the first step
 is excluded as warm-up/compilation), and reports
 
     MFU = 6 x (body params + unembedding) x tokens/s / peak          (issue 4)
 
-Attention score FLOPs are not counted (as in spec 2), so longer sequences lower MFU.
+Attention score FLOPs are not counted (as in method §2), so longer sequences lower MFU.
 The peak is measured again after the runs; MFU uses the higher of the two.
 
-Measured results, dated and with the machine: README.md, "Benchmarks".
+Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spirelib.calibrate import matmul_peak
-from spirelib.costs import flop_params, training_flops
-from spirelib.data import FlatDocs
-from spirelib.model import ModelConfig, Transformer
-from spirelib.train import TrainConfig, lm_objective, train
+from spirelib.bench import positive
+from spirelib.engine.calibrate import matmul_peak
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.modeling.costs import flop_params, training_flops
+from spirelib.training.data import FlatDocs
+from spirelib.training.train import TrainConfig, lm_objective, train
 
 # The default CPU target (params/default.yaml: series.target + vocab_size).
 DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
@@ -52,8 +53,7 @@ def measure(model_cfg: ModelConfig, batch_size: int, seq_len: int, steps: int, c
             "wall_s": wall}
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spirelib.bench train", description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=12, help="training steps per repeat (first one untimed)")
@@ -61,7 +61,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--compile", choices=["on", "off", "both"], default="both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args(argv)
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    return positive(args, "batch_size", "seq_len", "steps", "repeats")
+
+
+def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 

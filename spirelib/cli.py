@@ -1,0 +1,140 @@
+"""`spire`: the workbook's one command line (also `python -m spirelib`, the form torchrun runs).
+
+    spire run    --params params/default.yaml        run the notebook series, write the HTML reports
+    spire check  --params params/paper.yaml          validate a params file against the notebooks
+    spire train  {target,vanilla,spire} --params P   train and cache one of the series' models
+    spire data   {fetch,fixture} ...                 the default corpus; a LongCrawl64 fixture
+    spire bench  {decode,memory,...} [options]       benchmarks (tokens/s, MFU, roofline, memory)
+
+Every subcommand checks all of its input before any compute and exits 2 naming every problem.
+`spire train` runs under torchrun as it is (one process per device), e.g.
+
+    torchrun --nproc_per_node 8 -m spirelib train target --params params/paper.yaml
+
+and the notebooks (or `spire run`) then load the cached checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from spirelib import bench
+from spirelib.engine.spire import ABLATIONS
+from spirelib.training import data
+from spirelib.training.params import ParamsError, load_params
+from spirelib.training.series import Series, problems
+from spirelib.workbook import runner
+
+MODELS = ("target", "vanilla", "spire")
+
+
+# ---------------------------------------------------------------------------- spire train
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", choices=MODELS, help="which of the series' models (the drafts need the target; "
+                                                      "a cached target is loaded, a missing one trained first)")
+    parser.add_argument("--params", type=Path, required=True, help="a params/*.yaml file; its series section is used")
+    parser.add_argument("--variant", default="spire", metavar="NAME",
+                        help=f"SPIRe only: an ablation of the draft (default spire; one of {', '.join(ABLATIONS)})")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _train(args: argparse.Namespace) -> int:
+    """Train (or load) the series' `args.model` into the model cache. Under torchrun every rank runs
+    this; rank 0 tokenizes and caches the data first, the others then read that cache."""
+    try:
+        section = load_params(args.params)["series"]
+    except (ParamsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    found = [f"series.{p}" for p in problems(section)]
+    if args.variant not in ABLATIONS:
+        found.append(f"--variant {args.variant}: no such SPIRe variant; choose from {', '.join(ABLATIONS)}")
+    elif args.variant != "spire" and args.model != "spire":
+        found.append(f"--variant {args.variant}: only the spire draft has variants, not the {args.model}")
+    if found:
+        print(f"error: {args.params}: {len(found)} problem{'s' * (len(found) > 1)}, nothing was run:\n  "
+              + "\n  ".join(found), file=sys.stderr)
+        return 2
+    series = Series.from_dict(section)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1:
+        import torch.distributed as dist
+
+        from spirelib.training.train import resolve_device
+
+        dist.init_process_group(backend="nccl" if resolve_device(series.device).type == "cuda" else "gloo")
+        if dist.get_rank() == 0:
+            series.data()
+        dist.barrier()
+    progress = not args.no_progress
+    run = {"target": lambda: series.trained_target(progress),
+           "vanilla": lambda: series.trained_vanilla_draft(progress),
+           "spire": lambda: series.trained_spire_draft(args.variant, progress=progress)}[args.model]()
+    print(f"{run.result.path.parent.name}: {run.summary}")
+    if world > 1:  # gloo's and nccl's threads must not outlive the interpreter
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 0
+
+
+# ---------------------------------------------------------------------------- spire bench
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    names = parser.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(bench.available()) + "}")
+    for name, module in bench.available().items():
+        summary = module.__doc__.split("\n\n")[0].split(": ", 1)[-1]
+        sub = names.add_parser(name, help=summary, description=module.__doc__.split("\n\n")[0]
+                               + "\n\nMore: the docstring of spirelib.bench." + name.replace("-", "_"),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(module=module)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    found = args.module.problems(args)
+    if found:
+        print(f"error: spire bench {args.bench}: {len(found)} problem{'s' * (len(found) > 1)}, nothing was run:\n  "
+              + "\n  ".join(found), file=sys.stderr)
+        return 2
+    return args.module.main(args) or 0
+
+
+# ---------------------------------------------------------------------------- the program
+
+def _runner_command(name):
+    def configure(parser):
+        runner.add_arguments(parser, name)
+    return configure
+
+
+COMMANDS = {  # name -> (one line of help, add the arguments, run)
+    "run": ("run the notebook series and write the HTML reports and their index", _runner_command("run"),
+            runner.command),
+    "check": ("check a params file against the series and the notebooks; run nothing", _runner_command("check"),
+              runner.command),
+    "train": ("train (or load) one of the series' models into the cache; torchrun-ready", _train_arguments, _train),
+    "data": ("fetch the default corpus, or write a LongCrawl64 fixture", data.add_arguments, data.command),
+    "bench": ("benchmarks: decoding tokens/s and roofline, training MFU, memory, the model's speed",
+              _bench_arguments, _bench),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="spire", description=__doc__.split("\n\n")[0],
+                                  epilog="`spire COMMAND --help` says more about each.")
+    commands = top.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, (summary, configure, run) in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        configure(sub)
+        sub.set_defaults(run=run)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)

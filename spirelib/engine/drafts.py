@@ -1,0 +1,184 @@
+"""The baseline drafts (method §4): a small separately trained model (vanilla SD), and the
+target drafting for itself over a sink + window of its own cache (MagicDec).
+
+Both implement `speculative.Draft`. Their k draft passes are sequential one-token
+forwards; sampling uses the engine's temperature so that q is the distribution the
+draft tokens were actually drawn from (what makes rejection sampling lossless).
+
+The registry of drafting methods lives here too: a method is a name and a builder
+(`register_method`), and `draft_factory` makes the per-batch draft factories the tau
+measurement and the wall-clock timing use. "vanilla" and "magicdec" are registered below,
+"spire" by `spirelib.engine.spire`; a new draft plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.engine.sampling import probabilities, sample
+from spirelib.engine.speculative import Draft, TargetPass
+from spirelib.engine.transformer import ModelConfig, Transformer
+
+
+def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample k tokens autoregressively: `first_logits` (B, V) predict position+1; `step(tokens (B,),
+    positions (B,))` runs one draft pass and returns the next logits (B, V)."""
+    tokens, probs = [], []
+    logits = first_logits
+    for j in range(k):
+        q = probabilities(logits, temperature)  # (B, V)
+        token = sample(q, generator)  # (B,)
+        tokens.append(token)
+        probs.append(q)
+        if j < k - 1:
+            logits = step(token, positions + 1 + j)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+def _last_verified(verified: TargetPass, previous: torch.Tensor | None) -> torch.Tensor:
+    """The token at the last verified position of each row (rows with none keep `previous`)."""
+    count = verified.valid.long().sum(1)  # (B,)
+    last = verified.tokens.gather(1, (count - 1).clamp(min=0)[:, None]).squeeze(1)
+    return last if previous is None else torch.where(count > 0, last, previous)
+
+
+def vanilla_draft_config(target: ModelConfig) -> ModelConfig:
+    """The vanilla SD draft's shape (method §4): half the layers and half the width of the target
+    (d_model, d_head and d_ff halved, same heads and vocabulary), about 1/8 of its body
+    parameters (the paper's 8,390,656 for its 67,117,056 target)."""
+    if target.num_layers < 2 or target.d_model % 2 or target.d_head % 4 or target.d_ff % 2:
+        raise ValueError(f"cannot halve {target}: need >= 2 layers, even d_model and d_ff, d_head divisible by 4")
+    return ModelConfig(vocab_size=target.vocab_size, num_layers=target.num_layers // 2, d_model=target.d_model // 2,
+                       n_q_per_kv=target.n_q_per_kv, n_kv=target.n_kv, d_head=target.d_head // 2, d_ff=target.d_ff // 2,
+                       rope_base=target.rope_base, norm_eps=target.norm_eps)
+
+
+class VanillaDraft:
+    """A separate, smaller transformer with its own dense cache (method §4, vanilla SD), or,
+    with `sparse`, reading only sink + window of it (the ablation without target activations).
+
+    It runs on verified tokens itself. After a round where all k drafts were accepted, the
+    last draft token was never run through the draft; so every round's first pass runs the
+    token before the pending one again together with the pending one (2 tokens), which
+    covers both cases without per-row branching.
+    """
+
+    needs_target_layers = False
+
+    def __init__(self, model: Transformer, temperature: float = 1.0, generator: torch.Generator | None = None,
+                 sparse: SinkWindow | None = None):
+        self.model = model
+        self.temperature = temperature
+        self.generator = generator
+        self.sparse = sparse  # attend to sink + window only (a sparse draft trained that way)
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        self.cache = self.model.new_cache(verified.tokens.shape[0], verified.cache.capacity, self.sparse)
+        self.model.hidden(verified.tokens, verified.positions, self.cache, valid=verified.valid)  # fills the cache
+        self.previous = _last_verified(verified, None)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        self.cache.rollback(positions - 1)
+        pair = torch.stack([self.previous, pending], dim=1)  # (B, 2)
+        first = self.model(pair, torch.stack([positions - 1, positions], dim=1), self.cache)[:, -1]
+        return draft_tokens(self._step, first, positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.previous = _last_verified(verified, self.previous)
+
+
+class MagicDecDraft:
+    """Self-speculation (method §4, MagicDec): the target drafts while attending only to a sink +
+    window of its own keys/values, copied from the target's cache for verified positions into
+    a StreamingLLM ring (constant memory). `rope_mode="cache"` uses positions in the cache as
+    MagicDec's implementation does; "original" keeps text positions."""
+
+    needs_target_layers = False
+
+    def __init__(self, target: Transformer, sparse: SinkWindow = SinkWindow(1, 64), rope_mode: str = "cache",
+                 temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.model = target
+        self.sparse = sparse
+        self.rope_mode = rope_mode
+        self.temperature = temperature
+        self.generator = generator
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        cfg = self.model.cfg
+        param = next(self.model.parameters())
+        self.cache = SinkWindowKVCache(cfg.num_layers, verified.tokens.shape[0], cfg.n_kv, cfg.d_head, self.sparse,
+                                       slack=k + 1, rope_mode=self.rope_mode, rope_base=cfg.rope_base,
+                                       rope_scaling=cfg.rope_scaling,
+                                       device=param.device, dtype=param.dtype)
+        self.accept(verified)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.cache.ingest(verified.cache, verified.positions, verified.valid)
+        self.cache.rollback(verified.lengths)
+
+
+# ---------------------------------------------------------------------------- the method registry
+
+DraftFactory = Callable[[torch.Generator], Draft]
+"""Builds a fresh draft that samples with the given generator (one per batch)."""
+
+
+@dataclass(frozen=True)
+class DraftMethod:
+    """A named way to draft: `build(target, model, temperature=, generator=, **options)`
+    returns a Draft; `model` is the method's trained draft model (None if it has none)."""
+
+    name: str
+    build: Callable[..., Draft]
+    needs_model: bool
+
+
+DRAFT_METHODS: dict[str, DraftMethod] = {}
+
+
+def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
+    """Make `name` measurable: `build(target, model, *, temperature, generator, **options)`
+    returns a fresh Draft."""
+    DRAFT_METHODS[name] = DraftMethod(name, build, needs_model)
+
+
+def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,
+                  temperature: float, **options) -> DraftFactory:
+    """A factory of `method`'s drafts for `target` (and its trained draft `model`)."""
+    if method not in DRAFT_METHODS:
+        raise ValueError(f"unknown method {method!r}; registered: {sorted(DRAFT_METHODS)}")
+    spec = DRAFT_METHODS[method]
+    if spec.needs_model and model is None:
+        raise ValueError(f"method {method!r} needs its trained draft model")
+    try:  # an unknown option fails here, before any decoding
+        inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
+    except TypeError as e:
+        raise ValueError(f"method {method!r}: {e}") from None
+    return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
+
+
+def _vanilla(target, model, *, temperature, generator):
+    return VanillaDraft(model, temperature=temperature, generator=generator)
+
+
+def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
+    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature, generator=generator)
+
+
+register_method("vanilla", _vanilla, needs_model=True)
+register_method("magicdec", _magicdec, needs_model=False)

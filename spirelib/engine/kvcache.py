@@ -1,0 +1,231 @@
+"""KV caches for batched decoding with ragged rows, and the attention visibility rule.
+
+Two caches share one mechanism (method §2 "Klen", 3.4, 4):
+
+- `DenseKVCache`: slot = position; holds every position up to `capacity`.
+- `SinkWindowKVCache` (StreamingLLM): `sink` first positions plus a ring over the most
+  recent ones, `sink + window + slack` slots in all, so its memory never grows with the
+  context. `slack` must cover the most positions one forward writes (k + 1 for a verify
+  pass) so that writes never evict a key a query of the same forward still needs.
+
+Both store, per slot, the position of the key it holds (`key_positions`, -1 = empty), and
+visibility is decided from positions alone (`visibility`), so ragged rows, rollback and
+eviction need no special cases. Every forward calls `prepare(positions)` once, which
+records where the new keys go, then each layer `write`s its keys/values and reads them
+back with `layer_kv`. Rollback only resets `lengths`: rejected entries stay in place,
+are invisible to every query before their position, and are overwritten by the next
+write at the same positions (writes always continue at `lengths`, per row).
+
+Keys are stored already rotated by their original position. `rope_mode="cache"` makes
+the sink+window cache emulate positions-in-cache, as MagicDec/StreamingLLM implement it:
+the sink keys are re-rotated so that they sit directly before the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spirelib.engine.rope import apply_rope, rope_rotation
+
+
+@dataclass(frozen=True)
+class SinkWindow:
+    """Sparse attention pattern: the first `sink` positions plus the `window` positions
+    before the query (method §3.4: sink 1, window 64; method §9: the window counts the positions
+    before the query, plus the sink)."""
+
+    sink: int = 1
+    window: int = 64
+
+    def __post_init__(self):
+        if self.sink < 0 or self.window < 1:
+            raise ValueError(f"SinkWindow needs sink >= 0 and window >= 1, got {self}")
+
+
+def visibility(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, sparse: SinkWindow | None, include_self: bool = True
+) -> torch.Tensor:
+    """Which keys each query may attend to: (B, 1, T, S) bool.
+
+    q_pos (B, T) are the query positions, k_pos (B, S) the key positions (-1 = empty slot).
+    Causal: keys at earlier positions, and the query's own position if `include_self`
+    (an ordinary transformer) but not for SPIRe's memory, which at the query's position
+    does not exist yet (method §9). With `sparse`, only the sink and the window before the query.
+    """
+    q = q_pos[:, :, None]  # (B, T, 1)
+    k = k_pos[:, None, :]  # (B, 1, S)
+    visible = (k >= 0) & ((k <= q) if include_self else (k < q))
+    if sparse is not None:
+        visible &= (k < sparse.sink) | (k >= q - sparse.window)
+    return visible[:, None]  # (B, 1, T, S)
+
+
+class _KVCache:
+    """Storage and bookkeeping shared by both caches: one trailing "trash" slot receives
+    writes of positions that are not kept (padding of ragged inputs, evicted prefill)."""
+
+    sparse: SinkWindow | None = None
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, slots: int, *, device=None, dtype=torch.float32):
+        # One tensor per layer (B, n_kv, S+1, d_head), not one (layers, ...) tensor: a compiled forward
+        # (`Transformer.compile_decoding`) writes a layer in place; into a view of a bigger tensor it copies it.
+        self.k = [torch.zeros(batch, n_kv, slots + 1, d_head, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(batch, n_kv, slots + 1, d_head, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.key_positions = torch.full((batch, slots + 1), -1, device=device, dtype=torch.long)  # (B, S+1)
+        self.lengths = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) positions 0..len-1 valid
+        self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
+        self.trash = slots
+
+    @property
+    def batch(self) -> int:
+        return self.key_positions.shape[0]
+
+    def next_positions(self, num_tokens: int) -> torch.Tensor:
+        """Positions (B, T) that continue every row."""
+        return self.lengths[:, None] + torch.arange(num_tokens, device=self.lengths.device)
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Register keys at `positions` (B, T) (entries with `valid` False are dropped);
+        returns the slots (B, T) every layer then writes to. Rows end at their last valid
+        position + 1."""
+        if valid is None:
+            valid = torch.ones_like(positions, dtype=torch.bool)
+        slots = self._slots(positions, valid)
+        self.key_positions[self._rows, slots] = torch.where(valid, positions, -1)
+        self.key_positions[:, self.trash] = -1
+        last = torch.where(valid, positions, -1).amax(dim=1)
+        self.lengths = torch.where(last >= 0, last + 1, self.lengths)
+        return slots
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys/values (B, n_kv, T, d_head) of one layer at `slots` (B, T)."""
+        self.k[layer][self._rows, :, slots] = k.transpose(1, 2)
+        self.v[layer][self._rows, :, slots] = v.transpose(1, 2)
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, n_kv, S', d_head) of one layer as queries at q_pos (B, T) see them:
+        all S+1 slots, or (dense cache) those up to the last prepared forward's highest position."""
+        return self.k[layer], self.v[layer]
+
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+        """Visibility (B, 1, T, S') of the slots `layer_kv` returns for queries at q_pos (B, T);
+        None means causal (query t sees keys 0..t; only where T queries read T keys)."""
+        return visibility(q_pos, self.key_positions, self.sparse, include_self)
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Forget positions >= lengths (B,) per row; free (the entries are overwritten later)."""
+        self.lengths = lengths.clone()
+
+
+class DenseKVCache(_KVCache):
+    """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
+    (the slow, obviously correct way to run sparse attention; a reference in tests).
+
+    Reads stop at the highest position the last prepared forward wrote: slot = position, so
+    every slot beyond holds a later position (or nothing) and is invisible to all of that
+    forward's queries; attention skips the unused tail of the capacity (G + 2k slots at
+    the start of speculative decoding). With `static_reads`, reads cover the whole capacity
+    instead, so every forward of a kind has the same shapes (what a compiled forward needs,
+    `Transformer.compile_decoding`). Prefill fast path: when the cache's first forward
+    writes positions 0..T-1 with a valid prefix per row (a prefill of right-padded
+    contexts), the mask is plain causal (None), so attention skips the masked half.
+    """
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
+                 sparse: SinkWindow | None = None, static_reads: bool = False, device=None, dtype=torch.float32):
+        super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
+        self.capacity = capacity
+        self.sparse = sparse
+        self.static_reads = static_reads
+        self._written = False
+        self._read = capacity + 1  # slots that reads cover
+        self._causal: torch.Tensor | None = None  # positions (B, T) of a first forward over 0..T-1
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        top = int(torch.where(valid, positions, -1).max())  # the one host sync of a forward
+        if top >= self.capacity:
+            raise ValueError(f"position {top} exceeds the cache capacity {self.capacity}")
+        if not self.static_reads:
+            self._read = max(top + 1, 1)
+        return torch.where(valid, positions, self.trash)
+
+    def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        slots = super().prepare(positions, valid)
+        T = positions.shape[1]
+        first = not self._written and bool((positions == torch.arange(T, device=positions.device)).all())
+        if first and valid is not None:
+            first = bool((valid[:, 1:] <= valid[:, :-1]).all())  # padding only at the end of rows
+        self._causal = positions if first else None
+        self._written = True
+        return slots
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer][:, :, : self._read], self.v[layer][:, :, : self._read]
+
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+        if self._causal is not None and include_self and self.sparse is None and torch.equal(q_pos, self._causal):
+            return None  # a prefill: causal over its own keys
+        return visibility(q_pos, self.key_positions[:, : self._read], self.sparse, include_self)
+
+
+class SinkWindowKVCache(_KVCache):
+    """StreamingLLM cache: `sink` first positions plus a ring of `window + slack` recent ones.
+
+    `rope_mode="original"` keeps original-text positions (SPIRe, method §3.4);
+    `rope_mode="cache"` reads keys as if positions were indices in a cache holding exactly
+    sink + window + the query (MagicDec's implementation): window keys keep their distance
+    to the query, and the sink moves up to sit just before the window. That re-rotation
+    depends on the query, so "cache" mode serves one query position per row (drafting).
+    """
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, sparse: SinkWindow, slack: int, *,
+                 rope_mode: str = "original", rope_base: float = 10000.0, rope_scaling: tuple | None = None,
+                 device=None, dtype=torch.float32):
+        if rope_mode not in ("original", "cache"):
+            raise ValueError(f"rope_mode must be 'original' or 'cache', got {rope_mode!r}")
+        if slack < 1:
+            raise ValueError(f"slack must be >= 1 (the most positions one forward writes), got {slack}")
+        self.ring = sparse.window + slack
+        super().__init__(num_layers, batch, n_kv, d_head, sparse.sink + self.ring, device=device, dtype=dtype)
+        self.sparse = sparse
+        self.slack = slack
+        self.rope_mode = rope_mode
+        self.rope_base = rope_base
+        self.rope_scaling = rope_scaling
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        sink = self.sparse.sink
+        slots = torch.where(positions < sink, positions, sink + (positions - sink) % self.ring)
+        # Of a long run of new positions only the sink and the last `ring` survive; the rest
+        # would collide in the ring, so they go to the trash slot.
+        last = torch.where(valid, positions, -1).amax(dim=1, keepdim=True)  # (B, 1)
+        kept = valid & ((positions < sink) | (positions > last - self.ring))
+        return torch.where(kept, slots, self.trash)
+
+    def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.k[layer], self.v[layer]
+        if self.rope_mode == "original" or self.sparse.sink == 0:
+            return k, v
+        if q_pos.shape[1] != 1:
+            raise ValueError("rope_mode='cache' re-rotates the sink per query: use it for one query per row")
+        sink = self.sparse.sink
+        # The query sits at cache index sink + window; a sink key i then sits at distance
+        # sink + window - i instead of q - i: rotate it forward by q - window - sink (>= 0).
+        shift = (q_pos - self.sparse.window - sink).clamp(min=0).expand(-1, sink)  # (B, sink)
+        rotation = rope_rotation(shift, k.shape[-1], self.rope_base, self.rope_scaling)  # (B, 1, sink, d_head/2)
+        k = torch.cat((apply_rope(k[:, :, :sink], rotation), k[:, :, sink:]), dim=2)
+        return k, v
+
+    def ingest(self, source: DenseKVCache, positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Copy every layer's keys/values at `positions` (B, T) from a dense cache (a target's
+        verified positions into its own sparse drafting cache; a prefill)."""
+        slots = self.prepare(positions, valid)
+        src = positions.clamp(0, source.capacity - 1)  # dropped entries read anything, land in trash
+        for layer in range(len(self.k)):
+            self.write(layer, slots, source.k[layer][self._rows, :, src].transpose(1, 2),
+                       source.v[layer][self._rows, :, src].transpose(1, 2))

@@ -1,0 +1,277 @@
+"""Batched speculative decoding and its autoregressive reference (method §1, 3.5, 5).
+
+B rows with ragged contexts decode in lockstep. A round: the draft proposes k tokens per
+row, the target scores the pending token and the k drafts in one forward (k+1 positions),
+rejection sampling accepts a prefix per row, and every cache rolls back per row by
+resetting lengths. Rows stop independently at `max_new_tokens` (or end-of-text) while the
+batch goes on: finished rows are frozen, their results ignored.
+
+State between rounds, per row: the target's cache holds positions 0..n-1 and the *pending*
+token at position n (emitted, not yet run through the target). After prefill of all but
+the last context token, the last context token is pending.
+
+The draft protocol (`Draft`) is what the engine sees of vanilla, MagicDec and SPIRe drafts.
+Every target pass hands the draft a `TargetPass` with what the target already computed
+for the newly verified positions, so no draft needs a target pass of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from spirelib.engine.kvcache import DenseKVCache
+from spirelib.engine.sampling import probabilities, rejection_sample, sample
+from spirelib.engine.transformer import Transformer
+
+
+@dataclass
+class TargetPass:
+    """A target forward over `positions` (B, T); `valid` (B, T) marks the verified ones
+    (accepted drafts and the pending token; prefill: the real context tokens)."""
+
+    positions: torch.Tensor  # (B, T)
+    tokens: torch.Tensor  # (B, T)
+    valid: torch.Tensor  # (B, T) bool
+    lengths: torch.Tensor  # (B,) verified positions per row after this pass
+    cache: DenseKVCache  # the target's cache, holding these positions' keys/values
+    layers: torch.Tensor | None  # (n_layers+1, B, T, d_model) residual stream, if the draft asked
+
+
+class Draft(Protocol):
+    """What the engine needs of a draft model."""
+
+    needs_target_layers: bool  # ask the target for its residual stream (SPIRe)
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        """Start on fresh contexts; `verified` is the target's prefill pass."""
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft k tokens after the pending tokens (B,) at positions (B,): tokens (B, k), probs (B, k, V)."""
+
+    def accept(self, verified: TargetPass) -> None:
+        """Learn which positions were verified; roll back to `verified.lengths`."""
+
+
+@dataclass
+class Generation:
+    """Generated tokens (B, G) and, for speculative decoding, the accepted draft count of every
+    round (B, R), -1 once a row had finished (method §8: tau = mean of accepted + 1)."""
+
+    tokens: torch.Tensor
+    accepted: torch.Tensor | None = None
+
+
+class SectionTimer:
+    """Accumulates wall time per named section (`with timer("verify"): ...`), synchronizing
+    the device so that asynchronous GPU work is charged to the right section."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        import time
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _no_timer(name: str):
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Prefill:
+    """The target's pass over all but the last token of every context: its cache, what it
+    computed (`verified`, handed to a draft's `begin`) and the pending last tokens (B,).
+
+    One prefill serves several generations over the same contexts (e.g. every method of a
+    tau measurement): decoding writes only positions after the context and starts by
+    rolling the cache back to `verified.lengths`, so the context's keys stay intact.
+    """
+
+    cache: DenseKVCache
+    verified: TargetPass
+    pending: torch.Tensor  # (B,)
+
+
+def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor | None = None, *,
+            capacity: int, return_layers: bool = False) -> Prefill:
+    """Run all but the last token of every context (B, L) (right-padded to L when `lengths`
+    (B,) is given) through a fresh target cache of `capacity` positions per row."""
+    B, L = contexts.shape
+    lengths = _context_lengths(contexts, lengths)
+    if int(lengths.min()) < 2:
+        raise ValueError("every context needs at least 2 tokens")
+    cache = target.new_cache(B, capacity)
+    positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
+    valid = positions < (lengths - 1)[:, None]
+    with torch.no_grad():
+        if return_layers:
+            layers = target.residual_stream(contexts[:, :-1], positions, cache, valid=valid)
+        else:
+            layers = None
+            target.hidden(contexts[:, :-1], positions, cache, valid=valid)  # fills the cache; no logits
+    pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
+    return Prefill(cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending)
+
+
+def _reuse(prefilled: Prefill, capacity: int, need_layers: bool) -> tuple[DenseKVCache, torch.Tensor]:
+    """The prefill's cache rolled back to the end of the contexts, and the pending tokens."""
+    if prefilled.cache.capacity < capacity:
+        raise ValueError(f"the prefill's cache holds {prefilled.cache.capacity} positions per row; "
+                         f"this generation needs {capacity}: prefill with capacity={capacity}")
+    if need_layers and prefilled.verified.layers is None:
+        raise ValueError("this draft needs the target's layers: prefill with return_layers=True")
+    prefilled.cache.rollback(prefilled.verified.lengths)
+    return prefilled.cache, prefilled.pending
+
+
+def speculative_capacity(context_length: int, max_new_tokens: int, k: int) -> int:
+    """Target cache positions per row that speculative decoding needs: a row finishes at
+    position <= L + G + k - 1 and, frozen, is still verified there (k more)."""
+    return context_length + max_new_tokens + 2 * k
+
+
+def _context_lengths(contexts: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    if lengths is None:
+        return torch.full((contexts.shape[0],), contexts.shape[1], device=contexts.device, dtype=torch.long)
+    return lengths.to(device=contexts.device, dtype=torch.long)
+
+
+@dataclass
+class Rows:
+    """What speculative decoding keeps per row between rounds: the output so far, how many
+    tokens each row has produced, which rows still decode, the pending tokens, and every
+    round's accepted count."""
+
+    out: torch.Tensor  # (B, G + k + 1) generated tokens, room for one overshooting round
+    produced: torch.Tensor  # (B,)
+    active: torch.Tensor  # (B,) bool
+    pending: torch.Tensor  # (B,) emitted, not yet run through the target
+    offsets: torch.Tensor  # (k + 1,) 0..k
+    max_new_tokens: int
+    rounds: list[torch.Tensor]  # per round (B,): accepted drafts, -1 for a finished row
+
+    @classmethod
+    def start(cls, pending: torch.Tensor, max_new_tokens: int, k: int) -> Rows:
+        B, dev = pending.shape[0], pending.device
+        return cls(torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev),
+                   torch.zeros(B, dtype=torch.long, device=dev), torch.ones(B, dtype=torch.bool, device=dev),
+                   pending, torch.arange(k + 1, device=dev), max_new_tokens, [])
+
+    def settle(self, cache: DenseKVCache, tokens: torch.Tensor, positions: torch.Tensor, layers: torch.Tensor | None,
+               q: torch.Tensor, logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+               eos_token: int | None = None) -> TargetPass:
+        """A round's bookkeeping after the target scored `tokens` (B, k+1) (the pending token and
+        k drafts) at `positions` (B, k+1) into `logits` (B, k+1, V): rejection sampling against
+        the draft's probabilities q (B, k, V), the emitted tokens, the cache rolled back per row
+        to the verified positions, the next pending tokens. Returns what was verified."""
+        G, offsets, active = self.max_new_tokens, self.offsets, self.active
+        drafts, n = tokens[:, 1:], positions[:, 0]
+        n_acc, next_token = rejection_sample(drafts, q, probabilities(logits, temperature), generator)
+        n_acc = torch.where(active, n_acc, 0)
+        emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], next_token[:, None])  # (B, k+1)
+        keep = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
+        if eos_token is not None:  # a row ends at its first end-of-text token
+            eos = keep & (emitted == eos_token)
+            keep &= (eos.long().cumsum(1) - eos.long()) == 0
+            ended = eos.any(1)
+        slots = (self.produced[:, None] + offsets).clamp(max=G + offsets.shape[0] - 1)
+        self.out.scatter_(1, slots, torch.where(keep, emitted, self.out.gather(1, slots)))
+        self.rounds.append(torch.where(active, n_acc, -1))
+        self.produced += keep.sum(1)
+        new_lengths = torch.where(active, n + n_acc + 1, n)
+        cache.rollback(new_lengths)
+        self.pending = torch.where(active, next_token, self.pending)
+        verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache,
+                              layers)
+        self.active = active & (self.produced < G)
+        if eos_token is not None:
+            self.active &= ~ended
+        return verified
+
+
+@torch.no_grad()
+def speculative_generate(
+    target: Transformer,
+    draft: Draft,
+    contexts: torch.Tensor,
+    max_new_tokens: int,
+    k: int = 4,
+    temperature: float = 1.0,
+    lengths: torch.Tensor | None = None,
+    eos_token: int | None = None,
+    generator: torch.Generator | None = None,
+    timer: SectionTimer | None = None,
+    prefilled: Prefill | None = None,
+) -> Generation:
+    """Generate `max_new_tokens` per row after `contexts` (B, L) (right-padded to L when
+    `lengths` (B,) is given) with speculative decoding; every token is a sample from the
+    target at `temperature` (0: greedy), whatever the draft proposes. `prefilled`: the
+    target's `prefill` of these same contexts, to share it between generations."""
+    timer = timer or _no_timer
+    G = max_new_tokens
+    with timer("prefill"):
+        capacity = speculative_capacity(contexts.shape[1], G, k)
+        if prefilled is None:
+            prefilled = prefill(target, contexts, lengths, capacity=capacity, return_layers=draft.needs_target_layers)
+        cache, pending = _reuse(prefilled, capacity, draft.needs_target_layers)
+        draft.begin(prefilled.verified, k)
+    rows = Rows.start(pending, G, k)
+    while bool(rows.active.any()):
+        n = cache.lengths  # (B,) position of the pending token
+        with timer("draft"):
+            drafts, q = draft.propose(rows.pending, n, k)  # (B, k), (B, k, V)
+        with timer("verify"):
+            tokens = torch.cat([rows.pending[:, None], drafts], dim=1)  # (B, k+1)
+            positions = n[:, None] + rows.offsets
+            if draft.needs_target_layers:
+                layers = target.residual_stream(tokens, positions, cache)  # (n_layers+1, B, k+1, d_model)
+                logits = target.head(layers[-1])  # (B, k+1, V)
+            else:
+                layers, logits = None, target(tokens, positions, cache)
+        with timer("bookkeeping"):
+            verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature, generator, eos_token)
+        with timer("draft"):
+            draft.accept(verified)
+    return Generation(rows.out[:, :G], torch.stack(rows.rounds, dim=1))
+
+
+@torch.no_grad()
+def autoregressive_generate(
+    target: Transformer,
+    contexts: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    lengths: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    timer: SectionTimer | None = None,
+    prefilled: Prefill | None = None,
+) -> Generation:
+    """The reference: one target forward per token, same sampling code (method §4, AD).
+    `prefilled`: the target's `prefill` of these same contexts, to share it."""
+    timer = timer or _no_timer
+    with timer("prefill"):
+        capacity = contexts.shape[1] + max_new_tokens
+        if prefilled is None:
+            prefilled = prefill(target, contexts, lengths, capacity=capacity)
+        cache, pending = _reuse(prefilled, capacity, False)
+    generated = []
+    for _ in range(max_new_tokens):
+        with timer("verify"):
+            logits = target(pending[:, None], cache.lengths[:, None], cache)[:, 0]  # (B, V)
+        with timer("bookkeeping"):
+            pending = sample(probabilities(logits, temperature), generator)
+            generated.append(pending)
+    return Generation(torch.stack(generated, dim=1))

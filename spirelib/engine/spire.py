@@ -1,0 +1,331 @@
+"""The SPIRe draft (method §3): Sparse KV cache, Pruned Initialization, Recurrent (feedback) memory.
+
+Draft layer i (0-based, of n_d) is pruned from target layer n_t - n_d + i. Its attention
+reads *memory* vectors rather than its own layer inputs: for a verified position t, the
+target's residual stream entering that target layer, y_t^(n_t - n_d + i) (method §3.3); for a
+position the draft processed itself, a learned softmax mixture of all the draft's
+activations at t, m_t^i = sum_l softmax(w_i)_l x_t^l (method §3.2). Each layer projects memory
+into keys/values with its own K/V weights (after its attention norm, exactly as the target
+layer would from its input). Queries see the sink and the window of positions before them
+(method §3.4, 9), never their own position: its memory is only made after the pass.
+
+Two ways to compute the same thing:
+- `step` (inference, method §3.5): one position per row, memory in a `SinkWindowKVCache`.
+- `k_pass_logits` (training, method §3.6): every block of k positions of a sequence at once,
+  in k passes, pass j computing the j-th position of all blocks; the context before a block
+  is target memory, the block's earlier positions are the feedback memory of passes < j.
+  Test: tests/test_spire.py checks both agree to fp32 precision.
+
+Ablations (method §3.8) are `SpireConfig` flags; see `ABLATIONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+import torch
+from torch import nn
+
+from spirelib.engine.drafts import VanillaDraft, draft_tokens, register_method
+from spirelib.engine.kpass_attention import BandedMemory, memory_attention
+from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.engine.losses import head_draft_losses
+from spirelib.engine.speculative import TargetPass
+from spirelib.engine.transformer import ModelConfig, Transformer, compile_for_decoding
+
+LOSSES = ("mixed", "hard")
+
+
+@dataclass(frozen=True)
+class SpireConfig:
+    """The draft's architecture and training loss. `loss="mixed"` with `mix_weight` w is
+    MixedLoss(w) (w = 1: distillation only); `loss="hard"` is HardTargetLoss."""
+
+    num_layers: int = 2
+    sink: int = 1
+    window: int = 64
+    k: int = 4  # block size of k-pass training: the draft depth it is trained for (method §3.6)
+    feedback: bool = True
+    target_activations: bool = True
+    pruned_init: bool = True
+    loss: str = "mixed"
+    mix_weight: float = 0.5
+
+    def __post_init__(self):
+        if self.num_layers < 1:
+            raise ValueError(f"SpireConfig.num_layers must be >= 1, got {self.num_layers}")
+        if not 1 <= self.k <= self.window:
+            raise ValueError(f"SpireConfig.k must be in 1..window ({self.window}) so a block sees its own start, got {self.k}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"SpireConfig.loss must be one of {LOSSES}, got {self.loss!r}")
+        if not 0.0 <= self.mix_weight <= 1.0:
+            raise ValueError(f"SpireConfig.mix_weight must be in [0, 1], got {self.mix_weight}")
+        if self.feedback and not self.target_activations:
+            raise ValueError("feedback memory without target activations is not a SPIRe variant (method §3.8)")
+        SinkWindow(self.sink, self.window)  # validates
+
+    @property
+    def sparse(self) -> SinkWindow:
+        return SinkWindow(self.sink, self.window)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpireConfig:
+        allowed = {f.name for f in fields(cls)}
+        unknown = set(d) - allowed
+        if unknown:
+            raise ValueError(f"unknown SpireConfig fields {sorted(unknown)}; allowed: {sorted(allowed)}")
+        return cls(**d)
+
+
+#: The paper's ablations (method §3.8) as changes to the SPIRe configuration.
+ABLATIONS: dict[str, dict] = {
+    "spire": {},
+    "random_init": {"pruned_init": False},
+    "distill_only": {"mix_weight": 1.0},
+    "hard_target": {"loss": "hard"},
+    "no_feedback": {"feedback": False},
+    "no_feedback_no_target_acts": {"feedback": False, "target_activations": False},
+}
+
+
+def ablation(name: str, base: SpireConfig = SpireConfig()) -> SpireConfig:
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown SPIRe ablation {name!r}; choose from {sorted(ABLATIONS)}")
+    return replace(base, **ABLATIONS[name])
+
+
+def block_positions(seq_len: int, k: int, device=None) -> torch.Tensor:
+    """Query positions (n_blocks, k) of k-pass training: block b covers 1 + b*k .. b*k + k,
+    so every block has at least position 0 as context, as at inference (a context has >= 2
+    tokens, the last one pending) and every position has a next-token label in a window
+    of seq_len + 1 tokens."""
+    n_blocks = (seq_len - 1) // k
+    if n_blocks < 1:
+        raise ValueError(f"a training sequence of {seq_len} tokens holds no block of k = {k}")
+    return 1 + torch.arange(n_blocks, device=device)[:, None] * k + torch.arange(k, device=device)
+
+
+class SpireDraftModel(nn.Module):
+    """The draft's weights: a `Transformer` of n_d layers on the target's d_model (`body`)
+    plus the feedback mixing logits w (n_d, n_d + 1)."""
+
+    def __init__(self, target_cfg: ModelConfig, cfg: SpireConfig):
+        super().__init__()
+        if cfg.num_layers > target_cfg.num_layers:
+            raise ValueError(f"the draft's {cfg.num_layers} layers exceed the target's {target_cfg.num_layers}")
+        self.cfg = cfg
+        self.target_layers = target_cfg.num_layers
+        self.body = Transformer(replace(target_cfg, num_layers=cfg.num_layers))
+        self.mix = nn.Parameter(torch.zeros(cfg.num_layers, cfg.num_layers + 1))  # uniform mixture at init
+
+    @classmethod
+    def from_target(cls, target: Transformer, cfg: SpireConfig) -> SpireDraftModel:
+        """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
+        copied (method §3.1), or random weights for the `random_init` ablation."""
+        draft = cls(target.cfg, cfg).to(next(target.parameters()))
+        if cfg.pruned_init:
+            first = target.cfg.num_layers - cfg.num_layers
+            with torch.no_grad():
+                for name, param in draft.body.named_parameters():
+                    source = name
+                    if name.startswith("blocks."):
+                        index, rest = name[len("blocks."):].split(".", 1)
+                        source = f"blocks.{first + int(index)}.{rest}"
+                    param.copy_(target.get_parameter(source))
+        return draft
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.body.blocks
+
+    def target_memory(self, target_layers: torch.Tensor) -> list[torch.Tensor]:
+        """Per draft layer i, the target's residual stream entering target layer n_t - n_d + i:
+        target_layers is (n_t + 1, B, T, d_model); returns n_d tensors (B, T, d_model)."""
+        first = self.target_layers - self.cfg.num_layers
+        return [target_layers[first + i] for i in range(self.cfg.num_layers)]
+
+    def feedback_memory(self, activations: list[torch.Tensor]) -> torch.Tensor:
+        """m^i = sum_l softmax(w_i)_l x^l over the draft's embedding and layer outputs
+        (n_d + 1 tensors (B, T, d_model)); returns (n_d, B, T, d_model)."""
+        return torch.einsum("il,lbtd->ibtd", torch.softmax(self.mix, dim=-1), torch.stack(activations))
+
+    # --- inference (method §3.5) -------------------------------------------------------------
+
+    def new_cache(self, batch: int, slack: int) -> SinkWindowKVCache:
+        c = self.body.cfg
+        param = self.mix
+        return SinkWindowKVCache(c.num_layers, batch, c.n_kv, c.d_head, self.cfg.sparse, slack,
+                                 rope_base=c.rope_base, rope_scaling=c.rope_scaling, device=param.device, dtype=param.dtype)
+
+    def write_target_memory(self, cache: SinkWindowKVCache, target_layers: torch.Tensor,
+                            positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Memory for verified positions (B, T) from the target's residual stream (n_t + 1, B, T, d)."""
+        slots = cache.prepare(positions, valid)
+        rope = self.body.rope(positions)
+        for i, (block, memory) in enumerate(zip(self.blocks, self.target_memory(target_layers))):
+            cache.write(i, slots, *block.memory_kv(memory, rope))
+
+    _compiled_step = None  # `_step`, compiled (`compile_decoding`)
+
+    def compile_decoding(self, enabled: bool = True) -> SpireDraftModel:
+        """Run `step` as one compiled graph (`model.compile_for_decoding`), or, with `enabled`
+        False, eagerly again (the reference)."""
+        self._compiled_step = compile_for_decoding(self._step, self.mix.device) if enabled else None
+        return self
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
+        """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
+        this position's memory (feedback mixture, or each layer's input without feedback)."""
+        return (self._compiled_step or self._step)(tokens, positions, cache)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
+        pos = positions[:, None]  # (B, 1)
+        rope = self.body.rope(pos)
+        if not self.cfg.feedback:  # an ordinary transformer over its own positions: self included
+            slots = cache.prepare(pos)
+        mask = cache.mask(pos, include_self=not self.cfg.feedback)  # (B, 1, 1, S)
+        x = self.body.embed(tokens[:, None])  # (B, 1, d_model)
+        activations = [x]
+        for i, block in enumerate(self.blocks):
+            if not self.cfg.feedback:
+                cache.write(i, slots, *block.memory_kv(x, rope))
+            x = block.finish(x, block.attn.attend(block.queries(x, rope), *cache.layer_kv(i, pos), mask))
+            activations.append(x)
+        if self.cfg.feedback:
+            slots = cache.prepare(pos)
+            for i, (block, memory) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
+                cache.write(i, slots, *block.memory_kv(memory, rope))
+        return self.body.head(x)[:, 0]
+
+    # --- training (method §3.6) --------------------------------------------------------------
+
+    def k_pass_logits(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits for every block position of a sequence, teacher-forced.
+
+        tokens (B, T), target_layers (n_t + 1, B, T, d_model) from the frozen target on the
+        same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
+        logits at position t predict token t + 1. `positions` selects blocks (default: all).
+        `head(k_pass_hidden(...))`; training uses `k_pass_hidden` (no (B, n_blocks, k, V) tensor).
+        """
+        hidden, positions = self.k_pass_hidden(tokens, target_layers, k, positions)
+        return self.body.head(hidden), positions  # (B, n_blocks, k, V)
+
+    def k_pass_hidden(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's outputs (B, n_blocks, k, d_model), before the final norm, of
+        `k_pass_logits` (same arguments), and their positions (n_blocks, k)."""
+        B, T = tokens.shape
+        if positions is None:
+            positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
+        if not self.cfg.target_activations:  # an ordinary sparse transformer: one parallel pass
+            return self.body.hidden(tokens, sparse=self.cfg.sparse)[:, positions], positions  # (B, n_blocks, k, d)
+        if k > self.cfg.window:
+            raise ValueError(f"k = {k} exceeds the window {self.cfg.window}: a block would not see its own start")
+        n_blocks = positions.shape[0]
+        all_rope = self.body.rope(torch.arange(T, device=tokens.device).expand(B, T))
+        memory = BandedMemory(positions[:, 0], T, k, self.cfg.sparse)
+        sink = self.cfg.sink
+        bands, sinks = [], []
+        for block, target_memory in zip(self.blocks, self.target_memory(target_layers)):
+            keys, values = block.memory_kv(target_memory, all_rope)  # (B, n_kv, T, d_head)
+            bands.append((memory.gather(keys), memory.gather(values)))
+            sinks.append((keys[:, :, :sink], values[:, :, :sink]))
+        own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values (B, n_kv, n_blocks, d_head)
+        hidden = []  # per pass, the last layer's output (B, n_blocks, d_model)
+        for j in range(k):
+            pos = positions[:, j]  # (n_blocks,)
+            rope = self.body.rope(pos.expand(B, n_blocks))
+            x = self.body.embed(tokens[:, pos])  # (B, n_blocks, d_model)
+            activations = [x]
+            for i, block in enumerate(self.blocks):
+                if not self.cfg.feedback:  # an ordinary transformer over the block: its own input, itself included
+                    k_self, v_self = block.memory_kv(x, rope)
+                    own[i][0].append(k_self)
+                    own[i][1].append(v_self)
+                mine = (torch.stack(own[i][0], dim=3), torch.stack(own[i][1], dim=3)) if own[i][0] else None
+                q = block.queries(x, rope)  # (B, n_q, n_blocks, d_head)
+                x = block.finish(x, block.attn.wo(memory_attention(q, memory, j, bands[i], sinks[i], mine)))
+                activations.append(x)
+            hidden.append(x)
+            if self.cfg.feedback:
+                for i, (block, fb) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
+                    k_fb, v_fb = block.memory_kv(fb, rope)
+                    own[i][0].append(k_fb)
+                    own[i][1].append(v_fb)
+        return torch.stack(hidden, dim=2), positions  # (B, n_blocks, k, d_model)
+
+
+class SpireDraft:
+    """The SPIRe draft behind the engine's `Draft` protocol (method §3.5): after every
+    verification, memory for the verified positions comes from the target activations that
+    pass already computed; its cache stays sink + window (+ k + 1) sized."""
+
+    needs_target_layers = True
+
+    def __init__(self, model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.model = model
+        self.temperature = temperature
+        self.generator = generator
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        self.cache = self.model.new_cache(verified.tokens.shape[0], slack=k + 1)
+        self.accept(verified)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.step(tokens, positions, self.cache)
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.model.write_target_memory(self.cache, verified.layers, verified.positions, verified.valid)
+        self.cache.rollback(verified.lengths)
+
+
+def spire_draft(model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+    """The engine-facing draft for a trained model. Without target activations the draft is an
+    ordinary pruned transformer reading its own sink + window cache."""
+    if model.cfg.target_activations:
+        return SpireDraft(model, temperature, generator)
+    return VanillaDraft(model.body, temperature, generator, sparse=model.cfg.sparse)
+
+
+def _spire(target, model, *, temperature, generator):
+    return spire_draft(model, temperature=temperature, generator=generator)
+
+
+register_method("spire", _spire, needs_model=True)
+
+
+class SpireObjective:
+    """Training objective for the trainer, `objective(draft_model, batch) -> (loss, metrics)`:
+    the frozen target runs on the batch's inputs (activations on the fly), the draft runs k
+    passes (k = its config's), and the configured loss applies at every block position,
+    fused with both unembeddings (`losses.head_draft_losses`: the target's next-token
+    distributions and the draft's logits exist one chunk of rows at a time). Metrics include
+    alpha per draft position j, the training-time estimate of P[draft j accepted | the ones
+    before were] (method §8)."""
+
+    def __init__(self, target: Transformer):
+        self.target = target.eval().requires_grad_(False)
+
+    def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = model.cfg
+        inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
+        with torch.no_grad():
+            target_layers = self.target.residual_stream(inputs)  # (n_t + 1, B, T, d_model)
+        hidden, positions = model.k_pass_hidden(inputs, target_layers, cfg.k)  # (B, n_blocks, k, d), (n_blocks, k)
+        with torch.no_grad():
+            target_x = self.target.norm(target_layers[-1][:, positions])  # (B, n_blocks, k, d)
+        loss, parts = head_draft_losses(model.body.norm(hidden), model.body.unembed.weight, target_x,
+                                        self.target.unembed.weight, labels[:, positions],
+                                        None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
+        per_position = parts["alpha"].mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
+        metrics = {"distill_ce": parts["distill_ce"].mean().item(), "hard_ce": parts["hard_ce"].mean().item(),
+                   "alpha": sum(per_position) / len(per_position)}
+        metrics.update({f"alpha_{j + 1}": a for j, a in enumerate(per_position)})
+        return loss, metrics

@@ -1,0 +1,312 @@
+"""The tau measurement protocol (method §5) and the acceptance metrics of method §8.
+
+Protocol: draft depth k = 4; for each context length L, n contexts of exactly L tokens
+from the validation split (drawn once, with a fixed seed, by the data layer), the SAME
+contexts for every method; G = 64 tokens generated after each by speculative decoding at
+temperature T (method §9: T = 1 by default, exact rejection sampling). Contexts run in
+batches of B rows; the target's prefill of a batch is shared by every method. Methods are
+named ("vanilla", "magicdec", "spire", ...) and built from the drafts' registry
+(`drafts.draft_factory`, `drafts.register_method`), so a new draft plugs in without touching
+this module.
+
+Metrics (method §8), from the accepted draft count a_r of every round r (0..k):
+
+- tokens and rounds per context: a context emits Y_i = sum_r (a_r + 1) tokens (bonus
+  token included) in X_i rounds. The last round may emit more tokens than G still needed;
+  it counts in full. Whether a round is the last depends only on earlier rounds (a
+  stopping time): the draft proposed k tokens and the target verified them as in any
+  other round, so its a_r is an ordinary draw of the round's acceptance. Truncating it to
+  the tokens still needed would bias tau downwards by an amount that depends on G, not on
+  the draft.
+- tau (`TauStats.mean`): the pooled ratio sum_i Y_i / sum_i X_i, tokens per round over all
+  rounds of all contexts. Not the mean of the per-context ratios Y_i / X_i: a context
+  stops once it has G tokens, so a context that happened to accept much finishes in few
+  rounds and its high ratio weighs as much as a slow context's many rounds; that mean of
+  ratios is biased upwards (i.i.d. acceptance alpha = 0.5 / 0.7 / 0.85, k = 4, G = 64:
+  about +0.02 / +0.035 / +0.035 over (1 - alpha^(k+1)) / (1 - alpha), many CI widths at
+  the paper's n). By Wald's identity E[Y_i] = tau E[X_i] under that stopping rule, so the
+  pooled ratio is consistent (its bias is O(1/n)). `AcceptCounts.tau_per_context` still
+  gives the per-context ratios.
+- its 95% CI: contexts are the independent units (rounds of one context are not: they
+  share the text), so the interval is the delta-method (linearization) interval of a
+  ratio estimator over contexts: with d_i = Y_i - tau X_i, s the sample standard deviation
+  of d_i / mean(X), mean +- t_{0.975, n-1} * s / sqrt(n), Student's t (at the paper's
+  n = 65,536 it is the normal interval; t keeps it honest for small CPU-scale n).
+  `TauStats.std` is that s (the per-context spread of the linearized estimate; the
+  sample standard deviation of d_i / mean(X)), so ci95 = t * std / sqrt(n).
+- acceptance rate: accepted draft tokens / drafted tokens over all rounds of all contexts
+  (= (tau - 1) / k exactly, both pooled over rounds).
+- per-position acceptance: P[draft j accepted | drafts 1..j-1 accepted] = #(a_r >= j) /
+  #(a_r >= j - 1) over all rounds, j = 1..k, reported with both counts.
+
+Comparing two drafts (method §3.8's ablations): every method decodes batch b from a generator
+seeded by (seed, L, b) alone, the same stream for every method (common random numbers), so
+two similar drafts see the same draws and their difference in tau is measured paired, per
+context (`delta_tau`): d_i = (Y_i - tau X_i) / mean(X) for one minus the same for the other,
+the delta-method linearization of each pooled ratio, with Student's t over contexts. Over
+several training seeds the difference is the mean of the seeds' differences, its variance
+the within-seed part plus the between-seed spread / S (conservative: that spread also holds
+the within-seed noise once more).
+
+Scale-out: under `torchrun` (any backend; gloo on CPU) every process measures the batches
+b with b % world_size == rank and the results are gathered, in batch order, on every
+process. Each batch's generator depends on (seed, L, batch) alone, so the merged result
+equals a single process's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import zlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts, tau_from_counts
+from spirelib.engine.drafts import DraftFactory
+from spirelib.frontend import progress_bar
+from spirelib.engine.transformer import Transformer
+from spirelib.engine.speculative import SectionTimer, prefill, speculative_capacity, speculative_generate
+
+
+@dataclass(frozen=True)
+class TauProtocol:
+    """Spec 5: k = 4, G = 64; temperature and batching are the project's choices (method §9)."""
+
+    k: int = 4
+    new_tokens: int = 64  # G
+    temperature: float = 1.0
+    batch_size: int = 64  # B rows decoded in lockstep
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.k < 1 or self.new_tokens < 1 or self.batch_size < 1 or self.temperature < 0:
+            raise ValueError(f"TauProtocol needs k, new_tokens, batch_size >= 1 and temperature >= 0, got {self}")
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Quantile of Student's t distribution (0.5 < p < 1), by Newton's method on the CDF,
+    which is integrated from the density with Simpson's rule (no scipy needed)."""
+    if not 0.5 < p < 1 or dof < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and dof >= 1, got p={p}, dof={dof}")
+    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+
+    def density(x):
+        return torch.exp(log_c - (dof + 1) / 2 * torch.log1p(x * x / dof))
+
+    def mass(q):  # P[0 < X < q]
+        x = torch.linspace(0, q, 4001, dtype=torch.float64)
+        w = torch.ones_like(x)
+        w[1:-1:2], w[2:-1:2] = 4, 2
+        return float((w * density(x)).sum()) * q / 12000
+
+    q = 2.0
+    for _ in range(60):
+        step = (mass(q) - (p - 0.5)) / float(density(torch.tensor(q, dtype=torch.float64)))
+        q = max(q - step, q / 2)
+        if abs(step) < 1e-12 * q:
+            break
+    return q
+
+
+@dataclass(frozen=True)
+class TauStats:
+    """Spec 8 metrics of one method at one context length (definitions: module docstring)."""
+
+    mean: float  # tau: tokens / rounds pooled over all contexts (a ratio estimator, not a mean of ratios)
+    ci95: float  # half-width of its 95% t-interval, contexts as the unit (delta method)
+    n_contexts: int
+    std: float  # per-context standard deviation of the linearized estimate: ci95 = t * std / sqrt(n)
+    rounds: int
+    acceptance_rate: float
+    per_position: tuple[float, ...]  # P[draft j accepted | 1..j-1 accepted], j = 1..k
+    accepted_at: tuple[int, ...]  # rounds that accepted draft j
+    reached: tuple[int, ...]  # rounds that accepted drafts 1..j-1 (reached draft j)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class AcceptCounts:
+    """The accepted draft count of every round of every context (n, R), -1 after a context
+    finished (the layout of `Generation.accepted`), at draft depth k."""
+
+    accepted: torch.Tensor
+    k: int
+
+    def tokens_and_rounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens emitted (accepted + 1 per round, the last round in full) and rounds, per
+        context: two (n,) float64 tensors."""
+        done = self.accepted >= 0
+        return torch.where(done, self.accepted + 1, 0).sum(1).double(), done.sum(1).double()
+
+    def tau_per_context(self) -> torch.Tensor:
+        """Mean of accepted + 1 over each context's rounds, the last one in full: (n,) float64.
+        (Their mean is NOT the tau estimate: see the module docstring.)"""
+        tokens, rounds = self.tokens_and_rounds()
+        return tokens / rounds
+
+    def stats(self) -> TauStats:
+        tokens, rounds = self.tokens_and_rounds()
+        n = tokens.numel()
+        a = self.accepted[self.accepted >= 0]  # every round
+        histogram = torch.bincount(a, minlength=self.k + 1).numpy()  # rounds by accepted drafts 0..k
+        tau = float(tau_from_counts(histogram))  # pooled ratio estimator: all tokens / all rounds
+        # Delta method: tau_hat - tau ~ mean(d) / mean(X), d_i = Y_i - tau X_i, contexts i.i.d.
+        std = float((tokens - tau * rounds).std() / rounds.mean()) if n > 1 else float("nan")
+        ci = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
+        j = torch.arange(1, self.k + 1)
+        accepted_at = (a[:, None] >= j).sum(0)  # (k,)
+        reached = (a[:, None] >= j - 1).sum(0)
+        return TauStats(
+            mean=tau, ci95=ci, n_contexts=n, std=std, rounds=a.numel(),
+            acceptance_rate=float(acceptance_rate(tau, self.k)),
+            per_position=tuple(per_position_from_counts(histogram).tolist()),  # NaN where never reached
+            accepted_at=tuple(accepted_at.tolist()), reached=tuple(reached.tolist()),
+        )
+
+
+@dataclass(frozen=True)
+class DeltaTau:
+    """tau of one draft minus another's on the same contexts (module docstring): the mean
+    over training seeds, the half-width of its 95% interval, and each seed's difference."""
+
+    mean: float
+    ci95: float
+    per_seed: tuple[float, ...]
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes 0 (the difference is resolved at this scale)."""
+        return abs(self.mean) > self.ci95
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "ci95": self.ci95, "per_seed": list(self.per_seed), "resolved": self.resolved}
+
+
+def _linearized(counts: AcceptCounts) -> tuple[float, torch.Tensor]:
+    """The pooled tau and its per-context linearization (Y_i - tau X_i) / mean(X): (n,)."""
+    tokens, rounds = counts.tokens_and_rounds()
+    tau = float(tokens.sum() / rounds.sum())
+    return tau, (tokens - tau * rounds) / rounds.mean()
+
+
+def delta_tau(a: list[AcceptCounts], b: list[AcceptCounts]) -> DeltaTau:
+    """tau(a) - tau(b), paired by context, for one pair of accept counts per training seed
+    (a[s] and b[s] decoded the same contexts with the same random streams)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"delta_tau needs one pair of counts per seed, got {len(a)} and {len(b)}")
+    diffs, within = [], []
+    for x, y in zip(a, b):
+        if x.accepted.shape[0] != y.accepted.shape[0]:
+            raise ValueError("paired counts must come from the same contexts")
+        (tau_x, dx), (tau_y, dy) = _linearized(x), _linearized(y)
+        d = dx - dy  # (n,)
+        diffs.append(tau_x - tau_y)
+        within.append(float(d.var()) / d.numel() if d.numel() > 1 else float("nan"))
+    S, n = len(diffs), a[0].accepted.shape[0]
+    variance = sum(within) / S**2
+    if S > 1:
+        variance += float(torch.tensor(diffs, dtype=torch.float64).var()) / S
+    ci = t_quantile(0.975, S * (n - 1)) * math.sqrt(variance) if S * (n - 1) >= 1 else float("nan")
+    return DeltaTau(sum(diffs) / S, ci, tuple(diffs))
+
+
+def merge_counts(counts: list[AcceptCounts]) -> AcceptCounts:
+    """One AcceptCounts over the contexts of several (e.g. one per training seed)."""
+    if len({c.k for c in counts}) != 1:
+        raise ValueError(f"accept counts of different draft depths {sorted({c.k for c in counts})} do not merge")
+    return AcceptCounts(_pad_cat([c.accepted for c in counts]), counts[0].k)
+
+
+def _pad_cat(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Stack (n_i, R_i) accept-count blocks into (sum n_i, max R_i), padding with -1."""
+    width = max(b.shape[1] for b in blocks)
+    return torch.cat([torch.nn.functional.pad(b, (0, width - b.shape[1]), value=-1) for b in blocks])
+
+
+# ---------------------------------------------------------------------------- measurement
+
+
+def batch_seed(seed: int, context_length: int, batch: int) -> int:
+    """The seed of one batch's generator: a function of what the batch is, not of who runs it
+    or which method decodes it (common random numbers across methods)."""
+    return zlib.crc32(f"{seed}/{context_length}/{batch}".encode())
+
+
+class _Prefixed:
+    """A SectionTimer view that charges sections to `prefix/section`."""
+
+    def __init__(self, timer: SectionTimer, prefix: str):
+        self.timer, self.prefix = timer, prefix
+
+    def __call__(self, name: str):
+        return self.timer(f"{self.prefix}/{name}")
+
+
+def measure_tau(
+    target: Transformer,
+    methods: Mapping[str, DraftFactory],
+    contexts: Mapping[int, torch.Tensor],
+    protocol: TauProtocol = TauProtocol(),
+    timer: SectionTimer | None = None,
+    progress: bool = False,
+) -> dict[str, dict[int, AcceptCounts]]:
+    """Accept counts of every method at every context length: {method: {L: AcceptCounts}}.
+
+    `contexts` maps L to the (n, L) token contexts every method decodes from. A `timer`
+    accumulates "prefill" (the shared target prefill) and "<method>/<section>" seconds.
+    Under torch.distributed, batches are sharded over the processes and the result,
+    identical to a single process's, is returned on every process.
+    """
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    device = next(target.parameters()).device
+    mine: dict[tuple[str, int, int], torch.Tensor] = {}
+    jobs = [(L, b) for L, ctx in contexts.items() for b in range(math.ceil(ctx.shape[0] / protocol.batch_size))]
+    for L, b in progress_bar(jobs[rank::world], enabled=progress, desc="tau"):
+        rows = contexts[L][b * protocol.batch_size : (b + 1) * protocol.batch_size].to(device)
+        drafts = {}
+        for name, factory in methods.items():
+            gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b))
+            drafts[name] = (factory(gen), gen)
+        with timer("prefill") if timer else contextlib.nullcontext():
+            shared = prefill(target, rows, capacity=speculative_capacity(L, protocol.new_tokens, protocol.k),
+                             return_layers=any(d.needs_target_layers for d, _ in drafts.values()))
+        for name, (draft, gen) in drafts.items():
+            out = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
+                                       temperature=protocol.temperature, generator=gen, prefilled=shared,
+                                       timer=_Prefixed(timer, name) if timer else None)
+            mine[name, L, b] = out.accepted.cpu()
+    if world > 1:
+        shards = [None] * world
+        dist.all_gather_object(shards, mine)
+        mine = {key: value for shard in shards for key, value in shard.items()}
+    return {name: {L: AcceptCounts(_pad_cat([mine[name, L_, b] for L_, b in jobs if L_ == L]), protocol.k)
+                   for L in contexts} for name in methods}
+
+
+def summarize(counts: Mapping[str, Mapping[int, AcceptCounts]]) -> dict[str, dict[int, TauStats]]:
+    """TauStats for every method and context length."""
+    return {name: {L: c.stats() for L, c in by_length.items()} for name, by_length in counts.items()}
+
+
+def recorded_taus(run: Mapping, context_length: int):
+    """Notebook 04's measurements in a run's results (`results.run_results()`): tau per method
+    and per-position acceptance at the recorded context length nearest `context_length`, and
+    that length. None when the run has no recorded taus (a notebook run on its own)."""
+    recorded = run.get("04_measure_tau", {})
+    taus = recorded.get("tau")
+    if not taus:
+        return None
+    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
+    L = min(lengths, key=lambda length: (abs(length - context_length), length))
+    per_position = recorded.get("per_position_acceptance", {})
+    return ({m: by_l[str(L)]["mean"] for m, by_l in taus.items() if str(L) in by_l},
+            {m: by_l[str(L)]["p"] for m, by_l in per_position.items() if str(L) in by_l}, L)

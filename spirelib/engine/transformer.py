@@ -1,0 +1,400 @@
+"""Decoder-only GQA-SwiGLU transformer: the target and every draft are built from it.
+
+Pre-RMSNorm blocks, rotary positions, grouped-query attention, SwiGLU MLP, final norm,
+untied embedding and unembedding (method §2 "Models"). Heads x d_head may differ from
+d_model (the paper's target has 8 heads of 128 on d_model 512). The body parameters
+(blocks only: two norm gains, W_q/W_k/W_v/W_o, gate/up/down) are exactly the
+performance model's count, `perfmodel.body_params(config.shape())`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spirelib.engine.kvcache import DenseKVCache, SinkWindow, _KVCache, visibility
+from spirelib.engine.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
+from spirelib.modeling.perfmodel import ModelShape, body_params
+
+
+@dataclass(frozen=True)
+class ModelConfig(ModelShape):
+    """Shape of a model: the perf model's `ModelShape` (its fields, validation and every
+    perfmodel function apply) plus vocabulary, RoPE base and norm epsilon."""
+
+    vocab_size: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    # Fields added later (issue 13): `to_dict` leaves them out at their defaults, so the
+    # config hash of every model that does not use them is what it was before them.
+    rope_scaling: tuple | None = None  # Llama 3.1's: rope.LLAMA3_SCALING_FIELDS, see rope.rope_frequencies
+    tie_embeddings: bool = False  # unembed.weight is embed.weight (Llama 3.2 1B/3B, SmolLM2)
+    qkv_bias: bool = False  # biases on W_q, W_k, W_v (Qwen2)
+    sliding_window: int | None = None  # Mistral v0.1: each query sees the last W positions, itself included
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rope_scaling is not None:
+            scaling = tuple(float(v) for v in self.rope_scaling)  # a JSON list comes back as a tuple
+            if len(scaling) != len(LLAMA3_SCALING_FIELDS):
+                raise ValueError(f"ModelConfig.rope_scaling must be {LLAMA3_SCALING_FIELDS}, got {self.rope_scaling!r}")
+            factor, low, high, old_context = scaling
+            if not (factor >= 1 and 0 < low < high and old_context > 0):
+                raise ValueError(f"ModelConfig.rope_scaling {dict(zip(LLAMA3_SCALING_FIELDS, scaling))} needs "
+                                 "factor >= 1, 0 < low_freq_factor < high_freq_factor, original_max > 0")
+            object.__setattr__(self, "rope_scaling", scaling)
+        if self.sliding_window is not None and self.sliding_window < 2:
+            raise ValueError(f"ModelConfig.sliding_window must be None or >= 2 positions, got {self.sliding_window}")
+        if self.vocab_size < 1:
+            raise ValueError(f"ModelConfig.vocab_size must be >= 1, got {self.vocab_size}")
+        if self.d_head % 2:
+            raise ValueError(f"ModelConfig.d_head must be even for rotary embeddings, got {self.d_head}")
+
+    @property
+    def n_q(self) -> int:
+        return self.n_q_per_kv * self.n_kv
+
+    @property
+    def attention_window(self) -> SinkWindow | None:
+        """The sliding window as the caches' visibility rule sees it: no sink, the W - 1
+        positions before the query (and the query itself); None for full attention."""
+        return None if self.sliding_window is None else SinkWindow(0, self.sliding_window - 1)
+
+    def body_params(self) -> int:
+        """Parameters of the layer stack (method §2; `perfmodel.body_params`, plus q/k/v biases if any)."""
+        biases = self.num_layers * (self.n_q + 2 * self.n_kv) * self.d_head if self.qkv_bias else 0
+        return body_params(self) + biases
+
+    def num_params(self) -> int:
+        """Every parameter: the body, embedding and unembedding (once if tied), final norm gain."""
+        return self.body_params() + (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model + self.d_model
+
+    def shape(self) -> ModelShape:
+        """This model's plain `perfmodel.ModelShape` (what the throughput model's tables name)."""
+        return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
+
+    def to_dict(self) -> dict:
+        """The fields as a dict, `ModelConfig(**d)` rebuilds it; fields added after the first
+        checkpoints were cached (`_LATER_FIELDS`) only where they differ from their defaults."""
+        d = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
+
+
+_LATER_FIELDS = {"rope_scaling": None, "tie_embeddings": False, "qkv_bias": False, "sliding_window": None}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention. W_q, W_k, W_v live in one matrix (one matmul on the ordinary
+    path); `queries` and `keys_values` project separately, for SPIRe's memory (method §3.2)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_dim = cfg.n_q * cfg.d_head
+        self.wqkv = nn.Linear(cfg.d_model, (cfg.n_q + 2 * cfg.n_kv) * cfg.d_head, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(self.q_dim, cfg.d_model, bias=False)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.cfg.d_head).transpose(1, 2)  # (B, n, T, d_head)
+
+    def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries (B, n_q, T, d_head), keys and values (B, n_kv, T, d_head) of x (B, T, d_model);
+        queries and keys are rotated together (one rotation instead of two: fewer kernels per step)."""
+        n_q, n_kv = self.cfg.n_q, self.cfg.n_kv
+        heads = self._heads(self.wqkv(x), n_q + 2 * n_kv)  # (B, n_q + 2 n_kv, T, d_head)
+        qk = apply_rope(heads[:, : n_q + n_kv], rope)  # (B, n_q + n_kv, T, d_head)
+        return qk[:, :n_q], qk[:, n_q:], heads[:, n_q + n_kv :]
+
+    def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """Rotated queries (B, n_q, T, d_head) of x (B, T, d_model)."""
+        bias = None if self.wqkv.bias is None else self.wqkv.bias[: self.q_dim]
+        return apply_rope(self._heads(F.linear(x, self.wqkv.weight[: self.q_dim], bias), self.cfg.n_q), rope)
+
+    def keys_values(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated keys and values (B, n_kv, T, d_head) of x (B, T, d_model)."""
+        bias = None if self.wqkv.bias is None else self.wqkv.bias[self.q_dim :]
+        k, v = F.linear(x, self.wqkv.weight[self.q_dim :], bias).chunk(2, dim=-1)
+        return apply_rope(self._heads(k, self.cfg.n_kv), rope), self._heads(v, self.cfg.n_kv)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Softmax attention of q (B, n_q, T, d_head) over k, v (B, n_kv, S, d_head); mask (B, 1, T, S)
+        of visible keys, or None for causal attention over T == S positions. Returns (B, T, d_model)."""
+        out = scaled_dot_product_attention(q, k, v, mask)  # (B, n_q, T, d_head)
+        B, _, T, _ = out.shape
+        return self.wo(out.transpose(1, 2).reshape(B, T, self.q_dim))
+
+
+def scaled_dot_product_attention(q, k, v, mask):
+    """SDPA of q (B, n_q, T, d_head) over k, v (B, n_kv, S, d_head) with grouped-query heads
+    (query head h reads kv head h // groups). With a mask (B, 1, T, S) the groups fold into
+    the query axis, so a kv head's cache is read once for all its query heads and never
+    copied; causal attention (mask None, T == S) repeats the kv heads instead."""
+    B, n_q, T, d_head = q.shape
+    groups = n_q // k.shape[1]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    if mask is None:  # folding would give every group the causal pattern of one long sequence
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    folded = q.reshape(B, k.shape[1], groups * T, d_head)  # row g * T + t: group g's query t
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(1, 1, groups, 1))
+    return out.view(B, n_q, T, d_head)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up share one matmul."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x)).
+
+    `forward` attends to the block's own keys/values (through a cache, if given). SPIRe's
+    draft layers attend to given memory instead (method §3.2, 3.3): they build keys/values with
+    `memory_kv`, queries with `queries`, and close the residual with `finish`.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor | None, cache: _KVCache | None = None,
+                layer: int = 0, slots: torch.Tensor | None = None, q_pos: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self.attn.qkv(self.attn_norm(x), rope)
+        if cache is not None:
+            cache.write(layer, slots, k, v)
+            k, v = cache.layer_kv(layer, q_pos)
+        return self.finish(x, self.attn.attend(q, k, v, mask))
+
+    def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """Rotated queries (B, n_q, T, d_head) of the block's input x (B, T, d_model)."""
+        return self.attn.queries(self.attn_norm(x), rope)
+
+    def memory_kv(self, memory: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values (B, n_kv, T, d_head) of memory vectors (B, T, d_model), normed as an input would be."""
+        return self.attn.keys_values(self.attn_norm(memory), rope)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the block after attention: x + attended (B, T, d_model), then + mlp(norm(.))."""
+        x = x + attended
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits h @ W^T against targets, without materializing all logits.
+
+    The loss is the last op of a step, so forward computes the gradients too, chunk by chunk
+    over rows (logits, softmax, minus one-hot, then both matmuls), and backward only scales
+    them. Peak memory is one chunk of logits instead of (N, V), and each chunk is reused
+    while still in cache. Matmuls run in h's dtype, log-softmax and accumulation in at least fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk):
+        acc = torch.promote_types(h.dtype, torch.float32)
+        w = weight.to(h.dtype)  # (V, d)
+        total = h.new_zeros((), dtype=acc)
+        grad_h, grad_w = [], torch.zeros(weight.shape, dtype=acc, device=h.device)
+        for i in range(0, h.shape[0], chunk):
+            hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, d), (c, 1)
+            log_probs = torch.log_softmax((hc @ w.T).to(acc), dim=-1)  # (c, V)
+            total = total - log_probs.gather(1, tc).sum()
+            probs = log_probs.exp_()
+            dlogits = probs.scatter(1, tc, probs.gather(1, tc) - 1).to(h.dtype)  # d(sum of losses)/d logits
+            grad_h.append(dlogits @ w)  # (c, d)
+            grad_w = grad_w + (dlogits.T @ hc).to(acc)  # (V, d)
+        ctx.save_for_backward(torch.cat(grad_h), grad_w)
+        ctx.weight_dtype, ctx.n = weight.dtype, h.shape[0]
+        return total / h.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_out / ctx.n
+        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """mean_i CE(softmax(h_i @ weight^T), targets_i) for h (N, d), weight (V, d), targets (N,),
+    computed in chunks of rows (`_LinearCrossEntropy`). Under autocast, the matmuls run in
+    the autocast dtype."""
+    device = h.device.type
+    if torch.is_autocast_enabled(device):
+        h = h.to(torch.get_autocast_dtype(device))
+    chunk = max(1, (1 << (28 if h.is_cuda else 21)) // weight.shape[0])  # logits per chunk: GPU big, CPU cache-sized
+    with torch.autocast(device, enabled=False):
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            return _LinearCrossEntropy.apply(h, weight, targets, chunk)
+        w = weight.to(h.dtype)
+        total = sum(F.cross_entropy((h[i : i + chunk] @ w.T).float(), targets[i : i + chunk], reduction="sum")
+                    for i in range(0, h.shape[0], chunk))
+        return total / h.shape[0]
+
+
+def compile_for_decoding(fn, device: torch.device):
+    """`fn` compiled as a decode-time forward: one graph without breaks; shapes static at first,
+    then (after a second shape) dynamic, so a few graphs serve a whole grid; on CPU C++ kernels
+    called from C++ (the Python wrapper would cost about as much as the kernels at B = 1), on
+    CUDA replayed as CUDA graphs."""
+    # Every model's graphs count against one code object's limit (the default 8 recompiles): the
+    # target's, the drafts' and the profiling pass's shapes, kinds (dense, ring) and both outputs.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    options = {"mode": "reduce-overhead"} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
+    return torch.compile(fn, fullgraph=True, **options)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.tie()
+        self.reset_parameters()
+
+    def tie(self) -> None:
+        """With `cfg.tie_embeddings`, make unembed.weight the embedding's Parameter (again: after
+        a `load_state_dict(assign=True)`, which replaces Parameters one by one)."""
+        if self.cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("wo.weight", "w_down.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.num_layers))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def rope(self, positions: torch.Tensor):
+        return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base, self.cfg.rope_scaling)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
+                valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
+        """Next-token logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
+
+        With `cache`, the new keys/values are stored at `positions` (entries where `valid`
+        is False are dropped, e.g. padding of ragged rows) and attention reads the whole
+        cache (its own sparsity applies). Without a cache, attention is causal over the T
+        tokens, restricted to sink + window if `sparse` is given. Positions are positions in
+        the original text (RoPE uses them).
+        """
+        return self.head(self.hidden(tokens, positions, cache, valid=valid, sparse=sparse))
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
+               valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
+        """The last block's output (B, T, d_model), before the final norm (arguments as `forward`).
+        A prefill that only fills the cache calls this: (B, T, V) logits would cost a third of
+        its FLOPs here and, at V = 50,304, more memory than the rest of the pass."""
+        return self._blocks(tokens, positions, cache, valid, sparse, keep=False)[-1]
+
+    def residual_stream(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                        cache: _KVCache | None = None, *, valid: torch.Tensor | None = None,
+                        sparse: SinkWindow | None = None) -> torch.Tensor:
+        """The residual stream before the first block and after every block, (n_layers+1, B, T, d_model)
+        (arguments as `forward`); `head(stream[-1])` are the logits."""
+        return torch.stack(self._blocks(tokens, positions, cache, valid, sparse, keep=True))
+
+    def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None) -> DenseKVCache:
+        """A dense KV cache for this model on its device and dtype, applying its sliding window if
+        any (or reading only `sparse`'s sink + window); with compiled decoding, of static reads."""
+        param = next(self.parameters())
+        c = self.cfg
+        return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
+                            static_reads=self.compiled_decoding, device=param.device, dtype=param.dtype)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""
+        return self.unembed(self.norm(x))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of tokens (B, T) against targets (B, T), fused with the
+        unembedding (`linear_cross_entropy`: the (B, T, V) logits never exist)."""
+        x = self.norm(self.hidden(tokens))
+        return linear_cross_entropy(x.flatten(0, 1), self.unembed.weight, targets.flatten())
+
+    def compile_decoding(self, enabled: bool = True, *, max_tokens: int = 16) -> Transformer:
+        """Run every cached forward of at most `max_tokens` tokens per row (decoding: AD steps,
+        verification, draft passes; not prefill) through one compiled graph per shape
+        (torch.compile without graph breaks: on CPU C++ kernels with a C++ wrapper, on CUDA
+        CUDA graphs), or, with `enabled` False, eagerly again: eager is the reference. Caches
+        this model builds (`new_cache`) then read their whole capacity, so that a graph serves
+        every step. Results equal eager up to rounding (fused kernels, RoPE in real arithmetic)."""
+        self._compiled, self._compiled_tokens = None, max_tokens
+        if enabled:
+            self._compiled = compile_for_decoding(self._stream, next(self.parameters()).device)
+        return self
+
+    _compiled = None  # the compiled `_stream`, see `compile_decoding`
+    _compiled_tokens = 16
+
+    @property
+    def compiled_decoding(self) -> bool:
+        """Whether cached decode-time forwards run compiled (`compile_decoding`)."""
+        return self._compiled is not None
+
+    def _blocks(self, tokens, positions, cache, valid, sparse, keep: bool) -> list[torch.Tensor]:
+        """Run the blocks; the residual stream entering each block and leaving the last ([x_L] unless `keep`)."""
+        B, T = tokens.shape
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device).expand(B, T)
+        window = self.cfg.attention_window
+        if window is not None and cache is None:
+            sparse = sparse or window
+        elif window is not None and cache.sparse is None:
+            raise ValueError(f"this model attends through a sliding window of {self.cfg.sliding_window} positions; "
+                             "its cache must apply it: build it with Transformer.new_cache")
+        if cache is None:
+            mask = None if sparse is None else visibility(positions, positions, sparse)  # (B, 1, T, T); None: causal
+            return self._stream(tokens, None, None, positions, mask, keep)
+        slots = cache.prepare(positions, valid)  # the forward's one host sync: outside any compiled graph
+        mask = cache.mask(positions)  # (B, 1, T, S)
+        stream = self._compiled if self._compiled is not None and T <= self._compiled_tokens else self._stream
+        return stream(tokens, cache, slots, positions, mask, keep)
+
+    def _stream(self, tokens, cache, slots, positions, mask, keep: bool) -> list[torch.Tensor]:
+        """The blocks over tokens (B, T) with the cache already prepared (`slots` (B, T)) and the
+        visibility `mask` (None: causal): what `compile_decoding` compiles."""
+        rope = self.rope(positions)
+        x = self.embed(tokens)  # (B, T, d_model)
+        stream = [x]
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, mask, cache, i, slots, positions)
+            if keep:
+                stream.append(x)
+        return stream if keep else [x]

@@ -1,0 +1,73 @@
+"""Which SPIRe component matters most (method §3.8): importance from ablation taus.
+
+Each component is judged by what the modeled throughput multiplier (method §2) loses when it
+is removed, comparing two variants that differ in that component alone. Five variants are
+separately trained drafts with their own measured tau; "no_sparse_kv" is cost-model only
+(SPIRe's tau, the draft reading its whole cache). With the paper's taus at (B, L) =
+(64, 512) this reproduces the paper's order (tests/test_ablations.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from spirelib.modeling import perfmodel
+
+#: component -> (variant with it, the same variant without it)
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "sparse KV": ("spire", "no_sparse_kv"),
+    "target activations": ("no_feedback", "no_feedback_no_target_acts"),
+    "distillation": ("spire", "hard_target"),
+    "pruned init": ("spire", "random_init"),
+    "feedback": ("spire", "no_feedback"),
+    "MixedLoss": ("spire", "distill_only"),
+}
+
+#: The order the paper reports (method §3.8), most important first.
+PAPER_IMPORTANCE_ORDER = ["sparse KV", "target activations", "distillation", "pruned init", "feedback", "MixedLoss"]
+
+
+def variant_multipliers(taus: Mapping[str, float], B, L, target, draft, **model_kwargs) -> dict:
+    """Modeled SPIRe throughput multiplier of every variant with a tau, plus "no_sparse_kv"
+    (SPIRe's tau, sparse cache off) when "spire" is present; floats, or arrays over array B/L.
+    `model_kwargs` go to `perfmodel.throughput_multiplier` (k, hoi, sink_size, window_factor
+    or window, ...)."""
+    out = {name: perfmodel.throughput_multiplier("spire", tau, B, L, target, draft, **model_kwargs)
+           for name, tau in taus.items() if name != "no_sparse_kv"}
+    if "spire" in taus:
+        dense = {**model_kwargs, "window_factor": None, "window": None}
+        out["no_sparse_kv"] = perfmodel.throughput_multiplier("spire", taus["spire"], B, L, target, draft, **dense)
+    return out
+
+
+def importance(multipliers: Mapping[str, float]) -> list[tuple[str, float]]:
+    """(component, multiplier lost without it), most important first; components whose two
+    variants are not both in `multipliers` are left out."""
+    drops = [(name, multipliers[with_it] - multipliers[without])
+             for name, (with_it, without) in COMPONENTS.items() if with_it in multipliers and without in multipliers]
+    return sorted(drops, key=lambda item: -item[1])
+
+
+def matches_paper_order(ranking: list[tuple[str, float]]) -> bool:
+    """Whether an `importance` ranking orders its components as the paper does (method §3.8),
+    comparing only the components it has."""
+    ours = [name for name, _ in ranking]
+    return ours == [name for name in PAPER_IMPORTANCE_ORDER if name in ours]
+
+
+#: Components whose two variants are both trained drafts: their tau difference is measured
+#: (paired, `tau.delta_tau`). "sparse KV" is cost-model only, exact at any scale.
+MEASURED_COMPONENTS = {name: pair for name, pair in COMPONENTS.items() if "no_sparse_kv" not in pair}
+
+
+def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bool]) -> list[dict]:
+    """An `importance` ranking with what this run can tell apart: components whose measured tau
+    difference is resolved (`resolved[name]`, e.g. `tau.DeltaTau.resolved`; cost-model-only
+    components always are) get ranks 1, 2, ... in order of the multiplier they are worth; the
+    others follow without a rank, as "not resolved at this scale"."""
+    rows = [{"part": name, "multiplier_lost": drop, "resolved": name not in MEASURED_COMPONENTS or resolved[name]}
+            for name, drop in ranking]
+    ordered = [r for r in rows if r["resolved"]] + [r for r in rows if not r["resolved"]]
+    for rank, row in enumerate(ordered, 1):
+        row["rank"] = rank if row["resolved"] else None
+    return ordered

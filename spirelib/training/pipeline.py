@@ -1,0 +1,186 @@
+"""The recipes behind the series: data, tokenizer, token arrays and trained models, each cached.
+
+`spirelib.training.series.Series` holds the configuration and calls these: `token_data` (corpus ->
+split -> tokenizer -> token memmaps), `train_language_model` (the target, or any
+Transformer trained on next-token cross-entropy), `trained_vanilla_draft` (method §4) and
+`trained_spire_draft` (method §3, k-pass training against the frozen target), and
+`imported_target` (a Hugging Face checkpoint as the target, evaluated instead of trained;
+issue 13). A model is trained only when no finished checkpoint of the same identity exists;
+the drafts put the target's `config_hash` in their identity so they retrain when the target
+changes (an imported target's hash covers its weight files' bytes).
+
+The train/validation split is fixed: 10% of documents (at least one) for validation,
+permutation seed 0, independent of the series' seed, so changing the training seed never
+moves documents between splits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spirelib.engine.drafts import vanilla_draft_config
+from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.modeling.costs import flop_params, training_flops
+from spirelib.training.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
+from spirelib.training.tokenizer import build_tokenizer, tokenize
+from spirelib.training.train import (
+    TrainConfig,
+    TrainResult,
+    evaluate,
+    full_identity,
+    lm_objective,
+    resolve_device,
+    run_dir_for,
+    train,
+)
+
+VAL_FRACTION = 0.1
+SPLIT_SEED = 0
+
+
+@dataclass
+class Data:
+    """A token dataset with the tokenizer that made it."""
+
+    dataset: TokenDataset
+    tokenizer: object  # spirelib.training.tokenizer.BytesTokenizer | BPETokenizer | GPT2Ids
+    corpus_name: str
+    num_documents: tuple[int, int]  # (train, validation)
+
+
+@dataclass
+class TrainedModel:
+    """A trained (or loaded) model with everything that identifies it: a language model
+    (`Transformer`, `ModelConfig`) or a SPIRe draft (`SpireDraftModel`, `SpireConfig`)."""
+
+    model: torch.nn.Module  # on the training device, in eval mode
+    config: ModelConfig | SpireConfig
+    train_config: TrainConfig
+    result: TrainResult
+    data: Data
+    identity: dict
+
+    @property
+    def layers_config(self) -> ModelConfig:
+        """The shape of the model's layer stack: a language model's own config, a SPIRe draft's body."""
+        return self.model.body.cfg if isinstance(self.config, SpireConfig) else self.config
+
+    @property
+    def config_hash(self) -> str:
+        return self.result.meta["config_hash"]
+
+    @property
+    def summary(self) -> dict:
+        return self.result.summary
+
+    @property
+    def metrics(self) -> list[dict]:
+        return self.result.metrics
+
+
+def token_data(corpus: str, corpus_path: str, tokenizer, vocab_size: int) -> Data:
+    """Corpus -> split -> tokenizer -> cached token memmaps. `tokenizer` names a kind
+    (`tokenizer.build_tokenizer`: "bpe" is trained on the training split) or is a ready
+    tokenizer (an imported target's, `hf.load_tokenizer`); token caches are keyed by its checksum."""
+    source = load_corpus(corpus, corpus_path)
+    if corpus == "longcrawl64":
+        ds = longcrawl64_dataset(source)
+        return Data(ds, build_tokenizer("gpt2", vocab_size), corpus, (source.train.rows, source.val.rows))
+    train_docs, val_docs = split_documents(len(source), VAL_FRACTION, SPLIT_SEED)
+    split_key = f"val{VAL_FRACTION}-seed{SPLIT_SEED}"
+    tok = (build_tokenizer(tokenizer, vocab_size, source, train_docs, split_key) if isinstance(tokenizer, str)
+           else tokenizer)
+    return Data(tokenize(source, tok, train_docs, val_docs, split_key), tok, corpus, (len(train_docs), len(val_docs)))
+
+
+def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data, *, name: str,
+                         device: str = "auto", progress: bool = True, extra_identity: dict | None = None,
+                         stop_at: int | None = None) -> TrainedModel:
+    """Train (or load the cached) Transformer `model_cfg` with next-token cross-entropy.
+
+    Cached under cache_dir()/models/<name>-<hash>; the identity covers the model config,
+    training config, dataset checksum (corpus + split + tokenizer) and `extra_identity`.
+    """
+    if model_cfg.vocab_size < data.dataset.vocab_size:
+        raise ValueError(f"model vocab_size {model_cfg.vocab_size} < the tokenizer's {data.dataset.vocab_size}")
+    identity = {"kind": "language-model", "objective": "next-token-ce", "model": model_cfg.to_dict(),
+                "data": data.dataset.checksum, **(extra_identity or {})}
+    torch.manual_seed(train_cfg.seed)
+    model = Transformer(model_cfg)
+    run_dir = run_dir_for(name, full_identity(train_cfg, identity))
+    result = train(model, lm_objective, data.dataset.train, train_cfg, run_dir=run_dir, identity=identity,
+                   val_docs=data.dataset.val, device=device, progress=progress, stop_at=stop_at)
+    return TrainedModel(result.model, model_cfg, train_cfg, result, data, identity)
+
+
+def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto") -> TrainedModel:
+    """The Hugging Face checkpoint at `path` as the series' target (issue 13): loaded by
+    `hf.load_model` (fp32 on CPU, where bf16 is slow; the stored dtype on GPU), evaluated on
+    `eval_cfg.eval_windows` validation windows of `eval_cfg.seq_len` tokens instead of trained.
+    Its identity is the sha256 of its config and weight files (`hf.checkpoint_digest`)."""
+    from spirelib.training import hf
+
+    dev = resolve_device(device)
+    model = hf.load_model(path, device=dev, dtype=torch.float32 if dev.type == "cpu" else None).eval()
+    if model.cfg.vocab_size < data.dataset.vocab_size:
+        raise ValueError(f"{path}: the model's vocabulary {model.cfg.vocab_size} is smaller than its tokenizer's "
+                         f"{data.dataset.vocab_size}")
+    windows = validation_windows(data.dataset.val, eval_cfg.eval_windows, eval_cfg.seq_len + 1, eval_cfg.seed)
+    summary = {"steps": 0, "tokens": 0, "tokens_per_s": float("nan"), "device": str(dev), "imported_from": str(path),
+               **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
+    identity = {"kind": "imported-language-model", "checkpoint": hf.checkpoint_digest(path)}
+    result = TrainResult(model, Path(path), {"config_hash": identity["checkpoint"], "summary": summary}, [], reused=True)
+    return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)
+
+
+def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, device: str = "auto",
+                          progress: bool = True) -> TrainedModel:
+    """The vanilla SD draft for `target` (method §4): `drafts.vanilla_draft_config` of its shape,
+    random init, next-token cross-entropy on the target's data; retrained when the target changes."""
+    return train_language_model(vanilla_draft_config(target.config), train_cfg, target.data, name="vanilla_draft",
+                                device=device, progress=progress, extra_identity={"target": target.config_hash})
+
+
+def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg: TrainConfig, *,
+                        device: str = "auto", progress: bool = True, name: str = "spire_draft",
+                        stop_at: int | None = None) -> TrainedModel:
+    """A SPIRe draft for `target` (method §3; an ablation is a change to `spire_cfg`,
+    `spire.ABLATIONS`): k-pass training against the frozen target with the configured loss;
+    cached, retrained when the target changes. The metrics log has alpha_1..alpha_k per step
+    and validation (the acceptance estimate)."""
+    identity = {"kind": "spire-draft", "spire": spire_cfg.to_dict(), "target": target.config_hash,
+                "data": target.data.dataset.checksum}
+    torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights
+    frozen = target.model.to(resolve_device(device))
+    model = SpireDraftModel.from_target(frozen, spire_cfg)
+    run_dir = run_dir_for(name, full_identity(train_cfg, identity))
+    result = train(model, SpireObjective(frozen), target.data.dataset.train, train_cfg, run_dir=run_dir,
+                   identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
+                   stop_at=stop_at)
+    return TrainedModel(result.model, spire_cfg, train_cfg, result, target.data, identity)
+
+
+def training_mfu(trained: TrainedModel) -> dict:
+    """MFU of a training run against the peak measured now on the device it trained on:
+    fp32 on CPU, bf16 (autocast) on GPU. {"peak_flops", "mfu", "run_mfu", "device"}: `mfu` of
+    the steady state (timed steps: the first, compiling step, evaluations and checkpoints
+    excluded), `run_mfu` of the run's wall clock (all of them included; None for a checkpoint
+    that predates the figure). Both are None when that device is not present here (e.g. a
+    GPU-trained checkpoint loaded on a laptop)."""
+    from spirelib.engine.calibrate import matmul_peak
+
+    device = torch.device(trained.summary["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return {"peak_flops": None, "mfu": None, "run_mfu": None, "device": str(device)}
+    if device.type == "cuda":
+        peak = matmul_peak(sizes=(8192,), device=str(device), dtype=torch.bfloat16)["flops"]
+    else:
+        peak = matmul_peak(seconds=0.2, repeats=2)["flops"]
+    n = flop_params(trained.config)
+    run = trained.summary.get("run_tokens_per_s")
+    return {"peak_flops": peak, "mfu": training_flops(n, trained.summary["tokens_per_s"]) / peak,
+            "run_mfu": None if run is None else training_flops(n, run) / peak, "device": str(device)}

@@ -1,0 +1,425 @@
+"""Run the numbered notebook series headlessly and write the HTML reports (docs/ARCHITECTURE.md).
+
+    spire run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output]
+    spire check --params params/smoke.yaml
+    spire run   --params params/paper.yaml --dry-run [--corpus-path DIR]
+
+`run` validates the params file against every notebook's `parameters` cell (no kernel starts
+if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in order with
+papermill (cwd = notebooks/), exporting each to HTML in the output folder, merging the
+results notebooks record (`spirelib.workbook.results`) into `results.json`, and writing `run.json`
+(parameters, status and timing per notebook) and `index.html`. The first failing notebook
+stops the run (exit 1); its partial notebook is still exported with the error visible.
+
+A run without `--only` starts a fresh record; with `--only` it updates the existing record
+of that output folder, so a re-run notebook still sees the results of earlier notebooks.
+
+Params files are YAML with a `series`, a `shared` and a `notebooks` section (params/README.md):
+`series` is the one series configuration (`spirelib.training.series.Series`), injected as the `series`
+parameter of every notebook that declares it and checked in full before anything runs.
+
+`--dry-run` runs the same notebooks at the same shapes with every budget scaled down
+(`dry_run_parameters`: the series through `spirelib.training.series.dry_run`, each notebook's sizes
+through `DRY_RUN_NOTEBOOKS`), on the CPU, into outputs/<params file stem>-dry-run/ with its own
+model cache (<out>/cache, unless SPIRE_CACHE_DIR is set). A LongCrawl64 series whose
+corpus_path holds no dataset runs on a generated fixture (<out>/longcrawl64-fixture,
+`spirelib.training.data.write_longcrawl64_fixture`); `--corpus-path` points the series at another corpus
+folder, in any run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import papermill
+from papermill.translators import PythonTranslator, papermill_translators
+
+from spirelib.frontend import HEADLESS_ENV
+from spirelib.paths import project_root
+from spirelib.training import data
+from spirelib.training import series as series_config
+from spirelib.training.params import ParamsError, load_params, problem_report, suggest
+from spirelib.workbook import report, results
+
+NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
+SERIES_PARAMETER = "series"  # the notebook parameter that receives the params file's series section
+
+# Checks for the annotations papermill reports; other annotations are not checked.
+_TYPE_CHECKS = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "list": lambda v: isinstance(v, list),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+#: The dry run's notebook parameters (`dry_run_parameters`): stem -> parameter -> the value it
+#: runs with, or a function of the value the run would use (None: the notebook's default).
+#: Each scales a budget (how many contexts, samples, repeats, seeds, training steps); shapes,
+#: methods and ablation variants are the file's. Notebooks 01, 06, 07 and 08 are numpy-only
+#: and run unchanged. The series itself: `spirelib.training.series.dry_run`.
+DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
+    "02_train_target": {"num_samples": 1, "prompt_tokens": 16, "sample_tokens": 8},
+    "04_measure_tau": {"context_lengths": [64, 256],  # below and above SPIRe's and MagicDec's sink + window
+                       "n_contexts": 2, "decode_batch_size": 2},
+    "05_ablations": {"ablation_training": lambda given: {**(given or {}), **series_config.DRY_RUN_TRAINING},
+                     "ablation_seeds": lambda given: (given or [0])[:1],
+                     "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2},
+    "09_measured_vs_modeled": {"timing_batches": [1, 2], "timing_contexts": [64, 256], "repeats": 1},
+}
+DRY_RUN_SUFFIX = "-dry-run"  # outputs/<params file stem>-dry-run
+FIXTURE_FOLDER = "longcrawl64-fixture"  # under a dry run's output folder
+
+
+# ---------------------------------------------------------------------------- the series
+
+def discover(notebooks_dir: Path) -> list[Path]:
+    """The series: `NN_name.ipynb` files of `notebooks_dir`, in order."""
+    if not notebooks_dir.is_dir():
+        raise FileNotFoundError(f"no notebooks folder at {notebooks_dir}")
+    return sorted(p for p in notebooks_dir.iterdir() if NOTEBOOK_NAME.match(p.name))
+
+
+def select(series: list[Path], only: str | None) -> list[Path]:
+    """The notebooks named by `only` ("01,04": numbers or full stems), in series order."""
+    if not only:
+        return series
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    for w in wanted:
+        if not any(_matches(p.stem, w) for p in series):
+            stems = [p.stem for p in series]
+            raise ParamsError(f"--only {w}: no such notebook{suggest(w, stems)}; notebooks: {', '.join(stems)}")
+    return [p for p in series if any(_matches(p.stem, w) for w in wanted)]
+
+
+def _matches(stem: str, wanted: str) -> bool:
+    return stem == wanted or stem.split("_", 1)[0] == wanted
+
+
+# ---------------------------------------------------------------------------- params
+
+def declared_parameters(notebook: Path) -> dict[str, str]:
+    """Parameter name -> annotated type name of the notebook's `parameters` cell (no kernel)."""
+    return {name: p["inferred_type_name"] for name, p in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def type_error(value: Any, type_name: str) -> str | None:
+    """Why `value` does not fit the annotation `type_name`; None if it fits or is unchecked."""
+    optional = re.fullmatch(r"Optional\[(.*)\]", type_name)
+    if optional:
+        if value is None:
+            return None
+        type_name = optional.group(1)
+    check = _TYPE_CHECKS.get(type_name.split("[", 1)[0].strip())
+    if check is None or check(value):
+        return None
+    return f"expected {type_name}, got {type(value).__name__} {value!r}"
+
+
+def resolve(params: dict[str, dict], declared: dict[str, dict[str, str]], source: str = "params") -> dict[str, dict]:
+    """The parameters to inject into each notebook (stem -> {name: value}).
+
+    `declared` maps every notebook stem of the series to its parameters and their types.
+    The `series` section goes to each notebook that declares the `series` parameter (checked
+    field by field, `spirelib.training.series.problems`). A shared key goes to each notebook that
+    declares it; a notebook's section overrides it. Raises ParamsError listing every unknown,
+    misplaced or mistyped key.
+    """
+    series = params.get("series", {})
+    problems = [f"series.{p}" for p in series_config.problems(series)]
+    every_name = sorted({name for names in declared.values() for name in names})
+    for key in params["shared"]:
+        if key == SERIES_PARAMETER:
+            problems.append(f"shared.{key}: the series configuration is its own top-level section, `series:`")
+        elif key not in every_name:
+            problems.append(f"shared.{key}: no notebook of the series declares it{suggest(key, every_name)}; "
+                            f"declared: {', '.join(every_name) or '(none)'}")
+    for stem in params["notebooks"]:
+        if stem not in declared:
+            problems.append(f"notebooks.{stem}: no such notebook{suggest(stem, declared)}; "
+                            f"notebooks: {', '.join(declared) or '(none)'}")
+    resolved = {}
+    for stem, names in declared.items():
+        section = params["notebooks"].get(stem, {})
+        for key in section:
+            if key not in names:
+                problems.append(f"notebooks.{stem}.{key}: not a parameter of {stem}{suggest(key, names)}; "
+                                f"allowed: {', '.join(names) or '(none)'}")
+        chosen = {k: v for k, v in params["shared"].items() if k in names}
+        if SERIES_PARAMETER in names and series:
+            chosen[SERIES_PARAMETER] = series
+        if isinstance(section.get(SERIES_PARAMETER), dict):  # a notebook's own changes to the series
+            merged = {**series, **section[SERIES_PARAMETER]}
+            problems += [f"notebooks.{stem}.series.{p}" for p in series_config.problems(merged)]
+            section = {**section, SERIES_PARAMETER: merged}
+        chosen.update({k: v for k, v in section.items() if k in names})
+        for key, value in chosen.items():
+            why = type_error(value, names[key])
+            if why:
+                where = f"notebooks.{stem}.{key}" if key in section else f"shared.{key} (for {stem})"
+                problems.append(f"{where}: {why}")
+        resolved[stem] = chosen
+    if problems:
+        raise ParamsError(problem_report(source, problems))
+    return resolved
+
+
+def dry_run_parameters(injected: dict[str, dict], declared: dict[str, dict[str, str]],
+                       source: str = "params") -> dict[str, dict]:
+    """The resolved injections (`resolve`) with every budget scaled down and every shape kept:
+    each notebook declaring `series` gets `spirelib.training.series.dry_run` of its series, and each
+    parameter of `DRY_RUN_NOTEBOOKS` that its notebook declares gets its dry-run value. The
+    result is checked as `resolve` checks a file (ParamsError)."""
+    problems, out = [], {}
+    for stem, chosen in injected.items():
+        names, chosen = declared.get(stem, {}), dict(chosen)
+        if SERIES_PARAMETER in names:
+            chosen[SERIES_PARAMETER] = series_config.dry_run(chosen.get(SERIES_PARAMETER, {}))
+            problems += [f"dry run of {stem}: series.{p}" for p in series_config.problems(chosen[SERIES_PARAMETER])]
+        for key, rule in DRY_RUN_NOTEBOOKS.get(stem, {}).items():
+            if key in names:
+                chosen[key] = rule(chosen.get(key)) if callable(rule) else rule
+                why = type_error(chosen[key], names[key])
+                if why:
+                    problems.append(f"dry run of {stem}: {key}: {why}")
+        out[stem] = chosen
+    if problems:
+        raise ParamsError(problem_report(source, problems))
+    return out
+
+
+def with_corpus_path(params: dict[str, dict], corpus_path: str | None) -> dict[str, dict]:
+    """The params with the series' corpus_path replaced (`--corpus-path`), or unchanged (None)."""
+    if corpus_path is None:
+        return params
+    return {**params, "series": {**params["series"], "corpus_path": str(corpus_path)}}
+
+
+def plan(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry_run: bool = False,
+         corpus_path: str | None = None) -> tuple[dict, list[Path], dict[str, dict]]:
+    """Validate `params_file` (its series' corpus_path replaced by `corpus_path`, if given)
+    against the whole series: (params, selected notebooks, injections), the injections scaled
+    down by `dry_run_parameters` for a dry run."""
+    params = with_corpus_path(load_params(params_file), corpus_path)
+    series = discover(notebooks_dir)
+    declared = {p.stem: declared_parameters(p) for p in series}
+    injected = resolve(params, declared, source=str(params_file))
+    if dry_run:
+        injected = dry_run_parameters(injected, declared, source=str(params_file))
+    return params, select(series, only), injected
+
+
+def dry_run_corpus(params_file: Path, out_dir: Path, write: bool = True) -> str | None:
+    """The corpus folder a dry run uses instead of the file's: for a LongCrawl64 series whose
+    corpus_path holds no dataset, a fixture generated under `out_dir` (`FIXTURE_FOLDER`, kept
+    for later runs; `write=False` only names it); None (the file's corpus) otherwise."""
+    series = load_params(params_file)["series"]
+    if series.get("corpus") != "longcrawl64":
+        return None
+    given = series.get("corpus_path")
+    if isinstance(given, str) and given and all((data.resolve_path(given) / s / ".zarray").is_file()
+                                                for s in data.LONGCRAWL64_SPLITS):
+        return None
+    fixture = out_dir / FIXTURE_FOLDER
+    if write and not all((fixture / s / ".zarray").is_file() for s in data.LONGCRAWL64_SPLITS):
+        data.write_longcrawl64_fixture(fixture)
+    print(f"dry run: no LongCrawl64 at {given!r}; {'using' if write else 'a run uses'} the generated fixture "
+          f"{fixture}", flush=True)
+    return str(fixture.resolve())
+
+
+# ---------------------------------------------------------------------------- running
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """Set environment variables for the kernels started inside, restoring them afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
+        log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0, *,
+        dry_run: bool = False, corpus_path: str | None = None) -> int:
+    """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1.
+    `dry_run`: every budget scaled down (module docstring); `corpus_path` replaces the series'."""
+    if dry_run and corpus_path is None:
+        load_params(params_file)  # a broken file is reported before any fixture is written
+        corpus_path = dry_run_corpus(params_file, out_dir)
+    params, selected, injected = plan(params_file, notebooks_dir, only, dry_run=dry_run, corpus_path=corpus_path)
+    if not selected:
+        raise ParamsError(f"no notebooks NN_name.ipynb in {notebooks_dir}")
+    if log_output:  # papermill streams cell output through logging
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results").mkdir(exist_ok=True)
+    run_file, results_file = out_dir / "run.json", out_dir / "results.json"
+    record = results.read_json(run_file) if only else {}
+    if not only:
+        results_file.unlink(missing_ok=True)
+    record.update(params_file=str(params_file), params=params, dry_run=dry_run, started=_now(), finished=None,
+                  status="running")
+    record.setdefault("notebooks", {})
+    for nb in selected:
+        record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem]}
+    record["notebooks"] = dict(sorted(record["notebooks"].items()))
+    results.write_json(run_file, record)
+
+    status = "ok"
+    for i, nb in enumerate(selected, 1):
+        progress = f"[{i}/{len(selected)}] {nb.stem}"
+        print(f"{progress} started" if log_output else f"{progress} ", end="\n" if log_output else "", flush=True)
+        entry = record["notebooks"][nb.stem]
+        entry.update(status="running", started=_now())
+        status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
+                                          cell_timeout, dry_run)
+        entry.update(status=status, seconds=round(seconds, 2), error=error)
+        all_results = results.read_json(results_file)
+        all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")
+        results.write_json(results_file, all_results)
+        if (out_dir / f"{nb.stem}.ipynb").is_file():
+            report.export_html(out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html")
+            entry["html"] = f"{nb.stem}.html"
+        outcome = f"{status} in {seconds:.1f} s" + (f": {error}" if error else "")
+        print(f"{progress} {outcome}" if log_output else outcome, flush=True)
+        results.write_json(run_file, record)
+        if status != "ok":
+            break
+    for entry in record["notebooks"].values():
+        if entry["status"] == "pending":
+            entry.update(status="skipped", error="not run: the run stopped at an earlier notebook")
+    record.update(status=status, finished=_now())
+    results.write_json(run_file, record)
+    index = report.write_index(out_dir)
+    print(f"reports: {index}")
+    return 0 if status == "ok" else (130 if status == "interrupted" else 1)
+
+
+_QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every start otherwise
+INJECTED_WIDTH = 120  # no line of an injected parameters cell is longer
+
+
+def python_literal(value, indent: int = 0, column: int = 0, width: int = INJECTED_WIDTH) -> str:
+    """`value` (plain YAML data) as a Python literal that reads as a block: on one line when it fits
+    in `width` from `column`, where it starts, else a dict or list with one entry per line, indented
+    by 4 from `indent` (its line's indentation) and nested the same way."""
+    flat = PythonTranslator.translate(value)
+    if column + len(flat) <= width or not isinstance(value, (dict, list)) or not value:
+        return flat
+    pad = " " * (indent + 4)
+    if isinstance(value, dict):
+        keys = [f"{PythonTranslator.translate_str(k)}: " for k in value]
+        items = [f"{pad}{key}{python_literal(v, indent + 4, indent + 4 + len(key) + 1, width)},"
+                 for key, v in zip(keys, value.values())]  # + 1: the comma
+        opening, closing = "{", "}"
+    else:
+        items = [f"{pad}{python_literal(v, indent + 4, indent + 5, width)}," for v in value]
+        opening, closing = "[", "]"
+    return opening + "\n" + "\n".join(items) + "\n" + " " * indent + closing
+
+
+class ReadableTranslator(PythonTranslator):
+    """papermill's Python translator, writing each injected parameter as a block (`python_literal`)
+    instead of one line: a report's series section (600 characters) reads as the params file did."""
+
+    @classmethod
+    def codify(cls, parameters, comment="Parameters"):
+        lines = [cls.comment(comment)] + [f"{name} = {python_literal(value, 0, len(name) + 3)}"
+                                          for name, value in parameters.items()]
+        return "\n".join(lines) + "\n"
+
+
+papermill_translators.register("python", ReadableTranslator)
+
+
+def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str,
+             cell_timeout: float | None, dry_run: bool = False):
+    """Run one notebook with papermill: (status, seconds, error message or None). A dry run's
+    models go to <out>/cache unless SPIRE_CACHE_DIR says where."""
+    nb_results = out_dir / "results" / f"{nb.stem}.json"
+    for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
+        stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
+    start = time.perf_counter()
+    env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
+           results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve()),
+           HEADLESS_ENV: "1"}
+    if dry_run and not os.environ.get("SPIRE_CACHE_DIR"):
+        env["SPIRE_CACHE_DIR"] = str((out_dir / "cache").resolve())
+    try:
+        with _environment(**env):
+            papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
+                                       cwd=str(cwd), kernel_name=kernel, log_output=log_output,
+                                       progress_bar=False, extra_arguments=_QUIET_KERNEL,
+                                       execution_timeout=cell_timeout)
+        return "ok", time.perf_counter() - start, None
+    except papermill.PapermillExecutionError as e:
+        return "failed", time.perf_counter() - start, f"{e.ename}: {e.evalue}"
+    except KeyboardInterrupt:
+        return "interrupted", time.perf_counter() - start, "interrupted by the user"
+    except Exception as e:  # kernel death, timeouts: the run record says what happened
+        return "failed", time.perf_counter() - start, f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------- command line
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The options of `spire run` (command "run") or `spire check` ("check")."""
+    parser.add_argument("--params", type=Path, required=True, help="params YAML (see params/README.md)")
+    parser.add_argument("--notebooks", type=Path, default=project_root() / "notebooks", help="the series' folder")
+    parser.add_argument("--only", help="comma-separated notebook numbers or stems, e.g. 01,04")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the same shapes with every budget scaled down, on the CPU (params/README.md)")
+    parser.add_argument("--corpus-path", help="replaces the series' corpus_path (e.g. a LongCrawl64 fixture)")
+    if command == "run":
+        parser.add_argument("--out", type=Path,
+                            help="output folder (default: outputs/<params file stem>, or <stem>-dry-run)")
+        parser.add_argument("--log-output", action="store_true", help="stream cell output while running")
+        parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
+        parser.add_argument("--cell-timeout", type=float, default=3600.0,
+                            help="seconds one cell may run before the notebook fails (default: 3600; 0: no limit)")
+
+
+def command(args: argparse.Namespace) -> int:
+    """`spire run` or `spire check` (args.command): 0 when it ran or checked clean, 1 when a notebook
+    failed, 2 when the params file (or the notebooks' folder) was refused before anything ran."""
+    notebooks_dir = args.notebooks.resolve()
+    try:
+        default_out = project_root() / "outputs" / (args.params.stem + (DRY_RUN_SUFFIX if args.dry_run else ""))
+        if args.command == "check":
+            corpus_path = args.corpus_path
+            if args.dry_run and corpus_path is None:
+                corpus_path = dry_run_corpus(args.params, default_out, write=False)
+            _, selected, injected = plan(args.params, notebooks_dir, args.only, dry_run=args.dry_run,
+                                         corpus_path=corpus_path)
+            for nb in selected:
+                print(f"{nb.stem}: {injected[nb.stem] or '(defaults)'}")
+            print(f"{args.params}: ok ({len(selected)} notebooks)")
+            return 0
+        out_dir = args.out or default_out
+        return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
+                   args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path)
+    except (ParamsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

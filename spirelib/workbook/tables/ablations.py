@@ -1,0 +1,158 @@
+"""Tables of notebook 05, the ablations (method §3.8): every SPIRe variant's measured tau over
+the training seeds, its paired difference to SPIRe, the tau its training predicted, and
+the parts of SPIRe ranked by the modeled multiplier they are worth (`ablations`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spirelib.engine.drafts import draft_factory
+from spirelib.engine.spire import ABLATIONS
+from spirelib.engine.tau import AcceptCounts, TauProtocol, delta_tau, measure_tau
+from spirelib.modeling import perfmodel
+from spirelib.modeling.ablations import importance, matches_paper_order, variant_multipliers
+from spirelib.modeling.acceptance import tau_from_per_position
+from spirelib.modeling.methods import label
+
+TAU_COLUMNS = {"variant": "variant", "tau": "tau (all seeds, 95% CI)",
+               "predicted": "tau predicted in training (from alpha_j)", "delta": "vs SPIRe (paired, 95% CI)",
+               "seeds": "vs SPIRe per seed", "resolved": "difference resolved?", "paper": "tau (paper, L = 512)",
+               "paper_delta": "paper vs SPIRe"}
+IMPORTANCE_COLUMNS = {"rank": "rank (ours)", "ours": "part", "drop": "TM lost without it (ours)",
+                      "delta": "tau with it minus without (paired)", "paper_rank": "rank (paper)",
+                      "paper_drop": "TM lost without it (paper taus)"}
+
+
+def budget_note(tokens: int, main_tokens: int, n_variants: int, n_seeds: int, training_seconds: float) -> str:
+    """The ablations' training budget (tokens per seed) against the main SPIRe draft's, in words."""
+    return (f"**Budget.** Each variant trains on {tokens:,} tokens per seed, "
+            + ("the main SPIRe draft's budget." if tokens >= main_tokens else
+               f"{tokens / main_tokens:.0%} of the main SPIRe draft's {main_tokens:,} (notebook 03): "
+               f"{n_variants} variants x {n_seeds} seeds at the full budget would take "
+               f"{n_variants * n_seeds * main_tokens / tokens:.0f}x this notebook's training time "
+               f"({training_seconds:.0f} s here, or loaded from the cache). Differences between variants can grow "
+               "with training; the seeds show how much they move at this budget."))
+
+
+def variant_counts(target, variants: dict, contexts, context_length: int, protocol: TauProtocol,
+                   temperature: float, progress: bool = True) -> dict[int, dict[str, AcceptCounts]]:
+    """seed -> variant -> AcceptCounts at `context_length` (method §5's protocol): every variant
+    at every seed (`variants`: seed -> name -> trained SPIRe draft) decodes the same contexts
+    ((n, L + G) tokens) with the same random streams, so differences are paired."""
+    counts = {}
+    for seed, by_name in variants.items():
+        factories = {name: draft_factory("spire", target, v.model, temperature=temperature)
+                     for name, v in by_name.items()}
+        measured = measure_tau(target, factories, {context_length: contexts}, protocol, progress=progress)
+        counts[seed] = {name: by_length[context_length] for name, by_length in measured.items()}
+    return counts
+
+
+def paired_deltas(counts: dict[int, dict[str, AcceptCounts]], pairs: dict[str, tuple[str, str]]) -> dict:
+    """name -> `tau.delta_tau` of variant a minus variant b over all seeds of `counts`, for
+    every (a, b) of `pairs` whose two variants were measured."""
+    seeds = list(counts)
+    return {name: delta_tau([counts[s][a] for s in seeds], [counts[s][b] for s in seeds])
+            for name, (a, b) in pairs.items() if a in counts[seeds[0]] and b in counts[seeds[0]]}
+
+
+def predicted_taus(variants: dict, k: int) -> dict[str, float]:
+    """Per variant, the tau its training predicts from the validation alpha_j of each draft
+    position j = 1..k (`acceptance.tau_from_per_position`), averaged over the seeds
+    (`variants`: seed -> name -> trained draft)."""
+    seeds = list(variants)
+    return {name: float(np.mean([tau_from_per_position([variants[s][name].summary[f"alpha_{j}"]
+                                                        for j in range(1, k + 1)]) for s in seeds]))
+            for name in variants[seeds[0]]}
+
+
+def tau_rows(stats: dict, predicted: dict, deltas: dict, paper_tau: dict) -> list[dict]:
+    """Per variant: tau (95% CI) over all seeds, the tau predicted in training, the paired
+    difference to SPIRe (mean, CI, per seed, resolved?) and the paper's tau and difference."""
+    rows = []
+    for name, s in stats.items():
+        d = deltas.get(name)
+        rows.append({"variant": label(name), "tau": f"{s.mean:.3f} ± {s.ci95:.3f}", "predicted": predicted[name],
+                     "delta": f"{d.mean:+.3f} ± {d.ci95:.3f}" if d is not None else "(reference)",
+                     "seeds": ", ".join(f"{x:+.3f}" for x in d.per_seed) if d is not None else "",
+                     "resolved": ("yes" if d.resolved else "not resolved at this scale") if d is not None else "",
+                     "paper": paper_tau.get(name, np.nan),
+                     "paper_delta": paper_tau.get(name, np.nan) - paper_tau["spire"]})
+    return rows
+
+
+def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, paper_order) -> list[dict]:
+    """The parts of SPIRe in our order (`ablations.resolved_ranking`): the multiplier lost
+    without each, the paired tau difference behind it (a cost-model-only part has none), and
+    the paper's rank (`paper_order`) and multiplier lost with its taus (`paper`: part -> TM)."""
+    return [{"rank": r["rank"] or "not resolved at this scale", "ours": r["part"], "drop": r["multiplier_lost"],
+             "delta": (f"{component_deltas[r['part']].mean:+.3f} ± {component_deltas[r['part']].ci95:.3f}"
+                       if r["part"] in component_deltas else "cost model only"),
+             "paper_rank": list(paper_order).index(r["part"]) + 1, "paper_drop": paper.get(r["part"], np.nan)}
+            for r in ranked]
+
+
+def check_variants(names) -> None:
+    """Refuse ablation names that `spire.ABLATIONS` does not know (ValueError naming the choices)."""
+    unknown = sorted(set(names) - set(ABLATIONS))
+    if unknown:
+        raise ValueError(f"unknown ablations {unknown}; choose from {sorted(ABLATIONS)}")
+
+
+def scale_note(target_scale: str, base, tokens: int, seeds, context_length: int, n_contexts: int, series) -> str:
+    """The scale of the ablations in one line: the target's (`display.model_scale`), every
+    variant's shape (`base`: the series' SpireConfig) and training tokens per seed, the seeds and
+    the tau protocol (method §5: L, contexts, the series' k, G and temperature)."""
+    return (f"{target_scale}; every variant {base.num_layers} layers, window {base.window}, {tokens:,} training "
+            f"tokens per seed, seeds {seeds}; tau at L = {context_length}, n = {n_contexts} contexts, "
+            f"k = {series.k}, G = {series.new_tokens}, T = {series.temperature:g}")
+
+
+def paper_deltas(names) -> dict[str, float]:
+    """The paper's tau difference to SPIRe (method §3.8, `perfmodel.PAPER_ABLATION_TAU`) per variant it reports."""
+    paper = perfmodel.PAPER_ABLATION_TAU
+    return {name: paper[name] - paper["spire"] for name in names if name in paper}
+
+
+def headline_importance(taus: dict, k: int, hoi: float = perfmodel.PAPER_HOI) -> list[tuple[str, float]]:
+    """`ablations.importance` at the paper's headline cell (B = 64, L = 512, seqax-67m with its
+    SPIRe draft, method §2): the modeled multiplier each part of SPIRe is worth given the variants' taus."""
+    return importance(variant_multipliers(taus, 64, 512, "seqax-67m", "spire-draft", k=k, hoi=hoi))
+
+
+def paper_importance(k: int, hoi: float = perfmodel.PAPER_HOI) -> dict[str, float]:
+    """`headline_importance` with the paper's measured ablation taus (its "no_sparse_kv" is the
+    cost model's, not a tau of its own)."""
+    taus = {name: tau for name, tau in perfmodel.PAPER_ABLATION_TAU.items() if name != "no_sparse_kv"}
+    return dict(headline_importance(taus, k, hoi))
+
+
+def order_sentence(ranked: list[dict], ours: list[tuple[str, float]]) -> str:
+    """Whether the parts this run resolves (`resolved_ranking`'s rows) and the full ranking
+    (`ours`, unresolved differences included) order SPIRe's parts as the paper does (method §3.8)."""
+    resolved = [(r["part"], r["multiplier_lost"]) for r in ranked if r["resolved"]]
+    return (f"{len(resolved)} of {len(ranked)} parts are resolved at this scale; among them the order "
+            + ("matches" if matches_paper_order(resolved) else "differs from") + " the paper's. The full ranking "
+            + ("matches" if matches_paper_order(ours) else "differs from") + " the paper's, unresolved differences "
+            "included.")
+
+
+def ablation_results(stats: dict, ranked: list[dict], deltas: dict, component_deltas: dict, seeds, agree: bool,
+                     protocol: dict) -> dict:
+    """What notebook 05 records: per variant its tau (mean, CI, contexts), the ranking, the paired
+    differences to SPIRe per variant and per part, the seeds, whether the ranking matches the
+    paper's and the protocol (`ablation_protocol`)."""
+    return {"tau": {name: {"mean": s.mean, "ci95": s.ci95, "n_contexts": s.n_contexts} for name, s in stats.items()},
+            "importance": ranked,
+            "delta_tau": {name: d.to_dict() for name, d in deltas.items()},
+            "component_delta_tau": {part: d.to_dict() for part, d in component_deltas.items()},
+            "seeds": seeds, "importance_matches_paper": agree, "ablation_protocol": protocol}
+
+
+def ablation_protocol(series, context_length: int, n_contexts: int, budget, base, seeds, training_seconds: float,
+                      scale: str) -> dict:
+    """How the ablations were measured (method §5's tau protocol) and trained, as results.json holds it."""
+    return {"context_length": context_length, "n_contexts": n_contexts, "k": series.k,
+            "new_tokens": series.new_tokens, "temperature": series.temperature, "seed": series.tau_seed,
+            "training": budget.to_dict(), "spire": base.to_dict(), "seeds": seeds,
+            "training_seconds": training_seconds, "scale": scale}

@@ -1,0 +1,447 @@
+"""Tables of the paper's throughput model (method §2) as notebooks 01 and 06 show them: the taus
+used, the shapes, the headline cell, verification's critical context, the ablations, the
+G-aware model, the overlap rule, devices, the best draft depth, mixed-length batches and the
+cells whose winner they change.
+
+A `Scenario` (`plots.explorer`) says what is compared; multipliers are TM = tau / dt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.ablations import variant_multipliers
+from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.hardware import operating_points
+from spirelib.modeling.methods import label as method_label
+from spirelib.workbook.plots.explorer import Scenario
+
+SHAPE_COLUMNS = {"name": "model", "num_layers": "layers", "d_model": "d_model", "n_q_per_kv": "q per kv",
+                 "n_kv": "kv heads", "d_head": "d_head", "d_ff": "d_ff", "body": "body params",
+                 "kv": "KV bytes / token"}
+HEADLINE_COLUMNS = {"method": "method", "tau": "tau", "dt": "iteration time dt", "tm": "modeled TM",
+                    "paper": "paper"}
+CRITICAL_COLUMNS = {"target": "target", "grid": "L_crit (power-of-two grid)",
+                    "exact": "exact crossover 2Nk/(x HOI)"}
+ABLATION_COLUMNS = {"ablation": "variant", "tau": "tau (paper)", "tm": "TM at B = 64, L = 512"}
+MIXED_COLUMNS = {"window": "draft window", "spread": "sigma", "mean": "batch mean L"}  # + one per method
+
+
+def taus_used(measured) -> tuple[dict, dict, int | None, str]:
+    """The taus a comparison uses: those measured in the run (`measured`: `tau.recorded_taus`'s
+    (taus, per-position acceptance, L)) or, without them (None), the paper's Table 1 at its L;
+    with the phrase that names their source. Returns (taus, per_position, L or None, source)."""
+    if measured is None:
+        return (dict(pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT]), {}, None,
+                f"the paper's Table 1 taus at L = {pm.PAPER_TAU_CONTEXT} (no taus were measured in this run)")
+    taus, per_position, L = measured
+    return taus, per_position, L, f"taus measured in this run by notebook 04 at L = {L}"
+
+
+def shape_rows(presets=pm.PRESETS) -> list[dict]:
+    """One row per model shape (method §2, "Models"): its `ModelShape` fields, body parameters
+    and KV values per token (bytes at one byte per value)."""
+    return [dict(name=name, **dataclasses.asdict(shape), body=pm.body_params(shape), kv=pm.kv_values_per_token(shape))
+            for name, shape in presets.items()]
+
+
+def headline_rows(taus: dict, multipliers: dict, stated: dict | None = None) -> list[dict]:
+    """The headline cell (method §2): per method tau, the iteration time multiplier dt = tau / TM,
+    the modeled TM and the paper's stated TM (`stated`: method -> TM; None off the paper's cell)."""
+    return [{"method": method_label(m), "tau": taus[m], "dt": taus[m] / tm, "tm": tm,
+             "paper": stated[m] if stated else "(other cell)"} for m, tm in multipliers.items()]
+
+
+def critical_length_rows(targets, hoi: float, k: int) -> list[dict]:
+    """Per target, L_crit (method §2, Figure 3): the longest context at which verifying k tokens
+    can still become compute-bound, on the paper's power-of-two grid and as the exact crossover."""
+    return [{"target": name, "grid": pm.critical_context_length(name, hoi, k),
+             "exact": pm.critical_context_length(name, hoi, k, exact=True)} for name in targets]
+
+
+def paper_ablation_multipliers(scenario: Scenario, B: int, L) -> dict:
+    """SPIRe's modeled TM (method §2) with each of the paper's ablation taus (method §3.8,
+    `perfmodel.PAPER_ABLATION_TAU`) under the scenario's shapes and settings, "no_sparse_kv"
+    with a dense draft cache (`ablations.variant_multipliers`); floats, or (len(L),) arrays."""
+    return variant_multipliers(pm.PAPER_ABLATION_TAU, B, L, scenario.target, scenario.drafts["spire"],
+                               **scenario.model_kwargs())
+
+
+def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:
+    """Per method, TM at (B, L) with the scenario's overlap rule f and with the other one
+    (method §2: max of compute and memory time, or their sum); `overlap_columns` names them."""
+    ours = scenario.multipliers(B, L)
+    other = dataclasses.replace(scenario, overlap=not scenario.overlap).multipliers(B, L)
+    return [{"method": method_label(m), "ours": float(ours[m]), "other": float(other[m])} for m in scenario.taus]
+
+
+def overlap_columns(scenario: Scenario, B: int, L: int) -> dict[str, str]:
+    """The headers of `overlap_rows`: the first column says which f the scenario uses."""
+    first, second = ("max", "sum") if scenario.overlap else ("sum", "max")
+    return {"method": f"method (B = {B}, L = {L})", "ours": f"f = {first}", "other": f"f = {second}"}
+
+
+def ablation_rows(multipliers: dict, taus: dict) -> list[dict]:
+    """The ablations (method §3.8) ranked by modeled TM, best first: variant, its tau, its TM."""
+    return [{"ablation": name.replace("_", " "), "tau": taus[name], "tm": tm}
+            for name, tm in sorted(multipliers.items(), key=lambda kv: -kv[1])]
+
+
+def multipliers_over_generation(scenario: Scenario, B: int, L_values, G: int) -> dict[str, np.ndarray]:
+    """The G-aware TM (method §2's model priced over the G generated tokens, the cache growing)
+    per method of `scenario`, (len(L_values),) at batch B."""
+    return {m: np.array([pm.throughput_multiplier_over_generation(m, tau, B, L, G, scenario.target,
+                                                                  scenario.drafts.get(m), **scenario.model_kwargs())
+                         for L in L_values]) for m, tau in scenario.taus.items()}
+
+
+def relative_change_rows(L_values, relative: dict, *, first: str, header: str) -> list[dict]:
+    """One row per L: `relative[method]` ((len(L_values),) fractions) as signed percentages;
+    keys are the headers (`first` for L, "<method's name>: <header>" per method)."""
+    return [{first: int(L), **{f"{method_label(m)}: {header}": f"{100 * relative[m][i]:+.1f}%" for m in relative}}
+            for i, L in enumerate(L_values)]
+
+
+def device_rows(scenario: Scenario, cells, dtypes=("fp8", "bf16", "fp32"), per_device: int = 2,
+                table=None) -> list[dict]:
+    """The scenario on every device of the hardware table (`hardware.operating_points`; `table`
+    None: `hardware_table()`, with the measured machine): per device and dtype its HOI, bytes per
+    value and, per (B, L) of `cells` and method, the TM (keys "method@(B, L)", `device_columns`)."""
+    rows = []
+    for name, device_hoi, value_bytes in operating_points(dtypes, per_device=per_device, table=table):
+        on = dataclasses.replace(scenario, hoi=device_hoi, bytes_per_value=float(value_bytes))
+        at = {cell: on.multipliers(*cell) for cell in cells}
+        rows.append({"device": name, "hoi": device_hoi, "bytes": value_bytes,
+                     **{f"{m}@{c}": float(at[c][m]) for c in at for m in at[c]}})
+    return rows
+
+
+def device_columns(methods, cells, *, with_bytes: bool = True) -> dict[str, str]:
+    """The headers of `device_rows` (without the bytes per value when not `with_bytes`)."""
+    return {"device": "device, dtype", "hoi": "HOI", **({"bytes": "bytes/value"} if with_bytes else {}),
+            **{f"{m}@{c}": f"{method_label(m)} B={c[0]} L={c[1]}" for c in cells for m in methods}}
+
+
+def best_k_rows(scenario: Scenario, alphas: dict, B: int, L_values, k_max: int) -> list[dict]:
+    """Per L, each method's best draft depth under i.i.d. acceptance `alphas[method]` (method §2:
+    tau(k) = (1 - alpha^(k+1)) / (1 - alpha)) with its TM, next to the TM at the scenario's k."""
+    rows = []
+    for L in L_values:
+        at_k = scenario.multipliers(B, L)
+        row = {"L": L}
+        for m, alpha in alphas.items():
+            k_best, tm_best = best_k(m, alpha, B, L, scenario.target, scenario.drafts.get(m), k_max=k_max,
+                                     **_depth_free(scenario))
+            row[m] = f"k={k_best}: {tm_best:.2f}x (k={scenario.k}: {float(at_k[m]):.2f}x)"
+        rows.append(row)
+    return rows
+
+
+def best_k_maps(scenario: Scenario, taus: dict, per_position: dict, B, L, default_cap: int = 8):
+    """Per method, the best draft depth at every broadcast (B, L) cell, and the deepest k searched.
+
+    A method with measured per-position acceptance (`per_position[method]`, (k,)) is searched
+    up to its measured depth; otherwise i.i.d. alpha from its tau at the scenario's k, up to
+    `default_cap`. Returns ({method: k grid}, {method: cap}).
+    """
+    best, caps = {}, {}
+    for method, tau in taus.items():
+        acceptance = per_position.get(method)
+        acceptance = np.asarray(acceptance) if acceptance else float(alpha_from_tau(tau, scenario.k))
+        caps[method] = len(acceptance) if np.ndim(acceptance) == 1 else default_cap  # best_k's k_max
+        best[method], _ = best_k(method, acceptance, B, L, scenario.target, scenario.drafts.get(method),
+                                 k_max=caps[method], **_depth_free(scenario))
+    return best, caps
+
+
+def _depth_free(scenario: Scenario) -> dict:
+    """The scenario's cost-model settings without its k (`acceptance.best_k` varies k)."""
+    return {key: value for key, value in scenario.model_kwargs().items() if key != "k"}
+
+
+def window_name(scenario: Scenario) -> str:
+    """The scenario's draft window as a table shows it: "64 tokens", or "L/8"."""
+    return f"{scenario.window} tokens" if scenario.window is not None else f"L/{scenario.window_factor}"
+
+
+def mixed_length_rows(scenario: Scenario, B: int, L: int, spreads, seed: int, windows=(None, 64)):
+    """Mixed-length batches against uniform ones of the same mean length (the paper's claim
+    that SPIRe gains most when lengths vary, method §2): per draft window (None: the scenario's)
+    and log-length spread sigma, the batch's mean length and per method "TM (vs uniform)".
+
+    Returns (rows, change): change[window][method] is the largest |mixed / uniform - 1| over
+    the spreads, the window as "L/8" or its tokens ("64").
+    """
+    rows, change = [], {}
+    for window in windows:
+        on = dataclasses.replace(scenario, window=window) if window is not None else scenario
+        name = window_name(on)
+        key = name if window is None else str(window)
+        change[key] = {}
+        for spread in spreads:
+            lengths = pm.LengthDistribution(L, spread, seed=seed).sample(B)
+            row = {"window": name, "spread": spread, "mean": float(lengths.lengths.mean())}
+            for m, (mixed, uniform) in on.mixed_and_uniform(B, lengths).items():
+                row[m] = f"{mixed:.3f} ({100 * (mixed / uniform - 1):+.2f}%)"
+                change[key][m] = max(change[key].get(m, 0.0), abs(mixed / uniform - 1))
+            rows.append(row)
+    return rows, change
+
+
+def winner_change_rows(scale: str, B, L, uniform: dict, mixed: dict) -> list[dict]:
+    """The (B, L) cells whose best method (`perfmodel.best_method`) differs between the
+    uniform and the mixed-length grids (method -> (len(B), len(L)))."""
+    uniform_best, mixed_best = pm.best_method(uniform), pm.best_method(mixed)
+    return [{"scale": scale, "B": int(B[i]), "L": int(L[j]), "uniform": method_label(uniform_best[i, j]),
+             "mixed": method_label(mixed_best[i, j])} for i, j in zip(*np.nonzero(uniform_best != mixed_best))]
+
+
+def cell_index(B, L, b: int, l: int) -> tuple[int, int] | None:
+    """(i, j) of the cell (b, l) on the grid B x L, None when either is off it."""
+    if b not in B or l not in L:
+        return None
+    return int(np.flatnonzero(B == b)[0]), int(np.flatnonzero(L == l)[0])
+
+
+# Notebook 01's cells: what they show and record, and the sentences that state it.
+
+def headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "seqax-67m"
+             ) -> tuple[dict, list[dict], dict]:
+    """The headline cell (method §2) of the paper's `target` at (B, L): per method the modeled TM
+    (floats), the rows of `headline_rows` (the paper's stated TM only on the paper's own cell: its B, L, HOI 600,
+    f = max and Table 1 at L = 512) and the results to record ("headline", "headline_cell")."""
+    multipliers = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+    stated = pm.PAPER_MULTIPLIERS[target]
+    on_paper_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
+    results = {"headline": {m: multipliers[m] for m in ("spire", "magicdec", "vanilla")},
+               "headline_cell": {"B": B, "L": L, "hoi": scenario.hoi, "overlap": scenario.overlap,
+                                 "tau_context": tau_context}}
+    return multipliers, headline_rows(scenario.taus, multipliers, stated if on_paper_cell else None), results
+
+
+def settings_line(scenario: Scenario, tau_context: int) -> str:
+    """The cost-model settings a notebook runs under: HOI, the overlap rule f, k and the taus
+    (Table 1 at `tau_context`)."""
+    return (f"HOI = {scenario.hoi:g} FLOP/byte, f = {'max' if scenario.overlap else 'sum'}, k = {scenario.k}, "
+            f"tau from L = {tau_context}: {scenario.taus}")
+
+
+def dense_scenario(scenario: Scenario) -> Scenario:
+    """The scenario without the sparse draft KV cache (Klen = L, method §2): the drafts whose cache
+    the window bounds, MagicDec and SPIRe."""
+    return dataclasses.replace(scenario, window_factor=None, taus={m: scenario.taus[m] for m in ("magicdec", "spire")})
+
+
+def min_max(values) -> dict[str, float]:
+    """{"min", "max"} of `values` as floats."""
+    return {"min": float(np.min(values)), "max": float(np.max(values))}
+
+
+def no_sparse_sentence(spread: dict, B: int = 64) -> str:
+    """What SPIRe's TM without the sparse KV cache spans (`min_max`) at batch B over L = 8..1M."""
+    return f"SPIRe without sparse KV at B = {B}, L = 8..1M: min {spread['min']:.4f}x, max {spread['max']:.4f}x"
+
+
+def ablation_curves(scenario: Scenario, B: int, L) -> dict:
+    """`paper_ablation_multipliers` keyed by the names a figure shows ("random init"; "spire" stays)."""
+    return {(name if name == "spire" else name.replace("_", " ")): tm
+            for name, tm in paper_ablation_multipliers(scenario, B, L).items()}
+
+
+def device_bars(rows: list[dict], methods, cell) -> dict[str, dict]:
+    """Per device of `device_rows`, each method's TM at the (B, L) `cell` (a bar chart's groups)."""
+    return {r["device"]: {m: r[f"{m}@{cell}"] for m in methods} for r in rows}
+
+
+def alpha_sentence(alphas: dict) -> str:
+    """The i.i.d. acceptance rates implied by the taus (method §2's tau(k) inverted)."""
+    return "Implied i.i.d. acceptance: " + ", ".join(f"{method_label(m)} alpha = {a:.3f}" for m, a in alphas.items())
+
+
+def best_k_columns(methods, B: int = 64) -> dict[str, str]:
+    """The headers of `best_k_rows`."""
+    return {"L": f"L (B = {B})", **{m: method_label(m) for m in methods}}
+
+
+def mixed_columns(methods) -> dict[str, str]:
+    """The headers of `mixed_length_rows`: MIXED_COLUMNS and one "TM (vs uniform)" per method."""
+    return {**MIXED_COLUMNS, **{m: f"{method_label(m)} TM (vs uniform)" for m in methods}}
+
+
+def mixed_change_sentences(change: dict) -> str:
+    """One line per draft window of `mixed_length_rows`'s change: the largest change per method."""
+    return "\n".join(f"window {window}: largest change vs a uniform batch of the same mean: "
+                     + ", ".join(f"{method_label(m)} {100 * v:.2f}%" for m, v in by_method.items())
+                     for window, by_method in change.items())
+
+
+def flat_change(change: dict) -> dict[str, float]:
+    """`mixed_length_rows`'s change flattened to "window:method" keys (as results.json holds it)."""
+    return {f"{w}:{m}": v for w, by_method in change.items() for m, v in by_method.items()}
+
+
+def spire_over_magicdec(multipliers: dict, margin) -> dict[str, float]:
+    """SPIRe's TM over MagicDec's at the headline cell (`multipliers`) and its range over a grid (`margin`)."""
+    return {"at_highlight": float(multipliers["spire"] / multipliers["magicdec"]),
+            "grid_min": float(np.min(margin)), "grid_max": float(np.max(margin))}
+
+
+def margin_sentence(cell, summary: dict) -> str:
+    """`spire_over_magicdec`'s numbers in one line, the headline cell (B, L) named."""
+    return (f"SPIRe / MagicDec at (B, L) = {tuple(cell)}: {summary['at_highlight']:.3f}; "
+            f"over the grid {summary['grid_min']:.3f} .. {summary['grid_max']:.3f}")
+
+
+# Notebook 06's cells: the series' scenarios, the answer at the highlighted cell, what it records.
+
+TAUS_COLUMNS = {"method": "method", "tau": "tau used here", "paper": "paper (L = 512)"}
+
+
+def taus_rows(taus: dict) -> list[dict]:
+    """Per method the tau a comparison uses next to the paper's Table 1 tau at L = 512 (NaN where it has none)."""
+    paper = pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT]
+    return [{"method": m, "tau": t, "paper": paper.get(m, np.nan)} for m, t in taus.items()]
+
+
+def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, Scenario]:
+    """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
+    shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
+    series' k and `hoi`; `source` names where the taus come from in each label."""
+    from spirelib.engine.drafts import vanilla_draft_config  # torch: only notebooks with a series need it
+
+    spire = series.spire
+    return {
+        "paper shapes": dataclasses.replace(Scenario.paper(), taus=taus, k=series.k, hoi=hoi,
+                                            label=f"paper shapes, {source}"),
+        "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
+                                           spire.window, taus, k=series.k, hoi=hoi,
+                                           label=f"trained shapes (window {spire.window}), {source}"),
+    }
+
+
+def mixed_scenarios(scenarios: dict[str, Scenario], spread: float, seed: int) -> dict[str, Scenario]:
+    """Each scenario with mixed-length batches (log-length sigma `spread`, sampled with `seed`), labelled so."""
+    return {name: dataclasses.replace(s, length_spread=spread, seed=seed,
+                                      label=s.label + f", mixed lengths (sigma {spread:g})")
+            for name, s in scenarios.items()}
+
+
+def winner_grid(B, L, grid: dict) -> dict:
+    """The best method per (B, L) cell (`perfmodel.best_method`, "ad" where no draft gains) as results.json holds it."""
+    return {"B": np.asarray(B).tolist(), "L": np.asarray(L).tolist(),
+            "winners": pm.best_method(grid, baseline=1.0).tolist()}
+
+
+def multipliers_at(scenarios: dict[str, Scenario], B: int, L: int) -> dict[str, dict[str, float]]:
+    """Per scenario, each method's TM at (B, L) as floats."""
+    return {name: {m: float(tm) for m, tm in s.multipliers(B, L).items()} for name, s in scenarios.items()}
+
+
+def winners(at: dict[str, dict[str, float]]) -> dict[str, str]:
+    """Per scenario of `multipliers_at`, the method with the highest TM."""
+    return {name: max(values, key=values.get) for name, values in at.items()}
+
+
+def answer_heading(B: int, L: int) -> str:
+    """The heading of the answer table at (B, L)."""
+    return f"**The answer at B = {B}, L = {L}** (modeled throughput multiplier over AD):"
+
+
+def answer_rows(at: dict[str, dict[str, float]]) -> list[dict]:
+    """One row per scenario of `multipliers_at`: each method's TM and the best method."""
+    best = winners(at)
+    return [{"scale": name, **values, "best": best[name]} for name, values in at.items()]
+
+
+def searched_depths(caps: dict[str, int]) -> str:
+    """How deep `best_k_maps` searched per method ("SPIRe k <= 4, ...")."""
+    return ", ".join(f"{method_label(m)} k <= {c}" for m, c in caps.items())
+
+
+def capped_note(best: dict, caps: dict[str, int], deeper: int | None = None) -> str | None:
+    """A note for the methods whose best-k map reaches its search cap somewhere (a deeper draft
+    may be better still), quoting notebook 01's best k for SPIRe at (64, 512) (`deeper`) when
+    known; None when no map reaches its cap."""
+    capped = [method_label(m) for m in best if int(np.max(best[m])) == caps[m]]
+    if not capped:
+        return None
+    return (f"**Capped search:** measured acceptance reaches only the measured depth, so the map stops "
+            f"there; where {', '.join(capped)} shows its cap a deeper draft may be better still"
+            + (f" (notebook 01, with i.i.d. acceptance up to k = 12 and the paper's tau, finds k = {deeper} "
+               "for SPIRe at (64, 512))." if deeper else "."))
+
+
+def explorer_results(taus: dict, measured_at: int | None, cell, at: dict, changes: list[dict], best: dict,
+                     index: tuple[int, int] | None) -> dict:
+    """What notebook 06 records: the taus used (measured at L = `measured_at`, or the paper's when
+    None), the TM and winner per scenario at the highlighted (B, L) `cell`, the cells whose winner
+    mixed lengths change and, when the cell is on the grid (`index`), each method's best k there."""
+    results = {"taus_used": {"source": "paper" if measured_at is None else "measured", "context_length": measured_at,
+                             "taus": taus},
+               "multipliers_at_highlight": {"B": cell[0], "L": cell[1], **at},
+               "winner_at_highlight": winners(at),
+               "winner_changes_mixed_lengths": changes}
+    if index is not None:
+        results["best_k_at_highlight"] = {m: int(ks[index]) for m, ks in best.items()}
+    return results
+
+
+# Notebook 07's cells: Llama 3 70B with the paper's drafts (method §2, "Extrapolation").
+
+ROLE_COLUMNS = {"role": "role", "name": "shape", "body": "body params", "body_share": "x target body",
+                "kv": "KV bytes / token", "kv_share": "x target KV"}
+EXTRAPOLATION_COLUMNS = {"method": "method", "tau": "tau (small-scale)", "tm": "modeled TM", "paper": "paper"}
+
+
+def role_rows(target: str, drafts: dict[str, str]) -> list[dict]:
+    """The target and each draft's shape (`perfmodel.PRESETS` names; MagicDec drafts with the
+    target itself): body parameters and KV values per token, absolute and as a share of the target's."""
+    shape = pm.PRESETS[target]
+    rows = []
+    for role, name in (("target", target), ("vanilla draft", drafts["vanilla"]), ("SPIRe draft", drafts["spire"]),
+                       ("MagicDec draft", target)):
+        other = pm.PRESETS[name]
+        rows.append({"role": role, "name": name, "body": pm.body_params(other),
+                     "body_share": pm.body_params(other) / pm.body_params(shape), "kv": pm.kv_values_per_token(other),
+                     "kv_share": pm.kv_values_per_token(other) / pm.kv_values_per_token(shape)})
+    return rows
+
+
+def extrapolation_headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "llama3-70b"
+                           ) -> tuple[list[dict], dict]:
+    """The extrapolated headline cell: per method its small-scale tau, the modeled TM and the
+    paper's stated TM (only on the paper's cell: its B, L, HOI 600, f = max, Table 1 at L = 512;
+    "not stated" for a method it does not quote), and the results to record ("headline_70b",
+    "headline_70b_cell")."""
+    multipliers = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+    stated = pm.PAPER_MULTIPLIERS[target]
+    on_paper_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
+    rows = [{"method": method_label(m), "tau": scenario.taus[m], "tm": v,
+             "paper": stated.get(m, "not stated") if on_paper_cell else "(other cell)"} for m, v in multipliers.items()]
+    return rows, {"headline_70b": multipliers,
+                  "headline_70b_cell": {"B": B, "L": L, "hoi": scenario.hoi, "overlap": scenario.overlap}}
+
+
+def memory_sentence(target: str, B: int, L: int) -> str:
+    """The target's KV cache for B rows of L tokens beside its body weights, in GB at one byte per value."""
+    shape = pm.PRESETS[target]
+    kv_bytes, weight_bytes = B * L * pm.kv_values_per_token(shape), pm.body_params(shape)
+    return (f"B = {B}, L = {L}: target KV cache {kv_bytes / 1e9:,.0f} GB, body weights "
+            f"{weight_bytes / 1e9:,.0f} GB (at 1 byte per value)")
+
+
+def implied_alphas(scenario: Scenario) -> dict[str, float]:
+    """Per method the i.i.d. acceptance rate alpha its tau implies at the scenario's k (method §2:
+    tau(k) = (1 - alpha^(k+1)) / (1 - alpha), inverted)."""
+    return {m: alpha_from_tau(tau, scenario.k) for m, tau in scenario.taus.items()}
+
+
+def spire_best_k(scenario: Scenario, B, L, cap: int) -> np.ndarray:
+    """SPIRe's best draft depth on the grid B x L ((len(B), len(L))), i.i.d. alpha from its tau,
+    searched up to `cap` (`best_k_maps`)."""
+    B, L = np.asarray(B), np.asarray(L)
+    best, _ = best_k_maps(scenario, {"spire": scenario.taus["spire"]}, {}, B[:, None], L[None, :], default_cap=cap)
+    return best["spire"]

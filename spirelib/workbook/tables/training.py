@@ -1,0 +1,94 @@
+"""What notebook 02 (training the target) shows and records, in words and one-row tables: the
+token data, the target's shape and training budget (method §2's 20 tokens per parameter), the
+trained (or loaded, or imported) target, its training speed as MFU, and sampled continuations.
+They read what `series`, `pipeline` and the trainer computed and compute nothing of their own
+beyond ratios."""
+
+from __future__ import annotations
+
+import math
+
+from spirelib.modeling.costs import flop_params
+
+
+def data_note(data, series, vocab_size: int) -> str:
+    """The token data (`pipeline` data: documents and tokens per split, the longest document),
+    the corpus, tokenizer and vocabulary (the model's `vocab_size` beside the tokenizer's) and
+    the dataset checksum, as Markdown."""
+    ds = data.dataset
+    return (f"| | documents | tokens | longest document (tokens) |\n|---|---|---|---|\n"
+            f"| train | {data.num_documents[0]:,} | {ds.train.num_tokens:,} | {int(ds.train.lengths.max()):,} |\n"
+            f"| validation | {data.num_documents[1]:,} | {ds.val.num_tokens:,} | {int(ds.val.lengths.max()):,} |\n\n"
+            f"Corpus **{series.corpus}**, tokenizer **{series.tokenizer}** with {ds.vocab_size:,} ids "
+            f"(model vocabulary {vocab_size:,}); dataset checksum `{ds.checksum[:12]}`.")
+
+
+def scale_line(cfg, series, tokens: int) -> str:
+    """The target's scale in one line (a figure's note): shape, parameters and training tokens
+    (or where it was imported from)."""
+    source = f"imported from {series.imported}" if series.imported else f"{tokens / 1e6:.2f}M tokens of {series.corpus}"
+    return f"{cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.num_params() / 1e6:.2f}M params, " + source
+
+
+def model_note(cfg, train_cfg, series, steps: int, tokens: int) -> str:
+    """The target's shape as a one-row Markdown table, then its training budget and optimizer
+    (tokens per parameter against the paper's 20), or, for an imported target, what share of its
+    parameters the embeddings hold (a draft shares that vocabulary)."""
+    n_total, n_body = cfg.num_params(), cfg.body_params()
+    table = (f"| layers | d_model | heads (q per kv x kv) | d_head | d_ff | vocab | body params | all params |\n"
+             f"|---|---|---|---|---|---|---|---|\n"
+             f"| {cfg.num_layers} | {cfg.d_model} | {cfg.n_q_per_kv} x {cfg.n_kv} | {cfg.d_head} "
+             f"| {cfg.d_ff} | {cfg.vocab_size:,} | {n_body:,} | {n_total:,} |\n\n")
+    if series.imported:
+        return table + (f"**Imported** from `{series.imported}` (`target_source`): evaluated on this corpus, not "
+                        f"trained. Its embedding and unembedding hold {1 - n_body / n_total:.0%} of its parameters; "
+                        "a draft for it shares that vocabulary, so its unembedding can dominate the draft's cost "
+                        "(notebook 03).")
+    return table + (f"**Budget:** {steps:,} steps x {train_cfg.batch_size} windows x {train_cfg.seq_len} tokens = "
+                    f"**{tokens:,} tokens**, {tokens / n_total:.2f} tokens per parameter (paper: 20). "
+                    f"AdamW ({train_cfg.beta1}, {train_cfg.beta2}), peak lr {train_cfg.lr:g}, warm-up "
+                    f"{train_cfg.warmup_fraction:.0%} of steps, cosine to {train_cfg.min_lr_ratio}x, weight decay "
+                    f"{train_cfg.weight_decay}, gradient clipping at {train_cfg.grad_clip}.")
+
+
+def trained_sentence(run, imported) -> str:
+    """Whether the target was imported, loaded from the cache or trained (`pipeline.TrainedModel`),
+    its checkpoint, validation loss and perplexity, device and training speed."""
+    s = run.summary
+    done = "Imported the target" if imported else ("Loaded the cached target" if run.result.reused
+                                                   else "Trained the target")
+    return (f"{done} ({run.result.path.name if imported else run.result.path.parent.name}): validation loss "
+            f"{s['val_loss']:.3f} nats/token (perplexity {math.exp(s['val_loss']):,.1f}) on {s['device']}"
+            + ("" if imported else f", {s['tokens_per_s']:,.0f} training tokens/s"))
+
+
+def mfu_sentence(summary: dict, speed: dict, cfg, imported) -> str:
+    """Training MFU (`pipeline.training_mfu`'s `speed`): the steady state's (tokens/s x 6 x FLOP-params
+    over the peak, `costs.flop_params`) and the run's wall clock's; why there is none for an
+    imported target or one trained on a device not present here."""
+    if imported:
+        return "imported, not trained here: no training MFU"
+    if speed["mfu"] is None:
+        return f"trained on {speed['device']}, which is not present here: no MFU"
+    return (f"steady state: {summary['tokens_per_s']:,.0f} tokens/s x 6 x {flop_params(cfg):,} FLOP-params "
+            f"/ {speed['peak_flops'] / 1e9:,.0f} GFLOP/s peak = MFU {speed['mfu']:.1%}; the run's wall clock: "
+            + (f"{summary['run_tokens_per_s']:,.0f} tokens/s, MFU {speed['run_mfu']:.1%}"
+               if speed["run_mfu"] is not None else "not recorded by this cached checkpoint"))
+
+
+def sample_text(i: int, decode, prompt, sampled, actual) -> str:
+    """Sample `i` (from 0): its prompt, the target's continuation and the actual one, each decoded with `decode`."""
+    return (f"--- sample {i + 1}\nPROMPT: {decode(prompt)!r}\n"
+            f"TARGET: {decode(sampled)!r}\n"
+            f"ACTUAL: {decode(actual)!r}")
+
+
+def target_result(run, cfg, speed: dict, imported) -> dict:
+    """What notebook 02 records of the target ("target" in results.json): parameters, validation
+    loss, training speed and MFU, tokens and steps, device, identity and where it came from."""
+    s, n_total, n_body = run.summary, cfg.num_params(), cfg.body_params()
+    return {"params": n_total, "body_params": n_body, "val_loss": s["val_loss"], "tokens_per_s": s["tokens_per_s"],
+            "mfu": speed["mfu"], "run_mfu": speed["run_mfu"], "run_tokens_per_s": s.get("run_tokens_per_s"),
+            "peak_flops": speed["peak_flops"], "tokens": s["tokens"], "steps": s["steps"], "device": s["device"],
+            "config_hash": run.config_hash, "reused": run.result.reused,
+            "imported_from": str(imported) if imported else None, "embedding_params": n_total - n_body}

@@ -1,0 +1,112 @@
+"""The folders are the layers of docs/ARCHITECTURE.md: imports point down only.
+
+Every module's imports are read from its source (ast, so imports inside functions count too) and
+mapped to the layer of the module they name; a module may import its own folder and the layers
+below it, never a layer above or beside it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "spirelib"
+
+#: Layer of each top-level part of spirelib (docs/ARCHITECTURE.md, "Layers"). Parts of equal rank
+#: sit beside each other and may not import each other (the workbook and the benchmarks).
+LAYERS = {
+    "paths": 0, "frontend": 0,  # the base every layer uses
+    "modeling": 1,              # numpy model
+    "engine": 2,                # torch engine
+    "training": 3,              # training and data
+    "workbook": 4, "bench": 4,  # notebooks' library and benchmarks, beside each other
+    "cli": 5,                   # the one command line
+    "__main__": 6,              # python -m spirelib: runs the cli
+}
+
+
+def part_of(module: str) -> str:
+    """The top-level part of a dotted module name under spirelib ("spirelib.engine.kvcache" -> "engine")."""
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, package: Path = PACKAGE) -> list[tuple[int, str]]:
+    """(line, module) for every spirelib module `path` imports, relative imports resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = module_name(path, package).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "spirelib"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "spirelib":
+                continue
+            if base == "spirelib":  # from spirelib import engine: each name is a module
+                found += [(node.lineno, f"spirelib.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, base))
+    return found
+
+
+def violations(path: Path, package: Path = PACKAGE) -> list[str]:
+    """One line per import of `path` that points at a layer above or beside its own."""
+    me = part_of(module_name(path, package))
+    if me == "__init__":
+        return []
+    problems = []
+    where_am_i = path.relative_to(package.parent)
+    for line, target in imported_modules(path, package):
+        other = part_of(target)
+        if other == me:
+            continue
+        if other not in LAYERS:
+            problems.append(f"{where_am_i}:{line} imports {target}, which is in no layer")
+        elif LAYERS[other] >= LAYERS[me]:
+            where = "above" if LAYERS[other] > LAYERS[me] else "beside"
+            problems.append(f"{where_am_i}:{line} ({me}) imports {target} ({other}), a layer "
+                            f"{where} its own")
+    return problems
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert parts == set(LAYERS), f"parts without a layer: {parts - set(LAYERS)}; layers of no part: {set(LAYERS) - parts}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path):
+    assert not violations(path), "\n".join(violations(path))
+
+
+def test_the_check_sees_upward_and_sideways_imports(tmp_path):
+    """The checker itself: an engine module importing the workbook (relatively, inside a function)
+    or the training layer is refused; the workbook importing the benchmarks beside it too."""
+    fake = tmp_path / "spirelib"
+    for part in ("engine", "workbook"):
+        (fake / part).mkdir(parents=True)
+    (fake / "engine" / "x.py").write_text("def f():\n    from ..workbook import report\n")
+    (fake / "engine" / "y.py").write_text("from spirelib import training\nfrom spirelib.modeling import perfmodel\n")
+    (fake / "workbook" / "z.py").write_text("import spirelib.bench.decode\nfrom spirelib.engine import tau\n")
+    assert violations(fake / "engine" / "x.py", fake) == [
+        "spirelib/engine/x.py:2 (engine) imports spirelib.workbook (workbook), a layer above its own"]
+    assert violations(fake / "engine" / "y.py", fake) == [
+        "spirelib/engine/y.py:1 (engine) imports spirelib.training (training), a layer above its own"]
+    assert violations(fake / "workbook" / "z.py", fake) == [
+        "spirelib/workbook/z.py:1 (workbook) imports spirelib.bench.decode (bench), a layer beside its own"]
