@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from spirelib.engine.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
-from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.engine.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
+from spirelib.engine.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)

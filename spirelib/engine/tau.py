@@ -43,10 +43,17 @@ Comparing two drafts (method §3.8's ablations): every method decodes batch b fr
 seeded by (seed, L, b) alone, the same stream for every method (common random numbers), so
 two similar drafts see the same draws and their difference in tau is measured paired, per
 context (`delta_tau`): d_i = (Y_i - tau X_i) / mean(X) for one minus the same for the other,
-the delta-method linearization of each pooled ratio, with Student's t over contexts. Over
-several training seeds the difference is the mean of the seeds' differences, its variance
-the within-seed part plus the between-seed spread / S (conservative: that spread also holds
-the within-seed noise once more).
+the delta-method linearization of each pooled ratio (`AcceptCounts.linearized`, the one
+used by `stats()` too), with Student's t over contexts. Over S training seeds the difference
+is the mean of the seeds' differences, its variance the within-seed part sum_s var(d_s) /
+(n S^2) plus the between-seed spread var(per-seed differences) / S, t with S (n - 1) degrees
+of freedom. That spread holds the within-seed noise once more, plus the spread of the seeds'
+true differences: on average the term adds the within-seed part again, plus var(true
+differences) / S. So the interval is conservative for the mean of these S seeds' drafts (it
+covered that ~96-99% of the time at S = 2 in tests/test_tau_calibration.py). It is not an
+interval for the expectation over training seeds: where the seeds' drafts really differ,
+that needs S - 1 degrees of freedom for the between-seed term (with S = 2 and a seed effect
+that dominates, it covered ~70-75%).
 
 Scale-out: under `torchrun` (any backend; gloo on CPU) every process measures the batches
 b with b % world_size == rank and the results are gathered, in batch order, on every
@@ -57,6 +64,7 @@ equals a single process's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import zlib
 from collections.abc import Mapping
@@ -65,16 +73,16 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts, tau_from_counts
 from spirelib.engine.drafts import DraftFactory
-from spirelib.frontend import progress_bar
-from spirelib.engine.transformer import Transformer
 from spirelib.engine.speculative import SectionTimer, prefill, speculative_capacity, speculative_generate
+from spirelib.engine.transformer import Transformer
+from spirelib.frontend import progress_bar
+from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts
 
 
 @dataclass(frozen=True)
 class TauProtocol:
-    """Spec 5: k = 4, G = 64; temperature and batching are the project's choices (method §9)."""
+    """Method §5: k = 4, G = 64; temperature and batching are the project's choices (method §9)."""
 
     k: int = 4
     new_tokens: int = 64  # G
@@ -90,6 +98,7 @@ class TauProtocol:
 # ---------------------------------------------------------------------------- metrics
 
 
+@functools.cache
 def t_quantile(p: float, dof: int) -> float:
     """Quantile of Student's t distribution (0.5 < p < 1), by Newton's method on the CDF,
     which is integrated from the density with Simpson's rule (no scipy needed)."""
@@ -117,7 +126,7 @@ def t_quantile(p: float, dof: int) -> float:
 
 @dataclass(frozen=True)
 class TauStats:
-    """Spec 8 metrics of one method at one context length (definitions: module docstring)."""
+    """Method §8 metrics of one method at one context length (definitions: module docstring)."""
 
     mean: float  # tau: tokens / rounds pooled over all contexts (a ratio estimator, not a mean of ratios)
     ci95: float  # half-width of its 95% t-interval, contexts as the unit (delta method)
@@ -153,14 +162,21 @@ class AcceptCounts:
         tokens, rounds = self.tokens_and_rounds()
         return tokens / rounds
 
-    def stats(self) -> TauStats:
+    def linearized(self) -> tuple[float, torch.Tensor]:
+        """The pooled tau = sum_i Y_i / sum_i X_i (all tokens / all rounds) and its delta-method
+        linearization per context, z_i = (Y_i - tau X_i) / mean(X): (n,) float64. To first
+        order tau_hat - tau = mean(z), contexts i.i.d., so var(tau_hat) ~ var(z) / n (module
+        docstring). The one implementation behind `stats()`' interval and `delta_tau`'s."""
         tokens, rounds = self.tokens_and_rounds()
-        n = tokens.numel()
+        tau = float(tokens.sum() / rounds.sum())
+        return tau, (tokens - tau * rounds) / rounds.mean()
+
+    def stats(self) -> TauStats:
+        tau, z = self.linearized()
+        n = z.numel()
         a = self.accepted[self.accepted >= 0]  # every round
         histogram = torch.bincount(a, minlength=self.k + 1).numpy()  # rounds by accepted drafts 0..k
-        tau = float(tau_from_counts(histogram))  # pooled ratio estimator: all tokens / all rounds
-        # Delta method: tau_hat - tau ~ mean(d) / mean(X), d_i = Y_i - tau X_i, contexts i.i.d.
-        std = float((tokens - tau * rounds).std() / rounds.mean()) if n > 1 else float("nan")
+        std = float(z.std()) if n > 1 else float("nan")  # sample standard deviation, n - 1
         ci = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
         j = torch.arange(1, self.k + 1)
         accepted_at = (a[:, None] >= j).sum(0)  # (k,)
@@ -191,23 +207,18 @@ class DeltaTau:
         return {"mean": self.mean, "ci95": self.ci95, "per_seed": list(self.per_seed), "resolved": self.resolved}
 
 
-def _linearized(counts: AcceptCounts) -> tuple[float, torch.Tensor]:
-    """The pooled tau and its per-context linearization (Y_i - tau X_i) / mean(X): (n,)."""
-    tokens, rounds = counts.tokens_and_rounds()
-    tau = float(tokens.sum() / rounds.sum())
-    return tau, (tokens - tau * rounds) / rounds.mean()
-
-
 def delta_tau(a: list[AcceptCounts], b: list[AcceptCounts]) -> DeltaTau:
     """tau(a) - tau(b), paired by context, for one pair of accept counts per training seed
-    (a[s] and b[s] decoded the same contexts with the same random streams)."""
+    (a[s] and b[s] decoded the same contexts with the same random streams): the mean of the
+    seeds' differences and its 95% half-width, within-seed part plus (S > 1) between-seed
+    term (module docstring)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"delta_tau needs one pair of counts per seed, got {len(a)} and {len(b)}")
     diffs, within = [], []
     for x, y in zip(a, b):
         if x.accepted.shape[0] != y.accepted.shape[0]:
             raise ValueError("paired counts must come from the same contexts")
-        (tau_x, dx), (tau_y, dy) = _linearized(x), _linearized(y)
+        (tau_x, dx), (tau_y, dy) = x.linearized(), y.linearized()
         d = dx - dy  # (n,)
         diffs.append(tau_x - tau_y)
         within.append(float(d.var()) / d.numel() if d.numel() > 1 else float("nan"))
