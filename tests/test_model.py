@@ -134,10 +134,16 @@ def test_cache_rope_mode_sees_positions_in_the_cache():
 
 
 def test_cache_capacity_is_enforced():
+    """A write past the capacity is caught on the device (no host sync in the forward), lands in
+    the trash slot instead of another position's, and `check` (once per generation) reports it."""
     model = tiny_model()
     cache = dense_cache(model, 1, 4)
-    with pytest.raises(ValueError, match="capacity"):
-        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+    model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    cache.check()  # within the capacity: nothing to report
+    model(torch.zeros(1, 3, dtype=torch.long), torch.tensor([[3, 4, 5]]), cache)
+    assert cache.key_positions[0, :4].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="position 5 exceeds the cache capacity 4"):
+        cache.check()
 
 
 @torch.no_grad()

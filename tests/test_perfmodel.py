@@ -36,7 +36,7 @@ def tm(method, B, L, target="seqax-67m", **kw):
 
 
 def reference_times(method, B, L, draft_len, target, draft, k=4, hoi=600.0, overlap=True):
-    """Spec 2's table transcribed with Python scalars: (t_target, t_verify) at context L and
+    """Method §2's table transcribed with Python scalars: (t_target, t_verify) at context L and
     t_draft with a draft cache of draft_len tokens per request."""
     def n(m):
         return m.num_layers * (2 * m.d_model + (m.n_q_per_kv + 2) * m.n_kv * m.d_model * m.d_head

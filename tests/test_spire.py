@@ -83,7 +83,7 @@ def test_k_pass_training_equals_step_by_step_inference(variant, sink, window, k)
     B, T = 3, 26
     tokens = torch.randint(0, TARGET.vocab_size, (B, T), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        layers = target.residual_stream(tokens)
+        layers = target.residual_stream(tokens, layers=draft.memory_layers)  # (n_d, B, T, d_model)
         trained, positions = draft.k_pass_logits(tokens, layers, k)  # (B, n_blocks, k, V)
         for b, block in enumerate(positions.tolist()):
             start = block[0]
@@ -103,7 +103,7 @@ def test_window_and_feedback_change_the_prediction():
     draft = randomized_draft(target, cfg)
     tokens = torch.randint(0, TARGET.vocab_size, (2, 17))
     with torch.no_grad():
-        layers = target.residual_stream(tokens)
+        layers = target.residual_stream(tokens, layers=draft.memory_layers)
         base, _ = draft.k_pass_logits(tokens, layers, 4)
         draft.mix.add_(torch.randn_like(draft.mix))
         mixed, _ = draft.k_pass_logits(tokens, layers, 4)
@@ -213,7 +213,7 @@ def test_objective_trains_through_hidden_states_as_through_the_logits(variant):
     got = torch.autograd.grad(loss, params, allow_unused=True)
     with torch.no_grad():
         layers = target.residual_stream(batch[:, :-1])
-    logits, positions = draft.k_pass_logits(batch[:, :-1], layers, cfg.k)
+    logits, positions = draft.k_pass_logits(batch[:, :-1], layers[list(draft.memory_layers)], cfg.k)
     reference, parts = draft_losses(logits, target.head(layers[-1])[:, positions], batch[:, 1:][:, positions],
                                     None if cfg.loss == "hard" else cfg.mix_weight)
     expected = torch.autograd.grad(reference, params, allow_unused=True)

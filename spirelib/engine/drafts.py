@@ -13,13 +13,14 @@ measurement and the wall-clock timing use. "vanilla" and "magicdec" are register
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache, reuse
 from spirelib.engine.sampling import probabilities, sample
 from spirelib.engine.speculative import Draft, TargetPass
 from spirelib.engine.transformer import ModelConfig, Transformer
@@ -69,7 +70,7 @@ class VanillaDraft:
     covers both cases without per-row branching.
     """
 
-    needs_target_layers = False
+    target_layers: tuple[int, ...] = ()  # reads no target activations
 
     def __init__(self, model: Transformer, temperature: float = 1.0, generator: torch.Generator | None = None,
                  sparse: SinkWindow | None = None):
@@ -102,7 +103,7 @@ class MagicDecDraft:
     a StreamingLLM ring (constant memory). `rope_mode="cache"` uses positions in the cache as
     MagicDec's implementation does; "original" keeps text positions."""
 
-    needs_target_layers = False
+    target_layers: tuple[int, ...] = ()  # reads the target's cache, not its activations
 
     def __init__(self, target: Transformer, sparse: SinkWindow = SinkWindow(1, 64), rope_mode: str = "cache",
                  temperature: float = 1.0, generator: torch.Generator | None = None):
@@ -115,10 +116,14 @@ class MagicDecDraft:
     def begin(self, verified: TargetPass, k: int) -> None:
         cfg = self.model.cfg
         param = next(self.model.parameters())
-        self.cache = SinkWindowKVCache(cfg.num_layers, verified.tokens.shape[0], cfg.n_kv, cfg.d_head, self.sparse,
-                                       slack=k + 1, rope_mode=self.rope_mode, rope_base=cfg.rope_base,
-                                       rope_scaling=cfg.rope_scaling,
-                                       device=param.device, dtype=param.dtype)
+        B = verified.tokens.shape[0]
+
+        def build():
+            return SinkWindowKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, self.sparse, slack=k + 1,
+                                     rope_mode=self.rope_mode, rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling,
+                                     device=param.device, dtype=param.dtype)
+        key = ("magicdec", B, k + 1, self.sparse, self.rope_mode)
+        self.cache = reuse(self.model, key, build) if self.model.compiled_decoding else build()
         self.accept(verified)
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -158,8 +163,10 @@ def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool
 
 
 def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,
-                  temperature: float, **options) -> DraftFactory:
-    """A factory of `method`'s drafts for `target` (and its trained draft `model`)."""
+                  temperature: float, dtype: torch.dtype | None = None, **options) -> DraftFactory:
+    """A factory of `method`'s drafts for `target` (and its trained draft `model`). The draft
+    decodes in `dtype`, by default the target's (a bf16 target decodes with a bf16 copy of its
+    fp32-trained draft: the target's activations and the draft's weights meet in one dtype)."""
     if method not in DRAFT_METHODS:
         raise ValueError(f"unknown method {method!r}; registered: {sorted(DRAFT_METHODS)}")
     spec = DRAFT_METHODS[method]
@@ -169,7 +176,28 @@ def draft_factory(method: str, target: Transformer, model: torch.nn.Module | Non
         inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
     except TypeError as e:
         raise ValueError(f"method {method!r}: {e}") from None
+    if model is not None:
+        model = in_dtype(model, dtype or next(target.parameters()).dtype)
     return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
+
+
+def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` itself if its weights are in `dtype`, else a copy in `dtype` (decoding's copy of a
+    draft trained in fp32), compiled for decoding if `model` is."""
+    if next(model.parameters()).dtype == dtype:
+        return model
+    # Compiled graphs are not copied: the copy compiles its own, for its dtype.
+    compiled = {m: {k: m.__dict__.pop(k) for k in ("_compiled", "_compiled_step", "_cache_pool") if k in m.__dict__}
+                for m in model.modules()}
+    try:
+        twin = copy.deepcopy(model)
+    finally:
+        for m, saved in compiled.items():
+            m.__dict__.update(saved)
+    twin.to(dtype)
+    if any(k in saved for saved in compiled.values() for k in ("_compiled", "_compiled_step")):
+        twin.compile_decoding()
+    return twin
 
 
 def _vanilla(target, model, *, temperature, generator):

@@ -21,15 +21,20 @@ from spirelib.engine.kvcache import SinkWindow
 
 
 class BandedMemory:
-    """Which target positions each block's queries may see, in chunks of consecutive blocks."""
+    """Which target positions each block's queries may see, in chunks of consecutive blocks.
 
-    def __init__(self, starts: torch.Tensor, seq_len: int, k: int, sparse: SinkWindow):
+    `span`, the positions one chunk gathers, is (C - 1) k + window for blocks k apart (what
+    `spire.block_positions` makes: the caller passes it, no host sync); for other block
+    starts it is measured from them, which waits for the device once."""
+
+    def __init__(self, starts: torch.Tensor, seq_len: int, k: int, sparse: SinkWindow, span: int | None = None):
         self.n_blocks = len(starts)
         self.chunk = max(1, sparse.window // k)  # C blocks per gathered span
         n_chunks = math.ceil(self.n_blocks / self.chunk)
         padded = torch.cat([starts, starts[-1:].expand(n_chunks * self.chunk - self.n_blocks)])
         grouped = padded.view(n_chunks, self.chunk)  # (n_chunks, C) first position of each block
-        span = int((grouped[:, -1] - grouped[:, 0]).max()) + sparse.window
+        if span is None:
+            span = int((grouped[:, -1] - grouped[:, 0]).max()) + sparse.window
         pos = grouped[:, :1] - sparse.window + torch.arange(span, device=starts.device)  # (n_chunks, S)
         self.index = pos.clamp(0, seq_len - 1)
         real = (torch.arange(n_chunks * self.chunk, device=starts.device) < self.n_blocks).view(n_chunks, self.chunk)

@@ -77,6 +77,13 @@ class _KVCache:
         self.lengths = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) positions 0..len-1 valid
         self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
         self.trash = slots
+        for t in (*self.k, *self.v):  # a compiled forward writes them in place: CUDA graphs may keep their addresses
+            torch._dynamo.mark_static_address(t)
+
+    def reset(self) -> None:
+        """Empty again, for the next batch of the same shape (`reuse`): no key is visible."""
+        self.key_positions.fill_(-1)
+        self.lengths = torch.zeros_like(self.lengths)
 
     @property
     def batch(self) -> int:
@@ -122,45 +129,75 @@ class _KVCache:
         self.lengths = lengths.clone()
 
 
+POOL = 2  # caches of distinct shapes a compiled model keeps (`reuse`)
+
+
+def reuse(owner, key, build):
+    """The cache `owner` (a model decoding through compiled graphs) last built for `key`, emptied,
+    or a new one from `build()`. CUDA graphs replay over the buffers they recorded, so a compiled
+    model keeps its cache per shape (the last `POOL` shapes) instead of allocating one per batch:
+    its previous cache of that shape must no longer be in use."""
+    pool = owner.__dict__.setdefault("_cache_pool", {})
+    cache = pool.pop(key, None)
+    if cache is None:
+        cache = build()
+    else:
+        cache.reset()
+    pool[key] = cache  # the most recent last
+    while len(pool) > POOL:
+        pool.pop(next(iter(pool)))
+    return cache
+
+
 class DenseKVCache(_KVCache):
     """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
     (the slow, obviously correct way to run sparse attention; a reference in tests).
 
-    Reads stop at the highest position the last prepared forward wrote: slot = position, so
-    every slot beyond holds a later position (or nothing) and is invisible to all of that
-    forward's queries; attention skips the unused tail of the capacity (G + 2k slots at
-    the start of speculative decoding). With `static_reads`, reads cover the whole capacity
-    instead, so every forward of a kind has the same shapes (what a compiled forward needs,
-    `Transformer.compile_decoding`). Prefill fast path: when the cache's first forward
-    writes positions 0..T-1 with a valid prefix per row (a prefill of right-padded
-    contexts), the mask is plain causal (None), so attention skips the masked half.
+    Decode-time forwards read the whole capacity, the slots not yet written masked out: every
+    forward of a kind has the same shapes (one compiled graph serves them all,
+    `Transformer.compile_decoding`) and none asks the device how far the rows have come, so a
+    forward makes no host sync. Writing a position at or beyond the capacity is caught on the
+    device (the entry goes to the trash slot) and reported by `check` (the engine calls it once
+    per generation). Prefill fast path: when the cache's first forward writes positions 0..T-1
+    with a valid prefix per row (a prefill of right-padded contexts), the mask is plain causal
+    (None) over those T slots, so attention skips the masked half; deciding that costs one host
+    sync, once per cache.
     """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
-                 sparse: SinkWindow | None = None, static_reads: bool = False, device=None, dtype=torch.float32):
+                 sparse: SinkWindow | None = None, device=None, dtype=torch.float32):
         super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.sparse = sparse
-        self.static_reads = static_reads
         self._written = False
         self._read = capacity + 1  # slots that reads cover
         self._causal: torch.Tensor | None = None  # positions (B, T) of a first forward over 0..T-1
+        self._overflow = torch.zeros((), dtype=torch.long, device=device)  # the highest position refused, or 0
 
     def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        top = int(torch.where(valid, positions, -1).max())  # the one host sync of a forward
-        if top >= self.capacity:
+        beyond = valid & (positions >= self.capacity)
+        self._overflow = torch.maximum(self._overflow, torch.where(beyond, positions, 0).amax())
+        return torch.where(valid & ~beyond, positions, self.trash)
+
+    def reset(self) -> None:
+        super().reset()
+        self._written, self._read, self._causal = False, self.capacity + 1, None
+        self._overflow = torch.zeros_like(self._overflow)
+
+    def check(self) -> None:
+        """Raise if any forward since the cache was made wrote past its capacity (a host sync)."""
+        top = int(self._overflow)
+        if top:
             raise ValueError(f"position {top} exceeds the cache capacity {self.capacity}")
-        if not self.static_reads:
-            self._read = max(top + 1, 1)
-        return torch.where(valid, positions, self.trash)
 
     def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         slots = super().prepare(positions, valid)
         T = positions.shape[1]
-        first = not self._written and bool((positions == torch.arange(T, device=positions.device)).all())
-        if first and valid is not None:
-            first = bool((valid[:, 1:] <= valid[:, :-1]).all())  # padding only at the end of rows
+        first = not self._written and T <= self.capacity and bool(
+            (positions == torch.arange(T, device=positions.device)).all()
+            & (True if valid is None else (valid[:, 1:] <= valid[:, :-1]).all()))  # padding only at the ends
         self._causal = positions if first else None
+        self._read = T if first else self.capacity + 1
         self._written = True
         return slots
 
@@ -168,7 +205,7 @@ class DenseKVCache(_KVCache):
         return self.k[layer][:, :, : self._read], self.v[layer][:, :, : self._read]
 
     def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
-        if self._causal is not None and include_self and self.sparse is None and torch.equal(q_pos, self._causal):
+        if self._causal is not None and include_self and self.sparse is None and q_pos is self._causal:
             return None  # a prefill: causal over its own keys
         return visibility(q_pos, self.key_positions[:, : self._read], self.sparse, include_self)
 

@@ -38,13 +38,23 @@ class TargetPass:
     valid: torch.Tensor  # (B, T) bool
     lengths: torch.Tensor  # (B,) verified positions per row after this pass
     cache: DenseKVCache  # the target's cache, holding these positions' keys/values
-    layers: torch.Tensor | None  # (n_layers+1, B, T, d_model) residual stream, if the draft asked
+    layers: torch.Tensor | None  # (len(layer_ids), B, T, d_model): the residual-stream entries drafts asked for
+    layer_ids: tuple[int, ...] = ()  # which entries `layers` holds (0: the embedding, i: after block i)
+
+    def stream(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """The residual-stream entries `ids`, (len(ids), B, T, d_model), of those this pass kept."""
+        missing = set(ids) - set(self.layer_ids)
+        if missing:
+            raise ValueError(f"the target pass kept residual-stream entries {self.layer_ids}, not {sorted(missing)}")
+        if tuple(ids) == self.layer_ids[: len(ids)]:
+            return self.layers[: len(ids)]  # a view: the common case, the draft's own entries first
+        return self.layers[[self.layer_ids.index(i) for i in ids]]
 
 
 class Draft(Protocol):
     """What the engine needs of a draft model."""
 
-    needs_target_layers: bool  # ask the target for its residual stream (SPIRe)
+    target_layers: tuple[int, ...]  # residual-stream entries of the target the draft reads (SPIRe); () for none
 
     def begin(self, verified: TargetPass, k: int) -> None:
         """Start on fresh contexts; `verified` is the target's prefill pass."""
@@ -105,34 +115,42 @@ class Prefill:
     pending: torch.Tensor  # (B,)
 
 
+def stream_entries(drafts) -> tuple[int, ...]:
+    """The target's residual-stream entries any of `drafts` reads (`Draft.target_layers`), sorted:
+    what a prefill they share keeps."""
+    return tuple(sorted({i for d in drafts for i in d.target_layers}))
+
+
 def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor | None = None, *,
-            capacity: int, return_layers: bool = False) -> Prefill:
+            capacity: int, layers: tuple[int, ...] = ()) -> Prefill:
     """Run all but the last token of every context (B, L) (right-padded to L when `lengths`
-    (B,) is given) through a fresh target cache of `capacity` positions per row."""
+    (B,) is given) through a fresh target cache of `capacity` positions per row, keeping the
+    residual-stream entries `layers` (what the drafts read: `Draft.target_layers`), no others."""
     B, L = contexts.shape
     lengths = _context_lengths(contexts, lengths)
-    if int(lengths.min()) < 2:
+    if int(lengths.min()) < 2:  # once per prefill, not per round
         raise ValueError("every context needs at least 2 tokens")
     cache = target.new_cache(B, capacity)
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
+    stream = None
     with torch.no_grad():
-        if return_layers:
-            layers = target.residual_stream(contexts[:, :-1], positions, cache, valid=valid)
+        if layers:
+            stream = target.residual_stream(contexts[:, :-1], positions, cache, valid=valid, layers=tuple(layers))
         else:
-            layers = None
             target.hidden(contexts[:, :-1], positions, cache, valid=valid)  # fills the cache; no logits
     pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
-    return Prefill(cache, TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, layers), pending)
+    verified = TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, stream, tuple(layers))
+    return Prefill(cache, verified, pending)
 
 
-def _reuse(prefilled: Prefill, capacity: int, need_layers: bool) -> tuple[DenseKVCache, torch.Tensor]:
+def _reuse(prefilled: Prefill, capacity: int, layers: tuple[int, ...]) -> tuple[DenseKVCache, torch.Tensor]:
     """The prefill's cache rolled back to the end of the contexts, and the pending tokens."""
     if prefilled.cache.capacity < capacity:
         raise ValueError(f"the prefill's cache holds {prefilled.cache.capacity} positions per row; "
                          f"this generation needs {capacity}: prefill with capacity={capacity}")
-    if need_layers and prefilled.verified.layers is None:
-        raise ValueError("this draft needs the target's layers: prefill with return_layers=True")
+    if not set(layers) <= set(prefilled.verified.layer_ids):
+        raise ValueError(f"this draft reads the target's residual-stream entries {layers}: prefill with layers={layers}")
     prefilled.cache.rollback(prefilled.verified.lengths)
     return prefilled.cache, prefilled.pending
 
@@ -172,7 +190,7 @@ class Rows:
 
     def settle(self, cache: DenseKVCache, tokens: torch.Tensor, positions: torch.Tensor, layers: torch.Tensor | None,
                q: torch.Tensor, logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
-               eos_token: int | None = None) -> TargetPass:
+               eos_token: int | None = None, layer_ids: tuple[int, ...] = ()) -> TargetPass:
         """A round's bookkeeping after the target scored `tokens` (B, k+1) (the pending token and
         k drafts) at `positions` (B, k+1) into `logits` (B, k+1, V): rejection sampling against
         the draft's probabilities q (B, k, V), the emitted tokens, the cache rolled back per row
@@ -195,7 +213,7 @@ class Rows:
         cache.rollback(new_lengths)
         self.pending = torch.where(active, next_token, self.pending)
         verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache,
-                              layers)
+                              layers, layer_ids)
         self.active = active & (self.produced < G)
         if eos_token is not None:
             self.active &= ~ended
@@ -222,30 +240,43 @@ def speculative_generate(
     target's `prefill` of these same contexts, to share it between generations."""
     timer = timer or _no_timer
     G = max_new_tokens
+    wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads
+    last = target.cfg.num_layers  # the logits' entry
+    stream_ids = wanted if last in wanted else (*wanted, last)
     with timer("prefill"):
         capacity = speculative_capacity(contexts.shape[1], G, k)
         if prefilled is None:
-            prefilled = prefill(target, contexts, lengths, capacity=capacity, return_layers=draft.needs_target_layers)
-        cache, pending = _reuse(prefilled, capacity, draft.needs_target_layers)
+            prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=wanted)
+        cache, pending = _reuse(prefilled, capacity, wanted)
         draft.begin(prefilled.verified, k)
     rows = Rows.start(pending, G, k)
-    while bool(rows.active.any()):
+    # A round emits at most k + 1 tokens per row, so no row is done before round ceil(G / (k + 1))
+    # (an end-of-text token aside: finished rows are frozen, so rounds past their end change
+    # nothing). Only from then on does the loop ask whether a row is still active: the one host
+    # sync of a round, and none before.
+    certain = -(-G // (k + 1))
+    while len(rows.rounds) < certain or bool(rows.active.any()):
         n = cache.lengths  # (B,) position of the pending token
         with timer("draft"):
             drafts, q = draft.propose(rows.pending, n, k)  # (B, k), (B, k, V)
         with timer("verify"):
             tokens = torch.cat([rows.pending[:, None], drafts], dim=1)  # (B, k+1)
             positions = n[:, None] + rows.offsets
-            if draft.needs_target_layers:
-                layers = target.residual_stream(tokens, positions, cache)  # (n_layers+1, B, k+1, d_model)
-                logits = target.head(layers[-1])  # (B, k+1, V)
+            if wanted:
+                layers = target.residual_stream(tokens, positions, cache, layers=stream_ids)  # (n_ids, B, k+1, d)
+                logits = target.head(layers[stream_ids.index(last)])  # (B, k+1, V)
             else:
                 layers, logits = None, target(tokens, positions, cache)
         with timer("bookkeeping"):
-            verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature, generator, eos_token)
+            verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature, generator, eos_token,
+                                   stream_ids if wanted else ())
         with timer("draft"):
             draft.accept(verified)
-    return Generation(rows.out[:, :G], torch.stack(rows.rounds, dim=1))
+    cache.check()
+    accepted = torch.stack(rows.rounds, dim=1)  # (B, R)
+    if eos_token is not None:  # rounds run after every row had ended (before the loop looked) are dropped
+        accepted = accepted[:, : int((accepted >= 0).any(0).nonzero().max()) + 1]
+    return Generation(rows.out[:, :G], accepted)
 
 
 @torch.no_grad()
@@ -266,7 +297,7 @@ def autoregressive_generate(
         capacity = contexts.shape[1] + max_new_tokens
         if prefilled is None:
             prefilled = prefill(target, contexts, lengths, capacity=capacity)
-        cache, pending = _reuse(prefilled, capacity, False)
+        cache, pending = _reuse(prefilled, capacity, ())
     generated = []
     for _ in range(max_new_tokens):
         with timer("verify"):
@@ -274,4 +305,5 @@ def autoregressive_generate(
         with timer("bookkeeping"):
             pending = sample(probabilities(logits, temperature), generator)
             generated.append(pending)
+    cache.check()
     return Generation(torch.stack(generated, dim=1))

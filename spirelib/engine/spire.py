@@ -28,7 +28,7 @@ from torch import nn
 
 from spirelib.engine.drafts import VanillaDraft, draft_tokens, register_method
 from spirelib.engine.kpass_attention import BandedMemory, memory_attention
-from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache, reuse
 from spirelib.engine.losses import head_draft_losses
 from spirelib.engine.speculative import TargetPass
 from spirelib.engine.transformer import ModelConfig, Transformer, compile_for_decoding
@@ -124,8 +124,12 @@ class SpireDraftModel(nn.Module):
     @classmethod
     def from_target(cls, target: Transformer, cfg: SpireConfig) -> SpireDraftModel:
         """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
-        copied (method §3.1), or random weights for the `random_init` ablation."""
-        draft = cls(target.cfg, cfg).to(next(target.parameters()))
+        copied (method §3.1), or random weights for the `random_init` ablation. On the target's
+        device, in fp32 whatever the target's dtype: the draft is small, and its weights,
+        gradients and optimizer state need fp32 to train (a bf16 weight of 0.5 does not move
+        at lr 5e-5); training computes under autocast, decoding runs in the target's dtype
+        (`drafts.draft_factory`)."""
+        draft = cls(target.cfg, cfg).to(device=next(target.parameters()).device)
         if cfg.pruned_init:
             first = target.cfg.num_layers - cfg.num_layers
             with torch.no_grad():
@@ -141,11 +145,12 @@ class SpireDraftModel(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.body.blocks
 
-    def target_memory(self, target_layers: torch.Tensor) -> list[torch.Tensor]:
-        """Per draft layer i, the target's residual stream entering target layer n_t - n_d + i:
-        target_layers is (n_t + 1, B, T, d_model); returns n_d tensors (B, T, d_model)."""
+    @property
+    def memory_layers(self) -> tuple[int, ...]:
+        """The target's residual-stream entries this draft reads (method §3.3): for draft layer i,
+        the input of target layer n_t - n_d + i, entry n_t - n_d + i of `Transformer.residual_stream`."""
         first = self.target_layers - self.cfg.num_layers
-        return [target_layers[first + i] for i in range(self.cfg.num_layers)]
+        return tuple(range(first, self.target_layers))
 
     def feedback_memory(self, activations: list[torch.Tensor]) -> torch.Tensor:
         """m^i = sum_l softmax(w_i)_l x^l over the draft's embedding and layer outputs
@@ -155,18 +160,24 @@ class SpireDraftModel(nn.Module):
     # --- inference (method §3.5) -------------------------------------------------------------
 
     def new_cache(self, batch: int, slack: int) -> SinkWindowKVCache:
+        """The draft's memory: a sink + window ring (reused per shape under compiled decoding, `kvcache.reuse`)."""
         c = self.body.cfg
         param = self.mix
-        return SinkWindowKVCache(c.num_layers, batch, c.n_kv, c.d_head, self.cfg.sparse, slack,
-                                 rope_base=c.rope_base, rope_scaling=c.rope_scaling, device=param.device, dtype=param.dtype)
 
-    def write_target_memory(self, cache: SinkWindowKVCache, target_layers: torch.Tensor,
+        def build():
+            return SinkWindowKVCache(c.num_layers, batch, c.n_kv, c.d_head, self.cfg.sparse, slack,
+                                     rope_base=c.rope_base, rope_scaling=c.rope_scaling, device=param.device,
+                                     dtype=param.dtype)
+        return reuse(self, ("ring", batch, slack), build) if self._compiled_step is not None else build()
+
+    def write_target_memory(self, cache: SinkWindowKVCache, memory: torch.Tensor,
                             positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-        """Memory for verified positions (B, T) from the target's residual stream (n_t + 1, B, T, d)."""
+        """Memory for verified positions (B, T) from the target's residual stream at
+        `memory_layers`, (n_d, B, T, d_model), in the draft's dtype."""
         slots = cache.prepare(positions, valid)
         rope = self.body.rope(positions)
-        for i, (block, memory) in enumerate(zip(self.blocks, self.target_memory(target_layers))):
-            cache.write(i, slots, *block.memory_kv(memory, rope))
+        for i, block in enumerate(self.blocks):
+            cache.write(i, slots, *block.memory_kv(memory[i].to(self.mix.dtype), rope))
 
     _compiled_step = None  # `_step`, compiled (`compile_decoding`)
 
@@ -178,61 +189,68 @@ class SpireDraftModel(nn.Module):
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
         """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
-        this position's memory (feedback mixture, or each layer's input without feedback)."""
-        return (self._compiled_step or self._step)(tokens, positions, cache)
+        this position's memory (feedback mixture, or each layer's input without feedback).
 
-    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
+        The cache's bookkeeping (which slot the position takes, the rows' lengths) is done here,
+        eagerly, before the pass: a compiled pass (CUDA graphs) must not own it, a replay would
+        write it again. With feedback the position's own memory is invisible to its query
+        (`include_self=False`), and the ring's slack keeps every key the query needs, so taking
+        the slot first changes nothing."""
         pos = positions[:, None]  # (B, 1)
-        rope = self.body.rope(pos)
-        if not self.cfg.feedback:  # an ordinary transformer over its own positions: self included
-            slots = cache.prepare(pos)
+        slots = cache.prepare(pos)
         mask = cache.mask(pos, include_self=not self.cfg.feedback)  # (B, 1, 1, S)
+        return (self._compiled_step or self._step)(tokens, pos, cache, slots, mask)
+
+    def _step(self, tokens: torch.Tensor, pos: torch.Tensor, cache: SinkWindowKVCache, slots: torch.Tensor,
+              mask: torch.Tensor) -> torch.Tensor:
+        rope = self.body.rope(pos)
         x = self.body.embed(tokens[:, None])  # (B, 1, d_model)
         activations = [x]
         for i, block in enumerate(self.blocks):
-            if not self.cfg.feedback:
+            if not self.cfg.feedback:  # an ordinary transformer over its own positions: self included
                 cache.write(i, slots, *block.memory_kv(x, rope))
             x = block.finish(x, block.attn.attend(block.queries(x, rope), *cache.layer_kv(i, pos), mask))
             activations.append(x)
         if self.cfg.feedback:
-            slots = cache.prepare(pos)
             for i, (block, memory) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
                 cache.write(i, slots, *block.memory_kv(memory, rope))
         return self.body.head(x)[:, 0]
 
     # --- training (method §3.6) --------------------------------------------------------------
 
-    def k_pass_logits(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+    def k_pass_logits(self, tokens: torch.Tensor, memory: torch.Tensor, k: int,
                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits for every block position of a sequence, teacher-forced.
 
-        tokens (B, T), target_layers (n_t + 1, B, T, d_model) from the frozen target on the
-        same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
+        tokens (B, T), memory (n_d, B, T, d_model): the frozen target's residual stream at
+        `memory_layers` on the same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
         logits at position t predict token t + 1. `positions` selects blocks (default: all).
         `head(k_pass_hidden(...))`; training uses `k_pass_hidden` (no (B, n_blocks, k, V) tensor).
         """
-        hidden, positions = self.k_pass_hidden(tokens, target_layers, k, positions)
+        hidden, positions = self.k_pass_hidden(tokens, memory, k, positions)
         return self.body.head(hidden), positions  # (B, n_blocks, k, V)
 
-    def k_pass_hidden(self, tokens: torch.Tensor, target_layers: torch.Tensor, k: int,
+    def k_pass_hidden(self, tokens: torch.Tensor, memory: torch.Tensor, k: int,
                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's outputs (B, n_blocks, k, d_model), before the final norm, of
         `k_pass_logits` (same arguments), and their positions (n_blocks, k)."""
         B, T = tokens.shape
+        span = None  # the blocks' band: known on the host for the regular blocks, else measured (a sync)
         if positions is None:
             positions = block_positions(T, k, tokens.device)  # (n_blocks, k)
+            span = (min(max(1, self.cfg.window // k), positions.shape[0]) - 1) * k + self.cfg.window
         if not self.cfg.target_activations:  # an ordinary sparse transformer: one parallel pass
             return self.body.hidden(tokens, sparse=self.cfg.sparse)[:, positions], positions  # (B, n_blocks, k, d)
         if k > self.cfg.window:
             raise ValueError(f"k = {k} exceeds the window {self.cfg.window}: a block would not see its own start")
         n_blocks = positions.shape[0]
         all_rope = self.body.rope(torch.arange(T, device=tokens.device).expand(B, T))
-        memory = BandedMemory(positions[:, 0], T, k, self.cfg.sparse)
+        banded = BandedMemory(positions[:, 0], T, k, self.cfg.sparse, span)
         sink = self.cfg.sink
         bands, sinks = [], []
-        for block, target_memory in zip(self.blocks, self.target_memory(target_layers)):
+        for block, target_memory in zip(self.blocks, memory.to(self.mix.dtype)):
             keys, values = block.memory_kv(target_memory, all_rope)  # (B, n_kv, T, d_head)
-            bands.append((memory.gather(keys), memory.gather(values)))
+            bands.append((banded.gather(keys), banded.gather(values)))
             sinks.append((keys[:, :, :sink], values[:, :, :sink]))
         own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values (B, n_kv, n_blocks, d_head)
         hidden = []  # per pass, the last layer's output (B, n_blocks, d_model)
@@ -248,7 +266,7 @@ class SpireDraftModel(nn.Module):
                     own[i][1].append(v_self)
                 mine = (torch.stack(own[i][0], dim=3), torch.stack(own[i][1], dim=3)) if own[i][0] else None
                 q = block.queries(x, rope)  # (B, n_q, n_blocks, d_head)
-                x = block.finish(x, block.attn.wo(memory_attention(q, memory, j, bands[i], sinks[i], mine)))
+                x = block.finish(x, block.attn.wo(memory_attention(q, banded, j, bands[i], sinks[i], mine)))
                 activations.append(x)
             hidden.append(x)
             if self.cfg.feedback:
@@ -264,10 +282,9 @@ class SpireDraft:
     verification, memory for the verified positions comes from the target activations that
     pass already computed; its cache stays sink + window (+ k + 1) sized."""
 
-    needs_target_layers = True
-
     def __init__(self, model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
         self.model = model
+        self.target_layers = model.memory_layers
         self.temperature = temperature
         self.generator = generator
 
@@ -282,7 +299,8 @@ class SpireDraft:
         return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
 
     def accept(self, verified: TargetPass) -> None:
-        self.model.write_target_memory(self.cache, verified.layers, verified.positions, verified.valid)
+        self.model.write_target_memory(self.cache, verified.stream(self.target_layers), verified.positions,
+                                       verified.valid)
         self.cache.rollback(verified.lengths)
 
 
@@ -308,24 +326,29 @@ class SpireObjective:
     fused with both unembeddings (`losses.head_draft_losses`: the target's next-token
     distributions and the draft's logits exist one chunk of rows at a time). Metrics include
     alpha per draft position j, the training-time estimate of P[draft j accepted | the ones
-    before were] (method §8)."""
+    before were] (method §8); they stay on the device (0-dim tensors): no host sync per step.
+
+    The target runs in its own dtype (a bf16 checkpoint stays bf16) and keeps only the
+    residual-stream entries the draft reads and the last one; its activations are cast to the
+    draft's dtype where they enter the draft (fp32 weights, `SpireDraftModel.from_target`)."""
 
     def __init__(self, target: Transformer):
         self.target = target.eval().requires_grad_(False)
 
-    def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = model.cfg
         inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
+        read = model.memory_layers if cfg.target_activations else ()
         with torch.no_grad():
-            target_layers = self.target.residual_stream(inputs)  # (n_t + 1, B, T, d_model)
-        hidden, positions = model.k_pass_hidden(inputs, target_layers, cfg.k)  # (B, n_blocks, k, d), (n_blocks, k)
+            stream = self.target.residual_stream(inputs, layers=(*read, self.target.cfg.num_layers))  # (n_d+1, B, T, d)
+        hidden, positions = model.k_pass_hidden(inputs, stream[:-1], cfg.k)  # (B, n_blocks, k, d), (n_blocks, k)
         with torch.no_grad():
-            target_x = self.target.norm(target_layers[-1][:, positions])  # (B, n_blocks, k, d)
+            target_x = self.target.norm(stream[-1][:, positions])  # (B, n_blocks, k, d)
         loss, parts = head_draft_losses(model.body.norm(hidden), model.body.unembed.weight, target_x,
                                         self.target.unembed.weight, labels[:, positions],
                                         None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
-        per_position = parts["alpha"].mean(dim=(0, 1)).tolist()  # (k,) acceptance of draft position j
-        metrics = {"distill_ce": parts["distill_ce"].mean().item(), "hard_ce": parts["hard_ce"].mean().item(),
-                   "alpha": sum(per_position) / len(per_position)}
-        metrics.update({f"alpha_{j + 1}": a for j, a in enumerate(per_position)})
+        per_position = parts["alpha"].detach().mean(dim=(0, 1))  # (k,) acceptance of draft position j
+        metrics = {"distill_ce": parts["distill_ce"].detach().mean(), "hard_ce": parts["hard_ce"].detach().mean(),
+                   "alpha": per_position.mean()}
+        metrics.update({f"alpha_{j + 1}": per_position[j] for j in range(cfg.k)})
         return loss, metrics

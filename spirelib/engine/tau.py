@@ -74,7 +74,13 @@ import torch
 import torch.distributed as dist
 
 from spirelib.engine.drafts import DraftFactory
-from spirelib.engine.speculative import SectionTimer, prefill, speculative_capacity, speculative_generate
+from spirelib.engine.speculative import (
+    SectionTimer,
+    prefill,
+    speculative_capacity,
+    speculative_generate,
+    stream_entries,
+)
 from spirelib.engine.transformer import Transformer
 from spirelib.frontend import progress_bar
 from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts
@@ -149,6 +155,9 @@ class AcceptCounts:
 
     accepted: torch.Tensor
     k: int
+
+    def __post_init__(self):
+        self.accepted = self.accepted.cpu()  # a few ints per context: the statistics are the host's
 
     def tokens_and_rounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens emitted (accepted + 1 per round, the last round in full) and rounds, per
@@ -289,7 +298,7 @@ def measure_tau(
             drafts[name] = (factory(gen), gen)
         with timer("prefill") if timer else contextlib.nullcontext():
             shared = prefill(target, rows, capacity=speculative_capacity(L, protocol.new_tokens, protocol.k),
-                             return_layers=any(d.needs_target_layers for d, _ in drafts.values()))
+                             layers=stream_entries(d for d, _ in drafts.values()))
         for name, (draft, gen) in drafts.items():
             out = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
                                        temperature=protocol.temperature, generator=gen, prefilled=shared,

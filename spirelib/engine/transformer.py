@@ -16,9 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spirelib.engine.kvcache import DenseKVCache, SinkWindow, _KVCache, visibility
+from spirelib.engine.kvcache import DenseKVCache, SinkWindow, _KVCache, reuse, visibility
 from spirelib.engine.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
 from spirelib.modeling.perfmodel import ModelShape, body_params
+
+# fp32 matmuls and convolutions on a GPU use TF32 tensor cores, in every process that imports the
+# engine, for training and decoding alike (so decoding speed never depends on whether a model was
+# trained first in the same process). CPU arithmetic is unchanged.
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
 
 
 @dataclass(frozen=True)
@@ -321,22 +327,33 @@ class Transformer(nn.Module):
         """The last block's output (B, T, d_model), before the final norm (arguments as `forward`).
         A prefill that only fills the cache calls this: (B, T, V) logits would cost a third of
         its FLOPs here and, at V = 50,304, more memory than the rest of the pass."""
-        return self._blocks(tokens, positions, cache, valid, sparse, keep=False)[-1]
+        return self._blocks(tokens, positions, cache, valid, sparse, keep=(self.cfg.num_layers,))[-1]
 
     def residual_stream(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
                         cache: _KVCache | None = None, *, valid: torch.Tensor | None = None,
-                        sparse: SinkWindow | None = None) -> torch.Tensor:
-        """The residual stream before the first block and after every block, (n_layers+1, B, T, d_model)
-        (arguments as `forward`); `head(stream[-1])` are the logits."""
-        return torch.stack(self._blocks(tokens, positions, cache, valid, sparse, keep=True))
+                        sparse: SinkWindow | None = None, layers: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The residual stream at `layers` (0: the embedding, i: after block i; default all
+        n_layers + 1), stacked (len(layers), B, T, d_model) in the order given (arguments as
+        `forward`); `head(stream[i])` of the entry for n_layers are the logits. Only the entries
+        asked for are kept: a draft reading a few of an 8B target's 33 entries holds those alone."""
+        keep = tuple(range(self.cfg.num_layers + 1)) if layers is None else tuple(layers)
+        if not keep or not all(0 <= i <= self.cfg.num_layers for i in keep):
+            raise ValueError(f"layers must be residual-stream entries 0..{self.cfg.num_layers}, got {layers}")
+        kept = dict(zip(sorted(set(keep)), self._blocks(tokens, positions, cache, valid, sparse,
+                                                        keep=tuple(sorted(set(keep))))))
+        return torch.stack([kept[i] for i in keep])
 
     def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None) -> DenseKVCache:
         """A dense KV cache for this model on its device and dtype, applying its sliding window if
-        any (or reading only `sparse`'s sink + window); with compiled decoding, of static reads."""
+        any (or reading only `sparse`'s sink + window). Under compiled decoding the model reuses
+        its cache of the same shape (`kvcache.reuse`: one live cache per shape)."""
         param = next(self.parameters())
         c = self.cfg
-        return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
-                            static_reads=self.compiled_decoding, device=param.device, dtype=param.dtype)
+
+        def build():
+            return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
+                                device=param.device, dtype=param.dtype)
+        return reuse(self, ("dense", batch, capacity, sparse), build) if self.compiled_decoding else build()
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""
@@ -352,9 +369,9 @@ class Transformer(nn.Module):
         """Run every cached forward of at most `max_tokens` tokens per row (decoding: AD steps,
         verification, draft passes; not prefill) through one compiled graph per shape
         (torch.compile without graph breaks: on CPU C++ kernels with a C++ wrapper, on CUDA
-        CUDA graphs), or, with `enabled` False, eagerly again: eager is the reference. Caches
-        this model builds (`new_cache`) then read their whole capacity, so that a graph serves
-        every step. Results equal eager up to rounding (fused kernels, RoPE in real arithmetic)."""
+        CUDA graphs), or, with `enabled` False, eagerly again: eager is the reference. Dense
+        caches read their whole capacity at decode time, so that a graph serves every step.
+        Results equal eager up to rounding (fused kernels, RoPE in real arithmetic)."""
         self._compiled, self._compiled_tokens = None, max_tokens
         if enabled:
             self._compiled = compile_for_decoding(self._stream, next(self.parameters()).device)
@@ -368,9 +385,10 @@ class Transformer(nn.Module):
         """Whether cached decode-time forwards run compiled (`compile_decoding`)."""
         return self._compiled is not None
 
-    def _blocks(self, tokens, positions, cache, valid, sparse, keep: bool) -> list[torch.Tensor]:
-        """Run the blocks; the residual stream entering each block and leaving the last ([x_L] unless `keep`)."""
+    def _blocks(self, tokens, positions, cache, valid, sparse, keep: tuple[int, ...]) -> list[torch.Tensor]:
+        """Run the blocks; the residual-stream entries `keep` (sorted: 0 the embedding, i after block i)."""
         B, T = tokens.shape
+        wanted = tuple(i in keep for i in range(self.cfg.num_layers + 1))
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)
         window = self.cfg.attention_window
@@ -381,20 +399,22 @@ class Transformer(nn.Module):
                              "its cache must apply it: build it with Transformer.new_cache")
         if cache is None:
             mask = None if sparse is None else visibility(positions, positions, sparse)  # (B, 1, T, T); None: causal
-            return self._stream(tokens, None, None, positions, mask, keep)
-        slots = cache.prepare(positions, valid)  # the forward's one host sync: outside any compiled graph
+            return self._stream(tokens, None, None, positions, mask, wanted)
+        slots = cache.prepare(positions, valid)  # outside any compiled graph: it updates the cache's bookkeeping
         mask = cache.mask(positions)  # (B, 1, T, S)
         stream = self._compiled if self._compiled is not None and T <= self._compiled_tokens else self._stream
-        return stream(tokens, cache, slots, positions, mask, keep)
+        return stream(tokens, cache, slots, positions, mask, wanted)
 
-    def _stream(self, tokens, cache, slots, positions, mask, keep: bool) -> list[torch.Tensor]:
+    def _stream(self, tokens, cache, slots, positions, mask, wanted: tuple[bool, ...]) -> list[torch.Tensor]:
         """The blocks over tokens (B, T) with the cache already prepared (`slots` (B, T)) and the
-        visibility `mask` (None: causal): what `compile_decoding` compiles."""
+        visibility `mask` (None: causal), returning the residual-stream entries i with `wanted[i]`:
+        what `compile_decoding` compiles (one graph per `wanted`; booleans, which dynamo never
+        turns into symbolic values)."""
         rope = self.rope(positions)
         x = self.embed(tokens)  # (B, T, d_model)
-        stream = [x]
+        stream = [x] if wanted[0] else []
         for i, block in enumerate(self.blocks):
             x = block(x, rope, mask, cache, i, slots, positions)
-            if keep:
+            if wanted[i + 1]:
                 stream.append(x)
-        return stream if keep else [x]
+        return stream

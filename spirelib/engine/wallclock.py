@@ -33,6 +33,7 @@ from spirelib.engine.speculative import (
     prefill,
     speculative_capacity,
     speculative_generate,
+    stream_entries,
 )
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling import perfmodel, profiled
@@ -76,11 +77,11 @@ def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.G
     device = next(target.parameters()).device
     contexts = contexts.to(device)
     B, L = contexts.shape
-    start = time.perf_counter()
-    needs_layers = any(getattr(factory(torch.Generator(device)), "needs_target_layers", False)
-                       for factory in factories.values())
-    shared = prefill(target, contexts, capacity=speculative_capacity(L, new_tokens, k), return_layers=needs_layers)
-    prefill_s = time.perf_counter() - start
+    layers = stream_entries(factory(torch.Generator(device)) for factory in factories.values())
+    timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
+    with timer("prefill"):
+        shared = prefill(target, contexts, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
+    prefill_s = timer.seconds["prefill"]
     methods = (["ad"] if include_ad else []) + list(factories)
     timings = []
     for method in methods:
@@ -243,18 +244,18 @@ def profile_drafts(target: Transformer, factories: Mapping[str, Callable[[torch.
     out). Returns {method: [(B, context, propose seconds, accept seconds)]}."""
     device = next(target.parameters()).device
     drafts = {m: factory(torch.Generator(device).manual_seed(0)) for m, factory in factories.items()}
-    layers = any(d.needs_target_layers for d in drafts.values())
+    layers = stream_entries(drafts.values())
     vocab = target.cfg.vocab_size
     out = {m: [] for m in factories}
     for B, L in itertools.product(batches, keys):
         contexts = torch.randint(0, vocab, (B, L), device=device)
-        shared = prefill(target, contexts, capacity=speculative_capacity(L, k + 1, k), return_layers=layers)
+        shared = prefill(target, contexts, capacity=speculative_capacity(L, k + 1, k), layers=layers)
         n = shared.cache.lengths.clone()  # (B,) the pending token's position
         tokens = torch.cat([shared.pending[:, None], torch.randint(0, vocab, (B, k), device=device)], dim=1)
         positions = n[:, None] + torch.arange(k + 1, device=device)  # (B, k+1)
-        stream = target.residual_stream(tokens, positions, shared.cache) if layers else None
+        stream = target.residual_stream(tokens, positions, shared.cache, layers=layers) if layers else None
         verified = TargetPass(positions, tokens, torch.ones_like(tokens, dtype=torch.bool), n + k + 1, shared.cache,
-                              stream)  # every draft accepted: the most an accept writes
+                              stream, layers)  # every draft accepted: the most an accept writes
 
         def verify():
             shared.cache.rollback(n)
@@ -297,5 +298,5 @@ def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, 
     ad = {(t.batch, t.context) for t in timings if t.method == "ad"}
     return {(t.method, t.batch, t.context): profiled.speedup(
                 cost, drafts[t.method], statistics.fmean(t.taus), target.shape(), target.vocab_size, t.batch,
-                t.context, t.new_tokens, k, bytes_per_value, static_reads=t.compiled)
+                t.context, t.new_tokens, k, bytes_per_value)
             for t in timings if t.method != "ad" and (t.batch, t.context) in ad}

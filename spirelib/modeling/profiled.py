@@ -22,7 +22,8 @@ tokens, the round's bookkeeping (`speculative.Rows.settle`: rejection sampling o
 positions. What a method's own code adds to its passes and its accept (its Python, MagicDec's
 ring re-rotating the sink keys and copying verified keys/values in, SPIRe's memory writes) is
 its `DraftOverhead`, fitted to its own timed propose and accept calls (`wallclock.profile_drafts`).
-Under compiled decoding every dense-cache forward reads its whole capacity (`speedup(static_reads=True)`).
+Every decode-time forward over a dense cache reads its whole capacity (`kvcache.DenseKVCache`: static shapes,
+no host sync), and `speedup` prices it so.
 
 Numpy only, like the paper's model.
 """
@@ -206,10 +207,10 @@ def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, bat
     return cost.seconds(forward_work(target, vocab_size, batch, 1, context, bytes_per_value=bytes_per_value))
 
 
-def ad_keys(context: int, new_tokens: int, static_reads: bool = False) -> int:
-    """The keys an AD step reads, on average over G = `new_tokens` steps after `context`: the mean
-    context L + G / 2, or, with static reads (compiled decoding), the cache's capacity L + G."""
-    return context + (new_tokens if static_reads else new_tokens // 2)
+def ad_keys(context: int, new_tokens: int) -> int:
+    """The keys an AD step reads after `context`, generating G = `new_tokens`: its cache's whole
+    capacity L + G (`kvcache.DenseKVCache` reads it all at decode time)."""
+    return context + new_tokens
 
 
 def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
@@ -251,8 +252,8 @@ def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, voc
     """One speculative round at `context`: the draft's k passes (`propose_seconds`), the target
     verifying k + 1 tokens, the bookkeeping, the draft's `accept` (`accept_seconds`), and the
     method's fitted overhead per pass and per accept (`ProfiledCost.draft`). `dense_keys`: the
-    keys a forward over a dense cache reads (default: the positions it sees; with static reads,
-    `kvcache.DenseKVCache(static_reads=True)` under compiled decoding, the capacity)."""
+    keys a forward over a dense cache reads (default: the positions it sees; the engine's caches
+    read their capacity, which `speedup` passes)."""
     extra = cost.draft(draft.method)
     verify = forward_work(target, vocab_size, batch, k + 1, dense_keys or context + k + 1,
                           bytes_per_value=bytes_per_value)
@@ -285,12 +286,12 @@ def fit_draft(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_s
 
 
 def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: ModelShape, vocab_size: int, batch: int,
-            context: int, new_tokens: int, k: int, bytes_per_value: float = 4.0, static_reads: bool = False) -> float:
+            context: int, new_tokens: int, k: int, bytes_per_value: float = 4.0) -> float:
     """SD tokens/s over AD tokens/s while G = `new_tokens` tokens are generated after a context
-    of `context`: both priced at the mean context of the generation (L + G / 2). With
-    `static_reads` (compiled decoding) every forward over a dense cache reads its whole
-    capacity: L + G for AD, L + G + 2k for speculative decoding (`speculative_capacity`)."""
+    of `context`: both priced at the mean context of the generation (L + G / 2), every forward
+    over a dense cache reading its whole capacity: L + G for AD, L + G + 2k for speculative
+    decoding (`speculative_capacity`); the sparse drafts read their sink + window."""
     mid = context + new_tokens // 2
-    ad = ad_step_seconds(cost, target, vocab_size, batch, ad_keys(context, new_tokens, static_reads), bytes_per_value)
-    dense = context + new_tokens + 2 * k if static_reads else None
+    ad = ad_step_seconds(cost, target, vocab_size, batch, ad_keys(context, new_tokens), bytes_per_value)
+    dense = context + new_tokens + 2 * k
     return tau * ad / round_seconds(cost, draft, target, vocab_size, batch, mid, k, bytes_per_value, dense)

@@ -93,16 +93,15 @@ def speedup_cells(timings: list[DecodeTiming], target, drafts: dict, shapes: dic
 def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCost, *, peak_flops: float,
                  bandwidth: float, bytes_per_value: float, new_tokens: int) -> list[dict]:
     """Per AD timing, ms per step measured (median run), by the paper's model
-    (`wallclock.modeled_step_seconds`, at the starting context) and by the profiled model (at
-    the mean context of the generation, L + G / 2, or, compiled, the capacity L + G it reads),
-    and measured / paper's."""
+    (`wallclock.modeled_step_seconds`, at the starting context) and by the profiled model (over
+    the capacity L + G a step reads), and measured / paper's."""
     rows = []
     for t in (t for t in timings if t.method == "ad"):
         measured = float(np.median(t.seconds)) / t.rounds[0]
         modeled = modeled_step_seconds(target, t.batch, t.context, peak_flops=peak_flops, bandwidth=bandwidth,
                                        bytes_per_value=bytes_per_value)
         fitted = profiled.ad_step_seconds(cost, target.shape(), target.vocab_size, t.batch,
-                                          profiled.ad_keys(t.context, new_tokens, t.compiled), bytes_per_value)
+                                          profiled.ad_keys(t.context, new_tokens), bytes_per_value)
         rows.append({"L": t.context, "B": t.batch, "measured": 1e3 * measured, "modeled": 1e3 * modeled,
                      "ratio": measured / modeled, "profiled": 1e3 * fitted})
     return rows
