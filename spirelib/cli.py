@@ -64,10 +64,9 @@ def _train(args: argparse.Namespace) -> int:
     if world > 1:
         import torch.distributed as dist
 
-        from spirelib.training.train import resolve_device
+        from spirelib.training.train import init_distributed, resolve_device
 
-        dist.init_process_group(backend="nccl" if resolve_device(series.device).type == "cuda" else "gloo")
-        if dist.get_rank() == 0:
+        if init_distributed(resolve_device(series.device))[0] == 0:
             series.data()
         dist.barrier()
     progress = not args.no_progress

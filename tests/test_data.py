@@ -200,3 +200,21 @@ def test_longcrawl64_fixture_overwrites_only_a_fixture(tmp_path, capsys):
     assert LongCrawl64(str(tmp_path / "fx")).train.rows == 3
     with pytest.raises(SystemExit, match="2"):  # argparse: not a kind of fixture
         cli.main(["data", "fixture", "nope", str(tmp_path)])
+
+
+def test_each_rank_reads_only_its_rows_and_batches_arrive_one_step_ahead(tmp_path, monkeypatch):
+    """Under torchrun a rank decompresses only its share of the global batch (the same windows
+    as the whole batch's rows, so scaling out changes nothing), and `batches` yields exactly
+    `batch(step)` for each step, read in a background thread."""
+    make_zarr_store(tmp_path, rows=10, cols=100, chunks=(4, 32))
+    docs = LongCrawl64(str(tmp_path)).train
+    sampler = WindowSampler(docs, batch_size=8, length=20, seed=3)
+    whole = sampler.batch(2)
+    read = []
+    original = type(docs).read_windows
+    monkeypatch.setattr(type(docs), "read_windows", lambda self, d, s, n: read.append(len(d)) or original(self, d, s, n))
+    mine = sampler.batch(2, rank=1, world=4)
+    assert torch.equal(mine, whole[2:4]) and read == [2]
+    flat = WindowSampler(flat_docs([300, 50, 700]), batch_size=4, length=33, seed=5)
+    assert all(torch.equal(b, flat.batch(s, 1, 2)) for s, b in zip(range(3, 9), flat.batches(range(3, 9), 1, 2)))
+    assert len(list(flat.batches(range(3, 9)))) == 6 and list(flat.batches(range(0))) == []

@@ -50,6 +50,8 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,12 +238,13 @@ class FlatDocs:
         index = (self.starts[docs] + starts)[:, None] + np.arange(length)  # (n, length)
         return self.tokens[index].astype(np.int64)
 
-    def sample_windows(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray:
-        """n windows (n, length) at uniform offsets of the stream (they may cross documents)."""
+    def sample_windows(self, rng: np.random.Generator, n: int, length: int, rows: slice = slice(None)) -> np.ndarray:
+        """n windows (n, length) at uniform offsets of the stream (they may cross documents); only
+        `rows` of them are read (the draws are the same whichever rows are read)."""
         if self.num_tokens < length:
             raise ValueError(f"the split holds {self.num_tokens} tokens, fewer than one window of {length}")
-        offsets = rng.integers(0, self.num_tokens - length + 1, size=n)
-        return self.tokens[offsets[:, None] + np.arange(length)].astype(np.int64)  # (n, length)
+        offsets = rng.integers(0, self.num_tokens - length + 1, size=n)[rows]
+        return self.tokens[offsets[:, None] + np.arange(length)].astype(np.int64)  # (rows, length)
 
 
 class ZarrDocs:
@@ -301,10 +304,12 @@ class ZarrDocs:
             out[sel] = block[inverse[:, None], cols]
         return out
 
-    def sample_windows(self, rng: np.random.Generator, n: int, length: int, group: int = 8) -> np.ndarray:
+    def sample_windows(self, rng: np.random.Generator, n: int, length: int, rows: slice = slice(None),
+                       group: int = 8) -> np.ndarray:
         """n windows (n, length) in groups of `group`: each group takes distinct documents of one
         row chunk at one shared offset, so a group costs one or two chunk reads (a chunk holds
-        2048 x 2048 ids) while windows still come from many documents and offsets."""
+        2048 x 2048 ids) while windows still come from many documents and offsets. Only `rows`
+        of them are read (and decompressed): the draws are the same whichever rows are read."""
         if length > self.cols:
             raise ValueError(f"windows of {length} exceed the document length {self.cols}")
         n_chunks = -(-self.rows // self.chunk_rows)
@@ -315,7 +320,7 @@ class ZarrDocs:
             chunk = rng.choice(n_chunks, p=sizes / sizes.sum())
             docs.append(chunk * self.chunk_rows + rng.choice(sizes[chunk], size=m, replace=m > sizes[chunk]))
             starts.append(np.full(m, rng.integers(0, self.cols - length + 1)))
-        return self.read_windows(np.concatenate(docs), np.concatenate(starts), length)
+        return self.read_windows(np.concatenate(docs)[rows], np.concatenate(starts)[rows], length)
 
 
 class LongCrawl64:
@@ -389,7 +394,8 @@ def _rng(seed: int, purpose: int, index: int = 0) -> np.random.Generator:
 
 class WindowSampler:
     """Training batches of token windows (B, T+1), a pure function of (seed, step): the global
-    batch is drawn from (seed, step) and rank r of `world` takes rows [r*B/world, (r+1)*B/world)."""
+    batch is drawn from (seed, step) and rank r of `world` takes rows [r*B/world, (r+1)*B/world),
+    reading only those."""
 
     def __init__(self, docs: FlatDocs | ZarrDocs, batch_size: int, length: int, seed: int):
         self.docs, self.batch_size, self.length, self.seed = docs, batch_size, length, seed
@@ -397,9 +403,24 @@ class WindowSampler:
     def batch(self, step: int, rank: int = 0, world: int = 1) -> torch.Tensor:
         if self.batch_size % world:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by the world size {world}")
-        windows = self.docs.sample_windows(_rng(self.seed, _TRAIN, step), self.batch_size, self.length)
         per_rank = self.batch_size // world
-        return torch.from_numpy(windows[rank * per_rank : (rank + 1) * per_rank])  # (B/world, T+1)
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)
+        return torch.from_numpy(self.docs.sample_windows(_rng(self.seed, _TRAIN, step), self.batch_size, self.length,
+                                                         rows=mine))  # (B/world, T+1)
+
+    def batches(self, steps: range, rank: int = 0, world: int = 1, pin: bool = False) -> Iterator[torch.Tensor]:
+        """This rank's batches for `steps`, each read (and, for a GPU, pinned, so that its copy to
+        the device is asynchronous) in a background thread while the step before it trains."""
+        def load(step: int) -> torch.Tensor:
+            b = self.batch(step, rank, world)
+            return b.pin_memory() if pin else b
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches") as pool:
+            ahead = None
+            for step in steps:
+                current = ahead.result() if ahead is not None else load(step)
+                ahead = pool.submit(load, step + 1) if step + 1 in steps else None
+                yield current
 
 
 def validation_windows(docs: FlatDocs | ZarrDocs, n: int, length: int, seed: int) -> torch.Tensor:

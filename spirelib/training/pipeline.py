@@ -170,7 +170,8 @@ def training_mfu(trained: TrainedModel) -> dict:
     the steady state (timed steps: the first, compiling step, evaluations and checkpoints
     excluded), `run_mfu` of the run's wall clock (all of them included; None for a checkpoint
     that predates the figure). Both are None when that device is not present here (e.g. a
-    GPU-trained checkpoint loaded on a laptop)."""
+    GPU-trained checkpoint loaded on a laptop). Under torchrun the run's tokens/s are every
+    rank's together: MFU divides them by the world size, each rank against one device's peak."""
     from spirelib.engine.calibrate import matmul_peak
 
     device = torch.device(trained.summary["device"])
@@ -181,6 +182,7 @@ def training_mfu(trained: TrainedModel) -> dict:
     else:
         peak = matmul_peak(seconds=0.2, repeats=2)["flops"]
     n = flop_params(trained.config)
+    world = trained.summary.get("world_size", 1)
     run = trained.summary.get("run_tokens_per_s")
-    return {"peak_flops": peak, "mfu": training_flops(n, trained.summary["tokens_per_s"]) / peak,
-            "run_mfu": None if run is None else training_flops(n, run) / peak, "device": str(device)}
+    return {"peak_flops": peak, "mfu": training_flops(n, trained.summary["tokens_per_s"] / world) / peak,
+            "run_mfu": None if run is None else training_flops(n, run / world) / peak, "device": str(device)}

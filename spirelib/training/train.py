@@ -242,23 +242,33 @@ class _ObjectiveStep(nn.Module):
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda (this rank's LOCAL_RANK) if available, else cpu; otherwise as given."""
+    """"auto" -> cuda (this rank's LOCAL_RANK) if available, else cpu; otherwise as given. Under
+    torchrun every rank has its own GPU, cuda:LOCAL_RANK: an index naming another is refused."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} requested but CUDA is not available; use device: cpu or auto")
+        local = int(os.environ.get("LOCAL_RANK", 0))
         if dev.index is None:
-            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            dev = torch.device("cuda", local)
+        elif int(os.environ.get("WORLD_SIZE", 1)) > 1 and dev.index != local:
+            raise ValueError(f"device {device!r} under torchrun: each rank uses its own GPU, cuda:LOCAL_RANK "
+                             f"(here cuda:{local}); set device: cuda or auto")
     return dev
 
 
-def _distributed(device: torch.device) -> tuple[int, int]:
-    """(rank, world size); initializes the process group under torchrun."""
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world size). Under torchrun (WORLD_SIZE > 1) this initializes the process group
+    once: nccl bound to this rank's GPU (`torch.cuda.set_device`, `device_id`), or gloo on the CPU."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -269,7 +279,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    fused = params[0].device.type == "cuda"
+    # Fused: one kernel per step, and its step counters never leave the device (the for-each
+    # implementation reads each one back to the host: a sync per parameter).
+    fused = params[0].device.type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
 
 
@@ -333,13 +345,14 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
 
 
 def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int,
-                device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+                device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
     windows; the gradients add up to those of the mean loss over the whole batch (each
     micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
-    all-reduces. Returns the batch's mean loss (detached) and metrics (means over micro-batches)."""
+    all-reduces. Returns the batch's mean loss (detached) and metrics (means over micro-batches),
+    left on the device: nothing here waits for it."""
     total = None
-    sums: dict[str, float] = {}
+    sums: dict[str, torch.Tensor | float] = {}
     for m in range(n_micro):
         sync = ddp is None or m == n_micro - 1
         with contextlib.nullcontext() if sync else ddp.no_sync():
@@ -348,10 +361,18 @@ def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: i
             (loss / n_micro if n_micro > 1 else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
         for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
+            sums[k] = sums.get(k, 0.0) + (v.detach() if isinstance(v, torch.Tensor) else v)
     if n_micro == 1:
         return total, sums
     return total / n_micro, _mean_metrics(sums, n_micro)
+
+
+def _host_means(sums: dict[str, torch.Tensor | float], count: int) -> dict[str, float]:
+    """Means of a logging interval's sums (device tensors or floats), brought to the host at once:
+    one sync for them all."""
+    on = next((v.device for v in sums.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    values = torch.stack([torch.as_tensor(v, device=on).double().reshape(()) for v in sums.values()]).tolist()
+    return {k: v / count for k, v in zip(sums, values)}
 
 
 def _autocast(device: torch.device):
@@ -378,7 +399,10 @@ def train(
     """Train `model` on windows of `train_docs` (see the module docstring). `budget_params`
     is N for `tokens_per_param` (default: all trainable parameters, embeddings included)."""
     dev = resolve_device(device)
-    rank, world = _distributed(dev)
+    if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise RuntimeError(f"{dev} has no bf16: training computes under bf16 autocast (fp32 weights, so no loss "
+                           "scaling is needed even for an fp16 target); use an Ampere or newer GPU, or device: cpu")
+    rank, world = init_distributed(dev)
     ident = full_identity(cfg, identity)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoint"
@@ -406,9 +430,6 @@ def train(
         torch.manual_seed(cfg.seed)
     log = _MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
 
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     step_objective = partial(objective, model)
     ddp = None
     if world > 1:
@@ -430,6 +451,25 @@ def train(
     per_rank = micro * n_micro
     params = [p for p in model.parameters() if p.requires_grad]
 
+    # The first step whose loss or gradient norm was not finite (-1: none), kept on the device and
+    # looked at only where the host waits anyway (a log line, an evaluation, a checkpoint), so a
+    # step makes no host sync; weights after such a step are never saved.
+    nonfinite = torch.full((), -1, dtype=torch.long, device=dev)
+
+    def check_finite(lr: float) -> None:
+        bad = int(nonfinite)
+        if bad < 0:
+            return
+        bar.close()
+        kept = checkpoint_path(ckpt_dir)
+        raise TrainingDiverged(
+            f"non-finite loss or gradient norm at step {bad}; "
+            + (f"the last good checkpoint (step {read_meta(kept)['step']}) is kept at {kept}. " if kept else
+               "no checkpoint was written yet. ")
+            + f"Hint: lower lr (now peak {cfg.lr}, {lr:.3g} at this step), lengthen warmup_fraction "
+            "or tighten grad_clip; the run is deterministic, so a changed config trains anew."
+        )
+
     def save(step: int, finished: bool, summary: dict | None = None) -> None:
         if rank == 0:
             save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, optimizer=opt, summary=summary)
@@ -445,33 +485,25 @@ def train(
     bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, desc="train", unit="step")
     t_start = time.perf_counter()
     step_time, timed_steps, first_step_s = 0.0, 0, None
-    interval: dict[str, float] = {}
+    interval: dict[str, torch.Tensor | float] = {}
     interval_steps, interval_time = 0, 0.0
     last_val: dict = {}
-    last_loss = float("nan")
-    for step in range(start, total):
+    last_loss = torch.full((), float("nan"))
+    batches = sampler.batches(range(start, total), rank, world, pin=dev.type == "cuda")  # read one step ahead
+    for step, batch in zip(range(start, total), batches):
         t0 = time.perf_counter()
         lr = cfg.lr_at(step, total)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = sampler.batch(step, rank, world).to(dev, non_blocking=True)  # (B/world, T+1)
+        batch = batch.to(dev, non_blocking=True)  # (B/world, T+1)
         opt.zero_grad(set_to_none=True)
         loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
         if world > 1:
             dist.all_reduce(loss_value)
-            loss_value /= world
-        loss_value = float(loss_value)
-        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-            bar.close()
-            kept = checkpoint_path(ckpt_dir)
-            raise TrainingDiverged(
-                f"non-finite loss {loss_value} / grad norm {grad_norm} at step {step}; "
-                + (f"the last good checkpoint (step {read_meta(kept)['step']}) is kept at {kept}. " if kept else
-                   "no checkpoint was written yet. ")
-                + f"Hint: lower lr (now peak {cfg.lr}, {lr:.3g} at this step), lengthen warmup_fraction "
-                "or tighten grad_clip; the run is deterministic, so a changed config trains anew."
-            )
+            loss_value = loss_value / world
+        finite = torch.isfinite(loss_value) & torch.isfinite(grad_norm)
+        nonfinite = torch.where(~finite & (nonfinite < 0), step, nonfinite)
         opt.step()
         dt = time.perf_counter() - t0
         if first_step_s is None:
@@ -480,31 +512,37 @@ def train(
             step_time, timed_steps = step_time + dt, timed_steps + 1
         last_loss = loss_value
         for k, v in {"loss": loss_value, "grad_norm": grad_norm, **metrics}.items():
-            interval[k] = interval.get(k, 0.0) + float(v)
+            interval[k] = interval.get(k, 0.0) + v
         interval_steps, interval_time = interval_steps + 1, interval_time + dt
         done = step + 1
-        tokens_per_s = cfg.tokens_per_step() * interval_steps / interval_time
-        if done % cfg.log_every == 0 or done == total:
+        if done % cfg.log_every == 0 or done == total:  # the host waits for the device here, and only here
+            check_finite(lr)
+            means = _host_means(interval, interval_steps)
+            tokens_per_s = cfg.tokens_per_step() * interval_steps / interval_time
             log.add({"kind": "train", "step": done, "tokens": done * cfg.tokens_per_step(), "lr": lr,
-                     "tokens_per_s": tokens_per_s, "elapsed_s": time.perf_counter() - t_start,
-                     **_mean_metrics(interval, interval_steps)})
+                     "tokens_per_s": tokens_per_s, "elapsed_s": time.perf_counter() - t_start, **means})
+            bar.set_postfix(loss=f"{means['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
             interval, interval_steps, interval_time = {}, 0, 0.0
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
         if val is not None and cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+            check_finite(lr)
             last_val = run_eval(done)
         if done == stop_at and done != total:
+            check_finite(lr)
             save(done, finished=False)
             bar.close()
             return TrainResult(model.eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
         if done % cfg.checkpoint_every == 0 and done != total:
+            check_finite(lr)
             save(done, finished=False)
+    if total > start:
+        check_finite(cfg.lr_at(total - 1, total))
     bar.close()
     if val is not None:
         last_val = run_eval(total)
     tokens_per_s = per_rank * world * cfg.seq_len * timed_steps / step_time if timed_steps else float("nan")
     run_s = time.perf_counter() - t_start  # this session's wall clock: compilation, evaluation, checkpoints included
-    summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": last_loss,
+    summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": float(last_loss),
                "tokens_per_s": tokens_per_s, "run_tokens_per_s": (total - start) * cfg.tokens_per_step() / run_s,
                "first_step_s": first_step_s, "budget_params": budget_params,
                "world_size": world, "device": str(dev), **last_val}
