@@ -20,7 +20,7 @@ SPIRE := $(VENV)/bin/spire
 STAMP := $(VENV)/.installed
 RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
 
-.PHONY: setup data run test test-slow bench
+.PHONY: setup data run test test-slow bench gpu-check
 
 setup: $(STAMP)
 
@@ -51,3 +51,8 @@ test-slow: setup data
 BENCH ?=
 bench: setup
 	$(SPIRE) bench $(or $(BENCH),--help)
+
+# On a GPU machine: the acceptance check (spirelib/bench/gpu_check.py), one table, under 8 minutes.
+# Install a CUDA build of torch first if the default wheel is not one: TORCH_PIP_ARGS=--index-url ...
+gpu-check: setup data
+	$(SPIRE) bench gpu-check

@@ -23,3 +23,16 @@ def test_table_separates_per_token_fixed_and_vocabulary_parts():
     assert row["per_token_V"] == 58 and row["fixed_V"] == 2000
     assert row["per_token_from_V"] == 45 and row["fixed_from_V"] == 900
     assert row["batch_in_budget"] == 7
+
+
+def test_a_spire_draft_holds_its_own_target_layers_only():
+    """Llama 3 8B (33 residual-stream entries of 4,096 values), a draft of 8 layers: a 64 x 1,024
+    training batch held 17.7 GB of bf16 activations, now 9 entries, 4.8 GB; a B = 256, L = 960
+    tau prefill 66.4 GB, now 8 entries, 16.1 GB."""
+    rows = {(r["target"], r["case"]): r for r in memory.residual_stream_rows()}
+    train, prefill = rows["llama3-8b", "training"], rows["llama3-8b", "tau prefill"]
+    assert (train["entries_before"], train["entries_now"], prefill["entries_now"]) == (33, 9, 8)
+    assert train["before_bytes"] == 33 * 64 * 1024 * 4096 * 2 and round(train["before_bytes"] / 1e9, 1) == 17.7
+    assert round(train["now_bytes"] / 1e9, 1) == 4.8 and round(prefill["before_bytes"] / 1e9, 1) == 66.4
+    assert round(prefill["now_bytes"] / 1e9, 1) == 16.1
+    assert rows["llama3-70b", "training"]["entries_now"] == 21

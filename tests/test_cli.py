@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from spirelib import bench, cli
 
@@ -59,9 +60,17 @@ def test_bench_options_are_checked_all_at_once_before_anything_runs():
 @pytest.mark.parametrize("name", list(bench.available()))
 def test_every_benchmark_declares_its_checks(name):
     module = bench.available()[name]
-    parser = cli.parser()
-    args = parser.parse_args(["bench", name])
-    assert module.problems(args) == []  # the defaults are valid
+    args = cli.parser().parse_args(["bench", name] + (["--device", "cpu", "--quick"] if name == "gpu-check" else []))
+    assert module.problems(args) == []  # the defaults are valid (the GPU check's, where there is a GPU)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_the_gpu_check_refuses_a_machine_without_a_gpu():
+    code, _, err = run(["bench", "gpu-check", "--steps", "0"])
+    assert code == 2 and "2 problems, nothing was run" in err
+    assert "no CUDA device here; run it on a GPU machine" in err and "--steps: must be > 0" in err
+    code, _, err = run(["bench", "gpu-check", "--device", "cpu"])
+    assert code == 2 and "--quick dry-runs it on the CPU" in err
 
 
 def test_a_missing_or_broken_params_file_is_refused_with_exit_2(tmp_path):

@@ -80,7 +80,7 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     dev, value_bytes = param.device, param.element_size()
     tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)
     vanilla = Transformer(vanilla_draft_config(cfg)).to(param).eval()
-    spire = SpireDraftModel.from_target(target, SpireConfig(window=window)).eval()
+    spire = SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param.dtype).eval()  # decodes so
     for model in (target, vanilla, spire):
         model.compile_decoding(compiled)
     sparse = SinkWindow(1, window)
@@ -109,8 +109,8 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
                              rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
     ring.ingest(target_cache, torch.arange(context, device=dev).expand(batch, context))
     memory = spire.new_cache(batch, slack=k + 1)
-    spire.write_target_memory(memory, target.residual_stream(tokens[:, :context]), torch.arange(context, device=dev)
-                              .expand(batch, context))
+    spire.write_target_memory(memory, target.residual_stream(tokens[:, :context], layers=spire.memory_layers),
+                              torch.arange(context, device=dev).expand(batch, context))
     pos = lengths[:, None]
     cases = [
         ("AD step", cfg, 1, context + 1, lambda: target(tokens[:, context:context + 1], pos, target_cache),

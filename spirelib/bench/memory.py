@@ -49,8 +49,13 @@ import subprocess
 import sys
 
 from spirelib.bench import positive
+from spirelib.modeling.perfmodel import PRESETS
 
 PAPER_TARGET = dict(num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
+#: Where a SPIRe draft's target activations weigh most: big targets (bf16), the draft at the paper's
+#: ratio (a quarter of the target's layers), a training batch and a tau prefill (B, tokens per row).
+STREAM_CASES = (("llama3-8b", "training", 64, 1024), ("llama3-8b", "tau prefill", 256, 960),
+                ("llama3-70b", "training", 64, 1024), ("llama3-70b", "tau prefill", 256, 960))
 PAPER_VOCAB = 50_304
 MODELS = ("target", "vanilla", "spire", "spire-logits")
 
@@ -98,9 +103,9 @@ def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window
             def objective(draft, batch, frozen=objective.target):  # the objective before issue 16
                 inputs, labels = batch[:, :-1], batch[:, 1:]
                 with torch.no_grad():
-                    layers = frozen.residual_stream(inputs)
-                    target_logits = frozen.head(layers[-1])  # (B, T, V)
-                logits, positions = draft.k_pass_logits(inputs, layers, k)  # (B, n_blocks, k, V)
+                    stream = frozen.residual_stream(inputs, layers=(*draft.memory_layers, frozen.cfg.num_layers))
+                    target_logits = frozen.head(stream[-1])  # (B, T, V)
+                logits, positions = draft.k_pass_logits(inputs, stream[:-1], k)  # (B, n_blocks, k, V)
                 return draft_losses(logits, target_logits[:, positions], labels[:, positions], 0.5)
     opt = make_optimizer(trained, TrainConfig(steps=1))
     for p in trained.parameters():  # AdamW's moments exist from the second step on: allocate them
@@ -137,6 +142,22 @@ def _child(model: str, batch: int, seq_len: int, vocab: int, threads: int) -> di
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def residual_stream_rows(bytes_per_value: int = 2) -> list[dict]:
+    """The target's residual stream a SPIRe draft's training step or tau prefill holds, before
+    issue 21 (every entry: n_layers + 1) and now (`Transformer.residual_stream(layers=...)`: the
+    n_d inputs of the pruned layers, and in training the last entry for the loss), in bytes."""
+    rows = []
+    for name, what, batch, tokens in STREAM_CASES:
+        shape = PRESETS[name]
+        n_d = shape.num_layers // 4
+        entry = batch * tokens * shape.d_model * bytes_per_value  # one (B, T, d_model) entry
+        kept = n_d + 1 if what == "training" else n_d
+        rows.append({"target": name, "case": what, "batch": batch, "tokens": tokens, "draft_layers": n_d,
+                     "entries_before": shape.num_layers + 1, "entries_now": kept,
+                     "before_bytes": (shape.num_layers + 1) * entry, "now_bytes": kept * entry})
+    return rows
+
+
 def table(results: list[dict], seq_len: int, vocab: int, small_vocab: int, budget: float = 80e9) -> list[dict]:
     """Per model: bytes per training token and fixed bytes, at both vocabularies, their
     difference (the part that scales with V) and the batch that fits `budget` at `vocab`."""
@@ -167,6 +188,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-gb", type=float, default=80.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--stream-only", action="store_true",
+                        help="only the residual-stream table at Llama 3 8B and 70B shapes (computed, not measured)")
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "BATCH", "SEQ_LEN", "VOCAB"), help=argparse.SUPPRESS)
 
 
@@ -179,11 +202,21 @@ def main(args: argparse.Namespace) -> int:
         model, batch, seq_len, vocab = args.child[0], *map(int, args.child[1:])
         print(json.dumps(measure(model, batch, seq_len, vocab)))
         return 0
-    results = [_child(m, b, args.seq_len, v, args.threads)
-               for m in args.models for v in (args.vocab_size, args.small_vocab) for b in (1, 2)]
-    rows = table(results, args.seq_len, args.vocab_size, args.small_vocab, args.budget_gb * 1e9)
+    stream = residual_stream_rows()
+    results, rows = [], []
+    if not args.stream_only:
+        results = [_child(m, b, args.seq_len, v, args.threads)
+                   for m in args.models for v in (args.vocab_size, args.small_vocab) for b in (1, 2)]
+        rows = table(results, args.seq_len, args.vocab_size, args.small_vocab, args.budget_gb * 1e9)
     if args.json:
-        print(json.dumps({"measurements": results, "table": rows}, indent=2))
+        print(json.dumps({"measurements": results, "table": rows, "residual_stream": stream}, indent=2))
+        return 0
+    print("target activations a SPIRe draft holds (bf16; draft = a quarter of the target's layers); GB = 1e9 bytes")
+    print(f"  {'target':11s} {'case':12s} {'B x T':>11s} {'entries':>11s} {'before GB':>10s} {'now GB':>8s}")
+    for r in stream:
+        print(f"  {r['target']:11s} {r['case']:12s} {r['batch']:>4} x {r['tokens']:<5} {r['entries_before']:>4} -> "
+              f"{r['entries_now']:<4} {r['before_bytes'] / 1e9:10.1f} {r['now_bytes'] / 1e9:8.1f}")
+    if args.stream_only:
         return 0
     print(f"peak memory of one training step (fp32, CPU), seq_len {args.seq_len}, V {args.vocab_size:,} "
           f"(V-scaling part: minus V {args.small_vocab:,}); MB = 1e6 bytes")

@@ -28,23 +28,23 @@ from spirelib.engine.wallclock import repeat_seconds as _time
 
 
 def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
-        naive_blocks: int) -> dict:
+        naive_blocks: int, device: str = "cpu") -> dict:
     torch.manual_seed(0)
-    target = Transformer(target_cfg).eval()
+    target = Transformer(target_cfg).to(device).eval()
     draft = SpireDraftModel.from_target(target, spire_cfg)
-    plain = Transformer(draft.body.cfg)
-    tokens = torch.randint(0, target_cfg.vocab_size, (batch, seq_len))
+    plain = Transformer(draft.body.cfg).to(device)
+    tokens = torch.randint(0, target_cfg.vocab_size, (batch, seq_len), device=device)
     with torch.no_grad():
-        layers = target.residual_stream(tokens)
-    positions = block_positions(seq_len, k)
+        memory = target.residual_stream(tokens, layers=draft.memory_layers)  # (n_d, B, T, d_model)
+    positions = block_positions(seq_len, k, device)
 
     def target_forward():
         with torch.no_grad():
-            target.head(target.residual_stream(tokens)[-1])
+            target.head(target.residual_stream(tokens, layers=(*draft.memory_layers, target_cfg.num_layers))[-1])
 
     def k_pass():
         draft.zero_grad(set_to_none=True)
-        logits, _ = draft.k_pass_logits(tokens, layers, k)
+        logits, _ = draft.k_pass_logits(tokens, memory, k)
         logits.logsumexp(-1).mean().backward()
 
     def ordinary():
@@ -54,14 +54,14 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
     def naive():  # the first `naive_blocks` blocks one at a time; scaled to the whole sequence below
         draft.zero_grad(set_to_none=True)
         for b in range(naive_blocks):
-            logits, _ = draft.k_pass_logits(tokens, layers, k, positions[b : b + 1])
+            logits, _ = draft.k_pass_logits(tokens, memory, k, positions[b : b + 1])
             logits.logsumexp(-1).mean().backward()
 
     tokens_per_step = batch * seq_len
     results = {}
     for name, fn, scale in [("target_forward", target_forward, 1.0), ("k_pass", k_pass, 1.0),
                             ("ordinary", ordinary, 1.0), ("naive", naive, positions.shape[0] / naive_blocks)]:
-        times = [t * scale for t in _time(fn, repeats)]
+        times = [t * scale for t in _time(fn, repeats, device=device)]
         results[name] = {"best_s": min(times), "median_s": statistics.median(times),
                          "tokens_per_s": tokens_per_step / min(times)}
     results["k_pass_vs_ordinary"] = results["k_pass"]["tokens_per_s"] / results["ordinary"]["tokens_per_s"]
@@ -84,11 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--naive-blocks", type=int, default=4, help="blocks timed for the naive variant (extrapolated)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def problems(args: argparse.Namespace) -> list[str]:
-    return positive(args, "vocab_size", "target_layers", "d_model", "n_kv", "d_head", "d_ff", "draft_layers", "window", "batch", "seq_len", "k", "repeats", "naive_blocks")
+    return positive(args, "vocab_size", "target_layers", "d_model", "n_kv", "d_head", "d_ff", "draft_layers",
+                    "window", "batch", "seq_len", "k", "repeats", "naive_blocks")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     target_cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model, n_q_per_kv=1,
                              n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
     results = run(target_cfg, SpireConfig(num_layers=args.draft_layers, window=args.window), args.batch,
-                  args.seq_len, args.k, args.repeats, args.naive_blocks)
+                  args.seq_len, args.k, args.repeats, args.naive_blocks, args.device)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0

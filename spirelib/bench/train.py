@@ -16,6 +16,7 @@ Measured results, dated, with the machine and the command: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -29,14 +30,19 @@ from spirelib.bench import positive
 from spirelib.engine.calibrate import matmul_peak
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
+from spirelib.modeling.perfmodel import PRESETS
 from spirelib.training.data import FlatDocs
 from spirelib.training.train import TrainConfig, lm_objective, train
 
 # The default CPU target (params/default.yaml: series.target + vocab_size).
 DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
+#: The targets `--preset` names: the workbook's CPU target, and the paper's (its seqax 67M, GPT-2 ids padded).
+TARGETS = {"workbook": DEFAULT_TARGET,
+           "paper": ModelConfig(vocab_size=50_304, **dataclasses.asdict(PRESETS["seqax-67m"]))}
 
 
-def measure(model_cfg: ModelConfig, batch_size: int, seq_len: int, steps: int, compile: bool) -> dict:
+def measure(model_cfg: ModelConfig, batch_size: int, seq_len: int, steps: int, compile: bool,
+            device: str = "cpu") -> dict:
     """Tokens/s of `steps` training steps (first excluded) of a fresh model on random tokens."""
     tokens = np.random.default_rng(0).integers(0, model_cfg.vocab_size, 200_000)
     docs = FlatDocs(tokens, np.array([0]), np.array([len(tokens)]))
@@ -47,7 +53,7 @@ def measure(model_cfg: ModelConfig, batch_size: int, seq_len: int, steps: int, c
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         result = train(model, lm_objective, docs, cfg, run_dir=Path(tmp), identity={"bench": True},
-                       device="cpu", progress=False)
+                       device=device, progress=False)
         wall = time.perf_counter() - t
     return {"tokens_per_s": result.summary["tokens_per_s"], "first_step_s": result.summary["first_step_s"],
             "wall_s": wall}
@@ -60,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", choices=["on", "off", "both"], default="both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    parser.add_argument("--preset", choices=list(TARGETS), default="workbook",
+                        help="the target trained: the workbook's 8 x 64 (default) or the paper's 8 x 512, V 50,304")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU: bf16 autocast, bf16 peak)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -71,16 +80,21 @@ def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    cfg = DEFAULT_TARGET
+    cfg = TARGETS[args.preset]
     n_flops = flop_params(cfg)
-    peak_before = matmul_peak()
+    gpu = torch.device(args.device).type == "cuda"
+
+    def peak_now():  # what training computes in: fp32 on the CPU, bf16 (autocast) on a GPU
+        return matmul_peak(sizes=(8192,), device=args.device, dtype=torch.bfloat16) if gpu else matmul_peak()
+    peak_before = peak_now()
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
-    runs = {m: [measure(cfg, args.batch_size, args.seq_len, args.steps, m) for _ in range(args.repeats)] for m in modes}
-    peak_after = matmul_peak()
+    runs = {m: [measure(cfg, args.batch_size, args.seq_len, args.steps, m, args.device) for _ in range(args.repeats)]
+            for m in modes}
+    peak_after = peak_now()
     peak = max(peak_before["flops"], peak_after["flops"])
 
     report = {"model": cfg.to_dict(), "flop_params": n_flops, "batch_size": args.batch_size, "seq_len": args.seq_len,
-              "threads": torch.get_num_threads(), "peak_flops": peak,
+              "threads": torch.get_num_threads(), "device": args.device, "peak_flops": peak,
               "peak_before": peak_before["flops"], "peak_after": peak_after["flops"], "modes": {}}
     for m, rs in runs.items():
         tps = [r["tokens_per_s"] for r in rs]
@@ -94,7 +108,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.n_kv}x{cfg.n_q_per_kv} heads of {cfg.d_head}, "
           f"d_ff {cfg.d_ff}, vocab {cfg.vocab_size}; {n_flops:,} FLOP-params; batch {args.batch_size} x {args.seq_len}; "
           f"{report['threads']} threads")
-    print(f"fp32 matmul peak: {peak_before['flops'] / 1e9:.0f} GFLOP/s before, {peak_after['flops'] / 1e9:.0f} after")
+    print(f"{'bf16' if gpu else 'fp32'} matmul peak on {args.device}: {peak_before['flops'] / 1e9:.0f} GFLOP/s before, "
+          f"{peak_after['flops'] / 1e9:.0f} after")
     for name, r in report["modes"].items():
         spread = ", ".join(f"{t:,.0f}" for t in r["tokens_per_s_all"])
         print(f"{name:9s} best {r['tokens_per_s_best']:,.0f} tokens/s  MFU best {r['mfu_best']:.1%} "

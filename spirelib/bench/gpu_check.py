@@ -1,0 +1,209 @@
+"""`spire bench gpu-check` (`make gpu-check`): the acceptance check of a GPU machine, one table.
+
+What the CPU test suite cannot show, measured on the GPU in one run (under 8 minutes on one
+H100-class GPU):
+
+- series: the smoke series (`params/smoke.yaml`) run end to end with `device: cuda`, every
+  notebook and report (a subprocess: `spire run`);
+- cuda graphs: compiled decoding (`Transformer.compile_decoding`) of a target and its drafts:
+  greedy tokens equal eager's, no CUDA graph skipped by inductor (a skip means the graphs do not
+  replay), and the steady-state ms per speculative round, eager against compiled;
+- bf16 target: a bf16 target trains an fp32 SPIRe draft for a few steps (weights, gradients and
+  AdamW's moments in fp32, the loss falling), then decodes it greedily, equal to the target's
+  own greedy tokens;
+- training MFU: `bench train` at the paper's target shape (8 x 512, V 50,304), compiled, bf16
+  autocast, against the bf16 matmul peak measured in the same run;
+- roofline: `bench decode --roofline` forwards at the paper's target shape, B in {1, 64},
+  L = 512, ms against the roofline of this GPU's measured peak and bandwidth.
+
+Each row says ok, FAIL (and why) or skipped; the exit status is 1 if any row failed.
+`--device cpu --quick` runs the same code on the CPU at toy shapes (what the test suite does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from spirelib.bench import positive
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cuda", help="the GPU to check (cuda, cuda:N); cpu only with --quick")
+    parser.add_argument("--quick", action="store_true", help="toy shapes and few steps: a dry run of the check")
+    parser.add_argument("--skip", nargs="+", default=[], choices=list(CHECKS), help="checks to leave out")
+    parser.add_argument("--steps", type=int, default=20, help="training steps of the bf16 and MFU checks")
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    found = positive(args, "steps")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        found.append(f"--device {args.device}: no CUDA device here; run it on a GPU machine (or --device cpu --quick)")
+    if device.type == "cpu" and not args.quick:
+        found.append("--device cpu: the check is for a GPU; --quick dry-runs it on the CPU")
+    return found
+
+
+# ---------------------------------------------------------------------------- the checks
+
+def _series(args) -> str:
+    from spirelib.paths import project_root
+    from spirelib.training.params import load_params
+
+    root = project_root()
+    params = load_params(root / "params" / "smoke.yaml")
+    params["series"] = {**params["series"], "device": args.device}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gpu-check.yaml"
+        path.write_text(yaml.safe_dump(params))
+        out = root / "outputs" / "gpu-check"
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "spirelib", "run", "--params", str(path), "--out", str(out)],
+                              capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError((proc.stdout + proc.stderr).strip().splitlines()[-1])
+    return f"9 reports in {time.perf_counter() - start:.0f} s -> {out}/index.html"
+
+
+def _toy_target(args, dtype=torch.float32):
+    from spirelib.engine.transformer import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=512, num_layers=4, d_model=64, n_q_per_kv=1, n_kv=4, d_head=16, d_ff=256)
+    torch.manual_seed(0)
+    target = Transformer(cfg)
+    target.reset_parameters(0.3)  # peaked distributions: greedy choices far from ties
+    return target.to(device=args.device, dtype=dtype).eval()
+
+
+def _cuda_graphs(args) -> str:
+    from torch._dynamo.utils import counters
+
+    from spirelib.engine.drafts import draft_factory, vanilla_draft_config
+    from spirelib.engine.speculative import speculative_generate
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel
+    from spirelib.engine.transformer import Transformer
+
+    target = _toy_target(args)
+    models = {"vanilla": Transformer(vanilla_draft_config(target.cfg)).to(args.device).eval(),
+              "spire": SpireDraftModel.from_target(target, SpireConfig(window=16)).eval(), "magicdec": None}
+    contexts = torch.randint(0, target.cfg.vocab_size, (8, 64), device=args.device)
+
+    def decode(method):
+        draft = draft_factory(method, target, models[method], temperature=0.0,
+                              **({"window": 16} if method == "magicdec" else {}))(torch.Generator(args.device))
+        start = time.perf_counter()
+        out = speculative_generate(target, draft, contexts, 32, k=4, temperature=0.0)
+        if torch.device(args.device).type == "cuda":
+            torch.cuda.synchronize(args.device)
+        return out, time.perf_counter() - start
+
+    eager = {m: decode(m) for m in models}
+    for model in (target, models["vanilla"], models["spire"]):
+        model.compile_decoding()
+    skips = counters["inductor"]["cudagraph_skips"]
+    compiled = {m: [decode(m) for _ in range(3)][-1] for m in models}  # the last: graphs recorded, replaying
+    skipped = counters["inductor"]["cudagraph_skips"] - skips
+    differ = [m for m in models if not torch.equal(eager[m][0].tokens, compiled[m][0].tokens)]
+    if differ:
+        raise RuntimeError(f"compiled greedy tokens differ from eager's for {', '.join(differ)}")
+    if torch.device(args.device).type == "cuda" and skipped:
+        raise RuntimeError(f"inductor skipped CUDA graphs {skipped} times: the graphs do not replay")
+    per_round = ", ".join(f"{m} {1e3 * eager[m][1] / eager[m][0].accepted.shape[1]:.2f} -> "
+                          f"{1e3 * compiled[m][1] / compiled[m][0].accepted.shape[1]:.2f}" for m in models)
+    return f"tokens equal eager's; {skipped} graph skips; ms per round eager -> compiled: {per_round}"
+
+
+def _bf16_target(args) -> str:
+    from spirelib.engine.drafts import draft_factory
+    from spirelib.engine.speculative import autoregressive_generate, speculative_generate
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
+    from spirelib.training.train import TrainConfig, make_optimizer
+
+    target = _toy_target(args, torch.bfloat16)
+    draft = SpireDraftModel.from_target(target, SpireConfig(window=16))
+    opt = make_optimizer(draft, TrainConfig(lr=3e-3, steps=args.steps))
+    batch = torch.randint(0, target.cfg.vocab_size, (4, 257), device=args.device)
+    objective, losses = SpireObjective(target), []
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(args.device).type == "cuda")
+    for _ in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss, _ = objective(draft, batch)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    dtypes = {p.dtype for p in draft.parameters()} | {s[k].dtype for s in opt.state.values()
+                                                      for k in ("exp_avg", "exp_avg_sq")}
+    if dtypes != {torch.float32}:
+        raise RuntimeError(f"the draft's weights and moments are {sorted(map(str, dtypes))}, not fp32")
+    if not losses[-1] < losses[0]:
+        raise RuntimeError(f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}")
+    contexts = batch[:, :64]
+    sd = speculative_generate(target, draft_factory("spire", target, draft, temperature=0.0)(None), contexts, 32,
+                              k=4, temperature=0.0)
+    if not torch.equal(sd.tokens, autoregressive_generate(target, contexts, 32, temperature=0.0).tokens):
+        raise RuntimeError("greedy speculative decoding differs from the bf16 target's greedy tokens")
+    return f"fp32 draft, loss {losses[0]:.3f} -> {losses[-1]:.3f} in {args.steps} steps; greedy SD = AD"
+
+
+def _mfu(args) -> str:
+    from spirelib.bench.train import TARGETS, measure
+    from spirelib.engine.calibrate import matmul_peak
+    from spirelib.modeling.costs import flop_params, training_flops
+
+    cfg = TARGETS["workbook" if args.quick else "paper"]
+    gpu = torch.device(args.device).type == "cuda"
+    batch, seq = (2, 128) if args.quick else (16, 1024)
+    run = measure(cfg, batch, seq, args.steps, compile=not args.quick, device=args.device)
+    peak = (matmul_peak(sizes=(8192,), device=args.device, dtype=torch.bfloat16) if gpu else matmul_peak())["flops"]
+    mfu = training_flops(flop_params(cfg), run["tokens_per_s"]) / peak
+    return (f"{cfg.num_layers} x {cfg.d_model}, V {cfg.vocab_size:,}, batch {batch} x {seq}: "
+            f"{run['tokens_per_s']:,.0f} tokens/s, MFU {mfu:.1%} of {peak / 1e12:.1f} TFLOP/s")
+
+
+def _roofline(args) -> str:
+    from spirelib.bench.decode import roofline_rows
+    from spirelib.bench.train import TARGETS
+    from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
+    from spirelib.engine.transformer import Transformer
+
+    gpu = torch.device(args.device).type == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    cfg = TARGETS["workbook" if args.quick else "paper"]
+    target = Transformer(cfg).to(device=args.device, dtype=dtype).eval()
+    peak = matmul_peak(sizes=(8192,) if gpu else (2048,), device=args.device, dtype=dtype)["flops"]
+    bandwidth = memory_bandwidth(device=args.device)["bandwidth"]
+    rows = [r for B in (1, 64) for r in roofline_rows(target, 2 if args.quick and B == 64 else B,
+                                                      128 if args.quick else 512, 4, 64, peak_flops=peak,
+                                                      bandwidth=bandwidth, repeats=3 if args.quick else 20)]
+    return "; ".join(f"B {r['batch']} {r['kind']} {r['ms']:.2f} ms ({r['ratio']:.1f}x roof)" for r in rows
+                     if r["kind"] in ("AD step", "SPIRe step"))
+
+
+CHECKS = {"series": _series, "cuda-graphs": _cuda_graphs, "bf16-target": _bf16_target, "mfu": _mfu,
+          "roofline": _roofline}
+
+
+def main(args: argparse.Namespace) -> int:
+    print(f"gpu-check on {args.device} ({torch.cuda.get_device_name(args.device) if 'cuda' in args.device else 'cpu'}"
+          f", torch {torch.__version__}){' --quick' if args.quick else ''}")
+    failed = 0
+    for name, check in CHECKS.items():
+        if name in args.skip:
+            print(f"  {name:12s} skipped")
+            continue
+        start = time.perf_counter()
+        try:
+            result, status = check(args), "ok"
+        except Exception as e:  # a failed check is a row of the table, the others still run
+            result, status, failed = f"{type(e).__name__}: {e}", "FAIL", failed + 1
+        print(f"  {name:12s} {status:4s} {time.perf_counter() - start:6.1f} s  {result}", flush=True)
+    return 1 if failed else 0
