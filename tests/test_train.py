@@ -287,3 +287,31 @@ def test_micro_batch_size_leaves_config_hashes_unchanged_and_must_divide_the_bat
         TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 3})
     with pytest.raises(ValueError, match="must divide the per-rank batch 2"):
         TrainConfig(batch_size=4, micro_batch_size=4, steps=1).micro_batches(world=2)
+
+
+def test_mfu_counts_one_devices_peak_per_rank(monkeypatch):
+    """Under torchrun the run's tokens/s are all ranks' together: 8 ranks at the same total
+    speed are each 8 times less utilized than one process."""
+    from types import SimpleNamespace
+
+    from spirelib.engine import calibrate
+    from spirelib.engine.transformer import ModelConfig
+    from spirelib.modeling.costs import flop_params, training_flops
+    from spirelib.training.pipeline import training_mfu
+
+    monkeypatch.setattr(calibrate, "matmul_peak", lambda **kwargs: {"flops": 1e12})
+    cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
+    summary = {"device": "cpu", "tokens_per_s": 8000.0, "run_tokens_per_s": 4000.0}
+    one = training_mfu(SimpleNamespace(config=cfg, summary={**summary, "world_size": 1}))
+    eight = training_mfu(SimpleNamespace(config=cfg, summary={**summary, "world_size": 8}))
+    assert one["mfu"] == pytest.approx(training_flops(flop_params(cfg), 8000.0) / 1e12)
+    assert eight["mfu"] == pytest.approx(one["mfu"] / 8) and eight["run_mfu"] == pytest.approx(one["run_mfu"] / 8)
+
+
+def test_tf32_is_set_where_the_engine_is_imported_not_by_training():
+    import subprocess
+    import sys
+
+    code = ("import torch; assert not torch.backends.cuda.matmul.allow_tf32; import spirelib.engine.transformer; "
+            "assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
