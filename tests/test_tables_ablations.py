@@ -85,6 +85,8 @@ def test_importance_rows():
     assert rows[0] == {"rank": 1, "ours": "feedback", "drop": 0.3, "delta": "+0.200 ± 0.050", "paper_rank": 2,
                        "paper_drop": 0.25}
     assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == "cost model only"
+    harmful = tables.importance_rows([{**ranked[0], "rank": None, "effect": "harmful"}], deltas, {}, ("feedback",))
+    assert harmful[0]["rank"] == "harmful at this scale"
     assert rows[1]["paper_rank"] == 1 and np.isnan(rows[1]["paper_drop"])
 
 
@@ -118,17 +120,17 @@ def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
     assert "sparse KV" in tables.paper_importance(4)  # the cost model's part, from SPIRe's own tau
 
 
-def test_order_sentence_judges_the_resolved_parts_and_the_full_ranking():
-    ranked = [{"part": "target activations", "multiplier_lost": 0.5, "resolved": True},
-              {"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True},
-              {"part": "feedback", "multiplier_lost": 0.3, "resolved": False}]
-    ours = [("target activations", 0.5), ("sparse KV", 0.4), ("feedback", 0.3)]
-    assert tables.order_sentence(ranked, ours) == (
-        "2 of 3 parts are resolved at this scale; among them the order differs from the paper's. The full ranking "
-        "differs from the paper's, unresolved differences included.")
-    ranked[0]["resolved"] = False
-    assert tables.order_sentence(ranked, [("sparse KV", 0.4), ("feedback", 0.3)]).startswith(
-        "1 of 3 parts are resolved at this scale; among them the order matches the paper's. The full ranking matches")
+def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved():
+    ranked = [{"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True, "effect": "helps"},
+              {"part": "distillation", "multiplier_lost": 0.1, "resolved": True, "effect": "helps"},
+              {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful"},
+              {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
+    assert tables.order_sentence(ranked, []) == (
+        "2 of 4 parts are resolved as helping at this scale: sparse KV (+0.40x) > distillation (+0.10x), in the "
+        "paper's order. Resolved as harmful here (removing it raises tau; the paper ranks it target activations 2): "
+        "target activations (-0.08x). Not resolved at this scale (no rank): feedback.")
+    ranked[:2] = ranked[1::-1]
+    assert ", not in the paper's order." in tables.order_sentence(ranked, [])
 
 
 def test_ablation_results_and_protocol_keep_the_results_keys():

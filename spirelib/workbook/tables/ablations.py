@@ -10,6 +10,7 @@ from spirelib.engine.drafts import draft_factory
 from spirelib.engine.spire import ABLATIONS
 from spirelib.engine.tau import AcceptCounts, TauProtocol, delta_tau, measure_tau
 from spirelib.modeling import perfmodel
+from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
 from spirelib.modeling.ablations import importance, matches_paper_order, variant_multipliers
 from spirelib.modeling.acceptance import tau_from_per_position
 from spirelib.modeling.methods import label
@@ -85,11 +86,15 @@ def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, pap
     """The parts of SPIRe in our order (`ablations.resolved_ranking`): the multiplier lost
     without each, the paired tau difference behind it (a cost-model-only part has none), and
     the paper's rank (`paper_order`) and multiplier lost with its taus (`paper`: part -> TM)."""
-    return [{"rank": r["rank"] or "not resolved at this scale", "ours": r["part"], "drop": r["multiplier_lost"],
+    return [{"rank": r["rank"] or _no_rank(r), "ours": r["part"], "drop": r["multiplier_lost"],
              "delta": (f"{component_deltas[r['part']].mean:+.3f} ± {component_deltas[r['part']].ci95:.3f}"
                        if r["part"] in component_deltas else "cost model only"),
              "paper_rank": list(paper_order).index(r["part"]) + 1, "paper_drop": paper.get(r["part"], np.nan)}
             for r in ranked]
+
+
+def _no_rank(row: dict) -> str:
+    return "harmful at this scale" if row.get("effect") == "harmful" else "not resolved at this scale"
 
 
 def check_variants(names) -> None:
@@ -128,13 +133,23 @@ def paper_importance(k: int, hoi: float = perfmodel.PAPER_HOI) -> dict[str, floa
 
 
 def order_sentence(ranked: list[dict], ours: list[tuple[str, float]]) -> str:
-    """Whether the parts this run resolves (`resolved_ranking`'s rows) and the full ranking
-    (`ours`, unresolved differences included) order SPIRe's parts as the paper does (method §3.8)."""
-    resolved = [(r["part"], r["multiplier_lost"]) for r in ranked if r["resolved"]]
-    return (f"{len(resolved)} of {len(ranked)} parts are resolved at this scale; among them the order "
-            + ("matches" if matches_paper_order(resolved) else "differs from") + " the paper's. The full ranking "
-            + ("matches" if matches_paper_order(ours) else "differs from") + " the paper's, unresolved differences "
-            "included.")
+    """What this run says of SPIRe's parts (`resolved_ranking`'s rows) against the paper's order
+    (method §3.8), in words: the parts that help, ranked; the parts resolved as harmful; the
+    parts not resolved (neither gets a rank), and whether the ranked parts keep the paper's order."""
+    helps = [r for r in ranked if r.get("effect", "helps" if r["resolved"] else "") == "helps"]
+    harmful = [r for r in ranked if r.get("effect") == "harmful"]
+    unresolved = [r for r in ranked if not r["resolved"]]
+    text = (f"{len(helps)} of {len(ranked)} parts are resolved as helping at this scale"
+            + (": " + " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in helps) if helps else "")
+            + (", in the paper's order" if matches_paper_order([(r["part"], 0) for r in helps]) else
+               ", not in the paper's order") + ".")
+    if harmful:
+        text += (" Resolved as harmful here (removing it raises tau; the paper ranks it "
+                 + ", ".join(f"{r['part']} {PAPER_ORDER.index(r['part']) + 1}" for r in harmful) + "): "
+                 + ", ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in harmful) + ".")
+    if unresolved:
+        text += " Not resolved at this scale (no rank): " + ", ".join(r["part"] for r in unresolved) + "."
+    return text
 
 
 def ablation_results(stats: dict, ranked: list[dict], deltas: dict, component_deltas: dict, seeds, agree: bool,
