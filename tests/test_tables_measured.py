@@ -102,7 +102,8 @@ def test_summarize():
 def test_conclusion():
     summary = tables.summarize(CELLS, [{"ratio": 4.0}])
     paper, clock = tables.conclusion(summary, 2, COST, 12.5)
-    assert paper.startswith("At this scale the paper's model's error ranges from -10% (vanilla SD, B = 4, L = 64) to +50%")
+    assert paper.startswith("At this scale the paper's model's error ranges from -10% (vanilla SD, B = 4, L = 64) "
+                            "to +50%")
     assert "Fixed per-pass costs dominate" in paper
     assert paper.endswith("HOI here is 12.5 FLOP/byte against the paper's 600.")
     assert clock.startswith("**Speculative decoding was slower than AD in 1 of 2 measured cells**: "
