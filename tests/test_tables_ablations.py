@@ -148,3 +148,48 @@ def test_ablation_results_and_protocol_keep_the_results_keys():
     assert protocol == {"context_length": 64, "n_contexts": 8, "k": 4, "new_tokens": 8, "temperature": 1.0,
                         "seed": 3, "training": {"steps": 2}, "spire": {"steps": 2}, "seeds": [0, 1],
                         "training_seconds": 1.5, "scale": "s"}
+
+
+def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
+    metrics = [{"kind": "train", "tokens": 5, "alpha": 0.9},
+               {"kind": "val", "tokens": 10, "alpha": 0.30, "hard_ce": 6.0},
+               {"kind": "val", "tokens": 20, "alpha": 0.40, "hard_ce": 5.0}]
+    with_it = tables.learning_curve(metrics, {"alpha": 0.10, "hard_ce": 9.6})
+    assert with_it == [(0, 0.10), (10, 0.30), (20, 0.40)]
+    assert tables.learning_curve(metrics, None, "hard_ce") == [(10, 6.0), (20, 5.0)]
+    without = [(0, 0.16), (10, 0.35), (20, 0.38)]
+    assert tables.pays_from(with_it, without) == 20
+    assert tables.pays_from(without, with_it) is None  # below at the last evaluation
+    assert tables.pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
+    assert tables.pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
+    text = tables.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
+                                 {"target activations": ("no_feedback", "no_feedback_no_target_acts"),
+                                  "feedback": ("spire", "no_feedback"), "pruned init": ("spire", "random_init")})
+    assert text == ("On the learning curves of validation alpha: target activations (no feedback against no feedback, "
+                    "no target activations) pays from 20 training tokens on (validation alpha 0.400 against 0.380 at "
+                    "the end); feedback (SPIRe against no feedback) does not pay within 20 training tokens (validation "
+                    "alpha 0.400 against 0.400 at the end).")
+
+
+def test_step_0_says_whether_the_pruned_init_starts_below_random_weights():
+    initial = {"spire": {"alpha": 0.105, "hard_ce": 9.60}, "random_init": {"alpha": 0.196, "hard_ce": 8.33}}
+    text = tables.step0_sentence(initial, 4096)
+    assert text.startswith("At step 0, before training, on the trainer's validation windows: SPIRe alpha 0.105 "
+                           "(CE 9.60), random init alpha 0.196 (CE 8.33); a uniform guess has CE ln 4096 = 8.32.")
+    assert "The pruned init starts below random weights (SPIRe)" in text
+    initial["spire"]["alpha"] = 0.3
+    assert text != tables.step0_sentence(initial, 4096) and "starts above" in tables.step0_sentence(initial, 4096)
+
+
+def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_target_activations_hurt():
+    ranked = [{"part": "sparse KV", "multiplier_lost": 0.7, "resolved": True, "effect": "helps", "rank": 1},
+              {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful",
+               "rank": None}]
+    paragraphs = tables.lead(ranked, 204_800, 1_228_800, "step 0 ...", "curves ...")
+    assert paragraphs[0].startswith("1 of 2 parts are resolved as helping")
+    assert paragraphs[1].startswith("The variants trained on 204,800 tokens per seed, 17% of the main SPIRe draft's "
+                                    "1,228,800")
+    assert paragraphs[2:4] == ["step 0 ...", "curves ..."] and paragraphs[4] == tables.PATH_CHECK
+    ranked[1]["effect"] = "helps"
+    assert tables.PATH_CHECK not in tables.lead(ranked, 1_228_800, 1_228_800)
+    assert tables.lead(ranked, 1_228_800, 1_228_800)[1].endswith("the main SPIRe draft's budget.")

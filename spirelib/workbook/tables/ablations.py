@@ -171,3 +171,87 @@ def ablation_protocol(series, context_length: int, n_contexts: int, budget, base
             "new_tokens": series.new_tokens, "temperature": series.temperature, "seed": series.tau_seed,
             "training": budget.to_dict(), "spire": base.to_dict(), "seeds": seeds,
             "training_seconds": training_seconds, "scale": scale}
+
+
+# ---------------------------------------------------------------------------- learning curves
+
+def learning_curve(metrics: list[dict], initial: dict | None = None, key: str = "alpha") -> list[tuple[int, float]]:
+    """(training tokens, validation `key`) of a training run's metrics log, the step-0 value
+    (`pipeline.initial_spire_metrics`) first where given: a learning curve of the training-time
+    expected acceptance alpha (method §8) by default."""
+    points = [(0, float(initial[key]))] if initial and key in initial else []
+    return points + [(int(m["tokens"]), float(m[key])) for m in metrics if m["kind"] == "val" and key in m]
+
+
+def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]]) -> int | None:
+    """The training tokens from which a part pays on the learning curves (`learning_curve` of the
+    variant with the part and of the one without, at the same evaluations): the first evaluation
+    from which on `with_it` stays above `without`; None when it is not above at the last one."""
+    common = sorted(set(dict(with_it)) & set(dict(without)))
+    a, b = dict(with_it), dict(without)
+    start = None
+    for tokens in common:
+        if a[tokens] > b[tokens]:
+            start = tokens if start is None else start
+        else:
+            start = None
+    return start
+
+
+def curve_sentence(curves: dict[str, list[tuple[int, float]]], pairs: dict[str, tuple[str, str]]) -> str:
+    """Where on the learning curves (`learning_curve` per variant) each part of SPIRe starts to
+    pay (`pays_from`), or that it does not within the budget, with both curves' last values."""
+    parts = []
+    for part, (a, b) in pairs.items():
+        if a not in curves or b not in curves or not curves[a] or not curves[b]:
+            continue
+        start, (end, last_a), last_b = pays_from(curves[a], curves[b]), curves[a][-1], curves[b][-1][1]
+        where = ("pays from step 0 on" if start == 0 else f"pays from {start:,} training tokens on"
+                 if start is not None else f"does not pay within {end:,} training tokens")
+        parts.append(f"{part} ({label(a)} against {label(b)}) {where} "
+                     f"(validation alpha {last_a:.3f} against {last_b:.3f} at the end)")
+    return ("On the learning curves of validation alpha: " + "; ".join(parts) + ".") if parts else ""
+
+
+def step0_sentence(initial: dict[str, dict], vocab_size: int) -> str:
+    """The variants before any training (`pipeline.initial_spire_metrics` per variant): validation
+    alpha and cross-entropy with the data against a uniform guess (ln V), and whether the pruned
+    init starts above or below random weights."""
+    if not initial:
+        return ""
+    rows = ", ".join(f"{label(n)} alpha {m['alpha']:.3f} (CE {m['hard_ce']:.2f})" for n, m in initial.items())
+    text = (f"At step 0, before training, on the trainer's validation windows: {rows}; a uniform guess has CE "
+            f"ln {vocab_size} = {np.log(vocab_size):.2f}.")
+    pruned = {n: m for n, m in initial.items() if n != "random_init"}
+    if "random_init" in initial and pruned:
+        worse = [n for n, m in pruned.items() if m["alpha"] < initial["random_init"]["alpha"]]
+        if worse:
+            text += (f" The pruned init starts below random weights ({', '.join(label(n) for n in worse)}): the "
+                     "target's last layers, fed the draft's own shallow stream as queries, predict worse than a random "
+                     "draft; what the pruned init and the target's activations are worth can only come from training.")
+        else:
+            text += " The pruned init starts above random weights."
+    return text
+
+
+PATH_CHECK = ("A defect in the target-activation path is ruled out by tests, not assumed: tests/test_spire.py checks "
+              "that k-pass training computes what step-by-step inference computes, and that the keys and values the "
+              "draft stores for every verified position, round after round in the engine, are those the target layer "
+              "it was pruned from stored at that position (no layer or position off by one).")
+
+
+def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", curves: str = "") -> list[str]:
+    """05's conclusion in words, before its evidence (Markdown paragraphs): what helps, hurts or is
+    not resolved (`order_sentence`); the budget the variants trained at against the main draft's;
+    the variants at step 0 (`step0_sentence`) and where each part starts to pay on the learning
+    curves (`curve_sentence`); and, when a part that reads the target's activations is resolved as
+    harmful, what rules out a defect in that path (`PATH_CHECK`)."""
+    budget = (f"The variants trained on {tokens:,} tokens per seed, "
+              + ("the main SPIRe draft's budget." if tokens >= main_tokens else
+                 f"{tokens / main_tokens:.0%} of the main SPIRe draft's {main_tokens:,}: a difference measured here "
+                 "can change sign with more training (the learning curves below show how it moves)."))
+    paragraphs = [order_sentence(ranked, []), budget]
+    paragraphs += [p for p in (step0, curves) if p]
+    if any(r.get("effect") == "harmful" and r["part"] == "target activations" for r in ranked):
+        paragraphs.append(PATH_CHECK)
+    return paragraphs
