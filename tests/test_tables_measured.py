@@ -152,8 +152,8 @@ def test_09_leads_with_where_sd_won_and_where_it_lost():
     assert tables.cell_winners(CLOCK) == ([["spire", "ad"], ["spire", "magicdec"]], [1, 16], [256, 960])
     assert tables.both_sides(CLOCK) == (
         "**Where speculative decoding won:** in 3 of 4 (B, L) cells: SPIRe in 2 (1.05-1.32x), MagicDec in 1 "
-        "(1.20x). AD wins at L = 960 for B = 1; MagicDec wins at L = 960 for B = 16; SPIRe everywhere else. "
-        "**Where it lost:** no draft beat AD at B = 1, L = 960; MagicDec was slower than AD in 3 of 4 cells "
+        "(1.20x). Per cell: AD wins at L = 960 for B = 1; MagicDec wins at L = 960 for B = 16; SPIRe everywhere else. "
+        "**Where it lost:** no draft beat AD at (B, L) = (1, 960); MagicDec was slower than AD in 3 of 4 cells "
         "(0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
 
 

@@ -97,7 +97,9 @@ def scale_line(run: dict, results: dict) -> str | None:
     if "perplexity" in f:
         parts.append(f"validation perplexity {f['perplexity']:.1f}")
     if "device" in f:
-        parts.append(f"timed on {f['device']}" + (f", {f['threads']} threads" if "threads" in f else ""))
+        threads = f.get("threads")
+        plural = "s" if threads != 1 else ""
+        parts.append(f"timed on {f['device']}" + (f", {threads} thread{plural}" if threads else ""))
     return ("<p class='scale-line'><b>Scale:</b> " + escape("; ".join(parts)) + ".</p>") if parts else None
 
 

@@ -341,7 +341,8 @@ p.scale-line { margin: 0.3em 0 0.6em; }
 .maps { display: flex; flex-wrap: wrap; gap: 0.8em 1.4em; align-items: flex-start; }
 figure.map { margin: 0; max-width: 16em; } figure.map figcaption { font-weight: bold; font-size: 0.9em; }
 table.map { border-collapse: separate; border-spacing: 1px; margin: 0.2em 0; font-size: 0.72em; }
-table.map th { border: none; padding: 0 0.25em; color: #555; font-weight: normal; text-align: right; }
+table.map th { border: none; padding: 0 0.25em; color: #555; font-weight: normal; text-align: right;
+  white-space: nowrap; }
 table.map td { border: 2px solid transparent; padding: 0; width: 1.9em; height: 1.35em; text-align: center;
   color: #fff; font-weight: bold; }
 table.map td.differs { border-color: #000; }

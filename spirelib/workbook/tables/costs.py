@@ -228,9 +228,12 @@ def lead(checks: list[dict], net: dict, net_70b: dict, break_even: dict, limit: 
     rounded = [c for c in checks if c["which"] == "rounded"]
     neither = [c for c in checks if c["which"] == "neither"]
     paper = (f"**The paper's five numbers:** {len(full)} of {len(checks)} agree to two decimals from the model's "
-             "full multipliers" + (", " + ", ".join(
-                 f"{c['quantity']} ({c['full']:.2f}; the paper's {c['paper']:.2f} follows from the multipliers rounded "
-                 f"to two decimals first, {c['rounded']:.2f})" for c in rounded) + " only from the rounded ones"
-                 if rounded else "")
-             + (f"; {', '.join(c['quantity'] for c in neither)} from neither" if neither else "") + ".")
+             "full multipliers"
+             + (f"; {len(rounded)} only from the multipliers rounded to two decimals first, as the paper quotes them: "
+                + "; ".join(f"{c['quantity']}: {c['full']:.2f} from the full multipliers, {c['rounded']:.2f} from "
+                            f"the rounded ones (the paper's {c['paper']:.2f})" for c in rounded) if rounded else "")
+             + (f"; {len(neither)} from neither: "
+                + "; ".join(f"{c['quantity']}: {c['full']:.2f} (the paper's {c['paper']:.2f})" for c in neither)
+                if neither else "")
+             + ".")
     return [verdict, paper]

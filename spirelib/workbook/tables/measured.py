@@ -176,13 +176,13 @@ def both_sides(cells: list[dict]) -> str:
     text = (f"**Where speculative decoding won:** in {n_won} of {n_cells} (B, L) cells"
             + (": " + ", ".join(f"{method_label(m)} in {len(v)} ({_span_x(v)})"
                                 for m, v in sorted(won.items(), key=lambda kv: -len(kv[1]))) if won else "")
-            + f". {where_sentence(winners, Bs, Ls)} ")
+            + f". Per cell: {where_sentence(winners, Bs, Ls)} ")
     slower = {}
     for c in cells:
         if c["measured_speedup"] < 1.0:
             slower.setdefault(c["method"], []).append(c)
     text += "**Where it lost:** " + (
-        "no draft beat AD at " + ", ".join(f"B = {b}, L = {length}" for b, length in lost) + "; " if lost else
+        "no draft beat AD at (B, L) = " + ", ".join(f"({b}, {length})" for b, length in lost) + "; " if lost else
         "some draft beat AD in every cell; ")
     text += ("; ".join(f"{method_label(m)} was slower than AD in {len(v)} of "
                        f"{sum(c['method'] == m for c in cells)} cells ({_span_x([c['measured_speedup'] for c in v])})"

@@ -455,11 +455,12 @@ def spire_best_k(scenario: Scenario, B, L, cap: int) -> np.ndarray:
     return best["spire"]
 
 
-def lead(scenario: Scenario, multipliers: dict, stated: dict | None, B: int, L: int, grid_B, grid_L) -> list[str]:
+def lead(scenario: Scenario, multipliers: dict, stated: dict | None, B: int, L: int, grid_B, grid_L,
+         grid_name: str = "Figure 4") -> list[str]:
     """01's conclusion in words, before its evidence (Markdown paragraphs): the modeled multipliers
     at (B, L) against the paper's stated ones (`stated`, only on the paper's own cell: then "the
     same to the paper's two decimals" or which differ), and where the winner flips over the
-    Figure 4 grid (`winners.where_sentence`)."""
+    grid (`winners.where_sentence`; `grid_name` names it: 01's Figure 4, 07's Figure 6 heat maps)."""
     methods = [m for m in ("spire", "magicdec", "vanilla") if m in multipliers]
     values = ", ".join(f"{method_label(m)} {multipliers[m]:.2f}x" for m in methods)
     text = (f"**The paper's arithmetic, redone:** with the paper's shapes and tau (HOI {scenario.hoi:g}, "
@@ -475,6 +476,6 @@ def lead(scenario: Scenario, multipliers: dict, stated: dict | None, B: int, L: 
     grids = scenario.multipliers(np.asarray(grid_B)[:, None], np.asarray(grid_L)[None, :])
     winners = [[winner({m: float(g[i, j]) for m, g in grids.items()}) for j in range(len(grid_L))]
                for i in range(len(grid_B))]
-    where = (f"**Which draft, where (Figure 4, modeled):** {where_sentence(winners, list(grid_B), list(grid_L))} "
+    where = (f"**Which draft, where ({grid_name}, modeled):** {where_sentence(winners, list(grid_B), list(grid_L))} "
              "This checks the model, not drafts trained here; notebook 06 answers with this run's tau.")
     return [text, where]
