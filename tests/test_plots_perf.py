@@ -249,3 +249,20 @@ def test_training_losses_draw_each_method_in_its_own_colour():
     fig = loss_curves({"target": metrics, "vanilla": metrics}, scale="tiny")
     assert [t.line.color for t in fig.data] == [color("target")] * 2 + [color("vanilla")] * 2
     assert color("vanilla") != color("spire")  # 03 drew the vanilla draft in SPIRe's red
+
+
+def test_subplot_titles_get_room_below_a_wrapped_title():
+    """plotly centres a title in the top margin, so a figure with subplot titles needs SUBPLOT_TOP
+    pixels under it, or the last line of the scale note runs into the panels' titles (04, 05)."""
+    from types import SimpleNamespace
+
+    from spirelib.workbook.plots.decoding import tau_figure
+    from spirelib.workbook.plots.perf import SUBPLOT_TOP, title_layout
+    from spirelib.workbook.plots.training import learning_curves_figure
+
+    scale = "target 2x64 (74k body params, 81.9k training tokens), vanilla draft 1x32 " * 3
+    stats = {"spire": {32: SimpleNamespace(mean=4.0, ci95=0.2, n_contexts=6)}}
+    plain = title_layout(f"t<br><sup>{scale}</sup>")["margin"]["t"]
+    assert SUBPLOT_TOP >= 100
+    for fig in (tau_figure(stats, None, scale=scale), learning_curves_figure({"a": {"spire": [(0, 1.0)]}}, scale)):
+        assert fig.layout.margin.t >= plain + SUBPLOT_TOP - 30  # the title's lines plus the room

@@ -14,7 +14,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from spirelib.modeling.methods import color, label
-from spirelib.workbook.plots.perf import scale_title, title_layout
+from spirelib.workbook.plots.perf import SUBPLOT_TOP, scale_title, title_layout
 
 
 def _series(metrics: list[dict], kind: str, key: str) -> tuple[list[int], list[float]]:
@@ -33,7 +33,7 @@ def loss_curves(runs: Mapping[str, list[dict]], scale: str = "", log_x: bool = F
         x, y = _series(metrics, "val", "val_loss")
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{name} validation",
                                  line=dict(color=run_color, dash="dot"), marker=dict(size=8)))
-    fig.update_layout(**title_layout(scale_title("Cross-entropy (nats/token)", scale), top=45),
+    fig.update_layout(**title_layout(scale_title("Cross-entropy (nats/token)", scale), top=SUBPLOT_TOP),
                       xaxis_title="training tokens", yaxis_title="loss (nats/token)", template="plotly_white",
                       legend=dict(orientation="h", y=-0.2))
     if log_x:
@@ -54,7 +54,7 @@ def training_dashboard(metrics: list[dict], scale: str = "") -> go.Figure:
     x, y = _series(metrics, "train", "tokens_per_s")
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="tokens/s"), row=3, col=1)
     fig.update_xaxes(title_text="training tokens", row=3, col=1)
-    fig.update_layout(**title_layout(scale_title("Training run", scale), top=45), template="plotly_white",
+    fig.update_layout(**title_layout(scale_title("Training run", scale), top=SUBPLOT_TOP), template="plotly_white",
                       height=700, showlegend=True, legend=dict(orientation="h", y=-0.1))
     return fig
 
@@ -95,7 +95,8 @@ def draft_training_figure(runs: Mapping[str, list[dict]], k: int, scale: str = "
                                      line=dict(color="#444", dash=dashes[r % len(dashes)])))
     fig.update_xaxes(title_text="training tokens")
     fig.update_yaxes(range=[0, 1], row=1, col=2)
-    fig.update_layout(**title_layout(scale_title("Draft training: lines training, markers validation", scale), top=45),
+    fig.update_layout(**title_layout(scale_title("Draft training: lines training, markers validation", scale),
+                                     top=SUBPLOT_TOP),
                       template="plotly_white", height=520, legend=dict(tracegroupgap=4))
     return fig
 
@@ -118,6 +119,6 @@ def learning_curves_figure(curves: Mapping[str, Mapping[str, list[tuple[int, flo
                           row=1, col=col)
     fig.update_xaxes(title_text="training tokens")
     fig.update_layout(**title_layout(scale_title("Learning curves on the validation windows (step 0 first)", scale),
-                                     top=45),
+                                     top=SUBPLOT_TOP),
                       template="plotly_white", height=460, legend=dict(orientation="h", y=-0.25))
     return fig
