@@ -162,6 +162,7 @@ def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
     assert tables.pays_from(without, with_it) is None  # below at the last evaluation
     assert tables.pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
     assert tables.pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
+    assert tables.pays_from([(0, 0.3), (10, 0.9470004)], [(0, 0.1), (10, 0.947)]) is None  # a tie at 3 decimals
     text = tables.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
                                  {"target activations": ("no_feedback", "no_feedback_no_target_acts"),
                                   "feedback": ("spire", "no_feedback"), "pruned init": ("spire", "random_init")})

@@ -183,15 +183,16 @@ def learning_curve(metrics: list[dict], initial: dict | None = None, key: str = 
     return points + [(int(m["tokens"]), float(m[key])) for m in metrics if m["kind"] == "val" and key in m]
 
 
-def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]]) -> int | None:
+def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]], margin: float = 1e-3) -> int | None:
     """The training tokens from which a part pays on the learning curves (`learning_curve` of the
     variant with the part and of the one without, at the same evaluations): the first evaluation
-    from which on `with_it` stays above `without`; None when it is not above at the last one."""
+    from which on `with_it` stays above `without` by more than `margin` (a difference below the
+    three decimals the curves are reported with is a tie); None when it is not above at the last."""
     common = sorted(set(dict(with_it)) & set(dict(without)))
     a, b = dict(with_it), dict(without)
     start = None
     for tokens in common:
-        if a[tokens] > b[tokens]:
+        if a[tokens] > b[tokens] + margin:
             start = tokens if start is None else start
         else:
             start = None
