@@ -73,12 +73,12 @@ def scale_facts(run: dict, results: dict) -> dict:
     protocol = results.get("04_measure_tau", {}).get("tau_protocol", {})
     machine = results.get("09_measured_vs_modeled", {}).get("machine", {})
     series = (run.get("params") or {}).get("series") or {}
-    shape = protocol.get("target") or {}
+    shape = protocol.get("target") or series.get("target") or {}
     facts = {"layers": shape.get("num_layers"), "d_model": shape.get("d_model"),
              "body_params": target.get("body_params"), "tokens": target.get("tokens") or protocol.get("target_tokens"),
              "perplexity": float(np.exp(target["val_loss"])) if target.get("val_loss") is not None else None,
-             "corpus": series.get("corpus") or None, "device": machine.get("device") or target.get("device"),
-             "threads": machine.get("threads")}
+             "corpus": series.get("corpus") or None, "device": machine.get("device"),
+             "trained_on": target.get("device"), "threads": machine.get("threads")}
     return {k: v for k, v in facts.items() if v is not None}
 
 
@@ -100,6 +100,8 @@ def scale_line(run: dict, results: dict) -> str | None:
         threads = f.get("threads")
         plural = "s" if threads != 1 else ""
         parts.append(f"timed on {f['device']}" + (f", {threads} thread{plural}" if threads else ""))
+    elif "trained_on" in f:
+        parts.append(f"trained on {f['trained_on']}")
     return ("<p class='scale-line'><b>Scale:</b> " + escape("; ".join(parts)) + ".</p>") if parts else None
 
 
