@@ -101,7 +101,7 @@ def scale_line(run: dict, results: dict) -> str | None:
         plural = "s" if threads != 1 else ""
         parts.append(f"timed on {f['device']}" + (f", {threads} thread{plural}" if threads else ""))
     elif "trained_on" in f:
-        parts.append(f"trained on {f['trained_on']}")
+        parts.append(f"run on {f['trained_on']}")
     return ("<p class='scale-line'><b>Scale:</b> " + escape("; ".join(parts)) + ".</p>") if parts else None
 
 
