@@ -50,3 +50,23 @@ def test_04_leads_with_the_order_the_difference_to_the_paper_and_the_trend_over_
     taus["vanilla"][960] = 2.4
     assert "Every method's tau rises" not in lead(taus, paper)[2]
     assert "(a different order)" in lead({**taus, "vanilla": {512: 5.0}}, paper)[0]
+
+
+
+def test_04_says_when_a_trend_over_l_is_within_the_noise():
+    from spirelib.workbook.tables.decoding import lead
+
+    paper = {256: {"magicdec": 4.0, "spire": 3.43}, 960: {"magicdec": 3.79, "spire": 3.38}}
+    taus = {"magicdec": {256: 4.431, 960: 4.275}, "spire": {256: 3.918, 960: 3.947}}
+    ci95 = {"magicdec": {256: 0.044, 960: 0.049}, "spire": {256: 0.050, 960: 0.051}}
+    trend = lead(taus, paper, ci95)[-1]
+    assert ("MagicDec's tau falls with L here (4.43 at L = 256 to 4.28 at L = 960, -0.156 ± 0.066), as the "
+            "paper's") in trend
+    assert ("SPIRe's tau rises with L here (3.92 at L = 256 to 3.95 at L = 960, +0.029 ± 0.071: not resolved, within "
+            "the noise), where the paper's falls") in trend
+    assert "Every method" not in trend
+    ci95["spire"] = {256: 0.01, 960: 0.01}
+    taus["magicdec"] = {256: 4.0, 960: 4.3}
+    assert "Every method's tau rises with L here" in lead(taus, paper, ci95)[-1]
+    ci95["spire"] = {256: 0.05, 960: 0.05}
+    assert "Every method's tau rises" not in lead(taus, paper, ci95)[-1]  # SPIRe's rise is within the noise
