@@ -183,3 +183,15 @@ def test_first_screen_has_the_scale_and_a_map_per_answer_with_measured_cells_at_
     assert "It picks the wrong winner at B = 1, L = 32 (vanilla SD, not SPIRe)." in profiled_map["where"]
     assert html.count("<table class='map'>") == 5 and "class='differs'" in html
     assert "B = 1, L = 32: SPIRe (1.20x)" in html  # a cell's tooltip: its real (B, L) and multiplier
+
+
+def test_a_staircase_is_described_cell_row_by_row_and_scattered_cells_as_such():
+    B, L = [1, 2, 4, 8, 16], [4096, 8192, 16384, 32768, 65536]
+    grid = [["vanilla" if j < 4 - i else "spire" for j in range(5)] for i in range(5)]
+    assert findings.where_sentence(grid, B, L) == (
+        "vanilla SD wins at L ≤ 32K for B = 1, L ≤ 16K for B = 2, L ≤ 8K for B = 4 and L = 4K for B = 8; "
+        "SPIRe everywhere else.")
+    column = [["magicdec" if j == 2 else "spire" for j in range(5)] for _ in range(5)]
+    assert findings.where_sentence(column, B, L) == "MagicDec wins at L = 16K; SPIRe everywhere else."
+    checker = [["ad" if (i + j) % 2 else "spire" for j in range(5)] for i in range(5)]
+    assert findings.where_sentence(checker, B, L) == "AD wins 12 scattered cells; SPIRe everywhere else."

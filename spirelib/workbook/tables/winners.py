@@ -51,18 +51,36 @@ def _range(values: list[int], lo: int, hi: int, name: str, grid: list[int]) -> s
     return f"{name} = {pow2(lo)}..{pow2(hi)}"
 
 
-def _columns(js: list[int], L: list[int]) -> str:
-    """The L columns `js` (indices into L) as a condition on L."""
-    if js == list(range(js[0], js[-1] + 1)):
-        return _range(L, L[js[0]], L[js[-1]], "L", L)
-    return "L in {" + ", ".join(pow2(L[j]) for j in js) + "}"
+def _condition(indices: list[int], grid: list[int], name: str) -> str:
+    """Grid values `indices` (into `grid`) as a condition on `name`: a range, or the values listed."""
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        return _range(grid, grid[indices[0]], grid[indices[-1]], name, grid)
+    return f"{name} in {{" + ", ".join(pow2(grid[i]) for i in indices) + "}"
+
+
+def _regions(cells: list[list[bool]], outer: list[int], inner: list[int], outer_name: str,
+             inner_name: str) -> list[str]:
+    """The cells (`cells[i][j]` for outer value i, inner value j) as conditions: runs of
+    consecutive outer values with the same inner values grouped, e.g. "L ≥ 2K for B ≥ 16"."""
+    groups: list[tuple[list[int], list[int]]] = []
+    for i, row in enumerate(cells):
+        js = [j for j, hit in enumerate(row) if hit]
+        if not js:
+            continue
+        if groups and groups[-1][1] == js and groups[-1][0][-1] == i - 1:
+            groups[-1][0].append(i)
+        else:
+            groups.append(([i], js))
+    return [" for ".join(c for c in (_condition(js, inner, inner_name), _condition(rows, outer, outer_name)) if c)
+            or "every cell" for rows, js in groups]
 
 
 def where_sentence(winners: list[list[str]], B: list[int], L: list[int]) -> str:
     """Where the winner flips over a (B, L) grid (`winners[i][j]` at B[i], L[j]), in one sentence:
-    every method but the most frequent one with the cells it wins (rows of B with the same L
-    columns grouped), then "<most frequent> everywhere else"; e.g. "MagicDec wins at L ≥ 2K for
-    B ≥ 16; SPIRe everywhere else"."""
+    every method but the most frequent one with the cells it wins (runs of B with the same L
+    values grouped, or of L with the same B values, whichever takes fewer clauses), then
+    "<most frequent> everywhere else"; e.g. "MagicDec wins at L ≥ 2K for B ≥ 16; SPIRe everywhere
+    else"."""
     counts = grid_counts(winners)
     if not counts:
         return ""
@@ -71,21 +89,12 @@ def where_sentence(winners: list[list[str]], B: list[int], L: list[int]) -> str:
         return f"{label(common)} wins in every cell (B = {span(B)}, L = {span(L)})."
     parts = []
     for method in list(counts)[1:]:
-        groups: list[tuple[list[int], list[int]]] = []  # (rows of B, columns of L) with the same columns
-        for i, row in enumerate(winners):
-            js = [j for j, w in enumerate(row) if w == method]
-            if not js:
-                continue
-            if groups and groups[-1][1] == js and groups[-1][0][-1] == i - 1:
-                groups[-1][0].append(i)
-            else:
-                groups.append(([i], js))
-        regions = []
-        for rows, js in groups:
-            on_l = _columns(js, L)
-            on_b = _range(B, B[rows[0]], B[rows[-1]], "B", B) if rows == list(range(rows[0], rows[-1] + 1)) else ""
-            regions.append(" for ".join(c for c in (on_l, on_b) if c) or "every cell")
+        cells = [[w == method for w in row] for row in winners]
+        by_b = _regions(cells, B, L, "B", "L")
+        by_l = _regions([list(col) for col in zip(*cells)], L, B, "L", "B")
+        regions = by_l if len(by_l) < len(by_b) else by_b
         joined = regions[0] if len(regions) == 1 else ", ".join(regions[:-1]) + " and " + regions[-1]
-        parts.append(f"{label(method)} wins at {joined}" if len(regions) < 4 else
-                     f"{label(method)} wins {counts[method]} scattered cells")
+        scattered = len(regions) > 6 or sum(" in {" in r for r in regions) > 1  # no region to speak of
+        parts.append(f"{label(method)} wins {counts[method]} scattered cells" if scattered else
+                     f"{label(method)} wins at {joined}")
     return "; ".join(parts) + f"; {label(common)} everywhere else."
