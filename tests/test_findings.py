@@ -195,3 +195,9 @@ def test_a_staircase_is_described_cell_row_by_row_and_scattered_cells_as_such():
     assert findings.where_sentence(column, B, L) == "MagicDec wins at L = 16K; SPIRe everywhere else."
     checker = [["ad" if (i + j) % 2 else "spire" for j in range(5)] for i in range(5)]
     assert findings.where_sentence(checker, B, L) == "AD wins 12 scattered cells; SPIRe everywhere else."
+
+
+def test_where_the_winner_flips_reads_by_columns_when_that_is_shorter():
+    grid = [["magicdec", "spire", "spire"], ["magicdec", "spire", "magicdec"], ["magicdec", "spire", "spire"]]
+    assert findings.where_sentence(grid, [1, 2, 4], [256, 512, 960]) == (
+        "MagicDec wins at L = 256 and B = 2 for L = 960; SPIRe everywhere else.")
