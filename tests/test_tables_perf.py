@@ -360,3 +360,10 @@ def test_01_leads_with_the_papers_arithmetic_and_where_the_winner_flips():
     off = tables.lead(paper, {**multipliers, "vanilla": 1.40}, stated, 64, 512, [64], [512])[0]
     assert off.endswith("different for vanilla SD.")
     assert tables.lead(paper, multipliers, None, 8, 64, [8], [64])[0].endswith("states no multipliers for this cell.")
+
+
+def test_06_says_where_the_winner_flips_per_scenario():
+    grid = {"spire": np.array([[2.0, 1.5], [2.0, 1.2]]), "magicdec": np.array([[1.0, 1.6], [1.0, 1.1]])}
+    grids = {"trained shapes": tables.winner_grid([1, 16], [256, 960], grid)}
+    assert tables.where_sentences(grids, {"trained shapes": "the trained shapes"}) == (
+        "- **the trained shapes:** MagicDec wins at L = 960 for B = 1; SPIRe everywhere else.")

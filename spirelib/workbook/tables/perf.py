@@ -479,3 +479,10 @@ def lead(scenario: Scenario, multipliers: dict, stated: dict | None, B: int, L: 
     where = (f"**Which draft, where ({grid_name}, modeled):** {where_sentence(winners, list(grid_B), list(grid_L))} "
              "This checks the model, not drafts trained here; notebook 06 answers with this run's tau.")
     return [text, where]
+
+
+def where_sentences(grids: dict[str, dict], labels: dict[str, str]) -> str:
+    """Per scenario's `winner_grid`, where the winner flips (`winners.where_sentence`), one
+    Markdown line each under the scenario's label (`labels[name]`)."""
+    return "\n".join(f"- **{labels.get(name, name)}:** {where_sentence(g['winners'], g['B'], g['L'])}"
+                     for name, g in grids.items())
