@@ -117,7 +117,7 @@ def _map_html(winners: list[list[str]], B: list[int], L: list[int], values=None,
             w = winners[i][j]
             tip = f"B = {B[i]}, L = {L[j]}: {label(w) if w != '-' else 'not measured'}"
             if values and values[i][j] is not None:
-                tip += f" ({values[i][j]:.2f}x)"
+                tip += f" ({'best draft ' if w == AD else ''}{values[i][j]:.2f}x)"
             mark = " class='differs'" if (i, j) in differs else ""
             style = f"background:{color(w)}" if w != "-" else "background:#fff"
             cells.append(f"<td{mark} style='{style}' title='{escape(tip)}'>{escape(_initial(w))}</td>")
