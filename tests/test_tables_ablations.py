@@ -166,17 +166,21 @@ def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
     text = tables.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
                                  {"target activations": ("no_feedback", "no_feedback_no_target_acts"),
                                   "feedback": ("spire", "no_feedback"), "pruned init": ("spire", "random_init")})
-    assert text == ("On the learning curves of validation alpha: target activations (no feedback against no feedback, "
-                    "no target activations) pays from 20 training tokens on (validation alpha 0.400 against 0.380 at "
-                    "the end); feedback (SPIRe against no feedback) does not pay within 20 training tokens (validation "
-                    "alpha 0.400 against 0.400 at the end).")
+    assert text == ("On the learning curves of validation alpha (evaluations at 0, 10, 20 training tokens): target "
+                    "activations (no feedback against no feedback, no target activations) pays from 20 training tokens "
+                    "on (alpha with it minus without: -0.060 → -0.050 → +0.020); feedback (SPIRe against no feedback) "
+                    "does not pay within 20 training tokens (alpha with it minus without: +0.000 → +0.000 → +0.000, "
+                    "unchanged).")
+    behind = {"no_feedback": [(0, 0.10), (10, 0.30)], "no_feedback_no_target_acts": [(0, 0.13), (10, 0.31)]}
+    assert tables.curve_sentence(behind, {"target activations": ("no_feedback", "no_feedback_no_target_acts")}).endswith(
+        "(alpha with it minus without: -0.030 → -0.010, narrowing).")
 
 
 def test_step_0_says_whether_the_pruned_init_starts_below_random_weights():
     initial = {"spire": {"alpha": 0.105, "hard_ce": 9.60}, "random_init": {"alpha": 0.196, "hard_ce": 8.33}}
     text = tables.step0_sentence(initial, 4096)
     assert text.startswith("At step 0, before training, on the trainer's validation windows: SPIRe alpha 0.105 "
-                           "(CE 9.60), random init alpha 0.196 (CE 8.33); a uniform guess has CE ln 4096 = 8.32.")
+                           "(CE 9.60); random init alpha 0.196 (CE 8.33); a uniform guess has CE ln 4096 = 8.32.")
     assert "The pruned init starts below random weights (SPIRe)" in text
     initial["spire"]["alpha"] = 0.3
     assert text != tables.step0_sentence(initial, 4096) and "starts above" in tables.step0_sentence(initial, 4096)

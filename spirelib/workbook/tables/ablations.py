@@ -201,17 +201,27 @@ def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]]
 
 def curve_sentence(curves: dict[str, list[tuple[int, float]]], pairs: dict[str, tuple[str, str]]) -> str:
     """Where on the learning curves (`learning_curve` per variant) each part of SPIRe starts to
-    pay (`pays_from`), or that it does not within the budget, with both curves' last values."""
+    pay (`pays_from`), or that it does not within the budget, with the gap (with it minus without)
+    at every evaluation both curves share, and, when it does not pay, whether that gap narrowed
+    or widened from the first evaluation to the last."""
     parts = []
     for part, (a, b) in pairs.items():
         if a not in curves or b not in curves or not curves[a] or not curves[b]:
             continue
-        start, (end, last_a), last_b = pays_from(curves[a], curves[b]), curves[a][-1], curves[b][-1][1]
+        start, end = pays_from(curves[a], curves[b]), curves[a][-1][0]
+        common = sorted(set(dict(curves[a])) & set(dict(curves[b])))
+        gaps = [dict(curves[a])[t] - dict(curves[b])[t] for t in common]
         where = ("pays from step 0 on" if start == 0 else f"pays from {start:,} training tokens on"
                  if start is not None else f"does not pay within {end:,} training tokens")
-        parts.append(f"{part} ({label(a)} against {label(b)}) {where} "
-                     f"(validation alpha {last_a:.3f} against {last_b:.3f} at the end)")
-    return ("On the learning curves of validation alpha: " + "; ".join(parts) + ".") if parts else ""
+        trend = ""
+        if start is None and len(gaps) > 1:
+            change = abs(gaps[-1]) - abs(gaps[0])
+            trend = ", unchanged" if abs(change) < 1e-3 else ", narrowing" if change < 0 else ", widening"
+        parts.append(f"{part} ({label(a)} against {label(b)}) {where} (alpha with it minus without: "
+                     + " → ".join(f"{g:+.3f}" for g in gaps) + f"{trend})")
+    return ("On the learning curves of validation alpha (evaluations at "
+            + ", ".join(f"{t:,}" for t in sorted({t for c in curves.values() for t, _ in c})) + " training tokens): "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 def step0_sentence(initial: dict[str, dict], vocab_size: int) -> str:
@@ -220,16 +230,16 @@ def step0_sentence(initial: dict[str, dict], vocab_size: int) -> str:
     init starts above or below random weights."""
     if not initial:
         return ""
-    rows = ", ".join(f"{label(n)} alpha {m['alpha']:.3f} (CE {m['hard_ce']:.2f})" for n, m in initial.items())
+    rows = "; ".join(f"{label(n)} alpha {m['alpha']:.3f} (CE {m['hard_ce']:.2f})" for n, m in initial.items())
     text = (f"At step 0, before training, on the trainer's validation windows: {rows}; a uniform guess has CE "
             f"ln {vocab_size} = {np.log(vocab_size):.2f}.")
     pruned = {n: m for n, m in initial.items() if n != "random_init"}
     if "random_init" in initial and pruned:
         worse = [n for n, m in pruned.items() if m["alpha"] < initial["random_init"]["alpha"]]
         if worse:
-            text += (f" The pruned init starts below random weights ({', '.join(label(n) for n in worse)}): the "
-                     "target's last layers, fed the draft's own shallow stream as queries, predict worse than a random "
-                     "draft; what the pruned init and the target's activations are worth can only come from training.")
+            text += (f" The pruned init starts below random weights ({'; '.join(label(n) for n in worse)}): the "
+                     "target's last layers, fed the draft's own shallow stream instead of the deep one they were "
+                     "trained on, predict worse than a random draft; what the pruned init and the target's activations are worth can only come from training.")
         else:
             text += " The pruned init starts above random weights."
     return text
