@@ -239,7 +239,8 @@ def step0_sentence(initial: dict[str, dict], vocab_size: int) -> str:
         if worse:
             text += (f" The pruned init starts below random weights ({'; '.join(label(n) for n in worse)}): the "
                      "target's last layers, fed the draft's own shallow stream instead of the deep one they were "
-                     "trained on, predict worse than a random draft; what the pruned init and the target's activations are worth can only come from training.")
+                     "trained on, predict worse than a random draft; what the pruned init and the target's "
+                     "activations are worth can only come from training.")
         else:
             text += " The pruned init starts above random weights."
     return text
