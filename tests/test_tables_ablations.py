@@ -127,8 +127,8 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
               {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
     assert tables.order_sentence(ranked, []) == (
         "2 of 4 parts are resolved as helping at this scale: sparse KV (+0.40x) > distillation (+0.10x), in the "
-        "paper's order. Resolved as harmful here (removing it raises tau; the paper ranks it target activations 2): "
-        "target activations (-0.08x). Not resolved at this scale (no rank): feedback.")
+        "paper's order. Resolved as harmful here, removing it raises tau: target activations (-0.08x; the paper "
+        "ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
     ranked[:2] = ranked[1::-1]
     assert ", not in the paper's order." in tables.order_sentence(ranked, [])
 

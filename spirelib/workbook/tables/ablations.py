@@ -144,9 +144,9 @@ def order_sentence(ranked: list[dict], ours: list[tuple[str, float]]) -> str:
             + (", in the paper's order" if matches_paper_order([(r["part"], 0) for r in helps]) else
                ", not in the paper's order") + ".")
     if harmful:
-        text += (" Resolved as harmful here (removing it raises tau; the paper ranks it "
-                 + ", ".join(f"{r['part']} {PAPER_ORDER.index(r['part']) + 1}" for r in harmful) + "): "
-                 + ", ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in harmful) + ".")
+        text += (" Resolved as harmful here, removing it raises tau: "
+                 + ", ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x; the paper ranks it "
+                             f"{PAPER_ORDER.index(r['part']) + 1} of {len(PAPER_ORDER)})" for r in harmful) + ".")
     if unresolved:
         text += " Not resolved at this scale (no rank): " + ", ".join(r["part"] for r in unresolved) + "."
     return text
