@@ -324,7 +324,7 @@ def _read(path: Path) -> dict:
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 84em; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 table.kv th { background: #f6f6f6; font-weight: normal; font-family: monospace; }
@@ -339,7 +339,7 @@ table.verdict th:nth-child(1) { width: 18%; } table.verdict th:nth-child(2) { wi
 table.verdict th:nth-child(3) { width: 22%; } table.verdict td:nth-child(4) { font-size: 0.9em; color: #333; }
 p.scale-line { margin: 0.3em 0 0.6em; }
 .maps { display: flex; flex-wrap: wrap; gap: 0.8em 1.4em; align-items: flex-start; }
-figure.map { margin: 0; max-width: 16em; } figure.map figcaption { font-weight: bold; font-size: 0.9em; }
+figure.map { margin: 0; max-width: 15em; } figure.map figcaption { font-weight: bold; font-size: 0.9em; }
 table.map { border-collapse: separate; border-spacing: 1px; margin: 0.2em 0; font-size: 0.72em; }
 table.map th { border: none; padding: 0 0.25em; color: #555; font-weight: normal; text-align: right;
   white-space: nowrap; }
