@@ -174,6 +174,9 @@ def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
     behind = {"no_feedback": [(0, 0.10), (10, 0.30)], "no_feedback_no_target_acts": [(0, 0.13), (10, 0.31)]}
     pair = {"target activations": ("no_feedback", "no_feedback_no_target_acts")}
     assert tables.curve_sentence(behind, pair).endswith("(alpha with it minus without: -0.030 → -0.010, narrowing).")
+    tied_first = {"no_feedback": [(0, 0.1), (10, 0.30), (20, 0.40)],
+                  "no_feedback_no_target_acts": [(0, 0.1), (10, 0.33), (20, 0.403)]}
+    assert tables.curve_sentence(tied_first, pair).endswith("+0.000 → -0.030 → -0.003, narrowing).")
 
 
 def test_step_0_says_whether_the_pruned_init_starts_below_random_weights():

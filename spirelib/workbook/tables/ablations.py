@@ -203,7 +203,7 @@ def curve_sentence(curves: dict[str, list[tuple[int, float]]], pairs: dict[str, 
     """Where on the learning curves (`learning_curve` per variant) each part of SPIRe starts to
     pay (`pays_from`), or that it does not within the budget, with the gap (with it minus without)
     at every evaluation both curves share, and, when it does not pay, whether that gap narrowed
-    or widened from the first evaluation to the last."""
+    or widened between the last two evaluations."""
     parts = []
     for part, (a, b) in pairs.items():
         if a not in curves or b not in curves or not curves[a] or not curves[b]:
@@ -215,7 +215,7 @@ def curve_sentence(curves: dict[str, list[tuple[int, float]]], pairs: dict[str, 
                  if start is not None else f"does not pay within {end:,} training tokens")
         trend = ""
         if start is None and len(gaps) > 1:
-            change = abs(gaps[-1]) - abs(gaps[0])
+            change = abs(gaps[-1]) - abs(gaps[-2])  # the latest trend: a part tied at step 0 starts at 0
             trend = ", unchanged" if abs(change) < 1e-3 else ", narrowing" if change < 0 else ", widening"
         parts.append(f"{part} ({label(a)} against {label(b)}) {where} (alpha with it minus without: "
                      + " → ".join(f"{g:+.3f}" for g in gaps) + f"{trend})")
