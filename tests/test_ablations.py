@@ -48,3 +48,13 @@ def test_unresolved_differences_get_no_rank():
         ("sparse KV", 1), ("target activations", 2), ("feedback", 3),
         ("distillation", None), ("pruned init", None), ("MixedLoss", None)]
     assert all(r["resolved"] == (r["rank"] is not None) for r in rows)
+
+
+def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
+    from spirelib.modeling.ablations import MEASURED_COMPONENTS, resolved_ranking
+
+    ranking = [("sparse KV", 0.7), ("distillation", 0.1), ("feedback", 0.01), ("target activations", -0.08)]
+    rows = resolved_ranking(ranking, {name: name != "feedback" for name in MEASURED_COMPONENTS})
+    assert [(r["part"], r["rank"], r["effect"]) for r in rows] == [
+        ("sparse KV", 1, "helps"), ("distillation", 2, "helps"), ("target activations", None, "harmful"),
+        ("feedback", None, "not resolved")]

@@ -1,6 +1,7 @@
 """The run index leads with the verdict and the reproduced / not reproduced lists, built from
 recorded results, each number linked to its notebook."""
 
+import html
 import re
 
 from spirelib.workbook import findings
@@ -39,8 +40,12 @@ RESULTS = {
 }
 
 
-def text(html):
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+def text(page):
+    plain = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+    return plain.replace(" ,", ",").replace(" .", ".").replace(" :", ":")
+
+
+text_of = text
 
 
 def test_verdict_answers_four_ways_at_the_cell_and_over_the_grid():
@@ -50,24 +55,42 @@ def test_verdict_answers_four_ways_at_the_cell_and_over_the_grid():
     assert [findings._winner(r["at"]) for r in rows] == ["spire", "spire", "magicdec", "ad"]  # 09: nearest cell (4, 64)
     html = verdict_section(RUN, RESULTS)
     plain = text(html)
-    assert plain.index("Verdict") < plain.index("Reproduced") < plain.index("Not reproduced")
-    assert "SD was slower than AD in 3 of 4 cells" in plain  # 1.2 is the only cell SD wins
+    assert plain.index("Which draft, where") < plain.index("Reproduced") < plain.index("Not reproduced")
+    assert "SD was slower than AD in 3 of 4 measured (method, B, L) cells" in plain  # 1.2: the only cell SD wins
     assert "MagicDec wins at the trained shapes (modeled)" in plain
     assert "SPIRe 1 , AD 3 of 4 cells" in plain or "AD 3, SPIRe 1 of 4 cells" in plain  # the recorded grid
-    assert "nearest cell" in plain  # 09 did not measure (64, 512)
+    assert "not measured at B = 64, L = 512; this is the nearest measured cell" in plain
     paper_grid = findings._modeled_winners({"vanilla": 2.647, "magicdec": 3.891, "spire": 3.401})
     assert sum(row.count("spire") for row in paper_grid) == 66  # the paper's model, B 1..128 x L 32..8K
     assert "SPIRe 66" in plain and "of 72 cells" in plain
     assert "magicdec" not in plain and "MagicDec" in plain  # display names, never code names
 
 
-def test_reproduced_and_not_reproduced_lists_carry_numbers():
-    done, not_done = findings.claims(RUN, RESULTS)
-    assert any("SPIRe is the best draft" in t and "SPIRe 2.60x" in t for t in done)
-    assert any(t.startswith("Modeled multipliers") and "vanilla SD 1.40x (paper 1.36x)" in t for t in not_done)
-    assert any("faster in 1 of 4 measured cells" in t for t in not_done)
-    assert any("Order of tau" in t and "SPIRe 3.20, MagicDec 2.90" in t for t in not_done)  # paper: MagicDec first
-    assert any("Importance" in t for t in done)
+def test_claims_separate_the_papers_arithmetic_from_what_this_scale_reproduces():
+    found = findings.claims(RUN, RESULTS)
+    arithmetic, done, not_done = found["arithmetic"], found["reproduced"], found["not reproduced"]
+    assert [t.startswith("Multipliers at B = 64, L = 512") for _, t in arithmetic] == [True]
+    (ok, text), = arithmetic
+    assert not ok and "vanilla SD 1.40x (paper 1.36x; differs at the second decimal: 1.4000)" in text
+    assert any("SPIRe is the best draft" in t and "SPIRe 2.60x" in t for _, t in done)
+    assert any("faster in 1 of 4 measured cells" in t for _, t in not_done)
+    assert any("Order of tau" in t and "SPIRe 3.20, MagicDec 2.90" in t for _, t in not_done)  # paper: MagicDec first
+    assert any("Importance" in t for _, t in done)
+    assert not any("Multipliers at B = 64" in t for _, t in done + not_done)
+    plain = text_of(findings.reproduced_section(RUN, RESULTS))
+    assert "The paper's arithmetic, checked (0 of 1 agree)" in plain and "differs: Multipliers" in plain
+    assert "Reproduced at this scale (2)" in plain and "Not reproduced at this scale (3)" in plain
+
+
+def test_a_cost_number_off_at_the_second_decimal_says_why_or_is_not_a_match():
+    checks = {"a": {"paper": 5.12, "from_rounded_tm": 5.1204, "from_full_tm": 5.1349},
+              "b": {"paper": 6.40, "from_rounded_tm": 6.4012, "from_full_tm": 6.3991},
+              "c": {"paper": 6.20, "from_rounded_tm": 6.2149, "from_full_tm": 6.2139}}
+    out = findings._claim_costs({}, {"08_cost_analysis": {"paper_cost_check": checks}})
+    (_, ok_a, a), (_, ok_b, b), (_, ok_c, c) = out
+    assert ok_a and "5.13 (paper 5.12: the paper rounded its multipliers to two decimals first" in a
+    assert ok_b and "6.40 (paper 6.40)" in b and "rounded" not in b
+    assert not ok_c and c.endswith("differs")
 
 
 def test_details_compare_with_the_paper_and_link_the_notebook():
@@ -76,7 +99,7 @@ def test_details_compare_with_the_paper_and_link_the_notebook():
     assert html.count(">yes<") == 2 and ">no<" in html  # vanilla 1.40 is not the paper's 1.36
     assert "<a href='04_measure_tau.html'>3.200 ± 0.050</a>" in html and "3.401" in html
     assert "SPIRe &gt; MagicDec &gt; vanilla SD" in html
-    assert "Scale: tiny models" in html and "matches" in html
+    assert "Scale: tiny models" in html and "<td>1</td><td>sparse KV (+1.00x)</td>" in html
     assert "05_ablations.html" not in html  # no report for 05 in this run: plain text, no dead link
 
 
@@ -93,8 +116,88 @@ def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such()
         "09_measured_vs_modeled": {"cells": [
             {"method": "spire", "B": 1, "L": 256, "measured_speedup": 0.9, "modeled_speedup": 1.8,
              "profiled_speedup": 1.0, "profiled_error": 0.111}]}}
-    (good, text), = _claim_ablations({}, results)
-    assert "sparse KV (+0.76x)" in text and "not resolved at this scale: feedback" in text
+    (kind, good, text), = _claim_ablations({}, results)
+    assert kind == "reproduced" and not good
+    assert "sparse KV (+0.76x)" in text and "not resolved at this scale (no rank): feedback" in text
     assert "feedback (+0.01x)" not in text
     claims = _claim_measured({}, results)
-    assert any("profiled cost model" in t and "median error 11%" in t and not ok for ok, t in claims)
+    assert any("profiled cost model" in t and "median error 11% over all 1 cells" in t and not ok
+               for _, ok, t in claims)
+
+
+def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
+    results = {"05_ablations": {
+        "importance": [{"part": "sparse KV", "multiplier_lost": 0.76, "resolved": True, "rank": 1, "effect": "helps"},
+                       {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "rank": None,
+                        "effect": "harmful"}],
+        "component_delta_tau": {"target activations": {"mean": -0.131, "ci95": 0.053, "resolved": True}}}}
+    (_, ok, claim), = findings._claim_ablations({}, results)
+    assert not ok and "harmful here: target activations (-0.131 ± 0.053 tau, -0.08x)" in claim
+    details = text(findings.ablation_ranking({}, results))
+    assert "harmful here target activations (-0.08x) -0.131 ± 0.053 tau 2" in details
+    assert "1 sparse KV (+0.76x)" in details
+
+
+def test_where_the_winner_flips_in_one_sentence():
+    B, L = findings.GRID_B, findings.GRID_L
+    grid = [["spire"] * len(L) for _ in B]
+    assert findings.where_sentence(grid, B, L) == "SPIRe wins in every cell (B = 1..128, L = 32..8K)."
+    for i in range(4, len(B)):
+        for j in range(6, len(L)):
+            grid[i][j] = "magicdec"
+    assert findings.where_sentence(grid, B, L) == "MagicDec wins at L ≥ 2K for B ≥ 16; SPIRe everywhere else."
+    grid[0][:2] = ["ad", "ad"]
+    assert findings.where_sentence(grid, B, L) == (
+        "MagicDec wins at L ≥ 2K for B ≥ 16; AD wins at L ≤ 64 for B = 1; SPIRe everywhere else.")
+    measured = [["spire", "spire"], ["spire", "magicdec"], ["spire", "magicdec"]]
+    assert findings.where_sentence(measured, [1, 16, 64], [256, 960]) == (
+        "MagicDec wins at L = 960 for B ≥ 16; SPIRe everywhere else.")
+
+
+def test_first_screen_has_the_scale_and_a_map_per_answer_with_measured_cells_at_their_real_b_and_l():
+    run = {**RUN, "params": {"series": {"corpus": "sotu"}}}
+    results = {**RESULTS,
+               "02_train_target": {"target": {"body_params": 1_050_000, "tokens": 2_457_600, "val_loss": 4.0,
+                                              "device": "cpu"}},
+               "04_measure_tau": {**RESULTS["04_measure_tau"],
+                                  "tau_protocol": {"k": 4, "target": {"num_layers": 8, "d_model": 64}}}}
+    results["09_measured_vs_modeled"] = {**RESULTS["09_measured_vs_modeled"], "cells": [
+        {**c, "profiled_speedup": p} for c, p in zip(RESULTS["09_measured_vs_modeled"]["cells"], (1.1, 1.3, 0.4, 0.5))]}
+    html = findings.verdict(run, results)
+    plain = text(html)
+    assert ("Scale: target 8 layers x d_model 64 (1.05M body parameters; the paper's: 67.1M); trained on 2.46M "
+            "tokens of sotu; validation perplexity 54.6; timed on cpu.") in plain
+    partial = {"02_train_target": results["02_train_target"]}  # 04 and 09 not run yet: the params' shape
+    line = findings.scale_line({"params": {"series": {"target": {"num_layers": 4, "d_model": 32}}}}, partial)
+    assert text(line).strip() == (
+        "Scale: target 4 layers x d_model 32 (1.05M body parameters; the paper's: 67.1M); trained on 2.46M tokens; "
+        "validation perplexity 54.6; run on cpu.")
+    maps = findings.decision_maps(run, results)
+    assert [m["title"] for m in maps] == [
+        "the paper's shapes and tau (HOI 600)", "the paper's shapes, this run's tau (HOI 600)",
+        "this run's shapes, this run's tau (HOI 600)", "this machine, measured", "this machine, profiled model"]
+    measured, profiled_map = maps[-2:]
+    assert measured["grid"] == ([["spire", "-"], ["-", "ad"]], [1, 4], [32, 64])  # the cells 09 timed, not 06's grid
+    assert measured["where"] == "AD wins at L = 64 for B = 4; SPIRe everywhere else."
+    assert profiled_map["grid"][0] == [["vanilla", "-"], ["-", "ad"]] and measured["differs"] == {(0, 0)}
+    assert "It picks the wrong winner at B = 1, L = 32 (vanilla SD, not SPIRe)." in profiled_map["where"]
+    assert html.count("<table class='map'>") == 5 and "class='differs'" in html
+    assert "B = 1, L = 32: SPIRe (1.20x)" in html  # a cell's tooltip: its real (B, L) and multiplier
+
+
+def test_a_staircase_is_described_cell_row_by_row_and_scattered_cells_as_such():
+    B, L = [1, 2, 4, 8, 16], [4096, 8192, 16384, 32768, 65536]
+    grid = [["vanilla" if j < 4 - i else "spire" for j in range(5)] for i in range(5)]
+    assert findings.where_sentence(grid, B, L) == (
+        "vanilla SD wins at L ≤ 32K for B = 1, L ≤ 16K for B = 2, L ≤ 8K for B = 4 and L = 4K for B = 8; "
+        "SPIRe everywhere else.")
+    column = [["magicdec" if j == 2 else "spire" for j in range(5)] for _ in range(5)]
+    assert findings.where_sentence(column, B, L) == "MagicDec wins at L = 16K; SPIRe everywhere else."
+    checker = [["ad" if (i + j) % 2 else "spire" for j in range(5)] for i in range(5)]
+    assert findings.where_sentence(checker, B, L) == "AD wins 12 scattered cells; SPIRe everywhere else."
+
+
+def test_where_the_winner_flips_reads_by_columns_when_that_is_shorter():
+    grid = [["magicdec", "spire", "spire"], ["magicdec", "spire", "magicdec"], ["magicdec", "spire", "spire"]]
+    assert findings.where_sentence(grid, [1, 2, 4], [256, 512, 960]) == (
+        "MagicDec wins at L = 256 and B = 2 for L = 960; SPIRe everywhere else.")

@@ -211,3 +211,58 @@ def test_draft_training_legend_stays_short_for_six_runs():
     assert "random init" in entries and "random_init" not in entries  # display names
     assert len(fig.data) == len(entries) + 6 * 6 * 2  # every curve is still drawn
     assert fig.layout.legend.orientation != "h"  # a vertical legend beside the plots, never over the x axis
+
+
+def test_ablation_learning_curves_are_small_multiples_in_the_methods_colours():
+    from spirelib.modeling.methods import color
+    from spirelib.workbook.plots.training import learning_curves_figure
+
+    names = ("spire", "random_init", "distill_only", "hard_target", "no_feedback", "no_feedback_no_target_acts")
+    curves = {panel: {n: [(0, 0.1), (10, 0.2 + i / 10)] for i, n in enumerate(names)} for panel in ("alpha", "CE")}
+    fig = learning_curves_figure(curves, scale="tiny")
+    assert len(fig.data) == 12 and [t.name for t in fig.data if t.showlegend] == [
+        "SPIRe", "random init", "distillation only", "hard target", "no feedback",
+        "no feedback, no target activations"]  # one legend entry per run, every run shown
+    assert all(t.line.color == color(n) for t, n in zip(fig.data, names * 2))
+    assert {t.xaxis for t in fig.data} == {"x", "x2"} and fig.layout.legend.orientation == "h"
+
+
+def test_ablation_bars_one_colour_and_legend_entry_per_variant_and_no_label_on_the_error_bars():
+    from spirelib.modeling.methods import color
+    from spirelib.workbook.plots.ablations import delta_figure
+
+    deltas = {"random_init": {"mean": -0.3, "ci95": 0.1, "resolved": True},
+              "no_feedback": {"mean": 0.01, "ci95": 0.05, "resolved": False}}
+    fig = delta_figure(deltas, {"random_init": -0.5}, scale="tiny")
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [b.name for b in bars] == ["random init", "no feedback"]
+    assert [b.marker.color for b in bars] == [color("random_init"), color("no_feedback")]
+    assert all(not b.text for b in bars)  # no text above a bar, where its error bar is
+    assert list(bars[1].x) == ["no feedback<br>(not resolved)"]
+
+
+def test_training_losses_draw_each_method_in_its_own_colour():
+    from spirelib.modeling.methods import color
+    from spirelib.workbook.plots.training import loss_curves
+
+    metrics = [{"kind": "train", "tokens": 1, "loss": 3.0}, {"kind": "val", "tokens": 1, "val_loss": 3.1}]
+    fig = loss_curves({"target": metrics, "vanilla": metrics}, scale="tiny")
+    assert [t.line.color for t in fig.data] == [color("target")] * 2 + [color("vanilla")] * 2
+    assert color("vanilla") != color("spire")  # 03 drew the vanilla draft in SPIRe's red
+
+
+def test_subplot_titles_get_room_below_a_wrapped_title():
+    """plotly centres a title in the top margin, so a figure with subplot titles needs SUBPLOT_TOP
+    pixels under it, or the last line of the scale note runs into the panels' titles (04, 05)."""
+    from types import SimpleNamespace
+
+    from spirelib.workbook.plots.decoding import tau_figure
+    from spirelib.workbook.plots.perf import SUBPLOT_TOP, title_layout
+    from spirelib.workbook.plots.training import learning_curves_figure
+
+    scale = "target 2x64 (74k body params, 81.9k training tokens), vanilla draft 1x32 " * 3
+    stats = {"spire": {32: SimpleNamespace(mean=4.0, ci95=0.2, n_contexts=6)}}
+    plain = title_layout(f"t<br><sup>{scale}</sup>")["margin"]["t"]
+    assert SUBPLOT_TOP >= 100
+    for fig in (tau_figure(stats, None, scale=scale), learning_curves_figure({"a": {"spire": [(0, 1.0)]}}, scale)):
+        assert fig.layout.margin.t >= plain + SUBPLOT_TOP - 30  # the title's lines plus the room

@@ -25,6 +25,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 pytestmark = NEEDS_BROWSER
 
 FIRST_SCREEN = {"width": 1280, "height": 800}
+READER_SCREEN = {"width": 1400, "height": 1000}  # the issue's first screen of the index
 PROGRESS = re.compile(r"\d+%\|| \d+/\d+ \[\d\d:\d\d|it/s\]|s/it\]")  # tqdm's bar, counter and rate
 
 # A run's results as the series records them (abridged): every view of the verdict has something.
@@ -34,15 +35,19 @@ RESULTS = {
                              "peak_flops_like_noise": {"peak_flops": 2.60477e11, "config_hash": "8a737e711ec9175e"}},
     "04_measure_tau": {"tau": {m: {"64": {"mean": t, "ci95": 0.2, "n_contexts": 6}}
                                for m, t in (("vanilla", 2.99), ("magicdec", 4.73), ("spire", 4.77))},
-                       "tau_protocol": {"k": 4, "scale": "target 2x64"}},
+                       "tau_protocol": {"k": 4, "scale": "target 2x64", "target": {"num_layers": 2, "d_model": 64}}},
+    "02_train_target": {"target": {"body_params": 74_000, "tokens": 81_920, "val_loss": 3.2, "device": "cpu"}},
     "06_speedup_explorer": {
         "taus_used": {"source": "measured", "context_length": 64,
                       "taus": {"vanilla": 2.99, "magicdec": 4.73, "spire": 4.77}},
         "multipliers_at_highlight": {"B": 64, "L": 512,
                                      "paper shapes": {"vanilla": 1.54, "magicdec": 2.49, "spire": 3.90},
-                                     "trained shapes": {"vanilla": 1.50, "magicdec": 3.94, "spire": 4.34}}},
+                                     "trained shapes": {"vanilla": 1.50, "magicdec": 3.94, "spire": 4.34}},
+        "winner_grid": {"trained shapes": {"B": [2 ** i for i in range(8)], "L": [2 ** i for i in range(5, 14)],
+                                           "winners": [["magicdec" if b >= 4 and j >= 6 else "spire" for j in range(9)]
+                                                       for b in range(8)]}}},
     "09_measured_vs_modeled": {
-        "cells": [{"method": m, "B": b, "L": L, "measured_speedup": s, "modeled_speedup": 1.5}
+        "cells": [{"method": m, "B": b, "L": L, "measured_speedup": s, "modeled_speedup": 1.5, "profiled_speedup": s}
                   for (m, b, L, s) in (("vanilla", 1, 32, 1.17), ("magicdec", 1, 32, 1.87), ("spire", 1, 32, 1.29),
                                        ("vanilla", 4, 64, 0.48), ("magicdec", 4, 64, 0.61), ("spire", 4, 64, 0.66))],
         "machine": {"device": "cpu", "ad_step_overhead": 64.0}},
@@ -67,15 +72,28 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page():
+def browser():
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
-            page = browser.new_page(viewport=FIRST_SCREEN)
-            page.set_default_timeout(15_000)
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(browser):
+    """A new page of the shared browser with the given viewport."""
+    def make(viewport):
+        page = browser.new_page(viewport=viewport)
+        page.set_default_timeout(15_000)
+        return page
+    return make
+
+
+@pytest.fixture(scope="module")
+def page(browser_page):
+    return browser_page(FIRST_SCREEN)
 
 
 def test_index_shows_the_verdict_in_the_first_screen(run_dir, page):
@@ -84,14 +102,32 @@ def test_index_shows_the_verdict_in_the_first_screen(run_dir, page):
     lead = page.locator("p.verdict")
     assert heading.is_visible() and lead.is_visible()
     assert lead.bounding_box()["y"] + lead.bounding_box()["height"] <= FIRST_SCREEN["height"]
-    first_screen_rows = page.locator("table.verdict tr").first.bounding_box()
-    assert first_screen_rows["y"] < FIRST_SCREEN["height"]  # the table of the four answers starts on it too
     text = lead.inner_text()
-    assert "SPIRe wins" in text and "slower than AD in 3 of 6 cells" in text, text
+    assert "SPIRe wins" in text and "slower than AD in 3 of 6 measured" in text, text
     body = page.locator("body").inner_text()
-    assert "Reproduced (" in body and "Not reproduced (" in body
+    assert "The paper's arithmetic, checked" in body and "Not reproduced at this scale (" in body
     assert "2.60477e+11" not in body and "8a737e711ec9175e" not in body  # raw results only behind the link
     assert page.locator("a[href='results.json']").count() == 1
+
+
+def test_index_first_screen_holds_the_scale_line_and_the_decision_map(run_dir, browser_page):
+    """At 1400 x 1000 (issue 24): the line of scale and every map of the decision, each with its
+    sentence of where the winner flips, are on the first screen, nothing scrolled."""
+    page = browser_page(READER_SCREEN)
+    page.goto((run_dir / "index.html").as_uri())
+    scale = page.locator("p.scale-line")
+    assert scale.is_visible() and "target 2 layers x d_model 64" in scale.inner_text(), scale.inner_text()
+    maps = page.locator("figure.map")
+    assert maps.count() == 5  # paper's shapes and tau; this run's tau at two shapes; measured; profiled
+    assert "MagicDec wins at L ≥ 2K for B ≥ 16; SPIRe everywhere else." in maps.nth(2).inner_text()
+    for i in range(maps.count()):
+        box = maps.nth(i).bounding_box()
+        assert box["y"] + box["height"] <= READER_SCREEN["height"], (i, box, maps.nth(i).inner_text())
+        assert box["x"] + box["width"] <= READER_SCREEN["width"]
+        assert "everywhere else" in maps.nth(i).inner_text() or "every cell" in maps.nth(i).inner_text()
+    measured = maps.nth(3).inner_text()
+    assert "this machine, measured" in measured and "960" not in measured and "64" in measured  # the real cells
+    assert page.evaluate("document.documentElement.scrollWidth") <= READER_SCREEN["width"]
 
 
 def test_no_report_shows_progress_bars_or_the_default_parameters(run_dir, page):

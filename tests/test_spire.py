@@ -12,10 +12,11 @@ from spirelib.engine.losses import (
     head_draft_losses,
     mixed_loss,
 )
-from spirelib.engine.speculative import autoregressive_generate, speculative_generate
+from spirelib.engine.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
 from spirelib.engine.spire import (
     ABLATIONS,
     SpireConfig,
+    SpireDraft,
     SpireDraftModel,
     SpireObjective,
     ablation,
@@ -290,3 +291,32 @@ def test_spire_draft_trains_the_same_with_gradient_accumulation(tmp_path):
         for key in ("loss", "grad_norm", "alpha_1", "alpha_3", "hard_ce", "val_loss"):
             if key in w:
                 assert a[key] == pytest.approx(w[key], rel=1e-4), (key, w["step"])
+
+
+@pytest.mark.parametrize("variant", ["spire", "no_feedback"])
+def test_target_memory_is_what_the_pruned_layer_itself_computes_at_the_same_positions(variant):
+    """The target-activation path lines up in layer and position, in the engine, round after
+    round: with the pruned init (draft layer i = target layer n_t - n_d + i), the keys and
+    values the draft stores for every verified position equal those the target's own layer
+    n_t - n_d + i stored at that position in its cache. The k-pass == step test above shares
+    `target_memory` between both sides, so it would not see a layer or position off by one."""
+    target = random_target(dtype=torch.float64, std=0.3)
+    cfg = ablation(variant, SpireConfig(num_layers=2, sink=1, window=40, k=3))
+    draft = SpireDraft(SpireDraftModel.from_target(target, cfg).double().eval(), temperature=1.0,
+                       generator=torch.Generator().manual_seed(5))
+    contexts = torch.randint(0, TARGET.vocab_size, (3, 9), generator=torch.Generator().manual_seed(6))
+    capacity = speculative_capacity(contexts.shape[1], 12, 3)
+    prefilled = prefill(target, contexts, capacity=capacity, return_layers=True)
+    out = speculative_generate(target, draft, contexts, 12, k=3, temperature=1.0, prefilled=prefilled,
+                               generator=torch.Generator().manual_seed(7))
+    assert out.accepted.shape[1] > 1  # several verification passes wrote memory
+    mine, theirs = draft.cache, prefilled.cache
+    assert torch.equal(mine.lengths, theirs.lengths)
+    first = TARGET.num_layers - cfg.num_layers
+    for row in range(contexts.shape[0]):
+        slots = ((mine.key_positions[row] >= 0) & (mine.key_positions[row] < mine.lengths[row])).nonzero()[:, 0]
+        positions = mine.key_positions[row, slots]
+        assert sorted(positions.tolist()) == list(range(int(mine.lengths[row])))  # the window holds them all
+        for i in range(cfg.num_layers):
+            torch.testing.assert_close(mine.k[i][row][:, slots], theirs.k[first + i][row][:, positions])
+            torch.testing.assert_close(mine.v[i][row][:, slots], theirs.v[first + i][row][:, positions])

@@ -85,6 +85,8 @@ def test_importance_rows():
     assert rows[0] == {"rank": 1, "ours": "feedback", "drop": 0.3, "delta": "+0.200 ± 0.050", "paper_rank": 2,
                        "paper_drop": 0.25}
     assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == "cost model only"
+    harmful = tables.importance_rows([{**ranked[0], "rank": None, "effect": "harmful"}], deltas, {}, ("feedback",))
+    assert harmful[0]["rank"] == "harmful at this scale"
     assert rows[1]["paper_rank"] == 1 and np.isnan(rows[1]["paper_drop"])
 
 
@@ -118,17 +120,17 @@ def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
     assert "sparse KV" in tables.paper_importance(4)  # the cost model's part, from SPIRe's own tau
 
 
-def test_order_sentence_judges_the_resolved_parts_and_the_full_ranking():
-    ranked = [{"part": "target activations", "multiplier_lost": 0.5, "resolved": True},
-              {"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True},
-              {"part": "feedback", "multiplier_lost": 0.3, "resolved": False}]
-    ours = [("target activations", 0.5), ("sparse KV", 0.4), ("feedback", 0.3)]
-    assert tables.order_sentence(ranked, ours) == (
-        "2 of 3 parts are resolved at this scale; among them the order differs from the paper's. The full ranking "
-        "differs from the paper's, unresolved differences included.")
-    ranked[0]["resolved"] = False
-    assert tables.order_sentence(ranked, [("sparse KV", 0.4), ("feedback", 0.3)]).startswith(
-        "1 of 3 parts are resolved at this scale; among them the order matches the paper's. The full ranking matches")
+def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved():
+    ranked = [{"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True, "effect": "helps"},
+              {"part": "distillation", "multiplier_lost": 0.1, "resolved": True, "effect": "helps"},
+              {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful"},
+              {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
+    assert tables.order_sentence(ranked, []) == (
+        "2 of 4 parts are resolved as helping at this scale: sparse KV (+0.40x) > distillation (+0.10x), in the "
+        "paper's order. Resolved as harmful here, removing it raises tau: target activations (-0.08x; the paper "
+        "ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
+    ranked[:2] = ranked[1::-1]
+    assert ", not in the paper's order." in tables.order_sentence(ranked, [])
 
 
 def test_ablation_results_and_protocol_keep_the_results_keys():
@@ -146,3 +148,56 @@ def test_ablation_results_and_protocol_keep_the_results_keys():
     assert protocol == {"context_length": 64, "n_contexts": 8, "k": 4, "new_tokens": 8, "temperature": 1.0,
                         "seed": 3, "training": {"steps": 2}, "spire": {"steps": 2}, "seeds": [0, 1],
                         "training_seconds": 1.5, "scale": "s"}
+
+
+def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
+    metrics = [{"kind": "train", "tokens": 5, "alpha": 0.9},
+               {"kind": "val", "tokens": 10, "alpha": 0.30, "hard_ce": 6.0},
+               {"kind": "val", "tokens": 20, "alpha": 0.40, "hard_ce": 5.0}]
+    with_it = tables.learning_curve(metrics, {"alpha": 0.10, "hard_ce": 9.6})
+    assert with_it == [(0, 0.10), (10, 0.30), (20, 0.40)]
+    assert tables.learning_curve(metrics, None, "hard_ce") == [(10, 6.0), (20, 5.0)]
+    without = [(0, 0.16), (10, 0.35), (20, 0.38)]
+    assert tables.pays_from(with_it, without) == 20
+    assert tables.pays_from(without, with_it) is None  # below at the last evaluation
+    assert tables.pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
+    assert tables.pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
+    assert tables.pays_from([(0, 0.3), (10, 0.9470004)], [(0, 0.1), (10, 0.947)]) is None  # a tie at 3 decimals
+    text = tables.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
+                                 {"target activations": ("no_feedback", "no_feedback_no_target_acts"),
+                                  "feedback": ("spire", "no_feedback"), "pruned init": ("spire", "random_init")})
+    assert text == ("On the learning curves of validation alpha (evaluations at 0, 10, 20 training tokens): target "
+                    "activations (no feedback against no feedback, no target activations) pays from 20 training tokens "
+                    "on (alpha with it minus without: -0.060 → -0.050 → +0.020); feedback (SPIRe against no feedback) "
+                    "does not pay within 20 training tokens (alpha with it minus without: +0.000 → +0.000 → +0.000, "
+                    "unchanged).")
+    behind = {"no_feedback": [(0, 0.10), (10, 0.30)], "no_feedback_no_target_acts": [(0, 0.13), (10, 0.31)]}
+    pair = {"target activations": ("no_feedback", "no_feedback_no_target_acts")}
+    assert tables.curve_sentence(behind, pair).endswith("(alpha with it minus without: -0.030 → -0.010, narrowing).")
+    tied_first = {"no_feedback": [(0, 0.1), (10, 0.30), (20, 0.40)],
+                  "no_feedback_no_target_acts": [(0, 0.1), (10, 0.33), (20, 0.403)]}
+    assert tables.curve_sentence(tied_first, pair).endswith("+0.000 → -0.030 → -0.003, narrowing).")
+
+
+def test_step_0_says_whether_the_pruned_init_starts_below_random_weights():
+    initial = {"spire": {"alpha": 0.105, "hard_ce": 9.60}, "random_init": {"alpha": 0.196, "hard_ce": 8.33}}
+    text = tables.step0_sentence(initial, 4096)
+    assert text.startswith("At step 0, before training, on the trainer's validation windows: SPIRe alpha 0.105 "
+                           "(CE 9.60); random init alpha 0.196 (CE 8.33); a uniform guess has CE ln 4096 = 8.32.")
+    assert "The pruned init starts below random weights (SPIRe)" in text
+    initial["spire"]["alpha"] = 0.3
+    assert text != tables.step0_sentence(initial, 4096) and "starts above" in tables.step0_sentence(initial, 4096)
+
+
+def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_target_activations_hurt():
+    ranked = [{"part": "sparse KV", "multiplier_lost": 0.7, "resolved": True, "effect": "helps", "rank": 1},
+              {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful",
+               "rank": None}]
+    paragraphs = tables.lead(ranked, 204_800, 1_228_800, "step 0 ...", "curves ...")
+    assert paragraphs[0].startswith("1 of 2 parts are resolved as helping")
+    assert paragraphs[1].startswith("The variants trained on 204,800 tokens per seed, 17% of the main SPIRe draft's "
+                                    "1,228,800")
+    assert paragraphs[2:4] == ["step 0 ...", "curves ..."] and paragraphs[4] == tables.PATH_CHECK
+    ranked[1]["effect"] = "helps"
+    assert tables.PATH_CHECK not in tables.lead(ranked, 1_228_800, 1_228_800)
+    assert tables.lead(ranked, 1_228_800, 1_228_800)[1].endswith("the main SPIRe draft's budget.")

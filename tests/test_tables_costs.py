@@ -130,3 +130,26 @@ def test_mixed_heading_columns_sentences_and_result():
         "window 64: SPIRe's net savings minus MagicDec's, mixed batch 0.500 units, uniform batch 0.750 units"]
     assert tables.mixed_margin_result(margins) == {"L/8": {"mixed": 1.25, "uniform": 1.0},
                                                    "64": {"mixed": 0.5, "uniform": 0.75}}
+
+
+def test_08_leads_with_whether_training_spire_pays_and_how_the_papers_numbers_come_out():
+    scenarios = {"seqax-67m": Scenario.paper("seqax-67m"), "llama3-70b": Scenario.paper("llama3-70b")}
+    checks = tables.paper_cost_checks(scenarios)
+    net, net_70b = {"spire": 6.15, "magicdec": 5.12}, {"spire": 6.20, "magicdec": 5.33}
+    break_even = {"spire_vs_ad": 0.39, "spire_vs_magicdec": 2.3}
+    verdict, paper = tables.lead(checks, net, net_70b, break_even, 1.28, 10.0, ((64, 512), (64, 65536)))
+    assert verdict == ("**Training SPIRe pays** at serving = 10 target-training units: net savings 6.15 against "
+                       "MagicDec's 5.12 (small target, B = 64, L = 512), 6.20 against 5.33 (Llama 3 70B, B = 64, "
+                       "L = 65536). SPIRe's training is repaid against AD after 0.39 units of serving and overtakes "
+                       "MagicDec from 2.30 units; at 10 units it stays ahead while its training costs less than 1.28 "
+                       "units.")
+    rounded = [c for c in checks if c["which"] == "rounded"]
+    assert paper.startswith(f"**The paper's five numbers:** {5 - len(rounded)} of 5 agree to two decimals from the "
+                            "model's full multipliers")
+    assert rounded and f"; {len(rounded)} only from the multipliers rounded to two decimals first" in paper
+    for c in rounded:
+        assert (f"{c['quantity']}: {c['full']:.2f} from the full multipliers, {c['rounded']:.2f} from the rounded ones "
+                f"(the paper's {c['paper']:.2f})") in paper
+    assert "from neither" not in paper
+    never = {**break_even, "spire_vs_magicdec": math.inf}
+    assert "never overtakes MagicDec" in tables.lead(checks, net, net_70b, never, 1.28, 10.0, ((64, 512), (64, 1)))[0]

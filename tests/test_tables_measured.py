@@ -99,7 +99,8 @@ def test_summarize():
 def test_conclusion():
     summary = tables.summarize(CELLS, [{"ratio": 4.0}])
     paper, clock = tables.conclusion(summary, 2, COST, 12.5)
-    assert paper.startswith("At this scale the model's error ranges from -10% (vanilla SD, B = 4, L = 64) to +50%")
+    assert paper.startswith("At this scale the paper's model's error ranges from -10% (vanilla SD, B = 4, L = 64) "
+                            "to +50%")
     assert "Fixed per-pass costs dominate" in paper
     assert paper.endswith("HOI here is 12.5 FLOP/byte against the paper's 600.")
     assert clock.startswith("**Speculative decoding was slower than AD in 1 of 2 measured cells**: "
@@ -112,8 +113,11 @@ def test_machine_sentence_states_peak_bandwidth_hoi_and_dtype():
     machine = {"fp32_flops": 3e11, "bandwidth": 1e11, "saved_to": "/x.json"}
     assert tables.machine_sentence(machine, "torch.float32", 4) == (
         "fp32 matmul peak 300.0 GFLOP/s, memory bandwidth 100.0 GB/s -> HOI 3.0 FLOP/byte (the paper's H100 FP8 "
-        "figure: 600); models in torch.float32, 4 bytes per value; saved to /x.json")
-    assert tables.machine_sentence({"fp32_flops": 1e9, "bandwidth": 1e9}, "f", 2).endswith("saved to (not saved)")
+        "figure: 600); models in torch.float32, 4 bytes per value; saved as the hardware table's \"this machine, "
+        "measured\" entry (x.json)")
+    assert tables.machine_sentence({"fp32_flops": 1e9, "bandwidth": 1e9}, "f", 2).endswith("not saved")
+    saved = tables.machine_sentence({**machine, "saved_to": "/tmp/abc123/cache/this_machine.json"}, "f", 2)
+    assert "/tmp" not in saved and "(this_machine.json)" in saved  # no path of the machine in a report
 
 
 def test_measured_results_keep_the_results_keys():
@@ -128,3 +132,35 @@ def test_measured_results_keep_the_results_keys():
     assert results["hoi"] == 3.0
     assert results["machine"] == {"fp32_flops": 3e11, "bandwidth": 1e11, "device": "cpu", "bytes_per_value": 4,
                                   "ad_step_overhead": 5.0, "scale": "s"}
+
+
+def clock_cell(method, B, L, measured, profiled_speedup):
+    return {"method": method, "B": B, "L": L, "measured_speedup": measured, "profiled_speedup": profiled_speedup,
+            "profiled_error": profiled_speedup / measured - 1}
+
+
+CLOCK = [clock_cell("spire", 1, 256, 1.32, 1.5), clock_cell("magicdec", 1, 256, 0.9, 1.0),
+         clock_cell("spire", 16, 256, 1.05, 1.2), clock_cell("magicdec", 16, 256, 0.95, 0.9),
+         clock_cell("spire", 1, 960, 0.8, 0.9), clock_cell("magicdec", 1, 960, 0.7, 0.8),
+         clock_cell("spire", 16, 960, 1.1, 1.3), clock_cell("magicdec", 16, 960, 1.2, 1.1)]
+
+
+def test_09_leads_with_where_sd_won_and_where_it_lost():
+    assert tables.cell_winners(CLOCK) == ([["spire", "ad"], ["spire", "magicdec"]], [1, 16], [256, 960])
+    assert tables.both_sides(CLOCK) == (
+        "**Where speculative decoding won:** in 3 of 4 (B, L) cells: SPIRe in 2 (1.05-1.32x), MagicDec in 1 "
+        "(1.20x). Per cell: AD wins at L = 960 for B = 1; MagicDec wins at L = 960 for B = 16; SPIRe everywhere else. "
+        "**Where it lost:** no draft beat AD at (B, L) = (1, 960); MagicDec was slower than AD in 3 of 4 cells "
+        "(0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
+
+
+def test_09_says_which_way_the_profiled_model_errs_and_where_it_picks_the_wrong_winner():
+    text = tables.profiled_sides(CLOCK)
+    assert text.startswith("**The profiled model** overpredicts the speedup: too high in 6 of 8 measurements, too "
+                           "low in 2 (median signed error +13%).")
+    assert text.endswith("It picks the wrong winner at B = 16, L = 960 (it picks SPIRe, the clock MagicDec).")
+    right = [{**c, "profiled_speedup": c["measured_speedup"]} for c in CLOCK]
+    assert tables.profiled_sides(right).endswith("It picks the measured winner in every cell.")
+    paragraphs = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8, COST,
+                                   2.0, CLOCK)
+    assert paragraphs[0].startswith("**Where speculative decoding won:**") and paragraphs[1] == text

@@ -344,3 +344,26 @@ def test_spire_best_k_is_best_k_with_spire_alone():
     expected, _ = best_k("spire", alpha, 64, 512, PAPER.target, PAPER.drafts["spire"], k_max=12,
                          **{k: v for k, v in PAPER.model_kwargs().items() if k != "k"})
     assert grid[tables.cell_index(B, L, 64, 512)] == expected
+
+
+def test_01_leads_with_the_papers_arithmetic_and_where_the_winner_flips():
+    paper = Scenario.paper("seqax-67m", 512, k=4, hoi=600.0, overlap=True)
+    multipliers, _, _ = tables.headline(paper, 64, 512, 512)
+    stated = pm.PAPER_MULTIPLIERS["seqax-67m"]
+    arithmetic, where = tables.lead(paper, multipliers, stated, 64, 512, 2 ** np.arange(0, 8), 2 ** np.arange(5, 14))
+    assert arithmetic.startswith("**The paper's arithmetic, redone:** with the paper's shapes and tau (HOI 600, "
+                                 "f = max, k = 4) the model gives, at B = 64, L = 512: SPIRe 2.78x, MagicDec 2.05x, "
+                                 "vanilla SD 1.36x.")
+    assert arithmetic.endswith("The paper states 2.78x, 2.05x, 1.36x: the same to its two decimals.")
+    assert where.startswith("**Which draft, where (Figure 4, modeled):** vanilla SD wins at ")
+    assert "; SPIRe everywhere else." in where
+    off = tables.lead(paper, {**multipliers, "vanilla": 1.40}, stated, 64, 512, [64], [512])[0]
+    assert off.endswith("different for vanilla SD.")
+    assert tables.lead(paper, multipliers, None, 8, 64, [8], [64])[0].endswith("states no multipliers for this cell.")
+
+
+def test_06_says_where_the_winner_flips_per_scenario():
+    grid = {"spire": np.array([[2.0, 1.5], [2.0, 1.2]]), "magicdec": np.array([[1.0, 1.6], [1.0, 1.1]])}
+    grids = {"trained shapes": tables.winner_grid([1, 16], [256, 960], grid)}
+    assert tables.where_sentences(grids, {"trained shapes": "the trained shapes"}) == (
+        "- **the trained shapes:** MagicDec wins at L = 960 for B = 1; SPIRe everywhere else.")

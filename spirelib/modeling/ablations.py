@@ -61,13 +61,21 @@ MEASURED_COMPONENTS = {name: pair for name, pair in COMPONENTS.items() if "no_sp
 
 
 def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bool]) -> list[dict]:
-    """An `importance` ranking with what this run can tell apart: components whose measured tau
-    difference is resolved (`resolved[name]`, e.g. `tau.DeltaTau.resolved`; cost-model-only
-    components always are) get ranks 1, 2, ... in order of the multiplier they are worth; the
-    others follow without a rank, as "not resolved at this scale"."""
-    rows = [{"part": name, "multiplier_lost": drop, "resolved": name not in MEASURED_COMPONENTS or resolved[name]}
-            for name, drop in ranking]
-    ordered = [r for r in rows if r["resolved"]] + [r for r in rows if not r["resolved"]]
-    for rank, row in enumerate(ordered, 1):
-        row["rank"] = rank if row["resolved"] else None
+    """An `importance` ranking with what this run can tell apart. Each part gets an "effect":
+    "helps" (its measured tau difference is resolved, `resolved[name]`, e.g.
+    `tau.DeltaTau.resolved`, and removing it costs multiplier; cost-model-only parts always are
+    resolved), "harmful" (resolved, and removing it gains multiplier) or "not resolved". Only
+    the parts that help get ranks 1, 2, ... in order of the multiplier they are worth; harmful
+    parts follow, then unresolved ones, both without a rank: a part that hurts is reported as
+    harmful, not placed at the end of an importance chain."""
+    rows = []
+    for name, drop in ranking:
+        ok = name not in MEASURED_COMPONENTS or resolved[name]
+        rows.append({"part": name, "multiplier_lost": drop, "resolved": ok,
+                     "effect": "not resolved" if not ok else "helps" if drop > 0 else "harmful"})
+    ordered = [r for effect in ("helps", "harmful", "not resolved") for r in rows if r["effect"] == effect]
+    rank = 0
+    for row in ordered:
+        rank += row["effect"] == "helps"
+        row["rank"] = rank if row["effect"] == "helps" else None
     return ordered

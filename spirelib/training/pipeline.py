@@ -164,6 +164,23 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
     return TrainedModel(result.model, spire_cfg, train_cfg, result, target.data, identity)
 
 
+def initial_spire_metrics(target: TrainedModel, spire_cfg: SpireConfig, train_cfg: TrainConfig, *,
+                          device: str = "auto") -> dict[str, float]:
+    """The validation metrics of a SPIRe draft at step 0, before any training: the draft
+    `trained_spire_draft` starts from (the pruned init, or the random_init ablation's weights from
+    the same seed), scored by the same objective on the same validation windows as the trainer's
+    evaluations ("val_loss", "alpha", "alpha_1".., "distill_ce", "hard_ce"): the learning curve's
+    first point."""
+    dev = resolve_device(device)
+    torch.manual_seed(train_cfg.seed)  # as trained_spire_draft: the random_init ablation's weights
+    frozen = target.model.to(dev)
+    model = SpireDraftModel.from_target(frozen, spire_cfg)
+    windows = validation_windows(target.data.dataset.val, train_cfg.eval_windows, train_cfg.seq_len + 1,
+                                 train_cfg.seed)
+    with torch.no_grad():
+        return evaluate(model, SpireObjective(frozen), windows, train_cfg.batch_size, dev)
+
+
 def training_mfu(trained: TrainedModel) -> dict:
     """MFU of a training run against the peak measured now on the device it trained on:
     fp32 on CPU, bf16 (autocast) on GPU. {"peak_flops", "mfu", "run_mfu", "device"}: `mfu` of

@@ -1,15 +1,18 @@
-"""The run index's lead: the deploy verdict, what this run reproduced of the paper and what not.
+"""The run index's lead: which draft wins where, at what scale, and what this run checked of the paper.
 
 Built from the results the notebooks recorded (results.json) and the paper's numbers
 (`perfmodel`, `ablations`; docs/method.md §2); numbers link to the report of the notebook that made them.
 Sections whose notebook did not run (or recorded nothing) are left out, so a partial run
 (`--only`) still gets an honest index.
 
-The verdict answers one question four ways: which draft wins at the highlighted (B, L) and
-over the grid, (1) at the paper's shapes with the paper's tau (01), (2) at the paper's shapes
-with this run's tau (06), (3) at the shapes trained here, modeled (06), and (4) on this
-machine, measured (09); and says what each answer is good for. `claims` then sorts the
-paper's claims this run could check into "reproduced" and "not reproduced", with numbers.
+The first screen (`verdict`) is one line of scale (target, training tokens, perplexity, corpus,
+machine) and the winner over (B, L) as a small map per way of answering, each with a sentence
+saying where the winner flips (`tables.winners.where_sentence`): (1) the paper's shapes with the
+paper's tau (01), (2) the paper's shapes with this run's tau (06), (3) the shapes trained here
+with this run's tau at HOI 600 (06), (4) this machine, measured at the cells 09 timed (named at
+their real B and L), and the profiled model of it at the same cells. `claims` then separates the
+paper's arithmetic (its own numbers run through this model) from what this run reproduced, or
+did not, at its own scale (modeled with this run's tau, or measured).
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ import numpy as np
 
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
-from spirelib.modeling.methods import label
+from spirelib.modeling.methods import color, label
+from spirelib.workbook.tables.winners import AD, where_sentence
+from spirelib.workbook.tables.winners import grid_counts as _grid_counts
+from spirelib.workbook.tables.winners import pow2 as _pow2
+from spirelib.workbook.tables.winners import span as _span
+from spirelib.workbook.tables.winners import winner as _winner
 
 # The grid "over the grid" refers to when a notebook recorded none (06's grid).
 GRID_B = [int(b) for b in 2 ** np.arange(0, 8)]  # 1 .. 128
 GRID_L = [int(L) for L in 2 ** np.arange(5, 14)]  # 32 .. 8K
-AD = "ad"
 
 
 def escape(value: Any) -> str:
@@ -47,25 +54,82 @@ def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f"<table{f' class={cls!r}' if cls else ''}><tr>{head}</tr>{body}</table>"
 
 
-def _pow2(value: int) -> str:
-    value = int(value)
-    for unit, size in (("M", 2**20), ("K", 2**10)):
-        if value >= size and value % size == 0:
-            return f"{value // size}{unit}"
-    return str(value)
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
 
 
-def _span(values: list[int]) -> str:
-    return f"{_pow2(min(values))}..{_pow2(max(values))}" if len(values) > 2 else ", ".join(map(_pow2, values))
+def times(value: float) -> str:
+    """A ratio of times (an AD step's measured over its modeled time), one format everywhere."""
+    return f"{value:,.1f}x"
+
+
+def scale_facts(run: dict, results: dict) -> dict:
+    """What the index's scale line says, from what the notebooks recorded: the target's shape and
+    body parameters, its training tokens, validation perplexity, the corpus and the machine."""
+    target = results.get("02_train_target", {}).get("target") or {}
+    protocol = results.get("04_measure_tau", {}).get("tau_protocol", {})
+    machine = results.get("09_measured_vs_modeled", {}).get("machine", {})
+    series = (run.get("params") or {}).get("series") or {}
+    shape = protocol.get("target") or series.get("target") or {}
+    facts = {"layers": shape.get("num_layers"), "d_model": shape.get("d_model"),
+             "body_params": target.get("body_params"), "tokens": target.get("tokens") or protocol.get("target_tokens"),
+             "perplexity": float(np.exp(target["val_loss"])) if target.get("val_loss") is not None else None,
+             "corpus": series.get("corpus") or None, "device": machine.get("device"),
+             "trained_on": target.get("device"), "threads": machine.get("threads")}
+    return {k: v for k, v in facts.items() if v is not None}
+
+
+def scale_line(run: dict, results: dict) -> str | None:
+    """One line: the scale every answer below was made at (None when nothing of it was recorded)."""
+    f = scale_facts(run, results)
+    parts = []
+    if "layers" in f:
+        parts.append(f"target {f['layers']} layers x d_model {f['d_model']}"
+                     + (f" ({_count(f['body_params'])} body parameters; the paper's: "
+                        f"{_count(perfmodel.body_params('seqax-67m'))})" if "body_params" in f else ""))
+    if "tokens" in f:
+        parts.append(f"trained on {_count(f['tokens'])} tokens" + (f" of {f['corpus']}" if "corpus" in f else ""))
+    elif "corpus" in f:
+        parts.append(f"corpus {f['corpus']}")
+    if "perplexity" in f:
+        parts.append(f"validation perplexity {f['perplexity']:.1f}")
+    if "device" in f:
+        threads = f.get("threads")
+        plural = "s" if threads != 1 else ""
+        parts.append(f"timed on {f['device']}" + (f", {threads} thread{plural}" if threads else ""))
+    elif "trained_on" in f:
+        parts.append(f"run on {f['trained_on']}")
+    return ("<p class='scale-line'><b>Scale:</b> " + escape("; ".join(parts)) + ".</p>") if parts else None
+
+
+def _map_html(winners: list[list[str]], B: list[int], L: list[int], values=None,
+              differs: set[tuple[int, int]] = frozenset()) -> str:
+    """A small heat map of the winner per cell: B down (largest on top), L across, the winner's
+    colour and initial in each cell, its multiplier in the tooltip; cells in `differs` outlined."""
+    head = "<tr><th class='corner'>B \\ L</th>" + "".join(f"<th>{_pow2(l)}</th>" for l in L) + "</tr>"
+    rows = []
+    for i in reversed(range(len(B))):
+        cells = []
+        for j in range(len(L)):
+            w = winners[i][j]
+            tip = f"B = {B[i]}, L = {L[j]}: {label(w) if w != '-' else 'not measured'}"
+            if values and values[i][j] is not None:
+                tip += f" ({'best draft ' if w == AD else ''}{values[i][j]:.2f}x)"
+            mark = " class='differs'" if (i, j) in differs else ""
+            style = f"background:{color(w)}" if w != "-" else "background:#fff"
+            cells.append(f"<td{mark} style='{style}' title='{escape(tip)}'>{escape(_initial(w))}</td>")
+        rows.append(f"<tr><th>{_pow2(B[i])}</th>" + "".join(cells) + "</tr>")
+    return f"<table class='map'>{head}{''.join(rows)}</table>"
+
+
+def _initial(method: str) -> str:
+    return {"spire": "S", "magicdec": "M", "vanilla": "V", AD: "AD", "-": ""}.get(method, label(method)[:2])
 
 
 # ---------------------------------------------------------------------------- the verdict
-
-def _winner(values: dict[str, float]) -> str:
-    """The method with the highest multiplier, or "ad" when none beats autoregressive decoding."""
-    best = max(values, key=values.get)
-    return best if values[best] >= 1.0 else AD
-
 
 def _cell_text(values: dict[str, float]) -> str:
     win = _winner(values)
@@ -74,18 +138,11 @@ def _cell_text(values: dict[str, float]) -> str:
     return head + (f" <span class='aside'>({others})</span>" if others else "")
 
 
-def _grid_counts(winners: list[list[str]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in winners:
-        for w in row:
-            counts[w] = counts.get(w, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
 def _grid_text(winners: list[list[str]], B: list[int], L: list[int]) -> str:
     counts = _grid_counts(winners)
     total = sum(counts.values())
-    parts = [f"<b>{escape(label(m))}</b> {n}" if i == 0 else f"{escape(label(m))} {n}" for i, (m, n) in enumerate(counts.items())]
+    parts = [f"<b>{escape(label(m))}</b> {n}" if i == 0 else f"{escape(label(m))} {n}"
+             for i, (m, n) in enumerate(counts.items())]
     return f"{', '.join(parts)} of {total} cells <span class='aside'>(B = {_span(B)}, L = {_span(L)})</span>"
 
 
@@ -111,6 +168,14 @@ def _measured_cells(results: dict) -> dict[tuple[int, int], dict[str, float]]:
     return cells
 
 
+def _profiled_cells(results: dict) -> dict[tuple[int, int], dict[str, float]]:
+    cells: dict[tuple[int, int], dict[str, float]] = {}
+    for c in results.get("09_measured_vs_modeled", {}).get("cells") or []:
+        if c.get("profiled_speedup") is not None:
+            cells.setdefault((int(c["B"]), int(c["L"])), {})[c["method"]] = float(c["profiled_speedup"])
+    return cells
+
+
 def slower_than_ad(results: dict) -> tuple[int, int]:
     """(cells where speculative decoding measured slower than AD, cells measured), over 09's methods x (B, L)."""
     cells = results.get("09_measured_vs_modeled", {}).get("cells") or []
@@ -128,6 +193,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         paper_taus = perfmodel.PAPER_TAU[int(cell.get("tau_context", perfmodel.PAPER_TAU_CONTEXT))]
         rows.append(dict(
             way="paper's shapes, paper's tau (modeled)", short="with the paper's shapes and tau",
+            title="the paper's shapes and tau (HOI 600)",
             stem="01_performance_model", B=cell["B"], L=cell["L"],
             at=r01["headline"],
             grid=(_modeled_winners(paper_taus, hoi=float(cell.get("hoi", perfmodel.PAPER_HOI))), GRID_B, GRID_L),
@@ -137,19 +203,20 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
     grids_06 = r06.get("winner_grid") or {}
     used = r06.get("taus_used") or {}
     source = "this run's tau" if used.get("source") == "measured" else "the paper's tau (no tau measured)"
+    hoi_06 = float(_notebook_param(run, "06_speedup_explorer", "hoi", perfmodel.PAPER_HOI))
     if at_06.get("paper shapes"):
         recorded = grids_06.get("paper shapes")
         if recorded:
             grid = (recorded["winners"], recorded["B"], recorded["L"])
         elif used.get("taus"):
             k = int(results.get("04_measure_tau", {}).get("tau_protocol", {}).get("k", 4))
-            hoi = float(_notebook_param(run, "06_speedup_explorer", "hoi", perfmodel.PAPER_HOI))
-            grid = (_modeled_winners(used["taus"], k=k, hoi=hoi), GRID_B, GRID_L)
+            grid = (_modeled_winners(used["taus"], k=k, hoi=hoi_06), GRID_B, GRID_L)
         else:
             grid = None
         at_l = f" at L = {used['context_length']}" if used.get("context_length") else ""
         rows.append(dict(
             way=f"paper's shapes, {source} (modeled)", short=f"at the paper's shapes with {source}",
+            title=f"the paper's shapes, {source} (HOI {hoi_06:g})",
             stem="06_speedup_explorer", B=at_06["B"], L=at_06["L"],
             at=at_06["paper shapes"], grid=grid,
             trust=f"how the drafts trained here would rank at the paper's scale, if their tau (measured{at_l} on "
@@ -158,6 +225,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         recorded = grids_06.get("trained shapes")
         rows.append(dict(
             way=f"trained shapes, {source} (modeled)", short="at the trained shapes (modeled)",
+            title=f"this run's shapes, {source} (HOI {hoi_06:g})",
             stem="06_speedup_explorer", B=at_06["B"], L=at_06["L"],
             at=at_06["trained shapes"], grid=(recorded["winners"], recorded["B"], recorded["L"]) if recorded else None,
             trust="the model's prediction for the models trained here on the paper's hardware (HOI 600); "
@@ -171,46 +239,139 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         overhead = machine.get("ad_step_overhead")
         Bs, Ls = sorted({b for b, _ in measured}), sorted({l for _, l in measured})
         winners = [[_winner(measured[b, l]) if (b, l) in measured else "-" for l in Ls] for b in Bs]
-        rows.append(dict(
+        values = [[max(measured[b, l].values()) if (b, l) in measured else None for l in Ls] for b in Bs]
+        predicted = _profiled_cells(results)
+        row = dict(
             way=f"this machine ({machine.get('device', '?')}), trained models (measured)",
-            short=f"on this machine (measured{', nearest cell' if near != want else ''})",
-            stem="09_measured_vs_modeled", B=near[0], L=near[1], at=measured[near], grid=(winners, Bs, Ls),
-            note=(f"nearest measured cell to ({want[0]}, {want[1]})" if near != want else ""),
+            short=f"on this machine (measured at B = {near[0]}, L = {near[1]})",
+            title="this machine, measured", stem="09_measured_vs_modeled", B=near[0], L=near[1], at=measured[near],
+            grid=(winners, Bs, Ls), values=values,
+            note=(f"not measured at B = {want[0]}, L = {want[1]}; this is the nearest measured cell"
+                  if near != want else ""),
             trust=(f"the truth for this machine at this scale only: SD was slower than AD in {slower} of {total} "
-                   f"measured cells" + (f"; an AD step takes {overhead:.0f}x its modeled time: fixed per-pass costs, "
-                                        "not the paper's memory-bound regime, decide here" if overhead else "") + ".")))
+                   "measured (method, B, L) cells" + (f"; an AD step takes {times(overhead)} its modeled time: fixed "
+                                                      "per-pass costs, not the paper's memory-bound regime, decide "
+                                                      "here" if overhead else "") + "."))
+        if predicted:
+            row["profiled"] = ([[_winner(predicted[b, l]) if (b, l) in predicted else "-" for l in Ls] for b in Bs],
+                               [[max(predicted[b, l].values()) if (b, l) in predicted else None for l in Ls]
+                                for b in Bs])
+        rows.append(row)
     return rows
 
 
+def decision_maps(run: dict, results: dict, rows: list[dict] | None = None) -> list[dict]:
+    """One map per way of answering "which draft, where" that has a grid: its title, the notebook
+    that made it, (winners, B, L), the winner's multiplier per cell where known, the cells where
+    the profiled model and the clock disagree, and `where_sentence`. The measured grid is at the
+    cells 09 timed, named at their real (B, L); the profiled model's follows it."""
+    maps = []
+    for r in rows if rows is not None else verdict_rows(run, results):
+        if not r.get("grid"):
+            continue
+        winners, B, L = r["grid"]
+        differs = set()
+        if r.get("profiled"):
+            differs = {(i, j) for i in range(len(B)) for j in range(len(L))
+                       if winners[i][j] != "-" and r["profiled"][0][i][j] != winners[i][j]}
+        maps.append(dict(title=r.get("title", r["way"]), stem=r["stem"], grid=(winners, B, L), values=r.get("values"),
+                         differs=differs, where=where_sentence(winners, B, L)))
+        if r.get("profiled"):
+            p_winners, p_values = r["profiled"]
+            wrong = ", ".join(f"B = {B[i]}, L = {L[j]} ({label(p_winners[i][j])}, not {label(winners[i][j])})"
+                              for i, j in sorted(differs))
+            maps.append(dict(title="this machine, profiled model", stem=r["stem"], grid=(p_winners, B, L),
+                             values=p_values, differs=differs,
+                             where=where_sentence(p_winners, B, L) + (
+                                 f" It picks the wrong winner at {wrong}." if wrong else
+                                 " It picks the measured winner in every cell.")))
+    return maps
+
+
+def _legend(maps: list[dict]) -> str:
+    seen: list[str] = []
+    for m in maps:
+        for row in m["grid"][0]:
+            for w in row:
+                if w != "-" and w not in seen:
+                    seen.append(w)
+    keys = "".join(f"<span class='key' style='background:{color(w)}'>{escape(_initial(w))}</span> "
+                   f"{escape(label(w))} " for w in seen)
+    outlined = any(m["differs"] for m in maps)
+    return (f"<p class='legend'>Winner per cell: {keys}"
+            + ("; outlined: the profiled model picks another winner than the clock" if outlined else "")
+            + ". B grows upwards, L to the right; hover a cell for its multiplier.</p>")
+
+
 def verdict(run: dict, results: dict) -> str | None:
-    """The first section of the index: the deploy verdict, four ways, and what each is good for."""
+    """The index's first screen: the scale in one line, the winner over (B, L) as a small map for
+    every way of answering (the paper's shapes and tau; this run's tau at the paper's shapes and
+    at the shapes trained here, HOI 600; this machine, measured and profiled) with a sentence on
+    where the winner flips, and the answers at the highlighted cell."""
     rows = verdict_rows(run, results)
     if not rows:
         return None
+    maps = decision_maps(run, results, rows)
+    figures = "".join(
+        f"<figure class='map'><figcaption>{_link(run, m['stem'], escape(m['title']))}</figcaption>"
+        + _map_html(*m["grid"], values=m["values"], differs=m["differs"])
+        + f"<p class='where'>{escape(m['where'])}</p></figure>" for m in maps)
+    modeled = [r for r in rows if r["stem"] != "09_measured_vs_modeled"]
+    lead = ""
+    if modeled:
+        first = modeled[0]
+        by_winner: dict[str, list[str]] = {}
+        for r in modeled:
+            by_winner.setdefault(_winner(r["at"]), []).append(r["short"])
+        lead = f"At B = {first['B']}, L = {_pow2(first['L'])} (modeled): " + "; ".join(
+            f"<b>{escape(label(w))}</b> wins {' and '.join(ways)}" for w, ways in by_winner.items()) + "."
+    slower, total = slower_than_ad(results)
+    if total:
+        lead += (f" <b>Measured on this machine, SD was slower than AD in {slower} of {total} measured "
+                 "(method, B, L) cells.</b>")
+    scale = scale_line(run, results) or ""
+    return ("<h2 id='verdict'>Which draft, where</h2>" + scale
+            + (f"<div class='maps'>{figures}</div>" + _legend(maps) if maps else "")
+            + f"<p class='verdict'>{lead.strip()}</p>")
+
+
+def answers_table(run: dict, results: dict) -> str | None:
+    """Each way of answering, its winner at the highlighted cell (the measured one at the nearest
+    cell it timed, named as such), the cells each method wins, and what the answer is good for."""
     table = []
-    for r in rows:
+    for r in verdict_rows(run, results):
         at = f"B = {r['B']}, L = {_pow2(r['L'])}: " + _cell_text(r["at"]) + (
-            f" <span class='aside'>({r['note']})</span>" if r.get("note") else "")
+            f" <span class='aside'>({escape(r['note'])})</span>" if r.get("note") else "")
         grid = _grid_text(*r["grid"]) if r.get("grid") else "<span class='aside'>(no grid recorded)</span>"
         table.append([_link(run, r["stem"], escape(r["way"])), at, grid, escape(r["trust"])])
-    first = rows[0]
-    by_winner: dict[str, list[str]] = {}
-    for r in rows:
-        by_winner.setdefault(_winner(r["at"]), []).append(r["short"])
-    lead = f"At B = {first['B']}, L = {_pow2(first['L'])}: " + "; ".join(
-        f"<b>{escape(label(w))}</b> wins {' and '.join(ways)}" for w, ways in by_winner.items())
-    slower, total = slower_than_ad(results)
-    lead += (f". <b>Measured on this machine, SD was slower than AD in {slower} of {total} cells.</b>" if total
-             else ".")
-    return ("<h2 id='verdict'>Verdict: which draft to deploy</h2>"
-            f"<p class='verdict'>{lead}</p>"
+    if not table:
+        return None
+    return ("<h3>What each answer is good for</h3>"
             + _table(["answer from", "winner at the highlighted cell", "winner over the grid (cells won)",
                       "what it is good for"], table, cls="verdict"))
 
 
 # ---------------------------------------------------------------------------- reproduced or not
 
-Claim = tuple[bool, str]  # (reproduced, the claim with its numbers, HTML)
+ARITHMETIC, REPRODUCED, NOT_REPRODUCED = "arithmetic", "reproduced", "not reproduced"
+#: (kind, agrees, the claim with its numbers, HTML). kind ARITHMETIC: the paper's own numbers run
+#: through this workbook's model (agrees: the same to the paper's two decimals, or explained);
+#: kind REPRODUCED: a claim about drafts, checked at this run's scale (modeled with this run's
+#: tau, or measured), agrees or not.
+Claim = tuple[str, bool, str]
+
+
+def _same(ours: float, paper: float) -> bool:
+    """Whether `ours` is the paper's number to the two decimals the paper prints."""
+    return round(ours, 2) == round(paper, 2)
+
+
+def _arithmetic_numbers(got: dict, paper: dict, methods: list[str]) -> tuple[bool, str]:
+    ok = all(_same(got[m], paper[m]) for m in methods)
+    numbers = ", ".join(f"{label(m)} {got[m]:.2f}x (paper {paper[m]:.2f}x"
+                        + ("" if _same(got[m], paper[m]) else f"; differs at the second decimal: {got[m]:.4f}") + ")"
+                        for m in methods)
+    return ok, numbers
 
 
 def _claim_headline(run: dict, results: dict) -> list[Claim]:
@@ -218,11 +379,9 @@ def _claim_headline(run: dict, results: dict) -> list[Claim]:
     if not got:
         return []
     paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
-    methods = [m for m in perfmodel.MODELED_METHODS if m in got]
-    ok = all(round(got[m], 2) == paper[m] for m in methods)
-    numbers = ", ".join(f"{label(m)} {got[m]:.2f}x (paper {paper[m]:.2f}x)" for m in methods)
-    return [(ok, "Modeled multipliers at B = 64, L = 512 with the paper's shapes and tau: "
-             + _link(run, "01_performance_model", numbers))]
+    ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got])
+    return [(ARITHMETIC, ok, "Multipliers at B = 64, L = 512, the paper's shapes and tau: "
+             + _link(run, "01_performance_model", escape(numbers)))]
 
 
 def _claim_70b(run: dict, results: dict) -> list[Claim]:
@@ -230,11 +389,29 @@ def _claim_70b(run: dict, results: dict) -> list[Claim]:
     if not got:
         return []
     paper = perfmodel.PAPER_MULTIPLIERS["llama3-70b"]
-    methods = [m for m in perfmodel.MODELED_METHODS if m in got and m in paper]
-    ok = all(round(got[m], 2) == paper[m] for m in methods)
-    numbers = ", ".join(f"{label(m)} {got[m]:.2f}x (paper {paper[m]:.2f}x)" for m in methods)
-    return [(ok, f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: "
-             + _link(run, "07_llama3_70b_extrapolation", numbers))]
+    ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got and m in paper])
+    return [(ARITHMETIC, ok, f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: "
+             + _link(run, "07_llama3_70b_extrapolation", escape(numbers)))]
+
+
+def _claim_costs(run: dict, results: dict) -> list[Claim]:
+    """Each of the paper's cost numbers: the same from the full multipliers, or the same only
+    from the multipliers rounded to two decimals first (the paper's arithmetic, as 08 shows:
+    said so), or not the same (called a difference)."""
+    checks = results.get("08_cost_analysis", {}).get("paper_cost_check") or {}
+    out = []
+    for quantity, c in checks.items():
+        full, rounded, paper = c["from_full_tm"], c["from_rounded_tm"], c["paper"]
+        if _same(full, paper):
+            text, ok = f"{full:.2f} (paper {paper:.2f})", True
+        elif _same(rounded, paper):
+            text, ok = (f"{full:.2f} (paper {paper:.2f}: the paper rounded its multipliers to two decimals first; "
+                        f"from the rounded multipliers {rounded:.2f})"), True
+        else:
+            text, ok = f"{full:.2f} (paper {paper:.2f}; {rounded:.2f} from rounded multipliers): differs", False
+        out.append((ARITHMETIC, ok, f"Serving savings, {escape(quantity)} (target-training units): "
+                    + _link(run, "08_cost_analysis", escape(text))))
+    return out
 
 
 def _tau_order(results: dict) -> tuple[int, list[str], list[str]] | None:
@@ -259,7 +436,7 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     here = ", ".join(f"{label(m)} {taus[m][str(at)]['mean']:.2f}" for m in order)
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
     ours = [m for m in order if m in paper_at]
-    return [(ours == paper_order, f"Order of tau across drafts: here at L = {at} "
+    return [(REPRODUCED, ours == paper_order, f"Order of tau across drafts (measured): here at L = {at} "
              + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}")]
 
 
@@ -271,8 +448,25 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
     values = at["paper shapes"]
     win = _winner(values)
     numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
-    return [(win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} with this run's tau "
-             "at the paper's shapes: " + _link(run, "06_speedup_explorer", escape(numbers)))]
+    return [(REPRODUCED, win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} "
+             "(modeled with this run's tau at the paper's shapes): "
+             + _link(run, "06_speedup_explorer", escape(numbers)))]
+
+
+def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """05's ranking split by what this run resolves: (parts that help, ranked; parts resolved as
+    harmful; parts not resolved). Rows recorded before "effect" existed count as helping when
+    resolved with a positive multiplier."""
+    def effect(r):
+        return r.get("effect") or ("not resolved" if not r.get("resolved", True) else
+                                   "helps" if r["multiplier_lost"] > 0 else "harmful")
+    return ([r for r in ranked if effect(r) == "helps"], [r for r in ranked if effect(r) == "harmful"],
+            [r for r in ranked if effect(r) == "not resolved"])
+
+
+def _tau_effect(recorded: dict, part: str) -> str:
+    d = (recorded.get("component_delta_tau") or {}).get(part)
+    return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau" if d else "cost model only"
 
 
 def _claim_ablations(run: dict, results: dict) -> list[Claim]:
@@ -280,31 +474,18 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     ranked = recorded.get("importance")
     if not ranked:
         return []
-    resolved = [r for r in ranked if r.get("resolved", True)]
-    unresolved = [r["part"] for r in ranked if not r.get("resolved", True)]
-    ours = " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in resolved)
-    rest = f"; not resolved at this scale: {', '.join(unresolved)}" if unresolved else ""
-    return [(bool(recorded.get("importance_matches_paper")), "Importance of SPIRe's parts: here "
-             + _link(run, "05_ablations", escape(ours + rest)) + "; paper " + escape(" > ".join(PAPER_IMPORTANCE_ORDER)))]
-
-
-def _claim_costs(run: dict, results: dict) -> list[Claim]:
-    checks = results.get("08_cost_analysis", {}).get("paper_cost_check") or {}
-
-    def ok(c):
-        return round(c["from_rounded_tm"], 2) == c["paper"] or round(c["from_full_tm"], 2) == c["paper"]
-
-    def text(items):
-        return ", ".join(f"{escape(q)} {c['from_full_tm']:.2f} (paper {c['paper']:.2f})" for q, c in items)
-
-    out = []
-    for good in (True, False):
-        items = [(q, c) for q, c in checks.items() if ok(c) == good]
-        if items:
-            head = (f"Serving savings (target-training units), {len(items)} of {len(checks)} the paper's to 2 decimals: "
-                    if good else "Serving savings that differ from the paper's at 2 decimals: ")
-            out.append((good, head + _link(run, "08_cost_analysis", text(items))))
-    return out
+    helps, harmful, unresolved = ablation_effects(ranked)
+    text = "Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): here "
+    text += " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in helps) or "no part resolved as helping"
+    if harmful:
+        text += "; harmful here: " + ", ".join(f"{r['part']} ({_tau_effect(recorded, r['part'])}, "
+                                              f"{r['multiplier_lost']:+.2f}x)" for r in harmful)
+    if unresolved:
+        text += "; not resolved at this scale (no rank): " + ", ".join(r["part"] for r in unresolved)
+    ours = [r["part"] for r in helps]
+    ok = not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
+    return [(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + "; paper "
+             + escape(" > ".join(PAPER_IMPORTANCE_ORDER)))]
 
 
 def _claim_measured(run: dict, results: dict) -> list[Claim]:
@@ -317,16 +498,19 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
     errors = [abs(c["modeled_speedup"] / c["measured_speedup"] - 1) for c in cells]
     profiled = [abs(c["profiled_error"]) for c in cells if "profiled_error" in c]
     claims = [
-        (slower == 0, "Speculative decoding is faster than AD on the clock: "
+        (REPRODUCED, slower == 0, "Speculative decoding is faster than AD on the clock (measured): "
          + _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells")
-         + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, L = {best['L']})"),
-        (statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
-         + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%}")
+         + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, "
+           f"L = {best['L']})"),
+        (REPRODUCED, statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
+         + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%} over all {total} cells")
          + f", at most {max(errors):.0%}"),
     ]
     if profiled:
-        claims.append((statistics.median(profiled) <= 0.10, "The profiled cost model of this machine predicts them: "
-                       + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(profiled):.0%}")
+        claims.append((REPRODUCED, statistics.median(profiled) <= 0.10,
+                       "The profiled cost model of this machine predicts them (not a claim of the paper's): "
+                       + _link(run, "09_measured_vs_modeled",
+                               f"median error {statistics.median(profiled):.0%} over all {len(profiled)} cells")
                        + f", at most {max(profiled):.0%} (fitted to single forwards, not to these runs)"))
     return claims
 
@@ -335,25 +519,40 @@ CLAIMS: list[Callable[[dict, dict], list[Claim]]] = [_claim_headline, _claim_70b
                                                      _claim_highlight_winner, _claim_ablations, _claim_measured]
 
 
-def claims(run: dict, results: dict) -> tuple[list[str], list[str]]:
-    """The paper's claims this run checked: (reproduced, not reproduced), each a list of HTML lines."""
-    done, not_done = [], []
+def claims(run: dict, results: dict) -> dict[str, list[tuple[bool, str]]]:
+    """The paper's claims this run checked, in three lists: ARITHMETIC (the paper's own numbers
+    run through this model: (agrees, HTML)), REPRODUCED and NOT_REPRODUCED at this scale (modeled
+    with this run's tau, or measured)."""
+    out: dict[str, list[tuple[bool, str]]] = {ARITHMETIC: [], REPRODUCED: [], NOT_REPRODUCED: []}
     for check in CLAIMS:
-        for ok, text in check(run, results):
-            (done if ok else not_done).append(text)
-    return done, not_done
+        for kind, ok, text in check(run, results):
+            out[kind if kind == ARITHMETIC else REPRODUCED if ok else NOT_REPRODUCED].append((ok, text))
+    return out
 
 
 def reproduced_section(run: dict, results: dict) -> str | None:
-    done, not_done = claims(run, results)
-    if not done and not not_done:
+    found = claims(run, results)
+    if not any(found.values()):
         return None
 
-    def items(lines):
-        return "<ul>" + "".join(f"<li>{t}</li>" for t in lines) + "</ul>" if lines else "<p>none</p>"
+    def items(lines, marks=False):
+        if not lines:
+            return "<p>none</p>"
+        return "<ul>" + "".join(f"<li>{('<b>agrees</b>: ' if ok else '<b>differs</b>: ') if marks else ''}{t}</li>"
+                                for ok, t in lines) + "</ul>"
 
-    return (f"<div class='claims'><div><h3>Reproduced ({len(done)})</h3>{items(done)}</div>"
-            f"<div><h3>Not reproduced ({len(not_done)})</h3>{items(not_done)}</div></div>")
+    arithmetic = found[ARITHMETIC]
+    agree = sum(ok for ok, _ in arithmetic)
+    return ("<div class='claims'>"
+            f"<div><h3>The paper's arithmetic, checked ({agree} of {len(arithmetic)} agree)</h3>"
+            "<p class='aside'>the paper's own numbers run through this workbook's model</p>"
+            f"{items(arithmetic, marks=True)}</div>"
+            f"<div><h3>Reproduced at this scale ({len(found[REPRODUCED])})</h3>"
+            "<p class='aside'>modeled with this run's tau, or measured</p>"
+            f"{items(found[REPRODUCED])}</div>"
+            f"<div><h3>Not reproduced at this scale ({len(found[NOT_REPRODUCED])})</h3>"
+            "<p class='aside'>modeled with this run's tau, or measured</p>"
+            f"{items(found[NOT_REPRODUCED])}</div></div>")
 
 
 # ---------------------------------------------------------------------------- details
@@ -404,18 +603,23 @@ def table1(run: dict, results: dict) -> str | None:
 
 
 def ablation_ranking(run: dict, results: dict) -> str | None:
-    """Notebook 05's importance order of SPIRe's parts next to the paper's."""
+    """Notebook 05's parts of SPIRe: the ones resolved as helping, ranked, next to the paper's
+    rank; the ones resolved as harmful and the unresolved ones without a rank."""
     recorded = results.get("05_ablations", {})
     ranked = recorded.get("importance")
     if not ranked:
         return None
+    helps, harmful, unresolved = ablation_effects(ranked)
     rows = [[str(i + 1), _link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)"),
-             PAPER_IMPORTANCE_ORDER[i] if i < len(PAPER_IMPORTANCE_ORDER) else ""] for i, r in enumerate(ranked)]
-    matches = recorded.get("importance_matches_paper")
+             escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
+            for i, r in enumerate(helps)]
+    rows += [[effect, _link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)"),
+              escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
+             for effect, group in (("harmful here", harmful), ("not resolved", unresolved)) for r in group]
     scale = recorded.get("ablation_protocol", {}).get("scale", "")
     return ("<h3>Which part of SPIRe matters most (ablations)</h3>"
-            + _table(["rank", "this run (multiplier lost without it)", "paper"], rows)
-            + f"<p>The order {'matches' if matches else 'differs from'} the paper's.</p>"
+            + _table(["rank (only parts resolved as helping)", "this run (multiplier lost without it)",
+                      "tau with it minus without", "paper's rank"], rows)
             + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
 
 
@@ -431,13 +635,14 @@ def measured_vs_modeled(run: dict, results: dict) -> str | None:
     slower, total = slower_than_ad(results)
     machine = recorded.get("machine", {})
     text = (f"SD was slower than AD in {slower} of {total} measured cells. "
-            f"Over them the model is off by {statistics.median(errors):.0%} (median) and at most "
+            f"Over all {total} cells the paper's model is off by {statistics.median(errors):.0%} (median) and at most "
             f"{max(errors):.0%} ({escape(label(worst['method']))} at B = {worst['B']}, L = {worst['L']}: modeled "
             f"{worst['modeled_speedup']:.2f}x, measured {worst['measured_speedup']:.2f}x). The fastest measured "
-            f"speedup is {best['measured_speedup']:.2f}x ({escape(label(best['method']))}, B = {best['B']}, L = {best['L']}). "
+            f"speedup is {best['measured_speedup']:.2f}x ({escape(label(best['method']))}, B = {best['B']}, "
+            f"L = {best['L']}). "
             f"Calibrated HOI {recorded.get('hoi', float('nan')):.1f} FLOP/byte")
     if machine.get("ad_step_overhead"):
-        text += f"; an AD step takes {machine['ad_step_overhead']:.1f}x its modeled time"
+        text += f"; an AD step takes {times(machine['ad_step_overhead'])} its modeled time"
     return ("<h3>The model against the clock</h3><p>"
             + _link(run, "09_measured_vs_modeled", text) + ".</p>"
             + (f"<p class='scale'>Scale: {escape(machine.get('scale', ''))}</p>" if machine.get("scale") else ""))
@@ -448,9 +653,10 @@ FINDINGS = DETAILS  # kept for callers of the earlier name
 
 
 def verdict_section(run: dict, results: dict) -> str:
-    """The index's first section: the verdict, then the reproduced and not reproduced lists."""
-    parts = [part for part in (verdict(run, results), reproduced_section(run, results)) if part]
-    return "\n".join(parts)
+    """The index's first section: the decision maps, then what this run checked of the paper's
+    claims (`reproduced_section`), then what each answer is good for."""
+    parts = [verdict(run, results), reproduced_section(run, results), answers_table(run, results)]
+    return "\n".join(part for part in parts if part)
 
 
 def findings_section(run: dict, results: dict) -> str:

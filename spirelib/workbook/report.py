@@ -324,7 +324,7 @@ def _read(path: Path) -> dict:
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 84em; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 table.kv th { background: #f6f6f6; font-weight: normal; font-family: monospace; }
@@ -337,6 +337,19 @@ p.verdict { font-size: 1.1em; background: #f3f6fb; border-left: 4px solid #2166a
 table.verdict { width: 100%; table-layout: fixed; }
 table.verdict th:nth-child(1) { width: 18%; } table.verdict th:nth-child(2) { width: 28%; }
 table.verdict th:nth-child(3) { width: 22%; } table.verdict td:nth-child(4) { font-size: 0.9em; color: #333; }
+p.scale-line { margin: 0.3em 0 0.6em; }
+.maps { display: flex; flex-wrap: wrap; gap: 0.8em 1.4em; align-items: flex-start; }
+figure.map { margin: 0; max-width: 15em; } figure.map figcaption { font-weight: bold; font-size: 0.9em; }
+table.map { border-collapse: separate; border-spacing: 1px; margin: 0.2em 0; font-size: 0.72em; }
+table.map th { border: none; padding: 0 0.25em; color: #555; font-weight: normal; text-align: right;
+  white-space: nowrap; }
+table.map td { border: 2px solid transparent; padding: 0; width: 1.9em; height: 1.35em; text-align: center;
+  color: #fff; font-weight: bold; }
+table.map td.differs { border-color: #000; }
+p.where { font-size: 0.85em; margin: 0.2em 0; }
+p.legend { font-size: 0.85em; color: #444; margin: 0.4em 0; }
+span.key { display: inline-block; min-width: 1.6em; text-align: center; color: #fff; font-weight: bold;
+  font-size: 0.85em; }
 .claims { display: flex; gap: 2em; } .claims > div { flex: 1; }
 .claims h3 { margin: 0.5em 0 0.2em; } .claims ul { margin: 0; padding-left: 1.2em; } .claims li { margin: 0.2em 0; }
 pre { white-space: pre-wrap; }

@@ -13,18 +13,20 @@ from spirelib.workbook.plots.perf import scale_title, title_layout
 
 def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: str = "") -> go.Figure:
     """Bars of tau(variant) - tau(SPIRe): `deltas[variant]` has "mean" and "ci95" (error bars) and
-    "resolved"; `paper[variant]` is the paper's difference (no interval published)."""
+    "resolved"; `paper[variant]` is the paper's difference (no interval published). One bar per
+    variant in its own colour (`methods.color`) with its own legend entry; a difference that is
+    not resolved says so in its axis label, where no error bar can cover it."""
     names = list(deltas)
+    ticks = {n: label(n) + ("" if deltas[n]["resolved"] else "<br>(not resolved)") for n in names}
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=[label(n) for n in names], y=[deltas[n]["mean"] for n in names], name="measured here",
-                         marker_color=[color(n, i) for i, n in enumerate(names)],
-                         error_y=dict(type="data", array=[deltas[n]["ci95"] for n in names]),
-                         text=["" if deltas[n]["resolved"] else "not resolved" for n in names],
-                         textposition="outside"))
-    fig.add_trace(go.Scatter(x=[label(n) for n in names], y=[paper.get(n) for n in names], mode="markers",
+    for i, n in enumerate(names):
+        fig.add_trace(go.Bar(x=[ticks[n]], y=[deltas[n]["mean"]], name=label(n), marker_color=color(n, i),
+                             error_y=dict(type="data", array=[deltas[n]["ci95"]], color="#333"),
+                             hovertemplate=f"{label(n)}: %{{y:+.3f}} ± {deltas[n]['ci95']:.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[ticks[n] for n in names], y=[paper.get(n) for n in names], mode="markers",
                              name="paper (L = 512)", marker=dict(symbol="diamond-open", size=13, color="black")))
     fig.add_hline(y=0.0, line=dict(color="gray", width=1))
     fig.update_layout(**title_layout(scale_title("tau of each variant minus SPIRe's (paired, 95% CI)", scale)),
-                      yaxis_title="delta tau (tokens per round)", template="plotly_white", height=480,
-                      legend=dict(orientation="h", y=-0.25))
+                      yaxis_title="delta tau (tokens per round)", template="plotly_white", height=500,
+                      showlegend=True, legend=dict(orientation="h", y=-0.3))
     return fig

@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from spirelib.engine.tau import TauStats
 from spirelib.modeling.methods import color as method_color
 from spirelib.modeling.methods import label as method_label
-from spirelib.workbook.plots.perf import scale_title, title_layout
+from spirelib.workbook.plots.perf import SUBPLOT_TOP, scale_title, title_layout
 
 Stats = Mapping[str, Mapping[int, TauStats]]
 
@@ -46,7 +46,7 @@ def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = N
             ), row=1, col=2)
     fig.update_xaxes(title_text="context length L", type="log")
     fig.update_yaxes(title_text="tau (tokens per round, bonus included)", col=1)
-    fig.update_layout(**title_layout(scale_title("tau = E[tokens per round]", scale), top=45),
+    fig.update_layout(**title_layout(scale_title("tau = E[tokens per round]", scale), top=SUBPLOT_TOP),
                       template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -85,8 +85,8 @@ def per_position_figure(stats: Stats, scale: str = "") -> go.Figure:
                 hovertemplate="draft %{x}: %{y:.3f}<br>%{customdata[0]} of %{customdata[1]} rounds<extra></extra>",
             ), row=1, col=col)
     fig.update_xaxes(title_text="draft position j", dtick=1)
-    fig.update_yaxes(title_text="P[accepted | reached]", range=[0, 1.02], col=1)
-    fig.update_layout(**title_layout(scale_title("Per-position acceptance", scale), top=45),
+    fig.update_yaxes(title_text="P[accepted | reached]", range=[0, 1.08], col=1)  # room for the top error bars
+    fig.update_layout(**title_layout(scale_title("Per-position acceptance", scale), top=SUBPLOT_TOP),
                       template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
     return fig

@@ -41,6 +41,9 @@ def scale_title(text: str, scale: str) -> str:
     return text + (f"<br><sup>{scale}</sup>" if scale else "")
 
 
+SUBPLOT_TOP = 110  # pixels below a title for subplot titles: plotly centres the title in the margin
+
+
 def title_layout(text: str, width: int = TITLE_WIDTH, top: int = 30) -> dict:
     """Layout settings for a title that stays inside the figure: wrapped (`wrap_title`), left
     aligned, and a top margin that holds every line above `top` pixels of plot decorations."""
@@ -131,7 +134,7 @@ def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorb
             fig.add_shape(type="rect", x0=hx - 0.5, x1=hx + 0.5, y0=hy - 0.5, y1=hy + 0.5,
                           line=dict(color="black", width=3), row=1, col=col)
     fig.update_yaxes(title="batch B", row=1, col=1, **_log2_ticks(B))
-    layout = title_layout(title, top=45)  # room for the subplot titles
+    layout = title_layout(title, top=SUBPLOT_TOP)  # room for the subplot titles
     fig.update_layout(**layout, height=400 + layout["margin"]["t"],
                       coloraxis=gain_coloraxis(zmin, zmax, colorbar_title, center))
     if colorscale is not None:

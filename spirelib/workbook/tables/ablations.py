@@ -10,6 +10,7 @@ from spirelib.engine.drafts import draft_factory
 from spirelib.engine.spire import ABLATIONS
 from spirelib.engine.tau import AcceptCounts, TauProtocol, delta_tau, measure_tau
 from spirelib.modeling import perfmodel
+from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
 from spirelib.modeling.ablations import importance, matches_paper_order, variant_multipliers
 from spirelib.modeling.acceptance import tau_from_per_position
 from spirelib.modeling.methods import label
@@ -85,11 +86,15 @@ def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, pap
     """The parts of SPIRe in our order (`ablations.resolved_ranking`): the multiplier lost
     without each, the paired tau difference behind it (a cost-model-only part has none), and
     the paper's rank (`paper_order`) and multiplier lost with its taus (`paper`: part -> TM)."""
-    return [{"rank": r["rank"] or "not resolved at this scale", "ours": r["part"], "drop": r["multiplier_lost"],
+    return [{"rank": r["rank"] or _no_rank(r), "ours": r["part"], "drop": r["multiplier_lost"],
              "delta": (f"{component_deltas[r['part']].mean:+.3f} ± {component_deltas[r['part']].ci95:.3f}"
                        if r["part"] in component_deltas else "cost model only"),
              "paper_rank": list(paper_order).index(r["part"]) + 1, "paper_drop": paper.get(r["part"], np.nan)}
             for r in ranked]
+
+
+def _no_rank(row: dict) -> str:
+    return "harmful at this scale" if row.get("effect") == "harmful" else "not resolved at this scale"
 
 
 def check_variants(names) -> None:
@@ -128,13 +133,23 @@ def paper_importance(k: int, hoi: float = perfmodel.PAPER_HOI) -> dict[str, floa
 
 
 def order_sentence(ranked: list[dict], ours: list[tuple[str, float]]) -> str:
-    """Whether the parts this run resolves (`resolved_ranking`'s rows) and the full ranking
-    (`ours`, unresolved differences included) order SPIRe's parts as the paper does (method §3.8)."""
-    resolved = [(r["part"], r["multiplier_lost"]) for r in ranked if r["resolved"]]
-    return (f"{len(resolved)} of {len(ranked)} parts are resolved at this scale; among them the order "
-            + ("matches" if matches_paper_order(resolved) else "differs from") + " the paper's. The full ranking "
-            + ("matches" if matches_paper_order(ours) else "differs from") + " the paper's, unresolved differences "
-            "included.")
+    """What this run says of SPIRe's parts (`resolved_ranking`'s rows) against the paper's order
+    (method §3.8), in words: the parts that help, ranked; the parts resolved as harmful; the
+    parts not resolved (neither gets a rank), and whether the ranked parts keep the paper's order."""
+    helps = [r for r in ranked if r.get("effect", "helps" if r["resolved"] else "") == "helps"]
+    harmful = [r for r in ranked if r.get("effect") == "harmful"]
+    unresolved = [r for r in ranked if not r["resolved"]]
+    text = (f"{len(helps)} of {len(ranked)} parts are resolved as helping at this scale"
+            + (": " + " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in helps) if helps else "")
+            + (", in the paper's order" if matches_paper_order([(r["part"], 0) for r in helps]) else
+               ", not in the paper's order") + ".")
+    if harmful:
+        text += (" Resolved as harmful here, removing it raises tau: "
+                 + ", ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x; the paper ranks it "
+                             f"{PAPER_ORDER.index(r['part']) + 1} of {len(PAPER_ORDER)})" for r in harmful) + ".")
+    if unresolved:
+        text += " Not resolved at this scale (no rank): " + ", ".join(r["part"] for r in unresolved) + "."
+    return text
 
 
 def ablation_results(stats: dict, ranked: list[dict], deltas: dict, component_deltas: dict, seeds, agree: bool,
@@ -156,3 +171,99 @@ def ablation_protocol(series, context_length: int, n_contexts: int, budget, base
             "new_tokens": series.new_tokens, "temperature": series.temperature, "seed": series.tau_seed,
             "training": budget.to_dict(), "spire": base.to_dict(), "seeds": seeds,
             "training_seconds": training_seconds, "scale": scale}
+
+
+# ---------------------------------------------------------------------------- learning curves
+
+def learning_curve(metrics: list[dict], initial: dict | None = None, key: str = "alpha") -> list[tuple[int, float]]:
+    """(training tokens, validation `key`) of a training run's metrics log, the step-0 value
+    (`pipeline.initial_spire_metrics`) first where given: a learning curve of the training-time
+    expected acceptance alpha (method §8) by default."""
+    points = [(0, float(initial[key]))] if initial and key in initial else []
+    return points + [(int(m["tokens"]), float(m[key])) for m in metrics if m["kind"] == "val" and key in m]
+
+
+def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]], margin: float = 1e-3) -> int | None:
+    """The training tokens from which a part pays on the learning curves (`learning_curve` of the
+    variant with the part and of the one without, at the same evaluations): the first evaluation
+    from which on `with_it` stays above `without` by more than `margin` (a difference below the
+    three decimals the curves are reported with is a tie); None when it is not above at the last."""
+    common = sorted(set(dict(with_it)) & set(dict(without)))
+    a, b = dict(with_it), dict(without)
+    start = None
+    for tokens in common:
+        if a[tokens] > b[tokens] + margin:
+            start = tokens if start is None else start
+        else:
+            start = None
+    return start
+
+
+def curve_sentence(curves: dict[str, list[tuple[int, float]]], pairs: dict[str, tuple[str, str]]) -> str:
+    """Where on the learning curves (`learning_curve` per variant) each part of SPIRe starts to
+    pay (`pays_from`), or that it does not within the budget, with the gap (with it minus without)
+    at every evaluation both curves share, and, when it does not pay, whether that gap narrowed
+    or widened between the last two evaluations."""
+    parts = []
+    for part, (a, b) in pairs.items():
+        if a not in curves or b not in curves or not curves[a] or not curves[b]:
+            continue
+        start, end = pays_from(curves[a], curves[b]), curves[a][-1][0]
+        common = sorted(set(dict(curves[a])) & set(dict(curves[b])))
+        gaps = [dict(curves[a])[t] - dict(curves[b])[t] for t in common]
+        where = ("pays from step 0 on" if start == 0 else f"pays from {start:,} training tokens on"
+                 if start is not None else f"does not pay within {end:,} training tokens")
+        trend = ""
+        if start is None and len(gaps) > 1:
+            change = abs(gaps[-1]) - abs(gaps[-2])  # the latest trend: a part tied at step 0 starts at 0
+            trend = ", unchanged" if abs(change) < 1e-3 else ", narrowing" if change < 0 else ", widening"
+        parts.append(f"{part} ({label(a)} against {label(b)}) {where} (alpha with it minus without: "
+                     + " → ".join(f"{g:+.3f}" for g in gaps) + f"{trend})")
+    return ("On the learning curves of validation alpha (evaluations at "
+            + ", ".join(f"{t:,}" for t in sorted({t for c in curves.values() for t, _ in c})) + " training tokens): "
+            + "; ".join(parts) + ".") if parts else ""
+
+
+def step0_sentence(initial: dict[str, dict], vocab_size: int) -> str:
+    """The variants before any training (`pipeline.initial_spire_metrics` per variant): validation
+    alpha and cross-entropy with the data against a uniform guess (ln V), and whether the pruned
+    init starts above or below random weights."""
+    if not initial:
+        return ""
+    rows = "; ".join(f"{label(n)} alpha {m['alpha']:.3f} (CE {m['hard_ce']:.2f})" for n, m in initial.items())
+    text = (f"At step 0, before training, on the trainer's validation windows: {rows}; a uniform guess has CE "
+            f"ln {vocab_size} = {np.log(vocab_size):.2f}.")
+    pruned = {n: m for n, m in initial.items() if n != "random_init"}
+    if "random_init" in initial and pruned:
+        worse = [n for n, m in pruned.items() if m["alpha"] < initial["random_init"]["alpha"]]
+        if worse:
+            text += (f" The pruned init starts below random weights ({'; '.join(label(n) for n in worse)}): the "
+                     "target's last layers, fed the draft's own shallow stream instead of the deep one they were "
+                     "trained on, predict worse than a random draft; what the pruned init and the target's "
+                     "activations are worth can only come from training.")
+        else:
+            text += " The pruned init starts above random weights."
+    return text
+
+
+PATH_CHECK = ("A defect in the target-activation path is ruled out by tests, not assumed: tests/test_spire.py checks "
+              "that k-pass training computes what step-by-step inference computes, and that the keys and values the "
+              "draft stores for every verified position, round after round in the engine, are those the target layer "
+              "it was pruned from stored at that position (no layer or position off by one).")
+
+
+def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", curves: str = "") -> list[str]:
+    """05's conclusion in words, before its evidence (Markdown paragraphs): what helps, hurts or is
+    not resolved (`order_sentence`); the budget the variants trained at against the main draft's;
+    the variants at step 0 (`step0_sentence`) and where each part starts to pay on the learning
+    curves (`curve_sentence`); and, when a part that reads the target's activations is resolved as
+    harmful, what rules out a defect in that path (`PATH_CHECK`)."""
+    budget = (f"The variants trained on {tokens:,} tokens per seed, "
+              + ("the main SPIRe draft's budget." if tokens >= main_tokens else
+                 f"{tokens / main_tokens:.0%} of the main SPIRe draft's {main_tokens:,}: a difference measured here "
+                 "can change sign with more training (the learning curves below show how it moves)."))
+    paragraphs = [order_sentence(ranked, []), budget]
+    paragraphs += [p for p in (step0, curves) if p]
+    if any(r.get("effect") == "harmful" and r["part"] == "target activations" for r in ranked):
+        paragraphs.append(PATH_CHECK)
+    return paragraphs

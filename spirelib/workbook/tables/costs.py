@@ -205,3 +205,35 @@ def mixed_margin_sentences(margins: dict) -> str:
 def mixed_margin_result(margins: dict) -> dict:
     """`mixed_length_savings`'s margins as results.json holds them."""
     return {w: {"mixed": a, "uniform": b} for w, (a, b) in margins.items()}
+
+
+def lead(checks: list[dict], net: dict, net_70b: dict, break_even: dict, limit: float, serving_units: float,
+         cells: tuple[tuple[int, int], tuple[int, int]]) -> list[str]:
+    """08's conclusion in words, before its evidence (Markdown paragraphs): whether training SPIRe
+    pays at the cost tables' cells (`cells`: the small target's and the 70B's (B, L)) against
+    MagicDec, from what serving volume, and up to what training cost (`max_training_units`); and
+    how the paper's five numbers (`paper_cost_checks`) come out: from the full multipliers, only
+    from the multipliers rounded to two decimals first (the paper's arithmetic), or neither."""
+    (b, l), (b70, l70) = cells
+    spire_ahead = net["spire"] > net["magicdec"]
+    verdict = (f"**Training SPIRe {'pays' if spire_ahead else 'does not pay'}** at serving = {serving_units:g} "
+               f"target-training units: net savings {net['spire']:.2f} against MagicDec's {net['magicdec']:.2f} "
+               f"(small target, B = {b}, L = {l}), {net_70b['spire']:.2f} against {net_70b['magicdec']:.2f} "
+               f"(Llama 3 70B, B = {b70}, L = {l70}).")
+    volume = break_even["spire_vs_magicdec"]
+    verdict += (f" SPIRe's training is repaid against AD after {break_even['spire_vs_ad']:.2f} units of serving and "
+                + (f"overtakes MagicDec from {volume:.2f} units" if np.isfinite(volume) else "never overtakes MagicDec")
+                + f"; at {serving_units:g} units it stays ahead while its training costs less than {limit:.2f} units.")
+    full = [c for c in checks if "full" in c["which"]]
+    rounded = [c for c in checks if c["which"] == "rounded"]
+    neither = [c for c in checks if c["which"] == "neither"]
+    paper = (f"**The paper's five numbers:** {len(full)} of {len(checks)} agree to two decimals from the model's "
+             "full multipliers"
+             + (f"; {len(rounded)} only from the multipliers rounded to two decimals first, as the paper quotes them: "
+                + "; ".join(f"{c['quantity']}: {c['full']:.2f} from the full multipliers, {c['rounded']:.2f} from "
+                            f"the rounded ones (the paper's {c['paper']:.2f})" for c in rounded) if rounded else "")
+             + (f"; {len(neither)} from neither: "
+                + "; ".join(f"{c['quantity']}: {c['full']:.2f} (the paper's {c['paper']:.2f})" for c in neither)
+                if neither else "")
+             + ".")
+    return [verdict, paper]

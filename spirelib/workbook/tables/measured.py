@@ -6,6 +6,8 @@ compute nothing of their own beyond medians and ratios."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from spirelib.engine.kvcache import SinkWindow
@@ -18,6 +20,7 @@ from spirelib.engine.wallclock import (
 )
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import label as method_label
+from spirelib.workbook.tables.winners import AD, where_sentence, winner
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
                   "tau": "tau", "round": "ms per round (step)", "draft": "draft", "verify": "verify",
@@ -136,14 +139,86 @@ def _cell(c: dict) -> str:
     return f"{method_label(c['method'])} at B = {c['B']}, L = {c['L']}"
 
 
-def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float) -> tuple[str, str]:
-    """The two paragraphs of 09's conclusion (Markdown), from `summarize`: how far the paper's
-    model is off, and where speculative decoding lost and why the profiled model says so."""
+def _span_x(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}x" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}x"
+
+
+def cell_winners(cells: list[dict], key: str = "measured_speedup") -> tuple[list[list[str]], list[int], list[int]]:
+    """Per (B, L) cell of `cells` (one per method), the method with the highest `key` speedup, or
+    "ad" where none beats AD ("-" where nothing was timed): (winners by B then L, B values, L values)."""
+    by_cell: dict[tuple[int, int], dict[str, float]] = {}
+    for c in cells:
+        by_cell.setdefault((c["B"], c["L"]), {})[c["method"]] = c[key]
+    Bs, Ls = sorted({b for b, _ in by_cell}), sorted({l for _, l in by_cell})
+    return [[winner(by_cell[b, l]) if (b, l) in by_cell else "-" for l in Ls] for b in Bs], Bs, Ls
+
+
+def both_sides(cells: list[dict]) -> str:
+    """Where speculative decoding won on the clock and where it lost (Markdown): per method the
+    (B, L) cells it won and its range of speedups there, where the winner flips
+    (`winners.where_sentence`), the cells where no draft beat AD, and each method's measurements
+    slower than AD."""
+    winners, Bs, Ls = cell_winners(cells)
+    speedup = {(c["method"], c["B"], c["L"]): c["measured_speedup"] for c in cells}
+    n_cells = sum(w != "-" for row in winners for w in row)
+    won: dict[str, list[float]] = {}
+    lost = []
+    for i, b in enumerate(Bs):
+        for j, length in enumerate(Ls):
+            w = winners[i][j]
+            if w == AD:
+                lost.append((b, length))
+            elif w != "-":
+                won.setdefault(w, []).append(speedup[w, b, length])
+    n_won = sum(len(v) for v in won.values())
+    text = (f"**Where speculative decoding won:** in {n_won} of {n_cells} (B, L) cells"
+            + (": " + ", ".join(f"{method_label(m)} in {len(v)} ({_span_x(v)})"
+                                for m, v in sorted(won.items(), key=lambda kv: -len(kv[1]))) if won else "")
+            + f". Per cell: {where_sentence(winners, Bs, Ls)} ")
+    slower = {}
+    for c in cells:
+        if c["measured_speedup"] < 1.0:
+            slower.setdefault(c["method"], []).append(c)
+    text += "**Where it lost:** " + (
+        "no draft beat AD at (B, L) = " + ", ".join(f"({b}, {length})" for b, length in lost) + "; " if lost else
+        "some draft beat AD in every cell; ")
+    text += ("; ".join(f"{method_label(m)} was slower than AD in {len(v)} of "
+                       f"{sum(c['method'] == m for c in cells)} cells ({_span_x([c['measured_speedup'] for c in v])})"
+                       for m, v in slower.items()) or "no draft was slower than AD anywhere") + "."
+    return text
+
+
+def profiled_sides(cells: list[dict]) -> str:
+    """The profiled model's direction of error (how many measurements it over- and under-predicts,
+    its median signed error) and the (B, L) cells where it picks another winner than the clock."""
+    errors = [c["profiled_error"] for c in cells]
+    over = sum(e > 0 for e in errors)
+    measured, Bs, Ls = cell_winners(cells)
+    predicted, _, _ = cell_winners(cells, "profiled_speedup")
+    wrong = [f"B = {b}, L = {length} (it picks {method_label(predicted[i][j])}, the clock "
+             f"{method_label(measured[i][j])})" for i, b in enumerate(Bs) for j, length in enumerate(Ls)
+             if measured[i][j] != "-" and predicted[i][j] != measured[i][j]]
+    direction = ("overpredicts" if over > len(errors) / 2 else "underpredicts" if over < len(errors) / 2 else
+                 "errs both ways on")
+    return (f"**The profiled model** {direction} the speedup: too high in {over} of {len(errors)} measurements, too "
+            f"low in {len(errors) - over} (median signed error {float(np.median(errors)):+.0%}). "
+            + (f"It picks the wrong winner at {'; '.join(wrong)}." if wrong else
+               "It picks the measured winner in every cell."))
+
+
+def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float,
+               cells: list[dict] | None = None) -> tuple[str, ...]:
+    """09's conclusion (Markdown paragraphs): with `cells`, first both sides of the clock
+    (`both_sides`) and the profiled model's direction of error and wrong winners (`profiled_sides`);
+    then how far the paper's model is off, and where speculative decoding lost and what the
+    profiled model's terms say of it (`summarize`)."""
     best, worst, overhead, losing = summary["best"], summary["worst"], summary["overhead"], summary["losing"]
     worst_profiled = summary["worst_profiled"]
-    paper = (f"At this scale the model's error ranges from {best['error']:+.0%} ({method_label(best['method'])}, "
-             f"B = {best['B']}, L = {best['L']}) to {worst['error']:+.0%} ({method_label(worst['method'])}, "
-             f"B = {worst['B']}, L = {worst['L']}); a median AD step takes {overhead:,.1f}x the modeled time. "
+    paper = (f"At this scale the paper's model's error ranges from {best['error']:+.0%} "
+             f"({method_label(best['method'])}, B = {best['B']}, L = {best['L']}) to {worst['error']:+.0%} "
+             f"({method_label(worst['method'])}, B = {worst['B']}, L = {worst['L']}); a median AD step takes "
+             f"{overhead:,.1f}x the modeled time. "
              + ("Fixed per-pass costs dominate: the model overstates what speculative decoding gains here. "
                 if overhead > 3 else
                 "Passes are close to their modeled cost, so the model's ranking of methods holds. ")
@@ -155,7 +230,8 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
              f"({worst_profiled['profiled_error']:+.0%}). Where it predicts a loss, the reason is in its terms: the "
              f"draft's k passes each pay the fixed {1e6 * (cost.fixed_s + cost.per_layer_s):.0f} us-plus of a forward "
              f"that one AD step pays once per token.")
-    return paper, clock
+    lead = (both_sides(cells), profiled_sides(cells)) if cells else ()
+    return (*lead, paper, clock)
 
 
 def machine_sentence(machine: dict, dtype, bytes_per_value: int) -> str:
@@ -164,11 +240,13 @@ def machine_sentence(machine: dict, dtype, bytes_per_value: int) -> str:
     peak, bandwidth = machine["fp32_flops"], machine["bandwidth"]
     return (f"fp32 matmul peak {peak / 1e9:,.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:,.1f} GB/s "
             f"-> HOI {peak / bandwidth:,.1f} FLOP/byte (the paper's H100 FP8 figure: 600); models in {dtype}, "
-            f"{bytes_per_value} bytes per value; saved to {machine.get('saved_to', '(not saved)')}")
+            f"{bytes_per_value} bytes per value; "
+            + (f"saved as the hardware table's \"this machine, measured\" entry ({Path(machine['saved_to']).name})"
+               if machine.get("saved_to") else "not saved"))
 
 
 def measured_results(cells: list[dict], cost: profiled.ProfiledCost, fit_error: np.ndarray, summary: dict,
-                     machine: dict, device: str, bytes_per_value: int, scale: str) -> dict:
+                     machine: dict, device: str, bytes_per_value: int, scale: str, threads: int | None = None) -> dict:
     """What notebook 09 records: the cells (CELL_FIELDS), the profiled model with its fit errors
     and `summarize`'s verdict, the HOI and the machine (`calibrate`'s peak and bandwidth, the
     device, bytes per value, the AD step's overhead, the scale note)."""
@@ -179,4 +257,5 @@ def measured_results(cells: list[dict], cost: profiled.ProfiledCost, fit_error: 
                                "cells_slower_than_ad": len(summary["losing"])},
             "hoi": peak / bandwidth,
             "machine": {"fp32_flops": peak, "bandwidth": bandwidth, "device": device,
-                        "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale}}
+                        "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale,
+                        **({"threads": threads} if threads else {})}}

@@ -18,6 +18,7 @@ from spirelib.modeling.acceptance import alpha_from_tau, best_k
 from spirelib.modeling.hardware import operating_points
 from spirelib.modeling.methods import label as method_label
 from spirelib.workbook.plots.explorer import Scenario
+from spirelib.workbook.tables.winners import where_sentence, winner
 
 SHAPE_COLUMNS = {"name": "model", "num_layers": "layers", "d_model": "d_model", "n_q_per_kv": "q per kv",
                  "n_kv": "kv heads", "d_head": "d_head", "d_ff": "d_ff", "body": "body params",
@@ -214,12 +215,19 @@ def headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str =
     (floats), the rows of `headline_rows` (the paper's stated TM only on the paper's own cell: its B, L, HOI 600,
     f = max and Table 1 at L = 512) and the results to record ("headline", "headline_cell")."""
     multipliers = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
-    stated = pm.PAPER_MULTIPLIERS[target]
-    on_paper_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
+    stated = stated_on_cell(scenario, B, L, tau_context, target)
     results = {"headline": {m: multipliers[m] for m in ("spire", "magicdec", "vanilla")},
                "headline_cell": {"B": B, "L": L, "hoi": scenario.hoi, "overlap": scenario.overlap,
                                  "tau_context": tau_context}}
-    return multipliers, headline_rows(scenario.taus, multipliers, stated if on_paper_cell else None), results
+    return multipliers, headline_rows(scenario.taus, multipliers, stated), results
+
+
+def stated_on_cell(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "seqax-67m") -> dict | None:
+    """The paper's stated multipliers (`perfmodel.PAPER_MULTIPLIERS`) where (B, L) and the settings
+    are the paper's own cell (its B, L, HOI 600, f = max and Table 1 at L = 512), else None."""
+    stated = pm.PAPER_MULTIPLIERS[target]
+    on_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
+    return stated if on_cell else None
 
 
 def settings_line(scenario: Scenario, tau_context: int) -> str:
@@ -445,3 +453,36 @@ def spire_best_k(scenario: Scenario, B, L, cap: int) -> np.ndarray:
     B, L = np.asarray(B), np.asarray(L)
     best, _ = best_k_maps(scenario, {"spire": scenario.taus["spire"]}, {}, B[:, None], L[None, :], default_cap=cap)
     return best["spire"]
+
+
+def lead(scenario: Scenario, multipliers: dict, stated: dict | None, B: int, L: int, grid_B, grid_L,
+         grid_name: str = "Figure 4") -> list[str]:
+    """01's conclusion in words, before its evidence (Markdown paragraphs): the modeled multipliers
+    at (B, L) against the paper's stated ones (`stated`, only on the paper's own cell: then "the
+    same to the paper's two decimals" or which differ), and where the winner flips over the
+    grid (`winners.where_sentence`; `grid_name` names it: 01's Figure 4, 07's Figure 6 heat maps)."""
+    methods = [m for m in ("spire", "magicdec", "vanilla") if m in multipliers]
+    values = ", ".join(f"{method_label(m)} {multipliers[m]:.2f}x" for m in methods)
+    text = (f"**The paper's arithmetic, redone:** with the paper's shapes and tau (HOI {scenario.hoi:g}, "
+            f"f = {'max' if scenario.overlap else 'sum'}, k = {scenario.k}) the model gives, at B = {B}, L = {L}: "
+            f"{values}.")
+    if stated:
+        differ = [m for m in methods if m in stated and round(multipliers[m], 2) != stated[m]]
+        text += (" The paper states " + ", ".join(f"{stated[m]:.2f}x" for m in methods if m in stated) + ": "
+                 + ("the same to its two decimals." if not differ else
+                    "different for " + ", ".join(method_label(m) for m in differ) + "."))
+    else:
+        text += " The paper states no multipliers for this cell."
+    grids = scenario.multipliers(np.asarray(grid_B)[:, None], np.asarray(grid_L)[None, :])
+    winners = [[winner({m: float(g[i, j]) for m, g in grids.items()}) for j in range(len(grid_L))]
+               for i in range(len(grid_B))]
+    where = (f"**Which draft, where ({grid_name}, modeled):** {where_sentence(winners, list(grid_B), list(grid_L))} "
+             "This checks the model, not drafts trained here; notebook 06 answers with this run's tau.")
+    return [text, where]
+
+
+def where_sentences(grids: dict[str, dict], labels: dict[str, str]) -> str:
+    """Per scenario's `winner_grid`, where the winner flips (`winners.where_sentence`), one
+    Markdown line each under the scenario's label (`labels[name]`)."""
+    return "\n".join(f"- **{labels.get(name, name)}:** {where_sentence(g['winners'], g['B'], g['L'])}"
+                     for name, g in grids.items())
