@@ -138,7 +138,9 @@ class SpireDraftModel(nn.Module):
                     if name.startswith("blocks."):
                         index, rest = name[len("blocks."):].split(".", 1)
                         source = f"blocks.{first + int(index)}.{rest}"
-                    param.copy_(target.get_parameter(source))
+                    src = target.get_parameter(source)
+                    # a target sharded with FSDP2 (training.fsdp): gathered one tensor at a time
+                    param.copy_(src.full_tensor() if hasattr(src, "full_tensor") else src)
         return draft
 
     @property
@@ -330,10 +332,15 @@ class SpireObjective:
 
     The target runs in its own dtype (a bf16 checkpoint stays bf16) and keeps only the
     residual-stream entries the draft reads and the last one; its activations are cast to the
-    draft's dtype where they enter the draft (fp32 weights, `SpireDraftModel.from_target`)."""
+    draft's dtype where they enter the draft (fp32 weights, `SpireDraftModel.from_target`).
 
-    def __init__(self, target: Transformer):
+    `head` (norm, unembedding weight) is the teacher's head for the loss (default the target's
+    own): a target sharded with FSDP2 passes a replicated copy (`training.fsdp.teacher_head`),
+    so that only `residual_stream` touches its sharded parameters."""
+
+    def __init__(self, target: Transformer, head=None):
         self.target = target.eval().requires_grad_(False)
+        self.head_norm, self.head_weight = (target.norm, target.unembed.weight) if head is None else head
 
     def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = model.cfg
@@ -343,9 +350,9 @@ class SpireObjective:
             stream = self.target.residual_stream(inputs, layers=(*read, self.target.cfg.num_layers))  # (n_d+1, B, T, d)
         hidden, positions = model.k_pass_hidden(inputs, stream[:-1], cfg.k)  # (B, n_blocks, k, d), (n_blocks, k)
         with torch.no_grad():
-            target_x = self.target.norm(stream[-1][:, positions])  # (B, n_blocks, k, d)
+            target_x = self.head_norm(stream[-1][:, positions])  # (B, n_blocks, k, d)
         loss, parts = head_draft_losses(model.body.norm(hidden), model.body.unembed.weight, target_x,
-                                        self.target.unembed.weight, labels[:, positions],
+                                        self.head_weight, labels[:, positions],
                                         None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
         per_position = parts["alpha"].detach().mean(dim=(0, 1))  # (k,) acceptance of draft position j
         metrics = {"distill_ce": parts["distill_ce"].detach().mean(), "hard_ce": parts["hard_ce"].detach().mean(),

@@ -71,8 +71,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    sd = optimizer.state_dict()
+def _optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
     tensors, scalars = {}, {}
     for idx, state in sd["state"].items():
         for name, value in state.items():
@@ -83,7 +82,8 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], rest: dict) -> None:
+def _optimizer_state(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
+    """The `optimizer.state_dict()` saved as `tensors` and meta.json's `rest`."""
     state: dict[int, dict] = {}
     for key, value in tensors.items():
         _, idx, name = key.split(".", 2)
@@ -92,7 +92,12 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.T
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
     groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in rest["param_groups"]]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
+
+
+def read_optimizer_state(path: Path, meta: dict) -> dict:
+    """The optimizer state of checkpoint `path` (its `read_meta`), as `optimizer.state_dict()` gives it."""
+    return _optimizer_state(load_file(Path(path) / "optimizer.safetensors"), meta["optimizer"])
 
 
 def rng_state() -> dict[str, torch.Tensor]:
@@ -110,12 +115,12 @@ def set_rng_state(states: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def _untied_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The state_dict with every tensor shared by several names (tied embeddings) stored once,
+def _untied_state(full: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A state_dict with every tensor shared by several names (tied embeddings) stored once,
     under its first name, and {other name: first name} for the rest (safetensors refuses
     shared tensors)."""
     state, tied, first = {}, {}, {}
-    for name, value in model.state_dict().items():
+    for name, value in full.items():
         source = _same(value, first)
         if source is not None:
             tied[name] = source
@@ -135,20 +140,24 @@ def _same(value: torch.Tensor, first: dict[str, torch.Tensor]) -> str | None:
 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, identity: dict, *, step: int, finished: bool,
-                    optimizer: torch.optim.Optimizer | None = None, summary: dict | None = None) -> None:
-    """Write a checkpoint folder atomically (the previous one stays valid until the swap)."""
+                    optimizer: torch.optim.Optimizer | None = None, summary: dict | None = None,
+                    state: dict | None = None, optimizer_state: dict | None = None) -> None:
+    """Write a checkpoint folder atomically (the previous one stays valid until the swap). `state` and
+    `optimizer_state` replace `model.state_dict()` and `optimizer.state_dict()` (a sharded model's,
+    gathered whole: `fsdp.full_state`)."""
     path = Path(path)
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state, tied = _untied_state(model)
+    state, tied = _untied_state(model.state_dict() if state is None else state)
     save_file(state, tmp / "model.safetensors")
     meta = {"format": FORMAT, "identity": identity, "config_hash": config_hash(identity), "step": step,
             "finished": finished, "summary": summary or {}, "torch": torch.__version__}
     if tied:
         meta["tied"] = tied
-    if optimizer is not None:
-        tensors, meta["optimizer"] = _optimizer_tensors(optimizer)
+    if optimizer is not None or optimizer_state is not None:
+        sd = optimizer.state_dict() if optimizer_state is None else optimizer_state
+        tensors, meta["optimizer"] = _optimizer_tensors(sd)
         save_file(tensors, tmp / "optimizer.safetensors")
     save_file(rng_state(), tmp / "rng.safetensors")
     meta["files"] = {f.name: _sha256(f) for f in sorted(tmp.glob("*.safetensors"))}
@@ -213,7 +222,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, identity: dict | None = 
             state[name] = state[source]  # load_state_dict copies into the model's own (shared) Parameter
         model.load_state_dict(state)
         if optimizer is not None:
-            _load_optimizer(optimizer, load_file(path / "optimizer.safetensors"), meta["optimizer"])
+            optimizer.load_state_dict(read_optimizer_state(path, meta))
         if restore_rng:
             set_rng_state(load_file(path / "rng.safetensors"))
     except (RuntimeError, KeyError, ValueError) as e:

@@ -60,8 +60,10 @@ for the workbook. A draft trained against a frozen target, for example::
 (`pipeline.trained_spire_draft` is this with SPIRe's k-pass objective, `spire.SpireObjective`.)
 
 Distributed: launched under ``torchrun`` (WORLD_SIZE > 1) the trainer initializes the
-process group itself (gloo on CPU, nccl on GPU), wraps the model in DDP, and rank 0 writes
-checkpoints and logs; every rank ends with identical weights. Device "auto" is cuda when
+process group itself (gloo on CPU, nccl on GPU), wraps the model in DDP (``parallel="ddp"``)
+or shards it with FSDP2 (``parallel="fsdp"``, `spirelib.training.fsdp`: parameters, gradients
+and AdamW state split over the ranks; checkpoints gathered whole, in the same format), and
+rank 0 writes checkpoints and logs; every rank ends with identical (whole) weights. Device "auto" is cuda when
 available (each rank its LOCAL_RANK) else cpu; on GPU, bf16 autocast and TF32 matmuls; on
 CPU, plain fp32.
 """
@@ -69,6 +71,7 @@ CPU, plain fp32.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -86,12 +89,14 @@ from torch import nn
 
 from spirelib.frontend import progress_bar
 from spirelib.paths import cache_dir
+from spirelib.training import fsdp as fsdp_
 from spirelib.training.checkpoint import (
     check_identity,
     checkpoint_path,
     config_hash,
     load_checkpoint,
     read_meta,
+    read_optimizer_state,
     save_checkpoint,
 )
 from spirelib.training.data import WindowSampler, validation_windows
@@ -237,8 +242,8 @@ class _ObjectiveStep(nn.Module):
         super().__init__()
         self.model, self.objective = model, objective
 
-    def forward(self, batch: torch.Tensor):
-        return self.objective(self.model, batch)
+    def forward(self, batch: torch.Tensor, objective: Objective | None = None):
+        return (objective or self.objective)(self.model, batch)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -344,17 +349,19 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
     return _mean_metrics(sums, len(windows))
 
 
-def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int,
+def _accumulate(step_objective, ddp, fsdp, batch: torch.Tensor, micro: int, n_micro: int,
                 device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
     windows; the gradients add up to those of the mean loss over the whole batch (each
     micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
-    all-reduces. Returns the batch's mean loss (detached) and metrics (means over micro-batches),
+    all-reduces, under FSDP only the last reduce-scatters. Returns the batch's mean loss (detached) and metrics (means over micro-batches),
     left on the device: nothing here waits for it."""
     total = None
     sums: dict[str, torch.Tensor | float] = {}
     for m in range(n_micro):
         sync = ddp is None or m == n_micro - 1
+        if fsdp is not None:
+            fsdp.set_requires_gradient_sync(m == n_micro - 1)
         with contextlib.nullcontext() if sync else ddp.no_sync():
             with _autocast(device):
                 loss, metrics = step_objective(batch[m * micro : (m + 1) * micro])
@@ -395,9 +402,13 @@ def train(
     progress: bool = True,
     budget_params: int | None = None,
     stop_at: int | None = None,
+    parallel: str = "ddp",
 ) -> TrainResult:
     """Train `model` on windows of `train_docs` (see the module docstring). `budget_params`
-    is N for `tokens_per_param` (default: all trainable parameters, embeddings included)."""
+    is N for `tokens_per_param` (default: all trainable parameters, embeddings included).
+    `parallel` ("ddp" or "fsdp") says how several ranks share the work; one process ignores it."""
+    if parallel not in fsdp_.PARALLEL:
+        raise ValueError(f"parallel must be one of {fsdp_.PARALLEL}, got {parallel!r}")
     dev = resolve_device(device)
     if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise RuntimeError(f"{dev} has no bf16: training computes under bf16 autocast (fp32 weights, so no loss "
@@ -408,6 +419,10 @@ def train(
     ckpt_dir = run_dir / "checkpoint"
     model.to(dev)
     eval_objective = eval_objective or objective
+    sharded = parallel == "fsdp" and world > 1
+    units = fsdp_units(model)
+    if sharded and units:
+        fsdp_.check_fsdp(world, len(units), type(model).__name__)
     if budget_params is None:
         budget_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = cfg.total_steps(budget_params)
@@ -421,18 +436,29 @@ def train(
             load_checkpoint(found, model)
             return TrainResult(model.eval(), found, meta, read_metrics(run_dir / "metrics.jsonl"), reused=True)
 
-    opt = make_optimizer(model, cfg)
     start = 0
-    if meta is not None:
+    fsdp = skeleton = None
+    if sharded:  # resume into the whole model, then shard it (every rank loads the same checkpoint)
+        if meta is not None:
+            load_checkpoint(found, model, ident, restore_rng=True)
+            start = meta["step"]
+        skeleton = copy.deepcopy(model).to_empty(device="meta")  # the plain module returned at the end
+        fsdp = fsdp_.shard_units(_ObjectiveStep(model, objective), units, fsdp_.device_mesh(dev, world), dev)
+    opt = make_optimizer(model, cfg)
+    if meta is not None and sharded:
+        fsdp_.load_full_state(model, opt, read_optimizer_state(found, meta))
+    elif meta is not None:
         load_checkpoint(found, model, ident, optimizer=opt, restore_rng=True)
         start = meta["step"]
-    else:
+    if meta is None:
         torch.manual_seed(cfg.seed)
     log = _MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
 
     step_objective = partial(objective, model)
     ddp = None
-    if world > 1:
+    if sharded:
+        step_objective = fsdp
+    elif world > 1:
         # find_unused_parameters: a variant may leave parameters out of its graph (the SPIRe
         # draft's feedback mixture without feedback); the check is one graph traversal a step
         # (DDP warns once where none is unused). static_graph would skip it, but fails with
@@ -471,13 +497,21 @@ def train(
         )
 
     def save(step: int, finished: bool, summary: dict | None = None) -> None:
-        if rank == 0:
+        if sharded:  # every rank gathers; rank 0 writes the whole model in the single-process format
+            state, optimizer_state = fsdp_.full_state(model, opt)
+            if rank == 0:
+                save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, summary=summary,
+                                state=state, optimizer_state=optimizer_state)
+        elif rank == 0:
             save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, optimizer=opt, summary=summary)
         if world > 1:
             dist.barrier()
 
     def run_eval(step: int) -> dict:
-        result = evaluate(model, eval_objective, val, micro, dev, rank, world)
+        if sharded:
+            result = evaluate(fsdp, lambda step_module, b: step_module(b, eval_objective), val, micro, dev, rank, world)
+        else:
+            result = evaluate(model, eval_objective, val, micro, dev, rank, world)
         log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
         return result
 
@@ -497,8 +531,9 @@ def train(
             group["lr"] = lr
         batch = batch.to(dev, non_blocking=True)  # (B/world, T+1)
         opt.zero_grad(set_to_none=True)
-        loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        loss_value, metrics = _accumulate(step_objective, ddp, fsdp, batch, micro, n_micro, dev)
+        grad_norm = fsdp_.full_tensor(
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
         if world > 1:
             dist.all_reduce(loss_value)
             loss_value = loss_value / world
@@ -531,7 +566,8 @@ def train(
             check_finite(lr)
             save(done, finished=False)
             bar.close()
-            return TrainResult(model.eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
+            return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries,
+                               reused=False)
         if done % cfg.checkpoint_every == 0 and done != total:
             check_finite(lr)
             save(done, finished=False)
@@ -547,4 +583,30 @@ def train(
                "first_step_s": first_step_s, "budget_params": budget_params,
                "world_size": world, "device": str(dev), **last_val}
     save(total, finished=True, summary=summary)
-    return TrainResult(model.eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
+    return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP shards one by one inside the root (`fsdp.shard_units`): the blocks of a
+    model whose blocks run through `forward` (a `Transformer`), none for one that calls its blocks'
+    other methods (the SPIRe draft, `spire.SpireDraftModel`: gathered whole for a step)."""
+    from spirelib.engine.transformer import Transformer
+
+    return list(model.blocks) if isinstance(model, Transformer) else []
+
+
+def _plain(model: nn.Module, skeleton: nn.Module | None) -> nn.Module:
+    """The trained model as a plain module on every rank: a sharded one gathered into `skeleton`
+    (its unsharded copy on the meta device; collective), or `model` itself."""
+    if skeleton is None:
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    device = next(iter(state.values())).device
+    skeleton.to_empty(device=device)
+    for module in skeleton.modules():  # to_empty replaced a tied Parameter by two
+        if hasattr(module, "tie"):
+            module.tie()
+    skeleton.load_state_dict(state)
+    return skeleton

