@@ -9,7 +9,8 @@ process computes the references; each test compares one thing:
   loads in one process;
 - a run stopped mid-way (`stop_at`, as a kill after a checkpoint) and restarted ends with the
   uninterrupted run's weights, exactly;
-- an HF checkpoint loaded sharded (`hf.load_model_sharded`) equals the unsharded load;
+- an HF checkpoint loaded sharded (`hf.load_model_sharded`) equals the unsharded load (weights
+  and residual stream, untied and tied embeddings);
 - fsdp over more ranks than blocks is refused before any compute.
 """
 
@@ -107,6 +108,17 @@ WORKER = textwrap.dedent("""
     for k, v in loaded.state_dict().items():
         results[f"loaded.{k}"] = v.contiguous()
 
+    # 5. HF checkpoints loaded sharded, gathered back tensor by tensor (untied, tied embeddings)
+    for kind in ("untied", "tied"):
+        path = f"{sys.argv[2]}/{kind}"
+        if sharded:
+            from spirelib.training import hf
+
+            model = hf.load_model_sharded(path, fsdp.device_mesh(cpu, world), device=cpu)
+            for k, v in model.state_dict().items():
+                results[f"hf.{kind}.{k}"] = fsdp.full_tensor(v).contiguous()
+            results[f"hf.{kind}.stream"] = model.residual_stream(batch[:, :-1]).contiguous()
+
     # 6. refused: more ranks than blocks
     if sharded:
         one_block = Transformer(ModelConfig(vocab_size=32, num_layers=1, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8,
@@ -129,25 +141,35 @@ WORKER = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.training import hf
+
+    torch.manual_seed(3)
+    for kind in ("untied", "tied"):
+        cfg = ModelConfig(vocab_size=32, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48,
+                          tie_embeddings=kind == "tied")
+        model = Transformer(cfg)
+        model.reset_parameters(0.3)
+        hf.save_model(model, tmp / "hf" / kind)
     script = tmp / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
     sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                              str(script), str(tmp)], env=env, capture_output=True, text=True, timeout=180)
+                              str(script), str(tmp), str(tmp / "hf")], env=env, capture_output=True, text=True, timeout=180)
     assert sharded.returncode == 0, sharded.stderr[-4000:]
-    one = subprocess.run([sys.executable, str(script), str(tmp)], env=env, capture_output=True, text=True, timeout=180)
+    one = subprocess.run([sys.executable, str(script), str(tmp), str(tmp / "hf")], env=env, capture_output=True, text=True, timeout=180)
     assert one.returncode == 0, one.stderr[-4000:]
-    return load_file(tmp / "fsdp.safetensors"), load_file(tmp / "one.safetensors"), sharded.stdout
+    return load_file(tmp / "fsdp.safetensors"), load_file(tmp / "one.safetensors"), sharded.stdout, tmp / "hf"
 
 
 def test_sharded_target_residual_stream_equals_single_process(runs):
-    sharded, one, _ = runs
+    sharded, one, *_ = runs
     torch.testing.assert_close(sharded["stream"], one["stream"], rtol=0, atol=1e-6)
 
 
 def test_one_spire_step_draft_gradients_equal_single_process(runs):
     """Catches a reduce-scatter that sums (gloo AVG under FSDP2, pytorch#162338): gradients x world."""
-    sharded, one, _ = runs
+    sharded, one, *_ = runs
     grads = [k for k in one if k.startswith("grad.")]
     assert len(grads) == 16
     for k in grads:
@@ -155,7 +177,7 @@ def test_one_spire_step_draft_gradients_equal_single_process(runs):
 
 
 def test_n_fsdp_steps_give_single_process_weights(runs):
-    sharded, one, _ = runs
+    sharded, one, *_ = runs
     keys = [k for k in one if k.startswith("full.")]
     for k in keys:
         torch.testing.assert_close(sharded[k], one[k], rtol=0, atol=1e-5, msg=lambda m: f"{k}: {m}")
@@ -164,7 +186,7 @@ def test_n_fsdp_steps_give_single_process_weights(runs):
 
 
 def test_fsdp_run_stopped_and_restarted_equals_uninterrupted(runs):
-    sharded, one, _ = runs
+    sharded, one, *_ = runs
     for results in (sharded, one):
         for k in (k for k in results if k.startswith("full.")):
             assert torch.equal(results[k], results["resumed." + k[len("full."):]]), k
@@ -172,3 +194,21 @@ def test_fsdp_run_stopped_and_restarted_equals_uninterrupted(runs):
 
 def test_fsdp_over_more_ranks_than_blocks_is_refused(runs):
     assert "refused: parallel: fsdp over 2 ranks needs at least 2 blocks to shard, but the target has 1" in runs[2]
+
+
+def test_hf_checkpoint_loaded_sharded_equals_unsharded_load(runs):
+    """`hf.load_model_sharded` (meta device, block-by-block shards, each converted tensor placed
+    with distribute_tensor) gives `hf.load_model`'s weights and residual stream; tied embeddings stay tied."""
+    from spirelib.training import hf
+
+    sharded, _, _, folder = runs
+    batch = torch.randint(0, 32, (4, 17), generator=torch.Generator().manual_seed(1))
+    for kind in ("untied", "tied"):
+        whole = hf.load_model(folder / kind)
+        state = whole.state_dict()
+        assert {k[len(f"hf.{kind}."):] for k in sharded if k.startswith(f"hf.{kind}.")} == {*state, "stream"}
+        for k, v in state.items():
+            assert torch.equal(sharded[f"hf.{kind}.{k}"], v), (kind, k)
+        with torch.no_grad():
+            torch.testing.assert_close(sharded[f"hf.{kind}.stream"], whole.residual_stream(batch[:, :-1]),
+                                       rtol=0, atol=1e-6)

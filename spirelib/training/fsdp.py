@@ -84,6 +84,7 @@ def shard_frozen_target(target: nn.Module, mesh, device: torch.device) -> nn.Mod
     check_fsdp(mesh.size(), len(target.blocks), "the target")
     shard_units(target, list(target.blocks), mesh, device, frozen=True)
     register_fsdp_forward_method(target, "residual_stream")
+    register_fsdp_forward_method(target, "loss")  # an imported target's validation loss
     return target
 
 
@@ -119,8 +120,8 @@ def load_sharded(model: nn.Module, tensors, device: torch.device) -> nn.Module:
     names = {n for n, _ in model.named_parameters()}
     if names - seen:
         raise ValueError(f"parameters missing from the checkpoint: {sorted(names - seen)[:5]}")
-    for buf in model.buffers():  # none in our models today; keep any at a defined value on every rank
-        buf.zero_()
+    if any(True for _ in model.buffers()):  # to_empty left them undefined (our models have none: RoPE is computed)
+        raise ValueError("load_sharded fills parameters only; this model has buffers")
     return model
 
 

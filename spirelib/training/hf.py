@@ -495,18 +495,43 @@ def load_model(path: str | os.PathLike, *, device: torch.device | str | None = N
     another dtype ever exists. Any error leaves nothing behind: the model is returned only
     when complete.
     """
-    from safetensors import safe_open
-
     folder = Path(path)
-    cfg = config_from_hf(read_config(folder))
     device = torch.device(device if device is not None else "cpu")
+    cfg, headers, dtype = _checked(folder, device, dtype)
+    state = dict(_converted(headers, cfg, device, dtype))
+    if cfg.tie_embeddings:
+        lm_head = state.pop("unembed.weight", None)
+        if lm_head is not None and not torch.equal(lm_head, state["embed.weight"]):
+            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight")
+        state["unembed.weight"] = state["embed.weight"]
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie()  # assign=True replaced the shared Parameter by two
+    return model.eval()
+
+
+def _checked(folder: Path, device: torch.device, dtype: torch.dtype | None, world: int = 1):
+    """(config, headers, dtype) of a checkpoint, after every check `load_model` makes before reading
+    a weight; the memory check counts a 1/`world` share of the weights plus the largest tensor (a
+    sharded load, `load_model_sharded`, holds one whole converted tensor at a time)."""
+    cfg = config_from_hf(read_config(folder))
     headers = _shard_headers(folder)
     _check_tensors(headers, cfg)
     dtype = _resolve_dtype(headers, dtype)
-    n_params = sum(math.prod(shape) for name, (_, _, shape) in headers.items()
-                   if not _is_inv_freq(name) and not (cfg.tie_embeddings and name == "lm_head.weight"))
+    sizes = [math.prod(shape) for name, (_, _, shape) in headers.items()
+             if not _is_inv_freq(name) and not (cfg.tie_embeddings and name == "lm_head.weight")]
+    n_params = sum(sizes) if world == 1 else -(-sum(sizes) // world) + 2 * max(sizes)
     check_memory(n_params, dtype, device, available_bytes(device))
     _check_inv_freq(headers, cfg)
+    return cfg, headers, dtype
+
+
+def _converted(headers: dict, cfg: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """(our name, tensor) of every weight, converted (fused q/k/v and gate/up, RoPE row order),
+    yielded as soon as its group is complete: read file by file, memory-mapped, so at most a
+    layer's q/k/v or gate/up wait for their partners."""
+    from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
     for name, (file, _, _) in headers.items():
@@ -520,17 +545,31 @@ def load_model(path: str | os.PathLike, *, device: torch.device | str | None = N
                     continue
                 hf[name] = f.get_tensor(name).to(device=device, dtype=dtype)
                 _convert_ready(hf, state, cfg)
+                while state:
+                    yield state.popitem()
     if hf:  # every tensor was checked present, so every group completed
         raise AssertionError(f"unconverted tensors {_some(sorted(hf))}")
-    if cfg.tie_embeddings:
-        lm_head = state.pop("unembed.weight", None)
-        if lm_head is not None and not torch.equal(lm_head, state["embed.weight"]):
-            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight")
-        state["unembed.weight"] = state["embed.weight"]
+
+
+def load_model_sharded(path: str | os.PathLike, mesh, *, device: torch.device | str | None = None,
+                       dtype: torch.dtype | None = None) -> Transformer:
+    """`load_model`, sharded with FSDP2 over `mesh` as a frozen target (`fsdp.shard_frozen_target`:
+    block by block, `residual_stream` and `loss` registered): built on the meta device, sharded,
+    then filled tensor by tensor from the memory-mapped safetensors through the same conversion,
+    each rank keeping its rows (`fsdp.place`, `distribute_tensor`). No rank ever holds the whole
+    model: at most one converted tensor in full (a layer's fused q/k/v or gate/up, the embedding).
+    The memory check counts this rank's share. Collective: every rank of `mesh` calls it."""
+    from spirelib.training import fsdp
+
+    folder = Path(path)
+    device = torch.device(device if device is not None else "cpu")
+    cfg, headers, dtype = _checked(folder, device, dtype, world=mesh.size())
     with torch.device("meta"):
-        model = Transformer(cfg)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie()  # assign=True replaced the shared Parameter by two
+        model = Transformer(cfg).to(dtype)
+    fsdp.shard_frozen_target(model, mesh, device)
+    tensors = ((n, t) for n, t in _converted(headers, cfg, device, dtype)
+               if not (cfg.tie_embeddings and n == "unembed.weight"))  # the embedding's Parameter
+    fsdp.load_sharded(model, tensors, device)
     return model.eval()
 
 

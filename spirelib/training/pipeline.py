@@ -32,6 +32,7 @@ from spirelib.training.train import (
     TrainResult,
     evaluate,
     full_identity,
+    init_distributed,
     lm_objective,
     resolve_device,
     run_dir_for,
@@ -99,7 +100,7 @@ def token_data(corpus: str, corpus_path: str, tokenizer, vocab_size: int) -> Dat
 
 def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data, *, name: str,
                          device: str = "auto", progress: bool = True, extra_identity: dict | None = None,
-                         stop_at: int | None = None) -> TrainedModel:
+                         stop_at: int | None = None, parallel: str = "ddp") -> TrainedModel:
     """Train (or load the cached) Transformer `model_cfg` with next-token cross-entropy.
 
     Cached under cache_dir()/models/<name>-<hash>; the identity covers the model config,
@@ -113,54 +114,81 @@ def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: D
     model = Transformer(model_cfg)
     run_dir = run_dir_for(name, full_identity(train_cfg, identity))
     result = train(model, lm_objective, data.dataset.train, train_cfg, run_dir=run_dir, identity=identity,
-                   val_docs=data.dataset.val, device=device, progress=progress, stop_at=stop_at)
+                   val_docs=data.dataset.val, device=device, progress=progress, stop_at=stop_at, parallel=parallel)
     return TrainedModel(result.model, model_cfg, train_cfg, result, data, identity)
 
 
-def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto") -> TrainedModel:
+def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto",
+                    parallel: str = "ddp") -> TrainedModel:
     """The Hugging Face checkpoint at `path` as the series' target (issue 13): loaded by
     `hf.load_model` (fp32 on CPU, where bf16 is slow; the stored dtype on GPU), evaluated on
     `eval_cfg.eval_windows` validation windows of `eval_cfg.seq_len` tokens instead of trained.
-    Its identity is the sha256 of its config and weight files (`hf.checkpoint_digest`)."""
-    from spirelib.training import hf
+    Its identity is the sha256 of its config and weight files (`hf.checkpoint_digest`).
+    Under torchrun with `parallel` "fsdp" it is loaded sharded (`hf.load_model_sharded`: no rank
+    holds it whole), and every rank evaluates every window (the sharded forwards run in lockstep)."""
+    from spirelib.training import fsdp, hf
 
     dev = resolve_device(device)
-    model = hf.load_model(path, device=dev, dtype=torch.float32 if dev.type == "cpu" else None).eval()
+    dtype = torch.float32 if dev.type == "cpu" else None
+    rank, world = init_distributed(dev)
+    sharded = parallel == "fsdp" and world > 1
+    if sharded:
+        model = hf.load_model_sharded(path, fsdp.device_mesh(dev, world), device=dev, dtype=dtype)
+    else:
+        model = hf.load_model(path, device=dev, dtype=dtype).eval()
     if model.cfg.vocab_size < data.dataset.vocab_size:
         raise ValueError(f"{path}: the model's vocabulary {model.cfg.vocab_size} is smaller than its tokenizer's "
                          f"{data.dataset.vocab_size}")
     windows = validation_windows(data.dataset.val, eval_cfg.eval_windows, eval_cfg.seq_len + 1, eval_cfg.seed)
     summary = {"steps": 0, "tokens": 0, "tokens_per_s": float("nan"), "device": str(dev), "imported_from": str(path),
-               **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
+               "world_size": world if sharded else 1, **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
     identity = {"kind": "imported-language-model", "checkpoint": hf.checkpoint_digest(path)}
     result = TrainResult(model, Path(path), {"config_hash": identity["checkpoint"], "summary": summary}, [], reused=True)
     return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)
 
 
 def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, device: str = "auto",
-                          progress: bool = True) -> TrainedModel:
+                          progress: bool = True, parallel: str = "ddp") -> TrainedModel:
     """The vanilla SD draft for `target` (method §4): `drafts.vanilla_draft_config` of its shape,
     random init, next-token cross-entropy on the target's data; retrained when the target changes."""
     return train_language_model(vanilla_draft_config(target.config), train_cfg, target.data, name="vanilla_draft",
-                                device=device, progress=progress, extra_identity={"target": target.config_hash})
+                                device=device, progress=progress, extra_identity={"target": target.config_hash},
+                                parallel=parallel)
 
 
 def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg: TrainConfig, *,
                         device: str = "auto", progress: bool = True, name: str = "spire_draft",
-                        stop_at: int | None = None) -> TrainedModel:
+                        stop_at: int | None = None, parallel: str = "ddp") -> TrainedModel:
     """A SPIRe draft for `target` (method §3; an ablation is a change to `spire_cfg`,
     `spire.ABLATIONS`): k-pass training against the frozen target with the configured loss;
     cached, retrained when the target changes. The metrics log has alpha_1..alpha_k per step
-    and validation (the acceptance estimate)."""
+    and validation (the acceptance estimate).
+
+    Under torchrun with `parallel` "fsdp" the frozen target is sharded block by block (in place,
+    once: `fsdp.shard_frozen_target`; an imported one already is), the loss reads a replicated copy
+    of its head (`fsdp.teacher_head`), and the draft trains sharded (`train`)."""
     identity = {"kind": "spire-draft", "spire": spire_cfg.to_dict(), "target": target.config_hash,
                 "data": target.data.dataset.checksum}
     torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights
-    frozen = target.model.to(resolve_device(device))
-    model = SpireDraftModel.from_target(frozen, spire_cfg)
+    dev = resolve_device(device)
+    _, world = init_distributed(dev)
+    frozen = target.model.to(dev)
+    model = SpireDraftModel.from_target(frozen, spire_cfg)  # gathers a sharded target's tensors one at a time
+    if parallel == "fsdp" and world > 1:
+        from torch.distributed.fsdp import FSDPModule
+
+        from spirelib.training import fsdp
+
+        head = fsdp.teacher_head(frozen)
+        if not isinstance(frozen, FSDPModule):
+            fsdp.shard_frozen_target(frozen, fsdp.device_mesh(dev, world), dev)
+        objective = SpireObjective(frozen, head)
+    else:
+        objective = SpireObjective(frozen)
     run_dir = run_dir_for(name, full_identity(train_cfg, identity))
-    result = train(model, SpireObjective(frozen), target.data.dataset.train, train_cfg, run_dir=run_dir,
+    result = train(model, objective, target.data.dataset.train, train_cfg, run_dir=run_dir,
                    identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
-                   stop_at=stop_at)
+                   stop_at=stop_at, parallel=parallel)
     return TrainedModel(result.model, spire_cfg, train_cfg, result, target.data, identity)
 
 

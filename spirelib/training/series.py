@@ -8,6 +8,9 @@ configuration, so a notebook run on its own loads the same cached models as the 
 Fields (params keys):
 
     device: str             "auto" | "cpu" | "cuda" | "cuda:N"
+    parallel: str           "ddp" (default) | "fsdp": how torchrun's ranks share every training
+                            (spirelib.training.fsdp: under fsdp the frozen target is sharded block
+                            by block and no rank holds it whole; one process ignores it)
     seed: int               model init and training-window seed (every trainer)
     corpus: str             "sotu" | "stdlib" | "text" | "longcrawl64"   (spirelib.training.data)
     corpus_path: str        files for "text", the Zarr folder for "longcrawl64" (relative to the project root)
@@ -57,6 +60,7 @@ from spirelib.engine.spire import SpireConfig, ablation
 from spirelib.engine.transformer import ModelConfig
 from spirelib.training import pipeline
 from spirelib.training.data import CORPORA, resolve_path
+from spirelib.training.fsdp import PARALLEL
 from spirelib.training.tokenizer import TOKENIZERS
 from spirelib.training.train import TrainConfig, from_dict_checked
 
@@ -125,6 +129,7 @@ class Series:
     """The series configuration (module docstring); build it with `from_dict`."""
 
     device: str = "auto"
+    parallel: str = "ddp"
     seed: int = 0
     corpus: str = "stdlib"
     corpus_path: str = ""
@@ -172,6 +177,8 @@ class Series:
         for f in fields(self):
             if self.target_source and f.name in _FROM_CHECKPOINT:
                 continue
+            if f.name == "parallel" and self.parallel == "ddp":  # added later: params without it are unchanged
+                continue
             value = getattr(self, f.name)
             if isinstance(value, ModelConfig):
                 value = {k: v for k, v in value.to_dict().items() if k != "vocab_size"}
@@ -218,14 +225,16 @@ class Series:
         the imported checkpoint, evaluated on the validation split (`pipeline.imported_target`)."""
         if self.imported:
             return self._cached("target", lambda: pipeline.imported_target(
-                self.imported, self.data(), self.target_training, device=self.device))
+                self.imported, self.data(), self.target_training, device=self.device, parallel=self.parallel))
         return self._cached("target", lambda: pipeline.train_language_model(
-            self.target, self.target_training, self.data(), name="target", device=self.device, progress=progress))
+            self.target, self.target_training, self.data(), name="target", device=self.device, progress=progress,
+            parallel=self.parallel))
 
     def trained_vanilla_draft(self, progress: bool = True) -> pipeline.TrainedModel:
         """The vanilla SD draft for the target (method §4)."""
         return self._cached("vanilla", lambda: pipeline.trained_vanilla_draft(
-            self.trained_target(progress), self.vanilla_training, device=self.device, progress=progress))
+            self.trained_target(progress), self.vanilla_training, device=self.device, progress=progress,
+            parallel=self.parallel))
 
     def trained_spire_draft(self, variant: str = "spire", training: TrainConfig | None = None,
                             progress: bool = True) -> pipeline.TrainedModel:
@@ -233,7 +242,8 @@ class Series:
         (default: the series' spire_training)."""
         cfg, train_cfg = ablation(variant, self.spire), training or self.spire_training
         return self._cached(("spire", cfg, train_cfg), lambda: pipeline.trained_spire_draft(
-            self.trained_target(progress), cfg, train_cfg, device=self.device, progress=progress))
+            self.trained_target(progress), cfg, train_cfg, device=self.device, progress=progress,
+            parallel=self.parallel))
 
     def protocol(self, batch_size: int):
         """The tau protocol (method §5) of this series, decoding `batch_size` rows in lockstep."""
@@ -359,6 +369,8 @@ def _field_problems(s: Series) -> list[str]:
                         f"{_TOKENIZER_MINIMUM[s.tokenizer]}")
     if s.device != "auto" and not (s.device in ("cpu", "cuda") or s.device.startswith("cuda:")):
         problems.append(f"device: must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {s.device!r}")
+    if s.parallel not in PARALLEL:
+        problems.append(f"parallel: must be one of {list(PARALLEL)}, got {s.parallel!r}")
     if s.k < 1 or s.new_tokens < 1 or s.temperature < 0:
         problems.append(f"need k >= 1, new_tokens >= 1 and temperature >= 0, got k={s.k}, "
                         f"new_tokens={s.new_tokens}, temperature={s.temperature}")
