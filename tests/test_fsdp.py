@@ -31,7 +31,7 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
     from spirelib.engine.transformer import ModelConfig, Transformer
     from spirelib.training import fsdp
     from spirelib.training.checkpoint import load_checkpoint
@@ -39,6 +39,7 @@ WORKER = textwrap.dedent("""
     from spirelib.training.train import TrainConfig, _ObjectiveStep, init_distributed, train
 
     torch.set_num_threads(1)
+    VARIANTS = ("spire", "no_feedback", "no_feedback_no_target_acts")
     out = sys.argv[1]
     cpu = torch.device("cpu")
     rank, world = init_distributed(cpu)
@@ -80,15 +81,19 @@ WORKER = textwrap.dedent("""
     obj = objective(target)
     results["stream"] = target.residual_stream(batch[:, :-1]).contiguous()
 
-    # 2. one step's draft gradients: each rank its half of the batch
-    if sharded:
-        step = fsdp.shard_units(_ObjectiveStep(draft, obj), [], fsdp.device_mesh(cpu, world), cpu)
-        loss, _ = step(batch[rank::world])
-    else:
-        loss, _ = obj(draft, batch)
-    loss.backward()
-    for n, p in draft.named_parameters():
-        results["grad." + n] = fsdp.full_tensor(p.grad).contiguous()
+    # 2. one step's draft gradients: each rank its half of the batch; the variants that read no
+    # feedback (a parameter without gradient) and no target activations (the blocks' forward)
+    for variant in VARIANTS:
+        draft = SpireDraftModel.from_target(target, ablation(variant, spire_cfg))
+        if sharded:
+            step = fsdp.shard_units(_ObjectiveStep(draft, obj), list(draft.blocks), fsdp.device_mesh(cpu, world), cpu)
+            loss, _ = step(batch[rank::world])
+        else:
+            loss, _ = obj(draft, batch)
+        loss.backward()
+        for n, p in draft.named_parameters():
+            if p.grad is not None:
+                results[f"grad.{variant}.{n}"] = fsdp.full_tensor(p.grad).contiguous()
 
     # 3. N steps through the trainer; 4. the same run stopped after step 2 and restarted
     cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, checkpoint_every=2,
@@ -168,10 +173,11 @@ def test_sharded_target_residual_stream_equals_single_process(runs):
 
 
 def test_one_spire_step_draft_gradients_equal_single_process(runs):
-    """Catches a reduce-scatter that sums (gloo AVG under FSDP2, pytorch#162338): gradients x world."""
+    """Catches a reduce-scatter that sums (gloo AVG under FSDP2, pytorch#162338): gradients x world.
+    The draft's blocks are sharded and gathered per call of `fsdp.BLOCK_METHODS`, several a step."""
     sharded, one, *_ = runs
     grads = [k for k in one if k.startswith("grad.")]
-    assert len(grads) == 16
+    assert len(grads) == 16 + 15 + 15 and set(grads) == {k for k in sharded if k.startswith("grad.")}
     for k in grads:
         torch.testing.assert_close(sharded[k], one[k], rtol=1e-5, atol=1e-7, msg=lambda m: f"{k}: {m}")
 

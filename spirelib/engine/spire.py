@@ -268,7 +268,7 @@ class SpireDraftModel(nn.Module):
                     own[i][1].append(v_self)
                 mine = (torch.stack(own[i][0], dim=3), torch.stack(own[i][1], dim=3)) if own[i][0] else None
                 q = block.queries(x, rope)  # (B, n_q, n_blocks, d_head)
-                x = block.finish(x, block.attn.wo(memory_attention(q, banded, j, bands[i], sinks[i], mine)))
+                x = block.finish_heads(x, memory_attention(q, banded, j, bands[i], sinks[i], mine))
                 activations.append(x)
             hidden.append(x)
             if self.cfg.feedback:

@@ -214,6 +214,12 @@ class Block(nn.Module):
         x = x + attended
         return x + self.mlp(self.mlp_norm(x))
 
+    def finish_heads(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """`finish` of the attention heads' outputs concatenated, (B, T, n_q d_head), before W_o.
+        Every parameter SPIRe's k-pass uses is reached through a block method (`queries`,
+        `memory_kv`, this), so a block sharded with FSDP2 gathers its weights for each call."""
+        return self.finish(x, self.attn.wo(heads))
+
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of logits h @ W^T against targets, without materializing all logits.

@@ -9,13 +9,13 @@ Under ``parallel: fsdp`` and torchrun, no rank holds a whole target or a whole o
   (`load_sharded`, `hf.load_model_sharded`): each rank reads only what it keeps.
 - The teacher head of MixedLoss (the final norm and unembedding, method §3.7) is a replicated
   frozen copy (`teacher_head`), so the loss never touches a sharded target parameter.
-- The trained model is sharded with its units (`shard_units`: the blocks of a `Transformer`,
-  which run through `forward`) and the trainer's objective wrapper as the root: the objective
-  runs inside the root's forward, whatever methods of the model it calls (SPIRe's k-pass
-  calls the draft's blocks through `queries`/`memory_kv`/`finish`, not `forward`, so the
-  SPIRe draft is one unit: its parameters, gradients and AdamW state stay sharded, and it is
-  gathered whole for a step). On GPU the compute is bf16 (`MixedPrecisionPolicy`, fp32
-  reduction), the master weights fp32.
+- The trained model is sharded block by block too (`shard_units`), with the trainer's
+  objective wrapper as the root: the objective runs inside the root's forward, whatever
+  methods of the model it calls. SPIRe's k-pass (method §3.6) calls the draft's blocks through
+  `BLOCK_METHODS` rather than `forward`, several times a step: each is registered as a forward
+  method, so every call gathers that block alone (a 70B target's quarter-depth draft is 19B
+  parameters: it cannot be gathered whole). On GPU the compute is bf16
+  (`MixedPrecisionPolicy`, fp32 reduction), the master weights fp32.
 - Gloo's ReduceOp.AVG under FSDP2 sums (pytorch#162338): every sharded module uses
   `set_force_sum_reduction_for_comms(True)` (FSDP2 divides by the world size itself).
 - Checkpoints are full state dicts, gathered with CPU offload (`full_state`) and written by
@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 PARALLEL = ("ddp", "fsdp")
+#: The `Block` methods other than `forward` that run a sharded block (SPIRe's memory and k-pass).
+BLOCK_METHODS = ("queries", "memory_kv", "finish", "finish_heads")
 
 
 class FSDPRefused(ValueError):
@@ -62,14 +64,18 @@ def _policy(device: torch.device):
 
 def shard_units(root: nn.Module, units, mesh, device: torch.device, frozen: bool = False) -> nn.Module:
     """`fully_shard` each of `units` (modules inside `root`), then `root`; force-sum reductions
-    (pytorch#162338). A frozen module keeps its dtype (no mixed precision)."""
-    from torch.distributed.fsdp import fully_shard
+    (pytorch#162338). A frozen module keeps its dtype (no mixed precision). The units' `BLOCK_METHODS`
+    are forward methods: each call gathers the unit's parameters."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     policy = None if frozen else _policy(device)
     kwargs = {"mesh": mesh} if policy is None else {"mesh": mesh, "mp_policy": policy}
     for unit in units:
         fully_shard(unit, **kwargs)
         unit.set_force_sum_reduction_for_comms(True)
+        for method in BLOCK_METHODS:
+            if hasattr(unit, method):
+                register_fsdp_forward_method(unit, method)
     fully_shard(root, **kwargs)
     root.set_force_sum_reduction_for_comms(True)
     return root

@@ -587,12 +587,9 @@ def train(
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP shards one by one inside the root (`fsdp.shard_units`): the blocks of a
-    model whose blocks run through `forward` (a `Transformer`), none for one that calls its blocks'
-    other methods (the SPIRe draft, `spire.SpireDraftModel`: gathered whole for a step)."""
-    from spirelib.engine.transformer import Transformer
-
-    return list(model.blocks) if isinstance(model, Transformer) else []
+    """The modules FSDP shards one by one inside the root (`fsdp.shard_units`): the model's blocks
+    (a `Transformer`'s, a `spire.SpireDraftModel`'s), none for a model without `blocks`."""
+    return list(model.blocks) if isinstance(getattr(model, "blocks", None), nn.ModuleList) else []
 
 
 def _plain(model: nn.Module, skeleton: nn.Module | None) -> nn.Module:
