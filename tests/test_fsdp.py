@@ -218,3 +218,23 @@ def test_hf_checkpoint_loaded_sharded_equals_unsharded_load(runs):
         with torch.no_grad():
             torch.testing.assert_close(sharded[f"hf.{kind}.stream"], whole.residual_stream(batch[:, :-1]),
                                        rtol=0, atol=1e-6)
+
+
+def test_per_rank_memory_model_and_the_fewest_ranks_that_fit():
+    """`sharding.rank_memory`: fsdp divides the target and the draft state by N, ddp holds them whole;
+    the 70B draft at the paper's ratio is 19B parameters; refusals name the fewest ranks."""
+    from spirelib.modeling.sharding import rank_memory, smallest_world
+    from spirelib.training import hf
+
+    ddp, fsdp = rank_memory("llama3-70b", "ddp", 8), rank_memory("llama3-70b", "fsdp", 8)
+    assert ddp.target_weights == 8 * fsdp.target_weights == pytest.approx(141.1e9, rel=1e-3)
+    assert ddp.draft_state == 8 * fsdp.draft_state == pytest.approx(16 * 19.21e9, rel=1e-3)
+    assert fsdp.total == pytest.approx(99.1e9, rel=1e-3) and ddp.total > 5 * fsdp.total
+    assert smallest_world("llama3-70b", "fsdp", 80e9) == 12 and smallest_world("llama3-70b", "ddp", 80e9) is None
+    assert smallest_world("llama3-70b", "fsdp", 141e9) == 5
+    # loading a 70B checkpoint (70.6B parameters, bf16) on one 80 GB device names the fewest ranks
+    with pytest.raises(MemoryError, match=r"needs 141.1 GB; .*parallel: fsdp over at least 2 ranks"):
+        hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, largest=1_050_673_152)
+    with pytest.raises(MemoryError, match=r"needs 39.5 GB per rank \(of 4\); .*at least 5 ranks"):
+        hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 36 * 10**9, world=4, largest=1_050_673_152)
+    hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, world=2, largest=1_050_673_152)

@@ -37,6 +37,22 @@ zero within that noise):
 spire-logits (before issue 16) held ~15 bytes per token per vocabulary entry (draft logits,
 the target's logits and their gathered copy, the fp32 gradient): 50 GB of the paper's
 64 x 1,024 batch. Fused, the SPIRe step's per-token memory is its activations only.
+
+`--ranks` prints instead the per-rank memory of SPIRe training on Llama 3 8B and 70B targets
+(the draft a quarter of the target's layers) under ddp and fsdp at 1 to 16 ranks, computed by
+`spirelib.modeling.sharding` (issue 22), and the fewest ranks that fit `--budget-gb`:
+
+    target      parallel     N=1     N=2     N=4     N=8    N=16   fewest N in 80 GB (in 141 GB)
+    llama3-8b   ddp         71.2    80.0    78.8    78.2    77.9   1 (1)
+    llama3-8b   fsdp        71.2    48.7    32.3    24.1    20.0   1 (1)
+    llama3-70b  ddp        509.5   575.1   569.5   566.6   565.2   none (none)
+    llama3-70b  fsdp       509.5   275.8   158.0    99.1    69.7   12 (5)
+
+N=1 is one process (no DDP buckets, no sharding). Under ddp every rank holds the whole bf16
+target and the whole fp32 draft state; under fsdp the shares fall as 1/N, down to what a step
+gathers whole: at 70B and N=8, 30.5 of the 99.1 GB (the draft's embedding and unembedding,
+16.8 GB at 8 bytes a parameter, and two of its blocks; `spirelib.modeling.sharding`). A 70B
+target with its 19B-parameter draft fits 8 GPUs of 141 GB (H200), not 8 of 80 GB: 12 of those.
 """
 
 from __future__ import annotations
@@ -190,6 +206,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--stream-only", action="store_true",
                         help="only the residual-stream table at Llama 3 8B and 70B shapes (computed, not measured)")
+    parser.add_argument("--ranks", action="store_true",
+                        help="per-rank memory of SPIRe training on Llama 3 8B/70B under ddp and fsdp (computed)")
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "BATCH", "SEQ_LEN", "VOCAB"), help=argparse.SUPPRESS)
 
 
@@ -202,6 +220,8 @@ def main(args: argparse.Namespace) -> int:
         model, batch, seq_len, vocab = args.child[0], *map(int, args.child[1:])
         print(json.dumps(measure(model, batch, seq_len, vocab)))
         return 0
+    if args.ranks:
+        return _print_ranks(args.budget_gb * 1e9, args.json)
     stream = residual_stream_rows()
     results, rows = [], []
     if not args.stream_only:
@@ -226,4 +246,28 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {r['model']:13s} {r['peak_b1_V'] / 1e6:9.0f} {r['peak_b2_V'] / 1e6:9.0f} {r['per_token_V']:9,.0f} "
               f"{r['per_token_from_V']:9,.0f} {r['fixed_V'] / 1e6:9.0f} {r['fixed_from_V'] / 1e6:9.0f} "
               f"{r['optimizer_V'] / 1e6:9.0f}  {r['batch_in_budget']:,}")
+    return 0
+
+
+RANKS = (1, 2, 4, 8, 16)
+
+
+def _print_ranks(budget: float, as_json: bool) -> int:
+    """The per-rank memory table (`sharding.memory_table`) and the fewest ranks within `budget` bytes."""
+    from spirelib.modeling.sharding import PARALLEL, memory_table, smallest_world
+
+    rows = memory_table(worlds=RANKS)
+    fewest = {(t, p): smallest_world(t, p, budget) for t in ("llama3-8b", "llama3-70b") for p in PARALLEL}
+    if as_json:
+        print(json.dumps({"rows": rows, "fewest": [{"target": t, "parallel": p, "budget_bytes": budget, "world": n}
+                                                    for (t, p), n in fewest.items()]}, indent=2))
+        return 0
+    print("per-rank memory of SPIRe training (draft = a quarter of the target's layers; bf16 frozen target, fp32 "
+          "draft + AdamW; batch 64 x 1,024; the draft's activations not included), GB = 1e9 bytes")
+    print(f"  {'target':11s} {'parallel':8s} " + " ".join(f"{'N=' + str(n):>7s}" for n in RANKS)
+          + f"   fewest N in {budget / 1e9:g} GB")
+    for (target, parallel), n in fewest.items():
+        totals = {r["world"]: r["total_gb"] for r in rows if r["target"] == target and r["parallel"] == parallel}
+        print(f"  {target:11s} {parallel:8s} " + " ".join(f"{totals[w]:7.1f}" for w in RANKS)
+              + f"   {n if n is not None else 'none (ddp holds the whole target and draft state on each rank)'}")
     return 0

@@ -367,17 +367,28 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
 
 
-def check_memory(n_params: int, dtype: torch.dtype, device: torch.device | str, available: int | None) -> None:
+def check_memory(n_params: int, dtype: torch.dtype, device: torch.device | str, available: int | None, *,
+                 world: int = 1, largest: int = 0) -> None:
     """Refuse (MemoryError, with the numbers and a hint) when a model of `n_params` parameters
     in `dtype` needs more than `available` bytes on `device` (None: unknown, no check).
-    Counts the weights only: the KV cache and activations of decoding come on top."""
-    need = n_params * torch.empty((), dtype=dtype).element_size()
+    Counts the weights only: the KV cache and activations of decoding come on top. Sharded over
+    `world` ranks (`load_model_sharded`, parallel: fsdp) a rank holds its 1/world share plus two
+    whole tensors of `largest` parameters (one being converted, one gathered); a refusal names the
+    fewest ranks that would fit."""
+    size = torch.empty((), dtype=dtype).element_size()
+    extra = 2 * largest if world > 1 else 0
+    need = (-(-n_params // world) + extra) * size
     if available is None or need <= available:
         return
     name = str(dtype).removeprefix("torch.")
-    smaller = " load it in bfloat16 (dtype=torch.bfloat16)," if torch.empty((), dtype=dtype).element_size() > 2 else ""
-    raise MemoryError(f"the model ({_count(n_params)} parameters) in {name} needs {need / GB:.1f} GB; "
-                      f"{device} has {available / GB:.1f} GB available:{smaller} use a device with more "
+    smaller = " load it in bfloat16 (dtype=torch.bfloat16)," if size > 2 else ""
+    room = available // size - 2 * largest  # parameters a rank can hold besides the whole tensors
+    fewest = -(-n_params // room) if room > 0 else None
+    shard = (f" shard it with parallel: fsdp over at least {fewest} ranks (torchrun --nproc_per_node {fewest}),"
+             if fewest and fewest > world else "")
+    per = f" per rank (of {world})" if world > 1 else ""
+    raise MemoryError(f"the model ({_count(n_params)} parameters) in {name} needs {need / GB:.1f} GB{per}; "
+                      f"{device} has {available / GB:.1f} GB available:{smaller}{shard} use a device with more "
                       f"memory, or free some")
 
 
@@ -521,8 +532,7 @@ def _checked(folder: Path, device: torch.device, dtype: torch.dtype | None, worl
     dtype = _resolve_dtype(headers, dtype)
     sizes = [math.prod(shape) for name, (_, _, shape) in headers.items()
              if not _is_inv_freq(name) and not (cfg.tie_embeddings and name == "lm_head.weight")]
-    n_params = sum(sizes) if world == 1 else -(-sum(sizes) // world) + 2 * max(sizes)
-    check_memory(n_params, dtype, device, available_bytes(device))
+    check_memory(sum(sizes), dtype, device, available_bytes(device), world=world, largest=max(sizes))
     _check_inv_freq(headers, cfg)
     return cfg, headers, dtype
 
