@@ -238,3 +238,61 @@ def test_per_rank_memory_model_and_the_fewest_ranks_that_fit():
     with pytest.raises(MemoryError, match=r"needs 39.5 GB per rank \(of 4\); .*at least 5 ranks"):
         hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 36 * 10**9, world=4, largest=1_050_673_152)
     hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, world=2, largest=1_050_673_152)
+
+
+def _tiny_hf_target(folder: Path, num_layers: int) -> None:
+    """A Llama-shaped checkpoint at scaled-down shapes with a tiny BPE tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.training import hf
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ate the hat"] * 10, trainer)
+    torch.manual_seed(7)
+    model = Transformer(ModelConfig(vocab_size=320, num_layers=num_layers, d_model=32, n_q_per_kv=2, n_kv=2,
+                                    d_head=8, d_ff=48, rope_base=500000.0))
+    model.reset_parameters(0.1)
+    hf.save_model(model, folder, tokenizer=hf.HFTokenizer(tok, 2))
+
+
+def test_llama3_70b_example_dry_runs_sharded_under_torchrun_and_loads_in_one_process(tmp_path, monkeypatch):
+    """params/llama3-70b.yaml's dry run at scaled-down shapes (an 8-layer stand-in for the 70B target,
+    the draft a quarter of it): `torchrun -m spirelib train spire` on 2 gloo ranks loads the HF target
+    sharded, trains the draft under fsdp and caches it; one process then loads that draft (no training)."""
+    import yaml
+
+    from spirelib.training.params import load_params
+    from spirelib.training.series import Series, dry_run
+
+    root = Path(__file__).resolve().parent.parent
+    params = load_params(root / "params" / "llama3-70b.yaml")
+    assert params["series"]["parallel"] == "fsdp" and params["series"]["spire"]["num_layers"] == 20
+    _tiny_hf_target(tmp_path / "target", num_layers=8)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = "the cat sat on the mat a dog ate the hat".split()
+    rng = torch.Generator().manual_seed(0)
+    for i in range(10):
+        ids = torch.randint(0, len(words), (400,), generator=rng).tolist()
+        (corpus / f"doc{i}.txt").write_text(" ".join(words[j] for j in ids))
+    series = dry_run({**params["series"], "target_source": f"hf:{tmp_path / 'target'}", "corpus": "text",
+                      "corpus_path": str(corpus), "spire": {**params["series"]["spire"], "num_layers": 2}})
+    series["spire_training"]["batch_size"] = 2  # a window per rank
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({**params, "series": series}))
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "SPIRE_CACHE_DIR": str(tmp_path / "cache"),
+           "SPIRE_DATA_DIR": str(tmp_path / "data")}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "spirelib", "train", "spire", "--params", str(tmp_path / "p.yaml"), "--no-progress"],
+                         env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "'world_size': 2" in run.stdout, run.stdout
+    for name in ("SPIRE_CACHE_DIR", "SPIRE_DATA_DIR"):
+        monkeypatch.setenv(name, env[name])
+    trained = Series.from_dict(series).trained_spire_draft(progress=False)
+    assert trained.result.reused and trained.summary["world_size"] == 2
+    assert trained.model.cfg.num_layers == 2 and trained.model.target_layers == 8

@@ -328,18 +328,22 @@ def _mean_metrics(sums: dict[str, float], count: int) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batch_size: int,
-             device: torch.device, rank: int = 0, world: int = 1) -> dict[str, float]:
-    """Mean loss (as "val_loss") and metrics over `windows` (n, T+1), sharded over ranks."""
+             device: torch.device, rank: int = 0, world: int = 1, lockstep: bool = False) -> dict[str, float]:
+    """Mean loss (as "val_loss") and metrics over `windows` (n, T+1), sharded over ranks. With
+    `lockstep` (a sharded model: every forward is a collective) every rank runs as many batches
+    as the rank with the most windows; a rank out of windows runs one it then ignores."""
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
     mine = windows[rank::world]
-    for i in range(0, len(mine), batch_size):
+    rows = -(-len(windows) // world) if lockstep else len(mine)
+    for i in range(0, rows, batch_size):
         batch = mine[i : i + batch_size].to(device)
+        weight = len(batch)  # 0: lockstep, this rank's windows ran out; it runs one and counts none
         with _autocast(device):
-            loss, metrics = objective(model, batch)
+            loss, metrics = objective(model, batch if weight else windows[:1].to(device))
         for k, v in {"val_loss": loss, **metrics}.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * len(batch)
+            sums[k] = sums.get(k, 0.0) + float(v) * weight
     model.train(was_training)
     if world > 1:
         keys = sorted(sums)
@@ -509,7 +513,8 @@ def train(
 
     def run_eval(step: int) -> dict:
         if sharded:
-            result = evaluate(fsdp, lambda step_module, b: step_module(b, eval_objective), val, micro, dev, rank, world)
+            result = evaluate(fsdp, lambda step_module, b: step_module(b, eval_objective), val, micro, dev, rank, world,
+                              lockstep=True)
         else:
             result = evaluate(model, eval_objective, val, micro, dev, rank, world)
         log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
