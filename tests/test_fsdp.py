@@ -74,6 +74,31 @@ WORKER = textwrap.dedent("""
     def objective(target):
         return sharded_objective(target) if sharded else SpireObjective(target)
 
+    cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, checkpoint_every=2,
+                      micro_batch_size=1 if sharded else 0)
+    if len(sys.argv) > 3:  # 4b. killed by SIGKILL in step 3 (after the step-2 checkpoint) with "kill", then restarted
+        import signal
+
+        target = new_target()
+        inner, calls = objective(target), []
+
+        def dying(model, b):
+            calls.append(1)
+            if sys.argv[3] == "kill" and rank == 0 and len(calls) == 5:  # step 3's first micro-batch
+                os.kill(os.getpid(), signal.SIGKILL)
+            return inner(model, b)
+
+        result = train(new_draft(target), dying, docs, cfg, run_dir=f"{out}/killed", eval_objective=inner,
+                       identity={"spire": spire_cfg.to_dict()}, val_docs=docs, device="cpu", progress=False,
+                       parallel="fsdp")
+        if rank == 0:
+            save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, f"{out}/killed.safetensors")
+            print("resumed from step", result.metrics[0]["step"] if result.metrics else None, "calls", len(calls))
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)
+
     results = {}
     # 1. residual stream of the sharded target
     target = new_target()
@@ -96,8 +121,6 @@ WORKER = textwrap.dedent("""
                 results[f"grad.{variant}.{n}"] = fsdp.full_tensor(p.grad).contiguous()
 
     # 3. N steps through the trainer; 4. the same run stopped after step 2 and restarted
-    cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, checkpoint_every=2,
-                      micro_batch_size=1 if sharded else 0)
     for run, stops in (("full", (None,)), ("resumed", (2, None))):
         for stop in stops:
             target = new_target()
@@ -164,6 +187,12 @@ def runs(tmp_path_factory):
     assert sharded.returncode == 0, sharded.stderr[-4000:]
     one = subprocess.run([sys.executable, str(script), str(tmp), str(tmp / "hf")], env=env, capture_output=True, text=True, timeout=180)
     assert one.returncode == 0, one.stderr[-4000:]
+    for mode in ("kill", "restart"):
+        killed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                 "2", str(script), str(tmp), str(tmp / "hf"), mode], env=env, capture_output=True,
+                                text=True, timeout=180)
+        assert (killed.returncode != 0) == (mode == "kill"), killed.stderr[-4000:]
+    (tmp / "killed.log").write_text(killed.stdout)
     return load_file(tmp / "fsdp.safetensors"), load_file(tmp / "one.safetensors"), sharded.stdout, tmp / "hf"
 
 
@@ -196,6 +225,17 @@ def test_fsdp_run_stopped_and_restarted_equals_uninterrupted(runs):
     for results in (sharded, one):
         for k in (k for k in results if k.startswith("full.")):
             assert torch.equal(results[k], results["resumed." + k[len("full."):]]), k
+
+
+def test_fsdp_run_killed_mid_step_and_restarted_equals_uninterrupted(runs):
+    """SIGKILL of rank 0 in step 3 (torchrun then ends rank 1); the restart resumes the step-2
+    checkpoint (model, sharded optimizer state, RNG) and ends with the uninterrupted weights, exactly."""
+    sharded, _, _, folder = runs
+    killed = load_file(folder.parent / "killed.safetensors")
+    log = (folder.parent / "killed.log").read_text()
+    assert "calls 4" in log, log  # the restart ran steps 3 and 4 only: 2 micro-batches each
+    for k, v in killed.items():
+        assert torch.equal(v, sharded["full." + k]), k
 
 
 def test_fsdp_over_more_ranks_than_blocks_is_refused(runs):
