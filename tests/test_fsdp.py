@@ -36,7 +36,7 @@ WORKER = textwrap.dedent("""
     from spirelib.training import fsdp
     from spirelib.training.checkpoint import load_checkpoint
     from spirelib.training.data import FlatDocs
-    from spirelib.training.train import TrainConfig, _ObjectiveStep, init_distributed, train
+    from spirelib.training.train import TrainConfig, _ObjectiveStep, init_distributed, lm_objective, train
 
     torch.set_num_threads(1)
     VARIANTS = ("spire", "no_feedback", "no_feedback_no_target_acts")
@@ -136,6 +136,16 @@ WORKER = textwrap.dedent("""
     for k, v in loaded.state_dict().items():
         results[f"loaded.{k}"] = v.contiguous()
 
+    # 3b. a target's language-model training (`spire train target`): its blocks sharded through forward
+    torch.manual_seed(11)
+    lm = Transformer(target_cfg)
+    lm_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4)  # no micro-batches: DDP's
+    # accumulation order alone moves one weight by 1.3e-5 here, as much under ddp as under fsdp
+    result = train(lm, lm_objective, docs, lm_cfg, run_dir=f"{out}/{name}-lm", identity={"model": target_cfg.to_dict()},
+                   val_docs=docs, device="cpu", progress=False, parallel="fsdp")
+    for k, v in result.model.state_dict().items():
+        results[f"lm.{k}"] = v.contiguous()
+
     # 5. HF checkpoints loaded sharded, gathered back tensor by tensor (untied, tied embeddings)
     for kind in ("untied", "tied"):
         path = f"{sys.argv[2]}/{kind}"
@@ -212,8 +222,11 @@ def test_one_spire_step_draft_gradients_equal_single_process(runs):
 
 
 def test_n_fsdp_steps_give_single_process_weights(runs):
+    """The SPIRe draft against the sharded target (2 micro-batches a rank), and a target's own
+    language-model training (`spire train target`)."""
     sharded, one, *_ = runs
-    keys = [k for k in one if k.startswith("full.")]
+    keys = [k for k in one if k.startswith(("full.", "lm."))]
+    assert len(keys) == 16 + 22
     for k in keys:
         torch.testing.assert_close(sharded[k], one[k], rtol=0, atol=1e-5, msg=lambda m: f"{k}: {m}")
     for k in (k for k in sharded if k.startswith("loaded.")):  # the fsdp checkpoint, loaded in one process
@@ -336,3 +349,15 @@ def test_llama3_70b_example_dry_runs_sharded_under_torchrun_and_loads_in_one_pro
     trained = Series.from_dict(series).trained_spire_draft(progress=False)
     assert trained.result.reused and trained.summary["world_size"] == 2
     assert trained.model.cfg.num_layers == 2 and trained.model.target_layers == 8
+
+
+def test_parallel_is_a_validated_series_field_with_ddp_the_default():
+    from spirelib.training.series import Series, SeriesError
+
+    assert Series().parallel == "ddp" and "parallel" not in Series().to_dict()  # older params files unchanged
+    s = Series.from_dict({"parallel": "fsdp"})
+    assert s.to_dict()["parallel"] == "fsdp" and Series.from_dict(s.to_dict()) == s
+    with pytest.raises(SeriesError, match=r"parallel: must be one of \['ddp', 'fsdp'\], got 'zero3'"):
+        Series.from_dict({"parallel": "zero3"})
+    with pytest.raises(SeriesError, match="parallel: expected str"):
+        Series.from_dict({"parallel": 2})
