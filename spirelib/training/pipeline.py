@@ -173,8 +173,10 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
     dev = resolve_device(device)
     _, world = init_distributed(dev)
     frozen = target.model.to(dev)
-    model = SpireDraftModel.from_target(frozen, spire_cfg)  # gathers a sharded target's tensors one at a time
-    if parallel == "fsdp" and world > 1:
+    sharded = parallel == "fsdp" and world > 1
+    # a sharded target's tensors are gathered one at a time; the draft waits on the CPU for FSDP to shard it
+    model = SpireDraftModel.from_target(frozen, spire_cfg, device="cpu" if sharded else None)
+    if sharded:
         from torch.distributed.fsdp import FSDPModule
 
         from spirelib.training import fsdp

@@ -421,9 +421,11 @@ def train(
     ident = full_identity(cfg, identity)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoint"
-    model.to(dev)
-    eval_objective = eval_objective or objective
     sharded = parallel == "fsdp" and world > 1
+    if not sharded:
+        model.to(dev)
+    # else: fully_shard moves one block at a time to the device (the whole model never is there)
+    eval_objective = eval_objective or objective
     units = fsdp_units(model)
     if sharded and units:
         fsdp_.check_fsdp(world, len(units), type(model).__name__)
@@ -446,7 +448,7 @@ def train(
         if meta is not None:
             load_checkpoint(found, model, ident, restore_rng=True)
             start = meta["step"]
-        skeleton = copy.deepcopy(model).to_empty(device="meta")  # the plain module returned at the end
+        skeleton = _meta_copy(model)  # the plain module returned at the end
         fsdp = fsdp_.shard_units(_ObjectiveStep(model, objective), units, fsdp_.device_mesh(dev, world), dev)
     opt = make_optimizer(model, cfg)
     if meta is not None and sharded:
@@ -595,6 +597,13 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     """The modules FSDP shards one by one inside the root (`fsdp.shard_units`): the model's blocks
     (a `Transformer`'s, a `spire.SpireDraftModel`'s), none for a model without `blocks`."""
     return list(model.blocks) if isinstance(getattr(model, "blocks", None), nn.ModuleList) else []
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """`model` copied with every parameter on the meta device (no weight is copied; ties kept)."""
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            for p in model.parameters()}
+    return copy.deepcopy(model, memo)
 
 
 def _plain(model: nn.Module, skeleton: nn.Module | None) -> nn.Module:
