@@ -130,7 +130,7 @@ def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: st
 
     dev = resolve_device(device)
     dtype = torch.float32 if dev.type == "cpu" else None
-    rank, world = init_distributed(dev)
+    _, world = init_distributed(dev)
     sharded = parallel == "fsdp" and world > 1
     if sharded:
         model = hf.load_model_sharded(path, fsdp.device_mesh(dev, world), device=dev, dtype=dtype)
@@ -141,7 +141,8 @@ def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: st
                          f"{data.dataset.vocab_size}")
     windows = validation_windows(data.dataset.val, eval_cfg.eval_windows, eval_cfg.seq_len + 1, eval_cfg.seed)
     summary = {"steps": 0, "tokens": 0, "tokens_per_s": float("nan"), "device": str(dev), "imported_from": str(path),
-               "world_size": world if sharded else 1, **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
+               "world_size": world if sharded else 1,
+               **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
     identity = {"kind": "imported-language-model", "checkpoint": hf.checkpoint_digest(path)}
     result = TrainResult(model, Path(path), {"config_hash": identity["checkpoint"], "summary": summary}, [], reused=True)
     return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)

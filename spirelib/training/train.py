@@ -358,7 +358,8 @@ def _accumulate(step_objective, ddp, fsdp, batch: torch.Tensor, micro: int, n_mi
     """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
     windows; the gradients add up to those of the mean loss over the whole batch (each
     micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
-    all-reduces, under FSDP only the last reduce-scatters. Returns the batch's mean loss (detached) and metrics (means over micro-batches),
+    all-reduces, under FSDP only the last reduce-scatters. Returns the batch's mean loss (detached)
+    and metrics (means over micro-batches),
     left on the device: nothing here waits for it."""
     total = None
     sums: dict[str, torch.Tensor | float] = {}
