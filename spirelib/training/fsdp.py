@@ -32,7 +32,7 @@ from torch import nn
 
 PARALLEL = ("ddp", "fsdp")
 #: The `Block` methods other than `forward` that run a sharded block (SPIRe's memory and k-pass).
-BLOCK_METHODS = ("queries", "memory_kv", "finish", "finish_heads")
+BLOCK_METHODS = ("queries", "memory_kv", "finish_heads")
 
 
 class FSDPRefused(ValueError):
