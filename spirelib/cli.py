@@ -11,7 +11,8 @@ Every subcommand checks all of its input before any compute and exits 2 naming e
 
     torchrun --nproc_per_node 8 -m spirelib train target --params params/paper.yaml
 
-and the notebooks (or `spire run`) then load the cached checkpoints.
+(with `parallel: fsdp` in the series, the target and the trained model are sharded over the ranks,
+docs/scaling-out.md), and the notebooks (or `spire run`) then load the cached checkpoints.
 """
 
 from __future__ import annotations
