@@ -363,3 +363,24 @@ def test_parallel_is_a_validated_series_field_with_ddp_the_default():
         Series.from_dict({"parallel": "zero3"})
     with pytest.raises(SeriesError, match="parallel: expected str"):
         Series.from_dict({"parallel": 2})
+
+
+def test_spire_train_refuses_fsdp_over_more_ranks_than_blocks_before_any_compute(tmp_path, monkeypatch, capsys):
+    """`spire train` under torchrun (WORLD_SIZE) checks the ranks against the series before reading data:
+    the smoke SPIRe draft has 1 block, the target 2; a batch of 8 does not split over 3 ranks."""
+    import yaml
+
+    from spirelib import cli
+
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"series": {"parallel": "fsdp"}}))
+    monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "no-data"))  # nothing may be read or written
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", "spire", "--params", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "over 2 ranks: 1 problem" in err
+    assert "parallel: fsdp over 2 ranks needs at least 2 blocks to shard, but the SPIRe draft (spire) has 1" in err
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert cli.main(["train", "target", "--params", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "target_training.batch_size: 8 windows do not split over 3 ranks" in err and "the target has 2" in err
+    assert not (tmp_path / "no-data").exists()
