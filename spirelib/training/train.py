@@ -441,7 +441,7 @@ def train(
         check_identity(found, meta, ident)
         if meta["finished"]:
             load_checkpoint(found, model)
-            return TrainResult(model.eval(), found, meta, read_metrics(run_dir / "metrics.jsonl"), reused=True)
+            return TrainResult(model.to(dev).eval(), found, meta, read_metrics(run_dir / "metrics.jsonl"), reused=True)
 
     start = 0
     fsdp = skeleton = None
