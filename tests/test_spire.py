@@ -306,7 +306,7 @@ def test_target_memory_is_what_the_pruned_layer_itself_computes_at_the_same_posi
                        generator=torch.Generator().manual_seed(5))
     contexts = torch.randint(0, TARGET.vocab_size, (3, 9), generator=torch.Generator().manual_seed(6))
     capacity = speculative_capacity(contexts.shape[1], 12, 3)
-    prefilled = prefill(target, contexts, capacity=capacity, return_layers=True)
+    prefilled = prefill(target, contexts, capacity=capacity, layers=draft.target_layers)
     out = speculative_generate(target, draft, contexts, 12, k=3, temperature=1.0, prefilled=prefilled,
                                generator=torch.Generator().manual_seed(7))
     assert out.accepted.shape[1] > 1  # several verification passes wrote memory
