@@ -98,7 +98,8 @@ SPIRE_WORKER = textwrap.dedent("""
                        identity={"spire": cfg.to_dict()}, val_docs=docs, device="cpu", progress=False)
         name = dist.get_rank() if dist.is_initialized() else "single"
         save_file(dict(result.model.state_dict()), f"{out}/{variant}-rank{name}.safetensors")
-        print(variant, "val_loss", result.summary["val_loss"], "world", result.summary["world_size"])
+        if name in (0, "single"):  # one line per variant: two ranks printing at once interleave characters
+            print(variant, "val_loss", result.summary["val_loss"], "world", result.summary["world_size"], flush=True)
     if dist.is_initialized():  # gloo's threads must not outlive the interpreter (an abort at exit otherwise)
         dist.barrier()
         dist.destroy_process_group()

@@ -125,12 +125,14 @@ class SpireDraftModel(nn.Module):
     def from_target(cls, target: Transformer, cfg: SpireConfig, device=None) -> SpireDraftModel:
         """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
         copied (method §3.1), or random weights for the `random_init` ablation. On the target's
-        device, in fp32 whatever the target's dtype: the draft is small, and its weights,
-        gradients and optimizer state need fp32 to train (a bf16 weight of 0.5 does not move
-        at lr 5e-5); training computes under autocast, decoding runs in the target's dtype
-        (`drafts.draft_factory`). `device`: another device for the draft (a sharded target's trainer
-        builds it on the CPU, and FSDP moves it to the GPU block by block)."""
-        draft = cls(target.cfg, cfg).to(device=device or next(target.parameters()).device)
+        device, in fp32 at least whatever the target's dtype (fp64 stays fp64): the draft is
+        small, and its weights, gradients and optimizer state need fp32 to train (a bf16 weight of
+        0.5 does not move at lr 5e-5); training computes under autocast, decoding runs in the
+        target's dtype (`drafts.draft_factory`). `device`: another device for the draft (a sharded
+        target's trainer builds it on the CPU, and FSDP moves it to the GPU block by block)."""
+        param = next(target.parameters())
+        draft = cls(target.cfg, cfg).to(device=device or param.device,
+                                         dtype=torch.promote_types(param.dtype, torch.float32))
         if cfg.pruned_init:
             first = target.cfg.num_layers - cfg.num_layers
             with torch.no_grad():
