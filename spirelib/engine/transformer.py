@@ -345,8 +345,8 @@ class Transformer(nn.Module):
         keep = tuple(range(self.cfg.num_layers + 1)) if layers is None else tuple(layers)
         if not keep or not all(0 <= i <= self.cfg.num_layers for i in keep):
             raise ValueError(f"layers must be residual-stream entries 0..{self.cfg.num_layers}, got {layers}")
-        kept = dict(zip(sorted(set(keep)), self._blocks(tokens, positions, cache, valid, sparse,
-                                                        keep=tuple(sorted(set(keep))))))
+        entries = tuple(sorted(set(keep)))
+        kept = dict(zip(entries, self._blocks(tokens, positions, cache, valid, sparse, keep=entries)))
         return torch.stack([kept[i] for i in keep])
 
     def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None) -> DenseKVCache:
