@@ -70,7 +70,8 @@ def _series(args) -> str:
                               capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError((proc.stdout + proc.stderr).strip().splitlines()[-1])
-    return f"9 reports in {time.perf_counter() - start:.0f} s -> {out}/index.html"
+    reports = len(list(out.glob("[0-9][0-9]_*.html")))
+    return f"{reports} reports in {time.perf_counter() - start:.0f} s -> {out}/index.html"
 
 
 def _toy_target(args, dtype=torch.float32):
