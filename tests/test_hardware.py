@@ -79,11 +79,11 @@ def test_operating_points_take_each_devices_first_dtypes_in_order():
     assert [p[0] for p in both if p[0].startswith("h100-sxm ")] == ["h100-sxm fp8", "h100-sxm bf16"]
 
 
-def test_the_profiled_entry_is_kept_beside_the_calibrated_one(tmp_path, monkeypatch):
+def test_the_calibrated_entry_joins_the_table_and_no_other(tmp_path, monkeypatch):
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path))
     save_measured({"fp32": 2.4e11}, 1.5e10)
-    save_measured({"fp32": 6e10}, 5e9, name=hardware.PROFILED_NAME, source="fitted by spirelib.modeling.profiled")
+    save_measured({"fp32": 6e10}, 5e9, name="somewhere-else")
     table = hardware_table()
     assert table["this-machine"].hoi("fp32") == pytest.approx(16.0)
-    assert table["this-machine-profiled"].hoi("fp32") == pytest.approx(12.0)
+    assert set(table) == {*HARDWARE, "this-machine"}
     assert hardware.measured_path() == tmp_path / "hardware" / "this_machine.json"

@@ -8,7 +8,14 @@ import pytest
 from spirelib.engine.kvcache import SinkWindow
 from spirelib.engine.spire import SpireConfig
 from spirelib.engine.transformer import ModelConfig
-from spirelib.engine.wallclock import DecodeTiming, flops_per_token, modeled_speedups, modeled_step_seconds
+from spirelib.engine.wallclock import (
+    DecodeTiming,
+    flops_per_token,
+    modeled_speedups,
+    modeled_step_seconds,
+    profiled_draft_shapes,
+    profiled_verdict,
+)
 from spirelib.modeling import profiled
 from spirelib.workbook.tables import measured as tables
 
@@ -16,7 +23,7 @@ TARGET = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=2, n_kv
 DRAFT = ModelConfig(vocab_size=64, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
 SPIRE = SpireConfig(num_layers=1, window=4)
 RING = SinkWindow(1, 8)
-COST = profiled.ProfiledCost(fixed_s=1e-4, per_layer_s=2e-5, flops_per_s=1e10, bytes_per_s=1e10)
+COST = profiled.ProfiledCost(flops_per_s=1e10, bytes_per_s=1e10, per_layer_s=2e-5, sampling_s=3e-5)
 
 
 def timing(method, seconds, tau=1.0, rounds=8, batch=2, context=16):
@@ -28,14 +35,38 @@ TIMINGS = [timing("ad", [0.02, 0.01], rounds=16), timing("vanilla", [0.008, 0.00
            timing("spire", [0.01, 0.02], tau=3.0)]
 
 
-def test_profile_summary_names_every_term():
-    text = tables.profile_summary(COST, np.array([0.1, 0.3]), 1.25)
-    assert text.startswith("profiled 2 forwards in 1.2 s: fixed 100 us + (20 us")
-    assert text.endswith("fit error median 20.0%, worst 30.0%")
-    fitted = dataclasses.replace(COST, drafts={"spire": profiled.DraftOverhead(5e-5, 2e-9, -1e-5, 3e-9)})
-    assert tables.profile_summary(fitted, np.array([0.1, 0.3]), 1.25).endswith(
-        "worst 30.0%. Each method's own code, fitted to its timed calls, adds SPIRe +50 us +2 ns per row per pass, "
-        "-10 us +3 ns per row per accept")
+def test_profile_summary_names_every_term_and_the_fit_and_held_out_errors():
+    rows = [{"error": 0.1, "role": "fitted"}, {"error": -0.3, "role": "fitted"}, {"error": 0.05, "role": "fitted"},
+            {"error": -0.2, "role": "held out"}]
+    text = tables.profile_summary(COST, rows)
+    assert text.startswith("fitted in the loop: (20 us + 0 ns per token) per layer + 0.0 ns per key")
+    assert "max(matmul FLOPs / 10.0 GFLOP/s, bytes / 10.0 GB/s) (both calibrated, pinned)" in text
+    assert text.endswith("fitted rounds: median error 10.0%, worst 30.0%; held out rounds: median error 20.0%, "
+                         "worst 20.0%.")
+    fitted = dataclasses.replace(COST, drafts={"spire": profiled.DraftOverhead(5e-5, -2e-9)})
+    assert "each method's own code per round: SPIRe +50 us -2 ns per row." in tables.profile_summary(fitted, rows)
+
+
+def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_saw_it():
+    shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    rows = tables.fit_rows(TIMINGS, [TIMINGS[2]], COST, TARGET, shapes, bytes_per_value=4, k=4)
+    assert [(r["method"], r["role"]) for r in rows] == [("AD", "fitted"), ("vanilla SD", "fitted"),
+                                                        ("SPIRe", "held out")]
+    ad = profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 32, 4)
+    assert rows[0]["measured"] == pytest.approx(1e3 * (0.02 + 0.01) * 0.75 / 2 / 16)  # draft + verify of a step
+    assert rows[0]["profiled"] == pytest.approx(1e3 * ad)
+    assert rows[0]["error"] == pytest.approx(rows[0]["profiled"] / rows[0]["measured"] - 1)
+
+
+def test_the_timed_cells_are_the_grid_and_the_held_out_cells_beyond_it():
+    assert tables.timing_cells([1, 16], [256, 960], [[16, 2048]]) == [(1, 256), (16, 256), (1, 960), (16, 960),
+                                                                      (16, 2048)]
+    assert tables.grid_problems([1, 16], [256, 960], [[16, 2048]]) == []
+    (why,) = tables.grid_problems([1, 16], [256], [[16, 2048]])
+    assert "the cells left to fit, [(1, 256), (16, 256)], must be three or more" in why
+    assert tables.grid_problems([1, 16], [256, 960], []) == [
+        "held_out is empty: the profiled model would be judged only on the cells it was fitted to"]
+    assert len(tables.grid_problems([1], [256, 960], [[1, 960]])) == 1  # one B left
 
 
 def test_timing_rows():
@@ -46,25 +77,29 @@ def test_timing_rows():
 
 
 def test_profiled_draft_shapes():
-    shapes = tables.profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
     assert shapes["magicdec"] == profiled.DraftShape("magicdec", None, keys=10)
     assert shapes["spire"] == profiled.DraftShape("spire", DRAFT.shape(), keys=SPIRE.sink + SPIRE.window,
                                                   memory_layers=SPIRE.num_layers)
     no_memory = SpireConfig(num_layers=1, window=4, feedback=False, target_activations=False)
-    assert tables.profiled_draft_shapes(DRAFT, DRAFT, no_memory, RING)["spire"].memory_layers == 0
+    assert profiled_draft_shapes(DRAFT, DRAFT, no_memory, RING)["spire"].memory_layers == 0
 
 
 def test_speedup_cells_add_the_profiled_model():
     drafts = {"vanilla": DRAFT, "spire": DRAFT}
-    shapes = tables.profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
     kw = dict(peak_flops=1e10, bandwidth=1e10, bytes_per_value=4, k=4)
-    cells = tables.speedup_cells(TIMINGS, TARGET, drafts, shapes, COST, sparse={"spire": SPIRE.sparse}, **kw)
-    assert [{k: v for k, v in c.items() if not k.startswith("profiled")} for c in cells] == modeled_speedups(
+    cells = tables.speedup_cells(TIMINGS, TARGET, drafts, shapes, COST, sparse={"spire": SPIRE.sparse},
+                                 held_out=[[2, 16]], **kw)
+    added = ("profiled_speedup", "profiled_error", "held_out", "role", "ci")
+    assert [{k: v for k, v in c.items() if k not in added} for c in cells] == modeled_speedups(
         TIMINGS, TARGET, drafts, sparse={"spire": SPIRE.sparse}, **kw)
     spire = cells[1]
     expected = profiled.speedup(COST, shapes["spire"], 3.0, TARGET.shape(), TARGET.vocab_size, 2, 16, 16, 4, 4)
     assert spire["profiled_speedup"] == pytest.approx(expected)
     assert spire["profiled_error"] == pytest.approx(expected / spire["measured_speedup"] - 1)
+    assert spire["held_out"] and spire["role"] == "held out"
+    assert spire["ci"] == f"{spire['ci_low']:.2f} to {spire['ci_high']:.2f}" and spire["runs"] == 2
 
 
 def test_ad_step_rows():
@@ -85,15 +120,20 @@ def test_flop_rows_cap_a_sparse_draft_keys():
     assert rows[1]["attention"] == pytest.approx(flops_per_token(TARGET, 64)["attention"] / rows[1]["body"])
 
 
-CELLS = [{"method": "spire", "B": 1, "L": 32, "error": 0.5, "profiled_error": -0.1, "measured_speedup": 0.8},
-         {"method": "vanilla", "B": 4, "L": 64, "error": -0.1, "profiled_error": 0.3, "measured_speedup": 1.2}]
+def cell(method, B, L, measured, profiled_speedup, error=0.1, held_out=False, half=0.04):
+    return {"method": method, "B": B, "L": L, "measured_speedup": measured, "profiled_speedup": profiled_speedup,
+            "profiled_error": profiled_speedup / measured - 1, "error": error, "held_out": held_out,
+            "ci_low": measured * (1 - half), "ci_high": measured * (1 + half)}
+
+
+CELLS = [cell("spire", 1, 32, 0.8, 0.72, error=0.5), cell("vanilla", 4, 64, 1.2, 1.56, error=-0.1, held_out=True)]
 
 
 def test_summarize():
     s = tables.summarize(CELLS, [{"ratio": 2.0}, {"ratio": 4.0}, {"ratio": 9.0}])
     assert s["worst"] is CELLS[0] and s["best"] is CELLS[1] and s["worst_profiled"] is CELLS[1]
     assert s["overhead"] == 4.0 and s["losing"] == [CELLS[0]]
-    assert s["median_error"] == pytest.approx(0.3) and s["profiled_error"] == pytest.approx(0.2)
+    assert s["median_error"] == pytest.approx(0.3) and s["profiled"] == profiled_verdict(CELLS)
 
 
 def test_conclusion():
@@ -104,8 +144,8 @@ def test_conclusion():
     assert "Fixed per-pass costs dominate" in paper
     assert paper.endswith("HOI here is 12.5 FLOP/byte against the paper's 600.")
     assert clock.startswith("**Speculative decoding was slower than AD in 1 of 2 measured cells**: "
-                            "SPIRe at B = 1, L = 32 (0.80x). The profiled model's median error is 20%")
-    assert "its worst cell is vanilla SD at B = 4, L = 64 (+30%)" in clock and "fixed 120 us-plus" in clock
+                            "SPIRe at B = 1, L = 32 (0.80x). Every measured speedup has a 95% CI within +/-4.0% of it.")
+    assert "pays 20 us per layer in launches and a 30 us draw" in clock
     assert "Passes are close" in tables.conclusion(tables.summarize(CELLS, [{"ratio": 2.0}]), 2, COST, 1.0)[0]
 
 
@@ -122,21 +162,20 @@ def test_machine_sentence_states_peak_bandwidth_hoi_and_dtype():
 
 def test_measured_results_keep_the_results_keys():
     cells = [{key: i for i, key in enumerate(tables.CELL_FIELDS)} | {"extra": 1}]
-    summary = {"profiled_error": 0.2, "losing": [1, 2], "overhead": 5.0}
+    verdict = profiled_verdict(CELLS)
+    summary = {"profiled": verdict, "losing": [1, 2], "overhead": 5.0}
     machine = {"fp32_flops": 3e11, "bandwidth": 1e11}
-    results = tables.measured_results(cells, COST, np.array([0.1, -0.3, 0.2]), summary, machine, "cpu", 4, "s")
+    results = tables.measured_results(cells, COST, summary, machine, "cpu", 4, "s")
     assert list(results) == ["cells", "profiled_model", "hoi", "machine"]
     assert results["cells"] == [{key: i for i, key in enumerate(tables.CELL_FIELDS)}]
-    assert results["profiled_model"] == {**COST.to_dict(), "fit_error_median": 0.1, "fit_error_max": 0.2,
-                                         "median_error": 0.2, "cells_slower_than_ad": 2}
+    assert results["profiled_model"] == {**COST.to_dict(), **verdict, "false_gains": 0, "cells_slower_than_ad": 2}
     assert results["hoi"] == 3.0
     assert results["machine"] == {"fp32_flops": 3e11, "bandwidth": 1e11, "device": "cpu", "bytes_per_value": 4,
                                   "ad_step_overhead": 5.0, "scale": "s"}
 
 
 def clock_cell(method, B, L, measured, profiled_speedup):
-    return {"method": method, "B": B, "L": L, "measured_speedup": measured, "profiled_speedup": profiled_speedup,
-            "profiled_error": profiled_speedup / measured - 1}
+    return cell(method, B, L, measured, profiled_speedup, held_out=L == 960 and B == 16)
 
 
 CLOCK = [clock_cell("spire", 1, 256, 1.32, 1.5), clock_cell("magicdec", 1, 256, 0.9, 1.0),
@@ -154,13 +193,21 @@ def test_09_leads_with_where_sd_won_and_where_it_lost():
         "(0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
 
 
-def test_09_says_which_way_the_profiled_model_errs_and_where_it_picks_the_wrong_winner():
+def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_picks_the_wrong_winner():
     text = tables.profiled_sides(CLOCK)
-    assert text.startswith("**The profiled model** overpredicts the speedup: too high in 6 of 8 measurements, too "
-                           "low in 2 (median signed error +13%).")
-    assert text.endswith("It picks the wrong winner at B = 16, L = 960 (it picks SPIRe, the clock MagicDec).")
-    right = [{**c, "profiled_speedup": c["measured_speedup"]} for c in CLOCK]
-    assert tables.profiled_sides(right).endswith("It picks the measured winner in every cell.")
+    # errors: +13.6, +11.1, +14.3, -5.3, +12.5, +14.3, +18.2 (held out), -8.3% (held out)
+    assert text.startswith("**The profiled model overpredicts the speedup by 8.8% on average** (mean signed error "
+                           "+8.8%; too high in 6 of 8 cells, too low in 2); its median error is 13.1%. ")
+    assert ("Fitted to the rounds timed at the other cells (median error there 13.1%), it predicts the held-out "
+            "cells (B = 16, L = 960) within 18.2%. ") in text
+    assert "It picks the wrong winner at B = 16, L = 960 (it picks SPIRe, the clock MagicDec). " in text
+    assert text.endswith("Every cell it predicts at 1.1x or more measured a gain.")
+    right = [{**c, "profiled_speedup": c["measured_speedup"], "profiled_error": 0.0} for c in CLOCK]
+    assert "It picks the measured winner in every cell." in tables.profiled_sides(right)
+    wrong = [*CLOCK[:5], clock_cell("magicdec", 1, 960, 0.7, 1.15), *CLOCK[6:]]
+    assert tables.profiled_sides(wrong).endswith(
+        "It calls MagicDec at B = 1, L = 960 a gain (1.15x) that measured a loss (0.70x).")
     paragraphs = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8, COST,
                                    2.0, CLOCK)
     assert paragraphs[0].startswith("**Where speculative decoding won:**") and paragraphs[1] == text
+    assert paragraphs[2].startswith("**Profiling your own GPU:**") and "within 18%" in paragraphs[2]

@@ -15,6 +15,13 @@ from the target (2 layers, sink 1 + window 64); MagicDec reads sink 1 + window 6
 
 Timings are wall clock; on a machine shared with other jobs, best-of-n is the fair figure.
 
+`--profiled` judges the profiled cost model (`spirelib.modeling.profiled`) on this run as
+notebook 09 does: fresh random contexts every run, runs added while a speedup's 95% CI is wider
+than +/-5% (within a time budget per cell), the model fitted to the rounds timed at every cell
+but the held-out ones (`--held-out`, default the largest B at the longest L) with its peak and
+bandwidth pinned to a calibration made now, then every cell's measured speedup (and CI) against
+the model's, its median, signed and held-out errors.
+
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
 
@@ -24,6 +31,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -32,7 +40,13 @@ from spirelib.engine.drafts import draft_factory, vanilla_draft_config
 from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.engine.spire import SpireConfig, SpireDraftModel
 from spirelib.engine.transformer import ModelConfig, Transformer
-from spirelib.engine.wallclock import time_decoding
+from spirelib.engine.wallclock import (
+    loop_timings,
+    profiled_cells,
+    profiled_draft_shapes,
+    profiled_verdict,
+    time_decoding,
+)
 from spirelib.modeling import profiled
 
 TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts this benchmark builds
@@ -51,12 +65,20 @@ def build_methods(target: Transformer, methods: list[str], temperature: float, w
     return factories, [model for model in built.values() if model is not None]
 
 
+def time_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
+              k: int, temperature: float, repeats: int, **more) -> list:
+    """Every method at one (B, L): `wallclock.time_decoding` over fresh random contexts every run."""
+    def contexts(run: int) -> torch.Tensor:
+        return torch.randint(0, target.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(run))
+
+    return time_decoding(target, {m: factories[m] for m in methods if m != "ad"}, contexts, new_tokens, k=k,
+                         temperature=temperature, repeats=repeats, include_ad="ad" in methods, **more)
+
+
 def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
              k: int, temperature: float, repeats: int) -> list[dict]:
     """Every method at one (B, L), best of `repeats`: rows of results."""
-    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
-    timings = time_decoding(target, {m: factories[m] for m in methods if m != "ad"}, contexts, new_tokens, k=k,
-                            temperature=temperature, repeats=repeats, include_ad="ad" in methods)
+    timings = time_case(target, factories, methods, batch, context, new_tokens, k, temperature, repeats)
     rows = []
     for t in timings:
         best = t.best
@@ -136,6 +158,45 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     return rows
 
 
+def profiled_rows(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
+                  held_out: list[tuple[int, int]], args: argparse.Namespace) -> tuple:
+    """Time every (B, L) of `cells` (09's protocol: CI +/-5% within `--cell-seconds`), calibrate
+    this machine, fit the profiled model to every cell but `held_out`, and compare: (the fitted
+    `profiled.ProfiledCost`, `wallclock.profiled_cells`, `wallclock.profiled_verdict`)."""
+    from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
+
+    timings = [t for B, L in cells for t in time_case(
+        target, factories, methods, B, L, args.new_tokens, args.k, args.temperature, args.repeats,
+        max_repeats=args.max_repeats, max_seconds=args.cell_seconds)]
+    peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
+    spire = SpireConfig(window=args.window)
+    shapes = profiled_draft_shapes(vanilla_draft_config(target.cfg), replace(target.cfg, num_layers=spire.num_layers),
+                                   spire, SinkWindow(spire.sink, spire.window))
+    value_bytes = next(target.parameters()).element_size()
+    seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
+    cost = profiled.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
+                        drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, peak_flops=peak,
+                        bandwidth=bw, bytes_per_value=value_bytes)
+    rows = profiled_cells(timings, cost, target.cfg, shapes, bytes_per_value=value_bytes, k=args.k, held_out=held_out)
+    return cost, rows, profiled_verdict(rows)
+
+
+def print_profiled(rows: list[dict], verdict: dict) -> None:
+    print(f"{'L':>5} {'B':>3} {'method':9} {'measured':>8} {'95% CI':>13} {'runs':>4} {'profiled':>8} {'error':>7}"
+          "  fit")
+    for r in rows:
+        print(f"{r['L']:5d} {r['B']:3d} {r['method']:9} {r['measured_speedup']:8.3f} "
+              f"{r['ci_low']:6.3f}-{r['ci_high']:6.3f} {r['runs']:4d} {r['profiled_speedup']:8.3f} "
+              f"{r['profiled_error']:+7.1%}  {'held out' if r['held_out'] else 'fitted'}")
+    held = verdict["held_out_max_error"]
+    print(f"profiled model: median error {verdict['median_error']:.1%}, "
+          f"mean signed {verdict['mean_signed_error']:+.1%}, "
+          f"fitted cells' median {verdict['fitted_median_error']:.1%}"
+          + (f", held-out worst {held:.1%}" if held is not None else "")
+          + f", {len(verdict['false_gains'])} predicted gains (>= 1.1x) that measured a loss; widest CI "
+          f"+/-{verdict['widest_ci']:.1%}")
+
+
 def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float) -> None:
     print(f"roofline: fp32 peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated now)")
     print(f"{'L':>5} {'B':>3} {'forward':18} {'mode':8} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8} {'x roof':>7}")
@@ -167,10 +228,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time single forwards of every kind against this machine's roofline instead")
     parser.add_argument("--compile", action="store_true",
                         help="also decode through compiled graphs (Transformer.compile_decoding), beside eager")
+    parser.add_argument("--profiled", action="store_true", help="fit the profiled cost model here, judge each cell")
+    parser.add_argument("--held-out", type=int, nargs=2, action="append", metavar=("B", "L"),
+                        help="--profiled: a cell the fit does not see (default: largest B, longest L)")
+    parser.add_argument("--max-repeats", type=int, default=30, help="--profiled: runs per cell at most")
+    parser.add_argument("--cell-seconds", type=float, default=20.0, help="--profiled: seconds per cell at most")
+
+
+def profiled_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(every (B, L) cell `--profiled` times, the held-out ones among them)."""
+    held = [tuple(c) for c in args.held_out] if args.held_out else [(max(args.batch), max(args.context))]
+    grid = {(b, length) for b in args.batch for length in args.context}
+    return sorted(grid | set(held), key=lambda c: (c[1], c[0])), held
 
 
 def problems(args: argparse.Namespace) -> list[str]:
-    return positive(args, "batch", "context", "new_tokens", "k", "window", "vocab_size", "target_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff", "repeats")
+    out = positive(args, "batch", "context", "new_tokens", "k", "window", "vocab_size", "target_layers", "d_model",
+                   "n_q_per_kv", "n_kv", "d_head", "d_ff", "repeats")
+    if args.profiled:
+        cells, held = profiled_grid(args)
+        if "ad" not in args.methods:
+            out.append("--profiled needs ad among --methods (the model is fitted to AD's steps)")
+        problems_of_fit = profiled.fit_problems(
+            [profiled.LoopTiming(m, b, length, args.new_tokens, 1.0, 1.0, 1.0) for b, length in cells
+             if (b, length) not in held for m in args.methods],
+            {m: profiled.DraftShape(m, None) for m in args.methods if m != "ad"})
+        out += [f"--profiled: {p}" for p in problems_of_fit]
+        if args.roofline or args.compile:
+            out.append("--profiled times eager decoding alone: drop --roofline and --compile")
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -191,6 +277,15 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw)
         return 0
     factories, drafts = build_methods(target, args.methods, args.temperature, args.window)
+    if args.profiled:
+        cells, held = profiled_grid(args)
+        cost, rows, verdict = profiled_rows(target, factories, args.methods, cells, held, args)
+        if args.json:
+            print(json.dumps({"cells": rows, "verdict": {**verdict, "false_gains": len(verdict["false_gains"])},
+                              "cost": cost.to_dict()}, indent=2, default=str))
+        else:
+            print_profiled(rows, verdict)
+        return 0
     rows = []
     for compiled in modes:
         for model in (target, *drafts):

@@ -1,21 +1,22 @@
-"""Decoding throughput on the clock, and what the throughput model (method §2) predicts for it.
+"""Decoding throughput on the clock, and what the throughput models predict for it (method §2).
 
 The paper models throughput and never measures it. `time_decoding` runs autoregressive
-decoding (AD) and speculative decoding (SD) with each draft on the same contexts, after one
-target prefill that every method shares (prefill is not decoding and is excluded), a warm-up
-run and then `repeats` timed runs, keeping every run's decode seconds, tau and the split
-between draft, verify and bookkeeping (`speculative.SectionTimer`). `bench decode` reports
-the best run; notebook 09 the median and spread, next to `modeled_speedups`: the paper's
-G-aware throughput model for the same shapes, the tau of the same runs, and this machine's
-calibrated peak FLOP/s and memory bandwidth, and `profiled_speedups`: the profiled cost
-model (`spirelib.modeling.profiled`), fitted by `profile` to timings of single forwards at a few shapes
-(never to the speculative runs it is then judged on).
+decoding (AD) and speculative decoding (SD) with each draft, interleaved run by run, each run
+after one target prefill its methods share (prefill is not decoding and is excluded), a warm-up
+run first; it keeps every run's decode seconds, tau and the split between draft, verify and
+bookkeeping (`speculative.SectionTimer`), and adds runs (over fresh contexts, when given a
+function of the run) until every method's speedup over AD is known to within a 95% CI of the
+width asked for (`speedup_interval`). `bench decode` reports the best run; notebook 09 the mean
+speedup and its CI, next to `modeled_speedups`: the paper's G-aware throughput model for the
+same shapes, the tau of the same runs, and this machine's calibrated peak FLOP/s and memory
+bandwidth, and `profiled_speedups`: the profiled cost model (`spirelib.modeling.profiled`),
+fitted to the same runs' sections at some cells (`loop_timings`) and judged at all of them,
+held-out cells included.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -23,18 +24,16 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib.engine.kvcache import DenseKVCache, SinkWindow
-from spirelib.engine.sampling import probabilities, sample
+from spirelib.engine.kvcache import SinkWindow
 from spirelib.engine.speculative import (
-    Rows,
     SectionTimer,
-    TargetPass,
     autoregressive_generate,
     prefill,
     speculative_capacity,
     speculative_generate,
     stream_entries,
 )
+from spirelib.engine.tau import t_quantile
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling import perfmodel, profiled
 
@@ -71,49 +70,81 @@ class DecodeTiming:
 
 
 def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
-                  contexts: torch.Tensor, new_tokens: int, *, k: int = 4, temperature: float = 1.0,
-                  repeats: int = 3, include_ad: bool = True) -> list[DecodeTiming]:
-    """AD and SD with every draft factory (`drafts.draft_factory`) on contexts (B, L): one timing each."""
+                  contexts: torch.Tensor | Callable[[int], torch.Tensor], new_tokens: int, *, k: int = 4,
+                  temperature: float = 1.0, repeats: int = 3, include_ad: bool = True, max_repeats: int | None = None,
+                  ci: float = 0.05, max_seconds: float = float("inf")) -> list[DecodeTiming]:
+    """AD and SD with every draft factory (`drafts.draft_factory`) at one (B, L): one timing each.
+
+    `contexts`: a (B, L) batch that every run decodes, or a function of the run's index that
+    returns one (fresh contexts per run: the measured speedup is then one over contexts). Each
+    run decodes with every method in turn (interleaved, so that a slow spell of a shared machine
+    hits every method alike) after one target prefill they share; run 0 warms up and is not
+    kept. After `repeats` kept runs, runs are added, up to `max_repeats` (default: none added)
+    and while the cell has taken less than `max_seconds`, as long as some method's 95% CI of its
+    speedup over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few."""
     device = next(target.parameters()).device
-    contexts = contexts.to(device)
-    B, L = contexts.shape
+    batch_of = contexts if callable(contexts) else (lambda run: contexts)
     layers = stream_entries(factory(torch.Generator(device)) for factory in factories.values())
-    timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
-    with timer("prefill"):
-        shared = prefill(target, contexts, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
-    prefill_s = timer.seconds["prefill"]
     methods = (["ad"] if include_ad else []) + list(factories)
-    timings = []
-    for method in methods:
-        timing = DecodeTiming(method, B, L, new_tokens, [], [], [], [], prefill_s, target.compiled_decoding)
-        for run in range(repeats + 1):  # run 0 warms up
-            timer = SectionTimer(device)
+    timings: dict[str, DecodeTiming] = {}
+    limit = max(repeats, max_repeats or repeats)
+    start, run = time.perf_counter(), 0
+    while True:
+        batch = batch_of(run).to(device)
+        B, L = batch.shape
+        timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
+        with timer("prefill"):
+            shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
+        for method in methods:
+            timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
+                                                              timer.seconds["prefill"], target.compiled_decoding))
+            sections = SectionTimer(device)
             gen = torch.Generator(device).manual_seed(run)
             if method == "ad":
-                autoregressive_generate(target, contexts, new_tokens, temperature=temperature, generator=gen,
-                                        timer=timer, prefilled=shared)
+                autoregressive_generate(target, batch, new_tokens, temperature=temperature, generator=gen,
+                                        timer=sections, prefilled=shared)
                 rounds, tau = new_tokens, 1.0
             else:
-                out = speculative_generate(target, factories[method](gen), contexts, new_tokens, k=k,
-                                           temperature=temperature, generator=gen, timer=timer, prefilled=shared)
+                out = speculative_generate(target, factories[method](gen), batch, new_tokens, k=k,
+                                           temperature=temperature, generator=gen, timer=sections, prefilled=shared)
                 done = out.accepted[out.accepted >= 0]
                 rounds, tau = out.accepted.shape[1], float((done + 1).double().mean())
             if run == 0:
                 continue
-            timing.seconds.append(sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS))
-            timing.sections.append({s: timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS})
+            timing.seconds.append(sum(sections.seconds.get(s, 0.0) for s in DECODE_SECTIONS))
+            timing.sections.append({s: sections.seconds.get(s, 0.0) for s in DECODE_SECTIONS})
             timing.rounds.append(rounds)
             timing.taus.append(tau)
-        timings.append(timing)
-    return timings
+        run += 1
+        if run > repeats and (run > limit or time.perf_counter() - start > max_seconds or not include_ad or all(
+                _half_width(speedup_interval(t, timings["ad"])) <= ci for m, t in timings.items() if m != "ad")):
+            return list(timings.values())
+
+
+def speedup_interval(sd: DecodeTiming, ad: DecodeTiming, level: float = 0.95) -> tuple[float, float, float]:
+    """SD's speedup over AD from runs paired in order (the same contexts and the same slot of a
+    shared machine): the mean of the runs' tokens/s ratios and its Student-t confidence interval
+    at `level` (infinite with one run): (mean, low, high)."""
+    ratios = [s / a for s, a in zip(sd.tokens_per_s, ad.tokens_per_s)]
+    mean = statistics.fmean(ratios)
+    if len(ratios) < 2:
+        return mean, -math.inf, math.inf
+    half = t_quantile(0.5 + level / 2, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return mean, mean - half, mean + half
+
+
+def _half_width(interval: tuple[float, float, float]) -> float:
+    """The CI's half width relative to its mean."""
+    mean, low, high = interval
+    return (high - low) / 2 / mean
 
 
 def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: Mapping[str, ModelConfig | None], *,
                      peak_flops: float, bandwidth: float, bytes_per_value: float, k: int = 4,
                      sparse: Mapping[str, SinkWindow] | None = None) -> list[dict]:
     """Measured vs modeled speedup over AD, one cell per SD timing with an AD timing at the
-    same (batch, context). Measured: median over runs of SD tokens/s / AD tokens/s (runs
-    paired in order), with the lowest and highest ratio. Modeled: the G-aware throughput
+    same (batch, context). Measured: the mean over runs of SD tokens/s / AD tokens/s (runs
+    paired in order) with its 95% CI (`speedup_interval`) and the number of runs. Modeled: the G-aware throughput
     model (method §2) with the runs' mean tau, HOI = peak / bandwidth, `bytes_per_value` for
     weights and KV, and each sparse draft's (`sparse[method]`) sink + window as its cache."""
     ad = {(t.batch, t.context): t for t in timings if t.method == "ad"}
@@ -123,7 +154,6 @@ def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: M
         base = ad.get((t.batch, t.context))
         if t.method == "ad" or base is None:
             continue
-        ratios = [sd / a for sd, a in zip(t.tokens_per_s, base.tokens_per_s)]
         tau = statistics.fmean(t.taus)
         draft = drafts.get(t.method)
         pattern = (sparse or {}).get(t.method)
@@ -132,9 +162,9 @@ def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: M
             t.method, min(tau, k + 1.0), t.batch, t.context, t.new_tokens, target.shape(),
             None if draft is None else draft.shape(), k=k, hoi=hoi, window_factor=None,
             bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value, **cache)
-        measured = statistics.median(ratios)
+        measured, low, high = speedup_interval(t, base)
         cells.append({"method": t.method, "B": t.batch, "L": t.context, "tau": tau, "measured_speedup": measured,
-                      "measured_low": min(ratios), "measured_high": max(ratios), "modeled_speedup": float(model),
+                      "ci_low": low, "ci_high": high, "runs": len(t.seconds), "modeled_speedup": float(model),
                       "error": float(model) / measured - 1.0})
     return cells
 
@@ -153,9 +183,6 @@ def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:
     return {"body": 2.0 * perfmodel.body_params(cfg),
             "attention": 4.0 * cfg.num_layers * cfg.n_q * cfg.d_head * context,  # q.k and p.v
             "unembedding": 2.0 * cfg.d_model * cfg.vocab_size}
-
-
-# ---------------------------------------------------------------------------- the profiled model
 
 
 def repeat_seconds(fn, repeats: int, before=None, device=None) -> list[float]:
@@ -178,117 +205,30 @@ def repeat_seconds(fn, repeats: int, before=None, device=None) -> list[float]:
     return times
 
 
-def _median_seconds(fn, repeats: int, before=None, device=None) -> float:
-    return statistics.median(repeat_seconds(fn, repeats, before, device))
+# ---------------------------------------------------------------------------- the profiled model
 
 
-@torch.no_grad()
-def profile_forwards(models: Mapping[str, Transformer], *, batches=(1, 16, 64), keys=(64, 256, 960), news=(1, 5),
-                     repeats: int = 5) -> list[tuple[profiled.ForwardWork, float]]:
-    """Median seconds of single cached forwards of every model at every (B, keys, new tokens):
-    the profiling pass the profiled cost model is fitted to (random tokens: speed does not
-    depend on them). A forward writes `new` tokens after `keys` cached positions per row."""
-    samples = []
-    for model in models.values():
-        cfg = model.cfg
-        param = next(model.parameters())
-        for B, S, T in itertools.product(batches, keys, news):
-            cache = model.new_cache(B, S + T)
-            model.hidden(torch.randint(0, cfg.vocab_size, (B, S), device=param.device), cache=cache)
-            tokens = torch.randint(0, cfg.vocab_size, (B, T), device=param.device)
-            lengths = torch.full((B,), S, device=param.device)
-
-            def step():
-                cache.rollback(lengths)
-                model(tokens, cache.next_positions(T), cache)
-
-            work = profiled.forward_work(cfg.shape(), cfg.vocab_size, B, T, S + T, bytes_per_value=param.element_size())
-            samples.append((work, _median_seconds(step, repeats, device=param.device)))
-    return samples
-
-
-@torch.no_grad()
-def profile_bookkeeping(vocab_size: int, *, batches=(1, 16, 64), k: int = 4, repeats: int = 5,
-                        device="cpu") -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """Median seconds of one round's bookkeeping as the engine runs it (`speculative.Rows.settle`:
-    probabilities of the k + 1 target positions, rejection sampling, the emitted tokens, the
-    rollback) and of one draft pass's sampling (probabilities and a draw from (B, V)) at every
-    batch size: two lists of (logits, seconds)."""
-    samples, draws = [], []
-    gen = torch.Generator(device).manual_seed(0)
-    for B in batches:
-        logits = torch.randn(B, k + 1, vocab_size, device=device)
-        q = torch.softmax(torch.randn(B, k, vocab_size, device=device), dim=-1)
-        tokens = torch.randint(0, vocab_size, (B, k + 1), device=device)
-        cache = DenseKVCache(1, B, 1, 2, 2 * k + 2, device=device)  # settle only rolls its lengths back
-        positions = torch.arange(k + 1, device=device).expand(B, k + 1)
-
-        def book():
-            Rows.start(tokens[:, 0], 2 * (k + 1), k).settle(cache, tokens, positions, None, q, logits, 1.0, gen)
-
-        samples.append((B * (k + 1) * vocab_size, _median_seconds(book, repeats, device=device)))
-        draws.append((B * vocab_size, _median_seconds(lambda: sample(probabilities(logits[:, 0], 1.0), gen), repeats,
-                                                      device=device)))
-    return samples, draws
-
-
-@torch.no_grad()
-def profile_drafts(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]], *,
-                   batches=(1, 16, 64), keys=(64, 256, 960), k: int = 4,
-                   repeats: int = 5) -> dict[str, list[tuple[int, int, float, float]]]:
-    """Median seconds of each drafting method's own calls as the engine makes them, at every
-    (B, context): `propose` (k passes after the pending token) and `accept` of k + 1 verified
-    positions, after one target prefill per shape that every method shares (random tokens).
-    Each call follows an untimed target verification, as in a round, so that it finds the
-    caches as a round leaves them (the target's weights and keys/values in, the draft's partly
-    out). Returns {method: [(B, context, propose seconds, accept seconds)]}."""
-    device = next(target.parameters()).device
-    drafts = {m: factory(torch.Generator(device).manual_seed(0)) for m, factory in factories.items()}
-    layers = stream_entries(drafts.values())
-    vocab = target.cfg.vocab_size
-    out = {m: [] for m in factories}
-    for B, L in itertools.product(batches, keys):
-        contexts = torch.randint(0, vocab, (B, L), device=device)
-        shared = prefill(target, contexts, capacity=speculative_capacity(L, k + 1, k), layers=layers)
-        n = shared.cache.lengths.clone()  # (B,) the pending token's position
-        tokens = torch.cat([shared.pending[:, None], torch.randint(0, vocab, (B, k), device=device)], dim=1)
-        positions = n[:, None] + torch.arange(k + 1, device=device)  # (B, k+1)
-        stream = target.residual_stream(tokens, positions, shared.cache, layers=layers) if layers else None
-        verified = TargetPass(positions, tokens, torch.ones_like(tokens, dtype=torch.bool), n + k + 1, shared.cache,
-                              stream, layers)  # every draft accepted: the most an accept writes
-
-        def verify():
-            shared.cache.rollback(n)
-            target.hidden(tokens, positions, shared.cache)
-
-        for method, draft in drafts.items():
-            draft.begin(shared.verified, k)
-            propose = _median_seconds(lambda: draft.propose(shared.pending, n, k), repeats, verify, device)
-            out[method].append((B, L, propose, _median_seconds(lambda: draft.accept(verified), repeats, verify, device)))
+def loop_timings(timings: list[DecodeTiming]) -> list[profiled.LoopTiming]:
+    """What the profiled model is fitted to (`profiled.fit`): every timing's sections per round
+    (AD: per step), each averaged over its runs."""
+    out = []
+    for t in timings:
+        per_round = {s: statistics.fmean(run.get(s, 0.0) / r for run, r in zip(t.sections, t.rounds))
+                     for s in DECODE_SECTIONS}
+        out.append(profiled.LoopTiming(t.method, t.batch, t.context, t.new_tokens, per_round["draft"],
+                                       per_round["verify"], per_round["bookkeeping"]))
     return out
 
 
-def profile(target: Transformer, drafts: Mapping[str, Transformer] | None = None, *, peak_flops: float,
-            bandwidth: float, k: int = 4,
-            methods: Mapping[str, tuple[profiled.DraftShape, Callable[[torch.Generator], object]]] | None = None,
-            **grid) -> tuple[profiled.ProfiledCost, list]:
-    """Time single forwards of the target and the drafts' layer stacks (`profile_forwards`) and
-    the bookkeeping; fit the profiled cost model; then, for every drafting method in `methods`
-    ({method: (its DraftShape, its draft factory)}), time its own propose and accept calls (`profile_drafts`) and fit its
-    `profiled.DraftOverhead`. Returns (cost, forward samples)."""
-    samples = profile_forwards({"target": target, **(drafts or {})}, **grid)
-    device = next(target.parameters()).device
-    batches = grid.get("batches", (1, 16, 64))
-    book, draws = profile_bookkeeping(target.cfg.vocab_size, batches=batches, k=k, device=device)
-    cost = profiled.fit(samples, peak_flops=peak_flops, bandwidth=bandwidth, bookkeeping=book, sampling=draws)
-    if methods:
-        calls = profile_drafts(target, {m: factory for m, (_, factory) in methods.items()}, batches=batches,
-                               keys=grid.get("keys", (64, 256, 960)), k=k, repeats=grid.get("repeats", 5))
-        value_bytes = next(target.parameters()).element_size()
-        cost = dataclasses.replace(cost, drafts={
-            m: profiled.fit_draft(cost, shape, target.cfg.shape(), target.cfg.vocab_size, k, calls[m], value_bytes)
-            for m, (shape, _) in methods.items()})
-    return cost, samples
+def profiled_draft_shapes(vanilla, spire_layers, spire, ring: SinkWindow) -> dict[str, profiled.DraftShape]:
+    """What the profiled model needs of each timed draft: the vanilla draft's shape (its
+    `ModelConfig`), MagicDec's ring of sink + window + 1 keys over the target's own layers, and
+    the SPIRe draft's layer stack (`spire_layers`) reading its sink + window with target-activation
+    memory in every layer when `spire` (its `SpireConfig`) has it (method §3.3)."""
+    return {"vanilla": profiled.DraftShape("vanilla", vanilla.shape()),
+            "magicdec": profiled.DraftShape("magicdec", None, keys=ring.sink + ring.window + 1),
+            "spire": profiled.DraftShape("spire", spire_layers.shape(), keys=spire.sink + spire.window,
+                                         memory_layers=spire.num_layers if spire.target_activations else 0)}
 
 
 def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,
@@ -300,3 +240,41 @@ def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, 
                 cost, drafts[t.method], statistics.fmean(t.taus), target.shape(), target.vocab_size, t.batch,
                 t.context, t.new_tokens, k, bytes_per_value)
             for t in timings if t.method != "ad" and (t.batch, t.context) in ad}
+
+
+GAIN = 1.1  # a predicted speedup a user would act on
+
+
+def profiled_cells(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,
+                   drafts: Mapping[str, profiled.DraftShape], *, bytes_per_value: float, k: int = 4,
+                   held_out=()) -> list[dict]:
+    """The profiled model against the clock, one cell per SD timing with an AD timing at the
+    same (B, L): the measured speedup with its 95% CI (`speedup_interval`) and runs, the
+    profiled speedup (`profiled_speedups`), profiled / measured - 1, and whether the cell is one
+    of the `held_out` (B, L) the fit never saw."""
+    ad = {(t.batch, t.context): t for t in timings if t.method == "ad"}
+    predicted = profiled_speedups(timings, cost, target, drafts, bytes_per_value=bytes_per_value, k=k)
+    unseen = {(int(b), int(length)) for b, length in held_out}
+    cells = []
+    for (method, B, L), speedup in predicted.items():
+        t = next(t for t in timings if (t.method, t.batch, t.context) == (method, B, L))
+        measured, low, high = speedup_interval(t, ad[B, L])
+        cells.append({"method": method, "B": B, "L": L, "tau": statistics.fmean(t.taus), "measured_speedup": measured,
+                      "ci_low": low, "ci_high": high, "runs": len(t.seconds), "profiled_speedup": speedup,
+                      "profiled_error": speedup / measured - 1.0, "held_out": (B, L) in unseen})
+    return cells
+
+
+def profiled_verdict(cells: list[dict]) -> dict:
+    """How the profiled model did on `profiled_cells`: its median |error|, its mean signed
+    error (its bias), its median |error| on the fitted cells and its worst on the held-out ones
+    (None without), the cells it predicts at `GAIN` or more that measured a loss, and the widest
+    measured 95% CI relative to its speedup."""
+    errors = [c["profiled_error"] for c in cells]
+    fitted = [abs(c["profiled_error"]) for c in cells if not c["held_out"]]
+    held = [abs(c["profiled_error"]) for c in cells if c["held_out"]]
+    return {"median_error": statistics.median(abs(e) for e in errors), "mean_signed_error": statistics.fmean(errors),
+            "fitted_median_error": statistics.median(fitted) if fitted else None,
+            "held_out_max_error": max(held) if held else None,
+            "false_gains": [c for c in cells if c["profiled_speedup"] >= GAIN and c["measured_speedup"] < 1.0],
+            "widest_ci": max((c["ci_high"] - c["ci_low"]) / 2 / c["measured_speedup"] for c in cells)}

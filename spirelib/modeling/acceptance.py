@@ -47,6 +47,30 @@ def alpha_from_tau(tau, k: int = 4):
     return scalar_or_array((lo + hi) / 2)
 
 
+def expected_rounds(tau: float, k: int, new_tokens: int, batch: int) -> float:
+    """E[rounds] for a batch of B = `batch` rows to emit G = `new_tokens` tokens each, every row
+    accepting i.i.d. at the alpha of `tau` (`alpha_from_tau`): a batch decodes in lockstep until
+    its slowest row has G tokens (a row's last round may emit past G), so at B > 1 it runs more
+    rounds than G / tau. Exact: the distribution of a row's tokens after n rounds (capped at G)
+    by convolution with one round's tokens (1 + j accepted, P = alpha^j (1 - alpha), j < k;
+    alpha^k for j = k), P[N <= n] = P[S_n >= G] per row, E[max of B rows] = sum_n (1 - P[N <= n]^B)."""
+    k, a = _depth(k), float(alpha_from_tau(tau, k))
+    if new_tokens < 1 or batch < 1:
+        raise ValueError(f"expected_rounds needs new_tokens and batch >= 1, got {new_tokens}, {batch}")
+    per_round = np.array([a**j * (1 - a) for j in range(k)] + [a**k])  # P[1 + j tokens], j = 0..k
+    tokens = np.zeros(new_tokens + 1)  # P[S_n = s], s capped at G
+    tokens[0] = 1.0
+    rounds, done = 0.0, 0.0
+    for _ in range(new_tokens):  # a row emits at least one token a round: done after G rounds at most
+        rounds += 1.0 - done**batch  # P[max > n] for n = 0, 1, ...
+        step = np.zeros_like(tokens)
+        for j, p in enumerate(per_round):
+            np.add.at(step, np.minimum(np.arange(new_tokens + 1) + j + 1, new_tokens), tokens * p)
+        tokens = step
+        done = tokens[-1]
+    return rounds
+
+
 def acceptance_rate(tau, k: int = 4):
     """Accepted draft tokens / drafted tokens = (tau - 1) / k (tau includes the bonus token)."""
     k = _depth(k)

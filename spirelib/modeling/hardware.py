@@ -22,7 +22,6 @@ from spirelib.paths import cache_dir
 
 BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 MEASURED_NAME = "this-machine"
-PROFILED_NAME = "this-machine-profiled"  # effective rates fitted by the profiled cost model
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,8 @@ def measured_path(name: str = MEASURED_NAME) -> Path:
 
 def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float, *, name: str = MEASURED_NAME,
                   source: str = "measured by spirelib.engine.calibrate") -> Path:
-    """Store this machine's measured matmul peaks (FLOP/s per dtype) and memory bandwidth (bytes/s):
-    the calibrated peaks (`MEASURED_NAME`), or the profiled cost model's effective rates
-    (`PROFILED_NAME`, `spirelib.modeling.profiled`)."""
+    """Store this machine's measured matmul peaks (FLOP/s per dtype) and memory bandwidth (bytes/s)
+    as the hardware table's entry `name` (default: "this-machine", `MEASURED_NAME`)."""
     entry = Hardware(name, {k: float(v) for k, v in peak_flops_by_dtype.items()}, float(bandwidth), source)
     path = measured_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +116,7 @@ def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float, *, na
 
 
 def measured_hardware(name: str = MEASURED_NAME) -> Hardware | None:
-    """A "this machine" entry (calibrated, or profiled), or None when none has been saved."""
+    """The saved entry `name` ("this machine", calibrated), or None when none has been saved."""
     path = measured_path(name)
     if not path.is_file():
         return None
@@ -132,13 +130,12 @@ def measured_hardware(name: str = MEASURED_NAME) -> Hardware | None:
 
 
 def hardware_table() -> dict[str, Hardware]:
-    """Every named device, plus "this-machine" (calibrated) and "this-machine-profiled" (the
-    profiled cost model's effective FLOP/s and bandwidth) when they have been saved."""
+    """Every named device, plus "this-machine" (calibrated, `engine.calibrate`) when it has been
+    saved. (The profiled cost model pins the same calibrated rates: it adds no entry of its own.)"""
     table = dict(HARDWARE)
-    for name in (MEASURED_NAME, PROFILED_NAME):
-        measured = measured_hardware(name)
-        if measured is not None:
-            table[name] = measured
+    measured = measured_hardware(MEASURED_NAME)
+    if measured is not None:
+        table[MEASURED_NAME] = measured
     return table
 
 

@@ -1,29 +1,37 @@
-"""A profiled cost model of decoding on this machine, next to the paper's (issue 12, Part 2).
+"""A profiled cost model of decoding on this machine, next to the paper's (method §2).
 
-The paper's model (method §2, `perfmodel`) charges a forward max(2 N FLOPs, weight + KV bytes x
-HOI) and nothing else; at CPU scale that misses most of the clock (fixed per-forward costs,
-attention FLOPs, the unembedding, 4-byte values). This model, in the spirit of
-operator-profiled simulators such as Vidur (MLSys 2024), prices one forward as
+The paper's model (`perfmodel`) charges a forward max(2 N FLOPs, weight + KV bytes x HOI) and
+nothing else; at CPU scale that misses most of the clock (kernel launches, elementwise kernels,
+attention FLOPs, the unembedding, sampling, 4-byte values). This model, in the spirit of
+operator-profiled simulators such as Vidur (MLSys 2024), keeps the physical form
 
-    seconds = fixed + (per_layer + per_token_layer x tokens) x layers
-              + max(matmul FLOPs / flops_per_s, bytes / bytes_per_s) + attention FLOPs / attention_flops_per_s
+    forward seconds = per_layer_s x layers + per_token_layer_s x tokens x layers
+                      + per_key_s x rows x keys x layers + attention FLOPs / attention_flops_per_s
+                      + max(matmul FLOPs / flops_per_s, bytes / bytes_per_s)
 
-with FLOPs and bytes from `forward_work` (body matmuls, attention over the visible keys, the
-unembedding; weights and KV at the actual dtype); the per-token term is what elementwise
-kernels (norms, RoPE, softmax, SwiGLU) cost per token beyond the matmuls, and attention's
-FLOPs run at a rate of their own (a CPU's attention kernel reaches a fraction of the matmul
-peak, and with several queries per row it is compute-bound). The coefficients are fitted
-(`fit`) to timings of single forwards at a few shapes (`wallclock.profile_forwards`), never to
-the speculative runs it is judged on. A speculative round is then the sum of its parts
-(`round_seconds`): the draft's k passes as each method runs them (`propose_seconds`), each
-followed by sampling a token from (B, V) probabilities, the target's verification of k + 1
-tokens, the round's bookkeeping (`speculative.Rows.settle`: rejection sampling over
-(B, k + 1, V), the emitted tokens, the rollback), and the draft's accept of the verified
-positions. What a method's own code adds to its passes and its accept (its Python, MagicDec's
-ring re-rotating the sink keys and copying verified keys/values in, SPIRe's memory writes) is
-its `DraftOverhead`, fitted to its own timed propose and accept calls (`wallclock.profile_drafts`).
-Every decode-time forward over a dense cache reads its whole capacity (`kvcache.DenseKVCache`: static shapes,
-no host sync), and `speedup` prices it so.
+with FLOPs and bytes from `forward_work` (body matmuls, attention over the keys read, the
+unembedding; weights and KV at their dtype). Attention costs per key each row reads (a CPU's
+attention kernel pays per (row, head) block and key, whatever the queries) and per FLOP (its
+queries' scores). The roofline term's peak and bandwidth are this
+machine's calibration (`engine.calibrate`), pinned, never fitted: only the overheads are fitted,
+so that they cannot trade against the rates. A forward's fixed cost is charged per layer (its
+kernels' launches): one target is timed, so a constant per forward and one per layer cannot be
+told apart, and what a draft's forwards cost beyond that goes to its method's overhead.
+
+Speculative decoding generates G tokens per row in `acceptance.expected_rounds` rounds: a
+batch decodes in lockstep until its slowest row is done, so at B = 64 it runs about 30% more
+rounds than G / tau. A speculative round (`round_seconds`) is the draft's k passes, each followed by a draw from
+(B, V) probabilities (`ProfiledCost.sampling`), the target verifying k + 1 tokens, the round's
+bookkeeping (`speculative.Rows.settle`: rejection sampling over (B, k + 1, V), the emitted
+tokens, the rollback), the draft's accept of the verified positions, and the method's own code
+beyond all of these (its Python, MagicDec's ring, SPIRe's memory and the target-stream capture):
+its `DraftOverhead`, round_s + round_per_row_s x B. An AD step is one target forward and one draw.
+
+`fit` fits every overhead to the engine's own sections timed inside real decoding rounds
+(`LoopTiming`, from `wallclock.time_decoding`'s `SectionTimer` split into draft, verify and
+bookkeeping), where the cost is paid: caches are as a round leaves them, not warm as in an
+isolated call. Every decode-time forward over a dense cache reads its whole capacity
+(`kvcache.DenseKVCache`: static shapes, no host sync), and the model prices it so.
 
 Numpy only, like the paper's model.
 """
@@ -36,6 +44,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.perfmodel import ModelShape, body_params
 
 
@@ -48,6 +57,7 @@ class ForwardWork:
     layers: int
     tokens: int = 0  # B x T: what the per-token costs scale with
     attention_flops: float = 0.0  # the part of `flops` that is attention (q.k and p.v)
+    key_reads: float = 0.0  # B x keys x layers: the keys its attention reads, per row and layer
 
 
 def forward_work(shape: ModelShape, vocab_size: int, batch: int, new: int, keys: int, *, logits: bool = True,
@@ -66,46 +76,60 @@ def forward_work(shape: ModelShape, vocab_size: int, batch: int, new: int, keys:
     attention = 4.0 * shape.num_layers * n_q * shape.d_head * tokens * keys
     flops = 2.0 * (body_params(shape) + unembed) * tokens + attention
     moved = (body_params(shape) + unembed + kv_per_token * batch * (keys + new)) * bytes_per_value
-    return ForwardWork(float(flops), float(moved), shape.num_layers, tokens, float(attention))
+    return ForwardWork(float(flops), float(moved), shape.num_layers, tokens, float(attention),
+                       float(batch * keys * shape.num_layers))
 
 
 @dataclass(frozen=True)
 class DraftOverhead:
-    """What a drafting method costs beyond its passes' forwards and draws, fitted to its own
-    timed calls (`wallclock.profile_drafts`): per pass pass_s + pass_per_row_s x B (the
-    method's Python, cache bookkeeping, MagicDec's ring, SPIRe's feedback writes), and per
-    round its `accept` of the verified positions, accept_s + accept_per_row_s x B (MagicDec
-    copies them into its ring, SPIRe writes their memory)."""
+    """What a drafting method's round costs beyond its passes' forwards and draws, the target's
+    verification and the bookkeeping as the shared coefficients price them: round_s +
+    round_per_row_s x B, fitted to its rounds timed in the loop (`fit`). Signed: where the
+    shared coefficients overprice the method's forwards (a draft of other layer counts than
+    the target), it comes out negative."""
 
-    pass_s: float = 0.0
-    pass_per_row_s: float = 0.0
-    accept_s: float = 0.0
-    accept_per_row_s: float = 0.0
+    round_s: float = 0.0
+    round_per_row_s: float = 0.0
+
+    def seconds(self, batch: int) -> float:
+        return self.round_s + self.round_per_row_s * batch
 
 
 @dataclass(frozen=True)
 class ProfiledCost:
-    """Fitted coefficients: seconds = fixed_s + (per_layer_s + per_token_layer_s x tokens) x layers
-    + max(FLOPs / flops_per_s, bytes / bytes_per_s) per forward; a round's bookkeeping costs
-    bookkeeping_s + bookkeeping_per_logit_s x B (k + 1) V, a draft pass's sampling
-    sampling_s + sampling_per_logit_s x B V."""
+    """Coefficients: a forward costs per_layer_s x layers + per_token_layer_s x tokens x layers +
+    per_key_s x key reads + attention FLOPs / attention_flops_per_s + max(matmul FLOPs /
+    flops_per_s, bytes / bytes_per_s)
+    (`seconds`); a draw from (B, V) probabilities sampling_s + sampling_per_logit_s x B V; a
+    round's bookkeeping bookkeeping_s + bookkeeping_per_logit_s x B (k + 1) V; each method's
+    round its `DraftOverhead` on top. flops_per_s and bytes_per_s are the calibrated machine's."""
 
-    fixed_s: float
-    per_layer_s: float
     flops_per_s: float
     bytes_per_s: float
-    bookkeeping_s: float = 0.0
-    bookkeeping_per_logit_s: float = 0.0
+    per_layer_s: float = 0.0
     per_token_layer_s: float = 0.0
+    per_key_s: float = 0.0
+    attention_flops_per_s: float = float("inf")
     sampling_s: float = 0.0
     sampling_per_logit_s: float = 0.0
-    attention_flops_per_s: float = float("inf")
+    bookkeeping_s: float = 0.0
+    bookkeeping_per_logit_s: float = 0.0
     drafts: dict = dataclasses.field(default_factory=dict)  # method -> DraftOverhead
 
     def seconds(self, work: ForwardWork) -> float:
-        per_layer = self.per_layer_s + self.per_token_layer_s * work.tokens
-        return (self.fixed_s + per_layer * work.layers + work.attention_flops / self.attention_flops_per_s
-                + max((work.flops - work.attention_flops) / self.flops_per_s, work.bytes / self.bytes_per_s))
+        return self.overhead(work) + self.attention(work) + self.roofline(work)
+
+    def overhead(self, work: ForwardWork) -> float:
+        """A forward's launches and elementwise kernels: per layer and per token and layer."""
+        return (self.per_layer_s + self.per_token_layer_s * work.tokens) * work.layers
+
+    def attention(self, work: ForwardWork) -> float:
+        """Attention beyond the roofline: per key read by a row in a layer, and per FLOP."""
+        return self.per_key_s * work.key_reads + work.attention_flops / self.attention_flops_per_s
+
+    def roofline(self, work: ForwardWork) -> float:
+        """max(matmul FLOPs / peak, bytes / bandwidth): attention's FLOPs have their own rate."""
+        return max((work.flops - work.attention_flops) / self.flops_per_s, work.bytes / self.bytes_per_s)
 
     def bookkeeping(self, batch: int, k: int, vocab_size: int) -> float:
         return self.bookkeeping_s + self.bookkeeping_per_logit_s * batch * (k + 1) * vocab_size
@@ -114,75 +138,11 @@ class ProfiledCost:
         return self.sampling_s + self.sampling_per_logit_s * batch * vocab_size
 
     def draft(self, method: str) -> DraftOverhead:
-        """The method's fitted overhead (none if it was not profiled)."""
+        """The method's fitted overhead (none if it was not fitted)."""
         return self.drafts.get(method, DraftOverhead())
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def fit(samples: list[tuple[ForwardWork, float]], *, peak_flops: float, bandwidth: float,
-        bookkeeping: list[tuple[int, float]] = (), sampling: list[tuple[int, float]] = ()) -> ProfiledCost:
-    """Least-squares fit of the coefficients to (work, measured seconds) samples, in relative
-    error (every shape counts alike). For each (flops_per_s, bytes_per_s) on a log grid from
-    1/64 to 1x of the calibrated `peak_flops` and `bandwidth`, the fixed, per-layer and
-    per-token-layer costs are the non-negative least-squares solution; the pair with the
-    smallest error wins (with the attention rate, a fourth free coefficient). `bookkeeping`:
-    (logits per round B (k + 1) V, seconds) of a round's bookkeeping; `sampling`: (logits B V,
-    seconds) of a draft pass's sampling. What each drafting method costs beyond its forwards is
-    fitted afterwards (`fit_draft`)."""
-    if len(samples) < 3:
-        raise ValueError(f"fit needs at least 3 timed forwards, got {len(samples)}")
-    attention = np.array([w.attention_flops for w, _ in samples])
-    flops = np.array([w.flops for w, _ in samples]) - attention
-    moved = np.array([w.bytes for w, _ in samples])
-    layers = np.array([w.layers for w, _ in samples], dtype=float)
-    token_layers = np.array([w.tokens * w.layers for w, _ in samples], dtype=float)
-    t = np.array([s for _, s in samples])
-    scales = 2.0 ** -np.arange(0, 6.25, 0.25)  # 1 .. 1/64
-    best = None
-    for fs, bs in itertools.product(scales, scales):
-        P, W = peak_flops * fs, bandwidth * bs
-        rest = t - np.maximum(flops / P, moved / W)  # what the fixed terms must explain
-        a = np.stack([np.ones_like(t), layers, token_layers, attention], axis=1) / t[:, None]  # relative residuals
-        coef = _nonnegative_lstsq(a, rest / t)
-        err = float(np.sum((a @ coef - rest / t) ** 2))
-        if best is None or err < best[0]:
-            best = (err, coef, float(P), float(W))
-    _, (fixed, per_layer, per_token_layer, per_attention_flop), P, W = best
-    book, draw = _affine(bookkeeping), _affine(sampling)
-    return ProfiledCost(float(fixed), float(per_layer), P, W, *book, float(per_token_layer), *draw,
-                        attention_flops_per_s=1.0 / per_attention_flop if per_attention_flop > 0 else float("inf"))
-
-
-def _affine(pairs: list[tuple[int, float]]) -> tuple[float, float]:
-    """(a, b) >= 0 of seconds ~ a + b x n, fitted in relative error; (0, 0) without samples."""
-    if not pairs:
-        return 0.0, 0.0
-    n = np.array([float(c) for c, _ in pairs])
-    s = np.array([float(v) for _, v in pairs])
-    a = np.stack([np.ones_like(s), n], axis=1) / s[:, None]
-    return tuple(float(c) for c in _nonnegative_lstsq(a, np.ones_like(s)))
-
-
-def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| over x >= 0 (a few unknowns): the best least-squares solution over
-    every subset of coefficients left free, the others at 0, that comes out non-negative."""
-    n = a.shape[1]
-    best, best_err = np.zeros(n), float(np.sum(b**2))
-    for size in range(1, n + 1):
-        for free in itertools.combinations(range(n), size):
-            x = np.zeros(n)
-            x[list(free)] = np.linalg.lstsq(a[:, list(free)], b, rcond=None)[0]
-            err = float(np.sum((a @ x - b) ** 2))
-            if np.all(x >= 0) and err < best_err:
-                best, best_err = x, err
-    return best
-
-
-def relative_errors(cost: ProfiledCost, samples: list[tuple[ForwardWork, float]]) -> np.ndarray:
-    """predicted / measured - 1 for every sample."""
-    return np.array([cost.seconds(w) / s - 1 for w, s in samples])
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -203,8 +163,10 @@ class DraftShape:
 
 def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, context: int,
                     bytes_per_value: float = 4.0) -> float:
-    """One autoregressive step: one token per row over `context` keys, with logits."""
-    return cost.seconds(forward_work(target, vocab_size, batch, 1, context, bytes_per_value=bytes_per_value))
+    """One autoregressive step: one token per row over `context` keys, with logits, and a draw
+    from its (B, V) probabilities."""
+    return (cost.seconds(forward_work(target, vocab_size, batch, 1, context, bytes_per_value=bytes_per_value))
+            + cost.sampling(batch, vocab_size))
 
 
 def ad_keys(context: int, new_tokens: int) -> int:
@@ -213,15 +175,21 @@ def ad_keys(context: int, new_tokens: int) -> int:
     return context + new_tokens
 
 
+def sd_keys(context: int, new_tokens: int, k: int) -> int:
+    """The keys a speculative forward over a dense cache reads: its whole capacity L + G + 2k
+    (`speculative.speculative_capacity`)."""
+    return context + new_tokens + 2 * k
+
+
 def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
-                    context: int, k: int, bytes_per_value: float = 4.0, dense_keys: int | None = None) -> float:
+                    k: int, dense_keys: int, bytes_per_value: float = 4.0) -> float:
     """The draft's k passes as the engine runs them, each followed by a draw from (B, V)
     probabilities, priced by their forwards alone (no `DraftOverhead`). The vanilla draft's
     first pass runs two tokens (the one before the pending one again, `drafts.VanillaDraft`);
-    a SPIRe pass also projects its feedback memory (one K/V projection per layer). `dense_keys`:
-    the keys a pass over a dense cache reads (default `context`; with static reads, the capacity)."""
+    a SPIRe pass also projects its feedback memory (one K/V projection per layer). A pass over
+    a dense cache reads `dense_keys` (its capacity); a sparse draft its sink + window."""
     shape = draft.shape if draft.shape is not None else target
-    keys = (dense_keys or context) if draft.keys is None else min(context, draft.keys)
+    keys = dense_keys if draft.keys is None else min(dense_keys, draft.keys)
     memory = _memory_weights(draft, shape)
     seconds = k * cost.sampling(batch, vocab_size)
     for j in range(k):
@@ -247,51 +215,161 @@ def _memory_weights(draft: DraftShape, shape: ModelShape) -> int:
     return draft.memory_layers * 2 * shape.n_kv * shape.d_head * shape.d_model
 
 
-def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
-                  context: int, k: int, bytes_per_value: float = 4.0, dense_keys: int | None = None) -> float:
-    """One speculative round at `context`: the draft's k passes (`propose_seconds`), the target
-    verifying k + 1 tokens, the bookkeeping, the draft's `accept` (`accept_seconds`), and the
-    method's fitted overhead per pass and per accept (`ProfiledCost.draft`). `dense_keys`: the
-    keys a forward over a dense cache reads (default: the positions it sees; the engine's caches
-    read their capacity, which `speedup` passes)."""
-    extra = cost.draft(draft.method)
-    verify = forward_work(target, vocab_size, batch, k + 1, dense_keys or context + k + 1,
-                          bytes_per_value=bytes_per_value)
-    return (propose_seconds(cost, draft, target, vocab_size, batch, context, k, bytes_per_value, dense_keys)
-            + k * (extra.pass_s + extra.pass_per_row_s * batch)
-            + cost.seconds(verify) + cost.bookkeeping(batch, k, vocab_size)
-            + accept_seconds(cost, draft, target, batch, k, bytes_per_value)
-            + extra.accept_s + extra.accept_per_row_s * batch)
+def verify_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, k: int, dense_keys: int,
+                   bytes_per_value: float = 4.0) -> float:
+    """The target's forward over the pending token and the k drafted ones, reading `dense_keys`."""
+    return cost.seconds(forward_work(target, vocab_size, batch, k + 1, dense_keys, bytes_per_value=bytes_per_value))
 
 
-def fit_draft(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, k: int,
-              samples: list[tuple[int, int, float, float]], bytes_per_value: float = 4.0) -> DraftOverhead:
-    """A method's `DraftOverhead`, least squares in relative error, from timed calls
-    (B, context, propose seconds, accept seconds): what its passes' forwards and draws, and
-    its accept's work, leave unexplained (it may come out negative where the forwards, timed
-    alone, cost more than inside the method)."""
-    if len(samples) < 2:
-        raise ValueError(f"fit_draft needs at least 2 timed calls at different batch sizes, got {len(samples)}")
-    B = np.array([float(b) for b, _, _, _ in samples])
-    propose = np.array([p for _, _, p, _ in samples])
-    accept = np.array([a for _, _, _, a in samples])
-    base = np.array([propose_seconds(cost, draft, target, vocab_size, b, c, k, bytes_per_value)
-                     for b, c, _, _ in samples])
-    a = np.stack([np.full_like(B, k), k * B], axis=1) / propose[:, None]
-    pass_s, pass_per_row_s = np.linalg.lstsq(a, 1.0 - base / propose, rcond=None)[0]
-    base = np.array([accept_seconds(cost, draft, target, b, k, bytes_per_value) for b, _, _, _ in samples])
-    a = np.stack([np.ones_like(B), B], axis=1) / accept[:, None]
-    accept_s, accept_per_row_s = np.linalg.lstsq(a, 1.0 - base / accept, rcond=None)[0]
-    return DraftOverhead(float(pass_s), float(pass_per_row_s), float(accept_s), float(accept_per_row_s))
+def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int, k: int,
+                  dense_keys: int, bytes_per_value: float = 4.0, overhead: bool = True) -> float:
+    """One speculative round: the draft's k passes (`propose_seconds`), the target verifying
+    k + 1 tokens (`verify_seconds`), the bookkeeping, the draft's `accept` (`accept_seconds`) and,
+    with `overhead`, the method's fitted `DraftOverhead`. Forwards over a dense cache read
+    `dense_keys` (`sd_keys`)."""
+    return (propose_seconds(cost, draft, target, vocab_size, batch, k, dense_keys, bytes_per_value)
+            + verify_seconds(cost, target, vocab_size, batch, k, dense_keys, bytes_per_value)
+            + cost.bookkeeping(batch, k, vocab_size) + accept_seconds(cost, draft, target, batch, k, bytes_per_value)
+            + (cost.draft(draft.method).seconds(batch) if overhead else 0.0))
 
 
 def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: ModelShape, vocab_size: int, batch: int,
             context: int, new_tokens: int, k: int, bytes_per_value: float = 4.0) -> float:
-    """SD tokens/s over AD tokens/s while G = `new_tokens` tokens are generated after a context
-    of `context`: both priced at the mean context of the generation (L + G / 2), every forward
-    over a dense cache reading its whole capacity: L + G for AD, L + G + 2k for speculative
-    decoding (`speculative_capacity`); the sparse drafts read their sink + window."""
-    mid = context + new_tokens // 2
-    ad = ad_step_seconds(cost, target, vocab_size, batch, ad_keys(context, new_tokens), bytes_per_value)
-    dense = context + new_tokens + 2 * k
-    return tau * ad / round_seconds(cost, draft, target, vocab_size, batch, mid, k, bytes_per_value, dense)
+    """SD tokens/s over AD tokens/s while G = `new_tokens` tokens are generated per row after a
+    context of `context`: G AD steps against the `expected_rounds` a batch of B rows needs at
+    this tau, every forward over a dense cache reading its whole capacity (L + G for AD,
+    L + G + 2k for speculative decoding); the sparse drafts read their sink + window."""
+    ad = new_tokens * ad_step_seconds(cost, target, vocab_size, batch, ad_keys(context, new_tokens), bytes_per_value)
+    rounds = expected_rounds(min(tau, k + 1.0), k, new_tokens, batch)
+    return ad / (rounds * round_seconds(cost, draft, target, vocab_size, batch, k, sd_keys(context, new_tokens, k),
+                                        bytes_per_value))
+
+
+# ---------------------------------------------------------------------------- the fit
+
+
+@dataclass(frozen=True)
+class LoopTiming:
+    """One method ("ad" or a draft's) generating G = `new_tokens` per row after contexts of L at
+    batch B, timed inside the decoding loop (`speculative.SectionTimer`): seconds per round (AD:
+    per step) of each section, averaged over runs (`wallclock.loop_timings`). For AD, "verify" is
+    the target's forward and "bookkeeping" the draw."""
+
+    method: str
+    batch: int
+    context: int
+    new_tokens: int
+    draft_s: float
+    verify_s: float
+    bookkeeping_s: float
+
+    @property
+    def round_s(self) -> float:
+        return self.draft_s + self.verify_s + self.bookkeeping_s
+
+
+def fit_problems(timings: list[LoopTiming], drafts: dict[str, DraftShape]) -> list[str]:
+    """Why `timings` cannot identify the model's coefficients (empty: they can): at least three
+    (B, L) cells, two batch sizes (the per-token and per-row costs), two context lengths
+    (attention's), AD timings (the target's forward and the draw), and every drafting method at
+    two batch sizes (its overhead per round and per row) with a known shape."""
+    cells = {(t.batch, t.context) for t in timings}
+    Bs, Ls = sorted({b for b, _ in cells}), sorted({c for _, c in cells})
+    out = []
+    if len(cells) < 3:
+        out.append(f"{len(cells)} (B, L) cell(s) timed; the fit needs at least 3")
+    if len(Bs) < 2:
+        out.append(f"every cell is at B = {Bs[0] if Bs else '?'}; the per-token and per-row costs need at least "
+                   "two batch sizes")
+    if len(Ls) < 2:
+        out.append(f"every cell is at L = {Ls[0] if Ls else '?'}; attention's cost needs at least two context lengths")
+    if not any(t.method == "ad" for t in timings):
+        out.append("no AD timings: the target's forward and the draw are fitted to AD steps")
+    for method in sorted({t.method for t in timings} - {"ad"}):
+        if method not in drafts:
+            out.append(f"{method!r} was timed but has no DraftShape")
+        elif len({t.batch for t in timings if t.method == method}) < 2:
+            out.append(f"{method!r} was timed at one batch size; its overhead per row needs two")
+    return out
+
+
+def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, drafts: dict[str, DraftShape], k: int,
+        peak_flops: float, bandwidth: float, bytes_per_value: float = 4.0) -> ProfiledCost:
+    """The coefficients that explain decoding sections timed in the loop, with the roofline's
+    peak FLOP/s and bandwidth pinned to this machine's calibration. Every stage is a
+    least-squares fit in relative error (each timing counts alike), non-negative but for the
+    methods' overheads:
+
+    1. the forward's per-layer, per-token-layer, per-key and attention-FLOP costs, to the target's forwards:
+       AD steps (1 token over L + G keys) and the verifications of the drafts that read no target
+       activations (k + 1 tokens over L + G + 2k keys);
+    2. the draw, to AD's draws (B V logits);
+    3. the bookkeeping, to the speculative rounds' (B (k + 1) V logits);
+    4. each method's `DraftOverhead`, to what its whole rounds leave unexplained.
+
+    Refuses timings that cannot identify them (`fit_problems`)."""
+    problems = fit_problems(timings, drafts)
+    if problems:
+        raise ValueError("cannot fit the profiled model: " + "; ".join(problems))
+    cost = ProfiledCost(float(peak_flops), float(bandwidth))
+    forwards = [(forward_work(target, vocab_size, t.batch, 1, ad_keys(t.context, t.new_tokens),
+                              bytes_per_value=bytes_per_value), t.verify_s) for t in timings if t.method == "ad"]
+    forwards += [(forward_work(target, vocab_size, t.batch, k + 1, sd_keys(t.context, t.new_tokens, k),
+                               bytes_per_value=bytes_per_value), t.verify_s)
+                 for t in timings if t.method != "ad" and not drafts[t.method].memory_layers]
+    seconds = np.array([s for _, s in forwards])
+    a = np.array([[w.layers, w.tokens * w.layers, w.key_reads, w.attention_flops] for w, _ in forwards], dtype=float)
+    rest = seconds - np.array([cost.roofline(w) for w, _ in forwards])
+    per_layer, per_token_layer, per_key, per_flop = _nonnegative_lstsq(a / seconds[:, None], rest / seconds)
+    cost = dataclasses.replace(cost, per_layer_s=float(per_layer), per_token_layer_s=float(per_token_layer),
+                               per_key_s=float(per_key),
+                               attention_flops_per_s=1.0 / per_flop if per_flop > 0 else float("inf"))
+    sampling = _affine([(t.batch * vocab_size, t.bookkeeping_s) for t in timings if t.method == "ad"])
+    bookkeeping = _affine([(t.batch * (k + 1) * vocab_size, t.bookkeeping_s) for t in timings if t.method != "ad"])
+    cost = dataclasses.replace(cost, sampling_s=sampling[0], sampling_per_logit_s=sampling[1],
+                               bookkeeping_s=bookkeeping[0], bookkeeping_per_logit_s=bookkeeping[1])
+    overheads = {}
+    for method in sorted({t.method for t in timings} - {"ad"}):
+        own = [t for t in timings if t.method == method]
+        measured = np.array([t.round_s for t in own])
+        modeled = np.array([round_seconds(cost, drafts[method], target, vocab_size, t.batch, k,
+                                          sd_keys(t.context, t.new_tokens, k), bytes_per_value, overhead=False)
+                            for t in own])
+        a = np.array([[1.0, t.batch] for t in own]) / measured[:, None]
+        round_s, per_row = np.linalg.lstsq(a, 1.0 - modeled / measured, rcond=None)[0]
+        overheads[method] = DraftOverhead(float(round_s), float(per_row))
+    return dataclasses.replace(cost, drafts=overheads)
+
+
+def _affine(pairs: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 of seconds ~ a + b x n, fitted in relative error."""
+    n = np.array([float(c) for c, _ in pairs])
+    s = np.array([float(v) for _, v in pairs])
+    a = np.stack([np.ones_like(s), n], axis=1) / s[:, None]
+    return tuple(float(c) for c in _nonnegative_lstsq(a, np.ones_like(s)))
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| over x >= 0 (a few unknowns): the best least-squares solution over
+    every subset of coefficients left free, the others at 0, that comes out non-negative."""
+    n = a.shape[1]
+    best, best_err = np.zeros(n), float(np.sum(b**2))
+    for size in range(1, n + 1):
+        for free in itertools.combinations(range(n), size):
+            x = np.zeros(n)
+            x[list(free)] = np.linalg.lstsq(a[:, list(free)], b, rcond=None)[0]
+            err = float(np.sum((a @ x - b) ** 2))
+            if np.all(x >= 0) and err < best_err:
+                best, best_err = x, err
+    return best
+
+
+def modeled_sections(cost: ProfiledCost, timing: LoopTiming, *, target: ModelShape, vocab_size: int,
+                     drafts: dict[str, DraftShape], k: int, bytes_per_value: float = 4.0) -> float:
+    """What the model says one round (AD: one step) of `timing` takes: the seconds its fit is
+    judged on, against `timing.round_s`."""
+    if timing.method == "ad":
+        return ad_step_seconds(cost, target, vocab_size, timing.batch, ad_keys(timing.context, timing.new_tokens),
+                               bytes_per_value)
+    return round_seconds(cost, drafts[timing.method], target, vocab_size, timing.batch, k,
+                         sd_keys(timing.context, timing.new_tokens, k), bytes_per_value)

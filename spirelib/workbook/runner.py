@@ -30,6 +30,7 @@ folder, in any run.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime
 import logging
@@ -49,6 +50,7 @@ from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
 from spirelib.workbook import report, results
+from spirelib.workbook.tables import measured
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 SERIES_PARAMETER = "series"  # the notebook parameter that receives the params file's series section
@@ -76,7 +78,14 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
     "05_ablations": {"ablation_training": lambda given: {**(given or {}), **series_config.DRY_RUN_TRAINING},
                      "ablation_seeds": lambda given: (given or [0])[:1],
                      "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2},
-    "09_measured_vs_modeled": {"timing_batches": [1, 2], "timing_contexts": [64, 256], "repeats": 1},
+    "09_measured_vs_modeled": {"timing_batches": [1, 2], "timing_contexts": [64, 256], "held_out": [[2, 256]],
+                               "repeats": 1, "max_repeats": 1, "cell_seconds": 0.0},
+}
+# Checks of a notebook's parameters taken together (its injections over its defaults): the
+# problems, in words, that `plan` reports before any notebook runs.
+NOTEBOOK_CHECKS: dict[str, Any] = {
+    "09_measured_vs_modeled": lambda p: measured.grid_problems(p["timing_batches"], p["timing_contexts"],
+                                                                p["held_out"]),
 }
 DRY_RUN_SUFFIX = "-dry-run"  # outputs/<params file stem>-dry-run
 FIXTURE_FOLDER = "longcrawl64-fixture"  # under a dry run's output folder
@@ -112,6 +121,26 @@ def _matches(stem: str, wanted: str) -> bool:
 def declared_parameters(notebook: Path) -> dict[str, str]:
     """Parameter name -> annotated type name of the notebook's `parameters` cell (no kernel)."""
     return {name: p["inferred_type_name"] for name, p in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def default_parameters(notebook: Path) -> dict[str, Any]:
+    """Parameter name -> default value of the notebook's `parameters` cell, for those whose
+    default is a Python literal (no kernel)."""
+    out = {}
+    for name, p in papermill.inspect_notebook(str(notebook)).items():
+        with contextlib.suppress(ValueError, SyntaxError):
+            out[name] = ast.literal_eval(p["default"])
+    return out
+
+
+def consistency_problems(injected: dict[str, dict], defaults: dict[str, dict[str, Any]]) -> list[str]:
+    """What `NOTEBOOK_CHECKS` find wrong with each notebook's parameters taken together (its
+    injections over its defaults), before any notebook runs."""
+    problems = []
+    for stem, check in NOTEBOOK_CHECKS.items():
+        if stem in injected:
+            problems += [f"notebooks.{stem}: {p}" for p in check({**defaults.get(stem, {}), **injected[stem]})]
+    return problems
 
 
 def type_error(value: Any, type_name: str) -> str | None:
@@ -217,6 +246,9 @@ def plan(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry
     injected = resolve(params, declared, source=str(params_file))
     if dry_run:
         injected = dry_run_parameters(injected, declared, source=str(params_file))
+    problems = consistency_problems(injected, {p.stem: default_parameters(p) for p in series})
+    if problems:
+        raise ParamsError(problem_report(str(params_file), problems))
     return params, select(series, only), injected
 
 

@@ -12,7 +12,7 @@ from spirelib.workbook.plots.perf import scale_title, title_layout
 
 
 def speedup_scatter(cells: list[dict], predictions: dict[str, str], scale: str = "") -> go.Figure:
-    """Measured SD speedup over AD (y, with the runs' spread) against each prediction (x), one
+    """Measured SD speedup over AD (y, with its 95% CI) against each prediction (x), one
     marker per cell; `predictions` maps a cell key (e.g. "modeled_speedup") to its legend name.
     Cells are told apart on hover (method, B, L), so labels never overlap."""
     fig = go.Figure()
@@ -26,13 +26,14 @@ def speedup_scatter(cells: list[dict], predictions: dict[str, str], scale: str =
                 name=f"{label(method)}, {name}", legendgroup=key,
                 marker=dict(color=color(method, i), size=11, symbol=symbols[p % len(symbols)],
                             line=dict(width=2, color=color(method, i))),
-                customdata=[[c["B"], c["L"]] for c in mine],
-                hovertemplate=f"{label(method)} B=%{{customdata[0]}} L=%{{customdata[1]}}<br>{name}: %{{x:.2f}}x"
+                customdata=[[c["B"], c["L"], "held out" if c.get("held_out") else "fitted"] for c in mine],
+                hovertemplate=f"{label(method)} B=%{{customdata[0]}} L=%{{customdata[1]}} (%{{customdata[2]}})"
+                              f"<br>{name}: %{{x:.2f}}x"
                               "<br>measured: %{y:.2f}x<extra></extra>",
                 error_y=dict(type="data", symmetric=False,
-                             array=[c["measured_high"] - c["measured_speedup"] for c in mine],
-                             arrayminus=[c["measured_speedup"] - c["measured_low"] for c in mine])))
-    top = 1.1 * max([c["measured_high"] for c in cells]
+                             array=[c["ci_high"] - c["measured_speedup"] for c in mine],
+                             arrayminus=[c["measured_speedup"] - c["ci_low"] for c in mine])))
+    top = 1.1 * max([c["ci_high"] for c in cells]
                     + [c[key] for c in cells for key in predictions if c.get(key) is not None])
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="prediction exact",
                              line=dict(dash="dot", color="gray")))

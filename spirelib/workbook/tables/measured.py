@@ -1,7 +1,8 @@
 """Tables of notebook 09, the throughput model against the clock: timed decoding
-(`wallclock.DecodeTiming`), the measured speedup of every cell next to the paper's model
-(method §2) and the profiled model (`profiled`), AD steps, the FLOPs the paper's model leaves
-out, and the conclusion drawn from them. They read wallclock's and profiled's outputs and
+(`wallclock.DecodeTiming`), the measured speedup of every cell with its 95% CI next to the
+paper's model (method §2) and the profiled model (`profiled`, fitted in the loop at some cells
+and held out at others), AD steps, the FLOPs the paper's model leaves out, and the conclusion
+drawn from them. They read wallclock's and profiled's outputs and
 compute nothing of their own beyond medians and ratios."""
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import numpy as np
 
 from spirelib.engine.kvcache import SinkWindow
 from spirelib.engine.wallclock import (
+    GAIN,
     DecodeTiming,
     flops_per_token,
+    loop_timings,
     modeled_speedups,
     modeled_step_seconds,
-    profiled_speedups,
+    profiled_cells,
+    profiled_verdict,
 )
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import label as method_label
@@ -26,31 +30,81 @@ TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (medi
                   "tau": "tau", "round": "ms per round (step)", "draft": "draft", "verify": "verify",
                   "book": "bookkeeping"}
 CELL_COLUMNS = {"method": "method", "B": "B", "L": "L", "tau": "tau", "measured_speedup": "measured",
-                "measured_low": "lowest run", "measured_high": "highest run", "modeled_speedup": "paper's model",
-                "error": "paper / measured - 1", "profiled_speedup": "profiled model",
-                "profiled_error": "profiled / measured - 1"}
-CELL_FIELDS = ("method", "B", "L", "measured_speedup", "modeled_speedup", "profiled_speedup", "tau", "measured_low",
-               "measured_high", "error", "profiled_error")  # what results.json's "cells" keep
+                "ci": "95% CI", "runs": "runs", "modeled_speedup": "paper's model", "error": "paper / measured - 1",
+                "profiled_speedup": "profiled model", "profiled_error": "profiled / measured - 1",
+                "role": "profiled fit"}
+CELL_FIELDS = ("method", "B", "L", "measured_speedup", "modeled_speedup", "profiled_speedup", "tau", "ci_low",
+               "ci_high", "runs", "error", "profiled_error", "held_out")  # what results.json's "cells" keep
+FIT_COLUMNS = {"method": "method", "B": "B", "L": "L", "measured": "measured ms per round (AD: step)",
+               "profiled": "profiled, ms", "error": "profiled / measured - 1", "role": "profiled fit"}
 AD_COLUMNS = {"L": "L", "B": "B", "measured": "measured ms per AD step", "modeled": "paper's model, ms",
               "ratio": "measured / paper's", "profiled": "profiled model, ms"}
 FLOP_COLUMNS = {"model": "model", "L": "L", "body": "body FLOPs per token (modeled)", "attention": "attention / body",
                 "unembedding": "unembedding / body"}
 
 
-def profile_summary(cost: profiled.ProfiledCost, fit_error: np.ndarray, seconds: float) -> str:
-    """One line of the fitted profiled model: every term it prices, and the fit's relative
-    error over the profiled forwards (`fit_error`, (n_forwards,))."""
-    return (f"profiled {len(fit_error)} forwards in {seconds:.1f} s: fixed {1e6 * cost.fixed_s:.0f} us "
-            f"+ ({1e6 * cost.per_layer_s:.0f} us + {1e9 * cost.per_token_layer_s:.0f} ns per token) per layer "
+def timing_cells(batches, contexts, held_out) -> list[tuple[int, int]]:
+    """The (B, L) cells 09 times, by L then B: the grid B x L and the `held_out` cells, which
+    may lie beyond it (a larger B or L than any fitted cell)."""
+    grid = {(int(b), int(length)) for b in batches for length in contexts}
+    return sorted(grid | {(int(b), int(length)) for b, length in held_out}, key=lambda c: (c[1], c[0]))
+
+
+def grid_problems(batches, contexts, held_out) -> list[str]:
+    """Why a timing grid (B x L) with these `held_out` (B, L) cells cannot judge the profiled
+    model (empty: it can): the cells left to fit must identify it, three or more at two batch
+    sizes and two context lengths at least (`profiled.fit_problems`), and something must be held
+    out. Checked before any compute."""
+    held = {(int(b), int(length)) for b, length in held_out}
+    rest = set(timing_cells(batches, contexts, ())) - held
+    out = [] if held else ["held_out is empty: the profiled model would be judged only on the cells it was fitted to"]
+    if len(rest) < 3 or len({b for b, _ in rest}) < 2 or len({c for _, c in rest}) < 2:
+        out.append(f"the cells left to fit, {sorted(rest)}, must be three or more at two batch sizes and two context "
+                   "lengths at least; time more cells or hold out fewer")
+    return out
+
+
+def split_held_out(timings: list[DecodeTiming], held_out) -> tuple[list[DecodeTiming], list[DecodeTiming]]:
+    """(the timings the profiled model is fitted to, those it is judged on unseen): `held_out`
+    lists (B, L) cells (`grid_problems` checks them)."""
+    wanted = {(int(b), int(length)) for b, length in held_out}
+    return ([t for t in timings if (t.batch, t.context) not in wanted],
+            [t for t in timings if (t.batch, t.context) in wanted])
+
+
+def profile_summary(cost: profiled.ProfiledCost, fit_rows: list[dict]) -> str:
+    """One line of the fitted profiled model: every term it prices, and its error on the timed
+    rounds (`fit_rows`) of the fitted and of the held-out cells."""
+    errors = {role: np.abs([r["error"] for r in fit_rows if r["role"] == role]) for role in ("fitted", "held out")}
+    judged = "; ".join(f"{role} rounds: median error {np.median(e):.1%}, worst {e.max():.1%}"
+                       for role, e in errors.items() if len(e))
+    return (f"fitted in the loop: ({1e6 * cost.per_layer_s:.0f} us + {1e9 * cost.per_token_layer_s:.0f} ns per "
+            f"token) per layer + {1e9 * cost.per_key_s:.1f} ns per key a row reads per layer + attention FLOPs / "
+            f"{cost.attention_flops_per_s / 1e9:.1f} GFLOP/s "
             f"+ max(matmul FLOPs / {cost.flops_per_s / 1e9:.1f} GFLOP/s, bytes / {cost.bytes_per_s / 1e9:.1f} GB/s) "
-            f"+ attention FLOPs / {cost.attention_flops_per_s / 1e9:.1f} GFLOP/s; "
-            f"bookkeeping {1e6 * cost.bookkeeping_s:.0f} us per round, "
-            f"sampling {1e6 * cost.sampling_s:.0f} us per draft pass; fit error median {np.median(fit_error):.1%}, "
-            f"worst {fit_error.max():.1%}"
-            + (". Each method's own code, fitted to its timed calls, adds " + "; ".join(
-                f"{method_label(m)} {1e6 * o.pass_s:+.0f} us {1e9 * o.pass_per_row_s:+.0f} ns per row per pass, "
-                f"{1e6 * o.accept_s:+.0f} us {1e9 * o.accept_per_row_s:+.0f} ns per row per accept"
-                for m, o in cost.drafts.items()) if cost.drafts else ""))
+            f"(both calibrated, pinned) per forward; a draw {1e6 * cost.sampling_s:.0f} us + "
+            f"{1e12 * cost.sampling_per_logit_s:.0f} ps per logit; bookkeeping {1e6 * cost.bookkeeping_s:.0f} us + "
+            f"{1e12 * cost.bookkeeping_per_logit_s:.0f} ps per logit per round"
+            + ("; each method's own code per round: " + "; ".join(
+                f"{method_label(m)} {1e6 * o.round_s:+.0f} us {1e9 * o.round_per_row_s:+.0f} ns per row"
+                for m, o in cost.drafts.items()) if cost.drafts else "")
+            + f". {judged}.")
+
+
+def fit_rows(timings: list[DecodeTiming], held_out: list[DecodeTiming], cost: profiled.ProfiledCost, target,
+             drafts: dict[str, profiled.DraftShape], *, bytes_per_value: float, k: int) -> list[dict]:
+    """Per timing, its measured seconds per round (AD: per step, averaged over runs,
+    `wallclock.loop_timings`) against the profiled model's (`profiled.modeled_sections`), and
+    whether the fit saw it."""
+    unseen = {(t.method, t.batch, t.context) for t in held_out}
+    rows = []
+    for t in loop_timings(timings):
+        modeled = profiled.modeled_sections(cost, t, target=target.shape(), vocab_size=target.vocab_size,
+                                            drafts=drafts, k=k, bytes_per_value=bytes_per_value)
+        rows.append({"method": method_label(t.method) if t.method != "ad" else "AD", "B": t.batch, "L": t.context,
+                     "measured": 1e3 * t.round_s, "profiled": 1e3 * modeled, "error": modeled / t.round_s - 1,
+                     "role": "held out" if (t.method, t.batch, t.context) in unseen else "fitted"})
+    return rows
 
 
 def timing_rows(timings: list[DecodeTiming]) -> list[dict]:
@@ -66,30 +120,22 @@ def timing_rows(timings: list[DecodeTiming]) -> list[dict]:
     return rows
 
 
-def profiled_draft_shapes(vanilla, spire_layers, spire, ring: SinkWindow) -> dict[str, profiled.DraftShape]:
-    """What the profiled model needs of each timed draft: the vanilla draft's shape (its
-    `ModelConfig`), MagicDec's ring of sink + window + 1 keys over the target's own layers, and
-    the SPIRe draft's layer stack (`spire_layers`) reading its sink + window with target-activation
-    memory in every layer when `spire` (its `SpireConfig`) has it (method §3.3)."""
-    return {"vanilla": profiled.DraftShape("vanilla", vanilla.shape()),
-            "magicdec": profiled.DraftShape("magicdec", None, keys=ring.sink + ring.window + 1),
-            "spire": profiled.DraftShape("spire", spire_layers.shape(), keys=spire.sink + spire.window,
-                                         memory_layers=spire.num_layers if spire.target_activations else 0)}
-
-
 def speedup_cells(timings: list[DecodeTiming], target, drafts: dict, shapes: dict[str, profiled.DraftShape],
                   cost: profiled.ProfiledCost, *, peak_flops: float, bandwidth: float, bytes_per_value: float,
-                  k: int, sparse: dict[str, SinkWindow]) -> list[dict]:
-    """One cell per timed draft and (B, L) with an AD timing: the measured speedup and the
-    paper's model (`wallclock.modeled_speedups`; drafts: method -> ModelConfig or None), with
-    the profiled model's speedup (`wallclock.profiled_speedups`, shapes from
-    `profiled_draft_shapes`) and its error profiled / measured - 1 added."""
+                  k: int, sparse: dict[str, SinkWindow], held_out=()) -> list[dict]:
+    """One cell per timed draft and (B, L) with an AD timing: the measured speedup with its 95%
+    CI and the paper's model (`wallclock.modeled_speedups`; drafts: method -> ModelConfig or
+    None), with the profiled model's speedup, its error profiled / measured - 1 and whether the
+    cell is one of the `held_out` (B, L) the fit never saw (`wallclock.profiled_cells`, shapes
+    from `wallclock.profiled_draft_shapes`)."""
     cells = modeled_speedups(timings, target, drafts, peak_flops=peak_flops, bandwidth=bandwidth,
                              bytes_per_value=bytes_per_value, k=k, sparse=sparse)
-    predicted = profiled_speedups(timings, cost, target, shapes, bytes_per_value=bytes_per_value, k=k)
+    profiled = {(c["method"], c["B"], c["L"]): c for c in profiled_cells(
+        timings, cost, target, shapes, bytes_per_value=bytes_per_value, k=k, held_out=held_out)}
     for c in cells:
-        c["profiled_speedup"] = predicted[c["method"], c["B"], c["L"]]
-        c["profiled_error"] = c["profiled_speedup"] / c["measured_speedup"] - 1.0
+        c.update(profiled[c["method"], c["B"], c["L"]])
+        c["role"] = "held out" if c["held_out"] else "fitted"
+        c["ci"] = f"{c['ci_low']:.2f} to {c['ci_high']:.2f}"
     return cells
 
 
@@ -126,12 +172,13 @@ def flop_rows(models: dict, contexts, keys: dict[str, int] | None = None) -> lis
 def summarize(cells: list[dict], ad_rows: list[dict]) -> dict:
     """What the conclusion quotes: the cells where the paper's model errs least and most, the
     median AD step overhead (measured / modeled), the cells where SD was slower than AD, the
-    models' median absolute errors and the profiled model's worst cell."""
+    paper's model's median absolute error, the profiled model's `wallclock.profiled_verdict`
+    and its worst cell."""
     return {"best": min(cells, key=lambda c: abs(c["error"])), "worst": max(cells, key=lambda c: abs(c["error"])),
             "overhead": float(np.median([r["ratio"] for r in ad_rows])),
             "losing": [c for c in cells if c["measured_speedup"] < 1.0],
             "median_error": float(np.median([abs(c["error"]) for c in cells])),
-            "profiled_error": float(np.median([abs(c["profiled_error"]) for c in cells])),
+            "profiled": profiled_verdict(cells),
             "worst_profiled": max(cells, key=lambda c: abs(c["profiled_error"]))}
 
 
@@ -190,8 +237,11 @@ def both_sides(cells: list[dict]) -> str:
 
 
 def profiled_sides(cells: list[dict]) -> str:
-    """The profiled model's direction of error (how many measurements it over- and under-predicts,
-    its median signed error) and the (B, L) cells where it picks another winner than the clock."""
+    """The profiled model in one paragraph: which way it errs and by how much (mean signed
+    error, how many cells it over- and under-predicts, median error), its error on the held-out
+    cells next to the fitted ones, the (B, L) cells where it picks another winner than the clock,
+    and any cell it calls a gain that measured a loss."""
+    s = profiled_verdict(cells)
     errors = [c["profiled_error"] for c in cells]
     over = sum(e > 0 for e in errors)
     measured, Bs, Ls = cell_winners(cells)
@@ -199,22 +249,44 @@ def profiled_sides(cells: list[dict]) -> str:
     wrong = [f"B = {b}, L = {length} (it picks {method_label(predicted[i][j])}, the clock "
              f"{method_label(measured[i][j])})" for i, b in enumerate(Bs) for j, length in enumerate(Ls)
              if measured[i][j] != "-" and predicted[i][j] != measured[i][j]]
-    direction = ("overpredicts" if over > len(errors) / 2 else "underpredicts" if over < len(errors) / 2 else
-                 "errs both ways on")
-    return (f"**The profiled model** {direction} the speedup: too high in {over} of {len(errors)} measurements, too "
-            f"low in {len(errors) - over} (median signed error {float(np.median(errors)):+.0%}). "
-            + (f"It picks the wrong winner at {'; '.join(wrong)}." if wrong else
-               "It picks the measured winner in every cell."))
+    direction = ("overpredicts" if s["mean_signed_error"] > 0 else "underpredicts")
+    held = sorted({(c["B"], c["L"]) for c in cells if c.get("held_out")})
+    text = (f"**The profiled model {direction} the speedup by {abs(s['mean_signed_error']):.1%} on average** (mean "
+            f"signed error {s['mean_signed_error']:+.1%}; too high in {over} of {len(errors)} cells, too low in "
+            f"{len(errors) - over}); its median error is {s['median_error']:.1%}. ")
+    if held:
+        text += (f"Fitted to the rounds timed at the other cells (median error there {s['fitted_median_error']:.1%}), "
+                 f"it predicts the held-out cells {', '.join(f'(B = {b}, L = {length})' for b, length in held)} "
+                 f"within {s['held_out_max_error']:.1%}. ")
+    text += (f"It picks the wrong winner at {'; '.join(wrong)}. " if wrong else
+             "It picks the measured winner in every cell. ")
+    text += ("It calls " + ", ".join(f"{_cell(c)} a gain ({c['profiled_speedup']:.2f}x) that measured a loss "
+                                     f"({c['measured_speedup']:.2f}x)" for c in s["false_gains"]) + "."
+             if s["false_gains"] else f"Every cell it predicts at {GAIN}x or more measured a gain.")
+    return text
+
+
+def for_your_gpu(verdict: dict) -> str:
+    """What the profiled model's record here (`wallclock.profiled_verdict`) means for a user who
+    profiles their own GPU with it."""
+    held = verdict["held_out_max_error"]
+    return ("**Profiling your own GPU:** run this notebook with `device: cuda` and your grid; the model is fitted to "
+            "your machine's own rounds at the cells you time, with its peak and bandwidth pinned to its calibration. "
+            + (f"Here it predicted cells it never saw within {held:.0%}: trust its winner where the methods' "
+               f"predicted speedups differ by more than that, hold out cells beyond your grid as this run does, "
+               f"and time the cells where they differ by less." if held is not None else
+               "Hold out cells beyond your grid (`held_out`) to learn how far it extrapolates before trusting it "
+               "there."))
 
 
 def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float,
                cells: list[dict] | None = None) -> tuple[str, ...]:
     """09's conclusion (Markdown paragraphs): with `cells`, first both sides of the clock
-    (`both_sides`) and the profiled model's direction of error and wrong winners (`profiled_sides`);
-    then how far the paper's model is off, and where speculative decoding lost and what the
-    profiled model's terms say of it (`summarize`)."""
+    (`both_sides`), the profiled model's direction of error, held-out error and wrong winners
+    (`profiled_sides`) and what that means for a GPU user (`for_your_gpu`); then how far the
+    paper's model is off, and where speculative decoding lost and what the profiled model's
+    terms say of it (`summarize`)."""
     best, worst, overhead, losing = summary["best"], summary["worst"], summary["overhead"], summary["losing"]
-    worst_profiled = summary["worst_profiled"]
     paper = (f"At this scale the paper's model's error ranges from {best['error']:+.0%} "
              f"({method_label(best['method'])}, B = {best['B']}, L = {best['L']}) to {worst['error']:+.0%} "
              f"({method_label(worst['method'])}, B = {worst['B']}, L = {worst['L']}); a median AD step takes "
@@ -225,12 +297,12 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
              + f"HOI here is {hoi:,.1f} FLOP/byte against the paper's 600.")
     clock = (f"**Speculative decoding was slower than AD in {len(losing)} of {n_cells} measured cells**"
              + (": " + ", ".join(f"{_cell(c)} ({c['measured_speedup']:.2f}x)" for c in losing) if losing else "")
-             + f". The profiled model's median error is {summary['profiled_error']:.0%} (the paper's model: "
-             f"{summary['median_error']:.0%}); its worst cell is {_cell(worst_profiled)} "
-             f"({worst_profiled['profiled_error']:+.0%}). Where it predicts a loss, the reason is in its terms: the "
-             f"draft's k passes each pay the fixed {1e6 * (cost.fixed_s + cost.per_layer_s):.0f} us-plus of a forward "
-             f"that one AD step pays once per token.")
-    lead = (both_sides(cells), profiled_sides(cells)) if cells else ()
+             + f". Every measured speedup has a 95% CI within +/-{summary['profiled']['widest_ci']:.1%} of it. "
+             "Where the "
+             f"profiled model predicts a loss, the reason is in its terms: each of the draft's k passes pays "
+             f"{1e6 * cost.per_layer_s:.0f} us per layer in launches and a {1e6 * cost.sampling_s:.0f} us draw that "
+             f"one AD step pays once per token.")
+    lead = (both_sides(cells), profiled_sides(cells), for_your_gpu(summary["profiled"])) if cells else ()
     return (*lead, paper, clock)
 
 
@@ -245,15 +317,16 @@ def machine_sentence(machine: dict, dtype, bytes_per_value: int) -> str:
                if machine.get("saved_to") else "not saved"))
 
 
-def measured_results(cells: list[dict], cost: profiled.ProfiledCost, fit_error: np.ndarray, summary: dict,
-                     machine: dict, device: str, bytes_per_value: int, scale: str, threads: int | None = None) -> dict:
-    """What notebook 09 records: the cells (CELL_FIELDS), the profiled model with its fit errors
-    and `summarize`'s verdict, the HOI and the machine (`calibrate`'s peak and bandwidth, the
-    device, bytes per value, the AD step's overhead, the scale note)."""
+def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: dict, machine: dict, device: str,
+                     bytes_per_value: int, scale: str, threads: int | None = None) -> dict:
+    """What notebook 09 records: the cells (CELL_FIELDS), the profiled model with `summarize`'s
+    verdict on it (median, mean signed, fitted and held-out errors, false gains), the HOI and the
+    machine (`calibrate`'s peak and bandwidth, the device, bytes per value, the AD step's
+    overhead, the scale note)."""
     peak, bandwidth = machine["fp32_flops"], machine["bandwidth"]
+    verdict = summary["profiled"]
     return {"cells": [{key: c[key] for key in CELL_FIELDS} for c in cells],
-            "profiled_model": {**cost.to_dict(), "fit_error_median": float(np.median(fit_error)),
-                               "fit_error_max": float(fit_error.max()), "median_error": summary["profiled_error"],
+            "profiled_model": {**cost.to_dict(), **verdict, "false_gains": len(verdict["false_gains"]),
                                "cells_slower_than_ad": len(summary["losing"])},
             "hoi": peak / bandwidth,
             "machine": {"fp32_flops": peak, "bandwidth": bandwidth, "device": device,
