@@ -163,8 +163,9 @@ WORKER = textwrap.dedent("""
                                             d_ff=48))
         try:
             fsdp.shard_frozen_target(one_block, fsdp.device_mesh(cpu, world), cpu)
-        except fsdp.FSDPRefused as e:
-            print("refused:", e)
+        except fsdp.FSDPRefused as e:  # every rank refuses; rank 0 alone says so (two would print over each other)
+            if rank == 0:
+                print("refused:", e, flush=True)
 
     if rank == 0:
         save_file(results, f"{out}/{name}.safetensors")

@@ -137,7 +137,24 @@ def test_committed_params_files_fit_the_series(params_file, tmp_path):
         stand_in = Transformer(ModelConfig(vocab_size=64, num_layers=layers, d_model=16, n_q_per_kv=1, n_kv=2,
                                            d_head=8, d_ff=32))
         params["series"]["target_source"] = f"hf:{hf.save_model(stand_in, tmp_path / 'target')}"
-    runner.resolve(params, declared, source=params_file.name)
+    injected = runner.resolve(params, declared, source=params_file.name)
+    assert runner.consistency_problems(injected, {p.stem: runner.default_parameters(p) for p in series}) == []
+
+
+def test_a_notebooks_parameters_are_checked_together_over_its_defaults_before_any_compute(tmp_path):
+    """09's held-out cells must leave a grid that identifies the profiled model's fit: refused by
+    `plan`, with the defaults of its parameters cell filling what the file leaves out."""
+    notebooks = ROOT / "notebooks"
+    assert runner.default_parameters(notebooks / "09_measured_vs_modeled.ipynb")["timing_contexts"] == [32, 64]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    timing_batches: [1, 16]\n"
+                   "    held_out: [[16, 32], [16, 64]]\n")
+    with pytest.raises(runner.ParamsError) as e:
+        runner.plan(bad, notebooks)
+    assert ("notebooks.09_measured_vs_modeled: the cells left to fit, [(1, 32), (1, 64)], must be three or more at "
+            "two batch sizes") in problems(e)
+    bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    timing_batches: [1, 16]\n    held_out: [[16, 64]]\n")
+    assert runner.plan(bad, notebooks)[2]["09_measured_vs_modeled"]["held_out"] == [[16, 64]]
 
 
 def test_fixture_notebooks_declare_typed_parameters():
