@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from spirelib.engine.kvcache import SinkWindow
@@ -211,3 +210,9 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
                                    2.0, CLOCK)
     assert paragraphs[0].startswith("**Where speculative decoding won:**") and paragraphs[1] == text
     assert paragraphs[2].startswith("**Profiling your own GPU:**") and "within 18%" in paragraphs[2]
+    assert "Every measured speedup has a 95% CI within +/-4.0% of it. Where" in paragraphs[-1]
+    wide = [*CLOCK[:7], {**CLOCK[7], "ci_low": 1.2 * 0.9, "ci_high": 1.2 * 1.1}]
+    clock = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in wide], [{"ratio": 4.0}]), 8, COST, 2.0,
+                              wide)[-1]
+    assert ("Every measured speedup has a 95% CI within +/-10.0% of it (7 of 8 within the +/-5% asked for: this "
+            "machine's run-to-run noise") in clock

@@ -182,6 +182,11 @@ def summarize(cells: list[dict], ad_rows: list[dict]) -> dict:
             "worst_profiled": max(cells, key=lambda c: abs(c["profiled_error"]))}
 
 
+def _half(c: dict) -> float:
+    """A cell's 95% CI half width relative to its measured speedup."""
+    return (c["ci_high"] - c["ci_low"]) / 2 / c["measured_speedup"]
+
+
 def _cell(c: dict) -> str:
     return f"{method_label(c['method'])} at B = {c['B']}, L = {c['L']}"
 
@@ -280,12 +285,13 @@ def for_your_gpu(verdict: dict) -> str:
 
 
 def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float,
-               cells: list[dict] | None = None) -> tuple[str, ...]:
+               cells: list[dict] | None = None, ci: float = 0.05) -> tuple[str, ...]:
     """09's conclusion (Markdown paragraphs): with `cells`, first both sides of the clock
     (`both_sides`), the profiled model's direction of error, held-out error and wrong winners
     (`profiled_sides`) and what that means for a GPU user (`for_your_gpu`); then how far the
-    paper's model is off, and where speculative decoding lost and what the profiled model's
-    terms say of it (`summarize`)."""
+    paper's model is off, where speculative decoding lost, how many cells' 95% CIs reached the
+    +/- `ci` the timing asked for, and what the profiled model's terms say of the losses
+    (`summarize`)."""
     best, worst, overhead, losing = summary["best"], summary["worst"], summary["overhead"], summary["losing"]
     paper = (f"At this scale the paper's model's error ranges from {best['error']:+.0%} "
              f"({method_label(best['method'])}, B = {best['B']}, L = {best['L']}) to {worst['error']:+.0%} "
@@ -297,8 +303,11 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
              + f"HOI here is {hoi:,.1f} FLOP/byte against the paper's 600.")
     clock = (f"**Speculative decoding was slower than AD in {len(losing)} of {n_cells} measured cells**"
              + (": " + ", ".join(f"{_cell(c)} ({c['measured_speedup']:.2f}x)" for c in losing) if losing else "")
-             + f". Every measured speedup has a 95% CI within +/-{summary['profiled']['widest_ci']:.1%} of it. "
-             "Where the "
+             + f". Every measured speedup has a 95% CI within +/-{summary['profiled']['widest_ci']:.1%} of it"
+             + (f" ({sum(_half(c) <= ci for c in cells)} of {len(cells)} within the +/-{ci:.0%} asked for: this "
+                "machine's run-to-run noise would need more runs than the time budget per cell allows)"
+                if cells and any(_half(c) > ci for c in cells) else "")
+             + ". Where the "
              f"profiled model predicts a loss, the reason is in its terms: each of the draft's k passes pays "
              f"{1e6 * cost.per_layer_s:.0f} us per layer in launches and a {1e6 * cost.sampling_s:.0f} us draw that "
              f"one AD step pays once per token.")
