@@ -249,11 +249,7 @@ def problems(args: argparse.Namespace) -> list[str]:
         cells, held = profiled_grid(args)
         if "ad" not in args.methods:
             out.append("--profiled needs ad among --methods (the model is fitted to AD's steps)")
-        problems_of_fit = profiled.fit_problems(
-            [profiled.LoopTiming(m, b, length, args.new_tokens, 1.0, 1.0, 1.0) for b, length in cells
-             if (b, length) not in held for m in args.methods],
-            {m: profiled.DraftShape(m, None) for m in args.methods if m != "ad"})
-        out += [f"--profiled: {p}" for p in problems_of_fit]
+        out += [f"--profiled: {p}" for p in profiled.cell_problems(c for c in cells if c not in held)]
         if args.roofline or args.compile:
             out.append("--profiled times eager decoding alone: drop --roofline and --compile")
     return out

@@ -117,7 +117,7 @@ def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.G
             timing.taus.append(tau)
         run += 1
         if run > repeats and (run > limit or time.perf_counter() - start > max_seconds or not include_ad or all(
-                _half_width(speedup_interval(t, timings["ad"])) <= ci for m, t in timings.items() if m != "ad")):
+                half_width(*speedup_interval(t, timings["ad"])) <= ci for m, t in timings.items() if m != "ad")):
             return list(timings.values())
 
 
@@ -133,10 +133,17 @@ def speedup_interval(sd: DecodeTiming, ad: DecodeTiming, level: float = 0.95) ->
     return mean, mean - half, mean + half
 
 
-def _half_width(interval: tuple[float, float, float]) -> float:
-    """The CI's half width relative to its mean."""
-    mean, low, high = interval
+def half_width(mean: float, low: float, high: float) -> float:
+    """A confidence interval's half width relative to its mean."""
     return (high - low) / 2 / mean
+
+
+def _measured(t: DecodeTiming, base: DecodeTiming) -> dict:
+    """The clock's side of a cell: SD timing `t` against the AD timing `base` at its (B, L), its
+    mean tau and its speedup over AD with the 95% CI (`speedup_interval`) and the runs."""
+    measured, low, high = speedup_interval(t, base)
+    return {"method": t.method, "B": t.batch, "L": t.context, "tau": statistics.fmean(t.taus),
+            "measured_speedup": measured, "ci_low": low, "ci_high": high, "runs": len(t.seconds)}
 
 
 def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: Mapping[str, ModelConfig | None], *,
@@ -154,18 +161,15 @@ def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: M
         base = ad.get((t.batch, t.context))
         if t.method == "ad" or base is None:
             continue
-        tau = statistics.fmean(t.taus)
+        cell = _measured(t, base)
         draft = drafts.get(t.method)
         pattern = (sparse or {}).get(t.method)
         cache = dict(sink_size=pattern.sink, window=pattern.window) if pattern else {}
         model = perfmodel.throughput_multiplier_over_generation(
-            t.method, min(tau, k + 1.0), t.batch, t.context, t.new_tokens, target.shape(),
+            t.method, min(cell["tau"], k + 1.0), t.batch, t.context, t.new_tokens, target.shape(),
             None if draft is None else draft.shape(), k=k, hoi=hoi, window_factor=None,
             bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value, **cache)
-        measured, low, high = speedup_interval(t, base)
-        cells.append({"method": t.method, "B": t.batch, "L": t.context, "tau": tau, "measured_speedup": measured,
-                      "ci_low": low, "ci_high": high, "runs": len(t.seconds), "modeled_speedup": float(model),
-                      "error": float(model) / measured - 1.0})
+        cells.append({**cell, "modeled_speedup": float(model), "error": float(model) / cell["measured_speedup"] - 1.0})
     return cells
 
 
@@ -256,12 +260,12 @@ def profiled_cells(timings: list[DecodeTiming], cost: profiled.ProfiledCost, tar
     predicted = profiled_speedups(timings, cost, target, drafts, bytes_per_value=bytes_per_value, k=k)
     unseen = {(int(b), int(length)) for b, length in held_out}
     cells = []
-    for (method, B, L), speedup in predicted.items():
-        t = next(t for t in timings if (t.method, t.batch, t.context) == (method, B, L))
-        measured, low, high = speedup_interval(t, ad[B, L])
-        cells.append({"method": method, "B": B, "L": L, "tau": statistics.fmean(t.taus), "measured_speedup": measured,
-                      "ci_low": low, "ci_high": high, "runs": len(t.seconds), "profiled_speedup": speedup,
-                      "profiled_error": speedup / measured - 1.0, "held_out": (B, L) in unseen})
+    for t in timings:
+        speedup = predicted.get((t.method, t.batch, t.context))
+        if speedup is not None:
+            cell = _measured(t, ad[t.batch, t.context])
+            cells.append({**cell, "profiled_speedup": speedup, "profiled_error": speedup / cell["measured_speedup"] - 1,
+                          "held_out": (t.batch, t.context) in unseen})
     return cells
 
 
@@ -277,4 +281,4 @@ def profiled_verdict(cells: list[dict]) -> dict:
             "fitted_median_error": statistics.median(fitted) if fitted else None,
             "held_out_max_error": max(held) if held else None,
             "false_gains": [c for c in cells if c["profiled_speedup"] >= GAIN and c["measured_speedup"] < 1.0],
-            "widest_ci": max((c["ci_high"] - c["ci_low"]) / 2 / c["measured_speedup"] for c in cells)}
+            "widest_ci": max(half_width(c["measured_speedup"], c["ci_low"], c["ci_high"]) for c in cells)}

@@ -99,10 +99,10 @@ class DraftOverhead:
 class ProfiledCost:
     """Coefficients: a forward costs per_layer_s x layers + per_token_layer_s x tokens x layers +
     per_key_s x key reads + attention FLOPs / attention_flops_per_s + max(matmul FLOPs /
-    flops_per_s, bytes / bytes_per_s)
-    (`seconds`); a draw from (B, V) probabilities sampling_s + sampling_per_logit_s x B V; a
-    round's bookkeeping bookkeeping_s + bookkeeping_per_logit_s x B (k + 1) V; each method's
-    round its `DraftOverhead` on top. flops_per_s and bytes_per_s are the calibrated machine's."""
+    flops_per_s, bytes / bytes_per_s) (`seconds`); a draw from (B, V) probabilities sampling_s +
+    sampling_per_logit_s x B V; a round's bookkeeping bookkeeping_s + bookkeeping_per_logit_s x
+    B (k + 1) V; each method's round its `DraftOverhead` on top. flops_per_s and bytes_per_s are
+    the calibrated machine's."""
 
     flops_per_s: float
     bytes_per_s: float
@@ -268,21 +268,28 @@ class LoopTiming:
         return self.draft_s + self.verify_s + self.bookkeeping_s
 
 
-def fit_problems(timings: list[LoopTiming], drafts: dict[str, DraftShape]) -> list[str]:
-    """Why `timings` cannot identify the model's coefficients (empty: they can): at least three
-    (B, L) cells, two batch sizes (the per-token and per-row costs), two context lengths
-    (attention's), AD timings (the target's forward and the draw), and every drafting method at
-    two batch sizes (its overhead per round and per row) with a known shape."""
-    cells = {(t.batch, t.context) for t in timings}
+def cell_problems(cells) -> list[str]:
+    """Why timings at these (B, L) `cells` cannot identify the model's coefficients (empty: they
+    can): at least three cells, two batch sizes (the per-token and per-row costs) and two
+    context lengths (attention's)."""
+    cells = set(cells)
     Bs, Ls = sorted({b for b, _ in cells}), sorted({c for _, c in cells})
     out = []
     if len(cells) < 3:
         out.append(f"{len(cells)} (B, L) cell(s) timed; the fit needs at least 3")
-    if len(Bs) < 2:
-        out.append(f"every cell is at B = {Bs[0] if Bs else '?'}; the per-token and per-row costs need at least "
+    if len(Bs) == 1:
+        out.append(f"every cell is at B = {Bs[0]}; the per-token and per-row costs need at least "
                    "two batch sizes")
-    if len(Ls) < 2:
-        out.append(f"every cell is at L = {Ls[0] if Ls else '?'}; attention's cost needs at least two context lengths")
+    if len(Ls) == 1:
+        out.append(f"every cell is at L = {Ls[0]}; attention's cost needs at least two context lengths")
+    return out
+
+
+def fit_problems(timings: list[LoopTiming], drafts: dict[str, DraftShape]) -> list[str]:
+    """Why `timings` cannot identify the model's coefficients (empty: they can): their cells
+    (`cell_problems`), AD timings (the target's forward and the draw), and every drafting method
+    at two batch sizes (its overhead per round and per row) with a known shape."""
+    out = cell_problems((t.batch, t.context) for t in timings)
     if not any(t.method == "ad" for t in timings):
         out.append("no AD timings: the target's forward and the draw are fitted to AD steps")
     for method in sorted({t.method for t in timings} - {"ad"}):

@@ -118,16 +118,19 @@ def _matches(stem: str, wanted: str) -> bool:
 
 # ---------------------------------------------------------------------------- params
 
-def declared_parameters(notebook: Path) -> dict[str, str]:
-    """Parameter name -> annotated type name of the notebook's `parameters` cell (no kernel)."""
-    return {name: p["inferred_type_name"] for name, p in papermill.inspect_notebook(str(notebook)).items()}
+def declared_parameters(notebook: Path | dict) -> dict[str, str]:
+    """Parameter name -> annotated type name of the notebook's `parameters` cell (no kernel);
+    `notebook` may be its `papermill.inspect_notebook` already."""
+    cell = notebook if isinstance(notebook, dict) else papermill.inspect_notebook(str(notebook))
+    return {name: p["inferred_type_name"] for name, p in cell.items()}
 
 
-def default_parameters(notebook: Path) -> dict[str, Any]:
+def default_parameters(notebook: Path | dict) -> dict[str, Any]:
     """Parameter name -> default value of the notebook's `parameters` cell, for those whose
-    default is a Python literal (no kernel)."""
+    default is a Python literal (no kernel); `notebook` may be its `papermill.inspect_notebook`."""
+    cell = notebook if isinstance(notebook, dict) else papermill.inspect_notebook(str(notebook))
     out = {}
-    for name, p in papermill.inspect_notebook(str(notebook)).items():
+    for name, p in cell.items():
         with contextlib.suppress(ValueError, SyntaxError):
             out[name] = ast.literal_eval(p["default"])
     return out
@@ -242,11 +245,12 @@ def plan(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry
     down by `dry_run_parameters` for a dry run."""
     params = with_corpus_path(load_params(params_file), corpus_path)
     series = discover(notebooks_dir)
-    declared = {p.stem: declared_parameters(p) for p in series}
+    cells = {p.stem: papermill.inspect_notebook(str(p)) for p in series}  # each parameters cell, read once
+    declared = {stem: declared_parameters(cell) for stem, cell in cells.items()}
     injected = resolve(params, declared, source=str(params_file))
     if dry_run:
         injected = dry_run_parameters(injected, declared, source=str(params_file))
-    problems = consistency_problems(injected, {p.stem: default_parameters(p) for p in series})
+    problems = consistency_problems(injected, {stem: default_parameters(cell) for stem, cell in cells.items()})
     if problems:
         raise ParamsError(problem_report(str(params_file), problems))
     return params, select(series, only), injected

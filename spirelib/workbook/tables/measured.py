@@ -15,6 +15,7 @@ from spirelib.engine.kvcache import SinkWindow
 from spirelib.engine.wallclock import (
     GAIN,
     DecodeTiming,
+    half_width,
     flops_per_token,
     loop_timings,
     modeled_speedups,
@@ -53,12 +54,12 @@ def timing_cells(batches, contexts, held_out) -> list[tuple[int, int]]:
 def grid_problems(batches, contexts, held_out) -> list[str]:
     """Why a timing grid (B x L) with these `held_out` (B, L) cells cannot judge the profiled
     model (empty: it can): the cells left to fit must identify it, three or more at two batch
-    sizes and two context lengths at least (`profiled.fit_problems`), and something must be held
+    sizes and two context lengths at least (`profiled.cell_problems`), and something must be held
     out. Checked before any compute."""
     held = {(int(b), int(length)) for b, length in held_out}
     rest = set(timing_cells(batches, contexts, ())) - held
     out = [] if held else ["held_out is empty: the profiled model would be judged only on the cells it was fitted to"]
-    if len(rest) < 3 or len({b for b, _ in rest}) < 2 or len({c for _, c in rest}) < 2:
+    if profiled.cell_problems(rest):
         out.append(f"the cells left to fit, {sorted(rest)}, must be three or more at two batch sizes and two context "
                    "lengths at least; time more cells or hold out fewer")
     return out
@@ -183,8 +184,7 @@ def summarize(cells: list[dict], ad_rows: list[dict]) -> dict:
 
 
 def _half(c: dict) -> float:
-    """A cell's 95% CI half width relative to its measured speedup."""
-    return (c["ci_high"] - c["ci_low"]) / 2 / c["measured_speedup"]
+    return half_width(c["measured_speedup"], c["ci_low"], c["ci_high"])
 
 
 def _cell(c: dict) -> str:
