@@ -27,7 +27,7 @@ import numpy as np
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.modeling.methods import color, label
-from spirelib.workbook.tables.winners import AD, where_sentence
+from spirelib.workbook.tables.winners import AD, by_cell, where_sentence
 from spirelib.workbook.tables.winners import grid_counts as _grid_counts
 from spirelib.workbook.tables.winners import pow2 as _pow2
 from spirelib.workbook.tables.winners import span as _span
@@ -161,19 +161,15 @@ def _notebook_param(run: dict, stem: str, name: str, default):
     return run.get("notebooks", {}).get(stem, {}).get("parameters", {}).get(name, default)
 
 
-def _measured_cells(results: dict) -> dict[tuple[int, int], dict[str, float]]:
-    cells: dict[tuple[int, int], dict[str, float]] = {}
-    for c in results.get("09_measured_vs_modeled", {}).get("cells") or []:
-        cells.setdefault((int(c["B"]), int(c["L"])), {})[c["method"]] = float(c["measured_speedup"])
-    return cells
+def _cells(results: dict, key: str) -> dict[tuple[int, int], dict[str, float]]:
+    """09's speedups `key` ("measured_speedup", "profiled_speedup") per (B, L), per method."""
+    return by_cell(results.get("09_measured_vs_modeled", {}).get("cells") or [], key)
 
 
-def _profiled_cells(results: dict) -> dict[tuple[int, int], dict[str, float]]:
-    cells: dict[tuple[int, int], dict[str, float]] = {}
-    for c in results.get("09_measured_vs_modeled", {}).get("cells") or []:
-        if c.get("profiled_speedup") is not None:
-            cells.setdefault((int(c["B"]), int(c["L"])), {})[c["method"]] = float(c["profiled_speedup"])
-    return cells
+def _grid(cells: dict, Bs: list[int], Ls: list[int]) -> tuple[list[list[str]], list[list[float | None]]]:
+    """(the winner, the best speedup) of every (B, L) of `_cells`, "-" and None where none was timed."""
+    return ([[_winner(cells[b, l]) if (b, l) in cells else "-" for l in Ls] for b in Bs],
+            [[max(cells[b, l].values()) if (b, l) in cells else None for l in Ls] for b in Bs])
 
 
 def slower_than_ad(results: dict) -> tuple[int, int]:
@@ -230,7 +226,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
             at=at_06["trained shapes"], grid=(recorded["winners"], recorded["B"], recorded["L"]) if recorded else None,
             trust="the model's prediction for the models trained here on the paper's hardware (HOI 600); "
                   "not a measurement."))
-    measured = _measured_cells(results)
+    measured = _cells(results, "measured_speedup")
     if measured:
         want = (int(rows[0]["B"]), int(rows[0]["L"])) if rows else min(measured)
         near = min(measured, key=lambda bl: (abs(np.log2(bl[0] / want[0])) + abs(np.log2(bl[1] / want[1])), bl))
@@ -238,9 +234,8 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         machine = r09.get("machine", {})
         overhead = machine.get("ad_step_overhead")
         Bs, Ls = sorted({b for b, _ in measured}), sorted({l for _, l in measured})
-        winners = [[_winner(measured[b, l]) if (b, l) in measured else "-" for l in Ls] for b in Bs]
-        values = [[max(measured[b, l].values()) if (b, l) in measured else None for l in Ls] for b in Bs]
-        predicted = _profiled_cells(results)
+        winners, values = _grid(measured, Bs, Ls)
+        predicted = _cells(results, "profiled_speedup")
         row = dict(
             way=f"this machine ({machine.get('device', '?')}), trained models (measured)",
             short=f"on this machine (measured at B = {near[0]}, L = {near[1]})",
@@ -253,9 +248,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
                                                       "per-pass costs, not the paper's memory-bound regime, decide "
                                                       "here" if overhead else "") + "."))
         if predicted:
-            row["profiled"] = ([[_winner(predicted[b, l]) if (b, l) in predicted else "-" for l in Ls] for b in Bs],
-                               [[max(predicted[b, l].values()) if (b, l) in predicted else None for l in Ls]
-                                for b in Bs])
+            row["profiled"] = _grid(predicted, Bs, Ls)
         rows.append(row)
     return rows
 

@@ -15,8 +15,8 @@ from spirelib.engine.kvcache import SinkWindow
 from spirelib.engine.wallclock import (
     GAIN,
     DecodeTiming,
-    half_width,
     flops_per_token,
+    half_width,
     loop_timings,
     modeled_speedups,
     modeled_step_seconds,
@@ -25,7 +25,7 @@ from spirelib.engine.wallclock import (
 )
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import label as method_label
-from spirelib.workbook.tables.winners import AD, where_sentence, winner
+from spirelib.workbook.tables.winners import AD, by_cell, where_sentence, winner
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
                   "tau": "tau", "round": "ms per round (step)", "draft": "draft", "verify": "verify",
@@ -199,11 +199,9 @@ def _span_x(values: list[float]) -> str:
 def cell_winners(cells: list[dict], key: str = "measured_speedup") -> tuple[list[list[str]], list[int], list[int]]:
     """Per (B, L) cell of `cells` (one per method), the method with the highest `key` speedup, or
     "ad" where none beats AD ("-" where nothing was timed): (winners by B then L, B values, L values)."""
-    by_cell: dict[tuple[int, int], dict[str, float]] = {}
-    for c in cells:
-        by_cell.setdefault((c["B"], c["L"]), {})[c["method"]] = c[key]
-    Bs, Ls = sorted({b for b, _ in by_cell}), sorted({l for _, l in by_cell})
-    return [[winner(by_cell[b, l]) if (b, l) in by_cell else "-" for l in Ls] for b in Bs], Bs, Ls
+    grouped = by_cell(cells, key)
+    Bs, Ls = sorted({b for b, _ in grouped}), sorted({l for _, l in grouped})
+    return [[winner(grouped[b, l]) if (b, l) in grouped else "-" for l in Ls] for b in Bs], Bs, Ls
 
 
 def both_sides(cells: list[dict]) -> str:

@@ -28,6 +28,16 @@ def winner(values: dict[str, float]) -> str:
     return best if values[best] >= 1.0 else AD
 
 
+def by_cell(cells: list[dict], key: str) -> dict[tuple[int, int], dict[str, float]]:
+    """Cell records (method, B, L and speedups, as 09 keeps them) grouped per (B, L): {method:
+    its `key` speedup}; records without that speedup are left out."""
+    out: dict[tuple[int, int], dict[str, float]] = {}
+    for c in cells:
+        if c.get(key) is not None:
+            out.setdefault((int(c["B"]), int(c["L"])), {})[c["method"]] = float(c[key])
+    return out
+
+
 def grid_counts(winners: list[list[str]]) -> dict[str, int]:
     """Cells won per method ("-": a cell without a result, not counted), most first."""
     counts: dict[str, int] = {}
