@@ -157,6 +157,24 @@ def test_a_notebooks_parameters_are_checked_together_over_its_defaults_before_an
     assert runner.plan(bad, notebooks)[2]["09_measured_vs_modeled"]["held_out"] == [[16, 64]]
 
 
+def test_09_refuses_an_interleaving_its_decoding_cannot_run_before_any_compute(tmp_path):
+    """Round-by-round interleaving decodes every method on a copy of the prefill, which compiled
+    decoding (one cache per shape) cannot: refused by `plan`, as is an unknown interleaving."""
+    notebooks = ROOT / "notebooks"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("series:\n  compile_decoding: true\n")
+    with pytest.raises(runner.ParamsError) as e:
+        runner.plan(bad, notebooks)
+    assert ("notebooks.09_measured_vs_modeled: decoding through compiled graphs keeps one cache per shape, so its "
+            "methods cannot decode round by round on copies of the prefill: interleave 'runs'") in problems(e)
+    bad.write_text("series:\n  compile_decoding: true\nnotebooks:\n  09_measured_vs_modeled:\n    interleave: runs\n")
+    assert runner.plan(bad, notebooks)[2]["09_measured_vs_modeled"]["interleave"] == "runs"
+    bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    interleave: round\n")
+    with pytest.raises(runner.ParamsError) as e:
+        runner.plan(bad, notebooks)
+    assert "notebooks.09_measured_vs_modeled: interleave is 'rounds' or 'runs', not 'round'" in problems(e)
+
+
 def test_fixture_notebooks_declare_typed_parameters():
     assert runner.declared_parameters(SERIES / "01_record.ipynb") == {
         "n": "int", "scale": "float", "label": "str", "device": "str"}

@@ -76,9 +76,10 @@ def time_case(target: Transformer, factories: dict, methods: list[str], batch: i
 
 
 def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
-             k: int, temperature: float, repeats: int) -> list[dict]:
+             k: int, temperature: float, repeats: int, interleave: str = "rounds") -> list[dict]:
     """Every method at one (B, L), best of `repeats`: rows of results."""
-    timings = time_case(target, factories, methods, batch, context, new_tokens, k, temperature, repeats)
+    timings = time_case(target, factories, methods, batch, context, new_tokens, k, temperature, repeats,
+                        interleave=interleave)
     rows = []
     for t in timings:
         best = t.best
@@ -167,7 +168,7 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
 
     timings = [t for B, L in cells for t in time_case(
         target, factories, methods, B, L, args.new_tokens, args.k, args.temperature, args.repeats,
-        max_repeats=args.max_repeats, max_seconds=args.cell_seconds)]
+        max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)]
     peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
     spire = SpireConfig(window=args.window)
     shapes = profiled_draft_shapes(vanilla_draft_config(target.cfg), replace(target.cfg, num_layers=spire.num_layers),
@@ -227,10 +228,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--roofline", action="store_true",
                         help="time single forwards of every kind against this machine's roofline instead")
     parser.add_argument("--compile", action="store_true",
-                        help="also decode through compiled graphs (Transformer.compile_decoding), beside eager")
+                        help="also decode through compiled graphs, beside eager")
+    parser.add_argument("--interleave", choices=("rounds", "runs"), default="rounds", metavar="HOW",
+                        help="rounds: methods take turns per round; runs: per run")
     parser.add_argument("--profiled", action="store_true", help="fit the profiled cost model here, judge each cell")
     parser.add_argument("--held-out", type=int, nargs=2, action="append", metavar=("B", "L"),
-                        help="--profiled: a cell the fit does not see (default: largest B, longest L)")
+                        help="--profiled: a held-out cell (default: largest B and L)")
     parser.add_argument("--max-repeats", type=int, default=30, help="--profiled: runs per cell at most")
     parser.add_argument("--cell-seconds", type=float, default=20.0, help="--profiled: seconds per cell at most")
 
@@ -289,7 +292,7 @@ def main(args: argparse.Namespace) -> int:
         for L in args.context:
             for B in args.batch:
                 for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature,
-                                    args.repeats):
+                                    args.repeats, "runs" if compiled else args.interleave):
                     rows.append({**row, "mode": "compiled" if compiled else "eager"})
     if args.json:
         print(json.dumps(rows, indent=2))

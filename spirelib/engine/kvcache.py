@@ -23,6 +23,7 @@ the sink keys are re-rotated so that they sit directly before the window.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,16 @@ class _KVCache:
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forget positions >= lengths (B,) per row; free (the entries are overwritten later)."""
         self.lengths = lengths.clone()
+
+    def copy(self):
+        """An independent cache holding the same entries (its own storage: not one a compiled
+        forward has recorded, so for eager decoding)."""
+        twin = copy.copy(self)
+        twin.k, twin.v = [t.clone() for t in self.k], [t.clone() for t in self.v]
+        for name, value in vars(self).items():
+            if name not in ("k", "v", "_rows") and isinstance(value, torch.Tensor):
+                setattr(twin, name, value.clone())
+        return twin
 
 
 POOL = 2  # caches of distinct shapes a compiled model keeps (`reuse`)

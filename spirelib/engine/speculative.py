@@ -18,6 +18,8 @@ for the newly verified positions, so no draft needs a target pass of its own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,6 +115,12 @@ class Prefill:
     cache: DenseKVCache
     verified: TargetPass
     pending: torch.Tensor  # (B,)
+
+    def copy(self) -> Prefill:
+        """The same prefill over a copy of its cache: generations that run at the same time
+        (interleaved round by round) each need their own."""
+        cache = self.cache.copy()
+        return Prefill(cache, dataclasses.replace(self.verified, cache=cache), self.pending)
 
 
 def stream_entries(drafts) -> tuple[int, ...]:
@@ -220,8 +228,27 @@ class Rows:
         return verified
 
 
+def finish(rounds: Iterator[None]) -> Generation:
+    """Run a generation's rounds (`speculative_rounds`, `autoregressive_rounds`) to the end: its result."""
+    while True:
+        try:
+            next(rounds)
+        except StopIteration as end:
+            return end.value
+
+
+def speculative_generate(target: Transformer, draft: Draft, contexts: torch.Tensor, max_new_tokens: int,
+                         k: int = 4, **options) -> Generation:
+    """Generate `max_new_tokens` per row after `contexts` (B, L) (right-padded to L when
+    `lengths` (B,) is given) with speculative decoding; every token is a sample from the
+    target at `temperature` (0: greedy), whatever the draft proposes. `prefilled`: the
+    target's `prefill` of these same contexts, to share it between generations. Options:
+    those of `speculative_rounds`."""
+    return finish(speculative_rounds(target, draft, contexts, max_new_tokens, k, **options))
+
+
 @torch.no_grad()
-def speculative_generate(
+def speculative_rounds(
     target: Transformer,
     draft: Draft,
     contexts: torch.Tensor,
@@ -233,11 +260,10 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     timer: SectionTimer | None = None,
     prefilled: Prefill | None = None,
-) -> Generation:
-    """Generate `max_new_tokens` per row after `contexts` (B, L) (right-padded to L when
-    `lengths` (B,) is given) with speculative decoding; every token is a sample from the
-    target at `temperature` (0: greedy), whatever the draft proposes. `prefilled`: the
-    target's `prefill` of these same contexts, to share it between generations."""
+) -> Iterator[None]:
+    """`speculative_generate` a round at a time: the iterator pauses after every round and
+    returns the `Generation` when done (`finish`), so that a caller can interleave generations
+    round by round (`wallclock.time_decoding`)."""
     timer = timer or _no_timer
     G = max_new_tokens
     wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads
@@ -272,6 +298,7 @@ def speculative_generate(
                                    stream_ids if wanted else ())
         with timer("draft"):
             draft.accept(verified)
+        yield
     cache.check()
     accepted = torch.stack(rows.rounds, dim=1)  # (B, R)
     if eos_token is not None:  # rounds run after every row had ended (before the loop looked) are dropped
@@ -279,8 +306,16 @@ def speculative_generate(
     return Generation(rows.out[:, :G], accepted)
 
 
+def autoregressive_generate(target: Transformer, contexts: torch.Tensor, max_new_tokens: int,
+                            **options) -> Generation:
+    """The reference: one target forward per token, same sampling code (method §4, AD).
+    `prefilled`: the target's `prefill` of these same contexts, to share it. Options: those of
+    `autoregressive_rounds`."""
+    return finish(autoregressive_rounds(target, contexts, max_new_tokens, **options))
+
+
 @torch.no_grad()
-def autoregressive_generate(
+def autoregressive_rounds(
     target: Transformer,
     contexts: torch.Tensor,
     max_new_tokens: int,
@@ -289,9 +324,8 @@ def autoregressive_generate(
     generator: torch.Generator | None = None,
     timer: SectionTimer | None = None,
     prefilled: Prefill | None = None,
-) -> Generation:
-    """The reference: one target forward per token, same sampling code (method §4, AD).
-    `prefilled`: the target's `prefill` of these same contexts, to share it."""
+) -> Iterator[None]:
+    """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`)."""
     timer = timer or _no_timer
     with timer("prefill"):
         capacity = contexts.shape[1] + max_new_tokens
@@ -305,5 +339,6 @@ def autoregressive_generate(
         with timer("bookkeeping"):
             pending = sample(probabilities(logits, temperature), generator)
             generated.append(pending)
+        yield
     cache.check()
     return Generation(torch.stack(generated, dim=1))

@@ -1,7 +1,7 @@
 """Decoding throughput on the clock, and what the throughput models predict for it (method §2).
 
 The paper models throughput and never measures it. `time_decoding` runs autoregressive
-decoding (AD) and speculative decoding (SD) with each draft, interleaved run by run, each run
+decoding (AD) and speculative decoding (SD) with each draft, interleaved round by round, each run
 after one target prefill its methods share (prefill is not decoding and is excluded), a warm-up
 run first; it keeps every run's decode seconds, tau and the split between draft, verify and
 bookkeeping (`speculative.SectionTimer`), and adds runs (over fresh contexts, when given a
@@ -19,18 +19,20 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from spirelib.engine.kvcache import SinkWindow
 from spirelib.engine.speculative import (
+    Generation,
     SectionTimer,
-    autoregressive_generate,
+    autoregressive_rounds,
+    finish,
     prefill,
     speculative_capacity,
-    speculative_generate,
+    speculative_rounds,
     stream_entries,
 )
 from spirelib.engine.tau import t_quantile
@@ -72,16 +74,30 @@ class DecodeTiming:
 def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
                   contexts: torch.Tensor | Callable[[int], torch.Tensor], new_tokens: int, *, k: int = 4,
                   temperature: float = 1.0, repeats: int = 3, include_ad: bool = True, max_repeats: int | None = None,
-                  ci: float = 0.05, max_seconds: float = float("inf")) -> list[DecodeTiming]:
+                  ci: float = 0.05, max_seconds: float = float("inf"), interleave: str = "rounds") -> list[DecodeTiming]:
     """AD and SD with every draft factory (`drafts.draft_factory`) at one (B, L): one timing each.
 
     `contexts`: a (B, L) batch that every run decodes, or a function of the run's index that
     returns one (fresh contexts per run: the measured speedup is then one over contexts). Each
-    run decodes with every method in turn (interleaved, so that a slow spell of a shared machine
-    hits every method alike) after one target prefill they share; run 0 warms up and is not
+    run decodes with every method after one target prefill they share; run 0 warms up and is not
     kept. After `repeats` kept runs, runs are added, up to `max_repeats` (default: none added)
     and while the cell has taken less than `max_seconds`, as long as some method's 95% CI of its
-    speedup over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few."""
+    speedup over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few.
+
+    `interleave`: how a run's methods share the machine's time.
+    - "rounds" (the default): every method decodes from its own copy of the prefill, and the
+      method that has so far taken the least decode time runs its next round (AD: its next
+      step), so all of them progress through the same spans of wall time. A shared machine's
+      slow spells (on a cloud VM they last ~0.1-1 s, longer than a round, shorter than a run)
+      then slow every method alike and cancel in the speedup: two identical matmul loops timed
+      whole one after the other differ by 6.3% (sd of their ratio), interleaved call by call by
+      0.9%. It holds one target cache per method.
+    - "runs": the methods one after another on the shared prefill: one cache, for when the
+      copies do not fit, and what a target decoding through compiled graphs needs (its CUDA
+      graphs replay over the one cache per shape it keeps)."""
+    problems = interleave_problems(interleave, target.compiled_decoding)
+    if problems:
+        raise ValueError("; ".join(problems))
     device = next(target.parameters()).device
     batch_of = contexts if callable(contexts) else (lambda run: contexts)
     layers = stream_entries(factory(torch.Generator(device)) for factory in factories.values())
@@ -95,30 +111,63 @@ def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.G
         timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
         with timer("prefill"):
             shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
-        for method in methods:
+        sections = {m: SectionTimer(device) for m in methods}
+        decodes = {}
+        for i, method in enumerate(methods):
+            options = dict(temperature=temperature, generator=torch.Generator(device).manual_seed(run),
+                           timer=sections[method], prefilled=shared if interleave == "runs" or i == 0 else shared.copy())
+            decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
+                               speculative_rounds(target, factories[method](options["generator"]), batch, new_tokens,
+                                                  k=k, **options))
+        if interleave == "runs":
+            outs = {m: finish(rounds) for m, rounds in decodes.items()}
+        else:
+            outs = _lockstep(decodes, sections)
+        for method in methods if run else ():  # run 0 warms up
             timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
                                                               timer.seconds["prefill"], target.compiled_decoding))
-            sections = SectionTimer(device)
-            gen = torch.Generator(device).manual_seed(run)
+            timing.seconds.append(_decode_seconds(sections[method]))
+            timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
             if method == "ad":
-                autoregressive_generate(target, batch, new_tokens, temperature=temperature, generator=gen,
-                                        timer=sections, prefilled=shared)
                 rounds, tau = new_tokens, 1.0
             else:
-                out = speculative_generate(target, factories[method](gen), batch, new_tokens, k=k,
-                                           temperature=temperature, generator=gen, timer=sections, prefilled=shared)
-                done = out.accepted[out.accepted >= 0]
-                rounds, tau = out.accepted.shape[1], float((done + 1).double().mean())
-            if run == 0:
-                continue
-            timing.seconds.append(sum(sections.seconds.get(s, 0.0) for s in DECODE_SECTIONS))
-            timing.sections.append({s: sections.seconds.get(s, 0.0) for s in DECODE_SECTIONS})
+                done = outs[method].accepted[outs[method].accepted >= 0]
+                rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())
             timing.rounds.append(rounds)
             timing.taus.append(tau)
         run += 1
         if run > repeats and (run > limit or time.perf_counter() - start > max_seconds or not include_ad or all(
                 half_width(*speedup_interval(t, timings["ad"])) <= ci for m, t in timings.items() if m != "ad")):
             return list(timings.values())
+
+
+def interleave_problems(interleave: str, compiled: bool) -> list[str]:
+    """Why `time_decoding` cannot interleave so (empty: it can); `compiled`: the target decodes
+    through compiled graphs."""
+    if interleave not in ("rounds", "runs"):
+        return [f"interleave is 'rounds' or 'runs', not {interleave!r}"]
+    if interleave == "rounds" and compiled:
+        return ["decoding through compiled graphs keeps one cache per shape, so its methods cannot decode "
+                "round by round on copies of the prefill: interleave 'runs'"]
+    return []
+
+
+def _decode_seconds(sections: SectionTimer) -> float:
+    return sum(sections.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
+
+
+def _lockstep(decodes: dict[str, Iterator[None]], sections: dict[str, SectionTimer]) -> dict[str, Generation]:
+    """Run generations (`speculative_rounds`, `autoregressive_rounds`) interleaved round by round,
+    always advancing the one with the least decode time so far: their results."""
+    outs, running = {}, dict(decodes)
+    while running:
+        method = min(running, key=lambda m: _decode_seconds(sections[m]))
+        try:
+            next(running[method])
+        except StopIteration as end:
+            outs[method] = end.value
+            del running[method]
+    return outs
 
 
 def speedup_interval(sd: DecodeTiming, ad: DecodeTiming, level: float = 0.95) -> tuple[float, float, float]:

@@ -84,8 +84,9 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
 # Checks of a notebook's parameters taken together (its injections over its defaults): the
 # problems, in words, that `plan` reports before any notebook runs.
 NOTEBOOK_CHECKS: dict[str, Any] = {
-    "09_measured_vs_modeled": lambda p: measured.grid_problems(p["timing_batches"], p["timing_contexts"],
-                                                                p["held_out"]),
+    "09_measured_vs_modeled": lambda p: measured.timing_problems(
+        p["timing_batches"], p["timing_contexts"], p["held_out"], p["interleave"],
+        bool(p["series"].get("compile_decoding", False))),
 }
 DRY_RUN_SUFFIX = "-dry-run"  # outputs/<params file stem>-dry-run
 FIXTURE_FOLDER = "longcrawl64-fixture"  # under a dry run's output folder

@@ -17,6 +17,7 @@ from spirelib.engine.wallclock import (
     DecodeTiming,
     flops_per_token,
     half_width,
+    interleave_problems,
     loop_timings,
     modeled_speedups,
     modeled_step_seconds,
@@ -63,6 +64,13 @@ def grid_problems(batches, contexts, held_out) -> list[str]:
         out.append(f"the cells left to fit, {sorted(rest)}, must be three or more at two batch sizes and two context "
                    "lengths at least; time more cells or hold out fewer")
     return out
+
+
+def timing_problems(batches, contexts, held_out, interleave: str, compiled: bool) -> list[str]:
+    """What 09's timing parameters taken together cannot do (empty: nothing): the grid
+    (`grid_problems`) and the interleaving (`wallclock.interleave_problems`; `compiled`: the
+    series decodes through compiled graphs). Checked before any compute."""
+    return grid_problems(batches, contexts, held_out) + interleave_problems(interleave, compiled)
 
 
 def split_held_out(timings: list[DecodeTiming], held_out) -> tuple[list[DecodeTiming], list[DecodeTiming]]:

@@ -1,0 +1,87 @@
+"""How `wallclock.time_decoding` shares the machine between methods: interleaved round by round
+(each method on its own copy of the prefill), or run by run on the shared prefill."""
+
+import pytest
+import torch
+
+from spirelib.engine.drafts import draft_factory, vanilla_draft_config
+from spirelib.engine.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
+from spirelib.engine.spire import SpireConfig, SpireDraftModel
+from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.engine.wallclock import _lockstep, time_decoding
+
+CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    target = Transformer(CFG).eval()
+    vanilla = Transformer(vanilla_draft_config(CFG)).eval()
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=8, k=3)).eval()
+    factories = {"vanilla": draft_factory("vanilla", target, vanilla, temperature=1.0),
+                 "magicdec": draft_factory("magicdec", target, temperature=1.0, window=8),
+                 "spire": draft_factory("spire", target, spire, temperature=1.0)}
+    return target, factories
+
+
+def test_interleaved_rounds_decode_what_whole_runs_decode(models):
+    """Each method's rounds (and so its tau) are the same whether the methods run round by round
+    on copies of the prefill or one after another on the shared one: the copies are independent
+    and the interleaving changes only when a round runs, not what it computes."""
+    target, factories = models
+
+    def contexts(run):
+        return torch.randint(0, 64, (3, 24), generator=torch.Generator().manual_seed(run))
+
+    by_mode = {mode: time_decoding(target, factories, contexts, 12, k=3, repeats=3, interleave=mode)
+               for mode in ("rounds", "runs")}
+    for rounds, runs in zip(*by_mode.values()):
+        assert (rounds.method, rounds.taus, rounds.rounds) == (runs.method, runs.taus, runs.rounds)
+        assert len(rounds.seconds) == 3 and all(s > 0 for s in rounds.seconds)
+    assert len({tuple(t.taus) for t in by_mode["rounds"][1:]}) > 1  # the drafts differ: a real check
+
+
+def test_a_prefill_copy_is_independent_of_its_source(models):
+    """Decoding from a `Prefill.copy` writes its own cache: the source's entries are untouched."""
+    target, factories = models
+    contexts = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
+    shared = prefill(target, contexts, capacity=speculative_capacity(20, 10, 3), layers=(0, 1, 2))
+    before = [t.clone() for t in shared.cache.k]
+    copy = shared.copy()
+    gen = torch.Generator().manual_seed(0)
+    finish(speculative_rounds(target, factories["spire"](gen), contexts, 10, k=3, generator=gen, prefilled=copy))
+    assert all(torch.equal(a, b) for a, b in zip(before, shared.cache.k))
+    assert not all(torch.equal(a, b) for a, b in zip(before, copy.cache.k))
+
+
+def test_lockstep_advances_the_method_with_the_least_time_so_far():
+    """`_lockstep` runs the next round of whichever method has taken the least decode time, so
+    methods with slow rounds and methods with fast ones progress through the same wall time."""
+    order = []
+
+    def method(name, cost, rounds, timer):
+        for _ in range(rounds):
+            order.append(name)
+            timer.seconds["verify"] = timer.seconds.get("verify", 0.0) + cost
+            yield
+        return name.upper()
+
+    sections = {"ad": SectionTimer(), "sd": SectionTimer()}
+    outs = _lockstep({"ad": method("ad", 1.0, 6, sections["ad"]), "sd": method("sd", 2.5, 2, sections["sd"])}, sections)
+    assert outs == {"ad": "AD", "sd": "SD"}
+    # ad 0 | sd 0 -> ad 1, 2 (ad at 3 > sd's 2.5) -> sd (5) -> ad 3, 4, 5 (ad at 6)
+    assert order == ["ad", "sd", "ad", "ad", "sd", "ad", "ad", "ad"]
+
+
+def test_time_decoding_refuses_what_it_cannot_interleave(models):
+    target, factories = models
+    contexts = torch.randint(0, 64, (1, 16))
+    with pytest.raises(ValueError, match="'rounds' or 'runs'"):
+        time_decoding(target, factories, contexts, 4, interleave="methods")
+    target.compile_decoding()
+    try:
+        with pytest.raises(ValueError, match="one cache per shape.*interleave 'runs'"):
+            time_decoding(target, factories, contexts, 4)
+    finally:
+        target.compile_decoding(False)
