@@ -114,8 +114,9 @@ def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.G
         sections = {m: SectionTimer(device) for m in methods}
         decodes = {}
         for i, method in enumerate(methods):
-            options = dict(temperature=temperature, generator=torch.Generator(device).manual_seed(run),
-                           timer=sections[method], prefilled=shared if interleave == "runs" or i == 0 else shared.copy())
+            options = {"temperature": temperature, "generator": torch.Generator(device).manual_seed(run),
+                       "timer": sections[method],
+                       "prefilled": shared if interleave == "runs" or i == 0 else shared.copy()}
             decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
                                speculative_rounds(target, factories[method](options["generator"]), batch, new_tokens,
                                                   k=k, **options))
@@ -147,8 +148,8 @@ def interleave_problems(interleave: str, compiled: bool) -> list[str]:
     if interleave not in ("rounds", "runs"):
         return [f"interleave is 'rounds' or 'runs', not {interleave!r}"]
     if interleave == "rounds" and compiled:
-        return ["decoding through compiled graphs keeps one cache per shape, so its methods cannot decode "
-                "round by round on copies of the prefill: interleave 'runs'"]
+        return [("decoding through compiled graphs keeps one cache per shape, so its methods cannot decode "
+                 "round by round on copies of the prefill: interleave 'runs'")]
     return []
 
 
