@@ -310,8 +310,9 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
     clock = (f"**Speculative decoding was slower than AD in {len(losing)} of {n_cells} measured cells**"
              + (": " + ", ".join(f"{_cell(c)} ({c['measured_speedup']:.2f}x)" for c in losing) if losing else "")
              + f". Every measured speedup has a 95% CI within +/-{summary['profiled']['widest_ci']:.1%} of it"
-             + (f" ({sum(_half(c) <= ci for c in cells)} of {len(cells)} within the +/-{ci:.0%} asked for: this "
-                "machine's run-to-run noise would need more runs than the time budget per cell allows)"
+             + (f" ({sum(_half(c) <= ci for c in cells)} of {len(cells)} within the +/-{ci:.0%} asked for: a speedup "
+                "varies with the contexts each run draws, through their rounds, and with this machine's noise, and "
+                "the others would need more runs than the time budget per cell allows)"
                 if cells and any(_half(c) > ci for c in cells) else "")
              + ". Where the "
              f"profiled model predicts a loss, the reason is in its terms: each of the draft's k passes pays "
