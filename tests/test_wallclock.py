@@ -1,5 +1,6 @@
-"""How `wallclock.time_decoding` shares the machine between methods: interleaved round by round
-(each method on its own copy of the prefill), or run by run on the shared prefill."""
+"""How `wallclock.time_cells` shares the machine: between methods, interleaved round by round (each
+method on its own copy of the prefill) or run by run on the shared prefill; between cells, run
+by run."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from spirelib.engine.drafts import draft_factory, vanilla_draft_config
 from spirelib.engine.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
 from spirelib.engine.spire import SpireConfig, SpireDraftModel
 from spirelib.engine.transformer import ModelConfig, Transformer
-from spirelib.engine.wallclock import _lockstep, time_decoding
+from spirelib.engine.wallclock import _lockstep, time_cells, time_decoding
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 
@@ -85,3 +86,22 @@ def test_time_decoding_refuses_what_it_cannot_interleave(models):
             time_decoding(target, factories, contexts, 4)
     finally:
         target.compile_decoding(False)
+
+
+def test_cells_take_turns_run_by_run(models):
+    """Every pass runs each unfinished cell once (its run 0 a warm-up), so a slow minute of the
+    machine falls on every cell alike; the timings come back cell by cell."""
+    target, factories = models
+    seen = []
+
+    def cell(B, L):
+        def contexts(run):
+            seen.append((B, L, run))
+            return torch.randint(0, 64, (B, L), generator=torch.Generator().manual_seed(run))
+        return contexts
+
+    timings = time_cells(target, {"vanilla": factories["vanilla"]}, [cell(1, 16), cell(2, 24)], 6, k=3, repeats=1,
+                         max_repeats=3, ci=0.0)
+    assert seen == [(1, 16, 0), (2, 24, 0), (1, 16, 1), (2, 24, 1), (1, 16, 2), (2, 24, 2), (1, 16, 3), (2, 24, 3)]
+    assert [(t.method, t.batch, t.context, len(t.seconds)) for t in timings] == [
+        ("ad", 1, 16, 3), ("vanilla", 1, 16, 3), ("ad", 2, 24, 3), ("vanilla", 2, 24, 3)]

@@ -45,7 +45,7 @@ from spirelib.engine.wallclock import (
     profiled_cells,
     profiled_draft_shapes,
     profiled_verdict,
-    time_decoding,
+    time_cells,
 )
 from spirelib.modeling import profiled
 
@@ -65,20 +65,22 @@ def build_methods(target: Transformer, methods: list[str], temperature: float, w
     return factories, [model for model in built.values() if model is not None]
 
 
-def time_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
-              k: int, temperature: float, repeats: int, **more) -> list:
-    """Every method at one (B, L): `wallclock.time_decoding` over fresh random contexts every run."""
-    def contexts(run: int) -> torch.Tensor:
-        return torch.randint(0, target.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(run))
+def time_case(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
+              new_tokens: int, k: int, temperature: float, repeats: int, **more) -> list:
+    """Every method at every (B, L) of `cells`: `wallclock.time_cells` over fresh random contexts every run."""
+    def random_contexts(batch: int, context: int):
+        return lambda run: torch.randint(0, target.cfg.vocab_size, (batch, context),
+                                         generator=torch.Generator().manual_seed(run))
 
-    return time_decoding(target, {m: factories[m] for m in methods if m != "ad"}, contexts, new_tokens, k=k,
-                         temperature=temperature, repeats=repeats, include_ad="ad" in methods, **more)
+    return time_cells(target, {m: factories[m] for m in methods if m != "ad"},
+                      [random_contexts(B, L) for B, L in cells], new_tokens, k=k, temperature=temperature,
+                      repeats=repeats, include_ad="ad" in methods, **more)
 
 
 def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
              k: int, temperature: float, repeats: int, interleave: str = "rounds") -> list[dict]:
     """Every method at one (B, L), best of `repeats`: rows of results."""
-    timings = time_case(target, factories, methods, batch, context, new_tokens, k, temperature, repeats,
+    timings = time_case(target, factories, methods, [(batch, context)], new_tokens, k, temperature, repeats,
                         interleave=interleave)
     rows = []
     for t in timings:
@@ -166,9 +168,8 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     `profiled.ProfiledCost`, `wallclock.profiled_cells`, `wallclock.profiled_verdict`)."""
     from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
 
-    timings = [t for B, L in cells for t in time_case(
-        target, factories, methods, B, L, args.new_tokens, args.k, args.temperature, args.repeats,
-        max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)]
+    timings = time_case(target, factories, methods, cells, args.new_tokens, args.k, args.temperature, args.repeats,
+                        max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)
     peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
     spire = SpireConfig(window=args.window)
     shapes = profiled_draft_shapes(vanilla_draft_config(target.cfg), replace(target.cfg, num_layers=spire.num_layers),

@@ -263,7 +263,7 @@ def speculative_rounds(
 ) -> Iterator[None]:
     """`speculative_generate` a round at a time: the iterator pauses after every round and
     returns the `Generation` when done (`finish`), so that a caller can interleave generations
-    round by round (`wallclock.time_decoding`)."""
+    round by round (`wallclock.time_cells`)."""
     timer = timer or _no_timer
     G = max_new_tokens
     wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads

@@ -1,9 +1,9 @@
 """Decoding throughput on the clock, and what the throughput models predict for it (method §2).
 
-The paper models throughput and never measures it. `time_decoding` runs autoregressive
-decoding (AD) and speculative decoding (SD) with each draft, interleaved round by round, each run
-after one target prefill its methods share (prefill is not decoding and is excluded), a warm-up
-run first; it keeps every run's decode seconds, tau and the split between draft, verify and
+The paper models throughput and never measures it. `time_cells` (and `time_decoding`, one cell)
+runs autoregressive decoding (AD) and speculative decoding (SD) with each draft, the methods
+interleaved round by round and the cells run by run, each run after one target prefill its
+methods share (prefill is not decoding and is excluded), a warm-up run first; it keeps every run's decode seconds, tau and the split between draft, verify and
 bookkeeping (`speculative.SectionTimer`), and adds runs (over fresh contexts, when given a
 function of the run) until every method's speedup over AD is known to within a 95% CI of the
 width asked for (`speedup_interval`). `bench decode` reports the best run; notebook 09 the mean
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,17 +72,29 @@ class DecodeTiming:
 
 
 def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
-                  contexts: torch.Tensor | Callable[[int], torch.Tensor], new_tokens: int, *, k: int = 4,
-                  temperature: float = 1.0, repeats: int = 3, include_ad: bool = True, max_repeats: int | None = None,
-                  ci: float = 0.05, max_seconds: float = float("inf"), interleave: str = "rounds") -> list[DecodeTiming]:
-    """AD and SD with every draft factory (`drafts.draft_factory`) at one (B, L): one timing each.
+                  contexts: torch.Tensor | Callable[[int], torch.Tensor], new_tokens: int, **options
+                  ) -> list[DecodeTiming]:
+    """AD and SD with every draft factory at one (B, L): one timing each (`time_cells` of one cell)."""
+    return time_cells(target, factories, [contexts], new_tokens, **options)
 
-    `contexts`: a (B, L) batch that every run decodes, or a function of the run's index that
+
+def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
+               cells: Sequence[torch.Tensor | Callable[[int], torch.Tensor]], new_tokens: int, *, k: int = 4,
+               temperature: float = 1.0, repeats: int = 3, include_ad: bool = True, max_repeats: int | None = None,
+               ci: float = 0.05, max_seconds: float = float("inf"), interleave: str = "rounds") -> list[DecodeTiming]:
+    """AD and SD with every draft factory (`drafts.draft_factory`) at each (B, L) cell: one timing
+    per cell and method, cell by cell.
+
+    A cell is a (B, L) batch that every run decodes, or a function of the run's index that
     returns one (fresh contexts per run: the measured speedup is then one over contexts). Each
-    run decodes with every method after one target prefill they share; run 0 warms up and is not
-    kept. After `repeats` kept runs, runs are added, up to `max_repeats` (default: none added)
-    and while the cell has taken less than `max_seconds`, as long as some method's 95% CI of its
-    speedup over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few.
+    run decodes with every method after one target prefill they share; a cell's run 0 warms up
+    and is not kept. The cells take turns run by run: every pass runs each unfinished cell once,
+    so that a slow minute of a shared machine falls on every cell alike rather than on the one
+    being timed (timed cell after cell, three 09 runs put (16, 256) at -13%, -15% and +6% of the
+    profiled model, all four methods together: the fit prices absolute seconds across cells).
+    After `repeats` kept runs, a cell gets more, up to `max_repeats` (default: none added) and
+    while it has taken less than `max_seconds`, as long as some method's 95% CI of its speedup
+    over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few.
 
     `interleave`: how a run's methods share the machine's time.
     - "rounds" (the default): every method decodes from its own copy of the prefill, and the
@@ -99,47 +111,57 @@ def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.G
     if problems:
         raise ValueError("; ".join(problems))
     device = next(target.parameters()).device
-    batch_of = contexts if callable(contexts) else (lambda run: contexts)
     layers = stream_entries(factory(torch.Generator(device)) for factory in factories.values())
     methods = (["ad"] if include_ad else []) + list(factories)
-    timings: dict[str, DecodeTiming] = {}
     limit = max(repeats, max_repeats or repeats)
-    start, run = time.perf_counter(), 0
-    while True:
-        batch = batch_of(run).to(device)
-        B, L = batch.shape
-        timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
-        with timer("prefill"):
-            shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
-        sections = {m: SectionTimer(device) for m in methods}
-        decodes = {}
-        for i, method in enumerate(methods):
-            options = {"temperature": temperature, "generator": torch.Generator(device).manual_seed(run),
-                       "timer": sections[method],
-                       "prefilled": shared if interleave == "runs" or i == 0 else shared.copy()}
-            decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
-                               speculative_rounds(target, factories[method](options["generator"]), batch, new_tokens,
-                                                  k=k, **options))
-        if interleave == "runs":
-            outs = {m: finish(rounds) for m, rounds in decodes.items()}
+    timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
+    runs, spent, done = [0] * len(cells), [0.0] * len(cells), [False] * len(cells)
+    while not all(done):
+        for c, contexts in enumerate(cells):
+            if done[c]:
+                continue
+            start = time.perf_counter()
+            batch = (contexts(runs[c]) if callable(contexts) else contexts).to(device)
+            _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c], interleave, layers,
+                      timed[c] if runs[c] else None)  # run 0 warms up
+            runs[c] += 1
+            spent[c] += time.perf_counter() - start
+            done[c] = runs[c] > repeats and (runs[c] > limit or spent[c] > max_seconds or not include_ad or all(
+                half_width(*speedup_interval(t, timed[c]["ad"])) <= ci for m, t in timed[c].items() if m != "ad"))
+    return [t for cell in timed for t in cell.values()]
+
+
+def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch: torch.Tensor, new_tokens: int,
+              k: int, temperature: float, run: int, interleave: str, layers: tuple[int, ...],
+              timings: dict[str, DecodeTiming] | None) -> None:
+    """One run of a cell: one shared prefill, every method decoding after it (`interleave`),
+    each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept)."""
+    device = batch.device
+    B, L = batch.shape
+    timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
+    with timer("prefill"):
+        shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
+    sections = {m: SectionTimer(device) for m in methods}
+    decodes = {}
+    for i, method in enumerate(methods):
+        options = {"temperature": temperature, "generator": torch.Generator(device).manual_seed(run),
+                   "timer": sections[method], "prefilled": shared if interleave == "runs" or i == 0 else shared.copy()}
+        decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
+                           speculative_rounds(target, factories[method](options["generator"]), batch, new_tokens, k=k,
+                                              **options))
+    outs = {m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else _lockstep(decodes, sections)
+    for method in methods if timings is not None else ():
+        timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
+                                                          timer.seconds["prefill"], target.compiled_decoding))
+        timing.seconds.append(_decode_seconds(sections[method]))
+        timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
+        if method == "ad":
+            rounds, tau = new_tokens, 1.0
         else:
-            outs = _lockstep(decodes, sections)
-        for method in methods if run else ():  # run 0 warms up
-            timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
-                                                              timer.seconds["prefill"], target.compiled_decoding))
-            timing.seconds.append(_decode_seconds(sections[method]))
-            timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
-            if method == "ad":
-                rounds, tau = new_tokens, 1.0
-            else:
-                done = outs[method].accepted[outs[method].accepted >= 0]
-                rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())
-            timing.rounds.append(rounds)
-            timing.taus.append(tau)
-        run += 1
-        if run > repeats and (run > limit or time.perf_counter() - start > max_seconds or not include_ad or all(
-                half_width(*speedup_interval(t, timings["ad"])) <= ci for m, t in timings.items() if m != "ad")):
-            return list(timings.values())
+            done = outs[method].accepted[outs[method].accepted >= 0]
+            rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())
+        timing.rounds.append(rounds)
+        timing.taus.append(tau)
 
 
 def interleave_problems(interleave: str, compiled: bool) -> list[str]:

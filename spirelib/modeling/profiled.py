@@ -28,7 +28,7 @@ beyond all of these (its Python, MagicDec's ring, SPIRe's memory and the target-
 its `DraftOverhead`, round_s + round_per_row_s x B. An AD step is one target forward and one draw.
 
 `fit` fits every overhead to the engine's own sections timed inside real decoding rounds
-(`LoopTiming`, from `wallclock.time_decoding`'s `SectionTimer` split into draft, verify and
+(`LoopTiming`, from `wallclock.time_cells`' `SectionTimer` split into draft, verify and
 bookkeeping), where the cost is paid: caches are as a round leaves them, not warm as in an
 isolated call. Every decode-time forward over a dense cache reads its whole capacity
 (`kvcache.DenseKVCache`: static shapes, no host sync), and the model prices it so.
