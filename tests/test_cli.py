@@ -80,3 +80,23 @@ def test_a_missing_or_broken_params_file_is_refused_with_exit_2(tmp_path):
     bad.write_text("series: [1, 2\n")
     code, _, err = run(["check", "--params", str(bad)])
     assert code == 2 and "not valid YAML" in err
+
+
+def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell():
+    """`bench decode --profiled` at toy sizes: every cell of the grid and the held-out one beyond
+    it timed (cells taking turns), the model fitted without the held-out cell, every cell judged."""
+    import json
+
+    code, out, err = run(["bench", "decode", "--profiled", "--json", "--batch", "1", "2", "--context", "16", "24",
+                          "--held-out", "2", "32", "--new-tokens", "6", "-k", "3", "--window", "4", "--vocab-size",
+                          "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",
+                          "--d-ff", "64", "--repeats", "2", "--max-repeats", "2", "--threads", "1"])
+    assert code == 0, err
+    report = json.loads(out)
+    cells = {(c["B"], c["L"], c["method"]): c for c in report["cells"]}
+    assert set(cells) == {(B, L, m) for B, L in ((1, 16), (2, 16), (1, 24), (2, 24), (2, 32))
+                          for m in ("vanilla", "magicdec", "spire")}
+    assert [key for key, c in cells.items() if c["held_out"]] == [(2, 32, m) for m in ("vanilla", "magicdec", "spire")]
+    assert all(c["runs"] == 2 and c["profiled_speedup"] > 0 for c in cells.values())
+    assert report["verdict"]["held_out_max_error"] == max(abs(cells[2, 32, m]["profiled_error"])
+                                                          for m in ("vanilla", "magicdec", "spire"))
