@@ -3,9 +3,10 @@
 The paper models throughput and never measures it. `time_cells` (and `time_decoding`, one cell)
 runs autoregressive decoding (AD) and speculative decoding (SD) with each draft, the methods
 interleaved round by round and the cells run by run, each run after one target prefill its
-methods share (prefill is not decoding and is excluded), a warm-up run first; it keeps every run's decode seconds, tau and the split between draft, verify and
-bookkeeping (`speculative.SectionTimer`), and adds runs (over fresh contexts, when given a
-function of the run) until every method's speedup over AD is known to within a 95% CI of the
+methods share (prefill is not decoding and is excluded), a warm-up run first; it keeps every
+run's decode seconds, tau and the split between draft, verify and bookkeeping
+(`speculative.SectionTimer`), and adds runs (over fresh contexts, when given a function of the
+run) until every method's speedup over AD is known to within a 95% CI of the
 width asked for (`speedup_interval`). `bench decode` reports the best run; notebook 09 the mean
 speedup and its CI, next to `modeled_speedups`: the paper's G-aware throughput model for the
 same shapes, the tau of the same runs, and this machine's calibrated peak FLOP/s and memory
@@ -165,7 +166,7 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
 
 
 def interleave_problems(interleave: str, compiled: bool) -> list[str]:
-    """Why `time_decoding` cannot interleave so (empty: it can); `compiled`: the target decodes
+    """Why `time_cells` cannot interleave so (empty: it can); `compiled`: the target decodes
     through compiled graphs."""
     if interleave not in ("rounds", "runs"):
         return [f"interleave is 'rounds' or 'runs', not {interleave!r}"]
