@@ -31,7 +31,7 @@ TARGET = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_
 DRAFTS = {"vanilla": profiled.DraftShape("vanilla", SHAPE), "magicdec": profiled.DraftShape("magicdec", None, keys=70),
           "spire": profiled.DraftShape("spire", SHAPE, keys=70, memory_layers=2)}
 TRUE = profiled.ProfiledCost(flops_per_s=1e11, bytes_per_s=1e10, per_layer_s=5e-5, per_token_layer_s=3e-7,
-                             per_key_s=2e-9, attention_flops_per_s=4e10, sampling_s=3e-5, sampling_per_logit_s=1e-9,
+                             multi_token_layer_s=4e-5, per_key_s=2e-9, attention_flops_per_s=4e10, sampling_s=3e-5, sampling_per_logit_s=1e-9,
                              bookkeeping_s=1e-4, bookkeeping_per_logit_s=2e-9,
                              drafts={"vanilla": profiled.DraftOverhead(-2e-5, 1e-6),
                                      "magicdec": profiled.DraftOverhead(4e-4, 3e-6),
@@ -59,13 +59,31 @@ def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_
     timings = [loop(TRUE, m, B, L) for B, L in GRID for m in ("ad", *DRAFTS)]
     got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
     assert (got.flops_per_s, got.bytes_per_s) == (1e11, 1e10)  # pinned, never fitted
-    for name in ("per_layer_s", "per_token_layer_s", "per_key_s", "attention_flops_per_s", "sampling_s",
-                 "sampling_per_logit_s", "bookkeeping_s", "bookkeeping_per_logit_s"):
+    for name in ("per_layer_s", "per_token_layer_s", "multi_token_layer_s", "per_key_s", "attention_flops_per_s",
+                 "sampling_s", "sampling_per_logit_s", "bookkeeping_s", "bookkeeping_per_logit_s"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     # SPIRe's round is fitted whole: its verification's stream capture goes into its overhead
     for method in ("vanilla", "magicdec"):
         assert got.draft(method).round_s == pytest.approx(TRUE.draft(method).round_s, rel=1e-6)
         assert got.draft(method).round_per_row_s == pytest.approx(TRUE.draft(method).round_per_row_s, rel=1e-6)
+    for t in timings:
+        assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+            t.round_s, rel=1e-6)
+
+
+def test_a_single_token_forward_skips_the_multi_token_kernels_and_without_one_per_layer_prices_them():
+    """B x T = 1 runs matrix-vector products: an AD step at B = 1 does not pay what the multi-token
+    kernels cost per layer; a grid with no B = 1 cell cannot tell that cost from per_layer_s, so the
+    fit puts it there and prices every forward it saw exactly."""
+    one, two = (profiled.forward_work(TARGET, 100, 1, new, 500) for new in (1, 2))
+    bare = dataclasses.replace(TRUE, multi_token_layer_s=0.0)
+    assert TRUE.seconds(one) == bare.seconds(one)
+    assert TRUE.seconds(two) == pytest.approx(bare.seconds(two) + 4e-5 * TARGET.num_layers)
+    wide = [(B, L) for B, L in GRID if B > 1]
+    timings = [loop(TRUE, m, B, L) for B, L in wide for m in ("ad", "vanilla", "magicdec")]
+    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    assert got.multi_token_layer_s == 0.0
+    assert got.per_layer_s == pytest.approx(TRUE.per_layer_s + TRUE.multi_token_layer_s, rel=1e-6)
     for t in timings:
         assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-6)

@@ -38,7 +38,7 @@ def test_profile_summary_names_every_term_and_the_fit_and_held_out_errors():
     rows = [{"error": 0.1, "role": "fitted"}, {"error": -0.3, "role": "fitted"}, {"error": 0.05, "role": "fitted"},
             {"error": -0.2, "role": "held out"}]
     text = tables.profile_summary(COST, rows)
-    assert text.startswith("fitted in the loop: (20 us + 0 ns per token) per layer + 0.0 ns per key")
+    assert text.startswith("fitted in the loop: (20 us + 0 ns per token, + 0 us past one token) per layer + 0.0 ns per key")
     assert "max(matmul FLOPs / 10.0 GFLOP/s, bytes / 10.0 GB/s) (both calibrated, pinned)" in text
     assert text.endswith("fitted rounds: median error 10.0%, worst 30.0%; held out rounds: median error 20.0%, "
                          "worst 20.0%.")

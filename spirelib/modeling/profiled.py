@@ -6,11 +6,17 @@ attention FLOPs, the unembedding, sampling, 4-byte values). This model, in the s
 operator-profiled simulators such as Vidur (MLSys 2024), keeps the physical form
 
     forward seconds = per_layer_s x layers + per_token_layer_s x tokens x layers
+                      + [tokens > 1] x multi_token_layer_s x layers
                       + per_key_s x rows x keys x layers + attention FLOPs / attention_flops_per_s
                       + max(matmul FLOPs / flops_per_s, bytes / bytes_per_s)
 
 with FLOPs and bytes from `forward_work` (body matmuls, attention over the keys read, the
-unembedding; weights and KV at their dtype). Attention costs per key each row reads (a CPU's
+unembedding; weights and KV at their dtype). A forward of one token in all (B x T = 1: an AD
+step or a draft pass at B = 1) multiplies matrices by a vector, and a BLAS does that about twice
+as fast per linear as the matrix-matrix kernels of two tokens or more (on this CPU at d_model 64:
+7.6 against 13.7-17.5 us from 1 to 2-5 rows, 28 us at 16); what the multi-token kernels cost
+per layer beyond it is their own coefficient, so that the B = 1 cells' AD steps are not priced
+at the setup cost of the verification's kernels. Attention costs per key each row reads (a CPU's
 attention kernel pays per (row, head) block and key, whatever the queries) and per FLOP (its
 queries' scores). The roofline term's peak and bandwidth are this
 machine's calibration (`engine.calibrate`), pinned, never fitted: only the overheads are fitted,
@@ -98,8 +104,9 @@ class DraftOverhead:
 @dataclass(frozen=True)
 class ProfiledCost:
     """Coefficients: a forward costs per_layer_s x layers + per_token_layer_s x tokens x layers +
-    per_key_s x key reads + attention FLOPs / attention_flops_per_s + max(matmul FLOPs /
-    flops_per_s, bytes / bytes_per_s) (`seconds`); a draw from (B, V) probabilities sampling_s +
+    multi_token_layer_s x layers if it runs more than one token + per_key_s x key reads +
+    attention FLOPs / attention_flops_per_s + max(matmul FLOPs / flops_per_s, bytes /
+    bytes_per_s) (`seconds`); a draw from (B, V) probabilities sampling_s +
     sampling_per_logit_s x B V; a round's bookkeeping bookkeeping_s + bookkeeping_per_logit_s x
     B (k + 1) V; each method's round its `DraftOverhead` on top. flops_per_s and bytes_per_s are
     the calibrated machine's."""
@@ -108,6 +115,7 @@ class ProfiledCost:
     bytes_per_s: float
     per_layer_s: float = 0.0
     per_token_layer_s: float = 0.0
+    multi_token_layer_s: float = 0.0  # per layer, a forward of more than one token (matrix-matrix kernels)
     per_key_s: float = 0.0
     attention_flops_per_s: float = float("inf")
     sampling_s: float = 0.0
@@ -120,8 +128,10 @@ class ProfiledCost:
         return self.overhead(work) + self.attention(work) + self.roofline(work)
 
     def overhead(self, work: ForwardWork) -> float:
-        """A forward's launches and elementwise kernels: per layer and per token and layer."""
-        return (self.per_layer_s + self.per_token_layer_s * work.tokens) * work.layers
+        """A forward's launches and elementwise kernels: per layer, per token and layer, and per
+        layer once it runs more than one token (matrix-matrix rather than matrix-vector kernels)."""
+        multi = self.multi_token_layer_s if work.tokens > 1 else 0.0
+        return (self.per_layer_s + multi + self.per_token_layer_s * work.tokens) * work.layers
 
     def attention(self, work: ForwardWork) -> float:
         """Attention beyond the roofline: per key read by a row in a layer, and per FLOP."""
@@ -307,9 +317,10 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
     least-squares fit in relative error (each timing counts alike), non-negative but for the
     methods' overheads:
 
-    1. the forward's per-layer, per-token-layer, per-key and attention-FLOP costs, to the target's forwards:
-       AD steps (1 token over L + G keys) and the verifications of the drafts that read no target
-       activations (k + 1 tokens over L + G + 2k keys);
+    1. the forward's per-layer, per-token-layer, multi-token per-layer, per-key and attention-FLOP
+       costs, to the target's forwards: AD steps (1 token over L + G keys) and the verifications
+       of the drafts that read no target activations (k + 1 tokens over L + G + 2k keys); without
+       a single-token forward (no B = 1 cell) the multi-token kernels' cost is part of per_layer_s;
     2. the draw, to AD's draws (B V logits);
     3. the bookkeeping, to the speculative rounds' (B (k + 1) V logits);
     4. each method's `DraftOverhead`, to what its whole rounds leave unexplained.
@@ -325,11 +336,14 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
                                bytes_per_value=bytes_per_value), t.verify_s)
                  for t in timings if t.method != "ad" and not drafts[t.method].memory_layers]
     seconds = np.array([s for _, s in forwards])
-    a = np.array([[w.layers, w.tokens * w.layers, w.key_reads, w.attention_flops] for w, _ in forwards], dtype=float)
+    a = np.array([[w.layers, w.tokens * w.layers, w.key_reads, w.attention_flops, w.layers * (w.tokens > 1)]
+                  for w, _ in forwards], dtype=float)
+    if all(w.tokens > 1 for w, _ in forwards):  # no single-token forward: per_layer_s prices the multi-token kernels
+        a = a[:, :4]
     rest = seconds - np.array([cost.roofline(w) for w, _ in forwards])
-    per_layer, per_token_layer, per_key, per_flop = _nonnegative_lstsq(a / seconds[:, None], rest / seconds)
+    per_layer, per_token_layer, per_key, per_flop, *multi = _nonnegative_lstsq(a / seconds[:, None], rest / seconds)
     cost = dataclasses.replace(cost, per_layer_s=float(per_layer), per_token_layer_s=float(per_token_layer),
-                               per_key_s=float(per_key),
+                               per_key_s=float(per_key), multi_token_layer_s=float(sum(multi)),
                                attention_flops_per_s=1.0 / per_flop if per_flop > 0 else float("inf"))
     sampling = _affine([(t.batch * vocab_size, t.bookkeeping_s) for t in timings if t.method == "ad"])
     bookkeeping = _affine([(t.batch * (k + 1) * vocab_size, t.bookkeeping_s) for t in timings if t.method != "ad"])
