@@ -71,6 +71,29 @@ def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_
             t.round_s, rel=1e-6)
 
 
+def test_fit_recovers_each_cells_own_pace_with_the_coefficients():
+    """A cell timed while the machine ran slow (or fast) takes every method's sections times one
+    factor: the fit finds the factors, geometric mean 1, and the coefficients as if unslowed, and a
+    modeled speedup ignores them."""
+    rng = np.random.default_rng(0)
+    drawn = np.exp(rng.normal(0.0, 0.1, len(GRID)))
+    paces = dict(zip(GRID, drawn / np.exp(np.log(drawn).mean())))
+    timings = [dataclasses.replace(t, draft_s=t.draft_s * f, verify_s=t.verify_s * f, bookkeeping_s=t.bookkeeping_s * f)
+               for B, L in GRID for f in (paces[(B, L)],) for t in (loop(TRUE, m, B, L) for m in ("ad", *DRAFTS))]
+    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    for cell, pace in paces.items():
+        assert got.pace(*cell) == pytest.approx(pace, rel=1e-6), cell
+    assert got.pace(7, 100) == 1.0  # a cell it never saw
+    for name in ("per_layer_s", "per_token_layer_s", "multi_token_layer_s", "per_key_s", "attention_flops_per_s",
+                 "sampling_s", "sampling_per_logit_s", "bookkeeping_s", "bookkeeping_per_logit_s"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-5), name
+    for t in timings:
+        assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+            t.round_s, rel=1e-5)
+    assert profiled.speedup(got, DRAFTS["magicdec"], 3.0, TARGET, 100, 64, 960, 64, 4) == pytest.approx(
+        profiled.speedup(TRUE, DRAFTS["magicdec"], 3.0, TARGET, 100, 64, 960, 64, 4), rel=1e-5)
+
+
 def test_a_single_token_forward_skips_the_multi_token_kernels_and_without_one_per_layer_prices_them():
     """B x T = 1 runs matrix-vector products: an AD step at B = 1 does not pay what the multi-token
     kernels cost per layer; a grid with no B = 1 cell cannot tell that cost from per_layer_s, so the

@@ -44,6 +44,9 @@ def test_profile_summary_names_every_term_and_the_fit_and_held_out_errors():
                          "worst 20.0%.")
     fitted = dataclasses.replace(COST, drafts={"spire": profiled.DraftOverhead(5e-5, -2e-9)})
     assert "each method's own code per round: SPIRe +50 us -2 ns per row." in tables.profile_summary(fitted, rows)
+    paced = dataclasses.replace(COST, paces={(1, 256): 1.1, (64, 256): 0.85, (16, 960): 1.0})
+    assert ("each fitted cell its own pace, a factor on every method's sections there that cancels in a speedup "
+            "(held-out cells at 1): 0.85 (B = 64, L = 256) to 1.10 (B = 1, L = 256).") in tables.profile_summary(paced, rows)
 
 
 def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_saw_it():
@@ -55,6 +58,9 @@ def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_sa
     assert rows[0]["measured"] == pytest.approx(1e3 * (0.02 + 0.01) * 0.75 / 2 / 16)  # draft + verify of a step
     assert rows[0]["profiled"] == pytest.approx(1e3 * ad)
     assert rows[0]["error"] == pytest.approx(rows[0]["profiled"] / rows[0]["measured"] - 1)
+    paced = dataclasses.replace(COST, paces={(2, 16): 1.25})  # the fitted cell's own pace prices its rounds
+    assert tables.fit_rows(TIMINGS, [], paced, TARGET, shapes, bytes_per_value=4, k=4)[0]["profiled"] == pytest.approx(
+        1.25 * 1e3 * ad)
 
 
 def test_the_timed_cells_are_the_grid_and_the_held_out_cells_beyond_it():
@@ -109,6 +115,9 @@ def test_ad_step_rows():
     assert row["ratio"] == pytest.approx(0.015 / 16 / modeled)
     # a step reads its cache's whole capacity L + G
     assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 16 + 16, 4))
+    (paced,) = tables.ad_step_rows(TIMINGS, TARGET, dataclasses.replace(COST, paces={(2, 16): 0.8}), peak_flops=1e10,
+                                   bandwidth=1e10, bytes_per_value=4, new_tokens=16)
+    assert paced["profiled"] == pytest.approx(0.8 * row["profiled"])  # at its cell's fitted pace
 
 
 def test_flop_rows_cap_a_sparse_draft_keys():

@@ -123,6 +123,7 @@ class ProfiledCost:
     bookkeeping_s: float = 0.0
     bookkeeping_per_logit_s: float = 0.0
     drafts: dict = dataclasses.field(default_factory=dict)  # method -> DraftOverhead
+    paces: dict = dataclasses.field(default_factory=dict)  # (B, L) -> a fitted cell's time factor (`fit`)
 
     def seconds(self, work: ForwardWork) -> float:
         return self.overhead(work) + self.attention(work) + self.roofline(work)
@@ -151,8 +152,13 @@ class ProfiledCost:
         """The method's fitted overhead (none if it was not fitted)."""
         return self.drafts.get(method, DraftOverhead())
 
+    def pace(self, batch: int, context: int) -> float:
+        """The factor on the seconds of every section of every method at the fitted cell (B, L)
+        (`fit`); 1 for a cell the fit did not see. It cancels in a speedup."""
+        return self.paces.get((batch, context), 1.0)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "paces": [{"B": b, "L": c, "pace": v} for (b, c), v in self.paces.items()]}
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -325,10 +331,52 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
     3. the bookkeeping, to the speculative rounds' (B (k + 1) V logits);
     4. each method's `DraftOverhead`, to what its whole rounds leave unexplained.
 
+    Each cell also gets its own pace (`ProfiledCost.paces`): one factor on the seconds of every
+    section of every method timed there (above 1: slower than the coefficients price it), their
+    geometric mean 1, fitted alternately with the coefficients until no pace moves. The methods
+    of a cell decode in lockstep (`wallclock.time_cells`), so what sets a cell's level slows them
+    all alike: the machine's state while the cell ran (two timings of the same grid put (16, 960)
+    5-16% apart, every method slower in one) and how its working set sits in the caches (09's
+    B = 64 cells come out 10-30% slower than its B = 1 cells, every method alike). Unabsorbed,
+    such a level bends the coefficients; absorbed, the coefficients explain how the methods
+    compare within each cell, which is all a speedup depends on (the pace cancels in it). A cell
+    the fit did not see is priced at pace 1. What the paces take away is identified only through
+    those comparisons, so the coefficients move more from run to run than the speedups do.
+
     Refuses timings that cannot identify them (`fit_problems`)."""
     problems = fit_problems(timings, drafts)
     if problems:
         raise ValueError("cannot fit the profiled model: " + "; ".join(problems))
+    cells = sorted({(t.batch, t.context) for t in timings})
+    paces = dict.fromkeys(cells, 1.0)
+    for _ in range(PACE_ITERATIONS):
+        cost = _coefficients([_at_pace(t, paces[(t.batch, t.context)]) for t in timings], target=target,
+                             vocab_size=vocab_size, drafts=drafts, k=k, peak_flops=peak_flops, bandwidth=bandwidth,
+                             bytes_per_value=bytes_per_value)
+        logs = {cell: np.mean([np.log(t.round_s / modeled_sections(cost, t, target=target, vocab_size=vocab_size,
+                                                                    drafts=drafts, k=k, bytes_per_value=bytes_per_value))
+                               for t in timings if (t.batch, t.context) == cell]) for cell in cells}
+        center = np.mean(list(logs.values()))
+        moved, paces = paces, {cell: float(np.exp(v - center)) for cell, v in logs.items()}
+        if max(abs(paces[c] / moved[c] - 1.0) for c in cells) < PACE_TOLERANCE:
+            break
+    return dataclasses.replace(cost, paces=paces)
+
+
+# The alternating fit of coefficients and cell paces stops once no pace moves by more than
+# PACE_TOLERANCE in an iteration: on 09's timings after a few hundred iterations of ~4 ms.
+PACE_ITERATIONS, PACE_TOLERANCE = 3000, 1e-9
+
+
+def _at_pace(timing: LoopTiming, pace: float) -> LoopTiming:
+    """`timing`'s sections divided by its cell's pace."""
+    return dataclasses.replace(timing, draft_s=timing.draft_s / pace, verify_s=timing.verify_s / pace,
+                               bookkeeping_s=timing.bookkeeping_s / pace)
+
+
+def _coefficients(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, drafts: dict[str, DraftShape],
+                  k: int, peak_flops: float, bandwidth: float, bytes_per_value: float) -> ProfiledCost:
+    """`fit`'s four stages on timings at pace 1."""
     cost = ProfiledCost(float(peak_flops), float(bandwidth))
     forwards = [(forward_work(target, vocab_size, t.batch, 1, ad_keys(t.context, t.new_tokens),
                               bytes_per_value=bytes_per_value), t.verify_s) for t in timings if t.method == "ad"]
@@ -387,10 +435,11 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def modeled_sections(cost: ProfiledCost, timing: LoopTiming, *, target: ModelShape, vocab_size: int,
                      drafts: dict[str, DraftShape], k: int, bytes_per_value: float = 4.0) -> float:
-    """What the model says one round (AD: one step) of `timing` takes: the seconds its fit is
-    judged on, against `timing.round_s`."""
+    """What the model says one round (AD: one step) of `timing` takes, at its cell's pace: the
+    seconds its fit is judged on, against `timing.round_s`."""
+    pace = cost.pace(timing.batch, timing.context)
     if timing.method == "ad":
-        return ad_step_seconds(cost, target, vocab_size, timing.batch, ad_keys(timing.context, timing.new_tokens),
-                               bytes_per_value)
-    return round_seconds(cost, drafts[timing.method], target, vocab_size, timing.batch, k,
-                         sd_keys(timing.context, timing.new_tokens, k), bytes_per_value)
+        return pace * ad_step_seconds(cost, target, vocab_size, timing.batch,
+                                       ad_keys(timing.context, timing.new_tokens), bytes_per_value)
+    return pace * round_seconds(cost, drafts[timing.method], target, vocab_size, timing.batch, k,
+                                 sd_keys(timing.context, timing.new_tokens, k), bytes_per_value)

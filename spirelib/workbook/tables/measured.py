@@ -97,7 +97,15 @@ def profile_summary(cost: profiled.ProfiledCost, fit_rows: list[dict]) -> str:
             + ("; each method's own code per round: " + "; ".join(
                 f"{method_label(m)} {1e6 * o.round_s:+.0f} us {1e9 * o.round_per_row_s:+.0f} ns per row"
                 for m, o in cost.drafts.items()) if cost.drafts else "")
+            + (f"; each fitted cell its own pace, a factor on every method's sections there that cancels in a "
+               f"speedup (held-out cells at 1): {_pace_span(cost.paces)}" if cost.paces else "")
             + f". {judged}.")
+
+
+def _pace_span(paces: dict) -> str:
+    """The lowest (fastest) and the highest fitted cell's pace, with their cells."""
+    (lo, fast), (hi, slow) = min(paces.items(), key=lambda kv: kv[1]), max(paces.items(), key=lambda kv: kv[1])
+    return f"{fast:.2f} (B = {lo[0]}, L = {lo[1]}) to {slow:.2f} (B = {hi[0]}, L = {hi[1]})"
 
 
 def fit_rows(timings: list[DecodeTiming], held_out: list[DecodeTiming], cost: profiled.ProfiledCost, target,
@@ -152,14 +160,14 @@ def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCos
                  bandwidth: float, bytes_per_value: float, new_tokens: int) -> list[dict]:
     """Per AD timing, ms per step measured (median run), by the paper's model
     (`wallclock.modeled_step_seconds`, at the starting context) and by the profiled model (over
-    the capacity L + G a step reads), and measured / paper's."""
+    the capacity L + G a step reads, at its cell's fitted pace), and measured / paper's."""
     rows = []
     for t in (t for t in timings if t.method == "ad"):
         measured = float(np.median(t.seconds)) / t.rounds[0]
         modeled = modeled_step_seconds(target, t.batch, t.context, peak_flops=peak_flops, bandwidth=bandwidth,
                                        bytes_per_value=bytes_per_value)
-        fitted = profiled.ad_step_seconds(cost, target.shape(), target.vocab_size, t.batch,
-                                          profiled.ad_keys(t.context, new_tokens), bytes_per_value)
+        fitted = cost.pace(t.batch, t.context) * profiled.ad_step_seconds(
+            cost, target.shape(), target.vocab_size, t.batch, profiled.ad_keys(t.context, new_tokens), bytes_per_value)
         rows.append({"L": t.context, "B": t.batch, "measured": 1e3 * measured, "modeled": 1e3 * modeled,
                      "ratio": measured / modeled, "profiled": 1e3 * fitted})
     return rows
