@@ -219,6 +219,13 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
                                    2.0, CLOCK)
     assert paragraphs[0].startswith("**Where speculative decoding won:**") and paragraphs[1] == text
     assert paragraphs[2].startswith("**Profiling your own GPU:**") and "within 18%" in paragraphs[2]
+    assert "pace" not in paragraphs[2]  # no paces fitted: nothing to say of them
+    paced = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8,
+                              dataclasses.replace(COST, paces={(1, 256): 0.8, (64, 256): 1.3}), 2.0, CLOCK)[2]
+    assert paced.endswith("It predicts speedups, not seconds: every method at a cell shares that cell's pace, which "
+                          "cancels in a speedup but is unknown at a cell the fit did not see (the fitted cells' ranged "
+                          "from 0.80 (B = 1, L = 256) to 1.30 (B = 64, L = 256)), so read tokens/s there from a timed "
+                          "run.")
     assert "Every measured speedup has a 95% CI within +/-4.0% of it. Where" in paragraphs[-1]
     wide = [*CLOCK[:7], {**CLOCK[7], "ci_low": 1.2 * 0.9, "ci_high": 1.2 * 1.1}]
     clock = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in wide], [{"ratio": 4.0}]), 8, COST, 2.0,

@@ -285,9 +285,10 @@ def profiled_sides(cells: list[dict]) -> str:
     return text
 
 
-def for_your_gpu(verdict: dict) -> str:
+def for_your_gpu(verdict: dict, paces: dict | None = None) -> str:
     """What the profiled model's record here (`wallclock.profiled_verdict`) means for a user who
-    profiles their own GPU with it."""
+    profiles their own GPU with it; `paces`: the fitted cells' (`ProfiledCost.paces`), which
+    bound what it can say of seconds, as against speedups, at a cell it did not see."""
     held = verdict["held_out_max_error"]
     return ("**Profiling your own GPU:** run this notebook with `device: cuda` and your grid; the model is fitted to "
             "your machine's own rounds at the cells you time, with its peak and bandwidth pinned to its calibration. "
@@ -295,7 +296,10 @@ def for_your_gpu(verdict: dict) -> str:
                f"predicted speedups differ by more than that, hold out cells beyond your grid as this run does, "
                f"and time the cells where they differ by less." if held is not None else
                "Hold out cells beyond your grid (`held_out`) to learn how far it extrapolates before trusting it "
-               "there."))
+               "there.")
+            + (f" It predicts speedups, not seconds: every method at a cell shares that cell's pace, which cancels "
+               f"in a speedup but is unknown at a cell the fit did not see (the fitted cells' ranged from "
+               f"{_pace_span(paces)}), so read tokens/s there from a timed run." if paces else ""))
 
 
 def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float,
@@ -326,7 +330,7 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
              f"profiled model predicts a loss, the reason is in its terms: each of the draft's k passes pays "
              f"{1e6 * cost.per_layer_s:.0f} us per layer in launches and a {1e6 * cost.sampling_s:.0f} us draw that "
              f"one AD step pays once per token.")
-    lead = (both_sides(cells), profiled_sides(cells), for_your_gpu(summary["profiled"])) if cells else ()
+    lead = (both_sides(cells), profiled_sides(cells), for_your_gpu(summary["profiled"], cost.paces)) if cells else ()
     return (*lead, paper, clock)
 
 
