@@ -31,11 +31,14 @@ TARGET = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_
 DRAFTS = {"vanilla": profiled.DraftShape("vanilla", SHAPE), "magicdec": profiled.DraftShape("magicdec", None, keys=70),
           "spire": profiled.DraftShape("spire", SHAPE, keys=70, memory_layers=2)}
 TRUE = profiled.ProfiledCost(flops_per_s=1e11, bytes_per_s=1e10, per_layer_s=5e-5, per_token_layer_s=3e-7,
-                             multi_token_layer_s=4e-5, per_key_s=2e-9, attention_flops_per_s=4e10, sampling_s=3e-5, sampling_per_logit_s=1e-9,
-                             bookkeeping_s=1e-4, bookkeeping_per_logit_s=2e-9,
+                             multi_token_layer_s=4e-5, per_key_s=2e-9, attention_flops_per_s=4e10, sampling_s=3e-5,
+                             sampling_per_logit_s=1e-9, bookkeeping_s=1e-4, bookkeeping_per_logit_s=2e-9,
                              drafts={"vanilla": profiled.DraftOverhead(-2e-5, 1e-6),
                                      "magicdec": profiled.DraftOverhead(4e-4, 3e-6),
                                      "spire": profiled.DraftOverhead(1e-4, -5e-7)})
+
+COEFFICIENTS = ("per_layer_s", "per_token_layer_s", "multi_token_layer_s", "per_key_s", "attention_flops_per_s",
+                "sampling_s", "sampling_per_logit_s", "bookkeeping_s", "bookkeeping_per_logit_s")  # what `fit` fits
 
 
 def loop(cost, method, B, L, G=64, k=4, V=100):
@@ -59,8 +62,7 @@ def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_
     timings = [loop(TRUE, m, B, L) for B, L in GRID for m in ("ad", *DRAFTS)]
     got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
     assert (got.flops_per_s, got.bytes_per_s) == (1e11, 1e10)  # pinned, never fitted
-    for name in ("per_layer_s", "per_token_layer_s", "multi_token_layer_s", "per_key_s", "attention_flops_per_s",
-                 "sampling_s", "sampling_per_logit_s", "bookkeeping_s", "bookkeeping_per_logit_s"):
+    for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     # SPIRe's round is fitted whole: its verification's stream capture goes into its overhead
     for method in ("vanilla", "magicdec"):
@@ -84,8 +86,7 @@ def test_fit_recovers_each_cells_own_pace_with_the_coefficients():
     for cell, pace in paces.items():
         assert got.pace(*cell) == pytest.approx(pace, rel=1e-6), cell
     assert got.pace(7, 100) == 1.0  # a cell it never saw
-    for name in ("per_layer_s", "per_token_layer_s", "multi_token_layer_s", "per_key_s", "attention_flops_per_s",
-                 "sampling_s", "sampling_per_logit_s", "bookkeeping_s", "bookkeeping_per_logit_s"):
+    for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-5), name
     for t in timings:
         assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(

@@ -347,18 +347,20 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
     problems = fit_problems(timings, drafts)
     if problems:
         raise ValueError("cannot fit the profiled model: " + "; ".join(problems))
-    cells = sorted({(t.batch, t.context) for t in timings})
-    paces = dict.fromkeys(cells, 1.0)
+    by_cell: dict[tuple[int, int], list[LoopTiming]] = {}
+    for t in timings:
+        by_cell.setdefault((t.batch, t.context), []).append(t)
+    paces = dict.fromkeys(by_cell, 1.0)
     for _ in range(PACE_ITERATIONS):
-        cost = _coefficients([_at_pace(t, paces[(t.batch, t.context)]) for t in timings], target=target,
+        cost = _coefficients([_at_pace(t, paces[cell]) for cell, own in by_cell.items() for t in own], target=target,
                              vocab_size=vocab_size, drafts=drafts, k=k, peak_flops=peak_flops, bandwidth=bandwidth,
                              bytes_per_value=bytes_per_value)
         logs = {cell: np.mean([np.log(t.round_s / modeled_sections(cost, t, target=target, vocab_size=vocab_size,
                                                                     drafts=drafts, k=k, bytes_per_value=bytes_per_value))
-                               for t in timings if (t.batch, t.context) == cell]) for cell in cells}
+                               for t in own]) for cell, own in by_cell.items()}
         center = np.mean(list(logs.values()))
         moved, paces = paces, {cell: float(np.exp(v - center)) for cell, v in logs.items()}
-        if max(abs(paces[c] / moved[c] - 1.0) for c in cells) < PACE_TOLERANCE:
+        if max(abs(paces[c] / moved[c] - 1.0) for c in paces) < PACE_TOLERANCE:
             break
     return dataclasses.replace(cost, paces=paces)
 

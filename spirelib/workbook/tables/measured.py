@@ -88,7 +88,8 @@ def profile_summary(cost: profiled.ProfiledCost, fit_rows: list[dict]) -> str:
     judged = "; ".join(f"{role} rounds: median error {np.median(e):.1%}, worst {e.max():.1%}"
                        for role, e in errors.items() if len(e))
     return (f"fitted in the loop: ({1e6 * cost.per_layer_s:.0f} us + {1e9 * cost.per_token_layer_s:.0f} ns per "
-            f"token, + {1e6 * cost.multi_token_layer_s:.0f} us past one token) per layer + {1e9 * cost.per_key_s:.1f} ns per key a row reads per layer + attention FLOPs / "
+            f"token, + {1e6 * cost.multi_token_layer_s:.0f} us past one token) per layer + "
+            f"{1e9 * cost.per_key_s:.1f} ns per key a row reads per layer + attention FLOPs / "
             f"{cost.attention_flops_per_s / 1e9:.1f} GFLOP/s "
             f"+ max(matmul FLOPs / {cost.flops_per_s / 1e9:.1f} GFLOP/s, bytes / {cost.bytes_per_s / 1e9:.1f} GB/s) "
             f"(both calibrated, pinned) per forward; a draw {1e6 * cost.sampling_s:.0f} us + "
