@@ -44,16 +44,30 @@ seeded by (seed, L, b) alone, the same stream for every method (common random nu
 two similar drafts see the same draws and their difference in tau is measured paired, per
 context (`delta_tau`): d_i = (Y_i - tau X_i) / mean(X) for one minus the same for the other,
 the delta-method linearization of each pooled ratio (`AcceptCounts.linearized`, the one
-used by `stats()` too), with Student's t over contexts. Over S training seeds the difference
-is the mean of the seeds' differences, its variance the within-seed part sum_s var(d_s) /
-(n S^2) plus the between-seed spread var(per-seed differences) / S, t with S (n - 1) degrees
-of freedom. That spread holds the within-seed noise once more, plus the spread of the seeds'
-true differences: on average the term adds the within-seed part again, plus var(true
-differences) / S. So the interval is conservative for the mean of these S seeds' drafts (it
-covered that ~96-99% of the time at S = 2 in tests/test_tau_calibration.py). It is not an
-interval for the expectation over training seeds: where the seeds' drafts really differ,
-that needs S - 1 degrees of freedom for the between-seed term (with S = 2 and a seed effect
-that dominates, it covered ~70-75%).
+used by `stats()` too).
+
+Over S training seeds (method §10; notebook 05), what is estimated is the expected
+difference over training randomness, E_seeds[tau(a)] - E_seeds[tau(b)], for drafts trained
+on one fixed target; the seeds decode the same n contexts with the same streams. The
+estimate is the mean of the seeds' differences D_s, and its 95% half-width combines two
+terms, each with its own Student's t (`seeds_interval`, Banerjee's conservative combination):
+
+    ci95 = sqrt(t_{0.975, S-1}^2 * var_s(D_s) / S  +  t_{0.975, n-1}^2 * var_i(mean_s d_is) / n)
+
+The first term is the seeds' spread: it holds what changes with the training seed (and the
+part of the contexts' noise that differs between seeds), estimated from S values, hence
+S - 1 degrees of freedom; the second is the contexts' noise that all seeds share (the same
+contexts, the same streams), which the seeds' spread cannot see, from the per-context
+differences averaged over seeds, n - 1 degrees of freedom. Their sum is at least the
+variance of the mean (it counts the seed-specific context noise twice), and each term gets
+the t quantile of its own degrees of freedom, so the interval stays conservative whichever
+dominates (0.94-1.00 coverage in tests/test_tau_calibration.py, from no seed effect to a
+dominating one, at S = 2, 3, 4). A Welch-Satterthwaite t on the same sum does not at S = 2:
+its estimated degrees of freedom sit above 1 even where the seeds' single degree of freedom
+dominates (0.87 coverage where the two terms are comparable); t with S (n - 1) degrees of
+freedom, as this module used before, covers 0.70 at S = 2 where the seeds dominate. With one
+seed there is no seeds' term: the interval is the contexts' interval about those two trained
+drafts, and `DeltaTau.resolved` (over training randomness) is False whatever it shows.
 
 Scale-out: under `torchrun` (any backend; gloo on CPU) every process measures the batches
 b with b % world_size == rank and the results are gathered, in batch order, on every
@@ -148,6 +162,15 @@ class TauStats:
         return asdict(self)
 
 
+def linearize(tokens: torch.Tensor, rounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pooled tau over the last axis (contexts) of tokens Y and rounds X per context, and its
+    delta-method linearization z_i = (Y_i - tau X_i) / mean(X), batched over leading axes: tau
+    (...), z (..., n). To first order tau_hat - tau = mean(z), contexts i.i.d., so var(tau_hat)
+    ~ var(z) / n (module docstring)."""
+    tau = tokens.sum(-1) / rounds.sum(-1)
+    return tau, (tokens - tau[..., None] * rounds) / rounds.mean(-1, keepdim=True)
+
+
 @dataclass
 class AcceptCounts:
     """The accepted draft count of every round of every context (n, R), -1 after a context
@@ -173,12 +196,10 @@ class AcceptCounts:
 
     def linearized(self) -> tuple[float, torch.Tensor]:
         """The pooled tau = sum_i Y_i / sum_i X_i (all tokens / all rounds) and its delta-method
-        linearization per context, z_i = (Y_i - tau X_i) / mean(X): (n,) float64. To first
-        order tau_hat - tau = mean(z), contexts i.i.d., so var(tau_hat) ~ var(z) / n (module
-        docstring). The one implementation behind `stats()`' interval and `delta_tau`'s."""
-        tokens, rounds = self.tokens_and_rounds()
-        tau = float(tokens.sum() / rounds.sum())
-        return tau, (tokens - tau * rounds) / rounds.mean()
+        linearization per context, z_i = (Y_i - tau X_i) / mean(X): (n,) float64 (`linearize`).
+        The one implementation behind `stats()`' interval and `delta_tau`'s."""
+        tau, z = linearize(*self.tokens_and_rounds())
+        return float(tau), z
 
     def stats(self) -> TauStats:
         tau, z = self.linearized()
@@ -198,45 +219,130 @@ class AcceptCounts:
         )
 
 
+#: What an interval over training seeds is about (`SeedsInterval.scope`): with two seeds or more
+#: "training", the expectation over training randomness of drafts trained on one fixed target;
+#: with one seed "draft", the one trained draft (per variant) that seed gave, contexts only.
+TRAINING, DRAFT = "training", "draft"
+
+
 @dataclass(frozen=True)
-class DeltaTau:
-    """tau of one draft minus another's on the same contexts (module docstring): the mean
-    over training seeds, the half-width of its 95% interval, and each seed's difference."""
+class SeedsInterval:
+    """A tau, or a difference of taus, measured at S training seeds on the same n contexts
+    (module docstring): the mean over seeds, its 95% half-width (`seeds_interval`), each
+    seed's value, and the two variance terms behind the width, each with its own degrees of
+    freedom (`df`): the seeds' spread var_s / S and the contexts' noise var_i / n."""
 
     mean: float
     ci95: float
     per_seed: tuple[float, ...]
+    n_contexts: int = 0
+    seeds_var: float = float("nan")  # var over seeds of the per-seed values / S (0.0 with one seed)
+    contexts_var: float = float("nan")  # var over contexts of the per-context terms averaged over seeds / n
+
+    @property
+    def seeds(self) -> int:
+        return len(self.per_seed)
+
+    @property
+    def scope(self) -> str:
+        """TRAINING (two seeds or more: over training randomness, the target held fixed) or DRAFT
+        (one seed: about the one trained draft per variant it gave, contexts only)."""
+        return TRAINING if self.seeds > 1 else DRAFT
+
+    @property
+    def about(self) -> str:
+        """What the interval is about, in words."""
+        if self.scope == TRAINING:
+            return f"training randomness ({self.seeds} seeds, target fixed)"
+        return "this trained draft (one seed, contexts only)"
+
+    @property
+    def df(self) -> tuple[int | None, int]:
+        """Degrees of freedom of the seeds' term (None with one seed: no such term) and of the contexts' term."""
+        return (self.seeds - 1 if self.seeds > 1 else None, self.n_contexts - 1)
+
+    def to_dict(self) -> dict:
+        df_seeds, df_contexts = self.df
+        return {"mean": self.mean, "ci95": self.ci95, "per_seed": list(self.per_seed), "scope": self.scope,
+                "about": self.about, "seeds": self.seeds, "n_contexts": self.n_contexts, "df_seeds": df_seeds,
+                "df_contexts": df_contexts, "seeds_var": self.seeds_var, "contexts_var": self.contexts_var}
+
+
+@dataclass(frozen=True)
+class DeltaTau(SeedsInterval):
+    """tau of one draft minus another's on the same contexts, over training seeds (`delta_tau`)."""
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The interval excludes 0. With one seed: a difference between these two trained drafts
+        beyond the contexts' noise, not a statement about training randomness."""
+        return abs(self.mean) > self.ci95
 
     @property
     def resolved(self) -> bool:
-        """The interval excludes 0 (the difference is resolved at this scale)."""
-        return abs(self.mean) > self.ci95
+        """Resolved over training randomness: the interval excludes 0 and spans two seeds or more.
+        Never with one seed (see `excludes_zero` for what one seed shows)."""
+        return self.scope == TRAINING and self.excludes_zero
 
     def to_dict(self) -> dict:
-        return {"mean": self.mean, "ci95": self.ci95, "per_seed": list(self.per_seed), "resolved": self.resolved}
+        return {**super().to_dict(), "excludes_zero": self.excludes_zero, "resolved": self.resolved}
+
+
+def seeds_interval(values: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The interval over training seeds of the module docstring, batched over leading axes:
+    `values` (..., S) the per-seed estimates (a tau or a paired difference of taus), `z`
+    (..., S, n) their delta-method linearizations on the same n contexts. Returns (mean,
+    ci95, seeds_var, contexts_var), each (...): mean = mean_s values; seeds_var = var_s(values)
+    / S (0 with one seed); contexts_var = var_i(mean_s z) / n; ci95 = sqrt(t_{S-1}^2 seeds_var
+    + t_{n-1}^2 contexts_var), each term with its own t (NaN where n < 2)."""
+    values, z = values.double(), z.double()
+    S, n = z.shape[-2], z.shape[-1]
+    if values.shape[-1] != S:
+        raise ValueError(f"{values.shape[-1]} per-seed values for linearizations of {S} seeds")
+    mean = values.mean(-1)
+    seeds_var = values.var(-1) / S if S > 1 else torch.zeros_like(mean)
+    if n < 2:
+        nan = torch.full_like(mean, float("nan"))
+        return mean, nan, seeds_var, nan
+    contexts_var = z.mean(-2).var(-1) / n
+    width = t_quantile(0.975, n - 1) ** 2 * contexts_var
+    if S > 1:
+        width = width + t_quantile(0.975, S - 1) ** 2 * seeds_var
+    return mean, width.sqrt(), seeds_var, contexts_var
+
+
+def _over_seeds(linearized: list[tuple[float, torch.Tensor]], cls):
+    n = {z.numel() for _, z in linearized}
+    if len(n) != 1:
+        raise ValueError(f"every seed must decode the same contexts, got {sorted(n)} contexts")
+    values = torch.tensor([v for v, _ in linearized], dtype=torch.float64)
+    mean, ci, seeds_var, contexts_var = seeds_interval(values, torch.stack([z for _, z in linearized]))
+    return cls(float(mean), float(ci), tuple(values.tolist()), n.pop(), float(seeds_var), float(contexts_var))
 
 
 def delta_tau(a: list[AcceptCounts], b: list[AcceptCounts]) -> DeltaTau:
     """tau(a) - tau(b), paired by context, for one pair of accept counts per training seed
-    (a[s] and b[s] decoded the same contexts with the same random streams): the mean of the
-    seeds' differences and its 95% half-width, within-seed part plus (S > 1) between-seed
-    term (module docstring)."""
+    (a[s] and b[s] decoded the same contexts with the same random streams, and every seed the
+    same n contexts): the mean of the seeds' differences and its 95% half-width, the seeds'
+    spread (t, S - 1 degrees of freedom) and the contexts' noise (t, n - 1) combined
+    (`seeds_interval`, module docstring). With one seed it is about those two trained drafts."""
     if len(a) != len(b) or not a:
         raise ValueError(f"delta_tau needs one pair of counts per seed, got {len(a)} and {len(b)}")
-    diffs, within = [], []
+    pairs = []
     for x, y in zip(a, b):
         if x.accepted.shape[0] != y.accepted.shape[0]:
             raise ValueError("paired counts must come from the same contexts")
         (tau_x, dx), (tau_y, dy) = x.linearized(), y.linearized()
-        d = dx - dy  # (n,)
-        diffs.append(tau_x - tau_y)
-        within.append(float(d.var()) / d.numel() if d.numel() > 1 else float("nan"))
-    S, n = len(diffs), a[0].accepted.shape[0]
-    variance = sum(within) / S**2
-    if S > 1:
-        variance += float(torch.tensor(diffs, dtype=torch.float64).var()) / S
-    ci = t_quantile(0.975, S * (n - 1)) * math.sqrt(variance) if S * (n - 1) >= 1 else float("nan")
-    return DeltaTau(sum(diffs) / S, ci, tuple(diffs))
+        pairs.append((tau_x - tau_y, dx - dy))
+    return _over_seeds(pairs, DeltaTau)
+
+
+def tau_over_seeds(counts: list[AcceptCounts]) -> SeedsInterval:
+    """One draft's tau at S training seeds on the same n contexts: the mean of the seeds' pooled
+    taus and its 95% half-width, as `delta_tau`'s (with one seed: `stats()`' interval)."""
+    if not counts:
+        raise ValueError("tau_over_seeds needs the counts of one seed at least")
+    return _over_seeds([c.linearized() for c in counts], SeedsInterval)
 
 
 def merge_counts(counts: list[AcceptCounts]) -> AcceptCounts:
