@@ -47,8 +47,11 @@ Meta's interleaved order, ours, to Hugging Face's), `_to_hf_rope_order` is that 
 Not implemented, so refused by name before any weight is read (`REFUSED_FIELDS`): mixture
 of experts, RoPE scaling other than "llama3" (linear, dynamic, yarn, longrope), Llama's
 attention_bias (o_proj bias too) and MLP biases, logit soft-capping, activations other than
-SiLU, sliding windows (Mistral's, Qwen2's when on), quantized weights, and any config field
-this module does not know to be harmless.
+SiLU, sliding windows (Mistral's, Qwen2's when on), quantized weights, custom modeling code,
+nanotron's interleaved RoPE and Qwen2-VL's multimodal RoPE when on, and any config field this
+module does not know to be harmless (the message names it and says what to do). Every
+published config.json of the families above loads as transformers 4.31 to 5.x wrote it
+(tests/fixtures/hf_configs holds real ones, their sources in SOURCES.md).
 """
 
 from __future__ import annotations
@@ -80,10 +83,13 @@ GB = 1e9
 # Config fields that change nothing our forward computes: metadata, special-token ids,
 # generation defaults, training-only settings (dropout, initialization). pretraining_tp > 1
 # only slices the matmuls in older transformers (the same product); max_position_embeddings
-# does not enter default RoPE.
+# does not enter default RoPE. is_llama_config is nanotron's marker of its Llama config class
+# (SmolLM2's conversion writes it; transformers reads nothing of it); _model_name_or_path
+# (general.name) and unk_token_id are what transformers' GGUF import adds.
 HARMLESS_FIELDS = frozenset({
     "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "_model_name_or_path", "is_llama_config",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "unk_token_id",
     "use_cache", "initializer_range", "max_position_embeddings", "attention_dropout", "pretraining_tp",
     "tokenizer_class", "_attn_implementation", "_attn_implementation_autoset", "output_attentions",
     "output_hidden_states", "return_dict", "torchscript", "use_bfloat16", "id2label", "label2id",
@@ -136,7 +142,19 @@ REFUSED_FIELDS = {
     "qk_layernorm": "q/k normalization",
     "no_rope_layers": "layers without RoPE",
     "quantization_config": "quantized weights",
+    "auto_map": "custom modeling code (the checkpoint's own classes, run with trust_remote_code)",
+    "use_mrope": "multimodal RoPE (Qwen2-VL's M-RoPE)",
+    # nanotron's flag for its own RoPE layout (pairs (2j, 2j+1)); transformers ignores it and always
+    # rotates the pairs (j, j + dh/2), so true says the weights were trained interleaved, not how
+    # the conversion left their q/k rows (nanotron's exporter ignored the flag until it was fixed).
+    "rope_interleaved": "RoPE over interleaved dimension pairs, nanotron's layout",
 }
+# What to do about a refused field, where more can be said than that it is not implemented.
+REFUSED_ADVICE = {
+    "rope_interleaved": "transformers ignores this field and rotates half-split pairs; if the checkpoint's "
+                        "logits in transformers are right, its q/k rows are in that order: set the field to false",
+}
+SUPPORTED = "what loads: Llama 2 / 3.x (SmolLM2, TinyLlama), Qwen2 / 2.5 and Mistral checkpoints"
 SILU = ("silu", "swish")  # transformers' ACT2FN maps both to nn.SiLU
 
 _SAFETENSORS_DTYPES = {
@@ -148,8 +166,16 @@ _SAFETENSORS_DTYPES = {
 
 
 def _refuse(field: str, value, what: str) -> ValueError:
+    advice = REFUSED_ADVICE.get(field, f"this checkpoint cannot load ({SUPPORTED})")
     return ValueError(f"config.json: {field}={value!r} ({what}) is not implemented by spirelib.training.hf; "
-                      f"only Llama 2 / 3.x and Qwen2 style models load (issue 13)")
+                      f"{advice}")
+
+
+def _unknown(field: str, value, model_type: str) -> ValueError:
+    return ValueError(f"config.json: {field}={value!r} is a field spirelib.training.hf does not know, so it cannot "
+                      f"tell whether it changes the forward. If transformers' {model_type} model never reads it "
+                      "(metadata), delete it from config.json and load again; if it does, this checkpoint is not "
+                      f"supported ({SUPPORTED})")
 
 
 def _rope(config: dict) -> tuple[float, tuple | None]:
@@ -237,7 +263,7 @@ def config_from_hf(config: dict) -> ModelConfig:
                 continue
             raise _refuse(field, value, REFUSED_FIELDS[field])
         if field not in HARMLESS_FIELDS and field not in MODEL_FIELDS:
-            raise _refuse(field, value, "a config field spirelib.training.hf does not know to be harmless")
+            raise _unknown(field, value, model_type)
     act = config.get("hidden_act", "silu")
     if act not in SILU:
         raise _refuse("hidden_act", act, "an MLP activation other than SiLU (SwiGLU)")
