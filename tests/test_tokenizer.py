@@ -76,3 +76,48 @@ def test_gpt2_ids_pass_through():
         tok.encode_batch(["text"])
     with pytest.raises(ValueError, match="unknown tokenizer"):
         tk.build_tokenizer("sentencepiece", 1000)
+
+
+def checkpoint_folder(folder, specials: list[str], eos_token_id, template: str | None):
+    """A Hugging Face folder with config.json's `eos_token_id` and a byte-level BPE tokenizer.json
+    (`specials` at ids 0, 1, ...) whose post-processor is `template` (TemplateProcessing, as Llama 2's
+    and 3's) or, without one, ByteLevel's (as SmolLM2's and Qwen2's, which add no token)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = (processors.ByteLevel(trim_offsets=False) if template is None else processors.TemplateProcessing(
+        single=template, special_tokens=[(s, tok.token_to_id(s)) for s in specials if s in template.split()]))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": eos_token_id}))
+    return folder
+
+
+@pytest.mark.parametrize("specials, eos_token_id, template, bos, eos", [
+    (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], [1, 2], "<|begin_of_text|> $A",
+     "<|begin_of_text|>", "<|end_of_text|>"),  # Llama 3 (3.1 Instruct's eos list)
+    (["<|endoftext|>", "<|im_start|>"], 0, None, None, "<|endoftext|>"),  # SmolLM2
+    (["<unk>", "<s>", "</s>"], 2, "<s> $A </s>", "<s>", "</s>"),  # Llama 2 with add_eos_token
+], ids=["llama3", "smollm2", "bos-and-eos-template"])
+def test_a_checkpoint_tokenizer_starts_documents_with_its_bos_and_separates_them_with_its_eos(
+        corpus, tmp_path, specials, eos_token_id, template, bos, eos):
+    from spirelib.training import hf
+
+    tok = hf.load_tokenizer(checkpoint_folder(tmp_path, specials, eos_token_id, template))
+    assert (tok.bos_token, tok.eos_token) == (bos, eos)
+    assert tok.bos_id == (None if bos is None else specials.index(bos)) and tok.eos_id == specials.index(eos)
+    train_docs, val_docs = split_documents(len(corpus), 0.2, 0)
+    ds = tk.tokenize(corpus, tok, train_docs, val_docs, "s0")
+    for k, i in enumerate(val_docs):
+        start, n = int(ds.val.starts[k]), int(ds.val.lengths[k])
+        text = tok.tokenizer.encode(corpus.texts[i], add_special_tokens=False).ids
+        assert ds.val.tokens[start : start + n].tolist() == ([] if bos is None else [tok.bos_id]) + text
+        assert ds.val.tokens[start + n] == tok.eos_id  # one EOS, even where the template appends its own
+        assert tok.decode(ds.val.tokens[start : start + n]) == corpus.texts[i]
+    if template == "<|begin_of_text|> $A":  # the tokenizer's own encoding of a text is the document's
+        assert tok.encode(corpus.texts[val_docs[0]]).tolist() == ds.val.tokens[: ds.val.lengths[0]].tolist()

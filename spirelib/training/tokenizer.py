@@ -8,8 +8,10 @@
 - ``"gpt2"``: LongCrawl64's GPT-2 ids pass through (vocab 50257, ``<|endoftext|>`` = 50256).
   No GPT-2 vocabulary is available offline, so `decode` shows ids.
 
-Every tokenizer has `kind`, `vocab_size`, `eos_id`, `checksum` (identifies its vocabulary),
-`encode_batch(texts) -> list[np.ndarray]` and `decode(ids) -> str`.
+Every tokenizer has `kind`, `vocab_size`, `bos_id` and `bos_token` (the token that starts every
+document, None for these three; an imported checkpoint's `hf.HFTokenizer` has its own),
+`eos_id` and `eos_token` (the one after every document), `checksum` (identifies its vocabulary),
+`encode_batch(texts) -> list[np.ndarray]` (a document's ids, its BOS first) and `decode(ids) -> str`.
 
 `tokenize(corpus, tokenizer, train_docs, val_docs, split_key)` turns a text corpus into a
 `data.TokenDataset` whose splits are numpy memmaps cached under ``data_dir()/tokens``
@@ -42,7 +44,8 @@ def _digest(obj) -> str:
 class BytesTokenizer:
     kind = "bytes"
     vocab_size = 256
-    eos_id = 0
+    bos_id = bos_token = None
+    eos_id, eos_token = 0, "\x00"
     checksum = "bytes-utf8-v1"
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -54,6 +57,8 @@ class BytesTokenizer:
 
 class BPETokenizer:
     kind = "bpe"
+    bos_id = bos_token = None
+    eos_token = EOT
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -73,7 +78,8 @@ class GPT2Ids:
 
     kind = "gpt2"
     vocab_size = GPT2_VOCAB
-    eos_id = GPT2_VOCAB - 1
+    bos_id = bos_token = None
+    eos_id, eos_token = GPT2_VOCAB - 1, EOT
     checksum = "gpt2-ids"
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -141,7 +147,9 @@ def _read_split(folder: Path, name: str) -> FlatDocs:
 
 
 def tokenize(corpus: TextCorpus, tokenizer, train_docs: np.ndarray, val_docs: np.ndarray, split_key: str) -> TokenDataset:
-    """Both splits of `corpus` as cached token memmaps; `split_key` identifies the split."""
+    """Both splits of `corpus` as cached token memmaps, each document as `tokenizer.encode_batch`
+    gives it (its BOS first, where the tokenizer has one) followed by `tokenizer.eos_id`;
+    `split_key` identifies the split."""
     checksum = _digest({"format": _FORMAT, "corpus": corpus.checksum, "split": split_key, "tokenizer": tokenizer.checksum})
     folder = data_dir() / "tokens" / f"{corpus.name}-{tokenizer.kind}-{checksum[:16]}"
     if not (folder / "meta.json").is_file():
