@@ -7,6 +7,7 @@ import numpy as np
 
 from spirelib.engine.transformer import ModelConfig
 from spirelib.modeling.costs import flop_params
+from spirelib.training.tokenizer import BytesTokenizer
 from spirelib.workbook.tables import training as tables
 
 CFG = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -26,11 +27,21 @@ def run(reused=False, summary=SUMMARY):
 def test_data_note_counts_each_split():
     train = SimpleNamespace(num_tokens=1000, lengths=np.array([3, 70]))
     val = SimpleNamespace(num_tokens=200, lengths=np.array([50]))
-    data = SimpleNamespace(num_documents=(12, 3), dataset=SimpleNamespace(train=train, val=val, vocab_size=256,
-                                                                          checksum="0123456789abcdef"))
+    data = SimpleNamespace(num_documents=(12, 3), tokenizer=BytesTokenizer(), dataset=SimpleNamespace(
+        train=train, val=val, vocab_size=256, checksum="0123456789abcdef"))
     note = tables.data_note(data, TRAINED, 260)
     assert "| train | 12 | 1,000 | 70 |\n| validation | 3 | 200 | 50 |" in note
-    assert note.endswith("tokenizer **bytes** with 256 ids (model vocabulary 260); dataset checksum `0123456789ab`.")
+    assert note.endswith("tokenizer **bytes** with 256 ids (model vocabulary 260). Each document is followed by "
+                         "`\\x00` (id 0); no BOS token precedes it. Dataset checksum `0123456789ab`.")
+
+
+def test_special_tokens_sentence_names_the_bos_and_eos_around_each_document():
+    llama3 = SimpleNamespace(bos_id=128000, bos_token="<|begin_of_text|>", eos_id=128001, eos_token="<|end_of_text|>")
+    assert tables.special_tokens_sentence(llama3) == (
+        "Each document is preceded by `<|begin_of_text|>` (id 128000) and followed by `<|end_of_text|>` (id 128001).")
+    smollm2 = SimpleNamespace(bos_id=None, bos_token=None, eos_id=0, eos_token="<|endoftext|>")
+    assert tables.special_tokens_sentence(smollm2) == (
+        "Each document is followed by `<|endoftext|>` (id 0); no BOS token precedes it.")
 
 
 def test_scale_line_and_model_note_trained_and_imported():

@@ -13,14 +13,27 @@ from spirelib.modeling.costs import flop_params
 
 def data_note(data, series, vocab_size: int) -> str:
     """The token data (`pipeline` data: documents and tokens per split, the longest document),
-    the corpus, tokenizer and vocabulary (the model's `vocab_size` beside the tokenizer's) and
-    the dataset checksum, as Markdown."""
+    the corpus, tokenizer and vocabulary (the model's `vocab_size` beside the tokenizer's), the
+    special tokens around each document (`special_tokens_sentence`) and the dataset checksum,
+    as Markdown."""
     ds = data.dataset
     return (f"| | documents | tokens | longest document (tokens) |\n|---|---|---|---|\n"
             f"| train | {data.num_documents[0]:,} | {ds.train.num_tokens:,} | {int(ds.train.lengths.max()):,} |\n"
             f"| validation | {data.num_documents[1]:,} | {ds.val.num_tokens:,} | {int(ds.val.lengths.max()):,} |\n\n"
             f"Corpus **{series.corpus}**, tokenizer **{series.tokenizer}** with {ds.vocab_size:,} ids "
-            f"(model vocabulary {vocab_size:,}); dataset checksum `{ds.checksum[:12]}`.")
+            f"(model vocabulary {vocab_size:,}). {special_tokens_sentence(data.tokenizer)} "
+            f"Dataset checksum `{ds.checksum[:12]}`.")
+
+
+def special_tokens_sentence(tokenizer) -> str:
+    """Which special tokens the token stream carries (`tokenizer.tokenize`): the BOS before each
+    document where the tokenizer has one (an imported checkpoint's post-processor: Llama 3's
+    `<|begin_of_text|>`; SmolLM2, Qwen2 and ours none) and the EOS after each."""
+    eos = f"`{ascii(tokenizer.eos_token)[1:-1]}` (id {tokenizer.eos_id})"
+    if tokenizer.bos_id is None:
+        return f"Each document is followed by {eos}; no BOS token precedes it."
+    return (f"Each document is preceded by `{ascii(tokenizer.bos_token)[1:-1]}` (id {tokenizer.bos_id}) "
+            f"and followed by {eos}.")
 
 
 def scale_line(cfg, series, tokens: int) -> str:
