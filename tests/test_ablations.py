@@ -58,3 +58,18 @@ def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
     assert [(r["part"], r["rank"], r["effect"]) for r in rows] == [
         ("sparse KV", 1, "helps"), ("distillation", 2, "helps"), ("target activations", None, "harmful"),
         ("feedback", None, "not resolved")]
+
+
+def test_with_one_seed_a_ranking_speaks_of_its_trained_drafts_and_resolves_nothing_measured():
+    from spirelib.engine import tau
+    from spirelib.modeling.ablations import DRAFT, MEASURED_COMPONENTS, TRAINING, resolved_ranking
+
+    assert (TRAINING, DRAFT) == (tau.TRAINING, tau.DRAFT)  # the scopes tau's intervals report
+    ranking = [("sparse KV", 0.7), ("distillation", 0.1), ("feedback", 0.01), ("target activations", -0.08)]
+    rows = resolved_ranking(ranking, {name: name != "feedback" for name in MEASURED_COMPONENTS}, DRAFT)
+    assert [(r["part"], r["rank"], r["effect"], r["resolved"]) for r in rows] == [
+        ("sparse KV", 1, "helps", True), ("distillation", 2, "helps", False),
+        ("target activations", None, "harmful", False), ("feedback", None, "not resolved", False)]
+    assert {r["scope"] for r in rows} == {DRAFT}
+    with pytest.raises(ValueError, match="scope"):
+        resolved_ranking(ranking, {}, "seeds")

@@ -53,6 +53,35 @@ def test_paired_deltas_over_seeds_and_measured_pairs_only():
     assert len(deltas["hard_target"].per_seed) == 2 and deltas["hard_target"].mean < 0
 
 
+def test_seed_taus_and_interval_note_say_what_the_intervals_are_about():
+    from spirelib.engine.tau import tau_over_seeds
+
+    taus = tables.seed_taus(COUNTS)
+    assert list(taus) == ["spire", "hard_target"]
+    assert taus["spire"] == tau_over_seeds([COUNTS[0]["spire"], COUNTS[1]["spire"]])
+    deltas = tables.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire")})
+    assert tables.interval_note(deltas) == {"scope": "training", "about": "training randomness (2 seeds, target fixed)",
+                                            "seeds": 2, "n_contexts": 2, "df_seeds": 1, "df_contexts": 1,
+                                            "target": "fixed"}
+    one = tables.paired_deltas({0: COUNTS[0]}, {"hard_target": ("hard_target", "spire")})
+    assert tables.interval_note(one)["scope"] == "draft" and tables.interval_note(one)["df_seeds"] is None
+    assert tables.interval_note({}) is None
+
+
+def test_ranking_over_seeds_uses_resolved_and_with_one_seed_what_the_draft_shows():
+    ours = [("sparse KV", 0.7), ("feedback", 0.2), ("distillation", -0.1)]
+    two = {"feedback": DeltaTau(0.2, 0.05, (0.18, 0.22), 64), "distillation": DeltaTau(-0.1, 0.5, (0.1, -0.3), 64)}
+    rows = tables.ranking(ours, two)
+    assert [(r["part"], r["effect"], r["rank"], r["scope"]) for r in rows] == [
+        ("sparse KV", "helps", 1, "training"), ("feedback", "helps", 2, "training"),
+        ("distillation", "not resolved", None, "training")]
+    one = {"feedback": DeltaTau(0.2, 0.05, (0.2,), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.1,), 64)}
+    rows = tables.ranking(ours, one)
+    assert [(r["part"], r["effect"], r["resolved"], r["scope"]) for r in rows] == [
+        ("sparse KV", "helps", True, "draft"), ("feedback", "helps", False, "draft"),
+        ("distillation", "harmful", False, "draft")]  # shows for the one trained draft; never resolved
+
+
 def test_predicted_taus_average_the_seeds():
     def trained(*alphas):
         return SimpleNamespace(summary={f"alpha_{j}": a for j, a in enumerate(alphas, start=1)})
@@ -75,6 +104,15 @@ def test_tau_rows():
                        "paper_delta": pytest.approx(-0.4)}
     unknown = tables.tau_rows({"new": stats["spire"]}, {"new": 3.0}, {}, {"spire": 3.4})[0]
     assert math.isnan(unknown["paper"]) and math.isnan(unknown["paper_delta"])
+    within = {"hard_target": DeltaTau(-0.3, 0.4, (-0.25, -0.35))}  # two seeds, interval over 0
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, within, {"spire": 3.4})[1]["resolved"] == (
+        "not resolved at this scale")
+    one = {"hard_target": DeltaTau(-0.3, 0.1, (-0.3,), 8)}  # one seed: about that trained draft, never resolved
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, one, {"spire": 3.4})[1]["resolved"] == (
+        "one seed: shows for this trained draft, not resolved over training")
+    one = {"hard_target": DeltaTau(-0.05, 0.1, (-0.05,), 8)}
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, one, {"spire": 3.4})[1]["resolved"] == (
+        "one seed: not even for this trained draft")
 
 
 def test_importance_rows():
@@ -87,6 +125,9 @@ def test_importance_rows():
     assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == "cost model only"
     harmful = tables.importance_rows([{**ranked[0], "rank": None, "effect": "harmful"}], deltas, {}, ("feedback",))
     assert harmful[0]["rank"] == "harmful at this scale"
+    one_seed = [{**ranked[0], "rank": None, "effect": e, "scope": "draft"} for e in ("harmful", "not resolved")]
+    assert [r["rank"] for r in tables.importance_rows(one_seed, deltas, {}, ("feedback",))] == [
+        "hurts this trained draft", "within the contexts' noise"]
     assert rows[1]["paper_rank"] == 1 and np.isnan(rows[1]["paper_drop"])
 
 
@@ -125,23 +166,63 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
               {"part": "distillation", "multiplier_lost": 0.1, "resolved": True, "effect": "helps"},
               {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful"},
               {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
-    assert tables.order_sentence(ranked, []) == (
+    assert tables.order_sentence(ranked) == (
         "2 of 4 parts are resolved as helping at this scale: sparse KV (+0.40x) > distillation (+0.10x), in the "
         "paper's order. Resolved as harmful here, removing it raises tau: target activations (-0.08x; the paper "
         "ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
+    two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
+    taus = {"target activations": {"mean": -0.056, "ci95": 0.049}}
+    assert tables.order_sentence(ranked, two, taus) == (
+        "Over training randomness (2 seeds per variant, the target fixed): 2 of 4 parts are resolved as helping at "
+        "this scale: sparse KV (+0.40x) > distillation (+0.10x), in the paper's order. Resolved as harmful here, "
+        "removing it raises tau: target activations (-0.056 ± 0.049 tau, -0.08x; the paper ranks it 2 of 6). Not "
+        "resolved at this scale (no rank): feedback.")
+    one = {**two, "scope": "draft", "seeds": 1, "df_seeds": None}
+    text = tables.order_sentence([{**r, "scope": "draft"} for r in ranked], one, taus)
+    assert text == (
+        "For one trained draft per variant (one seed, the target fixed; not over training randomness): 2 of 4 parts "
+        "help this trained draft beyond its contexts' noise: sparse KV (+0.40x) > distillation (+0.10x), in the "
+        "paper's order. Hurt this trained draft, removing it raises its tau: target activations (-0.056 ± 0.049 tau, "
+        "-0.08x; the paper ranks it 2 of 6). Within the contexts' noise for this trained draft (no rank): feedback.")
+    assert "resolved" not in text  # one seed never speaks of resolved
     ranked[:2] = ranked[1::-1]
-    assert ", not in the paper's order." in tables.order_sentence(ranked, [])
+    assert ", not in the paper's order." in tables.order_sentence(ranked)
+    legacy = [{"part": "sparse KV", "multiplier_lost": 0.4}, {"part": "feedback", "multiplier_lost": 0.1,
+                                                              "resolved": False}]  # recorded before "effect"
+    assert tables.order_sentence(legacy).startswith("1 of 2 parts are resolved as helping at this scale: sparse KV")
+
+
+def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_the_degrees_of_freedom():
+    two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
+    text = tables.interval_sentence(two)
+    assert text.startswith("**Over training randomness.** Each variant was trained at 2 seeds. A seed is a draft's "
+                           "training seed: it draws the draft's training windows")
+    assert "The target (notebook 02's), the contexts and the decoding streams are held fixed" in text
+    assert "the seeds' spread (1 degree of freedom: t = 12.7, so only large effects" in text
+    assert "the noise of the 128 contexts that all seeds share (127 degrees of freedom)" in text
+    assert "docs/method.md §10" in text
+    three = tables.interval_sentence({**two, "seeds": 3, "df_seeds": 2})
+    assert "the seeds' spread (2 degrees of freedom) and" in three and "12.7" not in three
+    one = tables.interval_sentence({**two, "scope": "draft", "seeds": 1, "df_seeds": None})
+    assert one.startswith("**One trained draft per variant.** With one training seed, every difference is about the "
+                          "two trained drafts that seed gave.")
+    assert "covers only the noise of the 128 contexts (Student's t, 127 degrees of freedom), not training" in one
+    assert "nothing here is resolved in that sense" in one and "held fixed" in one
+    assert tables.interval_sentence(None) == ""
 
 
 def test_ablation_results_and_protocol_keep_the_results_keys():
     stats = {"spire": SimpleNamespace(mean=3.0, ci95=0.1, n_contexts=8)}
-    delta = SimpleNamespace(to_dict=lambda: {"delta": -1.0})
+    delta = DeltaTau(-1.0, 0.5, (-1.0,), 8)
     results = tables.ablation_results(stats, [{"part": "x"}], {"random_init": delta}, {"feedback": delta}, [0],
                                       False, {"k": 4})
     assert results == {"tau": {"spire": {"mean": 3.0, "ci95": 0.1, "n_contexts": 8}}, "importance": [{"part": "x"}],
-                       "delta_tau": {"random_init": {"delta": -1.0}},
-                       "component_delta_tau": {"feedback": {"delta": -1.0}},
+                       "delta_tau": {"random_init": delta.to_dict()},
+                       "component_delta_tau": {"feedback": delta.to_dict()},
+                       "interval": tables.interval_note({"feedback": delta}),
                        "seeds": [0], "importance_matches_paper": False, "ablation_protocol": {"k": 4}}
+    assert results["interval"]["scope"] == "draft" and results["component_delta_tau"]["feedback"]["resolved"] is False
+    assert results["component_delta_tau"]["feedback"]["excludes_zero"] is True
     series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0, tau_seed=3)
     todict = SimpleNamespace(to_dict=lambda: {"steps": 2})
     protocol = tables.ablation_protocol(series, 64, 8, todict, todict, [0, 1], 1.5, "s")
@@ -201,3 +282,24 @@ def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_targ
     ranked[1]["effect"] = "helps"
     assert tables.PATH_CHECK not in tables.lead(ranked, 1_228_800, 1_228_800)
     assert tables.lead(ranked, 1_228_800, 1_228_800)[1].endswith("the main SPIRe draft's budget.")
+    interval = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
+    paragraphs = tables.lead(ranked, 1_228_800, 1_228_800, interval=interval)
+    assert paragraphs[0] == tables.order_sentence(ranked, interval)  # the index's claim says it in these words
+    assert paragraphs[1] == tables.interval_sentence(interval) and paragraphs[2].startswith("The variants trained")
+
+
+def test_05s_figure_says_with_one_seed_that_its_bars_are_about_one_trained_draft_each():
+    from spirelib.workbook.plots.ablations import delta_figure
+
+    two = {"random_init": DeltaTau(-0.3, 0.1, (-0.25, -0.35), 8).to_dict(),
+           "no_feedback": DeltaTau(0.01, 0.3, (0.2, -0.18), 8).to_dict()}
+    fig = delta_figure(two, {})
+    assert [list(b.x)[0] for b in fig.data if b.type == "bar"] == ["random init", "no feedback<br>(not resolved)"]
+    assert "95% CI over training seeds and contexts" in fig.layout.title.text.replace("<br>", " ")
+    one = {"random_init": DeltaTau(-0.3, 0.1, (-0.3,), 8).to_dict(),
+           "no_feedback": DeltaTau(0.01, 0.3, (0.01,), 8).to_dict()}
+    fig = delta_figure(one, {})
+    assert [list(b.x)[0] for b in fig.data if b.type == "bar"] == ["random init<br>(this draft only)",
+                                                                     "no feedback<br>(within noise)"]
+    title = fig.layout.title.text.replace("<br>", " ")
+    assert "one trained draft each (paired, 95% CI over contexts only)" in title

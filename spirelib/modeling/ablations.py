@@ -60,19 +60,34 @@ def matches_paper_order(ranking: list[tuple[str, float]]) -> bool:
 MEASURED_COMPONENTS = {name: pair for name, pair in COMPONENTS.items() if "no_sparse_kv" not in pair}
 
 
-def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bool]) -> list[dict]:
+#: What a ranking's measured differences speak about (the values of `tau.SeedsInterval.scope`):
+#: "training" (two seeds or more: over training randomness, the target held fixed) or "draft"
+#: (one seed: the one trained draft per variant that seed gave, over its contexts only).
+TRAINING, DRAFT = "training", "draft"
+
+
+def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bool],
+                     scope: str = TRAINING) -> list[dict]:
     """An `importance` ranking with what this run can tell apart. Each part gets an "effect":
     "helps" (its measured tau difference is resolved, `resolved[name]`, e.g.
     `tau.DeltaTau.resolved`, and removing it costs multiplier; cost-model-only parts always are
     resolved), "harmful" (resolved, and removing it gains multiplier) or "not resolved". Only
     the parts that help get ranks 1, 2, ... in order of the multiplier they are worth; harmful
     parts follow, then unresolved ones, both without a rank: a part that hurts is reported as
-    harmful, not placed at the end of an importance chain."""
+    harmful, not placed at the end of an importance chain.
+
+    `scope` DRAFT (one seed): `resolved[name]` says the interval excludes 0 for that seed's
+    trained drafts (`tau.DeltaTau.excludes_zero`); the effects are about those drafts, and a
+    measured part's "resolved" stays False (nothing is resolved over training randomness with
+    one seed). Every row records its "scope"."""
+    if scope not in (TRAINING, DRAFT):
+        raise ValueError(f"scope must be {TRAINING!r} or {DRAFT!r}, got {scope!r}")
     rows = []
     for name, drop in ranking:
-        ok = name not in MEASURED_COMPONENTS or resolved[name]
-        rows.append({"part": name, "multiplier_lost": drop, "resolved": ok,
-                     "effect": "not resolved" if not ok else "helps" if drop > 0 else "harmful"})
+        measured = name in MEASURED_COMPONENTS
+        shown = not measured or resolved[name]
+        rows.append({"part": name, "multiplier_lost": drop, "resolved": shown and (not measured or scope == TRAINING),
+                     "effect": "not resolved" if not shown else "helps" if drop > 0 else "harmful", "scope": scope})
     ordered = [r for effect in ("helps", "harmful", "not resolved") for r in rows if r["effect"] == effect]
     rank = 0
     for row in ordered:

@@ -27,6 +27,7 @@ import numpy as np
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.modeling.methods import color, label
+from spirelib.workbook.tables import ablations as ablation_tables
 from spirelib.workbook.tables.winners import AD, by_cell, where_sentence
 from spirelib.workbook.tables.winners import grid_counts as _grid_counts
 from spirelib.workbook.tables.winners import pow2 as _pow2
@@ -447,14 +448,10 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
 
 
 def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """05's ranking split by what this run resolves: (parts that help, ranked; parts resolved as
-    harmful; parts not resolved). Rows recorded before "effect" existed count as helping when
-    resolved with a positive multiplier."""
-    def effect(r):
-        return r.get("effect") or ("not resolved" if not r.get("resolved", True) else
-                                   "helps" if r["multiplier_lost"] > 0 else "harmful")
-    return ([r for r in ranked if effect(r) == "helps"], [r for r in ranked if effect(r) == "harmful"],
-            [r for r in ranked if effect(r) == "not resolved"])
+    """05's ranking split by what this run resolves (`tables.ablations.effect_of`): (parts that
+    help, ranked; parts resolved as harmful; parts not resolved)."""
+    return tuple([r for r in ranked if ablation_tables.effect_of(r) == effect]
+                 for effect in ("helps", "harmful", "not resolved"))
 
 
 def _tau_effect(recorded: dict, part: str) -> str:
@@ -463,21 +460,21 @@ def _tau_effect(recorded: dict, part: str) -> str:
 
 
 def _claim_ablations(run: dict, results: dict) -> list[Claim]:
+    """05's importance of SPIRe's parts in 05's own words (`tables.ablations.order_sentence`, as
+    its lead says it): over training randomness with the target fixed, or, with one seed, about
+    one trained draft per variant, which cannot reproduce a claim about training this way."""
     recorded = results.get("05_ablations", {})
     ranked = recorded.get("importance")
     if not ranked:
         return []
     helps, harmful, unresolved = ablation_effects(ranked)
-    text = "Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): here "
-    text += " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in helps) or "no part resolved as helping"
-    if harmful:
-        text += "; harmful here: " + ", ".join(f"{r['part']} ({_tau_effect(recorded, r['part'])}, "
-                                              f"{r['multiplier_lost']:+.2f}x)" for r in harmful)
-    if unresolved:
-        text += "; not resolved at this scale (no rank): " + ", ".join(r["part"] for r in unresolved)
+    interval = recorded.get("interval")
+    text = ("Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): "
+            + ablation_tables.order_sentence(ranked, interval, recorded.get("component_delta_tau")))
     ours = [r["part"] for r in helps]
-    ok = not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
-    return [(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + "; paper "
+    ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
+          and (interval or {}).get("scope") != "draft")
+    return [(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + " Paper: "
              + escape(" > ".join(PAPER_IMPORTANCE_ORDER)))]
 
 
@@ -602,21 +599,29 @@ def table1(run: dict, results: dict) -> str | None:
 
 def ablation_ranking(run: dict, results: dict) -> str | None:
     """Notebook 05's parts of SPIRe: the ones resolved as helping, ranked, next to the paper's
-    rank; the ones resolved as harmful and the unresolved ones without a rank."""
+    rank; the ones resolved as harmful and the unresolved ones without a rank; with one seed, the
+    same about one trained draft per variant (`tables.ablations.EFFECT_WORDS`)."""
     recorded = results.get("05_ablations", {})
     ranked = recorded.get("importance")
     if not ranked:
         return None
+    interval = recorded.get("interval")
+    draft = (interval or {}).get("scope") == "draft"
     helps, harmful, unresolved = ablation_effects(ranked)
     rows = [[str(i + 1), _link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)"),
              escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
             for i, r in enumerate(helps)]
+    labels = (("hurts this trained draft", "within the contexts' noise") if draft else
+              ("harmful here", "not resolved"))
     rows += [[effect, _link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)"),
               escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
-             for effect, group in (("harmful here", harmful), ("not resolved", unresolved)) for r in group]
+             for effect, group in zip(labels, (harmful, unresolved)) for r in group]
     scale = recorded.get("ablation_protocol", {}).get("scale", "")
+    about = ablation_tables.scope_phrase(interval).rstrip(": ")
     return ("<h3>Which part of SPIRe matters most (ablations)</h3>"
-            + _table(["rank (only parts resolved as helping)", "this run (multiplier lost without it)",
+            + (f"<p>{escape(about)}.</p>" if about else "")
+            + _table(["rank (only parts that help this trained draft)" if draft else
+                      "rank (only parts resolved as helping)", "this run (multiplier lost without it)",
                       "tau with it minus without", "paper's rank"], rows)
             + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
 

@@ -12,12 +12,15 @@ from spirelib.workbook.plots.perf import scale_title, title_layout
 
 
 def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: str = "") -> go.Figure:
-    """Bars of tau(variant) - tau(SPIRe): `deltas[variant]` has "mean" and "ci95" (error bars) and
-    "resolved"; `paper[variant]` is the paper's difference (no interval published). One bar per
-    variant in its own colour (`methods.color`) with its own legend entry; a difference that is
-    not resolved says so in its axis label, where no error bar can cover it."""
+    """Bars of tau(variant) - tau(SPIRe): `deltas[variant]` (`tau.DeltaTau.to_dict`) has "mean" and
+    "ci95" (error bars) and "resolved"; `paper[variant]` is the paper's difference (no interval
+    published). One bar per variant in its own colour (`methods.color`) with its own legend entry;
+    a difference that is not resolved says so in its axis label, where no error bar can cover it.
+    With one seed ("scope" "draft") the intervals cover the contexts only: the title says the bars
+    are about one trained draft per variant, and a label says whether the difference shows for it."""
     names = list(deltas)
-    ticks = {n: label(n) + ("" if deltas[n]["resolved"] else "<br>(not resolved)") for n in names}
+    draft = any(d.get("scope") == "draft" for d in deltas.values())
+    ticks = {n: label(n) + _tick_note(deltas[n]) for n in names}
     fig = go.Figure()
     for i, n in enumerate(names):
         fig.add_trace(go.Bar(x=[ticks[n]], y=[deltas[n]["mean"]], name=label(n), marker_color=color(n, i),
@@ -26,7 +29,15 @@ def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: 
     fig.add_trace(go.Scatter(x=[ticks[n] for n in names], y=[paper.get(n) for n in names], mode="markers",
                              name="paper (L = 512)", marker=dict(symbol="diamond-open", size=13, color="black")))
     fig.add_hline(y=0.0, line=dict(color="gray", width=1))
-    fig.update_layout(**title_layout(scale_title("tau of each variant minus SPIRe's (paired, 95% CI)", scale)),
+    what = ("tau of each variant minus SPIRe's, one trained draft each (paired, 95% CI over contexts only)" if draft
+            else "tau of each variant minus SPIRe's (paired, 95% CI over training seeds and contexts)")
+    fig.update_layout(**title_layout(scale_title(what, scale)),
                       yaxis_title="delta tau (tokens per round)", template="plotly_white", height=500,
                       showlegend=True, legend=dict(orientation="h", y=-0.3))
     return fig
+
+
+def _tick_note(d: dict) -> str:
+    if d.get("scope") == "draft":
+        return "<br>(this draft only)" if d.get("excludes_zero") else "<br>(within noise)"
+    return "" if d["resolved"] else "<br>(not resolved)"

@@ -1,6 +1,8 @@
 """Tables of notebook 05, the ablations (method §3.8): every SPIRe variant's measured tau over
 the training seeds, its paired difference to SPIRe, the tau its training predicted, and
-the parts of SPIRe ranked by the modeled multiplier they are worth (`ablations`)."""
+the parts of SPIRe ranked by the modeled multiplier they are worth (`ablations`); and what the
+intervals are about (method §10): over training randomness with the target held fixed (two
+seeds or more), or, with one seed, the one trained draft per variant."""
 
 from __future__ import annotations
 
@@ -8,17 +10,24 @@ import numpy as np
 
 from spirelib.engine.drafts import draft_factory
 from spirelib.engine.spire import ABLATIONS
-from spirelib.engine.tau import AcceptCounts, TauProtocol, delta_tau, measure_tau
+from spirelib.engine.tau import AcceptCounts, TauProtocol, delta_tau, measure_tau, tau_over_seeds
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
-from spirelib.modeling.ablations import importance, matches_paper_order, variant_multipliers
+from spirelib.modeling.ablations import (
+    DRAFT,
+    TRAINING,
+    importance,
+    matches_paper_order,
+    resolved_ranking,
+    variant_multipliers,
+)
 from spirelib.modeling.acceptance import tau_from_per_position
 from spirelib.modeling.methods import label
 
-TAU_COLUMNS = {"variant": "variant", "tau": "tau (all seeds, 95% CI)",
+TAU_COLUMNS = {"variant": "variant", "tau": "tau (mean over seeds, 95% CI)",
                "predicted": "tau predicted in training (from alpha_j)", "delta": "vs SPIRe (paired, 95% CI)",
-               "seeds": "vs SPIRe per seed", "resolved": "difference resolved?", "paper": "tau (paper, L = 512)",
-               "paper_delta": "paper vs SPIRe"}
+               "seeds": "vs SPIRe per seed", "resolved": "resolved over training seeds?",
+               "paper": "tau (paper, L = 512)", "paper_delta": "paper vs SPIRe"}
 IMPORTANCE_COLUMNS = {"rank": "rank (ours)", "ours": "part", "drop": "TM lost without it (ours)",
                       "delta": "tau with it minus without (paired)", "paper_rank": "rank (paper)",
                       "paper_drop": "TM lost without it (paper taus)"}
@@ -57,6 +66,37 @@ def paired_deltas(counts: dict[int, dict[str, AcceptCounts]], pairs: dict[str, t
             for name, (a, b) in pairs.items() if a in counts[seeds[0]] and b in counts[seeds[0]]}
 
 
+def seed_taus(counts: dict[int, dict[str, AcceptCounts]]) -> dict:
+    """name -> `tau.tau_over_seeds`: every variant's tau, the mean over the seeds of `counts`, with
+    its 95% interval over training seeds and contexts (with one seed: over its contexts)."""
+    seeds = list(counts)
+    return {name: tau_over_seeds([counts[s][name] for s in seeds]) for name in counts[seeds[0]]}
+
+
+def interval_note(deltas: dict) -> dict | None:
+    """What the paired intervals of `deltas` (name -> `tau.DeltaTau`, all over the same seeds and
+    contexts) are about, as results.json records it: "scope" (TRAINING or DRAFT), the seeds S and
+    contexts n, the degrees of freedom of the seeds' and the contexts' terms (method §10) and that
+    the target is held fixed. None without deltas."""
+    if not deltas:
+        return None
+    d = next(iter(deltas.values()))
+    df_seeds, df_contexts = d.df
+    return {"scope": d.scope, "about": d.about, "seeds": d.seeds, "n_contexts": d.n_contexts, "df_seeds": df_seeds,
+            "df_contexts": df_contexts, "target": "fixed"}
+
+
+def ranking(ours: list[tuple[str, float]], component_deltas: dict) -> list[dict]:
+    """`ablations.resolved_ranking` of `ours` (`headline_importance`) with the paired differences
+    per part (`paired_deltas`): over two seeds or more, resolved over training randomness
+    (`DeltaTau.resolved`); with one seed, whether the interval excludes 0 for that seed's trained
+    drafts (`DeltaTau.excludes_zero`), rows marked scope DRAFT."""
+    note = interval_note(component_deltas)
+    scope = note["scope"] if note else TRAINING
+    shown = {part: d.resolved if scope == TRAINING else d.excludes_zero for part, d in component_deltas.items()}
+    return resolved_ranking(ours, shown, scope)
+
+
 def predicted_taus(variants: dict, k: int) -> dict[str, float]:
     """Per variant, the tau its training predicts from the validation alpha_j of each draft
     position j = 1..k (`acceptance.tau_from_per_position`), averaged over the seeds
@@ -68,18 +108,27 @@ def predicted_taus(variants: dict, k: int) -> dict[str, float]:
 
 
 def tau_rows(stats: dict, predicted: dict, deltas: dict, paper_tau: dict) -> list[dict]:
-    """Per variant: tau (95% CI) over all seeds, the tau predicted in training, the paired
-    difference to SPIRe (mean, CI, per seed, resolved?) and the paper's tau and difference."""
+    """Per variant: tau (95% CI) over the seeds (`seed_taus`), the tau predicted in training, the
+    paired difference to SPIRe (mean, CI, per seed, and whether it is resolved over training
+    randomness, or with one seed whether it shows for that trained draft) and the paper's tau and
+    difference."""
     rows = []
     for name, s in stats.items():
         d = deltas.get(name)
         rows.append({"variant": label(name), "tau": f"{s.mean:.3f} ± {s.ci95:.3f}", "predicted": predicted[name],
                      "delta": f"{d.mean:+.3f} ± {d.ci95:.3f}" if d is not None else "(reference)",
                      "seeds": ", ".join(f"{x:+.3f}" for x in d.per_seed) if d is not None else "",
-                     "resolved": ("yes" if d.resolved else "not resolved at this scale") if d is not None else "",
+                     "resolved": _resolved_cell(d) if d is not None else "",
                      "paper": paper_tau.get(name, np.nan),
                      "paper_delta": paper_tau.get(name, np.nan) - paper_tau["spire"]})
     return rows
+
+
+def _resolved_cell(d) -> str:
+    if d.scope == DRAFT:
+        return ("one seed: shows for this trained draft, not resolved over training" if d.excludes_zero else
+                "one seed: not even for this trained draft")
+    return "yes" if d.resolved else "not resolved at this scale"
 
 
 def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, paper_order) -> list[dict]:
@@ -94,6 +143,8 @@ def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, pap
 
 
 def _no_rank(row: dict) -> str:
+    if row.get("scope") == DRAFT:
+        return "hurts this trained draft" if row.get("effect") == "harmful" else "within the contexts' noise"
     return "harmful at this scale" if row.get("effect") == "harmful" else "not resolved at this scale"
 
 
@@ -132,35 +183,104 @@ def paper_importance(k: int, hoi: float = perfmodel.PAPER_HOI) -> dict[str, floa
     return dict(headline_importance(taus, k, hoi))
 
 
-def order_sentence(ranked: list[dict], ours: list[tuple[str, float]]) -> str:
+#: How `order_sentence` words each effect, per scope (method §10): over training randomness
+#: (two seeds or more), or about the one trained draft per variant that one seed gave.
+EFFECT_WORDS = {
+    TRAINING: {"helps": "resolved as helping at this scale",
+               "harmful": "Resolved as harmful here, removing it raises tau",
+               "not resolved": "Not resolved at this scale (no rank)"},
+    DRAFT: {"helps": "help this trained draft beyond its contexts' noise",
+            "harmful": "Hurt this trained draft, removing it raises its tau",
+            "not resolved": "Within the contexts' noise for this trained draft (no rank)"},
+}
+
+
+def effect_of(row: dict) -> str:
+    """A ranking row's effect ("helps", "harmful", "not resolved"; `resolved_ranking`). Rows recorded
+    before "effect" existed help when resolved (the default) with a positive multiplier."""
+    return row.get("effect") or ("not resolved" if not row.get("resolved", True) else
+                                 "helps" if row["multiplier_lost"] > 0 else "harmful")
+
+
+def scope_phrase(interval: dict | None) -> str:
+    """The words that open `order_sentence`: what its differences are about (`interval_note`); ""
+    for results recorded before 05 recorded its interval (those used the earlier interval, whose
+    degrees of freedom were wrong: method §10)."""
+    if not interval:
+        return ""
+    if interval["scope"] == DRAFT:
+        return "For one trained draft per variant (one seed, the target fixed; not over training randomness): "
+    return f"Over training randomness ({interval['seeds']} seeds per variant, the target fixed): "
+
+
+def order_sentence(ranked: list[dict], interval: dict | None = None, taus: dict | None = None) -> str:
     """What this run says of SPIRe's parts (`resolved_ranking`'s rows) against the paper's order
-    (method §3.8), in words: the parts that help, ranked; the parts resolved as harmful; the
-    parts not resolved (neither gets a rank), and whether the ranked parts keep the paper's order."""
-    helps = [r for r in ranked if r.get("effect", "helps" if r["resolved"] else "") == "helps"]
-    harmful = [r for r in ranked if r.get("effect") == "harmful"]
-    unresolved = [r for r in ranked if not r["resolved"]]
-    text = (f"{len(helps)} of {len(ranked)} parts are resolved as helping at this scale"
+    (method §3.8), in words, after what it is about (`scope_phrase` of `interval_note`): the parts
+    that help, ranked; the parts resolved as harmful, with their tau difference where `taus`
+    (part -> {"mean", "ci95"}, `DeltaTau.to_dict`) has it; the parts not resolved (neither gets a
+    rank), and whether the ranked parts keep the paper's order. 05's lead and the run index's
+    claim (`findings`) both say it in these words."""
+    scope = (interval or {}).get("scope", TRAINING)
+    words = EFFECT_WORDS[scope]
+    helps, harmful, unresolved = (
+        [r for r in ranked if effect_of(r) == effect] for effect in ("helps", "harmful", "not resolved"))
+    text = (scope_phrase(interval) + f"{len(helps)} of {len(ranked)} parts {'are ' if scope == TRAINING else ''}"
+            + words["helps"]
             + (": " + " > ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x)" for r in helps) if helps else "")
             + (", in the paper's order" if matches_paper_order([(r["part"], 0) for r in helps]) else
                ", not in the paper's order") + ".")
     if harmful:
-        text += (" Resolved as harmful here, removing it raises tau: "
-                 + ", ".join(f"{r['part']} ({r['multiplier_lost']:+.2f}x; the paper ranks it "
-                             f"{PAPER_ORDER.index(r['part']) + 1} of {len(PAPER_ORDER)})" for r in harmful) + ".")
+        text += (f" {words['harmful']}: "
+                 + ", ".join(f"{r['part']} ({_tau_text(taus, r['part'])}{r['multiplier_lost']:+.2f}x; the paper "
+                             f"ranks it {PAPER_ORDER.index(r['part']) + 1} of {len(PAPER_ORDER)})" for r in harmful)
+                 + ".")
     if unresolved:
-        text += " Not resolved at this scale (no rank): " + ", ".join(r["part"] for r in unresolved) + "."
+        text += f" {words['not resolved']}: " + ", ".join(r["part"] for r in unresolved) + "."
     return text
+
+
+def _tau_text(taus: dict | None, part: str) -> str:
+    d = (taus or {}).get(part)
+    return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau, " if d else ""
+
+
+def interval_sentence(interval: dict | None) -> str:
+    """What 05's intervals are about, in words (method §10): what a seed varies, that the target is
+    held fixed, and the interval's method and degrees of freedom; with one seed, that every
+    difference is about one trained draft per variant. "" without `interval_note`."""
+    if not interval:
+        return ""
+    varies = ("A seed is a draft's training seed: it draws the draft's training windows (which windows of the "
+              "training split, in which order) and, for random init, its initial weights; a pruned-init variant has "
+              "no random weights (all are copied from the target).")
+    fixed = ("The target (notebook 02's), the contexts and the decoding streams are held fixed: this is about drafts "
+             "trained on this one target, and a run with a freshly trained target can answer differently.")
+    n, df_contexts = interval["n_contexts"], interval["df_contexts"]
+    if interval["scope"] == DRAFT:
+        return (f"**One trained draft per variant.** With one training seed, every difference is about the two "
+                f"trained drafts that seed gave. Its 95% interval covers only the noise of the {n} contexts "
+                f"(Student's t, {df_contexts} degrees of freedom), not training randomness, so nothing here is "
+                f"resolved in that sense: that takes two seeds or more (docs/method.md §10). {varies} {fixed}")
+    df = interval["df_seeds"]
+    seeds_term = (f"{df} degree of freedom: t = 12.7, so only large effects, or seeds that agree closely, are resolved"
+                  if df == 1 else f"{df} degrees of freedom")
+    return (f"**Over training randomness.** Each variant was trained at {interval['seeds']} seeds. {varies} {fixed} "
+            f"Each 95% interval adds two terms in quadrature, each with its own Student's t (docs/method.md §10): "
+            f"the seeds' spread ({seeds_term}) and the noise of the {n} contexts that all seeds share "
+            f"({df_contexts} degrees of freedom).")
 
 
 def ablation_results(stats: dict, ranked: list[dict], deltas: dict, component_deltas: dict, seeds, agree: bool,
                      protocol: dict) -> dict:
-    """What notebook 05 records: per variant its tau (mean, CI, contexts), the ranking, the paired
-    differences to SPIRe per variant and per part, the seeds, whether the ranking matches the
-    paper's and the protocol (`ablation_protocol`)."""
+    """What notebook 05 records: per variant its tau over the seeds (mean, CI, contexts), the
+    ranking, the paired differences to SPIRe per variant and per part, what their intervals are
+    about (`interval_note`), the seeds, whether the ranking matches the paper's and the protocol
+    (`ablation_protocol`)."""
     return {"tau": {name: {"mean": s.mean, "ci95": s.ci95, "n_contexts": s.n_contexts} for name, s in stats.items()},
             "importance": ranked,
             "delta_tau": {name: d.to_dict() for name, d in deltas.items()},
             "component_delta_tau": {part: d.to_dict() for part, d in component_deltas.items()},
+            "interval": interval_note(component_deltas or deltas),
             "seeds": seeds, "importance_matches_paper": agree, "ablation_protocol": protocol}
 
 
@@ -252,18 +372,21 @@ PATH_CHECK = ("A defect in the target-activation path is ruled out by tests, not
               "it was pruned from stored at that position (no layer or position off by one).")
 
 
-def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", curves: str = "") -> list[str]:
+def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", curves: str = "",
+         interval: dict | None = None, taus: dict | None = None) -> list[str]:
     """05's conclusion in words, before its evidence (Markdown paragraphs): what helps, hurts or is
-    not resolved (`order_sentence`); the budget the variants trained at against the main draft's;
-    the variants at step 0 (`step0_sentence`) and where each part starts to pay on the learning
-    curves (`curve_sentence`); and, when a part that reads the target's activations is resolved as
+    not resolved, and about what (`order_sentence` with `interval_note` and the parts' tau
+    differences `taus`: the words the run index's claim uses too); what the intervals are about
+    (`interval_sentence`); the budget the variants trained at against the main draft's; the
+    variants at step 0 (`step0_sentence`) and where each part starts to pay on the learning curves
+    (`curve_sentence`); and, when a part that reads the target's activations is resolved as
     harmful, what rules out a defect in that path (`PATH_CHECK`)."""
     budget = (f"The variants trained on {tokens:,} tokens per seed, "
               + ("the main SPIRe draft's budget." if tokens >= main_tokens else
                  f"{tokens / main_tokens:.0%} of the main SPIRe draft's {main_tokens:,}: a difference measured here "
                  "can change sign with more training (the learning curves below show how it moves)."))
-    paragraphs = [order_sentence(ranked, []), budget]
-    paragraphs += [p for p in (step0, curves) if p]
+    paragraphs = [order_sentence(ranked, interval, taus)]
+    paragraphs += [p for p in (interval_sentence(interval), budget, step0, curves) if p]
     if any(r.get("effect") == "harmful" and r["part"] == "target activations" for r in ranked):
         paragraphs.append(PATH_CHECK)
     return paragraphs
