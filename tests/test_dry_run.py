@@ -74,8 +74,8 @@ def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
 @pytest.mark.parametrize("params_file, corpus_path", [("paper.yaml", "/somewhere/lc64"), ("smoke.yaml", None)])
 def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook(params_file, corpus_path):
     path = ROOT / "params" / params_file
-    _, _, full = runner.plan(path, NOTEBOOKS)
-    _, _, dry = runner.plan(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
+    _, _, full = runner.prepare(path, NOTEBOOKS)
+    _, _, dry = runner.prepare(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
     assert dry.keys() == full.keys()
     for stem, chosen in dry.items():
         table = runner.DRY_RUN_NOTEBOOKS.get(stem, {})
@@ -97,7 +97,7 @@ def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook
 
 
 def test_the_ablation_budget_of_the_dry_run_is_the_spire_drafts_so_its_model_is_reused():
-    _, _, dry = runner.plan(PAPER, NOTEBOOKS, dry_run=True)
+    _, _, dry = runner.prepare(PAPER, NOTEBOOKS, dry_run=True)
     series = Series.from_dict(dry["05_ablations"]["series"])
     assert series.training(dry["05_ablations"]["ablation_training"], "ablation_training") == series.spire_training
 
@@ -105,7 +105,7 @@ def test_the_ablation_budget_of_the_dry_run_is_the_spire_drafts_so_its_model_is_
 def test_a_dry_run_value_that_does_not_fit_its_notebook_is_reported(monkeypatch):
     monkeypatch.setitem(runner.DRY_RUN_NOTEBOOKS, "04_measure_tau", {"n_contexts": "two"})
     with pytest.raises(runner.ParamsError, match="dry run of 04_measure_tau: n_contexts: expected int"):
-        runner.plan(PAPER, NOTEBOOKS, dry_run=True)
+        runner.prepare(PAPER, NOTEBOOKS, dry_run=True)
 
 
 # ---------------------------------------------------------------------------- the runner's wiring

@@ -150,11 +150,11 @@ def test_a_notebooks_parameters_are_checked_together_over_its_defaults_before_an
     bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    timing_batches: [1, 16]\n"
                    "    held_out: [[16, 32], [16, 64]]\n")
     with pytest.raises(runner.ParamsError) as e:
-        runner.plan(bad, notebooks)
+        runner.prepare(bad, notebooks)
     assert ("notebooks.09_measured_vs_modeled: the cells left to fit, [(1, 32), (1, 64)], must be three or more at "
             "two batch sizes") in problems(e)
     bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    timing_batches: [1, 16]\n    held_out: [[16, 64]]\n")
-    assert runner.plan(bad, notebooks)[2]["09_measured_vs_modeled"]["held_out"] == [[16, 64]]
+    assert runner.prepare(bad, notebooks)[2]["09_measured_vs_modeled"]["held_out"] == [[16, 64]]
 
 
 def test_09_refuses_an_interleaving_its_decoding_cannot_run_before_any_compute(tmp_path):
@@ -164,14 +164,14 @@ def test_09_refuses_an_interleaving_its_decoding_cannot_run_before_any_compute(t
     bad = tmp_path / "bad.yaml"
     bad.write_text("series:\n  compile_decoding: true\n")
     with pytest.raises(runner.ParamsError) as e:
-        runner.plan(bad, notebooks)
+        runner.prepare(bad, notebooks)
     assert ("notebooks.09_measured_vs_modeled: decoding through compiled graphs keeps one cache per shape, so its "
             "methods cannot decode round by round on copies of the prefill: interleave 'runs'") in problems(e)
     bad.write_text("series:\n  compile_decoding: true\nnotebooks:\n  09_measured_vs_modeled:\n    interleave: runs\n")
-    assert runner.plan(bad, notebooks)[2]["09_measured_vs_modeled"]["interleave"] == "runs"
+    assert runner.prepare(bad, notebooks)[2]["09_measured_vs_modeled"]["interleave"] == "runs"
     bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    interleave: round\n")
     with pytest.raises(runner.ParamsError) as e:
-        runner.plan(bad, notebooks)
+        runner.prepare(bad, notebooks)
     assert "notebooks.09_measured_vs_modeled: interleave is 'rounds' or 'runs', not 'round'" in problems(e)
 
 
@@ -245,7 +245,9 @@ def test_run_executes_in_order_injects_params_and_merges_results(fixture_run):
     rc, out, printed = fixture_run
     assert rc == 1  # 03_fail fails on purpose
     lines = printed.splitlines()
-    assert lines[0].startswith("[1/4] 01_record ok in ") and lines[0].endswith(" s")
+    assert lines[0].startswith("plan: 4 notebooks")  # the plan comes first (tests/test_plan.py)
+    lines = [line for line in lines if line.startswith("[")]
+    assert lines[0].startswith("[1/4] 01_record ok in ") and lines[0].endswith(" s (plan 8 s)")
     assert lines[1].startswith("[2/4] 02_consume ok in ")
     merged = json.loads((out / "results.json").read_text())
     assert merged["01_record"] == {"label": "from-params", "n": 4, "values": [0.0, 0.5, 1.0, 1.5], "mean": 0.75}
@@ -260,7 +262,7 @@ def test_failing_notebook_stops_the_run_and_its_report_shows_the_error(fixture_r
     rc, out, printed = fixture_run
     assert rc == 1
     assert "[3/4] 03_fail failed in" in printed and "ValueError: deliberate failure" in printed
-    assert "04_after_failure" not in printed
+    assert "04_after_failure" not in printed.split("[1/4]", 1)[1]  # planned (the plan lists it), never started
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "failed"
     assert run["notebooks"]["03_fail"]["error"] == "ValueError: deliberate failure in a fixture notebook"

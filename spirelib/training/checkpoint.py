@@ -178,6 +178,18 @@ def checkpoint_path(path: Path) -> Path | None:
     return None
 
 
+def finished_checkpoint(run_dir: Path | None) -> bool:
+    """Whether the run folder `run_dir` (None: no such run) holds a finished checkpoint, from its
+    meta.json alone (no file is hashed: a plan's look, `spirelib.workbook.plan`; loading it checks)."""
+    found = None if run_dir is None else checkpoint_path(Path(run_dir) / "checkpoint")
+    if found is None:
+        return False
+    try:
+        return bool(json.loads((found / "meta.json").read_text()).get("finished"))
+    except (OSError, ValueError):
+        return False
+
+
 def read_meta(path: Path) -> dict:
     """meta.json of a checkpoint, after checking every listed file's sha256."""
     path = Path(path)

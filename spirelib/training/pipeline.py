@@ -16,6 +16,7 @@ moves documents between splits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from spirelib.engine.drafts import vanilla_draft_config
 from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
+from spirelib.training.checkpoint import config_hash
 from spirelib.training.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
 from spirelib.training.tokenizer import build_tokenizer, tokenize
 from spirelib.training.train import (
@@ -83,6 +85,45 @@ class TrainedModel:
         return self.result.metrics
 
 
+TARGET, VANILLA, SPIRE = "target", "vanilla_draft", "spire_draft"  # the recipes' cache folder names
+
+
+def language_model_identity(model_cfg: ModelConfig, data: Data, extra: dict | None = None) -> dict:
+    """What a language model's checkpoint is keyed by (`train_language_model`), besides its TrainConfig."""
+    return {"kind": "language-model", "objective": "next-token-ce", "model": model_cfg.to_dict(),
+            "data": data.dataset.checksum, **(extra or {})}
+
+
+def spire_identity(spire_cfg: SpireConfig, data: Data, target_hash: str) -> dict:
+    """What a SPIRe draft's checkpoint is keyed by (`trained_spire_draft`), besides its TrainConfig."""
+    return {"kind": "spire-draft", "spire": spire_cfg.to_dict(), "target": target_hash, "data": data.dataset.checksum}
+
+
+def planned_run_dirs(target_cfg: ModelConfig, target_training: TrainConfig | None, data: Data,
+                     imported: Path | None = None) -> tuple[str, Path | None, Callable, Callable]:
+    """Where the recipes will keep their checkpoints, before any is trained (`spirelib.workbook.plan`):
+    (the target's config hash, its run folder (None for an imported target), the vanilla draft's
+    folder as a function of its TrainConfig, a SPIRe draft's as a function of its SpireConfig and
+    TrainConfig)."""
+    from spirelib.training import hf
+
+    if imported is not None:
+        target_hash, target_dir = hf.checkpoint_digest(imported), None
+    else:
+        ident = full_identity(target_training, language_model_identity(target_cfg, data))
+        target_hash, target_dir = config_hash(ident), run_dir_for(TARGET, ident)
+    vanilla = vanilla_draft_config(target_cfg)
+
+    def vanilla_dir(train_cfg: TrainConfig) -> Path:
+        return run_dir_for(VANILLA, full_identity(train_cfg, language_model_identity(vanilla, data,
+                                                                                     {"target": target_hash})))
+
+    def spire_dir(spire_cfg: SpireConfig, train_cfg: TrainConfig) -> Path:
+        return run_dir_for(SPIRE, full_identity(train_cfg, spire_identity(spire_cfg, data, target_hash)))
+
+    return target_hash, target_dir, vanilla_dir, spire_dir
+
+
 def token_data(corpus: str, corpus_path: str, tokenizer, vocab_size: int) -> Data:
     """Corpus -> split -> tokenizer -> cached token memmaps. `tokenizer` names a kind
     (`tokenizer.build_tokenizer`: "bpe" is trained on the training split) or is a ready
@@ -108,8 +149,7 @@ def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: D
     """
     if model_cfg.vocab_size < data.dataset.vocab_size:
         raise ValueError(f"model vocab_size {model_cfg.vocab_size} < the tokenizer's {data.dataset.vocab_size}")
-    identity = {"kind": "language-model", "objective": "next-token-ce", "model": model_cfg.to_dict(),
-                "data": data.dataset.checksum, **(extra_identity or {})}
+    identity = language_model_identity(model_cfg, data, extra_identity)
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
     run_dir = run_dir_for(name, full_identity(train_cfg, identity))
@@ -152,13 +192,13 @@ def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, devic
                           progress: bool = True, parallel: str = "ddp") -> TrainedModel:
     """The vanilla SD draft for `target` (method §4): `drafts.vanilla_draft_config` of its shape,
     random init, next-token cross-entropy on the target's data; retrained when the target changes."""
-    return train_language_model(vanilla_draft_config(target.config), train_cfg, target.data, name="vanilla_draft",
+    return train_language_model(vanilla_draft_config(target.config), train_cfg, target.data, name=VANILLA,
                                 device=device, progress=progress, extra_identity={"target": target.config_hash},
                                 parallel=parallel)
 
 
 def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg: TrainConfig, *,
-                        device: str = "auto", progress: bool = True, name: str = "spire_draft",
+                        device: str = "auto", progress: bool = True, name: str = SPIRE,
                         stop_at: int | None = None, parallel: str = "ddp") -> TrainedModel:
     """A SPIRe draft for `target` (method §3; an ablation is a change to `spire_cfg`,
     `spire.ABLATIONS`): k-pass training against the frozen target with the configured loss;
@@ -168,8 +208,7 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
     Under torchrun with `parallel` "fsdp" the frozen target is sharded block by block (in place,
     once: `fsdp.shard_frozen_target`; an imported one already is), the loss reads a replicated copy
     of its head (`fsdp.teacher_head`), and the draft trains sharded (`train`)."""
-    identity = {"kind": "spire-draft", "spire": spire_cfg.to_dict(), "target": target.config_hash,
-                "data": target.data.dataset.checksum}
+    identity = spire_identity(spire_cfg, target.data, target.config_hash)
     torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights
     dev = resolve_device(device)
     _, world = init_distributed(dev)

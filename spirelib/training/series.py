@@ -227,7 +227,7 @@ class Series:
             return self._cached("target", lambda: pipeline.imported_target(
                 self.imported, self.data(), self.target_training, device=self.device, parallel=self.parallel))
         return self._cached("target", lambda: pipeline.train_language_model(
-            self.target, self.target_training, self.data(), name="target", device=self.device, progress=progress,
+            self.target, self.target_training, self.data(), name=pipeline.TARGET, device=self.device, progress=progress,
             parallel=self.parallel))
 
     def trained_vanilla_draft(self, progress: bool = True) -> pipeline.TrainedModel:

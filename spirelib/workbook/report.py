@@ -153,12 +153,24 @@ def figure_html(figure: dict) -> str:
     return fallback + pio.to_html(figure, config=config, include_plotlyjs=False, full_html=False, validate=False)
 
 
-def export_html(notebook: Path, html_path: Path) -> Path:
-    """Export an executed notebook to `html_path`, writing plotly.js beside it if needed."""
+def timing_note(seconds: float, planned: float | None, machine: str | None) -> str:
+    """A report's last words: how long its notebook ran against the run's plan (`spirelib.workbook.plan`)."""
+    ran = f"This notebook ran in {seconds:.0f} s"
+    if planned is None:
+        return ran + " (no plan was made: a dry run)."
+    ratio = f", {seconds / planned:.2f}x the plan" if planned > 0 else ""
+    return f"{ran}; the run's plan predicted {planned:.0f} s{ratio} ({machine})."
+
+
+def export_html(notebook: Path, html_path: Path, note: str | None = None) -> Path:
+    """Export an executed notebook to `html_path`, writing plotly.js beside it if needed; `note`
+    (Markdown) closes the report (the measured time against the plan)."""
     executed = nbformat.read(notebook, as_version=4)
     if add_static_figures(executed):
         nbformat.write(executed, notebook)
     nb, figures = offline_outputs(executed)
+    if note:
+        nb.cells.append(nbformat.v4.new_markdown_cell(note))
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"spire_report.j2": _TEMPLATE})],
                             template_file="spire_report.j2")
     resources = {"metadata": {"name": Path(notebook).stem}, "plotly_js": PLOTLY_JS if figures else "",
@@ -271,9 +283,12 @@ def reports_section(run: dict, results: dict) -> str:
     for stem, nb in run.get("notebooks", {}).items():
         link = f"<a href='{escape(nb['html'])}'>{escape(stem)}</a>" if nb.get("html") else escape(stem)
         seconds = f"{nb['seconds']:.1f} s" if nb.get("seconds") is not None else ""
+        planned = f"{nb['planned_s']:.0f} s" if nb.get("planned_s") is not None else ""
         rows.append(f"<tr><td>{link}</td><td class='{escape(nb.get('status'))}'>{escape(nb.get('status'))}</td>"
-                    f"<td class='num'>{seconds}</td><td>{escape(nb.get('error') or '')}</td></tr>")
-    return ("<h2>Reports</h2>\n<table><tr><th>notebook</th><th>status</th><th>time</th><th>error</th></tr>\n"
+                    f"<td class='num'>{seconds}</td><td class='num'>{planned}</td>"
+                    f"<td>{escape(nb.get('error') or '')}</td></tr>")
+    return ("<h2>Reports</h2>\n<table><tr><th>notebook</th><th>status</th><th>time</th><th>plan</th>"
+            "<th>error</th></tr>\n"
             + "\n".join(rows) + "\n</table>")
 
 

@@ -1,6 +1,6 @@
 """Run the numbered notebook series headlessly and write the HTML reports (docs/ARCHITECTURE.md).
 
-    spire run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output]
+    spire run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output] [--plan]
     spire check --params params/smoke.yaml
     spire run   --params params/paper.yaml --dry-run [--corpus-path DIR]
 
@@ -49,6 +49,7 @@ from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
+from spirelib.workbook import plan as work
 from spirelib.workbook import report, results
 from spirelib.workbook.tables import measured
 
@@ -82,7 +83,7 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
                                "repeats": 1, "max_repeats": 1, "cell_seconds": 0.0},
 }
 # Checks of a notebook's parameters taken together (its injections over its defaults): the
-# problems, in words, that `plan` reports before any notebook runs.
+# problems, in words, that `prepare` reports before any notebook runs.
 NOTEBOOK_CHECKS: dict[str, Any] = {
     "09_measured_vs_modeled": lambda p: measured.timing_problems(
         p["timing_batches"], p["timing_contexts"], p["held_out"], p["interleave"],
@@ -239,8 +240,8 @@ def with_corpus_path(params: dict[str, dict], corpus_path: str | None) -> dict[s
     return {**params, "series": {**params["series"], "corpus_path": str(corpus_path)}}
 
 
-def plan(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry_run: bool = False,
-         corpus_path: str | None = None) -> tuple[dict, list[Path], dict[str, dict]]:
+def prepare(params_file: Path, notebooks_dir: Path, only: str | None = None, *, dry_run: bool = False,
+            corpus_path: str | None = None) -> tuple[dict, list[Path], dict[str, dict]]:
     """Validate `params_file` (its series' corpus_path replaced by `corpus_path`, if given)
     against the whole series: (params, selected notebooks, injections), the injections scaled
     down by `dry_run_parameters` for a dry run."""
@@ -297,17 +298,32 @@ def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
+def work_plan(params: dict, selected: list[Path], injected: dict[str, dict]) -> work.Plan:
+    """The work of running `selected` with these injections (`spirelib.workbook.plan`): each
+    notebook's parameters are its defaults with the injections over them."""
+    parameters = {nb.stem: {**default_parameters(nb), **injected[nb.stem]} for nb in selected}
+    return work.make_plan([nb.stem for nb in selected], parameters, params.get("series", {}))
+
+
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
         log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0, *,
-        dry_run: bool = False, corpus_path: str | None = None) -> int:
+        dry_run: bool = False, corpus_path: str | None = None, plan_only: bool = False) -> int:
     """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1.
-    `dry_run`: every budget scaled down (module docstring); `corpus_path` replaces the series'."""
+    `dry_run`: every budget scaled down (module docstring); `corpus_path` replaces the series'.
+    The run's plan (`work_plan`) is printed first and kept in run.json (not for a dry run, whose
+    budgets are not the file's); `plan_only`: print it, run nothing."""
     if dry_run and corpus_path is None:
         load_params(params_file)  # a broken file is reported before any fixture is written
         corpus_path = dry_run_corpus(params_file, out_dir)
-    params, selected, injected = plan(params_file, notebooks_dir, only, dry_run=dry_run, corpus_path=corpus_path)
+    params, selected, injected = prepare(params_file, notebooks_dir, only, dry_run=dry_run, corpus_path=corpus_path)
     if not selected:
         raise ParamsError(f"no notebooks NN_name.ipynb in {notebooks_dir}")
+    planned = None
+    if plan_only or not dry_run:
+        planned = work_plan(params, selected, injected)
+        print(planned.render(), flush=True)
+    if plan_only:
+        return 0
     if log_output:  # papermill streams cell output through logging
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,10 +333,11 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     if not only:
         results_file.unlink(missing_ok=True)
     record.update(params_file=str(params_file), params=params, dry_run=dry_run, started=_now(), finished=None,
-                  status="running")
+                  status="running", plan=None if planned is None else planned.to_dict())
     record.setdefault("notebooks", {})
     for nb in selected:
-        record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem]}
+        record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem],
+                                        "planned_s": None if planned is None else round(planned.seconds(nb.stem), 2)}
     record["notebooks"] = dict(sorted(record["notebooks"].items()))
     results.write_json(run_file, record)
 
@@ -336,10 +353,12 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         all_results = results.read_json(results_file)
         all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")
         results.write_json(results_file, all_results)
+        against = "" if planned is None else f" (plan {entry['planned_s']:.0f} s)"
         if (out_dir / f"{nb.stem}.ipynb").is_file():
-            report.export_html(out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html")
+            report.export_html(out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html",
+                               note=report.timing_note(seconds, entry["planned_s"], planned and planned.machine))
             entry["html"] = f"{nb.stem}.html"
-        outcome = f"{status} in {seconds:.1f} s" + (f": {error}" if error else "")
+        outcome = f"{status} in {seconds:.1f} s{against}" + (f": {error}" if error else "")
         print(f"{progress} {outcome}" if log_output else outcome, flush=True)
         results.write_json(run_file, record)
         if status != "ok":
@@ -432,6 +451,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "run":
         parser.add_argument("--out", type=Path,
                             help="output folder (default: outputs/<params file stem>, or <stem>-dry-run)")
+        parser.add_argument("--plan", action="store_true",
+                            help="print what the run will cost (work, FLOPs, predicted time here and on GPUs); run nothing")
         parser.add_argument("--log-output", action="store_true", help="stream cell output while running")
         parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
         parser.add_argument("--cell-timeout", type=float, default=3600.0,
@@ -448,15 +469,16 @@ def command(args: argparse.Namespace) -> int:
             corpus_path = args.corpus_path
             if args.dry_run and corpus_path is None:
                 corpus_path = dry_run_corpus(args.params, default_out, write=False)
-            _, selected, injected = plan(args.params, notebooks_dir, args.only, dry_run=args.dry_run,
-                                         corpus_path=corpus_path)
+            _, selected, injected = prepare(args.params, notebooks_dir, args.only, dry_run=args.dry_run,
+                                            corpus_path=corpus_path)
             for nb in selected:
                 print(f"{nb.stem}: {injected[nb.stem] or '(defaults)'}")
             print(f"{args.params}: ok ({len(selected)} notebooks)")
             return 0
         out_dir = args.out or default_out
         return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
-                   args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path)
+                   args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path,
+                   plan_only=args.plan)
     except (ParamsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
