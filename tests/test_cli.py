@@ -100,3 +100,25 @@ def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell():
     assert all(c["runs"] == 2 and c["profiled_speedup"] > 0 for c in cells.values())
     assert report["verdict"]["held_out_max_error"] == max(abs(cells[2, 32, m]["profiled_error"])
                                                           for m in ("vanilla", "magicdec", "spire"))
+
+
+def test_bench_spire_train_times_a_real_step_and_its_parts_at_a_hugging_face_configs_shapes(tmp_path):
+    """`bench spire-train --hf-config` at toy sizes: the target's shapes come from the config.json
+    (its vocabulary too), and a real objective step is timed whole and by part."""
+    import json
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96, "hidden_size": 32,
+              "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = run(["bench", "spire-train", "--hf-config", str(tmp_path / "config.json"), "--json",
+                          "--batch", "2", "--seq-len", "33", "--window", "8", "--draft-layers", "1", "--repeats", "1",
+                          "--naive-blocks", "1"])
+    assert code == 0, err
+    results = json.loads(out)
+    from spirelib.bench.spire_train import ROWS
+
+    assert all(results[row]["median_s"] > 0 for row in ROWS)
+    code, out, _ = run(["bench", "spire-train", "--hf-config", str(tmp_path / "config.json"), "--batch", "2",
+                        "--seq-len", "33", "--window", "8", "--draft-layers", "1", "--repeats", "1", "--naive-blocks", "1"])
+    assert code == 0 and "target 3x32 (vocabulary 96)" in out and "a real step (objective) by part: teacher" in out

@@ -7,8 +7,17 @@ Measures, on one training batch of the chosen shapes, forward + backward time of
 - naive: the same draft trained block by block, k one-query passes per block (T sequential
   passes per sequence), what training would cost without the k-pass formulation,
 and, separately, the frozen target's forward that supplies activations and distributions.
-Tokens/s count the training positions (B x T). The loss is a stand-in (mean logsumexp), the
-same for every variant, so only the model's forward/backward is compared.
+Tokens/s count the training positions (B x T). The loss of those three is a stand-in (mean
+logsumexp), the same for every variant, so only the model's forward/backward is compared.
+
+Where a real training step's time goes, the trainer's own objective (`spire.SpireObjective`) is
+timed whole ("objective": the teacher's forward, the draft's k passes, MixedLoss fused with both
+unembeddings, backward) and in its parts: "teacher" (the target's residual stream, no grad),
+"draft passes" (the k passes forward and backward, no unembedding) and "heads and loss"
+(`losses.head_draft_losses`: both unembeddings, the loss and its gradient, chunked). Each
+position's logits come from one pass only (the pass that predicts it), so a step runs each
+unembedding once per position, not k times. `--hf-config config.json` takes the target's shapes
+from a Hugging Face config (no weights are read), e.g. a 135M Llama with its 49,152-token vocabulary.
 
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
@@ -22,9 +31,13 @@ import statistics
 import torch
 
 from spirelib.bench import positive
-from spirelib.engine.spire import SpireConfig, SpireDraftModel, block_positions
+from spirelib.engine.losses import head_draft_losses
+from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, block_positions
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.engine.wallclock import repeat_seconds as _time
+
+#: The rows, in the order printed: the k-pass comparison (goal: k-pass >= 0.9 of ordinary), then a real step and its parts.
+ROWS = ("target_forward", "k_pass", "ordinary", "naive", "objective", "teacher", "draft_passes", "heads_and_loss")
 
 
 def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
@@ -57,10 +70,38 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
             logits, _ = draft.k_pass_logits(tokens, memory, k, positions[b : b + 1])
             logits.logsumexp(-1).mean().backward()
 
+    objective = SpireObjective(target)
+    batch_tokens = torch.cat([tokens, tokens[:, :1]], dim=1)  # (B, T + 1): inputs and shifted labels
+    hidden, hidden_positions = draft.k_pass_hidden(tokens[:, :-1], memory[:, :, :-1], k)
+    hidden = hidden.detach().requires_grad_(True)  # (B, n_blocks, k, d_model)
+    with torch.no_grad():
+        teacher_x = target.norm(target.hidden(tokens[:, :-1])[:, hidden_positions])  # (B, n_blocks, k, d_model)
+
+    def real_step():
+        draft.zero_grad(set_to_none=True)
+        objective(draft, batch_tokens)[0].backward()
+
+    def teacher():
+        with torch.no_grad():
+            target.residual_stream(tokens, layers=(*draft.memory_layers, target_cfg.num_layers))
+
+    def draft_passes():
+        draft.zero_grad(set_to_none=True)
+        draft.k_pass_hidden(tokens[:, :-1], memory[:, :, :-1], k)[0].square().mean().backward()
+
+    def heads_and_loss():
+        draft.zero_grad(set_to_none=True)
+        hidden.grad = None
+        loss, _ = head_draft_losses(draft.body.norm(hidden), draft.body.unembed.weight, teacher_x,
+                                    target.unembed.weight, tokens[:, 1:][:, hidden_positions], draft.cfg.mix_weight)
+        loss.backward()
+
     tokens_per_step = batch * seq_len
     results = {}
     for name, fn, scale in [("target_forward", target_forward, 1.0), ("k_pass", k_pass, 1.0),
-                            ("ordinary", ordinary, 1.0), ("naive", naive, positions.shape[0] / naive_blocks)]:
+                            ("ordinary", ordinary, 1.0), ("naive", naive, positions.shape[0] / naive_blocks),
+                            ("objective", real_step, 1.0), ("teacher", teacher, 1.0),
+                            ("draft_passes", draft_passes, 1.0), ("heads_and_loss", heads_and_loss, 1.0)]:
         times = [t * scale for t in _time(fn, repeats, device=device)]
         results[name] = {"best_s": min(times), "median_s": statistics.median(times),
                          "tokens_per_s": tokens_per_step / min(times)}
@@ -70,6 +111,8 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hf-config", help="a Hugging Face config.json: the target's shapes (replaces the options "
+                        "--vocab-size .. --d-ff)")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--target-layers", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=64)
@@ -93,22 +136,37 @@ def problems(args: argparse.Namespace) -> list[str]:
                     "window", "batch", "seq_len", "k", "repeats", "naive_blocks")
 
 
+def target_config(args: argparse.Namespace) -> ModelConfig:
+    """The target's shapes: a Hugging Face config.json's (`--hf-config`), or the options'."""
+    if args.hf_config:
+        import json
+        from pathlib import Path
+
+        from spirelib.training.hf import config_from_hf
+
+        return config_from_hf(json.loads(Path(args.hf_config).read_text()))
+    return ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model, n_q_per_kv=1,
+                       n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model, n_q_per_kv=1,
-                             n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
+    target_cfg = target_config(args)
     results = run(target_cfg, SpireConfig(num_layers=args.draft_layers, window=args.window), args.batch,
                   args.seq_len, args.k, args.repeats, args.naive_blocks, args.device)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     print(f"SPIRe draft training, B={args.batch} T={args.seq_len} k={args.k} window={args.window}, "
-          f"target {args.target_layers}x{args.d_model}, draft {args.draft_layers} layers, "
-          f"{torch.get_num_threads()} threads")
-    for name in ("target_forward", "k_pass", "ordinary", "naive"):
+          f"target {target_cfg.num_layers}x{target_cfg.d_model} (vocabulary {target_cfg.vocab_size}), "
+          f"draft {args.draft_layers} layers, {torch.get_num_threads()} threads")
+    for name in ROWS:
         r = results[name]
         print(f"  {name:15s} {r['best_s'] * 1e3:9.1f} ms (median {r['median_s'] * 1e3:.1f})  {r['tokens_per_s']:10.0f} tokens/s")
     print(f"  k-pass / ordinary throughput: {results['k_pass_vs_ordinary']:.2f} (goal >= 0.9)")
     print(f"  k-pass / naive throughput:    {results['k_pass_vs_naive']:.1f}x")
+    parts = {name: results[name]["median_s"] for name in ("teacher", "draft_passes", "heads_and_loss")}
+    print("  a real step (objective) by part: " + ", ".join(
+        f"{name} {s / results['objective']['median_s']:.0%}" for name, s in parts.items()))
     return 0
