@@ -123,3 +123,27 @@ def test_each_report_and_the_index_state_the_measured_time_against_the_plan(fixt
     assert "<th>plan</th>" in (out / "index.html").read_text()
     assert report.timing_note(12.0, None, None).endswith("(no plan was made: a dry run).")
     assert "1.50x the plan" in report.timing_note(12.0, 8.0, "cpu")
+
+
+def test_a_replan_decodes_at_the_taus_the_last_run_of_the_same_series_measured(fake_probes, tmp_path):
+    from spirelib.workbook import results, runner
+
+    params = {"04_measure_tau": {"methods": ["vanilla"], "context_lengths": [16], "n_contexts": 4,
+                                 "decode_batch_size": 2}}
+    paper = plan.make_plan(["04_measure_tau"], params, {})
+    low = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.2})
+    tau = next(i for i in low.items if i.what.startswith("tau")).seconds
+    rounds = expected_rounds(1.2, 4, 64, 2)  # the smoke series: k = 4, G = 64
+    assert tau == pytest.approx(2 * (DECODING["prefill_s"] + rounds * DECODING["round_s"]["vanilla"]))
+    assert tau > next(i for i in paper.items if i.what.startswith("tau")).seconds
+    assert "last run measured (04): vanilla 1.2" in low.render() and "the paper's taus" in paper.render()
+    # where the last run's taus come from: its 04 record, averaged over L, for the same series only
+    results.write_json(tmp_path / "results.json", {"04_measure_tau": {"tau": {"vanilla": {
+        "16": {"mean": 1.1}, "32": {"mean": 1.3}}}}})
+    assert plan.measured_taus(results.read_json(tmp_path / "results.json")) == {"vanilla": pytest.approx(1.2)}
+    selected = [p for p in runner.discover(ROOT / "notebooks") if p.stem == "04_measure_tau"]
+    injected = {"04_measure_tau": params["04_measure_tau"]}
+    for series, expected in (({}, "last run measured"), ({"seed": 3}, "the paper's taus")):
+        results.write_json(tmp_path / "run.json", {"params": {"series": {}}})
+        made = runner.work_plan({"series": series}, selected, injected, tmp_path)
+        assert expected in made.render()

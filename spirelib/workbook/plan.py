@@ -368,17 +368,18 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
 
 def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire: SpireConfig, methods: list[str],
                  runs: int, batch: int, context: int, new_tokens: int, k: int, *, ad: bool = False,
-                 contexts: int | None = None, magicdec_keys: int = 65) -> Item:
+                 contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None) -> Item:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
     every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
-    window) of the target's cache."""
+    window) of the target's cache; each method's rounds at its tau in `taus` (default the paper's)."""
+    taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
     seconds = probe["prefill_s"]
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
     flops, moved = pre.flops, pre.bytes
     keys = context + new_tokens // 2
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
     for m in methods:
-        rounds = expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT][m], k, new_tokens, batch)
+        rounds = expected_rounds(taus[m], k, new_tokens, batch)
         seconds += rounds * probe["round_s"][m]
         if m == "vanilla":
             step = forward_work(vanilla_draft_config(cfg).shape(), cfg.vocab_size, batch, 1, keys)
@@ -402,8 +403,8 @@ class _Models:
     """The series' models as the plan sees them: each one's identity and whether the cache holds
     it finished, trained by the first selected notebook that needs it."""
 
-    def __init__(self, series, probe: Probe):
-        self.series, self.probe, self.done = series, probe, set()
+    def __init__(self, series, probe: Probe, taus: dict[str, float]):
+        self.series, self.probe, self.done, self.taus = series, probe, set(), taus
         self.target_cfg = series.target
         self.target_hash, self.target_dir, self.vanilla_dir, self.spire_dir = pipeline.planned_run_dirs(
             series.target, series.target_training, series.data(), series.imported)
@@ -417,7 +418,7 @@ class _Models:
                                     context, s.new_tokens, s.k, s.temperature)
         return _decode_item(notebook, what, probe, self.target_cfg, s.spire, list(methods), runs, batch, context,
                             s.new_tokens, s.k, ad=ad, contexts=contexts,
-                            magicdec_keys=s.magicdec.sink + s.magicdec.window)
+                            magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus)
 
     def needs(self, name: str) -> bool:
         """True once per model: the first notebook that needs `name` carries its training."""
@@ -526,10 +527,22 @@ WORK = {"02_train_target": _target_notebook, "03_train_drafts": _drafts_notebook
         "05_ablations": _ablation_notebook, "09_measured_vs_modeled": _timing_notebook}
 
 
-def make_plan(selected: list[str], parameters: dict[str, dict], series_values: dict) -> Plan:
+def measured_taus(results: dict) -> dict[str, float] | None:
+    """Each method's tau as a run's notebook 04 measured it (its mean over the context lengths), from
+    that run's results.json; None where it holds none."""
+    taus = results.get("04_measure_tau", {}).get("tau")
+    if not taus:
+        return None
+    return {m: float(np.mean([v["mean"] for v in by_l.values()])) for m, by_l in taus.items()}
+
+
+def make_plan(selected: list[str], parameters: dict[str, dict], series_values: dict,
+              taus: dict[str, float] | None = None) -> Plan:
     """The plan of a run of the notebooks `selected` (stems, in order) with `parameters` (stem ->
     the notebook's parameters: its defaults with the run's injections over them) and the series
-    configuration `series_values`; probes what it has not measured before (`Probe`)."""
+    configuration `series_values`; probes what it has not measured before (`Probe`). SD rounds
+    come from `taus` (method -> tau: what an earlier run of the same series measured,
+    `measured_taus`) where given, else from the paper's taus."""
     from spirelib.training.series import Series
 
     series = Series.from_dict(series_values)
@@ -543,11 +556,13 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
     for nb in selected:
         items.append(_fixed(nb))
         if nb in WORK:
-            models = models or _Models(series, probe)
+            models = models or _Models(series, probe, {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})})
             items += WORK[nb](models, nb, parameters[nb])
-    assumptions = [f"SD rounds at the paper's taus (L = {PAPER_TAU_CONTEXT}: "
-                   + ", ".join(f"{m} {t}" for m, t in PAPER_TAU[PAPER_TAU_CONTEXT].items())
-                   + "), every batch until its slowest row is done",
+    source = ("the taus this output folder's last run measured (04)" if taus
+              else f"the paper's taus (L = {PAPER_TAU_CONTEXT}; a run's own can be far lower, a random model's near 1)")
+    used = {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})}
+    assumptions = [f"SD rounds at {source}: " + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
+                   + ", every batch until its slowest row is done",
                    "09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to stop early",
                    f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), decoding at "
                    f"{GPU_ROOFLINE_FRACTION:.0%} of the roofline, {NOTEBOOK_SECONDS:.0f} s fixed per notebook"]

@@ -298,11 +298,18 @@ def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def work_plan(params: dict, selected: list[Path], injected: dict[str, dict]) -> work.Plan:
+def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out_dir: Path | None = None) -> work.Plan:
     """The work of running `selected` with these injections (`spirelib.workbook.plan`): each
-    notebook's parameters are its defaults with the injections over them."""
+    notebook's parameters are its defaults with the injections over them. SD rounds at the taus
+    the last run into `out_dir` measured, for the same series, where it holds them."""
     parameters = {nb.stem: {**default_parameters(nb), **injected[nb.stem]} for nb in selected}
-    return work.make_plan([nb.stem for nb in selected], parameters, params.get("series", {}))
+    series = params.get("series", {})
+    taus = None
+    if out_dir is not None and (out_dir / "run.json").is_file():
+        earlier = results.read_json(out_dir / "run.json")
+        if earlier.get("params", {}).get("series") == series:
+            taus = work.measured_taus(results.read_json(out_dir / "results.json"))
+    return work.make_plan([nb.stem for nb in selected], parameters, series, taus)
 
 
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
@@ -320,7 +327,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         raise ParamsError(f"no notebooks NN_name.ipynb in {notebooks_dir}")
     planned = None
     if plan_only or not dry_run:
-        planned = work_plan(params, selected, injected)
+        planned = work_plan(params, selected, injected, out_dir)
         print(planned.render(), flush=True)
     if plan_only:
         return 0
