@@ -1,4 +1,4 @@
-"""Compiled decoding (`Transformer.compile_decoding`, issue 12 Part 1) against eager decoding,
+"""Compiled decoding (`Transformer.compile_decoding`) against eager decoding,
 the reference: greedy tokens equal for AD and every draft, sampled speculative decoding still
 follows the target's exact distribution."""
 

@@ -1,4 +1,4 @@
-"""Exactness on trained models (issue 5, test 2): greedy speculative decoding equals greedy
+"""Exactness on trained models: greedy speculative decoding equals greedy
 autoregressive decoding token for token, in fp32, with batch > 1, ragged contexts and
 ragged acceptance, for both baseline drafts. Random models have flat, tie-free logits;
 trained ones have the confident, close-call logits where a cache or batching bug (or a

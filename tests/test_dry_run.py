@@ -1,4 +1,4 @@
-"""The paper-shape dry run (issue 16.4): params/paper.yaml at its shapes (8 x 512 target, vocabulary
+"""The paper-shape dry run: params/paper.yaml at its shapes (8 x 512 target, vocabulary
 50,304, GPT-2 ids) with every budget scaled down, on a generated LongCrawl64 fixture.
 
 The full run of all nine notebooks is slow-marked (minutes on two cores); the fast tests cover

@@ -1,4 +1,4 @@
-"""What the drafts do inside the decoding engine (issue 15): every round's proposals equal a
+"""What the drafts do inside the decoding engine: every round's proposals equal a
 fresh draft's over the accepted prefix, SPIRe's k-pass training equals its inference through
 the engine for every ablation, ragged (right-padded) rows decode as if alone, pruned
 initialization copies what it should, the feedback mixture is its definition, and the

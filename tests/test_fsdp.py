@@ -1,4 +1,4 @@
-"""FSDP2 under torchrun (issue 22; `spirelib.training.fsdp`): 2 CPU processes (gloo), tiny models.
+"""FSDP2 under torchrun (`spirelib.training.fsdp`): 2 CPU processes (gloo), tiny models.
 
 One torchrun launch (a module fixture) does every sharded check and writes its results; one
 process computes the references; each test compares one thing:

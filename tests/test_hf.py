@@ -1,4 +1,4 @@
-"""Hugging Face Llama checkpoints in, our models out (issue 13, phase 1; spirelib/training/hf.py).
+"""Hugging Face Llama checkpoints in, our models out (spirelib/training/hf.py).
 
 Tiny random Llama models built here with `transformers` (a test-only dependency; nothing
 is downloaded), saved with `save_pretrained`, loaded with `hf.load_model` and compared

@@ -1,4 +1,4 @@
-"""What a GPU needs of the hot loops (issue 21): no host sync inside a forward or a training step,
+"""What a GPU needs of the hot loops: no host sync inside a forward or a training step,
 at most one per decoding round; only the target layers a draft reads are kept; caches a compiled
 model writes in place keep their addresses. Counted on the CPU (`host_syncs.count_host_syncs`)."""
 
@@ -30,7 +30,7 @@ def models():
 
 @pytest.mark.parametrize("method", ["vanilla", "magicdec", "spire"])
 def test_speculative_decoding_makes_at_most_one_host_sync_per_round(models, method):
-    """Before issue 21: 7.1 syncs per round for vanilla (one per dense-cache forward and the loop's
+    """Formerly 7.1 syncs per round for vanilla (one per dense-cache forward and the loop's
     test), 2.9 for MagicDec and SPIRe. Now: none in a forward, none in the rounds a row cannot
     have finished in, then one per round."""
     target = models["target"]
@@ -82,7 +82,7 @@ def _train_syncs(target, steps: int, log_every: int, tmp_path) -> int:
 
 
 def test_a_training_step_makes_no_host_sync_between_log_lines(models, tmp_path):
-    """Before issue 21: 22 syncs per SPIRe training step (the loss, the gradient norm, every
+    """Formerly 22 syncs per SPIRe training step (the loss, the gradient norm, every
     metric, k-pass attention's band, AdamW's step counters). Now the host waits at a log line
     (and at the end), never in a step between them."""
     once = _train_syncs(models["target"], 4, 4, tmp_path / "a")

@@ -167,7 +167,7 @@ def test_prefill_fast_path_equals_the_masked_path():
 
 def test_rope_frequencies_are_computed_as_hugging_face_does():
     """1 / base^(i/d), not base^(-i/d): they differ by an ulp in about a third of the
-    frequencies, which moves the logits past 100k tokens of relative distance (issue 13)."""
+    frequencies, which moves the logits past 100k tokens of relative distance."""
     from spirelib.engine.rope import rope_rotation
 
     positions = torch.tensor([[131072]])
@@ -178,7 +178,7 @@ def test_rope_frequencies_are_computed_as_hugging_face_does():
 
 def test_config_fields_added_later_leave_existing_config_hashes_unchanged():
     """Cached checkpoints are keyed by config_hash(ModelConfig.to_dict()): rope_scaling,
-    tie_embeddings and qkv_bias (issue 13) enter the dict only when set, and it round-trips."""
+    tie_embeddings and qkv_bias (imported checkpoints' fields) enter the dict only when set, and it round-trips."""
     import json
     from dataclasses import replace
 

@@ -49,7 +49,7 @@ def _needs_browser(test):
 
 @_needs_browser
 def test_every_report_leads_with_its_conclusion_and_names_no_path_of_this_machine(smoke_out):
-    """As a reader sees them in Chromium (issue 24): every report of the smoke series above (it runs
+    """As a reader sees them in Chromium: every report of the smoke series above (it runs
     after them, in this module's order) has, as its first section after the title, the conclusion
     ("What this run shows", computed by its `conclusion` cells), and none shows an absolute path of
     the machine it ran on."""

@@ -49,7 +49,7 @@ def test_environment_yml_agrees_with_pyproject():
 
 def test_pyproject_keeps_the_torch_floor_and_lists_numpy():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "torch>=2.8" in deps and any(Requirement(d).name == "numpy" for d in deps)  # FSDP2's force-sum (issue 22)
+    assert "torch>=2.8" in deps and any(Requirement(d).name == "numpy" for d in deps)  # FSDP2's force-sum reductions
 
 
 @pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))

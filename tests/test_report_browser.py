@@ -111,7 +111,7 @@ def test_index_shows_the_verdict_in_the_first_screen(run_dir, page):
 
 
 def test_index_first_screen_holds_the_scale_line_and_the_decision_map(run_dir, browser_page):
-    """At 1400 x 1000 (issue 24): the line of scale and every map of the decision, each with its
+    """At 1400 x 1000: the line of scale and every map of the decision, each with its
     sentence of where the winner flips, are on the first screen, nothing scrolled."""
     page = browser_page(READER_SCREEN)
     page.goto((run_dir / "index.html").as_uri())

@@ -1,4 +1,4 @@
-"""Calibration of tau's intervals (method §5, §8, §10; issue 25): `AcceptCounts.stats()` and
+"""Calibration of tau's intervals (method §5, §8, §10): `AcceptCounts.stats()` and
 `delta_tau` checked by simulation under the engine's stopping rule, and their widths checked
 to 1e-9 against hand-chosen counts, so that a unit error in the delta-method linearization
 fails at once; and the interval over training seeds (notebook 05's question: does a part help

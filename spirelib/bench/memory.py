@@ -6,7 +6,7 @@ One training step (forward, backward, AdamW step, its state allocated) of
 - vanilla: `drafts.vanilla_draft_config` of it, the same loss,
 - spire: the SPIRe draft (2 layers, pruned from the target) with `spire.SpireObjective`
   (frozen target activations, k-pass forward, `losses.head_draft_losses`),
-- spire-logits: the same through logits, as before issue 16 (`k_pass_logits`, the target's
+- spire-logits: the same through materialized logits, the unfused objective (`k_pass_logits`, the target's
   full (B, T, V) logits, `losses.draft_losses`), for comparison,
 on CPU in fp32, each configuration in a fresh subprocess: the peak resident set during the
 step (VmHWM, reset through /proc/self/clear_refs just before it, freed heap returned first,
@@ -34,13 +34,13 @@ zero within that noise):
     spire            2,002     2,297      288,012   -56,776     1,707     1,098         1,886             265
     spire-logits     2,561     3,704    1,116,380   767,632     1,418       813         1,886              68
 
-spire-logits (before issue 16) held ~15 bytes per token per vocabulary entry (draft logits,
+spire-logits (the unfused objective) held ~15 bytes per token per vocabulary entry (draft logits,
 the target's logits and their gathered copy, the fp32 gradient): 50 GB of the paper's
 64 x 1,024 batch. Fused, the SPIRe step's per-token memory is its activations only.
 
 `--ranks` prints instead the per-rank memory of SPIRe training on Llama 3 8B and 70B targets
 (the draft a quarter of the target's layers) under ddp and fsdp at 1 to 16 ranks, computed by
-`spirelib.modeling.sharding` (issue 22), and the fewest ranks that fit `--budget-gb`:
+`spirelib.modeling.sharding`, and the fewest ranks that fit `--budget-gb`:
 
     target      parallel     N=1     N=2     N=4     N=8    N=16   fewest N in 80 GB (in 141 GB)
     llama3-8b   ddp         71.2    80.0    78.8    78.2    77.9   1 (1)
@@ -116,7 +116,7 @@ def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window
         trained = SpireDraftModel.from_target(target, SpireConfig(num_layers=2, window=window, k=k))
         objective = SpireObjective(target)
         if model == "spire-logits":
-            def objective(draft, batch, frozen=objective.target):  # the objective before issue 16
+            def objective(draft, batch, frozen=objective.target):  # the unfused objective, through logits
                 inputs, labels = batch[:, :-1], batch[:, 1:]
                 with torch.no_grad():
                     stream = frozen.residual_stream(inputs, layers=(*draft.memory_layers, frozen.cfg.num_layers))
@@ -159,9 +159,10 @@ def _child(model: str, batch: int, seq_len: int, vocab: int, threads: int) -> di
 
 
 def residual_stream_rows(bytes_per_value: int = 2) -> list[dict]:
-    """The target's residual stream a SPIRe draft's training step or tau prefill holds, before
-    issue 21 (every entry: n_layers + 1) and now (`Transformer.residual_stream(layers=...)`: the
-    n_d inputs of the pruned layers, and in training the last entry for the loss), in bytes."""
+    """The target's residual stream a SPIRe draft's training step or tau prefill holds, in bytes:
+    keeping every entry (n_layers + 1), and keeping only those it reads
+    (`Transformer.residual_stream(layers=...)`: the n_d inputs of the pruned layers, and in training
+    the last entry for the loss)."""
     rows = []
     for name, what, batch, tokens in STREAM_CASES:
         shape = PRESETS[name]

@@ -3,7 +3,7 @@
 Measures, on one training batch of the chosen shapes, forward + backward time of
 - k-pass: `SpireDraftModel.k_pass_logits` (all blocks of a sequence in k passes),
 - ordinary: a plain `Transformer` of the same shape (n_d layers, the target's width) over
-  the same T tokens, the cost k-pass training should stay close to (goal: ratio >= 0.9, issue 12),
+  the same T tokens, the cost k-pass training should stay close to (goal: ratio >= 0.9),
 - naive: the same draft trained block by block, k one-query passes per block (T sequential
   passes per sequence), what training would cost without the k-pass formulation,
 and, separately, the frozen target's forward that supplies activations and distributions.

@@ -5,7 +5,7 @@ Measures, in one process: this machine's fp32 matmul peak (large square matmuls,
 trainer (`spirelib.training.train.train`, random tokens, AdamW, clipping, the works; the first step
 is excluded as warm-up/compilation), and reports
 
-    MFU = 6 x (body params + unembedding) x tokens/s / peak          (issue 4)
+    MFU = 6 x (body params + unembedding) x tokens/s / peak
 
 Attention score FLOPs are not counted (as in method §2), so longer sequences lower MFU.
 The peak is measured again after the runs; MFU uses the higher of the two.

@@ -35,7 +35,7 @@ class ModelConfig(ModelShape):
     vocab_size: int
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
-    # Fields added later (issue 13): `to_dict` leaves them out at their defaults, so the
+    # Fields added for imported checkpoints: `to_dict` leaves them out at their defaults, so the
     # config hash of every model that does not use them is what it was before them.
     rope_scaling: tuple | None = None  # Llama 3.1's: rope.LLAMA3_SCALING_FIELDS, see rope.rope_frequencies
     tie_embeddings: bool = False  # unembed.weight is embed.weight (Llama 3.2 1B/3B, SmolLM2)

@@ -1,4 +1,4 @@
-"""Per-rank memory of SPIRe draft training under ddp and fsdp (issue 22; `spirelib.training.fsdp`).
+"""Per-rank memory of SPIRe draft training under ddp and fsdp (`spirelib.training.fsdp`).
 
 A model of the bytes one rank holds while a SPIRe draft (method §3) trains against a frozen
 target, from the shapes alone (computed, not measured; GB = 1e9 bytes):

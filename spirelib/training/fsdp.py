@@ -1,4 +1,4 @@
-"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the frozen target and the trained model (issue 22).
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the frozen target and the trained model.
 
 Under ``parallel: fsdp`` and torchrun, no rank holds a whole target or a whole optimizer state:
 

@@ -1,4 +1,4 @@
-"""Bring your own target: Hugging Face Llama, Qwen2 and Mistral checkpoints in, our models out (issue 13).
+"""Bring your own target: Hugging Face Llama, Qwen2 and Mistral checkpoints in, our models out.
 
 `load_model(folder)` builds a `model.Transformer` from a Hugging Face Llama 2 / 3.0 / 3.1 /
 3.2 (and SmolLM2), Qwen2 / Qwen2.5 or Mistral folder (``config.json`` plus ``model.safetensors`` or a sharded
@@ -522,7 +522,7 @@ def _resolve_dtype(headers: dict, dtype: torch.dtype | None) -> torch.dtype:
 
 def load_model(path: str | os.PathLike, *, device: torch.device | str | None = None,
                dtype: torch.dtype | None = None) -> Transformer:
-    """A `Transformer` with the weights of the Hugging Face Llama folder `path` (issue 13).
+    """A `Transformer` with the weights of the Hugging Face Llama folder `path`.
 
     Everything that can be checked is checked before any weight is read: config.json
     (`config_from_hf` refuses what is not implemented), the safetensors headers (missing,

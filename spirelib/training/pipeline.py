@@ -4,8 +4,8 @@
 split -> tokenizer -> token memmaps), `train_language_model` (the target, or any
 Transformer trained on next-token cross-entropy), `trained_vanilla_draft` (method §4) and
 `trained_spire_draft` (method §3, k-pass training against the frozen target), and
-`imported_target` (a Hugging Face checkpoint as the target, evaluated instead of trained;
-issue 13). A model is trained only when no finished checkpoint of the same identity exists;
+`imported_target` (a Hugging Face checkpoint as the target, evaluated instead of trained).
+A model is trained only when no finished checkpoint of the same identity exists;
 the drafts put the target's `config_hash` in their identity so they retrain when the target
 changes (an imported target's hash covers its weight files' bytes).
 
@@ -160,7 +160,7 @@ def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: D
 
 def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto",
                     parallel: str = "ddp") -> TrainedModel:
-    """The Hugging Face checkpoint at `path` as the series' target (issue 13): loaded by
+    """The Hugging Face checkpoint at `path` as the series' target: loaded by
     `hf.load_model` (fp32 on CPU, where bf16 is slow; the stored dtype on GPU), evaluated on
     `eval_cfg.eval_windows` validation windows of `eval_cfg.seq_len` tokens instead of trained.
     Its identity is the sha256 of its config and weight files (`hf.checkpoint_digest`).
