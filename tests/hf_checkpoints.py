@@ -23,23 +23,20 @@ import torch
 SPECIAL = "<|endoftext|>"
 
 
-def bpe_tokenizer(texts, vocab_size: int, eos_id: int, bos: str | None = None):
-    """A byte-level BPE `tokenizers.Tokenizer` trained on `texts`, `SPECIAL` at id `eos_id` (0 here,
-    as SmolLM2's), `bos` prepended by a TemplateProcessing post-processor when given."""
+def bpe_tokenizer(texts, vocab_size: int, specials: list[str], template: str | None = None):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on `texts`, `specials` at ids 0, 1, ..., whose
+    post-processor is `template` (TemplateProcessing, as Llama 2's and 3's: "<|begin_of_text|> $A")
+    or, without one, ByteLevel's (as SmolLM2's and Qwen2's, which add no token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    if eos_id != 0:
-        raise ValueError("this builder puts the end-of-text token at id 0")
-    specials = [SPECIAL] + ([bos] if bos and bos != SPECIAL else [])
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
-    if bos:
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                           special_tokens=[(bos, tok.token_to_id(bos))])
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                        show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = (processors.ByteLevel(trim_offsets=False) if template is None else processors.TemplateProcessing(
+        single=template, special_tokens=[(t, tok.token_to_id(t)) for t in specials if t in template.split()]))
     return tok
 
 
@@ -59,8 +56,10 @@ def random_checkpoint(config: dict, folder: Path, texts=None, *, seed: int = 0, 
     model.save_pretrained(folder, safe_serialization=True)
     texts = list(texts or ["The state of the union is strong.", "We hold these truths to be self-evident."])
     eos = config.get("eos_token_id", 0)
+    if (eos[0] if isinstance(eos, list) else eos) != 0:
+        raise ValueError("this builder puts the end-of-text token at id 0")
     tok = bpe_tokenizer(texts, min(tokenizer_vocab or config["vocab_size"], config["vocab_size"]),
-                        eos[0] if isinstance(eos, list) else eos, bos)
+                        [SPECIAL] + ([bos] if bos else []), None if bos is None else f"{bos} $A")
     tok.save(str(folder / "tokenizer.json"))
     return folder
 

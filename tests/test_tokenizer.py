@@ -1,5 +1,7 @@
 """Tokenizers (bytes, byte-level BPE, GPT-2 pass-through) and cached token memmaps."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -84,15 +86,9 @@ def checkpoint_folder(folder, specials: list[str], eos_token_id, template: str |
     and 3's) or, without one, ByteLevel's (as SmolLM2's and Qwen2's, which add no token)."""
     import json
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from hf_checkpoints import bpe_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = (processors.ByteLevel(trim_offsets=False) if template is None else processors.TemplateProcessing(
-        single=template, special_tokens=[(s, tok.token_to_id(s)) for s in specials if s in template.split()]))
+    tok = bpe_tokenizer(TEXTS, 300, specials, template)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": eos_token_id}))
     return folder
@@ -121,3 +117,25 @@ def test_a_checkpoint_tokenizer_starts_documents_with_its_bos_and_separates_them
         assert tok.decode(ds.val.tokens[start : start + n]) == corpus.texts[i]
     if template == "<|begin_of_text|> $A":  # the tokenizer's own encoding of a text is the document's
         assert tok.encode(corpus.texts[val_docs[0]]).tolist() == ds.val.tokens[: ds.val.lengths[0]].tolist()
+
+
+@pytest.mark.parametrize("bos", [None, "<|begin_of_text|>"])
+def test_a_random_checkpoint_of_a_published_config_loads_with_its_conventions(tmp_path, bos):
+    """tests/hf_checkpoints.py (what times the example on a real model's shapes): a published config,
+    shrunk, saved by transformers with random weights and a tokenizer, loads as the series loads it."""
+    import json
+
+    from hf_checkpoints import random_checkpoint
+
+    from spirelib.training import hf
+
+    config = json.loads((Path(__file__).parent / "fixtures" / "hf_configs" / "smollm2-135m.json").read_text())
+    config.update(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, vocab_size=320)
+    folder = random_checkpoint(config, tmp_path, TEXTS, bos=bos)
+    model = hf.load_model(folder)
+    tok = hf.load_tokenizer(folder)
+    assert model.cfg.num_layers == 2 and model.cfg.tie_embeddings and model.cfg.vocab_size == 320
+    assert tok.eos_id == 0 and tok.bos_token == bos and tok.vocab_size <= 320
+    text = tok.encode("the state", add_special_tokens=False).tolist()
+    assert tok.encode_batch(["the state"])[0].tolist() == ([] if bos is None else [tok.bos_id]) + text

@@ -36,7 +36,8 @@ from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, 
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.engine.wallclock import repeat_seconds as _time
 
-#: The rows, in the order printed: the k-pass comparison (goal: k-pass >= 0.9 of ordinary), then a real step and its parts.
+#: The rows, in the order printed: the k-pass comparison (goal: k-pass >= 0.9 of ordinary), then a real
+#: step and its parts.
 ROWS = ("target_forward", "k_pass", "ordinary", "naive", "objective", "teacher", "draft_passes", "heads_and_loss")
 
 

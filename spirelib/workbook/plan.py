@@ -41,8 +41,14 @@ import numpy as np
 import torch
 
 from spirelib.engine.drafts import draft_factory, vanilla_draft_config
+from spirelib.engine.speculative import (
+    autoregressive_rounds,
+    prefill,
+    speculative_capacity,
+    speculative_rounds,
+    stream_entries,
+)
 from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
-from spirelib.engine.speculative import autoregressive_rounds, prefill, speculative_capacity, speculative_rounds
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
@@ -283,7 +289,7 @@ class Probe:
                                           temperature=temperature, **options.get(m, {})) for m in methods}
             contexts = torch.randint(0, cfg.vocab_size, (batch, context), device=self.device)
             drafts = {m: f(torch.Generator(self.device).manual_seed(0)) for m, f in factories.items()}
-            layers = tuple(sorted({i for d in drafts.values() for i in d.target_layers}))
+            layers = stream_entries(drafts.values())
             start = time.perf_counter()
             shared = prefill(target, contexts, capacity=speculative_capacity(context, G, k), layers=layers)
             prefill_s = time.perf_counter() - start
@@ -311,13 +317,13 @@ class Probe:
 # ---------------------------------------------------------------------------- work
 
 
-def _gpu(flops: float, moved: float, *, training: bool, fixed: float = 0.0) -> dict[str, float]:
+def _gpu(flops: float, moved: float, *, training: bool) -> dict[str, float]:
     """Modeled seconds per device of the hardware table (module docstring)."""
     out = {}
     for name, hw in HARDWARE.items():
         peak = hw.peak_flops.get(GPU_DTYPE, max(hw.peak_flops.values()))
         t = flops / (peak * GPU_MFU) if training else max(flops / peak, moved / hw.bandwidth) / GPU_ROOFLINE_FRACTION
-        out[name] = t + fixed
+        out[name] = t
     return out
 
 
@@ -362,7 +368,8 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
         return Item(notebook, what, 0.0, flops, moved, tokens, cached=True, gpu_seconds={d: 0.0 for d in HARDWARE})
     saves = (steps - 1) // train_cfg.checkpoint_every + 1  # every checkpoint_every steps and at the end
     seconds = (probe["first_step_s"] + (steps - 1) * probe["step_s"]
-               + _evaluations(train_cfg, steps) * train_cfg.eval_windows * probe["eval_window_s"] + saves * probe["save_s"])
+               + _evaluations(train_cfg, steps) * train_cfg.eval_windows * probe["eval_window_s"]
+               + saves * probe["save_s"])
     return Item(notebook, what, seconds, flops, moved, tokens, gpu_seconds=_gpu(flops, moved, training=True))
 
 
@@ -483,7 +490,8 @@ def _drafts_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
 def _tau_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
     items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
     B, methods = p["decode_batch_size"], p["methods"]
-    return items + [models.decode(nb, f"tau of {', '.join(methods)} at L = {L}", methods, B, L, -(-p["n_contexts"] // B),
+    runs = -(-p["n_contexts"] // B)  # batches per L
+    return items + [models.decode(nb, f"tau of {', '.join(methods)} at L = {L}", methods, B, L, runs,
                                   contexts=p["n_contexts"]) for L in p["context_lengths"]]
 
 
@@ -496,9 +504,14 @@ def _ablation_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
             items += models.spire(nb, variant, budget, f"train the {variant} variant, seed {seed}")
     budget = s.training(p["ablation_training"], "ablation_training", seed=p["ablation_seeds"][0])
     probe = models.probe.training("spire", models.target_cfg, budget, s.spire)
-    evals = len(p["ablations"]) * budget.eval_windows
+    evals = len(p["ablations"]) * budget.eval_windows  # each window: the teacher's and the draft's forward
+    T = budget.seq_len
+    draft_cfg = dataclasses.replace(models.target_cfg, num_layers=s.spire.num_layers)
+    flops = evals * sum(forward_work(c.shape(), c.vocab_size, 1, T, T // 2).flops
+                        for c in (models.target_cfg, draft_cfg))
     items.append(Item(nb, f"score {len(p['ablations'])} variants at step 0 ({budget.eval_windows} windows each)",
-                      evals * probe["eval_window_s"], contexts=evals, gpu_seconds={d: 0.0 for d in HARDWARE}))
+                      evals * probe["eval_window_s"], flops, contexts=evals,
+                      gpu_seconds=_gpu(flops, 0.0, training=True)))
     B, L = p["decode_batch_size"], p["ablation_context_length"]
     runs = len(p["ablation_seeds"]) * len(p["ablations"]) * -(-p["n_contexts"] // B)
     items.append(models.decode(nb, f"tau of {len(p['ablations'])} variants x {len(p['ablation_seeds'])} seeds at "
@@ -564,6 +577,6 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
     assumptions = [f"SD rounds at {source}: " + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
                    + ", every batch until its slowest row is done",
                    "09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to stop early",
-                   f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), decoding at "
-                   f"{GPU_ROOFLINE_FRACTION:.0%} of the roofline, {NOTEBOOK_SECONDS:.0f} s fixed per notebook"]
+                   (f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), decoding at "
+                    f"{GPU_ROOFLINE_FRACTION:.0%} of the roofline, {NOTEBOOK_SECONDS:.0f} s fixed per notebook")]
     return Plan(items, list(selected), probe.machine, probe.seconds, assumptions)

@@ -459,7 +459,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--out", type=Path,
                             help="output folder (default: outputs/<params file stem>, or <stem>-dry-run)")
         parser.add_argument("--plan", action="store_true",
-                            help="print what the run will cost (work, FLOPs, predicted time here and on GPUs); run nothing")
+                            help="print what the run will cost (work, FLOPs, predicted time here and on GPUs); "
+                                 "run nothing")
         parser.add_argument("--log-output", action="store_true", help="stream cell output while running")
         parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
         parser.add_argument("--cell-timeout", type=float, default=3600.0,
