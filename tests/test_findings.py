@@ -180,6 +180,22 @@ def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():
     assert not findings._claim_ablations({}, helping)[0][1]  # but not by one trained draft per variant
 
 
+def test_the_index_names_the_run_its_ablation_claim_comes_from():
+    """An output folder updated with `--only` by another params file (05 at the full budget) names
+    that file, the day and the budget beside 05's claim and its details, not the folder's first run."""
+    results, _ = ablation_run(2)
+    results["05_ablations"]["ablation_protocol"] = {"training": {"batch_size": 4, "seq_len": 1024, "steps": 300},
+                                                    "seeds": [0, 1, 2]}
+    run = {"params_file": "params/default.yaml",
+           "notebooks": {"05_ablations": {"params_file": "params/ablations-full.yaml",
+                                          "started": "2026-12-02T19:04:11+00:00", "html": "05_ablations.html"}}}
+    source = "(05 run with params/ablations-full.yaml on 2026-12-02, 3 seeds x 1.23M training tokens per variant)"
+    (_, _, claim), = findings._claim_ablations(run, results)
+    assert claim.endswith(source) and source in findings.ablation_ranking(run, results)
+    del run["notebooks"]["05_ablations"]["params_file"]
+    assert "(05 run with params/default.yaml on 2026-12-02" in findings._claim_ablations(run, results)[0][2]
+
+
 def test_where_the_winner_flips_in_one_sentence():
     B, L = findings.GRID_B, findings.GRID_L
     grid = [["spire"] * len(L) for _ in B]

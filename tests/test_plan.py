@@ -118,6 +118,7 @@ def test_each_report_and_the_index_state_the_measured_time_against_the_plan(fixt
     run = json.loads((out / "run.json").read_text())
     assert run["plan"]["notebooks"]["01_record"]["seconds"] == plan.NOTEBOOK_SECONDS
     assert run["notebooks"]["01_record"]["planned_s"] == plan.NOTEBOOK_SECONDS
+    assert run["notebooks"]["01_record"]["params_file"].endswith("fixtures/params.yaml")  # for the index's sources
     assert "plan: 4 notebooks" in printed and "(plan 8 s)" in printed
     assert "the run's plan predicted 8 s" in (out / "01_record.html").read_text()
     assert "<th>plan</th>" in (out / "index.html").read_text()

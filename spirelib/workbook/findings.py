@@ -459,6 +459,24 @@ def _tau_effect(recorded: dict, part: str) -> str:
     return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau" if d else "cost model only"
 
 
+def ablation_source(run: dict, results: dict) -> str:
+    """Which run 05's figures come from, in words: the params file that ran 05 (an output folder
+    updated with `--only` keeps each notebook's own), when it started, its seeds and training
+    tokens per variant; "" when run.json does not say."""
+    entry = run.get("notebooks", {}).get("05_ablations", {})
+    params_file = entry.get("params_file") or run.get("params_file")
+    if not params_file:
+        return ""
+    protocol = results.get("05_ablations", {}).get("ablation_protocol", {})
+    training, seeds = protocol.get("training") or {}, protocol.get("seeds") or []
+    budget = ""
+    if seeds and training:
+        tokens = training["batch_size"] * training["seq_len"] * training["steps"]
+        budget = f", {len(seeds)} seed{'s' if len(seeds) > 1 else ''} x {_count(tokens)} training tokens per variant"
+    started = entry.get("started", "")[:10]
+    return f"(05 run with {params_file}{f' on {started}' if started else ''}{budget})"
+
+
 def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     """05's importance of SPIRe's parts in 05's own words (`tables.ablations.order_sentence`, as
     its lead says it): over training randomness with the target fixed, or, with one seed, about
@@ -474,8 +492,9 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     ours = [r["part"] for r in helps]
     ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
           and (interval or {}).get("scope") != "draft")
+    source = ablation_source(run, results)
     return [(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + " Paper: "
-             + escape(" > ".join(PAPER_IMPORTANCE_ORDER)))]
+             + escape(" > ".join(PAPER_IMPORTANCE_ORDER)) + (f" {escape(source)}" if source else ""))]
 
 
 def _claim_measured(run: dict, results: dict) -> list[Claim]:
@@ -618,8 +637,10 @@ def ablation_ranking(run: dict, results: dict) -> str | None:
              for effect, group in zip(labels, (harmful, unresolved)) for r in group]
     scale = recorded.get("ablation_protocol", {}).get("scale", "")
     about = ablation_tables.scope_phrase(interval).rstrip(": ")
+    source = ablation_source(run, results)
     return ("<h3>Which part of SPIRe matters most (ablations)</h3>"
             + (f"<p>{escape(about)}.</p>" if about else "")
+            + (f"<p>{escape(source)}</p>" if source else "")
             + _table(["rank (only parts that help this trained draft)" if draft else
                       "rank (only parts resolved as helping)", "this run (multiplier lost without it)",
                       "tau with it minus without", "paper's rank"], rows)

@@ -344,6 +344,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     record.setdefault("notebooks", {})
     for nb in selected:
         record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem],
+                                        "params_file": str(params_file),
                                         "planned_s": None if planned is None else round(planned.seconds(nb.stem), 2)}
     record["notebooks"] = dict(sorted(record["notebooks"].items()))
     results.write_json(run_file, record)
