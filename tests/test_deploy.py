@@ -11,8 +11,11 @@ import pytest
 import yaml
 
 from spirelib import cli
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling import profiled
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.schedule import Acceptance, Table, modeled_table, schedule
+from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.training.series import Series
 from spirelib.workbook import deploy
 
 
@@ -137,6 +140,15 @@ def test_neighbours_within_the_noise_merge_and_the_merge_is_recorded():
     assert [(r.lo, r.hi, r.k) for r in schedule(table(tm, spread=0.01), merge=False).ranges] == [(1, 2, 2), (3, 4, 1)]
 
 
+def test_the_cheapest_merge_is_made_first():
+    tm = [[2.0, 1.98, 1.0],
+          [1.0, 2.00, 1.0],
+          [1.0, 1.94, 2.0]]  # B = 2 may join B = 1 at k = 1 (loses 1%) or B = 3 at k = 3 (loses 3%), not both
+    s = schedule(table(tm, spread=0.02))
+    assert [(r.lo, r.hi, r.k) for r in s.ranges] == [(1, 2, 1), (3, 3, 3)]
+    assert [m.loss for m in s.merges] == [pytest.approx(0.01)]
+
+
 def test_a_switching_cost_merges_what_it_does_not_pay_to_switch_for():
     tm = [[2.0, 2.0, 1.6, 1.6],
           [2.2, 2.2, 1.0, 1.0]]  # k = 2 gains 10% at B 1-2
@@ -251,3 +263,44 @@ def test_a_device_given_as_peak_and_bandwidth_sets_the_hoi(run_dir):
     assert inp.hardware.hoi("bf16") == 500.0 and inp.scenario.hoi == 500.0 and inp.scenario.bytes_per_value == 2.0
     with pytest.raises(deploy.DeployError, match="both --peak-flops and --bandwidth"):
         deploy.inputs(run_dir, peak_flops=1e15)
+
+
+# ---------------------------------------------------------------------------- this machine's profiled model
+
+COST = profiled.ProfiledCost(2e10, 5e9, per_token_layer_s=1.5e-4, per_key_s=7e-6, sampling_per_logit_s=4.7e-7,
+                             bookkeeping_s=1.7e-4, bookkeeping_per_logit_s=2.5e-7,
+                             drafts={"spire": profiled.DraftOverhead(-1e-3, 8e-3)})
+
+
+def test_the_profiled_table_is_the_profiled_speedup_with_its_error_around_taus_interval():
+    a = Acceptance(4.5, 0.3, 4, (0.93, 0.96, 0.99, 0.95))
+    target = pm.ModelShape(2, 64, 2, 2, 16, 128)
+    draft = profiled.DraftShape("spire", pm.ModelShape(1, 64, 2, 2, 16, 128), keys=17, memory_layers=1)
+    t = profiled_table(COST, draft, a, [1, 2, 4], 64, target, 256, 64, bytes_per_value=4, error=0.1)
+    tau, low, _ = a.taus(4)
+    assert t.tm[2, 1] == pytest.approx(profiled.speedup(COST, draft, tau[2], target, 256, 2, 64, 64, 3, 4))
+    assert t.low[2, 1] == pytest.approx(profiled.speedup(COST, draft, low[2], target, 256, 2, 64, 64, 3, 4) / 1.1)
+    assert np.all(t.low < t.tm) and np.all(t.tm < t.high)
+
+
+def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run_dir, tmp_path):
+    results = json.loads((run_dir / "results.json").read_text())
+    with pytest.raises(deploy.DeployError, match="notebook 09's profiled model"):
+        deploy.inputs(run_dir, model="profiled")
+    results["09_measured_vs_modeled"] = {
+        "profiled_model": {**COST.to_dict(), "median_error": 0.1, "held_out_max_error": 0.5},
+        "machine": {"fp32_flops": 2e10, "bandwidth": 5e9, "bytes_per_value": 4, "device": "cpu"}}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    with pytest.raises(deploy.DeployError, match="drop --hardware"):
+        deploy.inputs(run_dir, model="profiled", hardware="h100-sxm")
+    inp = deploy.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64, methods=["spire"])
+    assert inp.device == "this-machine" and inp.dtype == "fp32" and inp.hardware.hoi("fp32") == 4.0
+    draft = inp.profiled["drafts"]["spire"]
+    spire = Series.from_dict({}).spire  # the series' SPIRe: its sink + window, memory in every layer
+    assert draft.keys == spire.sink + spire.window and draft.memory_layers == spire.num_layers
+    expected = profiled_table(COST, draft, inp.acceptance["spire"], np.arange(1, 5), 64, inp.profiled["target"], 256,
+                              64, bytes_per_value=4, error=0.1)
+    made = inp.table("spire")
+    assert np.allclose(made.tm, expected.tm) and np.allclose(made.low, expected.low)
+    doc = yaml.safe_load((deploy.write(inp, tmp_path / "cpu")["spire"]).read_text())
+    assert "profiled cost model" in doc["inputs"]["model"] and doc["inputs"]["hardware"] == "this-machine"

@@ -4,8 +4,8 @@ with the predicted speedup and its interval, and neighbouring ranges merged wher
 would not pay.
 
 The input is a `Table`: for each depth k = 1..K and each batch size B the multiplier over AD and
-its interval (`modeled_table` builds one from `perfmodel` and a measured acceptance; any other
-model, such as the profiled one, may build its own). `schedule` reads the best k per B off it and
+its interval (`modeled_table` from the paper's model, `perfmodel`, and a measured acceptance;
+`profiled_table` from this machine's profiled cost model, `profiled`). `schedule` reads the best k per B off it and
 cuts B into ranges; `merge_noise` then merges neighbouring ranges whose choice of k is not
 resolved: a range is merged into its neighbour's k when, at every batch size of both, that k's
 interval overlaps the interval of the batch size's own best k (the difference is within the
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spirelib.modeling import perfmodel
+from spirelib.modeling import perfmodel, profiled
 from spirelib.modeling.acceptance import alpha_from_tau, tau_at_depth
 
 OFF = 0  # k = 0: speculation off, autoregressive decoding (multiplier 1 exactly)
@@ -120,6 +120,30 @@ def modeled_table(method: str, acceptance: Acceptance, B, L, target, draft=None,
     dt = np.stack([np.asarray(perfmodel.iteration_time_multiplier(method, B, L, target, draft, k=int(k), **model_kwargs),
                               dtype=float).reshape(len(B)) for k in range(1, k_max + 1)])  # (K, N)
     return Table(np.arange(1, k_max + 1), B, tau[:, None] / dt, low[:, None] / dt, high[:, None] / dt)
+
+
+def profiled_table(cost: profiled.ProfiledCost, draft: profiled.DraftShape, acceptance: Acceptance, B, L: int,
+                   target: perfmodel.ModelShape, vocab_size: int, new_tokens: int, *, bytes_per_value: float,
+                   error: float, k_max: int | None = None) -> Table:
+    """The profiled cost model of this machine (`profiled.speedup`: G = `new_tokens` tokens per
+    row after a context of L, the batch's slowest row setting its rounds) at every batch size of
+    `B` and k = 1..k_max. The interval is tau's, widened by the model's own relative `error`
+    against the clock (notebook 09's median |profiled / measured - 1|): low / (1 + error),
+    high x (1 + error)."""
+    B = np.asarray(B)
+    if B.ndim != 1 or B.size == 0 or np.any(np.diff(B) <= 0) or np.any(B < 1):
+        raise ValueError(f"B must be increasing batch sizes >= 1, got {B!r}")
+    if not (np.isfinite(error) and error >= 0):
+        raise ValueError(f"error must be a non-negative fraction, got {error!r}")
+    k_max = acceptance.k_max() if k_max is None else k_max
+    taus = acceptance.taus(k_max)  # tau, low, high: (K,) each
+
+    def speedups(tau: np.ndarray) -> np.ndarray:  # (K, N)
+        return np.array([[profiled.speedup(cost, draft, float(tau[k - 1]), target, vocab_size, int(b), int(L),
+                                           new_tokens, k, bytes_per_value) for b in B] for k in range(1, k_max + 1)])
+
+    tm, low, high = (speedups(t) for t in taus)
+    return Table(np.arange(1, k_max + 1), B, tm, low / (1 + error), high * (1 + error))
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,15 @@ import numpy as np
 import yaml
 
 from spirelib.modeling import perfmodel as pm
+from spirelib.modeling import profiled
 from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.modeling.methods import label
-from spirelib.modeling.schedule import OFF, Acceptance, Schedule, Table, modeled_table, schedule
+from spirelib.modeling.schedule import OFF, Acceptance, Schedule, Table, modeled_table, profiled_table, schedule
 from spirelib.paths import project_root
 from spirelib.workbook.results import read_json
 
 SHAPES = ("trained", "paper")
+MODELS = ("paper", "profiled")
 CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
 ENGINE_FILES = {"vllm": "vllm.json", "vllm_context": "vllm-context.json", "trtllm": "trtllm.yaml",
                 "sglang": "sglang-adaptive.json"}
@@ -64,6 +66,7 @@ class Inputs:
     contexts: tuple[int, ...]
     shapes: str
     run: str
+    profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
 
     def mix(self, context: int | None = None):
         """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
@@ -71,6 +74,12 @@ class Inputs:
         return pm.LengthDistribution(L, self.length_spread, seed=0) if self.length_spread > 0 else L
 
     def table(self, method: str, context: int | None = None) -> Table:
+        """`method`'s multipliers per k and B at `context` (default: the context mix)."""
+        if self.profiled is not None:
+            p = self.profiled
+            return profiled_table(p["cost"], p["drafts"][method], self.acceptance[method], np.arange(1, self.max_batch + 1),
+                                  self.context if context is None else context, p["target"], p["vocab_size"],
+                                  p["new_tokens"], bytes_per_value=p["bytes_per_value"], error=p["error"])
         s = self.scenario
         kwargs = {key: v for key, v in s.model_kwargs().items() if key != "k"}
         return modeled_table(method, self.acceptance[method], np.arange(1, self.max_batch + 1), self.mix(context),
@@ -138,10 +147,41 @@ def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
     return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype)
 
 
+def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
+    """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
+    prices: the series' target, each draft's `profiled.DraftShape` (as 09 builds them), the
+    vocabulary, G, the bytes per value and the model's median |error| against the clock; and the
+    calibrated machine as a Hardware entry with its dtype."""
+    from spirelib.engine.drafts import vanilla_draft_config  # torch: only when a schedule is made
+    from spirelib.training.series import Series
+
+    recorded = results.get("09_measured_vs_modeled", {})
+    model, machine = recorded.get("profiled_model"), recorded.get("machine")
+    if not model or not machine:
+        raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
+    fields = {f.name for f in dataclasses.fields(profiled.ProfiledCost)} - {"drafts", "paces"}
+    cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
+                                 drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
+    series = Series.from_dict(run.get("params", {}).get("series", {}))
+    target, spire = series.target, series.spire
+    drafts = {"vanilla": profiled.DraftShape("vanilla", vanilla_draft_config(target).shape()),
+              "magicdec": profiled.DraftShape("magicdec", None, keys=series.magicdec.sink + series.magicdec.window + 1),
+              "spire": profiled.DraftShape("spire", dataclasses.replace(target, num_layers=spire.num_layers).shape(),
+                                           keys=spire.sink + spire.window,
+                                           memory_layers=spire.num_layers if spire.target_activations else 0)}
+    value_bytes = int(machine["bytes_per_value"])
+    dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
+    device = Hardware("this-machine", {dtype: float(machine["fp32_flops"])}, float(machine["bandwidth"]),
+                      f"notebook 09's calibration ({machine.get('device', '?')})")
+    return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
+             "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
+             "held_out_max_error": model.get("held_out_max_error")}, device, dtype)
+
+
 def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
            bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
            max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "trained",
-           methods=None) -> Inputs:
+           methods=None, model: str = "paper") -> Inputs:
     """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
     problems = []
     if not (run_dir / "results.json").is_file():
@@ -156,13 +196,23 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
     if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
         problems.append(f"--contexts {contexts}: increasing positive lengths")
-    try:
-        device, dtype = resolve_hardware(hardware, dtype, peak_flops, bandwidth)
-    except DeployError as e:
-        problems.append(str(e))
+    if model not in MODELS:
+        problems.append(f"--model {model}: choose {' or '.join(MODELS)}")
+    elif model == "profiled":
+        if hardware is not None or peak_flops is not None or bandwidth is not None or dtype is not None:
+            problems.append("--model profiled prices the machine notebook 09 measured: drop --hardware, --dtype, "
+                            "--peak-flops and --bandwidth")
+    else:
+        try:
+            device, dtype = resolve_hardware(hardware, dtype, peak_flops, bandwidth)
+        except DeployError as e:
+            problems.append(str(e))
     if problems:
         raise DeployError("; ".join(problems))
     results, run = read_json(run_dir / "results.json"), read_json(run_dir / "run.json")
+    fitted = None
+    if model == "profiled":
+        fitted, device, dtype = profiled_inputs(results, run)
     explorer = run.get("notebooks", {}).get("06_speedup_explorer", {}).get("parameters", {})
     context = int(context if context is not None else explorer.get("context_length", 512))
     spread = float(length_spread if length_spread is not None else 0.0)
@@ -177,8 +227,10 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
     acceptance = {m: a for m, a in acceptance.items() if m in pm.MODELED_METHODS}
     if not acceptance:
         raise DeployError(f"the run measured only {', '.join(unmodeled)}, which the throughput model does not price")
+    if fitted is not None and spread > 0:
+        raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
     return Inputs(acceptance, tau_context, _scenario(run, shapes, device, dtype), device.name, device, dtype, context,
-                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name)
+                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted)
 
 
 # ---------------------------------------------------------------------------- the formats
@@ -293,7 +345,10 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                    "hardware": inp.device, "dtype": inp.dtype, "hoi": round(inp.hardware.hoi(inp.dtype), 3),
                    "bytes_per_value": BYTES_PER_VALUE[inp.dtype], "shapes": inp.shapes,
                    "context": inp.context, "length_spread": inp.length_spread,
-                   "model": "paper's throughput model (method §2), interval from tau's 95% CI",
+                   "model": ("this machine's profiled cost model (notebook 09), interval from tau's 95% CI widened "
+                             f"by its median |error| {inp.profiled['error']:.3f} (held-out max "
+                             f"{inp.profiled['held_out_max_error']})" if inp.profiled else
+                             "paper's throughput model (method §2), interval from tau's 95% CI"),
                    "switching_cost": inp.switching_cost, "max_batch": inp.max_batch},
         "schedule": [r.to_dict() for r in main.ranges],
         "merged": [m.to_dict() for m in main.merges],
@@ -375,6 +430,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=256, help="the largest batch size scheduled (default 256)")
     parser.add_argument("--switching-cost", type=float, default=0.0,
                         help="fraction of the speedup a switch of k must beat (e.g. 0.14); default 0")
+    parser.add_argument("--model", default="paper", choices=MODELS,
+                        help="paper: the paper's throughput model on --hardware (default); profiled: this machine's "
+                             "profiled cost model as notebook 09 fitted it")
     parser.add_argument("--out", type=Path, help="output folder (default: <run>/deploy/<hardware>-<dtype>)")
 
 
@@ -389,11 +447,11 @@ def command(args: argparse.Namespace) -> int:
         inp = inputs(run_dir, hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
-                     shapes=args.shapes, methods=args.draft)
+                     shapes=args.shapes, methods=args.draft, model=args.model)
     except DeployError as e:
         print(f"error: spire deploy: {e}", file=sys.stderr)
         return 2
-    out_dir = args.out or run_dir / "deploy" / f"{inp.device}-{inp.dtype}"
+    out_dir = args.out or run_dir / "deploy" / (f"{inp.device}-{inp.dtype}" + ("-profiled" if inp.profiled else ""))
     write(inp, out_dir)
     print(summary(inp, out_dir))
     return 0
