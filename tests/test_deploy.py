@@ -302,5 +302,23 @@ def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run
                               64, bytes_per_value=4, error=0.1)
     made = inp.table("spire")
     assert np.allclose(made.tm, expected.tm) and np.allclose(made.low, expected.low)
-    doc = yaml.safe_load((deploy.write(inp, tmp_path / "cpu")["spire"]).read_text())
+    deploy.write(inp, tmp_path / "cpu")
+    doc = yaml.safe_load((tmp_path / "cpu" / "spire" / "schedule.yaml").read_text())
     assert "profiled cost model" in doc["inputs"]["model"] and doc["inputs"]["hardware"] == "this-machine"
+
+
+def test_a_run_writes_its_schedules_and_the_index_links_every_file_written(run_dir):
+    written = deploy.write_run(run_dir)
+    assert set(written) == {"h100-sxm-fp8"}  # no notebook 09 in this run: no schedule for this machine
+    entry = written["h100-sxm-fp8"]
+    for method, made in entry["methods"].items():
+        assert made["files"][0] == "schedule.yaml" and len(made["files"]) > 1
+        assert all((run_dir / entry["folder"] / method / f).is_file() for f in made["files"])
+        doc = yaml.safe_load((run_dir / entry["folder"] / method / "schedule.yaml").read_text())
+        assert made["ranges"] == ", ".join(f"B {r['batch'][0]}-{r['batch'][1]}: k={r['k']}" for r in doc["schedule"])
+    page = deploy.index_section({"deploy": written}, {})
+    assert page.count("<a href=") == sum(len(m["files"]) for m in entry["methods"].values())
+    assert "deploy/h100-sxm-fp8/spire/vllm.json" in page and "SPIRe" in page
+    assert deploy.index_section({}, {}) == ""
+    (run_dir / "results.json").write_text("{}")
+    assert "recorded no tau" in deploy.write_run(run_dir)["h100-sxm-fp8"]["skipped"]

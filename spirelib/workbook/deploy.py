@@ -374,8 +374,9 @@ def _json(config: dict) -> str:
     return dump(config, 0)
 
 
-def write(inp: Inputs, out_dir: Path) -> dict[str, Path]:
-    """Every method's files under `out_dir`/<method>/; returns our YAML per method."""
+def write(inp: Inputs, out_dir: Path) -> dict[str, dict]:
+    """Every method's files under `out_dir`/<method>/ (our YAML is schedule.yaml); returns each
+    method's `method_schedules`."""
     written = {}
     for method in inp.acceptance:
         made = method_schedules(inp, method)
@@ -392,23 +393,86 @@ def write(inp: Inputs, out_dir: Path) -> dict[str, Path]:
                                 + yaml.safe_dump({"speculative_config": config}, sort_keys=False))
             else:
                 path.write_text(_json(config) + "\n")
-        written[method] = folder / "schedule.yaml"
-        written[method].write_text(yaml.safe_dump(made["document"], sort_keys=False, width=120,
+        written[method] = made
+        (folder / "schedule.yaml").write_text(yaml.safe_dump(made["document"], sort_keys=False, width=120,
                                                         allow_unicode=True))
     return written
 
 
-def summary(inp: Inputs, out_dir: Path) -> str:
-    """One line per method: its batch ranges and k, as `spire deploy` prints them."""
+def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
+    """One line per method of `made` (`write`'s): its batch ranges and k, as `spire deploy` prints them."""
     lines = [f"{inp.run} on {inp.device} {inp.dtype} (HOI {inp.hardware.hoi(inp.dtype):.1f}), {inp.shapes} shapes, "
              f"L = {inp.context}" + (f" mixed (sigma {inp.length_spread:g})" if inp.length_spread else "")
              + f", tau at L = {inp.tau_context}:"]
-    for method in inp.acceptance:
-        s = schedule(inp.table(method), max_batch=inp.max_batch, switching_cost=inp.switching_cost)
+    for method, schedules in made.items():
+        s = schedules["schedule"]
         lines.append(f"  {label(method)}: " + ", ".join(
             f"B {r.lo}-{r.hi}: k={r.k} ({r.speedup_min:.2f}-{r.speedup_max:.2f}x)" for r in s.ranges))
     lines.append(f"written to {out_dir}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- a run's own schedules
+
+RUN_DEVICE = "h100-sxm"  # the device every run writes a schedule for (the paper's)
+RUN_PROFILED_BATCH = 8  # this machine's profiled schedule: B = 1..8 at the contexts notebook 09 timed
+
+
+def ranges_text(s: Schedule) -> str:
+    """A schedule in one line: "B 1-8: k=4, B 9-256: k=0"."""
+    return ", ".join(f"B {r.lo}-{r.hi}: k={r.k}" for r in s.ranges)
+
+
+def write_run(out_dir: Path) -> dict:
+    """The schedules a run writes into its own folder (`spire run` calls this after the last
+    notebook): on an H100 (fp8) at the trained shapes and, when notebook 09 ran, on this machine
+    from its profiled model; what run.json keeps of them (folders, per method its ranges, or
+    why none was written)."""
+    results = read_json(out_dir / "results.json")
+    measured = results.get("09_measured_vs_modeled", {}).get("cells") or []
+    options = {f"{RUN_DEVICE}-fp8": {"hardware": RUN_DEVICE, "dtype": "fp8"}}
+    if measured:
+        lengths = tuple(sorted({int(c["L"]) for c in measured}))
+        options["this-machine-profiled"] = {"model": "profiled", "max_batch": RUN_PROFILED_BATCH,
+                                            "contexts": lengths, "context": lengths[-1]}
+    written = {}
+    for name, kwargs in options.items():
+        try:
+            inp = inputs(out_dir, **kwargs)
+        except DeployError as e:
+            written[name] = {"skipped": str(e)}
+            continue
+        made = write(inp, out_dir / "deploy" / name)
+        written[name] = {"folder": f"deploy/{name}", "device": f"{inp.device} {inp.dtype}", "context": inp.context,
+                         "methods": {m: {"ranges": ranges_text(s["schedule"]),
+                                         "files": ["schedule.yaml", *(ENGINE_FILES[e] for e, c in s["engines"].items()
+                                                                      if c is not None)]}
+                                     for m, s in made.items()}}
+    return written
+
+
+def index_section(run: dict, results: dict) -> str:
+    """The index's links to the run's schedules (run.json's "deploy", `write_run`), one row per
+    device and method with its ranges; "" when the run wrote none."""
+    from html import escape
+
+    rows = []
+    for name, entry in (run.get("deploy") or {}).items():
+        if "skipped" in entry:
+            rows.append(f"<tr><td>{escape(name)}</td><td colspan='3'>not written: {escape(entry['skipped'])}</td></tr>")
+            continue
+        for method, written in entry["methods"].items():
+            folder = f"{entry['folder']}/{method}"
+            links = " ".join(f"<a href='{escape(folder)}/{f}'>{escape(f)}</a>" for f in written["files"])
+            rows.append(f"<tr><td>{escape(entry['device'])}, L = {entry['context']}</td><td>{escape(label(method))}</td>"
+                        f"<td>{escape(written['ranges'])}</td><td>{links}</td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Serving schedules</h2>\n<p>Per draft the k that maximizes the modeled throughput multiplier per "
+            "batch size (0: speculation off), in the forms vLLM, TensorRT-LLM and SGLang take "
+            "(<code>spire deploy</code>, docs/deploy.md; no engine file where speculation is off everywhere, or the "
+            "engine cannot express the schedule: schedule.yaml says which).</p>\n<table><tr><th>device</th><th>draft</th><th>batch ranges</th>"
+            "<th>files</th></tr>\n" + "\n".join(rows) + "\n</table>")
 
 
 # ---------------------------------------------------------------------------- command line
@@ -452,6 +516,5 @@ def command(args: argparse.Namespace) -> int:
         print(f"error: spire deploy: {e}", file=sys.stderr)
         return 2
     out_dir = args.out or run_dir / "deploy" / (f"{inp.device}-{inp.dtype}" + ("-profiled" if inp.profiled else ""))
-    write(inp, out_dir)
-    print(summary(inp, out_dir))
+    print(summary(inp, write(inp, out_dir), out_dir))
     return 0
