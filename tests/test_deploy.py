@@ -122,6 +122,7 @@ def test_schedule_takes_the_best_k_per_batch_and_turns_speculation_off_where_ad_
     assert [(r.lo, r.hi, r.k) for r in s.ranges] == [(1, 2, 2), (3, 4, 1), (5, 6, 0)]
     assert s.ranges[0].speedup_max == 2.5 and s.ranges[0].speedup_min == 2.0
     assert s.ranges[-1].speedup_min == 1.0 and s.merges == ()  # off: AD's own 1.0
+    assert s.ranges[-1].drafting == 0.9 and s.ranges[0].drafting == 2.5  # the best any k >= 1 reaches there
     assert [s.k_at(b) for b in (1, 3, 6, 100)] == [2, 1, 0, 0]
     assert schedule(table(tm, spread=0.0), max_batch=64).ranges[-1].hi == 64
 

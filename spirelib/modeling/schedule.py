@@ -150,7 +150,8 @@ def profiled_table(cost: profiled.ProfiledCost, draft: profiled.DraftShape, acce
 class Range:
     """Batch sizes lo..hi (inclusive) served at depth k; over them the modeled speedup spans
     speedup_min..speedup_max and its interval low..high; `loss`: the largest fraction of the
-    speedup a batch size of the range gives up against its own best k (0 unless merged)."""
+    speedup a batch size of the range gives up against its own best k (0 unless merged);
+    `drafting`: the best speedup any depth k >= 1 reaches in the range (below 1 where k = 0)."""
 
     lo: int
     hi: int
@@ -160,11 +161,13 @@ class Range:
     low: float
     high: float
     loss: float = 0.0
+    drafting: float = float("nan")
 
     def to_dict(self) -> dict:
         return {"batch": [self.lo, self.hi], "k": self.k, "speedup": [round(self.speedup_min, 4),
                                                                     round(self.speedup_max, 4)],
-                "interval": [round(self.low, 4), round(self.high, 4)], "loss": round(self.loss, 4)}
+                "interval": [round(self.low, 4), round(self.high, 4)], "loss": round(self.loss, 4),
+                "best_with_drafting": round(self.drafting, 4)}
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,7 @@ def _range(table: Table, first: int, last: int, k: int, max_batch: int) -> Range
     span = slice(first, last + 1)
     loss = float(np.max(1.0 - tm[span] / best_tm[span]))
     return Range(int(table.B[first]), hi, k, float(tm[span].min()), float(tm[span].max()), float(low[span].min()),
-                 float(high[span].max()), max(0.0, loss))
+                 float(high[span].max()), max(0.0, loss), float(table.tm[:, span].max()))
 
 
 def schedule(table: Table, *, max_batch: int | None = None, switching_cost: float = 0.0, merge: bool = True
