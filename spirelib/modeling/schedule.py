@@ -191,6 +191,10 @@ class Schedule:
     ranges: tuple[Range, ...]
     merges: tuple[Merge, ...] = field(default=())
 
+    def describe(self) -> str:
+        """The ranges in one line: "B 1-8: k=4, B 9-256: k=0"."""
+        return ", ".join(f"B {r.lo}-{r.hi}: k={r.k}" for r in self.ranges)
+
     def k_at(self, batch: int) -> int:
         """The scheduled depth at `batch` (the last range's k beyond its end)."""
         for r in self.ranges:

@@ -418,11 +418,6 @@ RUN_DEVICE = "h100-sxm"  # the device every run writes a schedule for (the paper
 RUN_PROFILED_BATCH = 8  # this machine's profiled schedule: B = 1..8 at the contexts notebook 09 timed
 
 
-def ranges_text(s: Schedule) -> str:
-    """A schedule in one line: "B 1-8: k=4, B 9-256: k=0"."""
-    return ", ".join(f"B {r.lo}-{r.hi}: k={r.k}" for r in s.ranges)
-
-
 def write_run(out_dir: Path) -> dict:
     """The schedules a run writes into its own folder (`spire run` calls this after the last
     notebook): on an H100 (fp8) at the trained shapes and, when notebook 09 ran, on this machine
@@ -444,7 +439,7 @@ def write_run(out_dir: Path) -> dict:
             continue
         made = write(inp, out_dir / "deploy" / name)
         written[name] = {"folder": f"deploy/{name}", "device": f"{inp.device} {inp.dtype}", "context": inp.context,
-                         "methods": {m: {"ranges": ranges_text(s["schedule"]),
+                         "methods": {m: {"ranges": s["schedule"].describe(),
                                          "files": ["schedule.yaml", *(ENGINE_FILES[e] for e, c in s["engines"].items()
                                                                       if c is not None)]}
                                      for m, s in made.items()}}
