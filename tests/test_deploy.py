@@ -5,6 +5,7 @@ reads it (lookups written from the engines' own code and documented examples, do
 import bisect
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from spirelib.modeling import profiled
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
 from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
 from spirelib.training.series import Series
-from spirelib.workbook import deploy
+from spirelib.workbook import deploy, runner
 
 
 def table(tm, spread=0.01):
@@ -323,3 +324,21 @@ def test_a_run_writes_its_schedules_and_the_index_links_every_file_written(run_d
     assert deploy.index_section({}, {}) == ""
     (run_dir / "results.json").write_text("{}")
     assert "recorded no tau" in deploy.write_run(run_dir)["h100-sxm-fp8"]["skipped"]
+
+
+def test_spire_run_writes_the_schedules_after_a_notebook_they_read(tmp_path, monkeypatch):
+    fixtures = Path(__file__).parent / "fixtures"
+    monkeypatch.setattr(deploy, "write_run", lambda out_dir: {"h100-sxm-fp8": {"skipped": f"stub for {out_dir.name}"}})
+    monkeypatch.setattr(deploy, "READS", ("01_record",))
+    monkeypatch.setattr(runner, "_execute", lambda *args: ("ok", 0.0, None))  # no kernel: the hook is under test
+    assert cli.main(["run", "--params", str(fixtures / "params.yaml"), "--notebooks", str(fixtures / "notebooks"),
+                     "--only", "01", "--out", str(tmp_path / "reads")]) == 0
+    assert json.loads((tmp_path / "reads" / "run.json").read_text())["deploy"] == {
+        "h100-sxm-fp8": {"skipped": "stub for reads"}}
+    assert "not written: stub for reads" in (tmp_path / "reads" / "index.html").read_text()
+
+
+def test_only_runs_that_touch_what_the_schedules_read_rewrite_them():
+    assert deploy.reads_any(["01_performance_model", "04_measure_tau"])
+    assert deploy.reads_any(["09_measured_vs_modeled"])
+    assert not deploy.reads_any(["06_speedup_explorer", "08_cost_analysis"])

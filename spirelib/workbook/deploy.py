@@ -414,13 +414,19 @@ def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
 
 # ---------------------------------------------------------------------------- a run's own schedules
 
+READS = ("04_measure_tau", "09_measured_vs_modeled")  # the notebooks whose results a run's schedules read
 RUN_DEVICE = "h100-sxm"  # the device every run writes a schedule for (the paper's)
 RUN_PROFILED_BATCH = 8  # this machine's profiled schedule: B = 1..8 at the contexts notebook 09 timed
 
 
+def reads_any(stems) -> bool:
+    """Whether a run of the notebooks `stems` changed what its schedules read (`READS`)."""
+    return bool(set(stems) & set(READS))
+
+
 def write_run(out_dir: Path) -> dict:
     """The schedules a run writes into its own folder (`spire run` calls this after the last
-    notebook): on an H100 (fp8) at the trained shapes and, when notebook 09 ran, on this machine
+    notebook when it ran one of `READS`): on an H100 (fp8) at the trained shapes and, when notebook 09 ran, on this machine
     from its profiled model; what run.json keeps of them (folders, per method its ranges, or
     why none was written)."""
     results = read_json(out_dir / "results.json")

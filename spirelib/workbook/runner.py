@@ -373,7 +373,9 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     for entry in record["notebooks"].values():
         if entry["status"] == "pending":
             entry.update(status="skipped", error="not run: the run stopped at an earlier notebook")
-    record.update(status=status, finished=_now(), deploy=deploy.write_run(out_dir))
+    record.update(status=status, finished=_now())
+    if deploy.reads_any(nb.stem for nb in selected):
+        record["deploy"] = deploy.write_run(out_dir)
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
     print(f"reports: {index}")
