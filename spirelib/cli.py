@@ -5,6 +5,7 @@
     spire train  {target,vanilla,spire} --params P   train and cache one of the series' models
     spire data   {fetch,fixture} ...                 the default corpus; a LongCrawl64 fixture
     spire bench  {decode,memory,...} [options]       benchmarks (tokens/s, MFU, roofline, memory)
+    spire deploy outputs/default --hardware h100-sxm  per draft a batch-size -> k schedule for serving engines
 
 Every subcommand checks all of its input before any compute and exits 2 naming every problem.
 `spire train` runs under torchrun as it is (one process per device), e.g.
@@ -27,7 +28,7 @@ from spirelib.engine.spire import ABLATIONS
 from spirelib.training import data
 from spirelib.training.params import ParamsError, load_params
 from spirelib.training.series import Series, problems
-from spirelib.workbook import runner
+from spirelib.workbook import deploy, runner
 
 MODELS = ("target", "vanilla", "spire")
 
@@ -124,6 +125,8 @@ COMMANDS = {  # name -> (one line of help, add the arguments, run)
               runner.command),
     "train": ("train (or load) one of the series' models into the cache; torchrun-ready", _train_arguments, _train),
     "data": ("fetch the default corpus, or write a LongCrawl64 fixture", data.add_arguments, data.command),
+    "deploy": ("a finished run's batch-size -> k schedules for vLLM, SGLang and TensorRT-LLM (docs/deploy.md)",
+               deploy.add_arguments, deploy.command),
     "bench": ("benchmarks: decoding tokens/s and roofline, training MFU, memory, the model's speed",
               _bench_arguments, _bench),
 }

@@ -45,6 +45,7 @@ import yaml
 from jinja2 import DictLoader
 from nbconvert import HTMLExporter
 
+from spirelib.workbook.deploy import index_section as schedules_section
 from spirelib.workbook.findings import escape, findings_section, verdict_section
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -311,8 +312,8 @@ def results_section(run: dict, results: dict) -> str:
             + ".</p>")
 
 
-INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, reports_section, findings_section,
-                                                     parameters_section, results_section]
+INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, schedules_section, reports_section,
+                                                     findings_section, parameters_section, results_section]
 
 
 def render_value(value: Any, max_items: int = 12) -> str:

@@ -49,8 +49,8 @@ from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
+from spirelib.workbook import deploy, report, results
 from spirelib.workbook import plan as work
-from spirelib.workbook import report, results
 from spirelib.workbook.tables import measured
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
@@ -375,6 +375,8 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         if entry["status"] == "pending":
             entry.update(status="skipped", error="not run: the run stopped at an earlier notebook")
     record.update(status=status, finished=_now())
+    if deploy.reads_any(nb.stem for nb in selected):
+        record["deploy"] = deploy.write_run(out_dir)
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
     print(f"reports: {index}")

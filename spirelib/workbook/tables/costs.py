@@ -11,8 +11,9 @@ import numpy as np
 from spirelib.modeling import costs
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.methods import label as method_label
+from spirelib.modeling.schedule import Acceptance, modeled_table, schedule
 from spirelib.workbook.plots.explorer import Scenario
-from spirelib.workbook.tables.perf import window_name
+from spirelib.workbook.tables.perf import _depth_free, window_name
 
 DRAFT_COST_COLUMNS = {"target": "target", "draft": "draft", "params": "body params",
                       "same_tokens": "units (target's tokens, MFU ratio applied)",
@@ -126,6 +127,35 @@ def cost_at(scenario: Scenario, B: int, L: int, training: dict[str, float], serv
     modeled TM, the drafts' training units and `serving_units` of autoregressive serving."""
     tm = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
     return costs.cost_table(tm, training, serving_units=serving_units)
+
+
+SCHEDULED_COLUMNS = {"method": "method", "k": "scheduled k", "tm_fixed": "TM at the fixed k", "tm": "TM at the schedule's k",
+                     "net_fixed": "net savings, fixed k", "net": "net savings, schedule's k"}
+
+
+def scheduled_savings(scenario: Scenario, B: int, L: int, training: dict[str, float], serving_units: float,
+                      k_max: int = 8) -> list[dict]:
+    """The cost table (method §2, "Cost analysis") with each method at the k its deployment
+    schedule serves at (B, L) (`modeling.schedule` over B = 1..B, i.i.d. acceptance from the
+    scenario's tau at its k, searched to `k_max`; k = 0: speculation off, TM 1) beside the fixed k:
+    per method the scheduled k, both TMs and both net savings."""
+    fixed = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
+    scheduled, ks = {}, {}
+    for m, tau in scenario.taus.items():
+        table = modeled_table(m, Acceptance(float(tau), 0.0, scenario.k), np.arange(1, B + 1), L, scenario.target,
+                              scenario.drafts.get(m), k_max=k_max, **_depth_free(scenario))
+        ks[m] = schedule(table).k_at(B)
+        scheduled[m] = float(table.at(ks[m])[0][B - 1])
+    nets = {name: by_method(costs.cost_table(tm, training, serving_units=serving_units), "net_savings")
+            for name, tm in (("fixed", fixed), ("scheduled", scheduled))}
+    return [{"method": m, "k": ks[m], "tm_fixed": fixed[m], "tm": scheduled[m], "net_fixed": nets["fixed"][m],
+             "net": nets["scheduled"][m]} for m in scenario.taus]
+
+
+def scheduled_result(tables_at: dict[str, list[dict]]) -> dict:
+    """`scheduled_savings` per target as results.json holds it: method -> {k, tm, net_savings}."""
+    return {name: {r["method"]: {"k": r["k"], "tm": r["tm"], "net_savings": r["net"]} for r in rows}
+            for name, rows in tables_at.items()}
 
 
 def cost_heading(name: str, B: int, L: int, serving_units: float) -> str:

@@ -26,6 +26,7 @@ from spirelib.engine.wallclock import (
 )
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import label as method_label
+from spirelib.modeling.schedule import OFF, Acceptance, profiled_table, schedule
 from spirelib.workbook.tables.winners import AD, by_cell, where_sentence, winner
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
@@ -361,3 +362,75 @@ def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: di
             "machine": {"fp32_flops": peak, "bandwidth": bandwidth, "device": device,
                         "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale,
                         **({"threads": threads} if threads else {})}}
+
+
+# The CPU schedule (`spire deploy --model profiled`, docs/deploy.md) against the measured cells.
+
+SCHEDULE_COLUMNS = {"B": "B", "L": "L", "scheduled": "schedule's choice (profiled)", "measured": "best measured",
+                    "interval": "its 95% CI", "lands": "schedule within it"}
+
+
+def schedule_acceptance(run: dict, cells: list[dict], k: int) -> dict[int, dict]:
+    """Per measured L, per timed method the acceptance its schedule reads: notebook 04's tau, CI
+    and per-position curve when the run recorded them at that L (`deploy.recorded_acceptance`),
+    else the cells' own mean tau at depth k (i.i.d., no interval)."""
+    from spirelib.workbook.deploy import DeployError, recorded_acceptance
+
+    out = {}
+    for L in sorted({int(c["L"]) for c in cells}):
+        methods = {c["method"]: float(c["tau"]) for c in cells if int(c["L"]) == L}
+        try:
+            recorded, at = recorded_acceptance(run, L)
+        except DeployError:
+            recorded, at = {}, None
+        out[L] = ({m: recorded[m] for m in methods} if at == L and set(methods) <= set(recorded) else
+                  {m: Acceptance(min(tau, k + 1.0), 0.0, k) for m, tau in methods.items()})
+    return out
+
+
+def scheduled_choices(cells: list[dict], cost: profiled.ProfiledCost, shapes: dict[str, profiled.DraftShape],
+                      acceptance: dict[int, dict], target, vocab_size: int, new_tokens: int, *,
+                      bytes_per_value: float, error: float) -> dict[tuple[int, int], tuple[str, int, float]]:
+    """Per measured (B, L) what this machine's schedule serves: per method the profiled model's
+    schedule over B = 1..the largest measured B at L (`modeling.schedule`, its interval widened by
+    `error`), its k and predicted speedup at B, and the method with the highest one; ("ad", 0,
+    1.0) where every method's schedule is off. `acceptance[L]`: method -> `schedule.Acceptance`."""
+    batches = np.arange(1, max(int(c["B"]) for c in cells) + 1)
+    choices = {}
+    for L in sorted({int(c["L"]) for c in cells}):
+        at_l = {}
+        for method, a in acceptance[L].items():
+            table = profiled_table(cost, shapes[method], a, batches, L, target, vocab_size, new_tokens,
+                                   bytes_per_value=bytes_per_value, error=error)
+            at_l[method] = (table, schedule(table))
+        for B in sorted({int(c["B"]) for c in cells if int(c["L"]) == L}):
+            options = [(method, s.k_at(B), float(t.at(s.k_at(B))[0][B - 1])) for method, (t, s) in at_l.items()]
+            best = max(options, key=lambda o: o[2])
+            choices[(B, L)] = best if best[1] != OFF else (AD, OFF, 1.0)
+    return choices
+
+
+def schedule_check_rows(cells: list[dict], choices: dict[tuple[int, int], tuple[str, int, float]]) -> list[dict]:
+    """Per measured (B, L): the schedule's choice and predicted speedup, the best measured option
+    (AD at 1 exactly, or the method with the highest measured speedup, at the series' k) with its
+    95% CI, and whether the predicted speedup lands in that interval."""
+    rows = []
+    for (B, L), (method, k, predicted) in sorted(choices.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        here = [c for c in cells if int(c["B"]) == B and int(c["L"]) == L]
+        top = max(here, key=lambda c: c["measured_speedup"])
+        low, high = (top["ci_low"], top["ci_high"]) if top["measured_speedup"] > 1.0 else (1.0, 1.0)
+        name = method_label(top["method"]) if top["measured_speedup"] > 1.0 else "AD"
+        rows.append({"B": B, "L": L,
+                     "scheduled": "off (AD)" if method == AD else f"{method_label(method)} k={k}: {predicted:.2f}x",
+                     "measured": name if name == "AD" else f"{name}: {top['measured_speedup']:.2f}x",
+                     "interval": f"{low:.2f}..{high:.2f}", "lands": bool(low <= predicted <= high)})
+    return rows
+
+
+def schedule_check_sentence(rows: list[dict]) -> str:
+    """How many measured cells the schedule's prediction lands in, in one line."""
+    lands = sum(r["lands"] for r in rows)
+    missed = ", ".join(f"(B = {r['B']}, L = {r['L']})" for r in rows if not r["lands"])
+    return (f"**The CPU schedule against the clock:** at {lands} of {len(rows)} measured (B, L) cells the "
+            "schedule's choice (from the profiled model) predicts a speedup within the 95% CI of the best measured "
+            "option (AD counted at exactly 1)" + (f"; not at {missed}." if missed else "."))

@@ -17,6 +17,7 @@ from spirelib.modeling.ablations import variant_multipliers
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
 from spirelib.modeling.hardware import operating_points
 from spirelib.modeling.methods import label as method_label
+from spirelib.modeling.schedule import Acceptance, Schedule, modeled_table, schedule
 from spirelib.workbook.plots.explorer import Scenario
 from spirelib.workbook.tables.winners import where_sentence, winner
 
@@ -395,6 +396,41 @@ def explorer_results(taus: dict, measured_at: int | None, cell, at: dict, change
     if index is not None:
         results["best_k_at_highlight"] = {m: int(ks[index]) for m, ks in best.items()}
     return results
+
+
+def schedule_acceptance(run: dict, taus: dict, k: int, context: int) -> dict[str, Acceptance]:
+    """The acceptance a deployment schedule reads: notebook 04's tau with its CI and per-position
+    curve at the recorded context nearest `context` when the run has them
+    (`deploy.recorded_acceptance`), else `taus` (the paper's) at depth k with no interval."""
+    from spirelib.workbook.deploy import DeployError, recorded_acceptance
+
+    try:
+        recorded, _ = recorded_acceptance(run, context)
+    except DeployError:
+        return {m: Acceptance(float(t), 0.0, k) for m, t in taus.items()}
+    return {m: a for m, a in recorded.items() if m in taus}
+
+
+def schedules_at(scenario: Scenario, acceptance: dict[str, Acceptance], L: int, max_batch: int) -> dict[str, Schedule]:
+    """Per method the deployment schedule (`modeling.schedule`, docs/deploy.md) over B =
+    1..max_batch at context L under the scenario's shapes and cost settings (its k ignored: the
+    schedule picks k per B)."""
+    B = np.arange(1, max_batch + 1)
+    return {m: schedule(modeled_table(m, a, B, L, scenario.target, scenario.drafts.get(m), **_depth_free(scenario)),
+                        max_batch=max_batch) for m, a in acceptance.items()}
+
+
+def schedule_rows(schedules: dict[str, Schedule], grid: dict, L: int) -> list[dict]:
+    """Beside the winner map (`winner_grid`, at its fixed k) at context L: per B of its grid the
+    winner ("-" when L is off the grid) and each method's scheduled k (0: speculation off)."""
+    j = grid["L"].index(L) if L in grid["L"] else None
+    return [{"B": b, "winner": "-" if j is None else method_label(grid["winners"][i][j]),
+             **{method_label(m): s.k_at(b) for m, s in schedules.items()}} for i, b in enumerate(grid["B"])]
+
+
+def schedule_sentence(schedules: dict[str, Schedule], L: int) -> str:
+    """The schedules' ranges at L in words, one method a line."""
+    return "\n".join(f"- **{method_label(m)}** at L = {L}: {s.describe()}" for m, s in schedules.items())
 
 
 # Notebook 07's cells: Llama 3 70B with the paper's drafts (method §2, "Extrapolation").

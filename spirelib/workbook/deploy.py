@@ -1,0 +1,521 @@
+"""`spire deploy`: a finished run's answer in the forms serving engines take (docs/deploy.md).
+
+From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-position acceptance) and
+`run.json` (the series' shapes, notebook 06's context), for each measured draft and MagicDec: a
+batch-size -> k schedule (`modeling.schedule`) on a device of the hardware table, or one given as
+peak FLOP/s and bandwidth, at the params file's context mix (a fixed L, or 06's mixed-length
+batches), and one per context of a grid for the engines that take a context axis. Written as:
+
+- our YAML, with the intervals, the merges, the inputs and, per engine, what it could not express;
+- vLLM's `speculative_config` keys: `num_speculative_tokens` and `num_speculative_tokens_per_batch_size`
+  (inclusive [lo, hi, k] entries; gaps inherit), and its (batch x context) form of 5-item entries
+  under `speculative_token_schedule`;
+- TensorRT-LLM's `speculative_config` `max_draft_len` and `draft_len_schedule` ({inclusive upper
+  batch size: k}; above the largest key speculation is off);
+- SGLang's `--speculative-adaptive-config` JSON ({lower batch size: {"candidate_steps": [k]}}),
+  one candidate per slot so its controller keeps the scheduled k.
+
+The schemas and where they were read are in docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling import profiled
+from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
+from spirelib.modeling.methods import label
+from spirelib.modeling.schedule import OFF, Acceptance, Schedule, Table, modeled_table, profiled_table, schedule
+from spirelib.paths import project_root
+from spirelib.workbook.results import read_json
+
+SHAPES = ("trained", "paper")
+MODELS = ("paper", "profiled")
+CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
+ENGINE_FILES = {"vllm": "vllm.json", "vllm_context": "vllm-context.json", "trtllm": "trtllm.yaml",
+                "sglang": "sglang-adaptive.json"}
+
+
+class DeployError(ValueError):
+    """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a schedule is made from: per method its acceptance, the scenario's shapes and cost
+    settings (`plots.explorer.Scenario`, k ignored), the device, the context mix and the grid."""
+
+    acceptance: dict[str, Acceptance]
+    tau_context: int
+    scenario: object  # plots.explorer.Scenario (its taus unused)
+    device: str
+    hardware: Hardware
+    dtype: str
+    context: int
+    length_spread: float
+    max_batch: int
+    switching_cost: float
+    contexts: tuple[int, ...]
+    shapes: str
+    run: str
+    profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
+
+    def mix(self, context: int | None = None):
+        """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
+        L = self.context if context is None else context
+        return pm.LengthDistribution(L, self.length_spread, seed=0) if self.length_spread > 0 else L
+
+    def table(self, method: str, context: int | None = None) -> Table:
+        """`method`'s multipliers per k and B at `context` (default: the context mix)."""
+        if self.profiled is not None:
+            p = self.profiled
+            return profiled_table(p["cost"], p["drafts"][method], self.acceptance[method], np.arange(1, self.max_batch + 1),
+                                  self.context if context is None else context, p["target"], p["vocab_size"],
+                                  p["new_tokens"], bytes_per_value=p["bytes_per_value"], error=p["error"])
+        s = self.scenario
+        kwargs = {key: v for key, v in s.model_kwargs().items() if key != "k"}
+        return modeled_table(method, self.acceptance[method], np.arange(1, self.max_batch + 1), self.mix(context),
+                             s.target, s.drafts.get(method), **kwargs)
+
+
+# ---------------------------------------------------------------------------- reading a run
+
+def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptance], int]:
+    """Notebook 04's tau (mean, 95% CI) and per-position acceptance per method at the recorded
+    context nearest `context`, and that context."""
+    recorded = results.get("04_measure_tau", {})
+    taus = recorded.get("tau")
+    if not taus:
+        raise DeployError("the run recorded no tau (notebook 04): run the series, or `spire run --only 04` "
+                          "after the drafts are trained, then deploy")
+    depth = int(recorded.get("tau_protocol", {}).get("k", 4))
+    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
+    L = min(lengths, key=lambda length: (abs(length - context), length))
+    per_position = recorded.get("per_position_acceptance", {})
+    out = {}
+    for method, by_l in taus.items():
+        if str(L) not in by_l:
+            continue
+        p = per_position.get(method, {}).get(str(L), {}).get("p") or ()
+        out[method] = Acceptance(float(by_l[str(L)]["mean"]), float(by_l[str(L)]["ci95"]), depth,
+                                 tuple(float(v) for v in p) if len(p) == depth else ())
+    return out, L
+
+
+def resolve_hardware(name: str | None, dtype: str | None, peak_flops: float | None, bandwidth: float | None,
+                     table: dict[str, Hardware] | None = None) -> tuple[Hardware, str]:
+    """A device of the hardware table by `name`, or one given as `peak_flops` (for `dtype`) and
+    `bandwidth`; the dtype defaults to the device's first of fp8, bf16, fp32."""
+    table = hardware_table() if table is None else table
+    if peak_flops is not None or bandwidth is not None:
+        if name is not None or peak_flops is None or bandwidth is None:
+            raise DeployError("give either --hardware NAME or both --peak-flops and --bandwidth (with --dtype)")
+        dtype = dtype or "bf16"
+        if dtype not in BYTES_PER_VALUE:
+            raise DeployError(f"--dtype {dtype}: unknown; known: {', '.join(sorted(BYTES_PER_VALUE))}")
+        try:
+            return Hardware("custom", {dtype: float(peak_flops)}, float(bandwidth), "given on the command line"), dtype
+        except ValueError as e:
+            raise DeployError(str(e)) from e
+    if name is None:
+        raise DeployError(f"--hardware: name a device ({', '.join(table)}) or give --peak-flops and --bandwidth")
+    if name not in table:
+        raise DeployError(f"--hardware {name}: unknown device; known: {', '.join(table)} (or give --peak-flops "
+                          "and --bandwidth for the serving dtype)")
+    device = table[name]
+    dtype = dtype or next(d for d in ("fp8", "bf16", "fp32", *device.peak_flops) if d in device.peak_flops)
+    if dtype not in device.peak_flops:
+        raise DeployError(f"--dtype {dtype}: {name} has no {dtype} peak; it has {', '.join(device.peak_flops)}")
+    return device, dtype
+
+
+def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
+    """The scenario of the run's series (`tables.perf.series_scenarios`) at `shapes` on the device."""
+    from spirelib.training.series import Series  # torch: only when a schedule is made
+    from spirelib.workbook.tables.perf import series_scenarios
+
+    series = Series.from_dict(run.get("params", {}).get("series", {}))
+    scenarios = series_scenarios(series, {}, hardware.hoi(dtype), "")
+    return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype)
+
+
+def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
+    """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
+    prices: the series' target, each draft's `profiled.DraftShape` (as 09 builds them), the
+    vocabulary, G, the bytes per value and the model's median |error| against the clock; and the
+    calibrated machine as a Hardware entry with its dtype."""
+    from spirelib.engine.drafts import vanilla_draft_config  # torch: only when a schedule is made
+    from spirelib.training.series import Series
+
+    recorded = results.get("09_measured_vs_modeled", {})
+    model, machine = recorded.get("profiled_model"), recorded.get("machine")
+    if not model or not machine:
+        raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
+    fields = {f.name for f in dataclasses.fields(profiled.ProfiledCost)} - {"drafts", "paces"}
+    cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
+                                 drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
+    series = Series.from_dict(run.get("params", {}).get("series", {}))
+    target, spire = series.target, series.spire
+    drafts = {"vanilla": profiled.DraftShape("vanilla", vanilla_draft_config(target).shape()),
+              "magicdec": profiled.DraftShape("magicdec", None, keys=series.magicdec.sink + series.magicdec.window + 1),
+              "spire": profiled.DraftShape("spire", dataclasses.replace(target, num_layers=spire.num_layers).shape(),
+                                           keys=spire.sink + spire.window,
+                                           memory_layers=spire.num_layers if spire.target_activations else 0)}
+    value_bytes = int(machine["bytes_per_value"])
+    dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
+    device = Hardware("this-machine", {dtype: float(machine["fp32_flops"])}, float(machine["bandwidth"]),
+                      f"notebook 09's calibration ({machine.get('device', '?')})")
+    return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
+             "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
+             "held_out_max_error": model.get("held_out_max_error")}, device, dtype)
+
+
+def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
+           bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
+           max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "trained",
+           methods=None, model: str = "paper") -> Inputs:
+    """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
+    problems = []
+    if not (run_dir / "results.json").is_file():
+        raise DeployError(f"{run_dir}: no results.json; deploy reads a finished run (spire run --params ...)")
+    if shapes not in SHAPES:
+        problems.append(f"--shapes {shapes}: choose {' or '.join(SHAPES)}")
+    if not (isinstance(max_batch, int) and max_batch >= 1):
+        problems.append(f"--max-batch {max_batch}: must be a positive integer")
+    if not (0.0 <= switching_cost < 1.0):
+        problems.append(f"--switching-cost {switching_cost}: a fraction of the speedup in [0, 1), e.g. 0.14")
+    if length_spread is not None and length_spread < 0:
+        problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
+    if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
+        problems.append(f"--contexts {contexts}: increasing positive lengths")
+    if model not in MODELS:
+        problems.append(f"--model {model}: choose {' or '.join(MODELS)}")
+    elif model == "profiled":
+        if hardware is not None or peak_flops is not None or bandwidth is not None or dtype is not None:
+            problems.append("--model profiled prices the machine notebook 09 measured: drop --hardware, --dtype, "
+                            "--peak-flops and --bandwidth")
+    else:
+        try:
+            device, dtype = resolve_hardware(hardware, dtype, peak_flops, bandwidth)
+        except DeployError as e:
+            problems.append(str(e))
+    if problems:
+        raise DeployError("; ".join(problems))
+    results, run = read_json(run_dir / "results.json"), read_json(run_dir / "run.json")
+    fitted = None
+    if model == "profiled":
+        fitted, device, dtype = profiled_inputs(results, run)
+    explorer = run.get("notebooks", {}).get("06_speedup_explorer", {}).get("parameters", {})
+    context = int(context if context is not None else explorer.get("context_length", 512))
+    spread = float(length_spread if length_spread is not None else 0.0)
+    acceptance, tau_context = recorded_acceptance(results, context)
+    if methods:
+        unknown = [m for m in methods if m not in acceptance]
+        if unknown:
+            raise DeployError(f"--draft {', '.join(unknown)}: no such draft in this run; it measured "
+                              f"{', '.join(acceptance)} at L = {tau_context}")
+        acceptance = {m: acceptance[m] for m in methods}
+    unmodeled = [m for m in acceptance if m not in pm.MODELED_METHODS]
+    acceptance = {m: a for m, a in acceptance.items() if m in pm.MODELED_METHODS}
+    if not acceptance:
+        raise DeployError(f"the run measured only {', '.join(unmodeled)}, which the throughput model does not price")
+    if fitted is not None and spread > 0:
+        raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
+    return Inputs(acceptance, tau_context, _scenario(run, shapes, device, dtype), device.name, device, dtype, context,
+                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted)
+
+
+# ---------------------------------------------------------------------------- the formats
+
+def vllm_config(s: Schedule) -> dict | None:
+    """vLLM's `speculative_config` keys for a batch schedule: the startup maximum
+    `num_speculative_tokens` (> 0; the scheduled k is clamped to it) and the inclusive
+    [lo, hi, k] entries of `num_speculative_tokens_per_batch_size`, the first from batch size 1.
+    None when speculation is off everywhere (serve without a speculative_config)."""
+    k_max = max(r.k for r in s.ranges)
+    if k_max == OFF:
+        return None
+    return {"num_speculative_tokens": k_max,
+            "num_speculative_tokens_per_batch_size": [[r.lo, r.hi, r.k] for r in s.ranges]}
+
+
+def vllm_context_config(by_context: dict[int, Schedule]) -> dict | None:
+    """vLLM's (batch x context) form: 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] entries forming a
+    rectangular grid (every batch range has every context range), context ranges contiguous from 1
+    (the last one open-ended), under `speculative_token_schedule`; a context bucket (lo, L] takes the
+    k of its upper end L. None when speculation is off everywhere."""
+    lengths = sorted(by_context)
+    k_max = max(r.k for s in by_context.values() for r in s.ranges)
+    if k_max == OFF:
+        return None
+    starts = sorted({r.lo for s in by_context.values() for r in s.ranges})
+    ends = [b - 1 for b in starts[1:]] + [max(s.ranges[-1].hi for s in by_context.values())]
+    entries = []
+    for lo, hi in zip(starts, ends):
+        for j, L in enumerate(lengths):
+            ctx_lo = 1 if j == 0 else lengths[j - 1] + 1
+            entries.append([lo, hi, ctx_lo, L, by_context[L].k_at(lo)])
+    return {"num_speculative_tokens": k_max, "speculative_token_schedule": entries, "ctx_agg": "mean"}
+
+
+def trtllm_config(s: Schedule, table: Table) -> tuple[dict | None, Schedule]:
+    """TensorRT-LLM's `max_draft_len` and `draft_len_schedule` ({inclusive upper batch size: k};
+    batch sizes above the largest key run without speculation), and the schedule it expresses:
+    its smallest key's k must equal max_draft_len and no k may exceed it, so either every range
+    deeper than the first is clamped to the first's k, or the first is raised to the deepest k,
+    whichever loses less on `table` (`expressed_cost`); trailing k = 0 ranges are implicit. None
+    when that leaves speculation off at B = 1 (max_draft_len must be > 0)."""
+    deepest = max(r.k for r in s.ranges)
+    clamped = dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=min(r.k, s.ranges[0].k))
+                                                  for r in s.ranges))
+    raised = dataclasses.replace(s, ranges=(dataclasses.replace(s.ranges[0], k=deepest), *s.ranges[1:]))
+    expressed = min((clamped, raised), key=lambda e: expressed_cost(table, e))
+    first = expressed.ranges[0].k
+    if first == OFF:
+        return None, expressed
+    entries = {r.hi: r.k for r in expressed.ranges}
+    while len(entries) > 1 and entries[max(entries)] == OFF:
+        del entries[max(entries)]
+    return {"max_draft_len": first, "draft_len_schedule": entries}, expressed
+
+
+def sglang_config(s: Schedule) -> tuple[dict | None, dict | None]:
+    """SGLang's adaptive-speculation config ({lower batch size: {"candidate_steps": [k]}}; a batch
+    is padded to its CUDA-graph size and served by the largest key at or below it) with one
+    candidate per slot, and the server arguments it needs (`speculative_num_steps` must be one of
+    the candidates; topk 1; draft tokens = steps + 1). (None, None) when off everywhere."""
+    if max(r.k for r in s.ranges) == OFF:
+        return None, None
+    config = {str(r.lo): {"candidate_steps": [r.k]} for r in s.ranges}
+    steps = s.ranges[0].k
+    return config, {"speculative_adaptive": True, "speculative_num_steps": steps, "speculative_eagle_topk": 1,
+                    "speculative_num_draft_tokens": steps + 1}
+
+
+def expressed_cost(table: Table, expressed: Schedule, against: Schedule | None = None) -> float:
+    """The largest fraction of the modeled speedup a batch size of `table` gives up under the
+    `expressed` schedule's k, against `against`'s k (None: the batch size's own best k)."""
+    def speedups(s: Schedule) -> np.ndarray:
+        return np.array([table.at(s.k_at(int(b)))[0][i] for i, b in enumerate(table.B)])
+
+    reference = table.best()[1] if against is None else speedups(against)
+    return float(max(0.0, np.max(1.0 - speedups(expressed) / reference)))
+
+
+# ---------------------------------------------------------------------------- writing
+
+def method_schedules(inp: Inputs, method: str) -> dict:
+    """One method's schedule at the context mix, its per-context schedules, what each engine's
+    form expresses and what it costs; the engine configs and our YAML document."""
+    table = inp.table(method)
+    main = schedule(table, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
+    tables = {L: inp.table(method, L) for L in inp.contexts}
+    by_context = {L: schedule(t, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
+                  for L, t in tables.items()}
+    collapsed = {str(L): round(expressed_cost(tables[L], main, by_context[L]), 4) for L in inp.contexts}
+    trt, trt_expressed = trtllm_config(main, table)
+    sglang, sglang_args = sglang_config(main)
+    engines = {
+        "vllm": vllm_config(main), "vllm_context": vllm_context_config(by_context), "trtllm": trt, "sglang": sglang}
+    notes = {
+        "vllm": "batch only: the schedule at the context mix; per context L the largest loss: see collapsed_cost",
+        "vllm_context": "per (batch, context) bucket; a context bucket takes the k of its upper end",
+        "trtllm": ("batch only, as vllm; " + (
+                   f"its first k must be its deepest: written as k = {[r.k for r in trt_expressed.ranges]} (largest loss "
+                   f"{expressed_cost(table, trt_expressed):.4f} against the best k, "
+                   f"{expressed_cost(table, trt_expressed, main):.4f} against the schedule); " if trt_expressed != main else "")
+                   + f"above B = {max(trt['draft_len_schedule']) if trt else 0} speculation is off") if trt else
+                  "off at B = 1: TensorRT-LLM's schedule must start at max_draft_len > 0; not written",
+        "sglang": "batch only, as vllm; SGLang's adaptive path runs only for its EAGLE-family algorithms "
+                  "(see docs/deploy.md)",
+    }
+    document = {
+        "method": method, "label": label(method), "run": inp.run,
+        "inputs": {"tau": inp.acceptance[method].tau, "tau_ci95": inp.acceptance[method].ci95,
+                   "tau_depth": inp.acceptance[method].depth, "tau_context": inp.tau_context,
+                   "per_position": list(inp.acceptance[method].per_position) or None,
+                   "hardware": inp.device, "dtype": inp.dtype, "hoi": round(inp.hardware.hoi(inp.dtype), 3),
+                   "bytes_per_value": BYTES_PER_VALUE[inp.dtype], "shapes": inp.shapes,
+                   "context": inp.context, "length_spread": inp.length_spread,
+                   "model": ("this machine's profiled cost model (notebook 09), interval from tau's 95% CI widened "
+                             f"by its median |error| {inp.profiled['error']:.3f} (its largest on the held-out cells: "
+                             f"{inp.profiled['held_out_max_error'] or float('nan'):.3f})" if inp.profiled else
+                             "paper's throughput model (method §2), interval from tau's 95% CI"),
+                   "switching_cost": inp.switching_cost, "max_batch": inp.max_batch},
+        "schedule": [r.to_dict() for r in main.ranges],
+        "merged": [m.to_dict() for m in main.merges],
+        "by_context": {str(L): [r.to_dict() for r in s.ranges] for L, s in by_context.items()},
+        "collapsed_cost": collapsed,
+        "engines": {name: {"file": ENGINE_FILES[name] if engines[name] else None, "note": notes[name]}
+                    for name in engines},
+        "sglang_server_args": sglang_args,
+    }
+    return {"document": document, "engines": engines, "schedule": main, "by_context": by_context}
+
+
+def _json(config: dict) -> str:
+    """`config` as JSON, a list of numbers (a schedule entry) on one line."""
+    def dump(value, indent):
+        pad = " " * (indent + 2)
+        if isinstance(value, dict):
+            items = [f"{pad}{json.dumps(k)}: {dump(v, indent + 2)}" for k, v in value.items()]
+            return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+        if isinstance(value, list) and value and not all(isinstance(v, (int, float)) for v in value):
+            return "[\n" + ",\n".join(pad + dump(v, indent + 2) for v in value) + "\n" + " " * indent + "]"
+        return json.dumps(value)
+    return dump(config, 0)
+
+
+def write(inp: Inputs, out_dir: Path) -> dict[str, dict]:
+    """Every method's files under `out_dir`/<method>/ (our YAML is schedule.yaml); returns each
+    method's `method_schedules`."""
+    written = {}
+    for method in inp.acceptance:
+        made = method_schedules(inp, method)
+        folder = out_dir / method
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, config in made["engines"].items():
+            path = folder / ENGINE_FILES[name]
+            path.unlink(missing_ok=True)
+            if config is None:
+                continue
+            if name == "trtllm":
+                path.write_text(f"# spire deploy: {label(method)} on {inp.device} {inp.dtype}; "
+                                f"{made['document']['engines']['trtllm']['note']}\n"
+                                + yaml.safe_dump({"speculative_config": config}, sort_keys=False))
+            else:
+                path.write_text(_json(config) + "\n")
+        written[method] = made
+        (folder / "schedule.yaml").write_text(yaml.safe_dump(made["document"], sort_keys=False, width=120,
+                                                        allow_unicode=True))
+    return written
+
+
+def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
+    """One line per method of `made` (`write`'s): its batch ranges and k, as `spire deploy` prints them."""
+    lines = [f"{inp.run} on {inp.device} {inp.dtype} (HOI {inp.hardware.hoi(inp.dtype):.1f}), {inp.shapes} shapes, "
+             f"L = {inp.context}" + (f" mixed (sigma {inp.length_spread:g})" if inp.length_spread else "")
+             + f", tau at L = {inp.tau_context}:"]
+    for method, schedules in made.items():
+        s = schedules["schedule"]
+        lines.append(f"  {label(method)}: " + ", ".join(
+            f"B {r.lo}-{r.hi}: k={r.k} ({r.speedup_min:.2f}-{r.speedup_max:.2f}x)" for r in s.ranges))
+    lines.append(f"written to {out_dir}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- a run's own schedules
+
+READS = ("04_measure_tau", "09_measured_vs_modeled")  # the notebooks whose results a run's schedules read
+RUN_DEVICE = "h100-sxm"  # the device every run writes a schedule for (the paper's)
+RUN_PROFILED_BATCH = 8  # this machine's profiled schedule: B = 1..8 at the contexts notebook 09 timed
+
+
+def reads_any(stems) -> bool:
+    """Whether a run of the notebooks `stems` changed what its schedules read (`READS`)."""
+    return bool(set(stems) & set(READS))
+
+
+def write_run(out_dir: Path) -> dict:
+    """The schedules a run writes into its own folder (`spire run` calls this after the last
+    notebook when it ran one of `READS`): on an H100 (fp8) at the trained shapes and, when notebook 09 ran, on this machine
+    from its profiled model; what run.json keeps of them (folders, per method its ranges, or
+    why none was written)."""
+    results = read_json(out_dir / "results.json")
+    measured = results.get("09_measured_vs_modeled", {}).get("cells") or []
+    options = {f"{RUN_DEVICE}-fp8": {"hardware": RUN_DEVICE, "dtype": "fp8"}}
+    if measured:
+        lengths = tuple(sorted({int(c["L"]) for c in measured}))
+        options["this-machine-profiled"] = {"model": "profiled", "max_batch": RUN_PROFILED_BATCH,
+                                            "contexts": lengths, "context": lengths[-1]}
+    written = {}
+    for name, kwargs in options.items():
+        try:
+            inp = inputs(out_dir, **kwargs)
+        except DeployError as e:
+            written[name] = {"skipped": str(e)}
+            continue
+        made = write(inp, out_dir / "deploy" / name)
+        written[name] = {"folder": f"deploy/{name}", "device": f"{inp.device} {inp.dtype}", "context": inp.context,
+                         "methods": {m: {"ranges": s["schedule"].describe(),
+                                         "files": ["schedule.yaml", *(ENGINE_FILES[e] for e, c in s["engines"].items()
+                                                                      if c is not None)]}
+                                     for m, s in made.items()}}
+    return written
+
+
+def index_section(run: dict, results: dict) -> str:
+    """The index's links to the run's schedules (run.json's "deploy", `write_run`), one row per
+    device and method with its ranges; "" when the run wrote none."""
+    from html import escape
+
+    rows = []
+    for name, entry in (run.get("deploy") or {}).items():
+        if "skipped" in entry:
+            rows.append(f"<tr><td>{escape(name)}</td><td colspan='3'>not written: {escape(entry['skipped'])}</td></tr>")
+            continue
+        for method, written in entry["methods"].items():
+            folder = f"{entry['folder']}/{method}"
+            links = " ".join(f"<a href='{escape(folder)}/{f}'>{escape(f)}</a>" for f in written["files"])
+            rows.append(f"<tr><td>{escape(entry['device'])}, L = {entry['context']}</td><td>{escape(label(method))}</td>"
+                        f"<td>{escape(written['ranges'])}</td><td>{links}</td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Serving schedules</h2>\n<p>Per draft the k that maximizes the modeled throughput multiplier per "
+            "batch size (0: speculation off), in the forms vLLM, TensorRT-LLM and SGLang take "
+            "(<code>spire deploy</code>, docs/deploy.md; no engine file where speculation is off everywhere, or the "
+            "engine cannot express the schedule: schedule.yaml says which).</p>\n<table><tr><th>device</th><th>draft</th><th>batch ranges</th>"
+            "<th>files</th></tr>\n" + "\n".join(rows) + "\n</table>")
+
+
+# ---------------------------------------------------------------------------- command line
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN", type=Path, help="a finished run's folder (outputs/<run>) or its name")
+    parser.add_argument("--hardware", help="a device of the hardware table (h100-sxm, h200, a100-sxm, b200, "
+                                           "tpu-v5e, this-machine once calibrated)")
+    parser.add_argument("--dtype", help="the serving dtype (default: the device's fp8, else bf16, else fp32)")
+    parser.add_argument("--peak-flops", type=float, help="instead of --hardware: dense peak FLOP/s in --dtype")
+    parser.add_argument("--bandwidth", type=float, help="instead of --hardware: memory bandwidth, bytes/s")
+    parser.add_argument("--draft", action="append", help="only this method (repeatable; default: every measured one)")
+    parser.add_argument("--shapes", default="trained", choices=SHAPES, help="the run's trained shapes (default) or "
+                                                                           "the paper's 67M target and drafts")
+    parser.add_argument("--context", type=int, help="the context L (default: notebook 06's context_length)")
+    parser.add_argument("--length-spread", type=float, help="sigma of log-length: mixed-length batches (default 0)")
+    parser.add_argument("--contexts", type=lambda s: tuple(int(v) for v in s.split(",")), default=CONTEXTS,
+                        help="the context grid of the per-context schedules (default 32,...,8192)")
+    parser.add_argument("--max-batch", type=int, default=256, help="the largest batch size scheduled (default 256)")
+    parser.add_argument("--switching-cost", type=float, default=0.0,
+                        help="fraction of the speedup a switch of k must beat (e.g. 0.14); default 0")
+    parser.add_argument("--model", default="paper", choices=MODELS,
+                        help="paper: the paper's throughput model on --hardware (default); profiled: this machine's "
+                             "profiled cost model as notebook 09 fitted it")
+    parser.add_argument("--out", type=Path, help="output folder (default: <run>/deploy/<hardware>-<dtype>)")
+
+
+def run_folder(value: Path) -> Path:
+    """A run's folder: the path as given, or outputs/<name>."""
+    return value if value.is_dir() else project_root() / "outputs" / value
+
+
+def command(args: argparse.Namespace) -> int:
+    run_dir = run_folder(args.run_dir)
+    try:
+        inp = inputs(run_dir, hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
+                     bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
+                     max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
+                     shapes=args.shapes, methods=args.draft, model=args.model)
+    except DeployError as e:
+        print(f"error: spire deploy: {e}", file=sys.stderr)
+        return 2
+    out_dir = args.out or run_dir / "deploy" / (f"{inp.device}-{inp.dtype}" + ("-profiled" if inp.profiled else ""))
+    print(summary(inp, write(inp, out_dir), out_dir))
+    return 0

@@ -1,0 +1,344 @@
+"""`spire deploy`: the schedule (best k per batch size, off where AD wins, merges within the
+noise or the switching cost), its refusals, and each engine's form read back the way the engine
+reads it (lookups written from the engines' own code and documented examples, docs/deploy.md)."""
+
+import bisect
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from spirelib import cli
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling import profiled
+from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.training.series import Series
+from spirelib.workbook import deploy, runner
+
+
+def table(tm, spread=0.01):
+    """A Table over B = 1..N from tm (K, N), its interval +-spread relative."""
+    tm = np.asarray(tm, dtype=float)
+    return Table(np.arange(1, tm.shape[0] + 1), np.arange(1, tm.shape[1] + 1), tm, tm * (1 - spread),
+                 tm * (1 + spread))
+
+
+# ---------------------------------------------------------------------------- the engines' lookups
+
+def vllm_k(config: dict, batch: int, context: int = 1) -> int:
+    """vLLM's lookup (vllm/v1/spec_decode/dynamic/utils.py): inclusive [lo, hi, k] (or 5-item with a
+    context range) entries, the first from 1; a gap inherits the previous k; clamped to
+    num_speculative_tokens."""
+    entries = config.get("speculative_token_schedule") or config["num_speculative_tokens_per_batch_size"]
+    last = None
+    for entry in sorted(entries, key=lambda e: (e[0], e[2] if len(e) == 5 else 0)):
+        lo, hi, *ctx, k = entry
+        if ctx and not ctx[0] <= context <= ctx[1] and not (ctx[1] == max(e[3] for e in entries) and context > ctx[1]):
+            continue
+        if lo <= batch <= hi:
+            return min(config["num_speculative_tokens"], k)
+        if lo <= batch:
+            last = k
+    return min(config["num_speculative_tokens"], last)
+
+
+def vllm_problems(config: dict) -> list[str]:
+    """vLLM's validation of a schedule (validate_and_normalize_dynamic_sd_schedule), in short."""
+    entries = config.get("speculative_token_schedule") or config["num_speculative_tokens_per_batch_size"]
+    found = [] if config["num_speculative_tokens"] > 0 else ["num_speculative_tokens must be > 0"]
+    if {len(e) for e in entries} - {3, 5} or len({len(e) for e in entries}) > 1:
+        found.append("entries must all be 3-item or all 5-item")
+    ranges = sorted({(e[0], e[1]) for e in entries})
+    if ranges[0][0] != 1:
+        found.append("the first batch-size range must start at 1")
+    if any(b[0] <= a[1] for a, b in itertools.pairwise(ranges)):
+        found.append("batch-size ranges must be non-overlapping")
+    if any(e[-1] < 0 for e in entries):
+        found.append("K must be >= 0")
+    if len(entries[0]) == 5:
+        contexts = sorted({(e[2], e[3]) for e in entries})
+        if len(entries) != len(ranges) * len(contexts):
+            found.append("not a rectangular (batch x context) grid")
+        if contexts[0][0] != 1 or any(b[0] != a[1] + 1 for a, b in itertools.pairwise(contexts)):
+            found.append("context ranges must be contiguous from 1")
+    return found
+
+
+def trtllm_k(config: dict, batch: int) -> int:
+    """TensorRT-LLM's lookup (_torch/speculative/utils.py get_draft_len_for_batch_size): the first
+    key >= batch; above the largest key 0."""
+    keys = sorted(config["draft_len_schedule"])
+    i = bisect.bisect_left(keys, batch)
+    return config["draft_len_schedule"][keys[i]] if i < len(keys) else 0
+
+
+def trtllm_problems(config: dict) -> list[str]:
+    """TensorRT-LLM's validator (DecodingBaseConfig.validate_draft_len_schedule_and_sort), in short."""
+    schedule, top = config["draft_len_schedule"], config["max_draft_len"]
+    found = [f"key {b} < 1" for b in schedule if b < 1] + [f"k {k} < 0" for k in schedule.values() if k < 0]
+    if schedule[min(schedule)] != top:
+        found.append("the smallest key must map to max_draft_len")
+    found += [f"k {k} > max_draft_len" for k in schedule.values() if k > top]
+    return found
+
+
+def sglang_k(config: dict, batch: int) -> int:
+    """SGLang's routing (AdaptiveSpeculativeParams._find_closest_bs): the slot of the largest key
+    <= batch (the first below it), its one candidate step."""
+    keys = sorted(int(k) for k in config if k.isdigit())
+    slot = keys[max(0, bisect.bisect_right(keys, batch) - 1)]
+    return config[str(slot)]["candidate_steps"][0]
+
+
+def test_the_lookups_read_the_engines_documented_examples_as_documented():
+    vllm = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 16, 3], [64, 128, 2],
+                                                                                   [256, 4096, 0]]}
+    assert [vllm_k(vllm, b) for b in (1, 16, 17, 63, 64, 200, 256, 5000)] == [3, 3, 3, 3, 2, 2, 0, 0]  # gaps inherit
+    assert vllm_problems(vllm) == []
+    ctx = {"num_speculative_tokens": 3, "speculative_token_schedule": [
+        [1, 64, 1, 768, 3], [1, 64, 769, 32768, 3], [65, 256, 1, 768, 0], [65, 256, 769, 32768, 3]]}
+    assert [vllm_k(ctx, 100, 500), vllm_k(ctx, 100, 1000), vllm_k(ctx, 100, 10**6)] == [0, 3, 3]
+    assert vllm_problems(ctx) == []
+    assert vllm_problems({"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[2, 8, 1]]})
+    trt = {"max_draft_len": 4, "draft_len_schedule": {4: 4, 8: 2, 32: 1}}
+    assert [trtllm_k(trt, b) for b in (1, 4, 5, 8, 9, 32, 33)] == [4, 4, 2, 2, 1, 1, 0]
+    assert trtllm_problems(trt) == [] and trtllm_problems({"max_draft_len": 4, "draft_len_schedule": {4: 2, 8: 4}})
+    sglang = {"1": {"candidate_steps": [1, 3, 5, 7]}, "8": {"candidate_steps": [0, 1, 3]},
+              "32": {"candidate_steps": [0, 1]}, "64": {"candidate_steps": [0]}}
+    assert [sglang_k(sglang, b) for b in (1, 7, 8, 31, 32, 64, 500)] == [1, 1, 0, 0, 0, 0, 0]
+
+
+# ---------------------------------------------------------------------------- the schedule
+
+def test_schedule_takes_the_best_k_per_batch_and_turns_speculation_off_where_ad_wins():
+    #          B = 1    2    3    4    5    6
+    tm = [[2.0, 1.8, 1.5, 1.2, 0.9, 0.8],   # k = 1
+          [2.5, 2.0, 1.4, 1.1, 0.8, 0.7],   # k = 2
+          [2.2, 1.7, 1.3, 1.0, 0.7, 0.6]]   # k = 3
+    s = schedule(table(tm, spread=0.0))
+    assert [(r.lo, r.hi, r.k) for r in s.ranges] == [(1, 2, 2), (3, 4, 1), (5, 6, 0)]
+    assert s.ranges[0].speedup_max == 2.5 and s.ranges[0].speedup_min == 2.0
+    assert s.ranges[-1].speedup_min == 1.0 and s.merges == ()  # off: AD's own 1.0
+    assert s.ranges[-1].drafting == 0.9 and s.ranges[0].drafting == 2.5  # the best any k >= 1 reaches there
+    assert [s.k_at(b) for b in (1, 3, 6, 100)] == [2, 1, 0, 0]
+    assert schedule(table(tm, spread=0.0), max_batch=64).ranges[-1].hi == 64
+
+
+def test_neighbours_within_the_noise_merge_and_the_merge_is_recorded():
+    tm = [[2.00, 2.00, 1.50, 1.50],
+          [2.03, 2.03, 1.00, 1.00]]  # k = 2 wins B 1-2 by 1.5%, k = 1 wins B 3-4 by 50%
+    noisy = schedule(table(tm, spread=0.01))
+    assert [(r.lo, r.hi, r.k) for r in noisy.ranges] == [(1, 4, 1)]
+    (merge,) = noisy.merges
+    assert merge.merged == ((1, 2, 2), (3, 4, 1)) and merge.k == 1 and merge.reason == "noise"
+    assert merge.loss == pytest.approx(1 - 2.00 / 2.03)
+    assert noisy.ranges[0].loss == pytest.approx(1 - 2.00 / 2.03)
+    resolved = schedule(table(tm, spread=0.001))  # intervals apart: both ranges stay
+    assert [(r.lo, r.hi, r.k) for r in resolved.ranges] == [(1, 2, 2), (3, 4, 1)] and resolved.merges == ()
+    assert [(r.lo, r.hi, r.k) for r in schedule(table(tm, spread=0.01), merge=False).ranges] == [(1, 2, 2), (3, 4, 1)]
+
+
+def test_the_cheapest_merge_is_made_first():
+    tm = [[2.0, 1.98, 1.0],
+          [1.0, 2.00, 1.0],
+          [1.0, 1.94, 2.0]]  # B = 2 may join B = 1 at k = 1 (loses 1%) or B = 3 at k = 3 (loses 3%), not both
+    s = schedule(table(tm, spread=0.02))
+    assert [(r.lo, r.hi, r.k) for r in s.ranges] == [(1, 2, 1), (3, 3, 3)]
+    assert [m.loss for m in s.merges] == [pytest.approx(0.01)]
+
+
+def test_a_switching_cost_merges_what_it_does_not_pay_to_switch_for():
+    tm = [[2.0, 2.0, 1.6, 1.6],
+          [2.2, 2.2, 1.0, 1.0]]  # k = 2 gains 10% at B 1-2
+    assert len(schedule(table(tm, spread=0.001), switching_cost=0.05).ranges) == 2
+    s = schedule(table(tm, spread=0.001), switching_cost=0.12)
+    assert [(r.lo, r.hi, r.k) for r in s.ranges] == [(1, 4, 1)] and s.merges[0].reason == "switching cost"
+    with pytest.raises(ValueError, match="switching_cost"):
+        schedule(table(tm), switching_cost=1.5)
+
+
+def test_the_tau_interval_moves_the_acceptance_curve_and_is_empty_without_spread():
+    a = Acceptance(3.0, 0.2, 4, (0.8, 0.7, 0.6, 0.5))
+    tau, low, high = a.taus(4)
+    assert tau[-1] == pytest.approx(1 + 0.8 + 0.56 + 0.336 + 0.168)
+    assert np.all(low < tau) and np.all(tau < high) and np.all(high <= np.arange(2, 6))
+    assert (tau[-1] - 1) / (low[-1] - 1) == pytest.approx((a.tau - 1) / (a.tau - 0.2 - 1))
+    tight = Acceptance(3.0, 0.0, 4).taus(8)
+    assert np.array_equal(tight[0], tight[1]) and len(tight[0]) == 8
+    with pytest.raises(ValueError, match="per_position"):
+        Acceptance(3.0, 0.1, 4, (0.9, 0.8))
+
+
+def test_the_modeled_table_finds_the_same_best_k_as_acceptance_best_k():
+    a = Acceptance(3.4, 0.0, 4)  # i.i.d. alpha of tau 3.4 at k = 4, searched to k = 8
+    B = np.arange(1, 129)
+    t = modeled_table("spire", a, B, 512, "seqax-67m", "spire-draft")
+    s = schedule(t, merge=False)
+    alpha = float(alpha_from_tau(3.4, 4))
+    for b in (1, 8, 64, 128):
+        k, tm = best_k("spire", alpha, b, 512, "seqax-67m", "spire-draft", k_max=8)
+        assert s.k_at(b) == k and t.at(k)[0][b - 1] == pytest.approx(tm)
+    assert len({r.k for r in s.ranges}) > 1  # the depth does change with B here
+
+
+# ---------------------------------------------------------------------------- a run folder
+
+RESULTS = {"04_measure_tau": {
+    "tau": {"spire": {"512": {"mean": 3.2, "ci95": 0.05, "n_contexts": 10}},
+            "vanilla": {"512": {"mean": 2.5, "ci95": 0.04, "n_contexts": 10}},
+            "magicdec": {"512": {"mean": 2.9, "ci95": 0.04, "n_contexts": 10}}},
+    "per_position_acceptance": {"spire": {"512": {"p": [0.8, 0.7, 0.6, 0.5]}}},
+    "tau_protocol": {"k": 4}}}
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(RESULTS))
+    (folder / "run.json").write_text(json.dumps({"params": {"series": {}}, "notebooks": {
+        "06_speedup_explorer": {"parameters": {"context_length": 512}}}}))
+    return folder
+
+
+def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm", "--shapes", "paper", "--max-batch", "128",
+                     "--contexts", "256,512,1024", "--out", str(out)]) == 0
+    assert "MagicDec: B 1-" in capsys.readouterr().out
+    inp = deploy.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=128, contexts=(256, 512, 1024))
+    for method in ("spire", "vanilla", "magicdec"):
+        doc = yaml.safe_load((out / method / "schedule.yaml").read_text())
+        s = schedule(inp.table(method), max_batch=128)
+        assert [r["k"] for r in doc["schedule"]] == [r.k for r in s.ranges]
+        assert doc["inputs"]["hardware"] == "h100-sxm" and doc["inputs"]["hoi"] == pytest.approx(590.746, abs=1e-3)
+        vllm = json.loads((out / method / "vllm.json").read_text())
+        assert vllm_problems(vllm) == [] and all(vllm_k(vllm, b) == s.k_at(b) for b in range(1, 129))
+        ctx = json.loads((out / method / "vllm-context.json").read_text())
+        assert vllm_problems(ctx) == []
+        for L in (256, 512, 1024):
+            per_l = schedule(inp.table(method, L), max_batch=128)
+            assert all(vllm_k(ctx, b, L) == per_l.k_at(b) for b in range(1, 129))
+        trt = yaml.safe_load((out / method / "trtllm.yaml").read_text())["speculative_config"]
+        assert trtllm_problems(trt) == []
+        _, expressed = deploy.trtllm_config(s, inp.table(method))
+        assert all(trtllm_k(trt, b) == expressed.k_at(b) for b in range(1, 129)) and trtllm_k(trt, 129) == 0
+        sglang = json.loads((out / method / "sglang-adaptive.json").read_text())
+        assert all(sglang_k(sglang, b) == s.k_at(b) for b in range(1, 129))
+        assert doc["sglang_server_args"]["speculative_num_steps"] in {r.k for r in s.ranges}
+        assert set(doc["collapsed_cost"]) == {"256", "512", "1024"} and doc["collapsed_cost"]["512"] == 0.0
+
+
+def test_trtllm_keeps_its_first_k_the_deepest_at_the_least_modeled_loss():
+    tm = [[1.5, 1.5, 1.5, 1.5],
+          [1.2, 1.6, 2.0, 2.4]]  # best: k = 1 at B = 1, k = 2 after
+    t = table(tm, spread=0.0)
+    s = schedule(t)
+    config, expressed = deploy.trtllm_config(s, t)
+    assert [r.k for r in expressed.ranges] == [2, 2] and config == {"max_draft_len": 2, "draft_len_schedule": {1: 2,
+                                                                                                          4: 2}}
+    assert trtllm_problems(config) == []
+    assert deploy.expressed_cost(t, expressed) == pytest.approx(1 - 1.2 / 1.5)  # raised beats clamped (1 - 1.5/2.4)
+
+
+def test_refusals_name_the_problem_before_any_compute(run_dir, tmp_path, capsys):
+    assert cli.main(["deploy", str(run_dir), "--hardware", "h100", "--draft", "spire"]) == 2
+    assert "--hardware h100: unknown device; known: h100-sxm" in capsys.readouterr().err
+    assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm", "--draft", "eagle"]) == 2
+    assert "--draft eagle: no such draft in this run; it measured spire, vanilla, magicdec" in capsys.readouterr().err
+    assert cli.main(["deploy", str(tmp_path / "nothing"), "--hardware", "h100-sxm"]) == 2
+    assert "no results.json" in capsys.readouterr().err
+    assert cli.main(["deploy", str(run_dir), "--hardware", "a100-sxm", "--dtype", "fp8"]) == 2
+    assert "a100-sxm has no fp8 peak" in capsys.readouterr().err
+    (run_dir / "results.json").write_text("{}")
+    assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm"]) == 2
+    assert "recorded no tau" in capsys.readouterr().err
+    assert not (run_dir / "deploy").exists()
+
+
+def test_a_device_given_as_peak_and_bandwidth_sets_the_hoi(run_dir):
+    inp = deploy.inputs(run_dir, peak_flops=1e15, bandwidth=2e12, dtype="bf16", max_batch=8, contexts=(512,))
+    assert inp.hardware.hoi("bf16") == 500.0 and inp.scenario.hoi == 500.0 and inp.scenario.bytes_per_value == 2.0
+    with pytest.raises(deploy.DeployError, match="both --peak-flops and --bandwidth"):
+        deploy.inputs(run_dir, peak_flops=1e15)
+
+
+# ---------------------------------------------------------------------------- this machine's profiled model
+
+COST = profiled.ProfiledCost(2e10, 5e9, per_token_layer_s=1.5e-4, per_key_s=7e-6, sampling_per_logit_s=4.7e-7,
+                             bookkeeping_s=1.7e-4, bookkeeping_per_logit_s=2.5e-7,
+                             drafts={"spire": profiled.DraftOverhead(-1e-3, 8e-3)})
+
+
+def test_the_profiled_table_is_the_profiled_speedup_with_its_error_around_taus_interval():
+    a = Acceptance(4.5, 0.3, 4, (0.93, 0.96, 0.99, 0.95))
+    target = pm.ModelShape(2, 64, 2, 2, 16, 128)
+    draft = profiled.DraftShape("spire", pm.ModelShape(1, 64, 2, 2, 16, 128), keys=17, memory_layers=1)
+    t = profiled_table(COST, draft, a, [1, 2, 4], 64, target, 256, 64, bytes_per_value=4, error=0.1)
+    tau, low, _ = a.taus(4)
+    assert t.tm[2, 1] == pytest.approx(profiled.speedup(COST, draft, tau[2], target, 256, 2, 64, 64, 3, 4))
+    assert t.low[2, 1] == pytest.approx(profiled.speedup(COST, draft, low[2], target, 256, 2, 64, 64, 3, 4) / 1.1)
+    assert np.all(t.low < t.tm) and np.all(t.tm < t.high)
+
+
+def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run_dir, tmp_path):
+    results = json.loads((run_dir / "results.json").read_text())
+    with pytest.raises(deploy.DeployError, match="notebook 09's profiled model"):
+        deploy.inputs(run_dir, model="profiled")
+    results["09_measured_vs_modeled"] = {
+        "profiled_model": {**COST.to_dict(), "median_error": 0.1, "held_out_max_error": 0.5},
+        "machine": {"fp32_flops": 2e10, "bandwidth": 5e9, "bytes_per_value": 4, "device": "cpu"}}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    with pytest.raises(deploy.DeployError, match="drop --hardware"):
+        deploy.inputs(run_dir, model="profiled", hardware="h100-sxm")
+    inp = deploy.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64, methods=["spire"])
+    assert inp.device == "this-machine" and inp.dtype == "fp32" and inp.hardware.hoi("fp32") == 4.0
+    draft = inp.profiled["drafts"]["spire"]
+    spire = Series.from_dict({}).spire  # the series' SPIRe: its sink + window, memory in every layer
+    assert draft.keys == spire.sink + spire.window and draft.memory_layers == spire.num_layers
+    expected = profiled_table(COST, draft, inp.acceptance["spire"], np.arange(1, 5), 64, inp.profiled["target"], 256,
+                              64, bytes_per_value=4, error=0.1)
+    made = inp.table("spire")
+    assert np.allclose(made.tm, expected.tm) and np.allclose(made.low, expected.low)
+    deploy.write(inp, tmp_path / "cpu")
+    doc = yaml.safe_load((tmp_path / "cpu" / "spire" / "schedule.yaml").read_text())
+    assert "profiled cost model" in doc["inputs"]["model"] and doc["inputs"]["hardware"] == "this-machine"
+
+
+def test_a_run_writes_its_schedules_and_the_index_links_every_file_written(run_dir):
+    written = deploy.write_run(run_dir)
+    assert set(written) == {"h100-sxm-fp8"}  # no notebook 09 in this run: no schedule for this machine
+    entry = written["h100-sxm-fp8"]
+    for method, made in entry["methods"].items():
+        assert made["files"][0] == "schedule.yaml" and len(made["files"]) > 1
+        assert all((run_dir / entry["folder"] / method / f).is_file() for f in made["files"])
+        doc = yaml.safe_load((run_dir / entry["folder"] / method / "schedule.yaml").read_text())
+        assert made["ranges"] == ", ".join(f"B {r['batch'][0]}-{r['batch'][1]}: k={r['k']}" for r in doc["schedule"])
+    page = deploy.index_section({"deploy": written}, {})
+    assert page.count("<a href=") == sum(len(m["files"]) for m in entry["methods"].values())
+    assert "deploy/h100-sxm-fp8/spire/vllm.json" in page and "SPIRe" in page
+    assert deploy.index_section({}, {}) == ""
+    (run_dir / "results.json").write_text("{}")
+    assert "recorded no tau" in deploy.write_run(run_dir)["h100-sxm-fp8"]["skipped"]
+
+
+def test_spire_run_writes_the_schedules_after_a_notebook_they_read(tmp_path, monkeypatch):
+    fixtures = Path(__file__).parent / "fixtures"
+    monkeypatch.setattr(deploy, "write_run", lambda out_dir: {"h100-sxm-fp8": {"skipped": f"stub for {out_dir.name}"}})
+    monkeypatch.setattr(deploy, "READS", ("01_record",))
+    monkeypatch.setattr(runner, "_execute", lambda *args: ("ok", 0.0, None))  # no kernel: the hook is under test
+    assert cli.main(["run", "--params", str(fixtures / "params.yaml"), "--notebooks", str(fixtures / "notebooks"),
+                     "--only", "01", "--out", str(tmp_path / "reads")]) == 0
+    assert json.loads((tmp_path / "reads" / "run.json").read_text())["deploy"] == {
+        "h100-sxm-fp8": {"skipped": "stub for reads"}}
+    assert "not written: stub for reads" in (tmp_path / "reads" / "index.html").read_text()
+
+
+def test_only_runs_that_touch_what_the_schedules_read_rewrite_them():
+    assert deploy.reads_any(["01_performance_model", "04_measure_tau"])
+    assert deploy.reads_any(["09_measured_vs_modeled"])
+    assert not deploy.reads_any(["06_speedup_explorer", "08_cost_analysis"])
