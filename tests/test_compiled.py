@@ -26,7 +26,7 @@ def test_compiled_decoding_emits_the_eager_greedy_tokens():
                                     d_head=8, d_ff=32), seed=5)
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=4)).eval()
     contexts = torch.randint(0, CFG.vocab_size, (4, 20), generator=torch.Generator().manual_seed(3))
-    lengths = torch.tensor([20, 18, 20, 17])  # ragged contexts; prefill (> 16 tokens) stays eager
+    lengths = torch.tensor([20, 18, 20, 17])  # ragged contexts; the prefill is compiled too
     drafts = {"ad": (None, lambda: None),
               "magicdec": (None, lambda: MagicDecDraft(target, SinkWindow(1, 6), temperature=0.0)),
               "vanilla": (small, lambda: VanillaDraft(small, temperature=0.0)),

@@ -17,6 +17,28 @@ def available() -> dict[str, ModuleType]:
     return {n.replace("_", "-"): importlib.import_module(f"{__name__}.{n}") for n in names}
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The target's shape options, defaulting to the default series' target (params/default.yaml)."""
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--target-layers", type=int, default=8)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--n-q-per-kv", type=int, default=1)
+    parser.add_argument("--n-kv", type=int, default=4)
+    parser.add_argument("--d-head", type=int, default=32)
+    parser.add_argument("--d-ff", type=int, default=512)
+
+
+MODEL_OPTIONS = ("vocab_size", "target_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff")
+
+
+def model_config(args: argparse.Namespace):
+    """The target's `ModelConfig` from `add_model_arguments`' options."""
+    from spirelib.engine.transformer import ModelConfig
+
+    return ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model,
+                       n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
+
+
 def positive(args: argparse.Namespace, *names: str) -> list[str]:
     """A problem for each option in `names` (or any value of a list option) that is not > 0."""
     out = []

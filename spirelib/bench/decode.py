@@ -35,11 +35,11 @@ from dataclasses import replace
 
 import torch
 
-from spirelib.bench import positive
+from spirelib.bench import MODEL_OPTIONS, add_model_arguments, model_config, positive
 from spirelib.engine.drafts import draft_factory, vanilla_draft_config
 from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.engine.spire import SpireConfig, SpireDraftModel
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.engine.transformer import Transformer
 from spirelib.engine.wallclock import (
     loop_timings,
     profiled_cells,
@@ -215,13 +215,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", choices=TIMED, default=list(TIMED))
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
-    parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--target-layers", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--n-q-per-kv", type=int, default=1)
-    parser.add_argument("--n-kv", type=int, default=4)
-    parser.add_argument("--d-head", type=int, default=32)
-    parser.add_argument("--d-ff", type=int, default=512)
+    add_model_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (after one warm-up); best is kept")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -247,8 +241,7 @@ def profiled_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int]], list
 
 
 def problems(args: argparse.Namespace) -> list[str]:
-    out = positive(args, "batch", "context", "new_tokens", "k", "window", "vocab_size", "target_layers", "d_model",
-                   "n_q_per_kv", "n_kv", "d_head", "d_ff", "repeats")
+    out = positive(args, "batch", "context", "new_tokens", "k", "window", *MODEL_OPTIONS, "repeats")
     if args.profiled:
         cells, held = profiled_grid(args)
         if "ad" not in args.methods:
@@ -262,8 +255,7 @@ def problems(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model,
-                      n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
+    cfg = model_config(args)
     torch.manual_seed(0)
     target = Transformer(cfg).to(args.device).eval()
     modes = (False, True) if args.compile else (False,)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache, reuse
-from spirelib.engine.sampling import probabilities, sample
+from spirelib.engine.sampling import draw
 from spirelib.engine.speculative import Draft, TargetPass
 from spirelib.engine.transformer import ModelConfig, Transformer
 
@@ -33,8 +33,7 @@ def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: i
     tokens, probs = [], []
     logits = first_logits
     for j in range(k):
-        q = probabilities(logits, temperature)  # (B, V)
-        token = sample(q, generator)  # (B,)
+        token, q = draw(logits, temperature, generator)  # (B,), (B, V)
         tokens.append(token)
         probs.append(q)
         if j < k - 1:

@@ -65,7 +65,9 @@ def visibility(
 
 class _KVCache:
     """Storage and bookkeeping shared by both caches: one trailing "trash" slot receives
-    writes of positions that are not kept (padding of ragged inputs, evicted prefill)."""
+    writes of positions that are not kept (padding of ragged inputs, evicted prefill); no read
+    covers it (it never holds a visible key, and at a capacity of 2^n one slot more would cost
+    attention kernels that work in blocks of keys a whole block more)."""
 
     sparse: SinkWindow | None = None
 
@@ -117,13 +119,13 @@ class _KVCache:
 
     def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, n_kv, S', d_head) of one layer as queries at q_pos (B, T) see them:
-        all S+1 slots, or (dense cache) those up to the last prepared forward's highest position."""
-        return self.k[layer], self.v[layer]
+        all S slots but the trash, or (dense cache) those a first forward over 0..T-1 wrote."""
+        return self.k[layer][:, :, : self.trash], self.v[layer][:, :, : self.trash]
 
     def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
         """Visibility (B, 1, T, S') of the slots `layer_kv` returns for queries at q_pos (B, T);
         None means causal (query t sees keys 0..t; only where T queries read T keys)."""
-        return visibility(q_pos, self.key_positions, self.sparse, include_self)
+        return visibility(q_pos, self.key_positions[:, : self.trash], self.sparse, include_self)
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forget positions >= lengths (B,) per row; free (the entries are overwritten later)."""
@@ -164,7 +166,8 @@ class DenseKVCache(_KVCache):
     """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
     (the slow, obviously correct way to run sparse attention; a reference in tests).
 
-    Decode-time forwards read the whole capacity, the slots not yet written masked out: every
+    Decode-time forwards read the whole capacity (not the trash slot), the slots not yet written
+    masked out: every
     forward of a kind has the same shapes (one compiled graph serves them all,
     `Transformer.compile_decoding`) and none asks the device how far the rows have come, so a
     forward makes no host sync. Writing a position at or beyond the capacity is caught on the
@@ -181,7 +184,7 @@ class DenseKVCache(_KVCache):
         self.capacity = capacity
         self.sparse = sparse
         self._written = False
-        self._read = capacity + 1  # slots that reads cover
+        self._read = capacity  # slots that reads cover
         self._causal: torch.Tensor | None = None  # positions (B, T) of a first forward over 0..T-1
         self._overflow = torch.zeros((), dtype=torch.long, device=device)  # the highest position refused, or 0
 
@@ -192,7 +195,7 @@ class DenseKVCache(_KVCache):
 
     def reset(self) -> None:
         super().reset()
-        self._written, self._read, self._causal = False, self.capacity + 1, None
+        self._written, self._read, self._causal = False, self.capacity, None
         self._overflow = torch.zeros_like(self._overflow)
 
     def check(self) -> None:
@@ -208,7 +211,7 @@ class DenseKVCache(_KVCache):
             (positions == torch.arange(T, device=positions.device)).all()
             & (True if valid is None else (valid[:, 1:] <= valid[:, :-1]).all()))  # padding only at the ends
         self._causal = positions if first else None
-        self._read = T if first else self.capacity + 1
+        self._read = T if first else self.capacity
         self._written = True
         return slots
 
@@ -256,7 +259,7 @@ class SinkWindowKVCache(_KVCache):
         return torch.where(kept, slots, self.trash)
 
     def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.k[layer], self.v[layer]
+        k, v = super().layer_kv(layer, q_pos)
         if self.rope_mode == "original" or self.sparse.sink == 0:
             return k, v
         if q_pos.shape[1] != 1:

@@ -2,7 +2,10 @@
 
 `rejection_sample` makes speculative decoding exactly lossless: every emitted token is a
 sample from the target's distribution, whatever the draft proposed. Temperature 0 is
-greedy decoding, expressed as one-hot distributions, so the same code path serves both.
+greedy decoding: its distributions are one-hot (`probabilities`), and sampling them, or
+rejection sampling against them, has a closed form that needs neither (`draw`, `verify`, and
+`Transformer.last_logits(greedy=True)`: the argmax, and accepting drafts while they are the
+target's argmax), the same tokens at a fraction of the work.
 """
 
 from __future__ import annotations
@@ -21,6 +24,31 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     logits = logits.float()
     return torch.softmax(logits if temperature == 1 else logits / temperature, dim=-1)
+
+
+def draw(logits: torch.Tensor, temperature: float,
+         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of logits (..., V) at `temperature` and the distributions (..., V)
+    it is a sample of (`probabilities`, which rejection sampling reads): at T = 0 the argmax
+    (what sampling the one-hot distribution gives, without sampling it)."""
+    probs = probabilities(logits, temperature)
+    return (logits.argmax(-1) if temperature == 0 else sample(probs, generator)), probs
+
+
+def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor, temperature: float,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rejection_sample` of the drafts against the target's logits (B, k+1, V) at `temperature`.
+    At T = 0 the target's distributions are one-hot at their argmax a_j: draft x_j is accepted
+    with probability min(1, p_j(x_j) / q_j(x_j)), 1 if x_j = a_j and 0 otherwise, and the residual
+    max(0, p_j - q_j) of a rejection is one-hot at a_j too. So greedy verification accepts drafts
+    while they equal the target's argmax and emits the argmax after them, whatever q is: the
+    tokens of rejection sampling, without its distributions."""
+    if temperature != 0:
+        return rejection_sample(draft_tokens, draft_probs, probabilities(target_logits, temperature), generator)
+    best = target_logits.argmax(-1)  # (B, k+1)
+    k = draft_tokens.shape[1]
+    n_accepted = (draft_tokens == best[:, :k]).long().cumprod(dim=1).sum(dim=1)  # (B,)
+    return n_accepted, best.gather(1, n_accepted[:, None]).squeeze(1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

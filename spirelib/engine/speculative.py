@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 
 from spirelib.engine.kvcache import DenseKVCache
-from spirelib.engine.sampling import probabilities, rejection_sample, sample
+from spirelib.engine.sampling import probabilities, sample, verify
 from spirelib.engine.transformer import Transformer
 
 
@@ -205,7 +205,7 @@ class Rows:
         to the verified positions, the next pending tokens. Returns what was verified."""
         G, offsets, active = self.max_new_tokens, self.offsets, self.active
         drafts, n = tokens[:, 1:], positions[:, 0]
-        n_acc, next_token = rejection_sample(drafts, q, probabilities(logits, temperature), generator)
+        n_acc, next_token = verify(drafts, q, logits, temperature, generator)
         n_acc = torch.where(active, n_acc, 0)
         emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], next_token[:, None])  # (B, k+1)
         keep = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
@@ -308,9 +308,10 @@ def speculative_rounds(
 
 def autoregressive_generate(target: Transformer, contexts: torch.Tensor, max_new_tokens: int,
                             **options) -> Generation:
-    """The reference: one target forward per token, same sampling code (method §4, AD).
-    `prefilled`: the target's `prefill` of these same contexts, to share it. Options: those of
-    `autoregressive_rounds`."""
+    """The reference: one target forward per token, same sampling code (method §4, AD): the
+    first token from the prefill's logits, then G - 1 forwards of one token. `prefilled`: the
+    target's `prefill` of these same contexts (all but their last tokens), to share it; then G
+    forwards. Options: those of `autoregressive_rounds`."""
     return finish(autoregressive_rounds(target, contexts, max_new_tokens, **options))
 
 
@@ -325,19 +326,33 @@ def autoregressive_rounds(
     timer: SectionTimer | None = None,
     prefilled: Prefill | None = None,
 ) -> Iterator[None]:
-    """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`)."""
+    """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`).
+    At temperature 0 a step's forward ends in the argmax (inside its compiled graph, under
+    compiled decoding); otherwise it returns the logits, sampled here."""
     timer = timer or _no_timer
+    greedy = temperature == 0
+
+    def emit(out: torch.Tensor) -> torch.Tensor:  # a forward's `last_logits` -> the next tokens (B,)
+        return out if greedy else sample(probabilities(out, temperature), generator)
+
+    generated = []
     with timer("prefill"):
         capacity = contexts.shape[1] + max_new_tokens
-        if prefilled is None:
-            prefilled = prefill(target, contexts, lengths, capacity=capacity)
-        cache, pending = _reuse(prefilled, capacity, ())
-    generated = []
-    for _ in range(max_new_tokens):
+        if prefilled is None:  # the whole contexts, the first new token read from the prefill's logits
+            B, L = contexts.shape
+            lengths = _context_lengths(contexts, lengths)
+            cache = target.new_cache(B, capacity)
+            positions = torch.arange(L, device=contexts.device).expand(B, L)
+            pending = emit(target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],
+                                              last=lengths - 1, greedy=greedy))  # (B,)
+            generated.append(pending)
+        else:
+            cache, pending = _reuse(prefilled, capacity, ())
+    for _ in range(max_new_tokens - len(generated)):
         with timer("verify"):
-            logits = target(pending[:, None], cache.lengths[:, None], cache)[:, 0]  # (B, V)
+            out = target.last_logits(pending[:, None], cache.lengths[:, None], cache, greedy=greedy)  # (B,) | (B, V)
         with timer("bookkeeping"):
-            pending = sample(probabilities(logits, temperature), generator)
+            pending = emit(out)
             generated.append(pending)
         yield
     cache.check()

@@ -273,15 +273,18 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
 
 def compile_for_decoding(fn, device: torch.device):
-    """`fn` compiled as a decode-time forward: one graph without breaks; shapes static at first,
-    then (after a second shape) dynamic, so a few graphs serve a whole grid; on CPU C++ kernels
-    called from C++ (the Python wrapper would cost about as much as the kernels at B = 1), on
-    CUDA replayed as CUDA graphs."""
+    """`fn` compiled as a decoding forward: one graph without breaks and one static graph per
+    shape (never dynamic ones: a graph symbolic in B or S, which dynamo would otherwise make at
+    the second shape it sees, runs its kernels without the shape's constants, measurably slower
+    at every cell but the first); on CPU C++ kernels called from C++ (the Python wrapper would
+    cost about as much as the kernels at B = 1), on CUDA replayed as CUDA graphs."""
     # Every model's graphs count against one code object's limit (the default 8 recompiles): the
-    # target's, the drafts' and the profiling pass's shapes, kinds (dense, ring) and both outputs.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # target's, the drafts' and the profiling pass's shapes (prefills and steps of a whole grid),
+    # kinds (dense, ring) and outputs.
+    for limit in ("recompile_limit", "accumulated_recompile_limit"):
+        setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 512))
     options = {"mode": "reduce-overhead"} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
-    return torch.compile(fn, fullgraph=True, **options)
+    return torch.compile(fn, fullgraph=True, dynamic=False, **options)
 
 
 class Transformer(nn.Module):
@@ -326,7 +329,17 @@ class Transformer(nn.Module):
         tokens, restricted to sink + window if `sparse` is given. Positions are positions in
         the original text (RoPE uses them).
         """
-        return self.head(self.hidden(tokens, positions, cache, valid=valid, sparse=sparse))
+        return self._blocks(tokens, positions, cache, valid, sparse, keep=(self.cfg.num_layers,), readout="logits")[-1]
+
+    def last_logits(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                    cache: _KVCache | None = None, *, valid: torch.Tensor | None = None,
+                    last: torch.Tensor | None = None, greedy: bool = False) -> torch.Tensor:
+        """Next-token logits (B, V) of one token per row, the one at index `last` (B,) (default
+        T - 1, the last), or with `greedy` their argmax (B,), the greedy next tokens (arguments
+        as `forward`). A decoding step and a prefill that emits the first new token call this:
+        under compiled decoding the head and the argmax run inside the forward's graph."""
+        return self._blocks(tokens, positions, cache, valid, None, keep=(self.cfg.num_layers,),
+                            readout="greedy" if greedy else "next", last=last)[-1]
 
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
                valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
@@ -371,28 +384,30 @@ class Transformer(nn.Module):
         x = self.norm(self.hidden(tokens))
         return linear_cross_entropy(x.flatten(0, 1), self.unembed.weight, targets.flatten())
 
-    def compile_decoding(self, enabled: bool = True, *, max_tokens: int = 16) -> Transformer:
-        """Run every cached forward of at most `max_tokens` tokens per row (decoding: AD steps,
-        verification, draft passes; not prefill) through one compiled graph per shape
-        (torch.compile without graph breaks: on CPU C++ kernels with a C++ wrapper, on CUDA
-        CUDA graphs), or, with `enabled` False, eagerly again: eager is the reference. Dense
-        caches read their whole capacity at decode time, so that a graph serves every step.
-        Results equal eager up to rounding (fused kernels, RoPE in real arithmetic)."""
-        self._compiled, self._compiled_tokens = None, max_tokens
+    def compile_decoding(self, enabled: bool = True) -> Transformer:
+        """Run every cached forward (prefills, AD steps, verification, draft passes) through one
+        static compiled graph per shape and output (`compile_for_decoding`: torch.compile
+        without graph breaks; on CPU C++ kernels with a C++ wrapper, on CUDA CUDA graphs), or,
+        with `enabled` False, eagerly again: eager is the reference. Dense caches read their
+        whole capacity at decode time, so that a graph serves every step; a prefill's graph
+        serves every batch of its (B, L). Results equal eager up to rounding (fused kernels,
+        RoPE in real arithmetic)."""
+        self._compiled = None
         if enabled:
             self._compiled = compile_for_decoding(self._stream, next(self.parameters()).device)
         return self
 
     _compiled = None  # the compiled `_stream`, see `compile_decoding`
-    _compiled_tokens = 16
 
     @property
     def compiled_decoding(self) -> bool:
         """Whether cached decode-time forwards run compiled (`compile_decoding`)."""
         return self._compiled is not None
 
-    def _blocks(self, tokens, positions, cache, valid, sparse, keep: tuple[int, ...]) -> list[torch.Tensor]:
-        """Run the blocks; the residual-stream entries `keep` (sorted: 0 the embedding, i after block i)."""
+    def _blocks(self, tokens, positions, cache, valid, sparse, keep: tuple[int, ...], readout: str | None = None,
+                last: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Run the blocks; the residual-stream entries `keep` (sorted: 0 the embedding, i after
+        block i), the last one read out through the head as `readout` says (`_stream`)."""
         B, T = tokens.shape
         wanted = tuple(i in keep for i in range(self.cfg.num_layers + 1))
         if positions is None:
@@ -405,17 +420,20 @@ class Transformer(nn.Module):
                              "its cache must apply it: build it with Transformer.new_cache")
         if cache is None:
             mask = None if sparse is None else visibility(positions, positions, sparse)  # (B, 1, T, T); None: causal
-            return self._stream(tokens, None, None, positions, mask, wanted)
+            return self._stream(tokens, None, None, positions, mask, wanted, readout, last)
         slots = cache.prepare(positions, valid)  # outside any compiled graph: it updates the cache's bookkeeping
         mask = cache.mask(positions)  # (B, 1, T, S)
-        stream = self._compiled if self._compiled is not None and T <= self._compiled_tokens else self._stream
-        return stream(tokens, cache, slots, positions, mask, wanted)
+        return (self._compiled or self._stream)(tokens, cache, slots, positions, mask, wanted, readout, last)
 
-    def _stream(self, tokens, cache, slots, positions, mask, wanted: tuple[bool, ...]) -> list[torch.Tensor]:
+    def _stream(self, tokens, cache, slots, positions, mask, wanted: tuple[bool, ...], readout: str | None = None,
+                last: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The blocks over tokens (B, T) with the cache already prepared (`slots` (B, T)) and the
-        visibility `mask` (None: causal), returning the residual-stream entries i with `wanted[i]`:
-        what `compile_decoding` compiles (one graph per `wanted`; booleans, which dynamo never
-        turns into symbolic values)."""
+        visibility `mask` (None: causal), returning the residual-stream entries i with `wanted[i]`,
+        the last one read out by the head if `readout` says so: "logits" (B, T, V); "next", the
+        logits (B, V) of one token per row, the one at index `last` (B,) (None: T - 1); "greedy",
+        their argmax (B,). What `compile_decoding` compiles: one graph per `wanted`, `readout`
+        and whether `last` is given (constants, which dynamo never turns into symbolic values),
+        so the head and the greedy argmax run inside the forward's graph."""
         rope = self.rope(positions)
         x = self.embed(tokens)  # (B, T, d_model)
         stream = [x] if wanted[0] else []
@@ -423,4 +441,10 @@ class Transformer(nn.Module):
             x = block(x, rope, mask, cache, i, slots, positions)
             if wanted[i + 1]:
                 stream.append(x)
+        if readout is None:
+            return stream
+        if readout != "logits":  # one token per row
+            x = x[:, -1] if last is None else x[torch.arange(x.shape[0], device=x.device), last]  # (B, d_model)
+        logits = self.head(x)  # (B, T, V) or (B, V)
+        stream[-1] = logits.argmax(-1) if readout == "greedy" else logits
         return stream

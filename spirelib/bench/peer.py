@@ -1,0 +1,257 @@
+"""`spire bench peer`: our decoding engine against Hugging Face transformers on the same weights.
+
+The target (random weights of the default series' shape unless told otherwise) is exported as a
+Hugging Face Llama checkpoint (`training.hf.save_model`) and loaded by `transformers`, so both
+sides decode the very same weights. Greedy decoding (temperature 0), G new tokens per row, at
+every (B, L) cell, in three modes:
+
+- `eager`: our `autoregressive_generate` against transformers' `generate` (its dynamic cache);
+- `compiled`: our `Transformer.compile_decoding()` against `generate` with
+  `cache_implementation="static"` and the model's forward under `torch.compile(dynamic=False)`
+  (prefill and decode steps compiled, static shapes: what transformers documents for speed);
+- `assisted` (B = 1 only): our speculative decoding with the vanilla draft (method §4 shape,
+  k drafts a round) against assisted generation with the same draft exported too, k assistant
+  tokens a round (constant schedule, no confidence cut: the same rounds as ours).
+
+Per side, cell and mode: the whole generation (G tokens), the prefill (a generation of 1 token:
+both sides then take the first token from the prefill's logits or one forward more, as their
+code does) and the decode step, (whole - prefill) / (G - 1). Sides and modes take turns within
+every repeat (order rotated), fresh random contexts each repeat; reported are medians, the
+spread (lowest and highest of the per-repeat ratios) and ours / transformers as a speed ratio
+(transformers' time over ours: above 1, ours is faster). Greedy tokens of both sides are
+compared at every cell and mode; any row that differs is reported and the exit status is 1.
+
+transformers is optional: `pip install 'transformers>=4.56'` (in the `test` extra) to run this.
+Measured results, dated, with the machine and the command: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spirelib.bench import MODEL_OPTIONS, add_model_arguments, model_config, positive
+from spirelib.engine.drafts import VanillaDraft, vanilla_draft_config
+from spirelib.engine.speculative import autoregressive_generate, speculative_generate
+from spirelib.engine.transformer import Transformer
+
+MODES = ("eager", "compiled", "assisted")
+BATCHES, CONTEXTS = (1, 16, 64), (256, 960, 2048)
+INSTALL = "spire bench peer needs transformers: pip install 'transformers>=4.56' (it comes with the project's test extra)"
+
+
+def import_transformers():
+    """The `transformers` module, or a RuntimeError that says how to install it."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise RuntimeError(INSTALL) from e
+    return transformers
+
+
+@dataclass
+class Side:
+    """One way of decoding: `generate(contexts (B, L), G) -> tokens (B, G)` (greedy)."""
+
+    name: str
+    generate: object
+
+
+@dataclass
+class Times:
+    """Seconds per repeat of one side at one cell and mode."""
+
+    whole: list[float] = field(default_factory=list)
+    prefill: list[float] = field(default_factory=list)
+    tokens: torch.Tensor | None = None  # the last repeat's greedy tokens (B, G)
+
+    def step(self, new_tokens: int) -> list[float]:
+        """Per-decode-step seconds of each repeat: (whole - prefill) / (G - 1)."""
+        return [(w - p) / (new_tokens - 1) for w, p in zip(self.whole, self.prefill)]
+
+
+class Peer:
+    """Both sides' models on the same weights: ours (eager and a compiled copy) and transformers'
+    (eager and one whose forward is compiled), the vanilla draft beside each for `assisted`."""
+
+    def __init__(self, target: Transformer, draft: Transformer, folder: Path, k: int):
+        transformers = import_transformers()
+        from spirelib.training.hf import save_model
+
+        transformers.utils.logging.set_verbosity_error()  # its deprecation notes would drown the table
+        transformers.utils.logging.disable_progress_bar()
+
+        self.k = k
+        self.ours = {"eager": target, "draft": draft}
+        compiled = Transformer(target.cfg).eval()
+        compiled.load_state_dict(target.state_dict())
+        self.ours["compiled"] = compiled.compile_decoding()
+        save_model(target, folder / "target")
+        save_model(draft, folder / "draft")
+        load = transformers.AutoModelForCausalLM.from_pretrained
+        self.theirs = {"eager": load(folder / "target").eval(), "draft": load(folder / "draft").eval()}
+        fast = load(folder / "target").eval()
+        fast.forward = torch.compile(fast.forward, dynamic=False)
+        self.theirs["compiled"] = fast
+        config = self.theirs["draft"].generation_config  # assisted generation reads k from the assistant's config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+        config.assistant_confidence_threshold = 0.0
+
+    def sides(self, mode: str) -> tuple[Side, Side]:
+        """(ours, transformers') greedy generators for `mode`."""
+        k, ours, theirs = self.k, self.ours, self.theirs
+
+        def hf(model, **options):
+            def run(contexts, new_tokens):
+                out = model.generate(contexts, attention_mask=torch.ones_like(contexts), do_sample=False,
+                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens, **options)
+                return out[:, contexts.shape[1]:]
+            return run
+
+        if mode == "assisted":
+            return (Side("ours", lambda c, g: speculative_generate(
+                        ours["eager"], VanillaDraft(ours["draft"], temperature=0.0), c, g, k=k, temperature=0.0).tokens),
+                    Side("transformers", hf(theirs["eager"], assistant_model=theirs["draft"])))
+        options = {"cache_implementation": "static"} if mode == "compiled" else {}
+        return (Side("ours", lambda c, g: autoregressive_generate(ours[mode], c, g, temperature=0.0).tokens),
+                Side("transformers", hf(theirs[mode], **options)))
+
+
+def timed(side: Side, contexts: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
+    with torch.no_grad():
+        start = time.perf_counter()
+        tokens = side.generate(contexts, new_tokens)
+        return time.perf_counter() - start, tokens
+
+
+def cell_modes(modes: list[str], batch: int) -> list[str]:
+    """The modes timed at batch size `batch`: assisted generation only at B = 1."""
+    return [m for m in modes if m != "assisted" or batch == 1]
+
+
+def time_cell(peer: Peer, batch: int, context: int, modes: list[str], new_tokens: int, repeats: int,
+              vocab_size: int) -> dict[str, dict[str, Times]]:
+    """mode -> side -> `Times` at (B, L): one untimed warm-up (compiles), then `repeats` rounds in
+    which every mode's sides take turns (the order rotated each repeat) over fresh contexts."""
+    pairs = {m: peer.sides(m) for m in cell_modes(modes, batch)}
+    times = {m: {s.name: Times() for s in sides} for m, sides in pairs.items()}
+    turns = [(m, s) for m, sides in pairs.items() for s in sides]
+    for run in range(repeats + 1):
+        contexts = torch.randint(0, vocab_size, (batch, context), generator=torch.Generator().manual_seed(run))
+        shift = run % len(turns)
+        for mode, side in turns[shift:] + turns[:shift]:
+            whole, tokens = timed(side, contexts, new_tokens)
+            prefill, _ = timed(side, contexts, 1)
+            if run:
+                t = times[mode][side.name]
+                t.whole.append(whole)
+                t.prefill.append(prefill)
+                t.tokens = tokens
+    return times
+
+
+def ratio_row(ours: list[float], theirs: list[float]) -> dict:
+    """transformers' seconds over ours per repeat (above 1: ours faster): median, lowest, highest."""
+    ratios = sorted(t / o for o, t in zip(ours, theirs))
+    return {"ratio": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
+            "ours_s": statistics.median(ours), "theirs_s": statistics.median(theirs)}
+
+
+def rows_of(batch: int, context: int, times: dict[str, dict[str, Times]], new_tokens: int) -> list[dict]:
+    """One row per mode: whole, prefill and decode-step ratios, and how many rows' tokens differ."""
+    rows = []
+    for mode, sides in times.items():
+        ours, theirs = sides["ours"], sides["transformers"]
+        differ = (ours.tokens != theirs.tokens).any(dim=1)
+        rows.append({"batch": batch, "context": context, "mode": mode,
+                     "whole": ratio_row(ours.whole, theirs.whole),
+                     "prefill": ratio_row(ours.prefill, theirs.prefill),
+                     "step": ratio_row(ours.step(new_tokens), theirs.step(new_tokens)),
+                     "rows_differ": int(differ.sum()),
+                     "tokens_per_s": {"ours": batch * new_tokens / statistics.median(ours.whole),
+                                      "transformers": batch * new_tokens / statistics.median(theirs.whole)}})
+    return rows
+
+
+def parse_cell(text: str) -> tuple[int, int]:
+    try:
+        batch, context = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a cell is BxL, e.g. 16x960; got {text!r}") from None
+    return batch, context
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cells", type=parse_cell, nargs="+", metavar="BxL",
+                        default=[(b, c) for c in CONTEXTS for b in BATCHES],
+                        help="cells to time (default every B in 1, 16, 64 at every L in 256, 960, 2048)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--new-tokens", type=int, default=64, help="G, at least 2")
+    parser.add_argument("-k", type=int, default=4, help="drafts a round, assisted mode")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=None)
+    add_model_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    out = positive(args, "new_tokens", "k", "repeats", *MODEL_OPTIONS)
+    out += [f"--cells: {b}x{c}: B and L must be > 0 and L >= 2" for b, c in args.cells if b < 1 or c < 2]
+    if args.new_tokens < 2:
+        out.append(f"--new-tokens: the decode step needs G >= 2, got {args.new_tokens}")
+    if args.modes == ["assisted"] and all(b != 1 for b, _ in args.cells):
+        out.append("--modes assisted runs at B = 1 only: add a cell 1xL")
+    try:
+        import_transformers()
+    except RuntimeError as e:
+        out.append(str(e))
+    return out
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Every cell of `args.cells`: the rows of `rows_of`."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = model_config(args)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    draft = Transformer(vanilla_draft_config(cfg)).eval()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        peer = Peer(target, draft, Path(folder), args.k)
+        for batch, context in args.cells:
+            times = time_cell(peer, batch, context, args.modes, args.new_tokens, args.repeats, cfg.vocab_size)
+            rows += rows_of(batch, context, times, args.new_tokens)
+    return rows
+
+
+def print_rows(rows: list[dict], args: argparse.Namespace) -> None:
+    cfg = model_config(args)
+    print(f"peer: target {cfg.num_layers}x{cfg.d_model} (n_kv {cfg.n_kv}, d_head {cfg.d_head}, d_ff {cfg.d_ff}, "
+          f"vocab {cfg.vocab_size}), G={args.new_tokens}, greedy, {torch.get_num_threads()} threads, "
+          f"medians of {args.repeats}; ours / transformers as speed (their time / ours), [lowest, highest]")
+    print(f"{'B':>3} {'L':>5} {'mode':9} {'whole':>19} {'prefill':>19} {'decode step':>19} {'tokens':>10}")
+
+    def cell(r):
+        return f"{r['ratio']:5.2f} [{r['low']:4.2f}, {r['high']:4.2f}]"
+
+    for r in rows:
+        same = "equal" if not r["rows_differ"] else f"{r['rows_differ']}/{r['batch']} differ"
+        print(f"{r['batch']:3d} {r['context']:5d} {r['mode']:9} {cell(r['whole']):>19} {cell(r['prefill']):>19}"
+              f" {cell(r['step']):>19} {same:>10}")
+
+
+def main(args: argparse.Namespace) -> int:
+    rows = run(args)
+    print(json.dumps(rows, indent=2)) if args.json else print_rows(rows, args)
+    differ = [r for r in rows if r["rows_differ"]]
+    for r in differ:
+        print(f"greedy tokens differ: B={r['batch']} L={r['context']} {r['mode']}: {r['rows_differ']} rows")
+    return 1 if differ else 0
