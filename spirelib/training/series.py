@@ -226,9 +226,9 @@ class Series:
         if self.imported:
             return self._cached("target", lambda: pipeline.imported_target(
                 self.imported, self.data(), self.target_training, device=self.device, parallel=self.parallel))
-        return self._cached("target", lambda: pipeline.train_language_model(
+        return self._cached("target", lambda: pipeline.for_decoding(pipeline.train_language_model(
             self.target, self.target_training, self.data(), name=pipeline.TARGET, device=self.device, progress=progress,
-            parallel=self.parallel))
+            parallel=self.parallel)))
 
     def trained_vanilla_draft(self, progress: bool = True) -> pipeline.TrainedModel:
         """The vanilla SD draft for the target (method §4)."""
