@@ -1,4 +1,4 @@
-"""`spirelib.bench.simulate`: the trainer's sharded step traced with fake tensors on 2 fake ranks.
+"""`spirelib.training.simulate`: the trainer's sharded step traced with fake tensors on 2 fake ranks.
 
 Small shapes, seconds: the same code `spire bench memory --simulate` runs at 70B. Checked:
 - a step of several micro-batches keeps every gradient sharded (FSDP2 reduce-scatters each
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spirelib.bench.simulate import Case, peak, simulate
 from spirelib.engine.spire import SpireConfig
 from spirelib.engine.transformer import ModelConfig
+from spirelib.training.simulate import Case, peak, simulate
 from spirelib.training.train import TrainConfig
 
 SHAPE = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)

@@ -1,5 +1,5 @@
-"""`spire bench memory --simulate`: one rank's memory and communication of a sharded training run,
-traced through the real code with fake tensors on a fake process group.
+"""One rank's memory and communication of a sharded training run,
+traced through the real code with fake tensors on a fake process group (`spire bench memory --simulate`).
 
 No GPU runs here. Every tensor is a `FakeTensorMode` tensor (shapes, dtypes and storages, no
 data), the process group is torch's fake one at the run's real world size (this process is
@@ -20,7 +20,8 @@ ops outside the sharded blocks that autocast would run in bf16 (the loss's chunk
 in fp32, a slight overestimate. Not counted: the CUDA context, NCCL's buffers and the caching
 allocator's fragmentation (a few GB on a real GPU).
 
-The second step is the one reported (AdamW's moments exist from the first step on). Host
+The step traced is a steady-state one: AdamW's moments are allocated beforehand, as every step
+after the first finds them. Host
 memory: `build` is the trained model as built whole on each rank's host before sharding (the
 SPIRe draft from the sharded target), `save` what rank 0 gathers (model and AdamW state, traced),
 `resume` what every rank reads back (computed from the same sizes).
@@ -190,6 +191,10 @@ def simulate(case: Case, device: str = "cpu") -> dict:
             opt = make_optimizer(model, cfg)
             params = [p for p in model.parameters() if p.requires_grad]
             batch = torch.randint(0, case.target.vocab_size, (micro * traced, cfg.seq_len + 1), device=dev)
+            for p in params:  # AdamW's moments exist from the second step on: allocated as that step finds them
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             tracker = _tracker(root, opt)
             if frozen is not None:  # outside the tracked root: its shards and the teacher head, tracked as inputs
                 tracker.track_inputs((list(frozen.parameters()), list(objective.head_norm.parameters()),
@@ -209,14 +214,12 @@ def simulate(case: Case, device: str = "cpu") -> dict:
                                 **{getattr(k, "value", k): v for k, v in snap.items() if k != "Total"}}
                 return result
 
-            for _ in range(2):  # the first step allocates AdamW's moments; the second is reported
-                opt.zero_grad(set_to_none=True)
-                passes, update = _CommBytes(), _CommBytes()
-                with passes:
-                    loss, _ = phase("forward+backward", lambda: _accumulate(step_objective, None, batch, micro, traced,
-                                                                            dev))
-                with update:
-                    phase("optimizer", lambda loss=loss: _update(opt, params, loss, cfg, case.world))
+            opt.zero_grad(set_to_none=True)
+            passes, update = _CommBytes(), _CommBytes()
+            with passes:
+                loss, _ = phase("forward+backward", lambda: _accumulate(step_objective, None, batch, micro, traced, dev))
+            with update:
+                phase("optimizer", lambda: _update(opt, params, loss, cfg, case.world))
             scale = n_micro / traced
             comms = {what: {kind: round(getattr(passes, what).get(kind, 0) * scale) + getattr(update, what).get(kind, 0)
                             for kind in {*getattr(passes, what), *getattr(update, what)}} for what in ("counts", "bytes")}
@@ -267,9 +270,7 @@ def params_cases(worlds=(8, 16)) -> list[Case]:
     cases = [Case(f"llama3-70b spire, {n} ranks", "spire", llama3("llama3-70b"),
                   TrainConfig.from_dict(big["spire_training"]), n, SpireConfig(**big["spire"])) for n in worlds]
     paper = load_params(root / "paper.yaml")["series"]
-    from spirelib.bench.memory import PAPER_VOCAB
-
-    target = ModelConfig(vocab_size=PAPER_VOCAB, **paper["target"])
+    target = ModelConfig(vocab_size=paper["vocab_size"], **paper["target"])
     for kind in KINDS:
         train = TrainConfig.from_dict({k: v for k, v in paper[f"{kind}_training"].items() if k != "compile"})
         cases.append(Case(f"paper {kind}, 1 GPU", kind, target, train, 1,
