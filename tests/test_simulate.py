@@ -2,7 +2,8 @@
 
 Small shapes, seconds: the same code `spire bench memory --simulate` runs at 70B. Checked:
 - a step of several micro-batches keeps every gradient sharded (FSDP2 reduce-scatters each
-  micro-batch; with gradient sync off it would hold the whole model's gradient on every rank);
+  micro-batch; with gradient sync off it would hold the whole model's gradient on every rank), and
+  clipping computes the norm from the shards (no whole gradient either);
 - the checkpoint gather holds the whole weights and both AdamW moments (rank 0), the gather of
   the trained model at the end of a run one copy of the weights, never two;
 - the SPIRe draft's run (frozen sharded target, k-pass) traces, and its collectives are counted.
@@ -36,6 +37,15 @@ def test_micro_batches_keep_gradients_sharded(target_run):
     assert fb["Sharded Grad"] == pytest.approx(4 * r["params"] / 2, rel=0.02)
     assert fb["Unsharded Grad"] <= 0.05 * 4 * r["params"]
     assert peak(r) == max(fb["peak_bytes"], r["phases"]["optimizer"]["peak_bytes"]) > 0
+
+
+def test_clipping_and_the_optimizer_step_hold_no_whole_gradient(target_run):
+    """The optimizer phase (clipping, AdamW) holds the shards and little else: torch's
+    clip_grad_norm_ on DTensor gradients materialized the whole fp32 gradient (+77 GB a rank at 70B)."""
+    r = target_run
+    opt = r["phases"]["optimizer"]
+    held = opt["Sharded Param"] + opt["Sharded Grad"] + opt["OptState"] + opt["Inputs"]
+    assert opt["peak_bytes"] - held < 0.25 * 4 * r["params"]
 
 
 def test_saves_gather_weights_and_moments_and_the_end_of_run_one_copy(target_run):

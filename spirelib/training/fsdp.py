@@ -130,6 +130,24 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for plain or sharded (DTensor) gradients: the global norm
+    from each rank's local shards (their squared norms all-reduced), then every local shard scaled
+    in place. torch's own, given DTensor gradients, materialized the whole fp32 gradient on every rank
+    during the step (traced: +77 GB a rank at 70B); this holds no more than the shards. Returns the
+    total norm (a plain 0-dim tensor, on the gradients' device; collective when sharded)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    if not any(hasattr(g, "to_local") for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = torch.nn.utils.get_total_norm(local).float() ** 2  # this rank's share of the squared norm
+    dist.all_reduce(total)
+    total = total.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's clipping coefficient
+    torch._foreach_mul_([g for g in local if g.numel()], coef)
+    return total
+
+
 def teacher_head(target: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     """(norm, unembedding weight): a replicated frozen copy of a (sharded or plain) target's final
     norm and unembedding, MixedLoss's teacher head (method §3.7; `spire.SpireObjective`'s `head`),

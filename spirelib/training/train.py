@@ -384,8 +384,7 @@ def _update(opt: torch.optim.Optimizer, params: list, loss_value: torch.Tensor, 
     """The optimizer's part of a step, after `_accumulate`: clip the gradients (their global norm,
     gathered over shards), average the loss over ranks, AdamW's step. Returns (loss, grad norm),
     on the device."""
-    grad_norm = fsdp_.full_tensor(
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+    grad_norm = fsdp_.clip_grad_norm(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
     if world > 1:
         dist.all_reduce(loss_value)
         loss_value = loss_value / world
