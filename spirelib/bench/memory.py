@@ -57,6 +57,7 @@ target and the whole fp32 draft state; under fsdp the shares fall as 1/N, down t
 gathers whole: at 70B and N=8, 30.5 of the 99.1 GB (the draft's embedding and unembedding,
 16.8 GB at 8 bytes a parameter, and two of its blocks; `spirelib.modeling.sharding`). A 70B
 target with its 19B-parameter draft fits 8 GPUs of 141 GB (H200), not 8 of 80 GB: 12 of those.
+The traced step (`--simulate`) is heavier: 120.5 GB a rank at 70B over 8 (docs/scaling-out.md).
 """
 
 from __future__ import annotations
