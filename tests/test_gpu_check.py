@@ -58,3 +58,10 @@ def test_greedy_mismatch_forgives_a_near_tie_only():
     assert "row 1 differs at new token 2" in gpu_check.greedy_mismatch(target, contexts, flipped, reference)
     gap["value"] = gpu_check.TIE_LOGITS / 2  # a near-tie: bf16 rounding may flip it
     assert gpu_check.greedy_mismatch(target, contexts, flipped, reference) is None
+
+
+def test_memory_row_compares_the_traced_step_on_real_tensors_with_the_simulation():
+    """`--device cpu --quick`: the step run on real tensors (the GPU run's stand-in) and simulated with
+    fake tensors agree within the tolerance; on a GPU the same row reads torch.cuda.max_memory_allocated."""
+    line = gpu_check._memory(SimpleNamespace(device="cpu", quick=True))
+    assert "traced on real CPU tensors" in line and "simulated" in line

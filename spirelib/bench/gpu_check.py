@@ -15,6 +15,10 @@ H100-class GPU):
   top two logits are within `TIE_LOGITS` of each other; any other difference fails);
 - training MFU: `bench train` at the paper's target shape (8 x 512, V 50,304), compiled, bf16
   autocast, against the bf16 matmul peak measured in the same run;
+- memory: a SPIRe draft's sharded training step (`training.simulate`, one rank) run for real on
+  the GPU, its peak (`torch.cuda.max_memory_allocated`) against the same step simulated with fake
+  tensors: they must agree within `MEMORY_TOLERANCE`, or the simulated tables of
+  docs/scaling-out.md are not to be trusted;
 - roofline: `bench decode --roofline` forwards at the paper's target shape, B in {1, 64},
   L = 512, ms against the roofline of this GPU's measured peak and bandwidth.
 
@@ -38,6 +42,8 @@ from spirelib.bench import positive
 
 #: The series row's subprocess is stopped (and the row fails) after this many seconds.
 SERIES_TIMEOUT_S = 1200
+#: How far the GPU's measured peak of a training step may be from the simulated one.
+MEMORY_TOLERANCE = 0.10
 #: bf16 logits this close (top two at a position) are a near-tie whose argmax rounding may flip.
 TIE_LOGITS = 0.125
 
@@ -225,8 +231,34 @@ def _roofline(args) -> str:
                      if r["kind"] in ("AD step", "SPIRe step"))
 
 
+def _memory(args) -> str:
+    from spirelib.engine.spire import SpireConfig
+    from spirelib.engine.transformer import ModelConfig
+    from spirelib.training.simulate import Case, peak, simulate
+    from spirelib.training.train import TrainConfig
+
+    shape = ModelConfig(vocab_size=512 if args.quick else 32_000, num_layers=4 if args.quick else 8,
+                        d_model=64 if args.quick else 1024, n_q_per_kv=1, n_kv=4 if args.quick else 8, d_head=16 if
+                        args.quick else 128, d_ff=256 if args.quick else 4096)
+    case = Case("gpu-check", "spire", shape, TrainConfig(batch_size=2, seq_len=128 if args.quick else 1024, steps=1,
+                                                         micro_batch_size=1), 1, SpireConfig(num_layers=2, window=16))
+    simulated = peak(simulate(case))
+    gpu = torch.device(args.device).type == "cuda"
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(args.device)
+        base = torch.cuda.memory_allocated(args.device)
+    real = simulate(case, device=args.device, fake=False)
+    measured = torch.cuda.max_memory_allocated(args.device) - base if gpu else peak(real)
+    off = measured / simulated - 1
+    what = "torch.cuda.max_memory_allocated" if gpu else "traced on real CPU tensors"
+    if abs(off) > MEMORY_TOLERANCE:
+        raise RuntimeError(f"measured {measured / 1e6:,.0f} MB ({what}) vs simulated {simulated / 1e6:,.0f} MB: "
+                           f"{off:+.0%}, beyond {MEMORY_TOLERANCE:.0%}")
+    return f"step peak {measured / 1e6:,.0f} MB ({what}) vs {simulated / 1e6:,.0f} MB simulated ({off:+.1%})"
+
+
 CHECKS = {"series": _series, "cuda-graphs": _cuda_graphs, "bf16-target": _bf16_target, "mfu": _mfu,
-          "roofline": _roofline}
+          "memory": _memory, "roofline": _roofline}
 
 
 def main(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ SPIRe draft from the sharded target), `save` what rank 0 gathers (model and Adam
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -135,11 +136,13 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def simulate(case: Case, device: str = "cpu") -> dict:
+def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     """Trace `case` (see the module docstring) in this process; returns {"case", "world", "params",
     "phases": {phase: {"peak_bytes", kind: bytes, ...}}, "comms": {"counts": {kind: n},
     "bytes": {kind: bytes}} of one whole step, "host": {"build", "save", "resume"} bytes}.
-    Initializes (and destroys) the fake process group: no process group may be active."""
+    Initializes (and destroys) the fake process group: no process group may be active. `fake=False`
+    runs the same code on real tensors (uninitialized weights) on `device`, one rank: what gpu-check
+    measures on a GPU against the simulated figures."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -170,7 +173,7 @@ def simulate(case: Case, device: str = "cpu") -> dict:
     try:
         mesh = fsdp.device_mesh(dev, case.world)  # real tensors: the mesh reads its ranks back
         frozen = None
-        with FakeTensorMode():
+        with FakeTensorMode() if fake else contextlib.nullcontext():
             with torch.device("meta"):  # built on the meta device, sharded, then materialized (`to_empty`)
                 if case.kind == "spire":  # an imported target (bf16) and the draft pruned from it
                     frozen = _built_in(torch.bfloat16, lambda: Transformer(case.target))
