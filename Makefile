@@ -59,5 +59,5 @@ bench: setup
 
 # On a GPU machine: the acceptance check (spirelib/bench/gpu_check.py), one table, under 8 minutes.
 # Install a CUDA build of torch first if the default wheel is not one: TORCH_PIP_ARGS=--index-url ...
-gpu-check: setup data
+gpu-check: setup  # the smoke series reads the stdlib corpus, not `data` (no npm on a GPU box)
 	$(SPIRE) bench gpu-check

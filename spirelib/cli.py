@@ -63,7 +63,7 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     series = Series.from_dict(section)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    found = series.rank_problems(args.model, world, args.variant)
+    found = series.rank_problems(args.model, world)
     if found:
         print(f"error: {args.params} over {world} ranks: {len(found)} problem{'s' * (len(found) > 1)}, nothing was "
               "run:\n  " + "\n  ".join(found), file=sys.stderr)

@@ -158,12 +158,15 @@ def test_conclusion():
 
 
 def test_machine_sentence_states_peak_bandwidth_hoi_and_dtype():
-    machine = {"fp32_flops": 3e11, "bandwidth": 1e11, "saved_to": "/x.json"}
+    machine = {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "saved_to": "/x.json"}
     assert tables.machine_sentence(machine, "torch.float32", 4) == (
         "fp32 matmul peak 300.0 GFLOP/s, memory bandwidth 100.0 GB/s -> HOI 3.0 FLOP/byte (the paper's H100 FP8 "
         "figure: 600); models in torch.float32, 4 bytes per value; saved as the hardware table's \"this machine, "
         "measured\" entry (x.json)")
-    assert tables.machine_sentence({"fp32_flops": 1e9, "bandwidth": 1e9}, "f", 2).endswith("not saved")
+    assert tables.machine_sentence({"peak_flops": 1e9, "precision": "bf16", "bandwidth": 1e9}, "f", 2).startswith(
+        "bf16 matmul peak 1.0 GFLOP/s")
+    assert tables.machine_sentence({"peak_flops": 1e9, "precision": "tf32", "bandwidth": 1e9}, "f", 2).endswith(
+        "not saved")
     saved = tables.machine_sentence({**machine, "saved_to": "/tmp/abc123/cache/this_machine.json"}, "f", 2)
     assert "/tmp" not in saved and "(this_machine.json)" in saved  # no path of the machine in a report
 
@@ -172,13 +175,13 @@ def test_measured_results_keep_the_results_keys():
     cells = [{key: i for i, key in enumerate(tables.CELL_FIELDS)} | {"extra": 1}]
     verdict = profiled_verdict(CELLS)
     summary = {"profiled": verdict, "losing": [1, 2], "overhead": 5.0}
-    machine = {"fp32_flops": 3e11, "bandwidth": 1e11}
+    machine = {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11}
     results = tables.measured_results(cells, COST, summary, machine, "cpu", 4, "s")
     assert list(results) == ["cells", "profiled_model", "hoi", "machine"]
     assert results["cells"] == [{key: i for i, key in enumerate(tables.CELL_FIELDS)}]
     assert results["profiled_model"] == {**COST.to_dict(), **verdict, "false_gains": 0, "cells_slower_than_ad": 2}
     assert results["hoi"] == 3.0
-    assert results["machine"] == {"fp32_flops": 3e11, "bandwidth": 1e11, "device": "cpu", "bytes_per_value": 4,
+    assert results["machine"] == {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "device": "cpu", "bytes_per_value": 4,
                                   "ad_step_overhead": 5.0, "scale": "s"}
 
 

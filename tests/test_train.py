@@ -225,13 +225,29 @@ def test_calibration_measures_and_stores_this_machine(monkeypatch):
 
     peak = calibrate.matmul_peak(sizes=(64, 128), seconds=0.01, repeats=2)
     assert len(peak["rates"]) == 4 and peak["flops"] == max(peak["rates"]) > 0
-    saved = {}
+    assert peak["precision"] == "fp32"
+    saved, asked = {}, []
     fake = types.SimpleNamespace(save_measured=lambda flops, bw: saved.update(flops=flops, bw=bw) or "path")
     monkeypatch.setattr(calibrate, "hardware", fake)
-    monkeypatch.setattr(calibrate, "matmul_peak", lambda **kw: {"flops": 2e11, "rates": [2e11], "threads": 2})
+
+    def fake_peak(device, dtype):
+        asked.append(dtype)
+        return {"flops": 2e11, "rates": [2e11], "threads": 2, "precision": calibrate.precision(dtype, device)}
+
+    monkeypatch.setattr(calibrate, "matmul_peak", fake_peak)
     monkeypatch.setattr(calibrate, "memory_bandwidth", lambda **kw: {"bandwidth": 2e10, "rates": [2e10]})
     result = calibrate.calibrate()
     assert saved == {"flops": {"fp32": 2e11}, "bw": 2e10} and result["saved_to"] == "path"
+    # a bf16 model's peak is asked in bf16 and stored as bf16; a GPU's fp32 matmuls are TF32 (the engine allows it)
+    result = calibrate.calibrate(device="cuda", dtype=torch.bfloat16)
+    assert asked[-1] == torch.bfloat16 and saved["flops"] == {"bf16": 2e11} and result["precision"] == "bf16"
+    assert torch.backends.cuda.matmul.allow_tf32
+    assert calibrate.calibrate(device="cuda")["precision"] == "tf32" and saved["flops"] == {"tf32": 2e11}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        assert calibrate.precision(torch.float32, "cuda") == "fp32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = True
 
 
 @pytest.mark.parametrize("headless", [False, True])

@@ -38,6 +38,10 @@ spire-logits (the unfused objective) held ~15 bytes per token per vocabulary ent
 the target's logits and their gathered copy, the fp32 gradient): 50 GB of the paper's
 64 x 1,024 batch. Fused, the SPIRe step's per-token memory is its activations only.
 
+`--simulate` traces instead the sharded trainer's real step, checkpoint gather and end-of-run
+gather with fake tensors on a fake process group at the params files' shapes and world sizes
+(`spirelib.training.simulate`; simulated, not measured).
+
 `--ranks` prints instead the per-rank memory of SPIRe training on Llama 3 8B and 70B targets
 (the draft a quarter of the target's layers) under ddp and fsdp at 1 to 16 ranks, computed by
 `spirelib.modeling.sharding`, and the fewest ranks that fit `--budget-gb`:
@@ -53,6 +57,7 @@ target and the whole fp32 draft state; under fsdp the shares fall as 1/N, down t
 gathers whole: at 70B and N=8, 30.5 of the 99.1 GB (the draft's embedding and unembedding,
 16.8 GB at 8 bytes a parameter, and two of its blocks; `spirelib.modeling.sharding`). A 70B
 target with its 19B-parameter draft fits 8 GPUs of 141 GB (H200), not 8 of 80 GB: 12 of those.
+The traced step (`--simulate`) is heavier: 120.5 GB a rank at 70B over 8 (docs/scaling-out.md).
 """
 
 from __future__ import annotations
@@ -209,6 +214,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the residual-stream table at Llama 3 8B and 70B shapes (computed, not measured)")
     parser.add_argument("--ranks", action="store_true",
                         help="per-rank memory of SPIRe training on Llama 3 8B/70B under ddp and fsdp (computed)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="trace the sharded trainer's real step with fake tensors on a fake process group at the "
+                             "params files' shapes and world sizes (spirelib.training.simulate; simulated, not measured)")
+    parser.add_argument("--cases", nargs="+", default=[], metavar="TEXT",
+                        help="with --simulate: only the cases whose name contains one of these")
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "BATCH", "SEQ_LEN", "VOCAB"), help=argparse.SUPPRESS)
 
 
@@ -223,6 +233,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.ranks:
         return _print_ranks(args.budget_gb * 1e9, args.json)
+    if args.simulate:
+        return _print_simulated(args.cases, args.budget_gb * 1e9, args.json)
     stream = residual_stream_rows()
     results, rows = [], []
     if not args.stream_only:
@@ -271,4 +283,35 @@ def _print_ranks(budget: float, as_json: bool) -> int:
         totals = {r["world"]: r["total_gb"] for r in rows if r["target"] == target and r["parallel"] == parallel}
         print(f"  {target:11s} {parallel:8s} " + " ".join(f"{totals[w]:7.1f}" for w in RANKS)
               + f"   {n if n is not None else 'none (ddp holds the whole target and draft state on each rank)'}")
+    return 0
+
+
+def _print_simulated(only: list[str], budget: float, as_json: bool) -> int:
+    """`simulate.params_cases()` traced one by one (each its own fake process group), one row each."""
+    from spirelib.training.simulate import params_cases, peak, simulate
+
+    cases = [c for c in params_cases() if not only or any(text in c.name for text in only)]
+    if not cases:
+        names = ", ".join(c.name for c in params_cases())
+        print(f"no simulated case matches {only}; the cases: {names}", file=sys.stderr)
+        return 2
+    if not as_json:
+        print("SIMULATED (fake tensors, fake process group; not measured on a GPU): one rank's peak device memory "
+              "by phase, its host memory, and a step's collectives; GB = 1e9 bytes")
+        print(f"  {'case':28s} {'params':>7s} {'fwd+bwd':>8s} {'optim':>7s} {'peak':>7s} {'fits':>5s} "
+              f"{'save host':>9s} {'end gather':>10s} {'build host':>10s} {'AG GB/step':>10s} {'RS GB/step':>10s}")
+    results = []
+    for case in cases:
+        r = simulate(case)
+        results.append(r)
+        if as_json:
+            continue
+        gb = {k: v["peak_bytes"] / 1e9 for k, v in r["phases"].items()}
+        comms = r["comms"]["bytes"]
+        print(f"  {r['case']:28s} {r['params'] / 1e9:6.2f}B {gb['forward+backward']:8.1f} {gb['optimizer']:7.1f} "
+              f"{peak(r) / 1e9:7.1f} {'yes' if peak(r) <= budget else 'NO':>5s} {r['host']['save'] / 1e9:9.1f} "
+              f"{gb['end of run']:10.1f} {r['host']['build'] / 1e9:10.1f} {comms.get('all_gather', 0) / 1e9:10.1f} "
+              f"{comms.get('reduce_scatter', 0) / 1e9:10.1f}", flush=True)
+    if as_json:
+        print(json.dumps({"simulated": True, "budget_bytes": budget, "results": results}, indent=2))
     return 0

@@ -1,8 +1,9 @@
-"""Measure this machine: fp32 matmul peak and memory bandwidth (the MFU denominator, and the
+"""Measure this machine: matmul peak and memory bandwidth (the MFU denominator, and the
 "this machine, measured" row of the hardware table used by the throughput model, method §2).
 
-`matmul_peak()` times large square fp32 matmuls and keeps the best rate (the machine may be
-shared; the spread is reported too). `memory_bandwidth()` times a large tensor copy (bytes
+`matmul_peak()` times large square matmuls in a dtype and keeps the best rate (the machine may be
+shared; the spread is reported too), labelled with the precision they ran in (`precision`: an fp32
+matmul on a GPU is TF32 where torch allows it, and the engine allows it on import). `memory_bandwidth()` times a large tensor copy (bytes
 read + written). `calibrate()` runs both and, when `spirelib.modeling.hardware` is present, stores
 the result with `hardware.save_measured` so notebooks can compare against it.
 """
@@ -39,9 +40,23 @@ def _best_rate(fn, work: float, device: torch.device, seconds: float, repeats: i
     return rates
 
 
+PRECISIONS = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def precision(dtype: torch.dtype, device: torch.device | str) -> str:
+    """The hardware table's name for the precision a `dtype` matmul on `device` computes in: "tf32"
+    for fp32 on a GPU while TF32 matmuls are allowed (`torch.backends.cuda.matmul.allow_tf32`)."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"no matmul precision for {dtype}; use one of {sorted(map(str, PRECISIONS))}")
+    if dtype == torch.float32 and torch.device(device).type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return PRECISIONS[dtype]
+
+
 def matmul_peak(sizes=(2048, 4096), seconds: float = 0.4, repeats: int = 3, device: str = "cpu",
                 dtype: torch.dtype = torch.float32) -> dict:
-    """FLOP/s of n x n matmuls in `dtype` (fp32 by default): {"flops": best, "rates": all rates, ...}."""
+    """FLOP/s of n x n matmuls in `dtype` (fp32 by default): {"flops": best, "rates": all rates,
+    "precision": `precision(dtype, device)`, ...}."""
     dev = torch.device(device)
     rates = []
     for n in sizes:
@@ -49,7 +64,8 @@ def matmul_peak(sizes=(2048, 4096), seconds: float = 0.4, repeats: int = 3, devi
         a, b = (torch.randn(n, n, device=dev, generator=gen).to(dtype) for _ in range(2))
         out = torch.empty(n, n, device=dev, dtype=dtype)
         rates += _best_rate(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), 2.0 * n**3, dev, seconds, repeats)
-    return {"flops": max(rates), "rates": rates, "sizes": list(sizes), "threads": torch.get_num_threads()}
+    return {"flops": max(rates), "rates": rates, "sizes": list(sizes), "threads": torch.get_num_threads(),
+            "precision": precision(dtype, dev)}
 
 
 def memory_bandwidth(mbytes: int = 512, seconds: float = 0.4, repeats: int = 3, device: str = "cpu") -> dict:
@@ -61,12 +77,14 @@ def memory_bandwidth(mbytes: int = 512, seconds: float = 0.4, repeats: int = 3, 
     return {"bandwidth": max(rates), "rates": rates}
 
 
-def calibrate(device: str = "cpu", save: bool = True) -> dict:
-    """Measure the fp32 matmul peak and memory bandwidth; store them in the hardware table
-    (spirelib.modeling.hardware.save_measured) when that module exists and `save` is set."""
-    peak, bw = matmul_peak(device=device), memory_bandwidth(device=device)
-    result = {"fp32_flops": peak["flops"], "bandwidth": bw["bandwidth"], "matmul_rates": peak["rates"],
-              "bandwidth_rates": bw["rates"], "threads": peak["threads"], "device": device}
+def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32, save: bool = True) -> dict:
+    """Measure the matmul peak in `dtype` (the models' dtype: bf16 for a bf16 model) and the memory
+    bandwidth; store them in the hardware table (spirelib.modeling.hardware.save_measured) under the
+    precision the matmuls ran in (`precision`) when `save` is set."""
+    peak, bw = matmul_peak(device=device, dtype=dtype), memory_bandwidth(device=device)
+    result = {"peak_flops": peak["flops"], "precision": peak["precision"], "bandwidth": bw["bandwidth"],
+              "matmul_rates": peak["rates"], "bandwidth_rates": bw["rates"], "threads": peak["threads"],
+              "device": device}
     if save:
-        result["saved_to"] = str(hardware.save_measured({"fp32": peak["flops"]}, bw["bandwidth"]))
+        result["saved_to"] = str(hardware.save_measured({peak["precision"]: peak["flops"]}, bw["bandwidth"]))
     return result

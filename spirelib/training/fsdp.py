@@ -35,10 +35,6 @@ PARALLEL = ("ddp", "fsdp")
 BLOCK_METHODS = ("queries", "memory_kv", "finish_heads")
 
 
-class FSDPRefused(ValueError):
-    """A fsdp run that cannot work, refused before any compute."""
-
-
 def device_mesh(device: torch.device, world: int):
     """The 1-D mesh over all ranks on `device`'s type (an explicit mesh: a gloo default group on
     a GPU box segfaulted under FSDP2, pytorch#132471)."""
@@ -47,28 +43,27 @@ def device_mesh(device: torch.device, world: int):
     return init_device_mesh(device.type, (world,))
 
 
-def check_fsdp(world: int, blocks: int, what: str) -> None:
-    """Refuse fsdp over more ranks than `blocks` (the units sharded one by one), before any compute."""
-    if world > blocks:
-        raise FSDPRefused(f"parallel: fsdp over {world} ranks needs at least {world} blocks to shard, but {what} has "
-                          f"{blocks}; use fewer ranks (torchrun --nproc_per_node <= {blocks}) or parallel: ddp")
-
-
-def _policy(device: torch.device):
+def mixed_precision(device: torch.device, compute: torch.dtype | None = None):
+    """FSDP2's policy for a trained model: compute in `compute` (default: bf16 on a GPU, the
+    parameters' dtype elsewhere) with fp32 gradient reduction; parameters stay fp32 (master weights)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if device.type == "cuda":  # bf16 compute, fp32 gradient reduction; parameters stay fp32 (master weights)
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+    if compute is None and device.type == "cuda":
+        compute = torch.bfloat16
+    if compute is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
 
 
-def shard_units(root: nn.Module, units, mesh, device: torch.device, frozen: bool = False) -> nn.Module:
+def shard_units(root: nn.Module, units, mesh, device: torch.device, frozen: bool = False,
+                compute: torch.dtype | None = None) -> nn.Module:
     """`fully_shard` each of `units` (modules inside `root`), then `root`; force-sum reductions
-    (pytorch#162338). A frozen module keeps its dtype (no mixed precision). The units' `BLOCK_METHODS`
-    are forward methods: each call gathers the unit's parameters."""
+    (pytorch#162338). A frozen module keeps its dtype (no mixed precision); a trained one computes
+    in `compute` (`mixed_precision`; the simulation asks for the GPU's bf16 on the CPU). The units'
+    `BLOCK_METHODS` are forward methods: each call gathers the unit's parameters."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
-    policy = None if frozen else _policy(device)
+    policy = None if frozen else mixed_precision(device, compute)
     kwargs = {"mesh": mesh} if policy is None else {"mesh": mesh, "mp_policy": policy}
     for unit in units:
         fully_shard(unit, **kwargs)
@@ -87,7 +82,6 @@ def shard_frozen_target(target: nn.Module, mesh, device: torch.device) -> nn.Mod
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     target.eval().requires_grad_(False)
-    check_fsdp(mesh.size(), len(target.blocks), "the target")
     shard_units(target, list(target.blocks), mesh, device, frozen=True)
     register_fsdp_forward_method(target, "residual_stream")
     register_fsdp_forward_method(target, "loss")  # an imported target's validation loss
@@ -136,6 +130,24 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for plain or sharded (DTensor) gradients: the global norm
+    from each rank's local shards (their squared norms all-reduced), then every local shard scaled
+    in place. torch's own, given DTensor gradients, materialized the whole fp32 gradient on every rank
+    during the step (traced: +77 GB a rank at 70B); this holds no more than the shards. Returns the
+    total norm (a plain 0-dim tensor, on the gradients' device; collective when sharded)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    if not any(hasattr(g, "to_local") for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = torch.nn.utils.get_total_norm(local).float() ** 2  # this rank's share of the squared norm
+    dist.all_reduce(total)
+    total = total.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # torch's clipping coefficient
+    torch._foreach_mul_([g for g in local if g.numel()], coef)
+    return total
+
+
 def teacher_head(target: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     """(norm, unembedding weight): a replicated frozen copy of a (sharded or plain) target's final
     norm and unembedding, MixedLoss's teacher head (method §3.7; `spire.SpireObjective`'s `head`),
@@ -143,10 +155,8 @@ def teacher_head(target: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     from spirelib.engine.transformer import RMSNorm
 
     w_norm = full_tensor(target.norm.weight.detach())
-    norm = RMSNorm(w_norm.shape[0], target.norm.eps).to(device=w_norm.device, dtype=w_norm.dtype)
-    with torch.no_grad():
-        norm.weight.copy_(w_norm)
-    norm.requires_grad_(False)
+    norm = RMSNorm(w_norm.shape[0], target.norm.eps)
+    norm.weight = nn.Parameter(w_norm.clone(), requires_grad=False)  # the gathered gain, its device and dtype
     return norm, full_tensor(target.unembed.weight.detach()).clone()
 
 

@@ -158,6 +158,16 @@ def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: D
     return TrainedModel(result.model, model_cfg, train_cfg, result, data, identity)
 
 
+def for_decoding(target: TrainedModel) -> TrainedModel:
+    """A target trained in the run, in the dtype it decodes in: bf16 on a GPU (as an imported
+    checkpoint decodes in its stored dtype, and its drafts are cast to it, `drafts.draft_factory`),
+    as it is elsewhere (fp32 on the CPU). Its checkpoint keeps the fp32 training weights."""
+    param = next(target.model.parameters())
+    if param.device.type == "cuda" and param.dtype == torch.float32:
+        target.model.to(torch.bfloat16)
+    return target
+
+
 def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto",
                     parallel: str = "ddp") -> TrainedModel:
     """The Hugging Face checkpoint at `path` as the series' target: loaded by

@@ -226,9 +226,9 @@ class Series:
         if self.imported:
             return self._cached("target", lambda: pipeline.imported_target(
                 self.imported, self.data(), self.target_training, device=self.device, parallel=self.parallel))
-        return self._cached("target", lambda: pipeline.train_language_model(
+        return self._cached("target", lambda: pipeline.for_decoding(pipeline.train_language_model(
             self.target, self.target_training, self.data(), name=pipeline.TARGET, device=self.device, progress=progress,
-            parallel=self.parallel))
+            parallel=self.parallel)))
 
     def trained_vanilla_draft(self, progress: bool = True) -> pipeline.TrainedModel:
         """The vanilla SD draft for the target (method §4)."""
@@ -245,32 +245,17 @@ class Series:
             self.trained_target(progress), cfg, train_cfg, device=self.device, progress=progress,
             parallel=self.parallel))
 
-    def rank_problems(self, model: str, world: int, variant: str = "spire") -> list[str]:
+    def rank_problems(self, model: str, world: int) -> list[str]:
         """What stops `model` ("target", "vanilla" or "spire") from training over `world` ranks, found
-        before any compute: a batch that does not split over them, and under `parallel: fsdp` fewer
-        blocks than ranks in the trained model or the frozen target (`fsdp.check_fsdp`)."""
-        from spirelib.engine.drafts import vanilla_draft_config
-        from spirelib.training.fsdp import FSDPRefused, check_fsdp
-
+        before any compute: a batch that does not split over them. (Under `parallel: fsdp` any number
+        of blocks shards over any number of ranks: FSDP2 splits every parameter over all of them.)"""
         if world < 2:
             return []
         trainings = {"target": ("target_training",), "vanilla": ("target_training", "vanilla_training"),
                      "spire": ("target_training", "spire_training")}[model]
-        found = [f"{name}.batch_size: {getattr(self, name).batch_size} windows do not split over {world} ranks"
-                 for name in trainings if getattr(self, name).batch_size % world
-                 and not (name == "target_training" and self.imported)]
-        if self.parallel == "fsdp":
-            blocks = [("the target", self.target.num_layers)]
-            if model == "vanilla":
-                blocks.append(("the vanilla draft", vanilla_draft_config(self.target).num_layers))
-            elif model == "spire":
-                blocks.append((f"the SPIRe draft ({variant})", ablation(variant, self.spire).num_layers))
-            for what, n in blocks:
-                try:
-                    check_fsdp(world, n, what)
-                except FSDPRefused as e:
-                    found.append(str(e))
-        return found
+        return [f"{name}.batch_size: {getattr(self, name).batch_size} windows do not split over {world} ranks"
+                for name in trainings if getattr(self, name).batch_size % world
+                and not (name == "target_training" and self.imported)]
 
     def protocol(self, batch_size: int):
         """The tau protocol (method §5) of this series, decoding `batch_size` rows in lockstep."""

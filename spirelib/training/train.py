@@ -353,20 +353,20 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
     return _mean_metrics(sums, len(windows))
 
 
-def _accumulate(step_objective, ddp, fsdp, batch: torch.Tensor, micro: int, n_micro: int,
+def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int,
                 device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
     windows; the gradients add up to those of the mean loss over the whole batch (each
     micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
-    all-reduces, under FSDP only the last reduce-scatters. Returns the batch's mean loss (detached)
-    and metrics (means over micro-batches),
-    left on the device: nothing here waits for it."""
+    all-reduces. Under FSDP every backward reduce-scatters, so the gradients accumulate sharded
+    (as torchtitan does): with gradient sync off FSDP2 would keep every parameter's whole
+    gradient on every rank until the last micro-batch, the model's full size in fp32 reduce dtype
+    (77 GB a rank for a 70B target's 19B-parameter draft). Returns the batch's mean loss
+    (detached) and metrics (means over micro-batches), left on the device: nothing here waits for it."""
     total = None
     sums: dict[str, torch.Tensor | float] = {}
     for m in range(n_micro):
         sync = ddp is None or m == n_micro - 1
-        if fsdp is not None:
-            fsdp.set_requires_gradient_sync(m == n_micro - 1)
         with contextlib.nullcontext() if sync else ddp.no_sync():
             with _autocast(device):
                 loss, metrics = step_objective(batch[m * micro : (m + 1) * micro])
@@ -377,6 +377,69 @@ def _accumulate(step_objective, ddp, fsdp, batch: torch.Tensor, micro: int, n_mi
     if n_micro == 1:
         return total, sums
     return total / n_micro, _mean_metrics(sums, n_micro)
+
+
+def _update(opt: torch.optim.Optimizer, params: list, loss_value: torch.Tensor, cfg: TrainConfig,
+            world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimizer's part of a step, after `_accumulate`: clip the gradients (their global norm,
+    gathered over shards), average the loss over ranks, AdamW's step. Returns (loss, grad norm),
+    on the device."""
+    grad_norm = fsdp_.clip_grad_norm(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    if world > 1:
+        dist.all_reduce(loss_value)
+        loss_value = loss_value / world
+    opt.step()
+    return loss_value, grad_norm
+
+
+def _drain(device: torch.device) -> None:
+    """Wait until `device` has finished the work queued on it (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _StepClock:
+    """Seconds of a session's training steps, read only once the device has finished them
+    (`_drain`): a step's kernels are queued, and a clock read when `opt.step()` returns would stop
+    before the device does. It drains only where the host waits anyway: after the first step (kept
+    apart: compilation and warm-up), at a log line, before an evaluation or a checkpoint; steps in
+    between run back to back, so no step makes a host sync. Work between steps is not timed."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.first_step_s: float | None = None
+        self.timed_s, self.timed_steps, self.interval_s = 0.0, 0, 0.0
+        self._start, self._pending = time.perf_counter(), 0
+
+    def start(self) -> None:
+        """Before a step: a span of back-to-back steps begins here unless one is running."""
+        if not self._pending:
+            self._start = time.perf_counter()
+
+    def stepped(self) -> None:
+        self._pending += 1
+        if self.first_step_s is None:
+            self.first_step_s = self._bank(timed=False)
+
+    def pause(self) -> None:
+        """Drain and bank the running span (before untimed work or reading `interval_s`)."""
+        if self._pending:
+            self._bank(timed=True)
+
+    def take_interval(self) -> float:
+        """Seconds of the steps since the last call (the first step's included)."""
+        self.pause()
+        seconds, self.interval_s = self.interval_s, 0.0
+        return seconds
+
+    def _bank(self, timed: bool) -> float:
+        _drain(self.device)
+        seconds = time.perf_counter() - self._start
+        self.interval_s += seconds
+        if timed:
+            self.timed_s, self.timed_steps = self.timed_s + seconds, self.timed_steps + self._pending
+        self._pending = 0
+        return seconds
 
 
 def _host_means(sums: dict[str, torch.Tensor | float], count: int) -> dict[str, float]:
@@ -428,8 +491,6 @@ def train(
     # else: fully_shard moves one block at a time to the device (the whole model never is there)
     eval_objective = eval_objective or objective
     units = fsdp_units(model)
-    if sharded and units:
-        fsdp_.check_fsdp(world, len(units), type(model).__name__)
     if budget_params is None:
         budget_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = cfg.total_steps(budget_params)
@@ -440,8 +501,9 @@ def train(
         meta = read_meta(found)
         check_identity(found, meta, ident)
         if meta["finished"]:
-            load_checkpoint(found, model)
-            return TrainResult(model.to(dev).eval(), found, meta, read_metrics(run_dir / "metrics.jsonl"), reused=True)
+            load_checkpoint(found, model)  # sharded: it stays on the host (a whole 70B draft fits no GPU)
+            return TrainResult((model if sharded else model.to(dev)).eval(), found, meta,
+                               read_metrics(run_dir / "metrics.jsonl"), reused=True)
 
     start = 0
     fsdp = skeleton = None
@@ -526,57 +588,51 @@ def train(
     model.train()
     bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, desc="train", unit="step")
     t_start = time.perf_counter()
-    step_time, timed_steps, first_step_s = 0.0, 0, None
+    clock = _StepClock(dev)
     interval: dict[str, torch.Tensor | float] = {}
-    interval_steps, interval_time = 0, 0.0
+    interval_steps = 0
     last_val: dict = {}
     last_loss = torch.full((), float("nan"))
     batches = sampler.batches(range(start, total), rank, world, pin=dev.type == "cuda")  # read one step ahead
     for step, batch in zip(range(start, total), batches):
-        t0 = time.perf_counter()
+        clock.start()
         lr = cfg.lr_at(step, total)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = batch.to(dev, non_blocking=True)  # (B/world, T+1)
         opt.zero_grad(set_to_none=True)
-        loss_value, metrics = _accumulate(step_objective, ddp, fsdp, batch, micro, n_micro, dev)
-        grad_norm = fsdp_.full_tensor(
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
-        if world > 1:
-            dist.all_reduce(loss_value)
-            loss_value = loss_value / world
+        loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev)
+        loss_value, grad_norm = _update(opt, params, loss_value, cfg, world)
         finite = torch.isfinite(loss_value) & torch.isfinite(grad_norm)
         nonfinite = torch.where(~finite & (nonfinite < 0), step, nonfinite)
-        opt.step()
-        dt = time.perf_counter() - t0
-        if first_step_s is None:
-            first_step_s = dt  # includes compilation and warm-up: not timed
-        else:
-            step_time, timed_steps = step_time + dt, timed_steps + 1
+        clock.stepped()
         last_loss = loss_value
         for k, v in {"loss": loss_value, "grad_norm": grad_norm, **metrics}.items():
             interval[k] = interval.get(k, 0.0) + v
-        interval_steps, interval_time = interval_steps + 1, interval_time + dt
+        interval_steps += 1
         done = step + 1
         if done % cfg.log_every == 0 or done == total:  # the host waits for the device here, and only here
+            tokens_per_s = cfg.tokens_per_step() * interval_steps / clock.take_interval()
             check_finite(lr)
             means = _host_means(interval, interval_steps)
-            tokens_per_s = cfg.tokens_per_step() * interval_steps / interval_time
             log.add({"kind": "train", "step": done, "tokens": done * cfg.tokens_per_step(), "lr": lr,
                      "tokens_per_s": tokens_per_s, "elapsed_s": time.perf_counter() - t_start, **means})
             bar.set_postfix(loss=f"{means['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-            interval, interval_steps, interval_time = {}, 0, 0.0
+            interval, interval_steps = {}, 0
         bar.update(1)
         if val is not None and cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+            clock.pause()
             check_finite(lr)
             last_val = run_eval(done)
         if done == stop_at and done != total:
+            clock.pause()
             check_finite(lr)
             save(done, finished=False)
             bar.close()
             return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries,
                                reused=False)
         if done % cfg.checkpoint_every == 0 and done != total:
+            clock.pause()
             check_finite(lr)
             save(done, finished=False)
     if total > start:
@@ -584,11 +640,13 @@ def train(
     bar.close()
     if val is not None:
         last_val = run_eval(total)
-    tokens_per_s = per_rank * world * cfg.seq_len * timed_steps / step_time if timed_steps else float("nan")
+    clock.pause()
+    tokens_per_s = (per_rank * world * cfg.seq_len * clock.timed_steps / clock.timed_s if clock.timed_steps
+                    else float("nan"))
     run_s = time.perf_counter() - t_start  # this session's wall clock: compilation, evaluation, checkpoints included
     summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": float(last_loss),
                "tokens_per_s": tokens_per_s, "run_tokens_per_s": (total - start) * cfg.tokens_per_step() / run_s,
-               "first_step_s": first_step_s, "budget_params": budget_params,
+               "first_step_s": clock.first_step_s, "budget_params": budget_params,
                "world_size": world, "device": str(dev), **last_val}
     save(total, finished=True, summary=summary)
     return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
@@ -609,16 +667,19 @@ def _meta_copy(model: nn.Module) -> nn.Module:
 
 def _plain(model: nn.Module, skeleton: nn.Module | None) -> nn.Module:
     """The trained model as a plain module on every rank: a sharded one gathered into `skeleton`
-    (its unsharded copy on the meta device; collective), or `model` itself."""
+    (its unsharded copy on the meta device; collective) on the host, one tensor at a time, so no
+    device ever holds the whole model (a 70B target's SPIRe draft is 77 GB in fp32); or `model` itself."""
     if skeleton is None:
         return model
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-    device = next(iter(state.values())).device
-    skeleton.to_empty(device=device)
-    for module in skeleton.modules():  # to_empty replaced a tied Parameter by two
+    names = {name for name, _ in skeleton.named_parameters()}
+    for name, p in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        whole = fsdp_.full_tensor(p.detach()).cpu()
+        skeleton.get_submodule(owner)._parameters[leaf] = nn.Parameter(whole, requires_grad=p.requires_grad)
+        names.discard(name)
+    if names:
+        raise ValueError(f"parameters of the plain model missing from the sharded one: {sorted(names)[:5]}")
+    for module in skeleton.modules():  # a tied Parameter was replaced once, by its first name
         if hasattr(module, "tie"):
             module.tie()
-    skeleton.load_state_dict(state)
     return skeleton

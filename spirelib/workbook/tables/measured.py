@@ -337,10 +337,10 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
 
 
 def machine_sentence(machine: dict, dtype, bytes_per_value: int) -> str:
-    """This machine as `calibrate.calibrate` measured it (fp32 matmul peak, memory bandwidth, the
-    HOI they make, method §2) and the models' dtype (`dtype`, `bytes_per_value`), in one line."""
-    peak, bandwidth = machine["fp32_flops"], machine["bandwidth"]
-    return (f"fp32 matmul peak {peak / 1e9:,.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:,.1f} GB/s "
+    """This machine as `calibrate.calibrate` measured it (matmul peak in its precision, memory bandwidth,
+    the HOI they make, method §2) and the models' dtype (`dtype`, `bytes_per_value`), in one line."""
+    peak, bandwidth = machine["peak_flops"], machine["bandwidth"]
+    return (f"{machine['precision']} matmul peak {peak / 1e9:,.1f} GFLOP/s, memory bandwidth {bandwidth / 1e9:,.1f} GB/s "
             f"-> HOI {peak / bandwidth:,.1f} FLOP/byte (the paper's H100 FP8 figure: 600); models in {dtype}, "
             f"{bytes_per_value} bytes per value; "
             + (f"saved as the hardware table's \"this machine, measured\" entry ({Path(machine['saved_to']).name})"
@@ -353,13 +353,13 @@ def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: di
     verdict on it (median, mean signed, fitted and held-out errors, false gains), the HOI and the
     machine (`calibrate`'s peak and bandwidth, the device, bytes per value, the AD step's
     overhead, the scale note)."""
-    peak, bandwidth = machine["fp32_flops"], machine["bandwidth"]
+    peak, bandwidth = machine["peak_flops"], machine["bandwidth"]
     verdict = summary["profiled"]
     return {"cells": [{key: c[key] for key in CELL_FIELDS} for c in cells],
             "profiled_model": {**cost.to_dict(), **verdict, "false_gains": len(verdict["false_gains"]),
                                "cells_slower_than_ad": len(summary["losing"])},
             "hoi": peak / bandwidth,
-            "machine": {"fp32_flops": peak, "bandwidth": bandwidth, "device": device,
+            "machine": {"peak_flops": peak, "precision": machine["precision"], "bandwidth": bandwidth, "device": device,
                         "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale,
                         **({"threads": threads} if threads else {})}}
 

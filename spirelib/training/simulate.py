@@ -1,0 +1,285 @@
+"""One rank's memory and communication of a sharded training run,
+traced through the real code with fake tensors on a fake process group (`spire bench memory --simulate`).
+
+No GPU runs here. Every tensor is a `FakeTensorMode` tensor (shapes, dtypes and storages, no
+data), the process group is torch's fake one at the run's real world size (this process is
+rank 0; collectives return at once), and the trainer's own code runs on it: `fsdp.shard_units`
+/ `fsdp.shard_frozen_target` as `train` and `pipeline.trained_spire_draft` call them, the step
+(`train._accumulate`: the objective's forward and backward, micro-batch by micro-batch; then
+`train._update`: clipping, AdamW), the checkpoint gather (`fsdp.full_state`) and the gather of the
+trained model at the end of a run (`train._plain`). `FSDPMemTracker`
+(torch.distributed._tools.fsdp2_mem_tracker) counts the live bytes of every storage by kind
+(sharded and unsharded parameters and gradients, all-gather and reduce-scatter buffers,
+activations, optimizer state); each phase is its own tracker session, so its peak is that
+phase's. `CommDebugMode` counts the collectives; `_CommBytes` adds their buffer sizes.
+
+The GPU's numerics are what is simulated: the frozen target in bf16, the trained model's fp32
+master weights under FSDP2's bf16 `MixedPrecisionPolicy` with fp32 reduction
+(`fsdp.mixed_precision`). The fake device is the CPU, so autocast (CUDA only) is off: the few
+ops outside the sharded blocks that autocast would run in bf16 (the loss's chunks) are counted
+in fp32, a slight overestimate. Not counted: the CUDA context, NCCL's buffers and the caching
+allocator's fragmentation (a few GB on a real GPU).
+
+The step traced is a steady-state one: AdamW's moments are allocated beforehand, as every step
+after the first finds them. Host
+memory: `build` is the trained model as built whole on each rank's host before sharding (the
+SPIRe draft from the sharded target), `save` what rank 0 gathers (model and AdamW state, traced),
+`resume` what every rank reads back (computed from the same sizes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: The models a series trains (`spire train {target,vanilla,spire}`).
+KINDS = ("target", "vanilla", "spire")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One simulated run: the trained `kind` ("target", "vanilla", "spire") for a target of shape
+    `target` (ModelConfig), the SPIRe draft's `spire` config, the `train` config, over `world` ranks."""
+
+    name: str
+    kind: str
+    target: object  # engine.transformer.ModelConfig
+    train: object  # training.train.TrainConfig
+    world: int
+    spire: object | None = None  # engine.spire.SpireConfig
+    #: Micro-batches of a step traced (at most): they are alike, so the second shows the steady state
+    #: (gradients held from the first); a step's collectives are scaled up to all of its micro-batches.
+    max_micro_batches: int = 2
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "spire" and self.spire is None:
+            raise ValueError("a spire case needs its SpireConfig")
+        if self.world < 1:
+            raise ValueError(f"world must be >= 1, got {self.world}")
+        self.train.micro_batches(self.world)  # a batch that does not split over the ranks: refused here
+
+
+class _CommBytes(TorchDispatchMode):
+    """Bytes of each collective's buffer, by kind: the gathered output of an all-gather, the
+    input of a reduce-scatter, the tensor of an all-reduce (a ring moves (N-1)/N of it per rank)."""
+
+    KINDS = ("all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "broadcast")
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        namespace, _, name = func.name().partition("::")
+        kind = next((k for k in self.KINDS if k in name), None)
+        if namespace in ("c10d", "_c10d_functional") and kind is not None:
+            functional = namespace == "_c10d_functional"  # returns its output; c10d's ops write into args[0]
+            kind = {"allgather": "all_gather", "allreduce": "all_reduce"}.get(kind, kind)
+            if kind == "all_gather":
+                buffer = out if functional else args[0]
+            elif kind == "reduce_scatter":
+                buffer = args[0] if functional else args[1]
+            else:
+                buffer = args[0]
+            self.bytes[kind] = self.bytes.get(kind, 0) + _bytes(_tensors(buffer))
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        return out
+
+
+def _tracker(root, opt):
+    """`FSDPMemTracker(root, opt)` that also follows sharded units run only through their registered
+    forward methods (`fsdp.BLOCK_METHODS`, SPIRe's k-pass): FSDP2 calls their pre-forward directly, past
+    the hooks the tracker wraps, so their first backward would find no module record; one is made then.
+    The totals count every storage either way; only the per-module snapshots of those units are partial."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModMemStats
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    tracker = FSDPMemTracker(root, opt)
+
+    class ModuleStats(WeakIdKeyDictionary):
+        def __getitem__(self, module):
+            if module not in self:
+                self[module] = _FSDPModMemStats(tracker._mod_tracker.get_known_fqn(module) or type(module).__name__)
+            return super().__getitem__(module)
+
+    tracker.memory_tracking = ModuleStats()
+    return tracker
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _built_in(dtype: torch.dtype, build):
+    """`build()` with `dtype` the default (a fake module's `.to(dtype)` fails: its tensors cannot be swapped)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return build()
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
+    """Trace `case` (see the module docstring) in this process; returns {"case", "world", "params",
+    "phases": {phase: {"peak_bytes", kind: bytes, ...}}, "comms": {"counts": {kind: n},
+    "bytes": {kind: bytes}} of one whole step, "host": {"build", "save", "resume"} bytes}.
+    Initializes (and destroys) the fake process group: no process group may be active. `fake=False`
+    runs the same code on real tensors (uninitialized weights) on `device`, one rank: what gpu-check
+    measures on a GPU against the simulated figures."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.engine.rope import _cached_frequencies
+    from spirelib.engine.spire import SpireDraftModel, SpireObjective
+    from spirelib.engine.transformer import Transformer
+    from spirelib.training import fsdp
+    from spirelib.training.train import (
+        _accumulate,
+        _meta_copy,
+        _ObjectiveStep,
+        _plain,
+        _update,
+        fsdp_units,
+        lm_objective,
+        make_optimizer,
+    )
+
+    if dist.is_initialized():
+        raise RuntimeError("simulate needs its own (fake) process group; run it where none is initialized")
+    dev = torch.device(device)
+    cfg = case.train
+    micro, n_micro = cfg.micro_batches(case.world)
+    traced = min(n_micro, case.max_micro_batches)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case.world)
+    _cached_frequencies.cache_clear()  # RoPE's cached frequencies: fake tensors of this run, then of none
+    try:
+        mesh = fsdp.device_mesh(dev, case.world)  # real tensors: the mesh reads its ranks back
+        frozen = None
+        with FakeTensorMode() if fake else contextlib.nullcontext():
+            with torch.device("meta"):  # built on the meta device, sharded, then materialized (`to_empty`)
+                if case.kind == "spire":  # an imported target (bf16) and the draft pruned from it
+                    frozen = _built_in(torch.bfloat16, lambda: Transformer(case.target))
+                    model = SpireDraftModel(case.target, case.spire)
+                else:
+                    model = Transformer(case.target if case.kind == "target" else vanilla_draft_config(case.target))
+            built = _bytes(model.parameters())  # the trained model, whole on each rank's host before it is sharded
+            skeleton = _meta_copy(model)
+            if frozen is not None:  # as pipeline.trained_spire_draft: the target sharded, its head replicated
+                fsdp.shard_frozen_target(frozen, mesh, dev)
+                frozen.to_empty(device=dev)
+                objective = SpireObjective(frozen, fsdp.teacher_head(frozen))
+            else:
+                objective = lm_objective
+            root = fsdp.shard_units(_ObjectiveStep(model, objective), fsdp_units(model), mesh, dev,
+                                    compute=torch.bfloat16)
+            model.to_empty(device=dev)
+            opt = make_optimizer(model, cfg)
+            params = [p for p in model.parameters() if p.requires_grad]
+            batch = torch.randint(0, case.target.vocab_size, (micro * traced, cfg.seq_len + 1), device=dev)
+            for p in params:  # AdamW's moments exist from the second step on: allocated as that step finds them
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            tracker = _tracker(root, opt)
+            if frozen is not None:  # outside the tracked root: its shards and the teacher head, tracked as inputs
+                tracker.track_inputs((list(frozen.parameters()), list(objective.head_norm.parameters()),
+                                      objective.head_weight))
+            tracker.track_inputs((batch,))
+            phases = {}
+
+            def step_objective(windows):  # the trainer's call of the root, one micro-batch a call
+                tracker.reset_mod_stats()  # the tracker refuses a second root forward otherwise; peaks are kept
+                return root(windows)
+
+            def phase(name, fn):
+                with tracker:
+                    result = fn()
+                snap = tracker.get_tracker_snapshot("peak").get(dev, {})
+                phases[name] = {"peak_bytes": snap.get("Total", 0),
+                                **{getattr(k, "value", k): v for k, v in snap.items() if k != "Total"}}
+                return result
+
+            opt.zero_grad(set_to_none=True)
+            passes, update = _CommBytes(), _CommBytes()
+            with passes:
+                loss, _ = phase("forward+backward", lambda: _accumulate(step_objective, None, batch, micro, traced, dev))
+            with update:
+                phase("optimizer", lambda: _update(opt, params, loss, cfg, case.world))
+            scale = n_micro / traced
+            comms = {what: {kind: round(getattr(passes, what).get(kind, 0) * scale) + getattr(update, what).get(kind, 0)
+                            for kind in {*getattr(passes, what), *getattr(update, what)}} for what in ("counts", "bytes")}
+            before_save = tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
+            state, optim_state = phase("save", lambda: fsdp.full_state(model, opt))
+            gathered = _bytes(state.values()) + _bytes(t for s in optim_state["state"].values()
+                                                       for t in s.values() if isinstance(t, torch.Tensor))
+            del state, optim_state
+            phase("end of run", lambda: _plain(model, skeleton))
+            moments = 2 * built  # AdamW's exp_avg and exp_avg_sq, the weights' dtype
+            return {"case": case.name, "kind": case.kind, "world": case.world, "micro_batch": micro,
+                    "micro_batches": n_micro, "micro_batches_traced": traced, "params": sum(p.numel() for p in skeleton.parameters()),
+                    "phases": phases, "comms": comms,
+                    "host": {"build": built, "save": gathered, "save_peak_increase": phases["save"]["peak_bytes"]
+                             - before_save, "resume": built + moments}}
+    finally:
+        _cached_frequencies.cache_clear()
+        dist.destroy_process_group()
+
+
+def peak(result: dict) -> int:
+    """The run's peak bytes on one rank's device over the training phases (forward+backward,
+    optimizer; the checkpoint gather and the end-of-run gather are reported apart)."""
+    return max(result["phases"][p]["peak_bytes"] for p in ("forward+backward", "optimizer"))
+
+
+#: Llama 3's vocabulary (8B and 70B), untied embeddings.
+LLAMA3_VOCAB = 128_256
+
+
+def params_cases(worlds=(8, 16)) -> list[Case]:
+    """The runs the workbook's params files ask for: params/llama3-70b.yaml's SPIRe draft under fsdp
+    over each of `worlds`; params/paper.yaml's target, vanilla and SPIRe trainings on one GPU; a
+    SPIRe draft of Llama 3 8B (a quarter of its layers, the paper's ratio) on one GPU, one window
+    per micro-batch."""
+    from spirelib.engine.spire import SpireConfig
+    from spirelib.engine.transformer import ModelConfig
+    from spirelib.modeling.perfmodel import PRESETS
+    from spirelib.paths import project_root
+    from spirelib.training.params import load_params
+    from spirelib.training.train import TrainConfig
+
+    def llama3(name):
+        return ModelConfig(vocab_size=LLAMA3_VOCAB, **vars(PRESETS[name]))
+
+    root = project_root() / "params"
+    big = load_params(root / "llama3-70b.yaml")["series"]
+    cases = [Case(f"llama3-70b spire, {n} ranks", "spire", llama3("llama3-70b"),
+                  TrainConfig.from_dict(big["spire_training"]), n, SpireConfig(**big["spire"])) for n in worlds]
+    paper = load_params(root / "paper.yaml")["series"]
+    target = ModelConfig(vocab_size=paper["vocab_size"], **paper["target"])
+    for kind in KINDS:
+        train = TrainConfig.from_dict({k: v for k, v in paper[f"{kind}_training"].items() if k != "compile"})
+        cases.append(Case(f"paper {kind}, 1 GPU", kind, target, train, 1,
+                          SpireConfig(**paper["spire"]) if kind == "spire" else None))
+    eight = llama3("llama3-8b")
+    cases.append(Case("llama3-8b spire, 1 GPU", "spire", eight,
+                      TrainConfig(batch_size=64, seq_len=1024, steps=1, micro_batch_size=1), 1,
+                      SpireConfig(num_layers=eight.num_layers // 4, sink=1, window=64, k=4)))
+    return cases

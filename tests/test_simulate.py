@@ -1,0 +1,78 @@
+"""`spirelib.training.simulate`: the trainer's sharded step traced with fake tensors on 2 fake ranks.
+
+Small shapes, seconds: the same code `spire bench memory --simulate` runs at 70B. Checked:
+- a step of several micro-batches keeps every gradient sharded (FSDP2 reduce-scatters each
+  micro-batch; with gradient sync off it would hold the whole model's gradient on every rank), and
+  clipping computes the norm from the shards (no whole gradient either);
+- the checkpoint gather holds the whole weights and both AdamW moments (rank 0), the gather of
+  the trained model at the end of a run one copy of the weights, never two;
+- the SPIRe draft's run (frozen sharded target, k-pass) traces, and its collectives are counted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spirelib.engine.spire import SpireConfig
+from spirelib.engine.transformer import ModelConfig
+from spirelib.training.simulate import Case, peak, simulate
+from spirelib.training.train import TrainConfig
+
+SHAPE = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
+TRAIN = TrainConfig(batch_size=4, seq_len=16, steps=1, micro_batch_size=1)  # 2 micro-batches a rank
+
+
+@pytest.fixture(scope="module")
+def target_run():
+    return simulate(Case("toy target", "target", SHAPE, TRAIN, 2))
+
+
+def test_micro_batches_keep_gradients_sharded(target_run):
+    """At the step's peak (the second micro-batch, the first one's gradients held) a rank holds its
+    half of the fp32 gradient, no whole (unsharded) gradient: 4 bytes x params / 2."""
+    r = target_run
+    assert r["micro_batches"] == r["micro_batches_traced"] == 2
+    fb = r["phases"]["forward+backward"]
+    assert fb["Sharded Grad"] == pytest.approx(4 * r["params"] / 2, rel=0.02)
+    assert fb["Unsharded Grad"] <= 0.05 * 4 * r["params"]
+    assert peak(r) == max(fb["peak_bytes"], r["phases"]["optimizer"]["peak_bytes"]) > 0
+
+
+def test_clipping_and_the_optimizer_step_hold_no_whole_gradient(target_run):
+    """The optimizer phase (clipping, AdamW) holds the shards and little else: torch's
+    clip_grad_norm_ on DTensor gradients materialized the whole fp32 gradient (+77 GB a rank at 70B)."""
+    r = target_run
+    opt = r["phases"]["optimizer"]
+    held = opt["Sharded Param"] + opt["Sharded Grad"] + opt["OptState"] + opt["Inputs"]
+    assert opt["peak_bytes"] - held < 0.25 * 4 * r["params"]
+
+
+def test_saves_gather_weights_and_moments_and_the_end_of_run_one_copy(target_run):
+    r = target_run
+    weights = 4 * r["params"]
+    assert r["host"]["build"] == weights
+    assert r["host"]["save"] == pytest.approx(3 * weights, rel=0.01)  # weights, exp_avg, exp_avg_sq
+    assert r["host"]["resume"] == 3 * weights
+    before = r["phases"]["optimizer"]["Sharded Param"] + r["phases"]["optimizer"]["OptState"]
+    end = r["phases"]["end of run"]["peak_bytes"]
+    assert end <= before + r["phases"]["optimizer"]["Sharded Grad"] + 1.1 * weights  # one whole copy, not two
+
+
+def test_spire_draft_run_traces_with_its_frozen_target_and_counts_collectives():
+    spire = SpireConfig(num_layers=1, sink=1, window=8, k=2)
+    r = simulate(Case("toy spire", "spire", SHAPE, TRAIN, 2, spire))
+    counts, volume = r["comms"]["counts"], r["comms"]["bytes"]
+    assert counts["all_gather"] > 0 and counts["reduce_scatter"] > 0 and counts["all_reduce"] >= 1
+    assert volume["all_gather"] > 0 and volume["reduce_scatter"] > 0
+    fb = r["phases"]["forward+backward"]
+    assert fb["Inputs"] > 2 * SHAPE.vocab_size * SHAPE.d_model  # the bf16 teacher head, the target's shards, the batch
+    assert peak(r) > fb["Sharded Param"] > 0
+
+
+def test_a_batch_that_does_not_split_is_refused_before_any_compute():
+    with pytest.raises(ValueError, match="does not split over 3 ranks"):
+        Case("bad", "target", SHAPE, TRAIN, 3)
+    with pytest.raises(ValueError, match="needs its SpireConfig"):
+        Case("bad", "spire", SHAPE, TRAIN, 2)
+    assert not torch.distributed.is_initialized()
