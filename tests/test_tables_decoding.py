@@ -59,7 +59,8 @@ def test_04_says_when_a_trend_over_l_is_within_the_noise():
     paper = {256: {"magicdec": 4.0, "spire": 3.43}, 960: {"magicdec": 3.79, "spire": 3.38}}
     taus = {"magicdec": {256: 4.431, 960: 4.275}, "spire": {256: 3.918, 960: 3.947}}
     ci95 = {"magicdec": {256: 0.044, 960: 0.049}, "spire": {256: 0.050, 960: 0.051}}
-    trend = lead(taus, paper, ci95)[-1]
+    order, scope, _, trend = lead(taus, paper, ci95)
+    assert scope.startswith("**What the ± intervals cover:** the contexts only") and "held fixed" in scope
     assert ("MagicDec's tau falls with L here (4.43 at L = 256 to 4.28 at L = 960, -0.156 ± 0.066), as the "
             "paper's") in trend
     assert ("SPIRe's tau rises with L here (3.92 at L = 256 to 3.95 at L = 960, +0.029 ± 0.071: not resolved, within "

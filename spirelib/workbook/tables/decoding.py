@@ -47,6 +47,15 @@ def _fmt_range(values: list[float]) -> str:
     return f"{lo:+.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:+.2f} to {hi:+.2f}"
 
 
+#: What 04's ± intervals are about, said in its lead: the contexts, for the one trained target and
+#: drafts of this run; retraining them moves tau by more (docs/method.md §10 measures by how much).
+INTERVAL_SCOPE = ("**What the ± intervals cover:** the contexts only (95%, over the contexts drawn at each L), "
+                  "for this run's one trained target and the drafts trained on it, both held fixed. Training "
+                  "them again (another seed, another machine's rounding) is not in them and moves tau by more "
+                  "than they show (docs/method.md §10): compare runs through their intervals only when the "
+                  "models are the same checkpoints.")
+
+
 def lead(taus: Mapping[str, Mapping[int, float]], paper: Mapping[int, Mapping[str, float]],
          ci95: Mapping[str, Mapping[int, float]] | None = None) -> list[str]:
     """04's conclusion in words, before its evidence (Markdown paragraphs), from the measured mean
@@ -56,7 +65,8 @@ def lead(taus: Mapping[str, Mapping[int, float]], paper: Mapping[int, Mapping[st
     say of it: with `ci95` (the 95% half-widths per method and L), a change between the shortest
     and the longest L within the two intervals combined (sqrt(a^2 + b^2), contexts drawn apart per
     L) is not resolved; a rise every method shares, the dense vanilla draft's included, comes from
-    the text and the target, not from one draft's design."""
+    the text and the target, not from one draft's design. With `ci95`, the second paragraph says
+    what the intervals are about (`INTERVAL_SCOPE`)."""
     lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
     at = min(lengths, key=lambda L: (abs(L - 512), L))
     order = sorted((m for m in taus if at in taus[m]), key=lambda m: -taus[m][at])
@@ -67,6 +77,8 @@ def lead(taus: Mapping[str, Mapping[int, float]], paper: Mapping[int, Mapping[st
            + f"; the paper's at L = {paper_at}: " + " > ".join(f"{method_label(m)} {paper[paper_at][m]:.2f}"
                                                              for m in paper_order)
            + (" (the same order)." if same else " (a different order).")]
+    if ci95:
+        out.append(INTERVAL_SCOPE)
     diffs = {m: [taus[m][L] - paper[L][m] for L in lengths if L in taus[m] and L in paper and m in paper[L]]
              for m in order}
     diffs = {m: d for m, d in diffs.items() if d}
