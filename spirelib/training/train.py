@@ -524,7 +524,8 @@ def train(
         return result
 
     model.train()
-    bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, desc="train", unit="step")
+    bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, unit="step",
+                       desc=f"train {run_dir.name.rsplit('-', 1)[0]}")
     t_start = time.perf_counter()
     step_time, timed_steps, first_step_s = 0.0, 0, None
     interval: dict[str, torch.Tensor | float] = {}
