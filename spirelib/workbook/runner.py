@@ -9,7 +9,9 @@ if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in orde
 papermill (cwd = notebooks/), exporting each to HTML in the output folder, merging the
 results notebooks record (`spirelib.workbook.results`) into `results.json`, and writing `run.json`
 (parameters, status and timing per notebook) and `index.html`. The first failing notebook
-stops the run (exit 1); its partial notebook is still exported with the error visible.
+stops the run (exit 1); its partial notebook is still exported with the error visible. While a
+notebook runs, the terminal shows its kernel's progress (`spirelib.workbook.progress`, fed through
+<out>/progress/NN_name.jsonl); the run ends with a table of its notebooks and the index's verdict.
 
 A run without `--only` starts a fresh record; with `--only` it updates the existing record
 of that output folder, so a re-run notebook still sees the results of earlier notebooks.
@@ -385,8 +387,9 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     record.update(status=status, finished=_now())
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
-    rows = findings.verdict_rows(record, results.read_json(results_file))
-    verdict = progress.plain_text(findings.verdict_lead(results.read_json(results_file), rows)) if rows else None
+    merged = results.read_json(results_file)
+    rows = findings.verdict_rows(record, merged)
+    verdict = progress.plain_text(findings.verdict_lead(merged, rows)) if rows else None
     print(progress.summary(record, [nb.stem for nb in selected], out_dir, verdict or None))
     print(f"reports: {index}")
     return 0 if status == "ok" else (130 if status == "interrupted" else 1)
@@ -407,6 +410,8 @@ class QuietShutdownKernelManager(AsyncKernelManager):
     async def _async_interrupt_kernel(self) -> None:
         if not self.shutting_down:
             await super()._async_interrupt_kernel()
+
+
 INJECTED_WIDTH = 120  # no line of an injected parameters cell is longer
 
 
