@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from jupyter_client.provisioning import LocalProvisioner
+from terminal import terminal_output
 
 from spirelib import cli
-from spirelib.workbook import results, runner
+from spirelib.workbook import progress, results, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -222,16 +223,14 @@ def test_without_runner_results_stay_in_memory(monkeypatch):
 
 # ---------------------------------------------------------------------------- running
 
-def test_bad_params_exit_nonzero_before_any_kernel_starts(tmp_path):
+def test_bad_params_exit_nonzero_before_any_kernel_starts(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("notebooks:\n  01_record:\n    nn: 4\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "spirelib", "run", "--params", str(bad),
-                           "--notebooks", str(SERIES), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 2
-    assert "notebooks.01_record.nn: not a parameter of 01_record (did you mean 'n'?)" in proc.stderr
-    assert "allowed: n, scale, label, device" in proc.stderr
+    assert cli.main(["run", "--params", str(bad), "--notebooks", str(SERIES), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "notebooks.01_record.nn: not a parameter of 01_record (did you mean 'n'?)" in err
+    assert "allowed: n, scale, label, device" in err
     assert not out.exists()
 
 
@@ -262,7 +261,9 @@ def test_failing_notebook_stops_the_run_and_its_report_shows_the_error(fixture_r
     rc, out, printed = fixture_run
     assert rc == 1
     assert "[3/4] 03_fail failed in" in printed and "ValueError: deliberate failure" in printed
-    assert "04_after_failure" not in printed.split("[1/4]", 1)[1]  # planned (the plan lists it), never started
+    assert "[4/4]" not in printed  # planned (the plan lists it), never started
+    assert [line for line in printed.splitlines() if line.startswith("  04_after_failure ")][-1].split() == [
+        "04_after_failure", "skipped", "-", "8.0", "s"]  # the summary's row
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "failed"
     assert run["notebooks"]["03_fail"]["error"] == "ValueError: deliberate failure in a fixture notebook"
@@ -272,16 +273,75 @@ def test_failing_notebook_stops_the_run_and_its_report_shows_the_error(fixture_r
     assert "deliberate failure in a fixture notebook" in report and "about to fail" in report
 
 
-def test_only_rerun_keeps_earlier_results_of_the_same_output_folder(fixture_run, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def rerun(fixture_run, tmp_path_factory):
+    """The fixture run's folder copied, then 01 and 02 run again into it (`--only`): a series of
+    two notebooks that succeeds, with a plain progress line for every record its kernels feed.
+    Returns (exit code, output folder, what reached the terminal, the signals sent to its kernels)."""
     _, out, _ = fixture_run
-    again = tmp_path / "again"
+    again = tmp_path_factory.mktemp("rerun") / "again"
     shutil.copytree(out, again)
-    rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES),
-                        "--out", str(again), "--only", "02"])
-    assert rc == 0, capsys.readouterr().out
+    signals, send_signal = [], LocalProvisioner.send_signal
+
+    async def record_signal(self, signum):
+        signals.append(signum)
+        await send_signal(self, signum)
+
+    with pytest.MonkeyPatch.context() as m, terminal_output() as terminal:
+        m.setattr(progress, "PLAIN_INTERVAL_S", 0.0)
+        m.setattr(LocalProvisioner, "send_signal", record_signal)
+        rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES),
+                       "--out", str(again), "--only", "01,02"])
+    return rc, again, terminal[0], signals
+
+
+def test_only_rerun_keeps_earlier_results_of_the_same_output_folder(rerun):
+    rc, again, terminal, _ = rerun
+    assert rc == 0, terminal
     run = json.loads((again / "run.json").read_text())
     assert run["status"] == "ok" and run["notebooks"]["03_fail"]["status"] == "failed"
     assert json.loads((again / "results.json").read_text())["02_consume"]["seen_mean"] == 0.75
+
+
+def test_a_successful_series_leaves_no_error_line_on_the_terminal(rerun):
+    """Every kernel ends cleanly: no "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" nor
+    any other ERROR line, kernels' writes included. That line is ipykernel's report of the SIGINT
+    jupyter_client sends before every shutdown request when it lands while a handler runs (a race: it
+    did not show on a loaded 2-core VM), so no kernel of a finished notebook gets a SIGINT."""
+    rc, _, terminal, signals = rerun
+    assert rc == 0
+    assert signal.SIGINT not in signals, signals
+    assert "[2/2] 02_consume ok in " in terminal  # the whole run reached the terminal
+    assert not [line for line in terminal.splitlines() if "ERROR" in line], terminal
+
+
+def test_a_kernels_progress_reaches_the_terminal_and_not_the_report(rerun):
+    """01's progress bar, fed through the side channel: its last state as a plain line (no TTY) under
+    the notebook's header, then the notebook's outcome on a line of its own; the report has none of it."""
+    _, again, terminal, _ = rerun
+    lines = terminal.splitlines()
+    fed = [line for line in lines if line.startswith("[1/2] 01_record: fixture loop ")]
+    assert fed and fed[-1].startswith("[1/2] 01_record: fixture loop 4/4 step, "), terminal
+    assert " tokens/s, " in fed[-1] and " elapsed" in fed[-1]
+    outcome = next(i for i, line in enumerate(lines) if line.startswith("[1/2] 01_record ok in "))
+    assert outcome > lines.index(fed[-1])
+    assert not re.search(r"fixture loop: |\d+/\d+ \[", (again / "01_record.html").read_text())  # tqdm's own line
+    cell = next(c for c in json.loads((again / "01_record.ipynb").read_text())["cells"]
+                if "progress_bar(" in "".join(c["source"]))
+    assert cell["outputs"] == []
+
+
+def test_a_run_ends_with_its_summary_table(rerun):
+    """After the last notebook: each notebook of this run with its status, time, planned time and
+    report, the run's totals, then the index."""
+    _, again, terminal, _ = rerun
+    lines = terminal.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split() == ["notebook", "status", "time", "plan", "report"])
+    rows = [line.split() for line in lines[head + 1 : head + 4]]
+    assert [r[:2] for r in rows[:2]] == [["01_record", "ok"], ["02_consume", "ok"]]
+    assert rows[0][-1].endswith("01_record.html") and rows[0][-3:-1] == ["8.0", "s"]
+    assert rows[2][:2] == ["the", "run"] and rows[2][-2:] == ["16", "s"]  # two notebooks' 8 s planned
+    assert lines[head + 4] == f"reports: {again / 'index.html'}"
 
 
 @pytest.mark.parametrize("params_file", sorted((ROOT / "params").glob("*.yaml")), ids=lambda p: p.name)

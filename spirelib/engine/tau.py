@@ -396,7 +396,8 @@ def measure_tau(
     device = next(target.parameters()).device
     mine: dict[tuple[str, int, int], torch.Tensor] = {}
     jobs = [(L, b) for L, ctx in contexts.items() for b in range(math.ceil(ctx.shape[0] / protocol.batch_size))]
-    for L, b in progress_bar(jobs[rank::world], enabled=progress, desc="tau"):
+    for L, b in progress_bar(jobs[rank::world], enabled=progress, desc=f"tau of {', '.join(methods)}", unit="batch",
+                             tokens_per_step=len(methods) * protocol.batch_size * protocol.new_tokens):
         rows = contexts[L][b * protocol.batch_size : (b + 1) * protocol.batch_size].to(device)
         drafts = {}
         for name, factory in methods.items():

@@ -38,6 +38,7 @@ from spirelib.engine.speculative import (
 )
 from spirelib.engine.tau import t_quantile
 from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.frontend import feed
 from spirelib.modeling import perfmodel, profiled
 
 DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
@@ -126,6 +127,9 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
             _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c], interleave, layers,
                       timed[c] if runs[c] else None)  # run 0 warms up
             runs[c] += 1
+            feed("time AD and SD", sum(runs), len(cells) * (limit + 1), unit="run",
+                 postfix=f"(B, L) = {tuple(batch.shape)}",
+                 tokens_per_s=len(methods) * batch.shape[0] * new_tokens / (time.perf_counter() - start))
             spent[c] += time.perf_counter() - start
             done[c] = runs[c] > repeats and (runs[c] > limit or spent[c] > max_seconds or not include_ad or all(
                 half_width(*speedup_interval(t, timed[c]["ad"])) <= ci for m, t in timed[c].items() if m != "ad"))

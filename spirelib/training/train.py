@@ -586,7 +586,8 @@ def train(
         return result
 
     model.train()
-    bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, desc="train", unit="step")
+    bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, unit="step",
+                       desc=f"train {run_dir.name.rsplit('-', 1)[0]}")
     t_start = time.perf_counter()
     clock = _StepClock(dev)
     interval: dict[str, torch.Tensor | float] = {}

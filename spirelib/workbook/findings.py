@@ -310,6 +310,16 @@ def verdict(run: dict, results: dict) -> str | None:
         f"<figure class='map'><figcaption>{_link(run, m['stem'], escape(m['title']))}</figcaption>"
         + _map_html(*m["grid"], values=m["values"], differs=m["differs"])
         + f"<p class='where'>{escape(m['where'])}</p></figure>" for m in maps)
+    scale = scale_line(run, results) or ""
+    return ("<h2 id='verdict'>Which draft, where</h2>" + scale
+            + (f"<div class='maps'>{figures}</div>" + _legend(maps) if maps else "")
+            + f"<p class='verdict'>{verdict_lead(results, rows)}</p>")
+
+
+def verdict_lead(results: dict, rows: list[dict]) -> str:
+    """The verdict's one sentence (HTML) over `verdict_rows`: who wins at the highlighted cell by
+    every modeled way of answering, and in how many measured cells SD was slower than AD. The
+    index shows it under its maps; `spire run` ends with it."""
     modeled = [r for r in rows if r["stem"] != "09_measured_vs_modeled"]
     lead = ""
     if modeled:
@@ -323,10 +333,7 @@ def verdict(run: dict, results: dict) -> str | None:
     if total:
         lead += (f" <b>Measured on this machine, SD was slower than AD in {slower} of {total} measured "
                  "(method, B, L) cells.</b>")
-    scale = scale_line(run, results) or ""
-    return ("<h2 id='verdict'>Which draft, where</h2>" + scale
-            + (f"<div class='maps'>{figures}</div>" + _legend(maps) if maps else "")
-            + f"<p class='verdict'>{lead.strip()}</p>")
+    return lead.strip()
 
 
 def answers_table(run: dict, results: dict) -> str | None:

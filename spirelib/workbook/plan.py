@@ -133,12 +133,12 @@ class Plan:
             for i in (i for i in self.items if i.notebook == nb):
                 what = ("  " + i.what + (" (cached)" if i.cached else ""))[:60]
                 lines.append(f"  {what:60s} {_si(i.train_tokens):>7s} {_si(i.flops):>7s} {_si(i.bytes):>7s} "
-                             f"{i.contexts or '':>5} {_duration(i.seconds):>8s}")
+                             f"{i.contexts or '':>5} {duration(i.seconds):>8s}")
         devices = list(HARDWARE)
         lines.append(f"  {'notebook':28s} {'here':>8s} " + " ".join(f"{d:>9s}" for d in devices))
         for nb in [*self.notebooks, None]:
-            lines.append(f"  {nb or 'the run':28s} {_duration(self.seconds(nb)):>8s} "
-                         + " ".join(f"{_duration(self.gpu_seconds(d, nb)):>9s}" for d in devices))
+            lines.append(f"  {nb or 'the run':28s} {duration(self.seconds(nb)):>8s} "
+                         + " ".join(f"{duration(self.gpu_seconds(d, nb)):>9s}" for d in devices))
         lines += [f"  assumed: {a}" for a in self.assumptions]
         return "\n".join(lines)
 
@@ -152,7 +152,8 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as the plan and the run's summary show them: "8.0 s", "42 s", "3.5 min", "1.2 h"."""
     if math.isnan(seconds):
         return "-"
     if seconds < 0.05:

@@ -9,7 +9,9 @@ if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in orde
 papermill (cwd = notebooks/), exporting each to HTML in the output folder, merging the
 results notebooks record (`spirelib.workbook.results`) into `results.json`, and writing `run.json`
 (parameters, status and timing per notebook) and `index.html`. The first failing notebook
-stops the run (exit 1); its partial notebook is still exported with the error visible.
+stops the run (exit 1); its partial notebook is still exported with the error visible. While a
+notebook runs, the terminal shows its kernel's progress (`spirelib.workbook.progress`, fed through
+<out>/progress/NN_name.jsonl); the run ends with a table of its notebooks and the index's verdict.
 
 A run without `--only` starts a fresh record; with `--only` it updates the existing record
 of that output folder, so a re-run notebook still sees the results of earlier notebooks.
@@ -42,14 +44,15 @@ from pathlib import Path
 from typing import Any
 
 import papermill
+from jupyter_client.manager import AsyncKernelManager
 from papermill.translators import PythonTranslator, papermill_translators
 
-from spirelib.frontend import HEADLESS_ENV
+from spirelib.frontend import HEADLESS_ENV, PROGRESS_ENV
 from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
-from spirelib.workbook import deploy, report, results
+from spirelib.workbook import deploy, findings, progress, report, results
 from spirelib.workbook import plan as work
 from spirelib.workbook.tables import measured
 
@@ -350,13 +353,21 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     results.write_json(run_file, record)
 
     status = "ok"
+    live = sys.stdout.isatty() and not log_output  # a person at a terminal: one line rewritten in place
+    (out_dir / "progress").mkdir(exist_ok=True)
     for i, nb in enumerate(selected, 1):
-        progress = f"[{i}/{len(selected)}] {nb.stem}"
-        print(f"{progress} started" if log_output else f"{progress} ", end="\n" if log_output else "", flush=True)
+        header = f"[{i}/{len(selected)}] {nb.stem}"
+        if log_output:
+            print(f"{header} started", flush=True)
+        elif not live:
+            print(f"{header} ", end="", flush=True)
         entry = record["notebooks"][nb.stem]
         entry.update(status="running", started=_now())
-        status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
-                                          cell_timeout, dry_run)
+        feed = out_dir / "progress" / f"{nb.stem}.jsonl"
+        feed.unlink(missing_ok=True)
+        with progress.Watch(header, feed, entry["planned_s"], sys.stdout, live) as watch:
+            status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
+                                              cell_timeout, dry_run, feed)
         entry.update(status=status, seconds=round(seconds, 2), error=error)
         all_results = results.read_json(results_file)
         all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")
@@ -367,7 +378,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
                                note=report.timing_note(seconds, entry["planned_s"], planned and planned.machine))
             entry["html"] = f"{nb.stem}.html"
         outcome = f"{status} in {seconds:.1f} s{against}" + (f": {error}" if error else "")
-        print(f"{progress} {outcome}" if log_output else outcome, flush=True)
+        print(f"{header} {outcome}" if log_output or live or watch.printed else outcome, flush=True)
         results.write_json(run_file, record)
         if status != "ok":
             break
@@ -379,11 +390,31 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         record["deploy"] = deploy.write_run(out_dir)
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
+    merged = results.read_json(results_file)
+    rows = findings.verdict_rows(record, merged)
+    verdict = progress.plain_text(findings.verdict_lead(merged, rows)) if rows else None
+    print(progress.summary(record, [nb.stem for nb in selected], out_dir, verdict or None))
     print(f"reports: {index}")
     return 0 if status == "ok" else (130 if status == "interrupted" else 1)
 
 
 _QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every start otherwise
+
+
+class QuietShutdownKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager (nbclient's default), except that shutting a kernel down
+    does not interrupt it first. jupyter_client sends SIGINT before every shutdown request; the
+    kernel of a finished notebook is idle, and ipykernel reports the signal on the runner's
+    terminal as "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." after every notebook.
+    The shutdown request alone ends an idle kernel; a busy one (a cell past its timeout, a run
+    stopped with Ctrl-C) gets the SIGTERM that follows when it has not exited within
+    `shutdown_wait_time`."""
+
+    async def _async_interrupt_kernel(self) -> None:
+        if not self.shutting_down:
+            await super()._async_interrupt_kernel()
+
+
 INJECTED_WIDTH = 120  # no line of an injected parameters cell is longer
 
 
@@ -421,16 +452,17 @@ papermill_translators.register("python", ReadableTranslator)
 
 
 def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str,
-             cell_timeout: float | None, dry_run: bool = False):
+             cell_timeout: float | None, dry_run: bool = False, feed: Path | None = None):
     """Run one notebook with papermill: (status, seconds, error message or None). A dry run's
-    models go to <out>/cache unless SPIRE_CACHE_DIR says where."""
+    models go to <out>/cache unless SPIRE_CACHE_DIR says where. The kernel's progress bars feed
+    the file `feed` (`spirelib.workbook.progress`)."""
     nb_results = out_dir / "results" / f"{nb.stem}.json"
     for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
         stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
     start = time.perf_counter()
     env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
            results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve()),
-           HEADLESS_ENV: "1"}
+           HEADLESS_ENV: "1", PROGRESS_ENV: str(feed.resolve()) if feed else ""}
     if dry_run and not os.environ.get("SPIRE_CACHE_DIR"):
         env["SPIRE_CACHE_DIR"] = str((out_dir / "cache").resolve())
     try:
@@ -438,7 +470,8 @@ def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: b
             papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
                                        cwd=str(cwd), kernel_name=kernel, log_output=log_output,
                                        progress_bar=False, extra_arguments=_QUIET_KERNEL,
-                                       execution_timeout=cell_timeout)
+                                       execution_timeout=cell_timeout,
+                                       kernel_manager_class=QuietShutdownKernelManager)
         return "ok", time.perf_counter() - start, None
     except papermill.PapermillExecutionError as e:
         return "failed", time.perf_counter() - start, f"{e.ename}: {e.evalue}"
