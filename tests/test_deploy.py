@@ -291,7 +291,7 @@ def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run
         deploy.inputs(run_dir, model="profiled")
     results["09_measured_vs_modeled"] = {
         "profiled_model": {**COST.to_dict(), "median_error": 0.1, "held_out_max_error": 0.5},
-        "machine": {"fp32_flops": 2e10, "bandwidth": 5e9, "bytes_per_value": 4, "device": "cpu"}}
+        "machine": {"peak_flops": 2e10, "precision": "fp32", "bandwidth": 5e9, "bytes_per_value": 4, "device": "cpu"}}
     (run_dir / "results.json").write_text(json.dumps(results))
     with pytest.raises(deploy.DeployError, match="drop --hardware"):
         deploy.inputs(run_dir, model="profiled", hardware="h100-sxm")

@@ -171,7 +171,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
                                            memory_layers=spire.num_layers if spire.target_activations else 0)}
     value_bytes = int(machine["bytes_per_value"])
     dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
-    device = Hardware("this-machine", {dtype: float(machine["fp32_flops"])}, float(machine["bandwidth"]),
+    device = Hardware("this-machine", {dtype: float(machine["peak_flops"])}, float(machine["bandwidth"]),
                       f"notebook 09's calibration ({machine.get('device', '?')})")
     return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
              "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
