@@ -3,7 +3,7 @@
 Measures, in one process: this machine's matmul peak (large square matmuls,
 `spirelib.engine.calibrate`) in the precision training computes in (`--precision`, as
 `TrainConfig.precision`: "auto" is bf16 autocast on a GPU or a CPU with native bf16 matmuls, fp32
-elsewhere), then training tokens/s of the default CPU target through the real trainer
+elsewhere), then training tokens/s of the default CPU target (or `--preset`'s model) through the real trainer
 (`spirelib.training.train.train`, random tokens, AdamW, clipping, the works; the first step is
 excluded as warm-up/compilation), and reports
 
@@ -30,6 +30,7 @@ import torch
 
 from spirelib.bench import positive
 from spirelib.engine.calibrate import matmul_peak
+from spirelib.engine.drafts import vanilla_draft_config
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.modeling.perfmodel import PRESETS
@@ -38,8 +39,9 @@ from spirelib.training.train import PRECISIONS, TrainConfig, compute_dtype, lm_o
 
 # The default CPU target (params/default.yaml: series.target + vocab_size).
 DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
-#: The targets `--preset` names: the workbook's CPU target, and the paper's (its seqax 67M, GPT-2 ids padded).
-TARGETS = {"workbook": DEFAULT_TARGET,
+#: The models `--preset` names: the workbook's CPU target and its vanilla draft (4 x 32, method §4), and the
+#: paper's target (its seqax 67M, GPT-2 ids padded).
+TARGETS = {"workbook": DEFAULT_TARGET, "workbook-vanilla": vanilla_draft_config(DEFAULT_TARGET),
            "paper": ModelConfig(vocab_size=50_304, **dataclasses.asdict(PRESETS["seqax-67m"]))}
 
 
@@ -69,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", choices=["on", "off", "both"], default="both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--preset", choices=list(TARGETS), default="workbook",
-                        help="the target trained: the workbook's 8 x 64 (default) or the paper's 8 x 512, V 50,304")
+                        help="the model trained: the workbook's target, 8 x 64 (default), its vanilla draft, 4 x 32, "
+                        "or the paper's target, 8 x 512, V 50,304")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="as TrainConfig.precision: auto = bf16 autocast (and the bf16 peak) on a GPU or a CPU "
