@@ -91,6 +91,7 @@ from torch import nn
 from spirelib.frontend import progress_bar
 from spirelib.paths import cache_dir
 from spirelib.training import fsdp as fsdp_
+from spirelib.training.allocator import keep_freed_memory
 from spirelib.training.checkpoint import (
     check_identity,
     checkpoint_path,
@@ -521,6 +522,7 @@ def train(
                            "scaling is needed even for an fp16 target); use an Ampere or newer GPU, device: cpu, "
                            "or precision: fp32 in the training config")
     rank, world = init_distributed(dev)
+    keep_freed_memory()  # each step reuses the host memory the last one freed (no page faults anew)
     ident = full_identity(cfg, identity)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoint"
