@@ -1,5 +1,5 @@
 """DistributedDataParallel under torchrun: 2 CPU processes (gloo) end with identical weights,
-equal (up to fp32 summation order) to one process training on the same global batches:
+equal (up to float summation order) to one process training on the same global batches:
 the target's language-model training and the SPIRe draft's k-pass training against a frozen
 target (with gradient accumulation, so DDP's no_sync micro-batches are covered)."""
 
@@ -28,9 +28,7 @@ WORKER = textwrap.dedent("""
     cfg = ModelConfig(vocab_size=32, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
     tokens = np.random.default_rng(0).integers(0, 32, 3000)
     docs = FlatDocs(tokens, np.array([0]), np.array([3000]))
-    # fp32: under bf16 autocast (precision "auto" on a bf16 CPU) a rank's half batch rounds otherwise
-    train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=5, lr=1e-2, eval_windows=4, checkpoint_every=2,
-                            precision="fp32")
+    train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=5, lr=1e-2, eval_windows=4, checkpoint_every=2)
     torch.manual_seed(1234 + int(os.environ.get("RANK", 0)))  # ranks start apart: DDP must broadcast rank 0's init
     model = Transformer(cfg)
     result = train(model, lm_objective, docs, train_cfg, run_dir=out + "/run", identity={"model": cfg.to_dict()},
@@ -90,7 +88,7 @@ SPIRE_WORKER = textwrap.dedent("""
     for variant in sys.argv[3:]:
         cfg = ablation(variant, SpireConfig(num_layers=2, sink=1, window=6, k=3))
         train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, checkpoint_every=2,
-                                micro_batch_size=micro, precision="fp32")  # fp32: as the LM worker's
+                                micro_batch_size=micro)
         draft = SpireDraftModel.from_target(target, cfg)
         torch.manual_seed(1234 + rank)  # ranks start apart: DDP must broadcast rank 0's weights
         with torch.no_grad():

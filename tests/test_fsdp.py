@@ -74,9 +74,8 @@ WORKER = textwrap.dedent("""
     def objective(target):
         return sharded_objective(target) if sharded else SpireObjective(target)
 
-    # fp32: under bf16 autocast (precision "auto" on a bf16 CPU) a rank's half batch rounds otherwise
     cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, checkpoint_every=2,
-                      micro_batch_size=1 if sharded else 0, precision="fp32")
+                      micro_batch_size=1 if sharded else 0)
     if len(sys.argv) > 3:  # 4b. killed by SIGKILL in step 3 (after the step-2 checkpoint) with "kill", then restarted
         import signal
 
@@ -140,8 +139,7 @@ WORKER = textwrap.dedent("""
     # 3b. a target's language-model training (`spire train target`): its blocks sharded through forward
     torch.manual_seed(11)
     lm = Transformer(target_cfg)
-    lm_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4,
-                         precision="fp32")  # no micro-batches: DDP's
+    lm_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4)  # no micro-batches: DDP's
     # accumulation order alone moves one weight by 1.3e-5 here, as much under ddp as under fsdp
     result = train(lm, lm_objective, docs, lm_cfg, run_dir=f"{out}/{name}-lm", identity={"model": target_cfg.to_dict()},
                    val_docs=docs, device="cpu", progress=False, parallel="fsdp")

@@ -278,7 +278,7 @@ def test_spire_draft_trains_the_same_with_gradient_accumulation(tmp_path):
     results = {}
     for micro in (0, 1):
         train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, log_every=1,
-                                micro_batch_size=micro, precision="fp32")  # bf16 autocast rounds per batch shape
+                                micro_batch_size=micro)
         draft = SpireDraftModel.from_target(target, cfg)
         results[micro] = train(draft, SpireObjective(target), docs, train_cfg, run_dir=tmp_path / f"micro{micro}",
                                identity={"spire": cfg.to_dict()}, val_docs=docs, device="cpu", progress=False)

@@ -16,7 +16,7 @@ IMPORTED = SimpleNamespace(imported=Path("/models/llama"), corpus="tiny", tokeni
 TRAIN_CFG = SimpleNamespace(batch_size=4, seq_len=64, beta1=0.9, beta2=0.95, lr=3e-3, warmup_fraction=0.1,
                             min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0)
 SUMMARY = {"val_loss": 2.0, "device": "cpu", "tokens_per_s": 12345.6, "run_tokens_per_s": 10000.0, "tokens": 2560,
-           "steps": 10, "precision": "bf16"}
+           "steps": 10}
 
 
 def run(reused=False, summary=SUMMARY):
@@ -68,9 +68,9 @@ def test_trained_sentence_says_where_the_target_came_from():
 
 
 def test_mfu_sentence_for_each_case():
-    speed = {"mfu": 0.25, "run_mfu": 0.2, "peak_flops": 2e11, "device": "cpu", "precision": "bf16"}
+    speed = {"mfu": 0.25, "run_mfu": 0.2, "peak_flops": 2e11, "device": "cpu"}
     assert tables.mfu_sentence(SUMMARY, speed, CFG, None) == (
-        f"steady state: 12,346 tokens/s x 6 x {flop_params(CFG):,} FLOP-params / 200 GFLOP/s bf16 peak = MFU 25.0%; "
+        f"steady state: 12,346 tokens/s x 6 x {flop_params(CFG):,} FLOP-params / 200 GFLOP/s peak = MFU 25.0%; "
         "the run's wall clock: 10,000 tokens/s, MFU 20.0%")
     assert tables.mfu_sentence(SUMMARY, {**speed, "run_mfu": None}, CFG, None).endswith(
         "not recorded by this cached checkpoint")
@@ -88,12 +88,10 @@ def test_target_result_keeps_the_results_keys():
     speed = {"mfu": 0.25, "run_mfu": None, "peak_flops": 2e11}
     result = tables.target_result(run(), CFG, speed, None)
     assert list(result) == ["params", "body_params", "val_loss", "tokens_per_s", "mfu", "run_mfu", "run_tokens_per_s",
-                            "peak_flops", "precision", "tokens", "steps", "device", "config_hash", "reused",
-                            "imported_from", "embedding_params"]
+                            "peak_flops", "tokens", "steps", "device", "config_hash", "reused", "imported_from",
+                            "embedding_params"]
     assert result["embedding_params"] == CFG.num_params() - CFG.body_params() and result["imported_from"] is None
     assert result["run_tokens_per_s"] == 10000.0 and result["mfu"] == 0.25 and result["reused"] is False
-    assert result["precision"] == "bf16"
-    old = {k: v for k, v in SUMMARY.items() if k not in ("run_tokens_per_s", "precision")}  # predates both figures
+    old = {k: v for k, v in SUMMARY.items() if k != "run_tokens_per_s"}  # a checkpoint that predates the figure
     assert tables.target_result(run(summary=old), CFG, speed, IMPORTED.imported)["run_tokens_per_s"] is None
-    assert tables.target_result(run(summary=old), CFG, speed, None)["precision"] is None
     assert tables.target_result(run(), CFG, speed, IMPORTED.imported)["imported_from"] == "/models/llama"

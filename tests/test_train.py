@@ -265,11 +265,9 @@ def test_progress_bars_stay_out_of_headless_runs(tmp_path, monkeypatch, capsys, 
 
 def test_gradient_accumulation_trains_the_same_weights_and_logs_the_same_metrics(tmp_path):
     """Micro-batches of 1 window (4 per step) give the whole-batch step: same weights and logged
-    losses to float tolerance, the same schedule and token counts. In fp32: under bf16 autocast
-    (precision "auto" on a bf16 CPU) a matmul's rounding depends on its shape, a bf16 ulp apart."""
-    fp32 = TrainConfig(**{**SMALL.to_dict(), "precision": "fp32"})
-    whole = run(tmp_path, fp32, "whole")
-    accumulated = run(tmp_path, TrainConfig(**{**fp32.to_dict(), "micro_batch_size": 1}), "accumulated")
+    losses to float tolerance, the same schedule and token counts."""
+    whole = run(tmp_path, SMALL, "whole")
+    accumulated = run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 1}), "accumulated")
     for k, v in weights(whole.model).items():
         torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
     assert [e["step"] for e in accumulated.metrics] == [e["step"] for e in whole.metrics]
@@ -298,7 +296,6 @@ def test_micro_batch_size_leaves_config_hashes_unchanged_and_must_divide_the_bat
     assert config_hash(TrainConfig(tokens_per_param=20.0).identity()).startswith("42d31bd49a5eec13")
     assert config_hash(SMALL.identity()).startswith("300ecc2eba54e4e6")
     assert TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 2}).identity() == SMALL.identity()
-    assert TrainConfig(**{**SMALL.to_dict(), "precision": "fp32"}).identity() == SMALL.identity()
     run(tmp_path, SMALL)
     assert run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 2}),
                objective=lambda m, b: pytest.fail("trained again")).reused
@@ -325,46 +322,6 @@ def test_mfu_counts_one_devices_peak_per_rank(monkeypatch):
     eight = training_mfu(SimpleNamespace(config=cfg, summary={**summary, "world_size": 8}))
     assert one["mfu"] == pytest.approx(training_flops(flop_params(cfg), 8000.0) / 1e12)
     assert eight["mfu"] == pytest.approx(one["mfu"] / 8) and eight["run_mfu"] == pytest.approx(one["run_mfu"] / 8)
-
-
-def test_mfu_is_against_the_peak_in_the_precision_training_computed_in(monkeypatch):
-    """A bf16-autocast run's MFU divides by the bf16 peak, an fp32 run's by the fp32 one; a checkpoint
-    from before the summary said (no "precision") is fp32 on the CPU, bf16 on a GPU, as trained then."""
-    from types import SimpleNamespace
-
-    from spirelib.engine import calibrate
-    from spirelib.training.pipeline import training_mfu
-
-    peaks = {torch.bfloat16: 4e11, torch.float32: 1e11}
-    monkeypatch.setattr(calibrate, "matmul_peak", lambda dtype=torch.float32, **kwargs: {"flops": peaks[dtype]})
-    for recorded, peak, precision in [({"precision": "bf16"}, 4e11, "bf16"), ({"precision": "fp32"}, 1e11, "fp32"),
-                                      ({}, 1e11, "fp32")]:
-        got = training_mfu(SimpleNamespace(config=CFG, summary={"device": "cpu", "tokens_per_s": 8e3, **recorded}))
-        assert (got["peak_flops"], got["precision"]) == (peak, precision)
-
-
-def test_precision_auto_computes_in_bf16_only_where_the_cpu_multiplies_bf16(tmp_path, monkeypatch):
-    """`TrainConfig.precision` "auto": on a CPU with native bf16 matmuls every forward, the steps'
-    and the validation's, runs under bf16 autocast; on one without, and with "fp32" anywhere, plain
-    fp32. The weights stay fp32 and the summary says what the matmuls computed in."""
-    import spirelib.training.train as train_module
-
-    seen = []
-
-    def objective(model, batch):
-        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
-        return lm_objective(model, batch)
-
-    for native, precision, dtype in [(True, "auto", torch.bfloat16), (False, "auto", None), (True, "fp32", None)]:
-        monkeypatch.setattr(train_module, "native_bf16", lambda device, native=native: native)
-        seen.clear()
-        cfg = TrainConfig(**{**SMALL.to_dict(), "steps": 4, "precision": precision})
-        result = run(tmp_path, cfg, f"{precision}-{native}", objective=objective)
-        assert len(seen) > cfg.steps and set(seen) == {dtype}, (native, precision, seen)
-        assert result.summary["precision"] == ("fp32" if dtype is None else "bf16")
-        assert {p.dtype for p in result.model.parameters()} == {torch.float32}
-    with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'fp32'\), got 'fp16'"):
-        TrainConfig(steps=1, precision="fp16")
 
 
 def test_tf32_is_set_where_the_engine_is_imported_not_by_training():

@@ -18,9 +18,6 @@ unembeddings, backward) and in its parts: "teacher" (the target's residual strea
 position's logits come from one pass only (the pass that predicts it), so a step runs each
 unembedding once per position, not k times. `--hf-config config.json` takes the target's shapes
 from a Hugging Face config (no weights are read), e.g. a 135M Llama with its 49,152-token vocabulary.
-Every row computes as the trainer would at `--precision` (`TrainConfig.precision`: "auto" is bf16
-autocast on a GPU or a CPU with native bf16 matmuls); `--compile` compiles the objective of the
-"objective" row as `TrainConfig.compile` does (its untimed warm-up call compiles).
 
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
@@ -30,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from functools import partial
 
 import torch
 
@@ -39,7 +35,6 @@ from spirelib.engine.losses import head_draft_losses
 from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, block_positions
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.engine.wallclock import repeat_seconds as _time
-from spirelib.training.train import PRECISIONS, compute_context, compute_dtype
 
 #: The rows, in the order printed: the k-pass comparison (goal: k-pass >= 0.9 of ordinary), then a real
 #: step and its parts.
@@ -47,7 +42,7 @@ ROWS = ("target_forward", "k_pass", "ordinary", "naive", "objective", "teacher",
 
 
 def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
-        naive_blocks: int, device: str = "cpu", precision: str = "auto", compile: bool = False) -> dict:
+        naive_blocks: int, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     target = Transformer(target_cfg).to(device).eval()
     draft = SpireDraftModel.from_target(target, spire_cfg)
@@ -56,38 +51,27 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
     with torch.no_grad():
         memory = target.residual_stream(tokens, layers=draft.memory_layers)  # (n_d, B, T, d_model)
     positions = block_positions(seq_len, k, device)
-    dtype = compute_dtype(precision, torch.device(device))
-
-    def fwd():  # every forward runs as in the trainer's step (`train.compute_context`), each backward after it
-        return compute_context(torch.device(device), dtype)
 
     def target_forward():
-        with torch.no_grad(), fwd():
+        with torch.no_grad():
             target.head(target.residual_stream(tokens, layers=(*draft.memory_layers, target_cfg.num_layers))[-1])
 
     def k_pass():
         draft.zero_grad(set_to_none=True)
-        with fwd():
-            loss = draft.k_pass_logits(tokens, memory, k)[0].logsumexp(-1).mean()
-        loss.backward()
+        logits, _ = draft.k_pass_logits(tokens, memory, k)
+        logits.logsumexp(-1).mean().backward()
 
     def ordinary():
         plain.zero_grad(set_to_none=True)
-        with fwd():
-            loss = plain(tokens).logsumexp(-1).mean()
-        loss.backward()
+        plain(tokens).logsumexp(-1).mean().backward()
 
     def naive():  # the first `naive_blocks` blocks one at a time; scaled to the whole sequence below
         draft.zero_grad(set_to_none=True)
         for b in range(naive_blocks):
-            with fwd():
-                loss = draft.k_pass_logits(tokens, memory, k, positions[b : b + 1])[0].logsumexp(-1).mean()
-            loss.backward()
+            logits, _ = draft.k_pass_logits(tokens, memory, k, positions[b : b + 1])
+            logits.logsumexp(-1).mean().backward()
 
     objective = SpireObjective(target)
-    step_objective = partial(objective, draft)  # what the trainer calls (compiled with TrainConfig.compile)
-    if compile:
-        step_objective = torch.compile(step_objective)
     batch_tokens = torch.cat([tokens, tokens[:, :1]], dim=1)  # (B, T + 1): inputs and shifted labels
     hidden, hidden_positions = draft.k_pass_hidden(tokens[:, :-1], memory[:, :, :-1], k)
     hidden = hidden.detach().requires_grad_(True)  # (B, n_blocks, k, d_model)
@@ -96,30 +80,25 @@ def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: in
 
     def real_step():
         draft.zero_grad(set_to_none=True)
-        with fwd():
-            loss = step_objective(batch_tokens)[0]
-        loss.backward()
+        objective(draft, batch_tokens)[0].backward()
 
     def teacher():
-        with torch.no_grad(), fwd():
+        with torch.no_grad():
             target.residual_stream(tokens, layers=(*draft.memory_layers, target_cfg.num_layers))
 
     def draft_passes():
         draft.zero_grad(set_to_none=True)
-        with fwd():
-            loss = draft.k_pass_hidden(tokens[:, :-1], memory[:, :, :-1], k)[0].square().mean()
-        loss.backward()
+        draft.k_pass_hidden(tokens[:, :-1], memory[:, :, :-1], k)[0].square().mean().backward()
 
     def heads_and_loss():
         draft.zero_grad(set_to_none=True)
         hidden.grad = None
-        with fwd():
-            loss, _ = head_draft_losses(draft.body.norm(hidden), draft.body.unembed.weight, teacher_x,
-                                        target.unembed.weight, tokens[:, 1:][:, hidden_positions], draft.cfg.mix_weight)
+        loss, _ = head_draft_losses(draft.body.norm(hidden), draft.body.unembed.weight, teacher_x,
+                                    target.unembed.weight, tokens[:, 1:][:, hidden_positions], draft.cfg.mix_weight)
         loss.backward()
 
     tokens_per_step = batch * seq_len
-    results = {"precision": "fp32" if dtype is None else "bf16"}
+    results = {}
     for name, fn, scale in [("target_forward", target_forward, 1.0), ("k_pass", k_pass, 1.0),
                             ("ordinary", ordinary, 1.0), ("naive", naive, positions.shape[0] / naive_blocks),
                             ("objective", real_step, 1.0), ("teacher", teacher, 1.0),
@@ -150,10 +129,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--naive-blocks", type=int, default=4, help="blocks timed for the naive variant (extrapolated)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
-                        help="as TrainConfig.precision: auto = bf16 autocast on a GPU or a CPU with native bf16")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the objective row's objective, as TrainConfig.compile does")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -180,14 +155,13 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target_cfg = target_config(args)
     results = run(target_cfg, SpireConfig(num_layers=args.draft_layers, window=args.window), args.batch,
-                  args.seq_len, args.k, args.repeats, args.naive_blocks, args.device, args.precision, args.compile)
+                  args.seq_len, args.k, args.repeats, args.naive_blocks, args.device)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     print(f"SPIRe draft training, B={args.batch} T={args.seq_len} k={args.k} window={args.window}, "
           f"target {target_cfg.num_layers}x{target_cfg.d_model} (vocabulary {target_cfg.vocab_size}), "
-          f"draft {args.draft_layers} layers, {torch.get_num_threads()} threads, {results['precision']}"
-          + (", objective compiled" if args.compile else ""))
+          f"draft {args.draft_layers} layers, {torch.get_num_threads()} threads")
     for name in ROWS:
         r = results[name]
         print(f"  {name:15s} {r['best_s'] * 1e3:9.1f} ms (median {r['median_s'] * 1e3:.1f})  {r['tokens_per_s']:10.0f} tokens/s")

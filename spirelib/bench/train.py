@@ -1,11 +1,9 @@
 """`spire bench train`: training throughput and model FLOP utilization (MFU).
 
-Measures, in one process: this machine's matmul peak (large square matmuls,
-`spirelib.engine.calibrate`) in the precision training computes in (`--precision`, as
-`TrainConfig.precision`: "auto" is bf16 autocast on a GPU or a CPU with native bf16 matmuls, fp32
-elsewhere), then training tokens/s of the default CPU target (or `--preset`'s model) through the real trainer
-(`spirelib.training.train.train`, random tokens, AdamW, clipping, the works; the first step is
-excluded as warm-up/compilation), and reports
+Measures, in one process: this machine's fp32 matmul peak (large square matmuls,
+`spirelib.engine.calibrate`), then training tokens/s of the default CPU target (or `--preset`'s
+model) through the real trainer (`spirelib.training.train.train`, random tokens, AdamW, clipping,
+the works; the first step is excluded as warm-up/compilation), and reports
 
     MFU = 6 x (body params + unembedding) x tokens/s / peak
 
@@ -35,7 +33,7 @@ from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.modeling.perfmodel import PRESETS
 from spirelib.training.data import FlatDocs
-from spirelib.training.train import PRECISIONS, TrainConfig, compute_dtype, lm_objective, train
+from spirelib.training.train import TrainConfig, lm_objective, train
 
 # The default CPU target (params/default.yaml: series.target + vocab_size).
 DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
@@ -46,12 +44,12 @@ TARGETS = {"workbook": DEFAULT_TARGET, "workbook-vanilla": vanilla_draft_config(
 
 
 def measure(model_cfg: ModelConfig, batch_size: int, seq_len: int, steps: int, compile: bool,
-            device: str = "cpu", precision: str = "auto") -> dict:
+            device: str = "cpu") -> dict:
     """Tokens/s of `steps` training steps (first excluded) of a fresh model on random tokens."""
     tokens = np.random.default_rng(0).integers(0, model_cfg.vocab_size, 200_000)
     docs = FlatDocs(tokens, np.array([0]), np.array([len(tokens)]))
     cfg = TrainConfig(batch_size=batch_size, seq_len=seq_len, steps=steps, compile=compile, eval_windows=1,
-                      checkpoint_every=10**9, log_every=10**9, precision=precision)
+                      checkpoint_every=10**9, log_every=10**9)
     torch.manual_seed(0)
     model = Transformer(model_cfg)
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,10 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=list(TARGETS), default="workbook",
                         help="the model trained: the workbook's target, 8 x 64 (default), its vanilla draft, 4 x 32, "
                         "or the paper's target, 8 x 512, V 50,304")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
-                        help="as TrainConfig.precision: auto = bf16 autocast (and the bf16 peak) on a GPU or a CPU "
-                        "with native bf16 matmuls, fp32 elsewhere")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU: bf16 autocast, bf16 peak)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -91,20 +86,18 @@ def main(args: argparse.Namespace) -> int:
     cfg = TARGETS[args.preset]
     n_flops = flop_params(cfg)
     gpu = torch.device(args.device).type == "cuda"
-    dtype = compute_dtype(args.precision, torch.device(args.device)) or torch.float32  # what training computes in
 
-    def peak_now():
-        return matmul_peak(sizes=(8192,) if gpu else (2048, 4096), device=args.device, dtype=dtype)
+    def peak_now():  # what training computes in: fp32 on the CPU, bf16 (autocast) on a GPU
+        return matmul_peak(sizes=(8192,), device=args.device, dtype=torch.bfloat16) if gpu else matmul_peak()
     peak_before = peak_now()
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
-    runs = {m: [measure(cfg, args.batch_size, args.seq_len, args.steps, m, args.device, args.precision)
-                for _ in range(args.repeats)] for m in modes}
+    runs = {m: [measure(cfg, args.batch_size, args.seq_len, args.steps, m, args.device) for _ in range(args.repeats)]
+            for m in modes}
     peak_after = peak_now()
     peak = max(peak_before["flops"], peak_after["flops"])
 
     report = {"model": cfg.to_dict(), "flop_params": n_flops, "batch_size": args.batch_size, "seq_len": args.seq_len,
-              "threads": torch.get_num_threads(), "device": args.device, "precision": peak_before["precision"],
-              "peak_flops": peak,
+              "threads": torch.get_num_threads(), "device": args.device, "peak_flops": peak,
               "peak_before": peak_before["flops"], "peak_after": peak_after["flops"], "modes": {}}
     for m, rs in runs.items():
         tps = [r["tokens_per_s"] for r in rs]
@@ -118,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.n_kv}x{cfg.n_q_per_kv} heads of {cfg.d_head}, "
           f"d_ff {cfg.d_ff}, vocab {cfg.vocab_size}; {n_flops:,} FLOP-params; batch {args.batch_size} x {args.seq_len}; "
           f"{report['threads']} threads")
-    print(f"{report['precision']} matmul peak on {args.device}: {peak_before['flops'] / 1e9:.0f} GFLOP/s before, "
+    print(f"{'bf16' if gpu else 'fp32'} matmul peak on {args.device}: {peak_before['flops'] / 1e9:.0f} GFLOP/s before, "
           f"{peak_after['flops'] / 1e9:.0f} after")
     for name, r in report["modes"].items():
         spread = ", ".join(f"{t:,.0f}" for t in r["tokens_per_s_all"])

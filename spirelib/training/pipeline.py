@@ -192,8 +192,7 @@ def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: st
     windows = validation_windows(data.dataset.val, eval_cfg.eval_windows, eval_cfg.seq_len + 1, eval_cfg.seed)
     summary = {"steps": 0, "tokens": 0, "tokens_per_s": float("nan"), "device": str(dev), "imported_from": str(path),
                "world_size": world if sharded else 1,
-               **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev,
-                          precision=eval_cfg.precision)}
+               **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
     identity = {"kind": "imported-language-model", "checkpoint": hf.checkpoint_digest(path)}
     result = TrainResult(model, Path(path), {"config_hash": identity["checkpoint"], "summary": summary}, [], reused=True)
     return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)
@@ -259,15 +258,12 @@ def initial_spire_metrics(target: TrainedModel, spire_cfg: SpireConfig, train_cf
     windows = validation_windows(target.data.dataset.val, train_cfg.eval_windows, train_cfg.seq_len + 1,
                                  train_cfg.seed)
     with torch.no_grad():
-        return evaluate(model, SpireObjective(frozen), windows, train_cfg.batch_size, dev,
-                        precision=train_cfg.precision)
+        return evaluate(model, SpireObjective(frozen), windows, train_cfg.batch_size, dev)
 
 
 def training_mfu(trained: TrainedModel) -> dict:
-    """MFU of a training run against the peak measured now on the device it trained on, in the
-    precision its matmuls ran in (the summary's "precision", `TrainConfig.precision`: bf16 under
-    autocast, else fp32; a checkpoint from before the field: bf16 on GPU, fp32 on CPU, as then).
-    {"peak_flops", "mfu", "run_mfu", "device", "precision"}: `mfu` of
+    """MFU of a training run against the peak measured now on the device it trained on:
+    fp32 on CPU, bf16 (autocast) on GPU. {"peak_flops", "mfu", "run_mfu", "device"}: `mfu` of
     the steady state (timed steps: the first, compiling step, evaluations and checkpoints
     excluded), `run_mfu` of the run's wall clock (all of them included; None for a checkpoint
     that predates the figure). Both are None when that device is not present here (e.g. a
@@ -277,16 +273,13 @@ def training_mfu(trained: TrainedModel) -> dict:
 
     device = torch.device(trained.summary["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
-        return {"peak_flops": None, "mfu": None, "run_mfu": None, "device": str(device), "precision": None}
-    precision = trained.summary.get("precision", "bf16" if device.type == "cuda" else "fp32")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        return {"peak_flops": None, "mfu": None, "run_mfu": None, "device": str(device)}
     if device.type == "cuda":
-        peak = matmul_peak(sizes=(8192,), device=str(device), dtype=dtype)["flops"]
+        peak = matmul_peak(sizes=(8192,), device=str(device), dtype=torch.bfloat16)["flops"]
     else:
-        peak = matmul_peak(seconds=0.2, repeats=2, dtype=dtype)["flops"]
+        peak = matmul_peak(seconds=0.2, repeats=2)["flops"]
     n = flop_params(trained.config)
     world = trained.summary.get("world_size", 1)
     run = trained.summary.get("run_tokens_per_s")
     return {"peak_flops": peak, "mfu": training_flops(n, trained.summary["tokens_per_s"] / world) / peak,
-            "run_mfu": None if run is None else training_flops(n, run / world) / peak, "device": str(device),
-            "precision": precision}
+            "run_mfu": None if run is None else training_flops(n, run / world) / peak, "device": str(device)}

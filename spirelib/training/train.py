@@ -17,7 +17,7 @@ API
     (call any of its methods): under DDP the trainer wraps the objective call itself, so
     gradients are all-reduced whatever the objective computes. Frozen helpers (a target) are
     captured by the objective (a closure or a callable object), and must live on the same
-    device; autocast to the step's compute dtype (`TrainConfig.precision`) is active around the call.
+    device; bf16 autocast (GPU only) is active around the call.
     ``eval_objective`` (default: `objective`) is called the same way on validation windows,
     under ``torch.no_grad()`` with the plain module in eval mode.
 
@@ -64,9 +64,8 @@ process group itself (gloo on CPU, nccl on GPU), wraps the model in DDP (``paral
 or shards it with FSDP2 (``parallel="fsdp"``, `spirelib.training.fsdp`: parameters, gradients
 and AdamW state split over the ranks; checkpoints gathered whole, in the same format), and
 rank 0 writes checkpoints and logs; every rank ends with identical (whole) weights. Device "auto" is cuda when
-available (each rank its LOCAL_RANK) else cpu. `TrainConfig.precision` "auto": bf16 autocast on a GPU
-and on a CPU with native bf16 matmuls (AVX512-BF16, AMX), plain fp32 on other CPUs; weights, gradients
-and AdamW's state are fp32 everywhere (TF32 matmuls wherever fp32 runs on a GPU).
+available (each rank its LOCAL_RANK) else cpu; on GPU, bf16 autocast and TF32 matmuls; on
+CPU, plain fp32.
 """
 
 from __future__ import annotations
@@ -104,8 +103,6 @@ from spirelib.training.checkpoint import (
 from spirelib.training.data import WindowSampler, validation_windows
 
 Objective = Callable[[nn.Module, torch.Tensor], "tuple[torch.Tensor, dict[str, float]]"]
-
-PRECISIONS = ("auto", "fp32")  # TrainConfig.precision
 
 
 def from_dict_checked(cls, d: dict, what: str):
@@ -153,18 +150,13 @@ class TrainConfig:
     # Windows per forward/backward: each rank's share of the batch runs in micro-batches whose
     # gradients accumulate before the one optimizer step; 0 = the rank's whole share at once.
     micro_batch_size: int = 0
-    # What the matmuls compute in (`compute_dtype`): "auto", bf16 autocast where the device has
-    # native bf16 matmuls (a GPU; a CPU with AVX512-BF16 or AMX), fp32 elsewhere; "fp32", plain
-    # fp32 everywhere (TF32 matmuls on a GPU). Weights, gradients and AdamW stay fp32 either way.
-    precision: str = "auto"
 
     # Fields that change how a run is executed or observed, not what it computes. The
     # micro-batch size is one: the step's loss and gradient are the mean over the same
     # batch whatever it is (only float summation order differs, as with the world size,
     # which no identity holds either), so a run may resume, or a finished model be reused,
-    # on a machine that needs a different one. The precision is another, as the device is:
-    # the same run computes in bf16 on a GPU and, before bf16 CPUs, in fp32 on a CPU.
-    OPERATIONAL = ("checkpoint_every", "log_every", "compile", "micro_batch_size", "precision")
+    # on a machine that needs a different one.
+    OPERATIONAL = ("checkpoint_every", "log_every", "compile", "micro_batch_size")
 
     def __post_init__(self):
         if (self.steps > 0) == (self.tokens_per_param > 0):
@@ -175,8 +167,6 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, 0 <= warmup_fraction < 1: {self}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
             raise ValueError(f"TrainConfig.micro_batch_size must be 0 (the whole batch) or divide batch_size "
                              f"({self.batch_size}), got {self.micro_batch_size}")
@@ -201,8 +191,7 @@ class TrainConfig:
 
     def identity(self) -> dict:
         """What determines the trained weights (the operational fields left out; every field
-        added since, `micro_batch_size` and `precision`, is operational, so config hashes stay what
-        they were)."""
+        added since, `micro_batch_size`, is operational, so config hashes stay what they were)."""
         return {k: v for k, v in self.to_dict().items() if k not in self.OPERATIONAL}
 
     def tokens_per_step(self) -> int:
@@ -340,13 +329,10 @@ def _mean_metrics(sums: dict[str, float], count: int) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batch_size: int,
-             device: torch.device, rank: int = 0, world: int = 1, lockstep: bool = False,
-             precision: str = "auto") -> dict[str, float]:
-    """Mean loss (as "val_loss") and metrics over `windows` (n, T+1), sharded over ranks, computed
-    as training computes at `precision` (`TrainConfig.precision`). With `lockstep` (a sharded model:
-    every forward is a collective) every rank runs as many batches as the rank with the most
-    windows; a rank out of windows runs one it then ignores."""
-    dtype = compute_dtype(precision, device)
+             device: torch.device, rank: int = 0, world: int = 1, lockstep: bool = False) -> dict[str, float]:
+    """Mean loss (as "val_loss") and metrics over `windows` (n, T+1), sharded over ranks. With
+    `lockstep` (a sharded model: every forward is a collective) every rank runs as many batches
+    as the rank with the most windows; a rank out of windows runs one it then ignores."""
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
@@ -355,7 +341,7 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
     for i in range(0, rows, batch_size):
         batch = mine[i : i + batch_size].to(device)
         weight = len(batch)  # 0: lockstep, this rank's windows ran out; it runs one and counts none
-        with compute_context(device, dtype):
+        with _autocast(device):
             loss, metrics = objective(model, batch if weight else windows[:1].to(device))
         for k, v in {"val_loss": loss, **metrics}.items():
             sums[k] = sums.get(k, 0.0) + float(v) * weight
@@ -368,23 +354,22 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
     return _mean_metrics(sums, len(windows))
 
 
-def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int, device: torch.device,
-                dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int,
+                device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
     """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
     windows; the gradients add up to those of the mean loss over the whole batch (each
     micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
     all-reduces. Under FSDP every backward reduce-scatters, so the gradients accumulate sharded
     (as torchtitan does): with gradient sync off FSDP2 would keep every parameter's whole
     gradient on every rank until the last micro-batch, the model's full size in fp32 reduce dtype
-    (77 GB a rank for a 70B target's 19B-parameter draft). Forwards run under autocast to
-    `dtype` (`compute_dtype`; None: none). Returns the batch's mean loss
+    (77 GB a rank for a 70B target's 19B-parameter draft). Returns the batch's mean loss
     (detached) and metrics (means over micro-batches), left on the device: nothing here waits for it."""
     total = None
     sums: dict[str, torch.Tensor | float] = {}
     for m in range(n_micro):
         sync = ddp is None or m == n_micro - 1
         with contextlib.nullcontext() if sync else ddp.no_sync():
-            with compute_context(device, dtype):
+            with _autocast(device):
                 loss, metrics = step_objective(batch[m * micro : (m + 1) * micro])
             (loss / n_micro if n_micro > 1 else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
@@ -466,32 +451,10 @@ def _host_means(sums: dict[str, torch.Tensor | float], count: int) -> dict[str, 
     return {k: v / count for k, v in zip(sums, values)}
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bf16 matrices in hardware: a GPU with bf16, a CPU with AVX512-BF16
-    or AMX. Elsewhere bf16 matmuls are emulated, slower than fp32 ones."""
+def _autocast(device: torch.device):
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def compute_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The dtype a training step's matmuls run in under autocast for `TrainConfig.precision` on
-    `device`, or None: no autocast, fp32. "auto" is bf16 on every GPU (one without bf16 is refused
-    by `train`) and on a CPU with `native_bf16` (measured on an AVX512-BF16 CPU at the workbook's
-    shapes: 1.5-1.9x the tokens/s of fp32, docs/benchmarks.md), fp32 on other CPUs."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp32" or device.type not in ("cuda", "cpu"):
-        return None
-    return torch.bfloat16 if device.type == "cuda" or native_bf16(device) else None
-
-
-def compute_context(device: torch.device, dtype: torch.dtype | None):
-    """What a training forward runs under: autocast to `dtype` (`compute_dtype`) on `device`, or
-    nothing for None. Backward runs outside it (autocast's recorded casts apply)."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def train(
@@ -516,11 +479,9 @@ def train(
     if parallel not in fsdp_.PARALLEL:
         raise ValueError(f"parallel must be one of {fsdp_.PARALLEL}, got {parallel!r}")
     dev = resolve_device(device)
-    dtype = compute_dtype(cfg.precision, dev)
-    if dev.type == "cuda" and dtype is not None and not torch.cuda.is_bf16_supported():
+    if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise RuntimeError(f"{dev} has no bf16: training computes under bf16 autocast (fp32 weights, so no loss "
-                           "scaling is needed even for an fp16 target); use an Ampere or newer GPU, device: cpu, "
-                           "or precision: fp32 in the training config")
+                           "scaling is needed even for an fp16 target); use an Ampere or newer GPU, or device: cpu")
     rank, world = init_distributed(dev)
     keep_freed_memory()  # each step reuses the host memory the last one freed (no page faults anew)
     ident = full_identity(cfg, identity)
@@ -553,8 +514,7 @@ def train(
             load_checkpoint(found, model, ident, restore_rng=True)
             start = meta["step"]
         skeleton = _meta_copy(model)  # the plain module returned at the end
-        fsdp = fsdp_.shard_units(_ObjectiveStep(model, objective), units, fsdp_.device_mesh(dev, world), dev,
-                                 compute=torch.float32 if cfg.precision == "fp32" else None)
+        fsdp = fsdp_.shard_units(_ObjectiveStep(model, objective), units, fsdp_.device_mesh(dev, world), dev)
     opt = make_optimizer(model, cfg)
     if meta is not None and sharded:
         fsdp_.load_full_state(model, opt, read_optimizer_state(found, meta))
@@ -621,9 +581,9 @@ def train(
     def run_eval(step: int) -> dict:
         if sharded:
             result = evaluate(fsdp, lambda step_module, b: step_module(b, eval_objective), val, micro, dev, rank, world,
-                              lockstep=True, precision=cfg.precision)
+                              lockstep=True)
         else:
-            result = evaluate(model, eval_objective, val, micro, dev, rank, world, precision=cfg.precision)
+            result = evaluate(model, eval_objective, val, micro, dev, rank, world)
         log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
         return result
 
@@ -644,7 +604,7 @@ def train(
             group["lr"] = lr
         batch = batch.to(dev, non_blocking=True)  # (B/world, T+1)
         opt.zero_grad(set_to_none=True)
-        loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev, dtype)
+        loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev)
         loss_value, grad_norm = _update(opt, params, loss_value, cfg, world)
         finite = torch.isfinite(loss_value) & torch.isfinite(grad_norm)
         nonfinite = torch.where(~finite & (nonfinite < 0), step, nonfinite)
@@ -690,8 +650,7 @@ def train(
     summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": float(last_loss),
                "tokens_per_s": tokens_per_s, "run_tokens_per_s": (total - start) * cfg.tokens_per_step() / run_s,
                "first_step_s": clock.first_step_s, "budget_params": budget_params,
-               "world_size": world, "device": str(dev), "precision": "fp32" if dtype is None else "bf16",
-               **last_val}
+               "world_size": world, "device": str(dev), **last_val}
     save(total, finished=True, summary=summary)
     return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
 

@@ -224,8 +224,7 @@ class Probe:
         probe_cfg = dataclasses.replace(train_cfg, steps=PROBE_STEPS, tokens_per_param=0.0, eval_every=0,
                                         eval_windows=PROBE_WINDOWS, checkpoint_every=10**9, log_every=10**9)
         key = {"model": cfg.to_dict(), "spire": None if spire is None else spire.to_dict(),
-               "train": {f: getattr(train_cfg, f)
-                         for f in ("batch_size", "seq_len", "compile", "micro_batch_size", "precision")}}
+               "train": {f: getattr(train_cfg, f) for f in ("batch_size", "seq_len", "compile", "micro_batch_size")}}
 
         def measure():
             if kind == "spire":
@@ -249,7 +248,7 @@ class Probe:
             model = result.model
             start = time.perf_counter()
             with torch.no_grad():
-                evaluate(model, objective, windows, train_cfg.batch_size, self.device, precision=train_cfg.precision)
+                evaluate(model, objective, windows, train_cfg.batch_size, self.device)
             eval_window_s = (time.perf_counter() - start) / PROBE_WINDOWS
             save_s = max(0.0, wall - summary["first_step_s"] - (PROBE_STEPS - 1) * step_s)
             return {"first_step_s": summary["first_step_s"], "step_s": step_s, "eval_window_s": eval_window_s,

@@ -77,16 +77,14 @@ def trained_sentence(run, imported) -> str:
 
 def mfu_sentence(summary: dict, speed: dict, cfg, imported) -> str:
     """Training MFU (`pipeline.training_mfu`'s `speed`): the steady state's (tokens/s x 6 x FLOP-params
-    over the peak in the precision training computed in, `costs.flop_params`) and the run's wall clock's;
-    why there is none for an
+    over the peak, `costs.flop_params`) and the run's wall clock's; why there is none for an
     imported target or one trained on a device not present here."""
     if imported:
         return "imported, not trained here: no training MFU"
     if speed["mfu"] is None:
         return f"trained on {speed['device']}, which is not present here: no MFU"
     return (f"steady state: {summary['tokens_per_s']:,.0f} tokens/s x 6 x {flop_params(cfg):,} FLOP-params "
-            f"/ {speed['peak_flops'] / 1e9:,.0f} GFLOP/s {speed['precision']} peak = MFU {speed['mfu']:.1%}; "
-            "the run's wall clock: "
+            f"/ {speed['peak_flops'] / 1e9:,.0f} GFLOP/s peak = MFU {speed['mfu']:.1%}; the run's wall clock: "
             + (f"{summary['run_tokens_per_s']:,.0f} tokens/s, MFU {speed['run_mfu']:.1%}"
                if speed["run_mfu"] is not None else "not recorded by this cached checkpoint"))
 
@@ -104,7 +102,6 @@ def target_result(run, cfg, speed: dict, imported) -> dict:
     s, n_total, n_body = run.summary, cfg.num_params(), cfg.body_params()
     return {"params": n_total, "body_params": n_body, "val_loss": s["val_loss"], "tokens_per_s": s["tokens_per_s"],
             "mfu": speed["mfu"], "run_mfu": speed["run_mfu"], "run_tokens_per_s": s.get("run_tokens_per_s"),
-            "peak_flops": speed["peak_flops"], "precision": s.get("precision"), "tokens": s["tokens"],
-            "steps": s["steps"], "device": s["device"],
+            "peak_flops": speed["peak_flops"], "tokens": s["tokens"], "steps": s["steps"], "device": s["device"],
             "config_hash": run.config_hash, "reused": run.result.reused,
             "imported_from": str(imported) if imported else None, "embedding_params": n_total - n_body}
