@@ -44,8 +44,9 @@ run: setup data
 	@echo "open $(RUN_DIR)/index.html"
 
 # PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
+# Two xdist workers, one thread each (tests/conftest.py), whole files to a worker.
 test: setup data
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # The slow tests (e.g. the paper-shape dry run of the whole series, ~4 min); a fast test covers
 # the same code in `make test`.

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 
-import pytest
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadfile`: a file's tests stay on
+# one worker, so its module fixtures are built once and its tests keep their order). On 2 cores each
+# worker computes on one thread, set before torch is imported (kernels and torchrun ranks the tests
+# start inherit it), and trains into its own model cache: two workers training the same smoke model
+# would race on its checkpoint folder.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("SPIRE_CACHE_DIR", str(Path(__file__).resolve().parent.parent / "outputs" / f"cache-{WORKER}"))
 
-from spirelib import cli
+import pytest  # noqa: E402
+
+from spirelib import cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -26,3 +37,4 @@ def fixture_run(tmp_path_factory):
         rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"),
                             "--notebooks", str(FIXTURES / "notebooks"), "--out", str(out)])
     return rc, out, printed.getvalue()
+

@@ -82,11 +82,18 @@ def test_a_missing_or_broken_params_file_is_refused_with_exit_2(tmp_path):
     assert code == 2 and "not valid YAML" in err
 
 
-def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell():
+def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell(monkeypatch):
     """`bench decode --profiled` at toy sizes: every cell of the grid and the held-out one beyond
-    it timed (cells taking turns), the model fitted without the held-out cell, every cell judged."""
+    it timed (cells taking turns), the model fitted without the held-out cell, every cell judged.
+    The machine is calibrated at toy sizes too (the full-size calibration takes 10 s on a CPU)."""
+    import functools
     import json
 
+    from spirelib.engine import calibrate
+
+    monkeypatch.setattr(calibrate, "matmul_peak", functools.partial(calibrate.matmul_peak, sizes=(512,), seconds=0.05))
+    monkeypatch.setattr(calibrate, "memory_bandwidth",
+                        functools.partial(calibrate.memory_bandwidth, mbytes=64, seconds=0.05))
     code, out, err = run(["bench", "decode", "--profiled", "--json", "--batch", "1", "2", "--context", "16", "24",
                           "--held-out", "2", "32", "--new-tokens", "6", "-k", "3", "--window", "4", "--vocab-size",
                           "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",

@@ -4,13 +4,12 @@ the target's language-model training and the SPIRe draft's k-pass training again
 target (with gradient accumulation, so DDP's no_sync micro-batches are covered)."""
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torchrun import ranks_and_reference
 
 WORKER = textwrap.dedent("""
     import os
@@ -50,11 +49,8 @@ def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(script), str(tmp_path / "ddp")], env=env, capture_output=True, text=True, timeout=120)
+    ddp, single = ranks_and_reference(script, [str(tmp_path / "ddp")], [str(tmp_path / "one")], env, timeout=120)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env,
-                            capture_output=True, text=True, timeout=120)
     assert single.returncode == 0, single.stderr[-3000:]
     r0, r1 = load_file(tmp_path / "ddp" / "rank0.safetensors"), load_file(tmp_path / "ddp" / "rank1.safetensors")
     one = load_file(tmp_path / "one" / "ranksingle.safetensors")
@@ -119,12 +115,9 @@ def test_spire_draft_trains_on_two_cpu_ranks_as_on_one(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(SPIRE_WORKER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(script), str(tmp_path / "ddp"), "1", *SPIRE_VARIANTS], env=env, capture_output=True,
-                         text=True, timeout=180)
+    ddp, single = ranks_and_reference(script, [str(tmp_path / "ddp"), "1", *SPIRE_VARIANTS],
+                                      [str(tmp_path / "one"), "0", *SPIRE_VARIANTS], env, timeout=180)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "one"), "0", *SPIRE_VARIANTS], env=env,
-                            capture_output=True, text=True, timeout=180)
     assert single.returncode == 0, single.stderr[-3000:]
     for variant in SPIRE_VARIANTS:
         r0 = load_file(tmp_path / "ddp" / f"{variant}-rank0.safetensors")

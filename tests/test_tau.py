@@ -4,13 +4,12 @@ measurement loop end to end, and sharding over processes."""
 import json
 import math
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun import ranks_and_reference
 
 from spirelib.engine.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
 from spirelib.engine.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
@@ -206,9 +205,9 @@ def test_sharding_over_two_processes_equals_one_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")], check=True, env=env, timeout=300)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-                    str(tmp_path / "two.json")], check=True, env=env, timeout=300, capture_output=True)
+    two, one = ranks_and_reference(script, [str(tmp_path / "two.json")], [str(tmp_path / "one.json")], env, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
     one, two = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
     assert one.keys() == {"vanilla/8", "vanilla/13", "magicdec/8", "magicdec/13"}
     assert all(len(v) == 7 for v in one.values())
