@@ -6,10 +6,13 @@ Small shapes, seconds: the same code `spire bench memory --simulate` runs at 70B
   clipping computes the norm from the shards (no whole gradient either);
 - the checkpoint gather holds the whole weights and both AdamW moments (rank 0), the gather of
   the trained model at the end of a run one copy of the weights, never two;
-- the SPIRe draft's run (frozen sharded target, k-pass) traces, and its collectives are counted.
+- the SPIRe draft's run (frozen sharded target, k-pass) traces, and its collectives are counted;
+- the k-pass gathers each draft block once per pass: k times a micro-batch's forward, k in its backward.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -68,6 +71,24 @@ def test_spire_draft_run_traces_with_its_frozen_target_and_counts_collectives():
     fb = r["phases"]["forward+backward"]
     assert fb["Inputs"] > 2 * SHAPE.vocab_size * SHAPE.d_model  # the bf16 teacher head, the target's shards, the batch
     assert peak(r) > fb["Sharded Param"] > 0
+
+
+def test_the_k_pass_gathers_each_draft_block_once_per_pass():
+    """A layer's share of a pass is one call of its block (`Block.run`, FSDP2's forward method): a
+    draft block is all-gathered k times in a micro-batch's forward and k in its backward. Formerly
+    once per call of `queries`, `memory_kv` and `finish_heads`: 3k + 1 in the forward, 3k in the
+    backward (4,652 all-gathers a step at 70B over 8 ranks). A draft of two blocks against one of one
+    block (the same target): the difference is one block's."""
+    spire = SpireConfig(num_layers=1, sink=1, window=8, k=3)
+    shape = replace(SHAPE, num_layers=3)
+    runs = [simulate(Case(f"toy spire, {n} blocks", "spire", shape, TRAIN, 2, replace(spire, num_layers=n)))
+            for n in (1, 2)]
+    micro = runs[0]["micro_batches"]
+    forward = [r["comms"]["forward"]["counts"]["all_gather"] for r in runs]
+    total = [r["comms"]["counts"]["all_gather"] for r in runs]
+    assert (forward[1] - forward[0]) / micro == spire.k  # at most k + 1, the goal
+    assert (total[1] - total[0] - (forward[1] - forward[0])) / micro == spire.k
+    assert forward[0] > micro * (shape.num_layers + spire.k)  # the target's blocks too: the count is the forward's
 
 
 def test_a_batch_that_does_not_split_is_refused_before_any_compute():

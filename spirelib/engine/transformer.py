@@ -183,7 +183,8 @@ class Block(nn.Module):
 
     `forward` attends to the block's own keys/values (through a cache, if given). SPIRe's
     draft layers attend to given memory instead (method §3.2, 3.3): they build keys/values with
-    `memory_kv`, queries with `queries`, and close the residual with `finish`.
+    `memory_kv`, queries with `queries`, and close the residual with `finish` (`finish_heads`),
+    in training all inside one `run` per pass.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -215,10 +216,17 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
     def finish_heads(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-        """`finish` of the attention heads' outputs concatenated, (B, T, n_q d_head), before W_o.
-        Every parameter SPIRe's k-pass uses is reached through a block method (`queries`,
-        `memory_kv`, this), so a block sharded with FSDP2 gathers its weights for each call."""
+        """`finish` of the attention heads' outputs concatenated, (B, T, n_q d_head), before W_o."""
         return self.finish(x, self.attn.wo(heads))
+
+    def run(self, fn, *args):
+        """`fn(self, *args)`: whatever `fn` computes with this block's methods, as one call. SPIRe's
+        k-pass (method §3.6) runs a layer's share of each pass so; FSDP2 registers `run` as a sharded
+        block's forward method (`training.fsdp.BLOCK_METHODS`), so the block is gathered once per
+        call, not once per method `fn` uses. Every tensor `fn` makes that carries a gradient is in
+        its result (FSDP2 hooks the backward's gather on the outputs), and what it reads that carries
+        one is in `args` (it hooks the gradient's reduction on the inputs)."""
+        return fn(self, *args)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -12,9 +12,9 @@ Under ``parallel: fsdp`` and torchrun, no rank holds a whole target or a whole o
 - The trained model is sharded block by block too (`shard_units`), with the trainer's
   objective wrapper as the root: the objective runs inside the root's forward, whatever
   methods of the model it calls. SPIRe's k-pass (method §3.6) calls the draft's blocks through
-  `BLOCK_METHODS` rather than `forward`, several times a step: each is registered as a forward
-  method, so every call gathers that block alone (a 70B target's quarter-depth draft is 19B
-  parameters: it cannot be gathered whole). On GPU the compute is bf16
+  `BLOCK_METHODS` rather than `forward`, once per block per pass (k times a forward): each is
+  registered as a forward method, so every call gathers that block alone (a 70B target's
+  quarter-depth draft is 19B parameters: it cannot be gathered whole). On GPU the compute is bf16
   (`MixedPrecisionPolicy`, fp32 reduction), the master weights fp32.
 - Gloo's ReduceOp.AVG under FSDP2 sums (pytorch#162338): every sharded module uses
   `set_force_sum_reduction_for_comms(True)` (FSDP2 divides by the world size itself).
@@ -31,8 +31,9 @@ import torch.distributed as dist
 from torch import nn
 
 PARALLEL = ("ddp", "fsdp")
-#: The `Block` methods other than `forward` that run a sharded block (SPIRe's memory and k-pass).
-BLOCK_METHODS = ("queries", "memory_kv", "finish_heads")
+#: The `Block` methods other than `forward` that run a sharded block: `run`, SPIRe's k-pass, a
+#: layer's share of a pass in one call (its `queries`, `memory_kv` and `finish_heads` inside).
+BLOCK_METHODS = ("run",)
 
 
 def device_mesh(device: torch.device, world: int):

@@ -67,7 +67,9 @@ class Case:
 
 class _CommBytes(TorchDispatchMode):
     """Bytes of each collective's buffer, by kind: the gathered output of an all-gather, the
-    input of a reduce-scatter, the tensor of an all-reduce (a ring moves (N-1)/N of it per rank)."""
+    input of a reduce-scatter, the tensor of an all-reduce (a ring moves (N-1)/N of it per rank);
+    the whole (`counts`, `bytes`) and the part issued in the forward, outside autograd's backward
+    (`forward`)."""
 
     KINDS = ("all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "broadcast")
 
@@ -75,6 +77,7 @@ class _CommBytes(TorchDispatchMode):
         super().__init__()
         self.bytes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
+        self.forward: dict[str, dict[str, int]] = {"counts": {}, "bytes": {}}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -89,8 +92,14 @@ class _CommBytes(TorchDispatchMode):
                 buffer = args[0] if functional else args[1]
             else:
                 buffer = args[0]
-            self.bytes[kind] = self.bytes.get(kind, 0) + _bytes(_tensors(buffer))
-            self.counts[kind] = self.counts.get(kind, 0) + 1
+            size = _bytes(_tensors(buffer))
+            backward = torch._C._current_graph_task_id() != -1  # inside autograd's engine (a backward hook)
+            tallies = [(self.counts, self.bytes)]
+            if not backward:
+                tallies.append((self.forward["counts"], self.forward["bytes"]))
+            for counts, volume in tallies:
+                counts[kind] = counts.get(kind, 0) + 1
+                volume[kind] = volume.get(kind, 0) + size
         return out
 
 
@@ -139,7 +148,8 @@ def _bytes(tensors) -> int:
 def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     """Trace `case` (see the module docstring) in this process; returns {"case", "world", "params",
     "phases": {phase: {"peak_bytes", kind: bytes, ...}}, "comms": {"counts": {kind: n},
-    "bytes": {kind: bytes}} of one whole step, "host": {"build", "save", "resume"} bytes}.
+    "bytes": {kind: bytes}, "forward": {"counts", "bytes"} of the forwards alone} of one whole step,
+    "host": {"build", "save", "resume"} bytes}.
     Initializes (and destroys) the fake process group: no process group may be active. `fake=False`
     runs the same code on real tensors (uninitialized weights) on `device`, one rank: what gpu-check
     measures on a GPU against the simulated figures."""
@@ -226,6 +236,8 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
             scale = n_micro / traced
             comms = {what: {kind: round(getattr(passes, what).get(kind, 0) * scale) + getattr(update, what).get(kind, 0)
                             for kind in {*getattr(passes, what), *getattr(update, what)}} for what in ("counts", "bytes")}
+            comms["forward"] = {what: {kind: round(n * scale) for kind, n in passes.forward[what].items()}
+                                for what in ("counts", "bytes")}
             before_save = tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
             state, optim_state = phase("save", lambda: fsdp.full_state(model, opt))
             gathered = _bytes(state.values()) + _bytes(t for s in optim_state["state"].values()
