@@ -83,8 +83,8 @@ class SectionTimer:
     On a GPU, the device's own time between a section's start and end: a CUDA event recorded at
     each on the current stream, their elapsed times read only when `seconds` is asked for, after
     the generation, with one synchronize for every section recorded since. Timing so adds no host
-    sync to a generation, and AD (4 sections a token) and SD (8 a round) pay alike: a synchronize
-    around every section, as timed before, charged each method its own count of waits."""
+    sync to a generation, and AD and SD pay alike: a synchronize before and after every section, as
+    timed before, made AD wait 4 times a token (2 sections) and SD 8 times a round (4 sections)."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
