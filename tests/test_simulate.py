@@ -31,6 +31,11 @@ def target_run():
     return simulate(Case("toy target", "target", SHAPE, TRAIN, 2))
 
 
+@pytest.fixture(scope="module")
+def spire_run():
+    return simulate(Case("toy spire", "spire", SHAPE, TRAIN, 2, SpireConfig(num_layers=1, sink=1, window=8, k=2)))
+
+
 def test_micro_batches_keep_gradients_sharded(target_run):
     """At the step's peak (the second micro-batch, the first one's gradients held) a rank holds its
     half of the fp32 gradient, no whole (unsharded) gradient: 4 bytes x params / 2."""
@@ -54,23 +59,36 @@ def test_clipping_and_the_optimizer_step_hold_no_whole_gradient(target_run):
 def test_saves_gather_weights_and_moments_and_the_end_of_run_one_copy(target_run):
     r = target_run
     weights = 4 * r["params"]
-    assert r["host"]["build"] == weights
+    assert r["host"]["build"] == weights  # a language model is built whole
     assert r["host"]["save"] == pytest.approx(3 * weights, rel=0.01)  # weights, exp_avg, exp_avg_sq
-    assert r["host"]["resume"] == 3 * weights
     before = r["phases"]["optimizer"]["Sharded Param"] + r["phases"]["optimizer"]["OptState"]
     end = r["phases"]["end of run"]["peak_bytes"]
     assert end <= before + r["phases"]["optimizer"]["Sharded Grad"] + 1.1 * weights  # one whole copy, not two
 
 
-def test_spire_draft_run_traces_with_its_frozen_target_and_counts_collectives():
-    spire = SpireConfig(num_layers=1, sink=1, window=8, k=2)
-    r = simulate(Case("toy spire", "spire", SHAPE, TRAIN, 2, spire))
+def test_spire_draft_run_traces_with_its_frozen_target_and_counts_collectives(spire_run):
+    r = spire_run
     counts, volume = r["comms"]["counts"], r["comms"]["bytes"]
     assert counts["all_gather"] > 0 and counts["reduce_scatter"] > 0 and counts["all_reduce"] >= 1
     assert volume["all_gather"] > 0 and volume["reduce_scatter"] > 0
     fb = r["phases"]["forward+backward"]
     assert fb["Inputs"] > 2 * SHAPE.vocab_size * SHAPE.d_model  # the bf16 teacher head, the target's shards, the batch
     assert peak(r) > fb["Sharded Param"] > 0
+
+
+def test_a_resume_reads_this_ranks_rows_and_the_draft_is_built_from_the_targets_shards(target_run, spire_run):
+    """A resume reads each rank's rows of the weights and both AdamW moments (`fsdp.load_local_state`,
+    its reads counted), half of the 3 x weights rank 0 saved, where every rank read them whole. A SPIRe
+    draft is built on the meta device and its shards filled from the sharded target's, no collective:
+    the build holds this rank's half of the draft, where every rank built it whole (gathering the
+    target's parameters one at a time)."""
+    weights = 4 * target_run["params"]
+    assert target_run["host"]["resume"] == pytest.approx(3 * weights / 2, rel=0.01)
+    spire = spire_run
+    draft = 4 * spire["params"]
+    assert spire["host"]["resume"] == pytest.approx(3 * draft / 2, rel=0.01)
+    assert draft / 2 <= spire["host"]["build"] <= 1.01 * draft / 2
+    assert spire["comms"]["build"]["counts"] == {}  # nothing gathered, nothing sent
 
 
 def test_the_k_pass_gathers_each_draft_block_once_per_pass():

@@ -124,27 +124,37 @@ class SpireDraftModel(nn.Module):
     @classmethod
     def from_target(cls, target: Transformer, cfg: SpireConfig, device=None) -> SpireDraftModel:
         """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
-        copied (method §3.1), or random weights for the `random_init` ablation. On the target's
-        device, in fp32 at least whatever the target's dtype (fp64 stays fp64): the draft is
-        small, and its weights, gradients and optimizer state need fp32 to train (a bf16 weight of
+        copied (method §3.1, `pruned_source`), or random weights for the `random_init` ablation. On
+        the target's device, in fp32 at least whatever the target's dtype (fp64 stays fp64): the draft
+        is small, and its weights, gradients and optimizer state need fp32 to train (a bf16 weight of
         0.5 does not move at lr 5e-5); training computes under autocast, decoding runs in the
-        target's dtype (`drafts.draft_factory`). `device`: another device for the draft (a sharded
-        target's trainer builds it on the CPU, and FSDP moves it to the GPU block by block)."""
+        target's dtype (`drafts.draft_factory`). `device`: another device for the draft; "meta" builds
+        its shapes alone (nothing drawn, nothing copied: a sharded target's trainer fills each rank's
+        shards, `training.fsdp.init_spire_draft`). One process's: a sharded target's draft is built so."""
         param = next(target.parameters())
-        draft = cls(target.cfg, cfg).to(device=device or param.device,
-                                         dtype=torch.promote_types(param.dtype, torch.float32))
+        dtype = torch.promote_types(param.dtype, torch.float32)
+        if device is not None and torch.device(device).type == "meta":
+            with torch.device("meta"):
+                draft = cls(target.cfg, cfg)
+            return draft if draft.mix.dtype == dtype else draft.to(dtype=dtype)
+        if hasattr(param, "to_local"):
+            raise ValueError("from_target builds a whole draft from a whole target; for a target sharded with "
+                             "FSDP2 build it with device='meta' and fill it with training.fsdp.init_spire_draft")
+        draft = cls(target.cfg, cfg).to(device=device or param.device, dtype=dtype)
         if cfg.pruned_init:
-            first = target.cfg.num_layers - cfg.num_layers
             with torch.no_grad():
-                for name, param in draft.body.named_parameters():
-                    source = name
-                    if name.startswith("blocks."):
-                        index, rest = name[len("blocks."):].split(".", 1)
-                        source = f"blocks.{first + int(index)}.{rest}"
-                    src = target.get_parameter(source)
-                    # a target sharded with FSDP2 (training.fsdp): gathered one tensor at a time
-                    param.copy_(src.full_tensor() if hasattr(src, "full_tensor") else src)
+                for name, p in draft.body.named_parameters():
+                    p.copy_(target.get_parameter(draft.pruned_source(name)))
         return draft
+
+    def pruned_source(self, name: str) -> str:
+        """The target parameter that `body`'s parameter `name` starts as under pruned init (method
+        §3.1): draft block i is target block n_t - n_d + i; the embedding, the final norm and the
+        unembedding are the target's own."""
+        if not name.startswith("blocks."):
+            return name
+        index, rest = name[len("blocks."):].split(".", 1)
+        return f"blocks.{self.memory_layers[0] + int(index)}.{rest}"
 
     @property
     def blocks(self) -> nn.ModuleList:
