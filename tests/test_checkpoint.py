@@ -1,5 +1,6 @@
 """Checkpoints: exact round trip, integrity and identity checks, atomic swap, no pickle."""
 
+import json
 import re
 from pathlib import Path
 
@@ -70,6 +71,34 @@ def test_corrupt_checkpoint_is_refused_with_what_to_do(tmp_path, damage):
         (path / "meta.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=f"corrupt.*delete {re.escape(str(path))}"):
         read_meta(path)
+
+
+def test_files_are_hashed_in_chunks_and_an_older_checkpoints_one_digest_a_file_still_verifies(tmp_path, monkeypatch):
+    """Each `DIGEST_CHUNK` bytes of a file has its digest (the ranks of a sharded run hash and verify
+    theirs in parallel): a flipped byte is found in its chunk; a checkpoint written before (one sha256
+    a file) verifies as it did."""
+    from spirelib.training import checkpoint
+
+    monkeypatch.setattr(checkpoint, "DIGEST_CHUNK", 256)
+    model, opt = trained_pair()
+    path = tmp_path / "ck"
+    save_checkpoint(path, model, IDENTITY, step=1, finished=False, optimizer=opt)
+    meta = read_meta(path)
+    weights = path / "model.safetensors"
+    entry = meta["files"]["model.safetensors"]
+    assert entry["size"] == weights.stat().st_size and len(entry["sha256"]) == -(-entry["size"] // 256) > 4
+    older = {**meta, "files": {name: checkpoint._sha256(path / name) for name in meta["files"]}}
+    (path / "meta.json").write_text(json.dumps(older))
+    assert read_meta(path)["step"] == 1
+    data = bytearray(weights.read_bytes())
+    data[3 * 256 + 7] ^= 0xFF  # the fourth chunk
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors is missing or fails its sha256"):
+        read_meta(path)
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="model.safetensors is missing or fails its sha256"):
+        read_meta(path)
+    assert read_meta(path, verify=False)["step"] == 1
 
 
 def test_interrupted_swap_falls_back_to_the_previous_checkpoint(tmp_path):

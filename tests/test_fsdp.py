@@ -5,15 +5,20 @@ process computes the references; each test compares one thing:
 - the target sharded block by block gives the single-process residual stream (<= 1e-6);
 - one SPIRe step's draft gradients under fsdp equal the single-process ones (a reduction that
   sums instead of averaging, pytorch#162338, doubles them);
+- the draft built sharded from the sharded target's shards (`fsdp.init_spire_draft`) starts with
+  the weights one process builds (pruned and random init);
 - N steps of `train(parallel="fsdp")` give the single-process weights (1e-5), the checkpoint
   loads in one process;
 - a run stopped mid-way (`stop_at`, as a kill after a checkpoint) and restarted ends with the
-  uninterrupted run's weights, exactly;
+  uninterrupted run's weights, exactly; the restart reads each rank's rows of the checkpoint and
+  hashes each rank's share of it;
 - an HF checkpoint loaded sharded (`hf.load_model_sharded`) equals the unsharded load (weights
   and residual stream, untied and tied embeddings);
 - fsdp over more ranks than blocks trains (a one-block target and draft over 2 ranks).
 """
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -25,15 +30,17 @@ import torch
 from safetensors.torch import load_file
 
 WORKER = textwrap.dedent("""
+    import json
     import os
     import sys
+    from pathlib import Path
     import numpy as np
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
     from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
     from spirelib.engine.transformer import ModelConfig, Transformer
-    from spirelib.training import fsdp
+    from spirelib.training import checkpoint, fsdp
     from spirelib.training.checkpoint import load_checkpoint
     from spirelib.training.data import FlatDocs
     from spirelib.training.train import TrainConfig, _ObjectiveStep, init_distributed, lm_objective, train
@@ -80,6 +87,7 @@ WORKER = textwrap.dedent("""
         import signal
 
         target = new_target()
+        draft = new_draft(target)  # built whole before the target is sharded
         inner, calls = objective(target), []
 
         def dying(model, b):
@@ -88,7 +96,7 @@ WORKER = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return inner(model, b)
 
-        result = train(new_draft(target), dying, docs, cfg, run_dir=f"{out}/killed", eval_objective=inner,
+        result = train(draft, dying, docs, cfg, run_dir=f"{out}/killed", eval_objective=inner,
                        identity={"spire": spire_cfg.to_dict()}, val_docs=docs, device="cpu", progress=False,
                        parallel="fsdp")
         if rank == 0:
@@ -108,29 +116,71 @@ WORKER = textwrap.dedent("""
 
     # 2. one step's draft gradients: each rank its half of the batch; the variants that read no
     # feedback (a parameter without gradient) and no target activations (the blocks' forward)
+    def sharded_draft(cfg, objective):  # as the sharded trainer builds it: on the meta device, then each rank's shards
+        draft = SpireDraftModel.from_target(target, cfg, device="meta")
+        step = fsdp.shard_units(_ObjectiveStep(draft, objective), list(draft.blocks), fsdp.device_mesh(cpu, world), cpu)
+        draft.to_empty(device=cpu)
+        fsdp.init_spire_draft(draft, target)
+        return draft, step
+
     for variant in VARIANTS:
-        draft = SpireDraftModel.from_target(target, ablation(variant, spire_cfg))
         if sharded:
-            step = fsdp.shard_units(_ObjectiveStep(draft, obj), list(draft.blocks), fsdp.device_mesh(cpu, world), cpu)
+            draft, step = sharded_draft(ablation(variant, spire_cfg), obj)
             loss, _ = step(batch[rank::world])
         else:
+            draft = SpireDraftModel.from_target(target, ablation(variant, spire_cfg))
             loss, _ = obj(draft, batch)
         loss.backward()
         for n, p in draft.named_parameters():
             if p.grad is not None:
                 results[f"grad.{variant}.{n}"] = fsdp.full_tensor(p.grad).contiguous()
 
-    # 3. N steps through the trainer; 4. the same run stopped after step 2 and restarted
+    # 2b. the draft's first weights, sharded: pruned from the sharded target's shards, or random_init's draws
+    for variant in ("spire", "random_init"):
+        torch.manual_seed(9)
+        if sharded:
+            draft, _ = sharded_draft(ablation(variant, spire_cfg), obj)
+        else:
+            draft = SpireDraftModel.from_target(target, ablation(variant, spire_cfg))
+        for n, p in draft.named_parameters():
+            results[f"init.{variant}.{n}"] = fsdp.full_tensor(p.detach()).contiguous()
+        if variant == "random_init":  # the generator left where one process leaves it (train reseeds after a build)
+            results[f"init.{variant}.rng"] = torch.rand(3)
+
+    # 3. N steps through the trainer; 4. the same run stopped after step 2 and restarted, what the restart
+    # reads recorded: rows of the checkpoint's tensors, files read whole, chunks hashed (in small chunks here)
+    checkpoint.DIGEST_CHUNK = 4096
+    reads, recording = [], []
+
+    def recorded(kind, original, describe):
+        def call(*args, **kwargs):
+            if recording:
+                reads.append([kind, *describe(*args, **kwargs)])
+            return original(*args, **kwargs)
+        return call
+
+    checkpoint.Rows.read = recorded("rows", checkpoint.Rows.read, lambda rows, file, key, start=None, stop=None:
+                                    [file, key, start, stop])
+    checkpoint._sha256 = recorded("sha256", checkpoint._sha256, lambda path, offset=0, length=None:
+                                  [Path(path).parent.name, Path(path).name, offset])
+    checkpoint.load_file = recorded("whole", checkpoint.load_file, lambda path, *a, **k: [Path(path).name])
     for run, stops in (("full", (None,)), ("resumed", (2, None))):
         for stop in stops:
             target = new_target()
             draft = new_draft(target)
+            recording[:] = [True] if run == "resumed" and stop is None else []
             result = train(draft, objective(target), docs, cfg, run_dir=f"{out}/{name}-{run}",
                            identity={"spire": spire_cfg.to_dict()}, val_docs=docs, device="cpu", progress=False,
                            stop_at=stop, parallel="fsdp")
         for k, v in result.model.state_dict().items():
             results[f"{run}.{k}"] = v.contiguous()
         results[f"{run}.val_loss"] = torch.tensor(result.summary["val_loss"])
+    recording.clear()
+    if sharded:
+        by_rank = [None] * world
+        dist.all_gather_object(by_rank, reads)
+        if rank == 0:
+            Path(f"{out}/{name}-reads.json").write_text(json.dumps(by_rank))
     loaded = SpireDraftModel(target_cfg, spire_cfg)  # the saved checkpoint, in this process alone
     load_checkpoint(result.path, loaded)
     for k, v in loaded.state_dict().items():
@@ -233,6 +283,18 @@ def test_one_spire_step_draft_gradients_equal_single_process(runs):
         torch.testing.assert_close(sharded[k], one[k], rtol=1e-5, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def test_the_sharded_draft_starts_with_the_weights_one_process_builds(runs):
+    """`fsdp.init_spire_draft`: the draft built on the meta device, sharded, each rank's shards copied
+    from the sharded target's (pruned init) or drawn as one process draws them (random_init, one tensor
+    at a time): `SpireDraftModel.from_target`'s weights exactly, and the generator left where it leaves it."""
+    sharded, one, *_ = runs
+    keys = [k for k in one if k.startswith("init.")]
+    assert len(keys) == 2 * 16 + 1 and set(keys) == {k for k in sharded if k.startswith("init.")}
+    for k in keys:
+        assert torch.equal(sharded[k], one[k]), k
+    assert not torch.equal(one["init.spire.body.embed.weight"], one["init.random_init.body.embed.weight"])
+
+
 def test_n_fsdp_steps_give_single_process_weights(runs):
     """The SPIRe draft against the sharded target (2 micro-batches a rank), and a target's own
     language-model training (`spire train target`)."""
@@ -250,6 +312,43 @@ def test_fsdp_run_stopped_and_restarted_equals_uninterrupted(runs):
     for results in (sharded, one):
         for k in (k for k in results if k.startswith("full.")):
             assert torch.equal(results[k], results["resumed." + k[len("full."):]]), k
+
+
+def test_a_sharded_resume_reads_each_ranks_rows_and_hashes_its_share(runs):
+    """The restart of the stopped run: each rank reads its rows of every weight and AdamW moment
+    (the two ranks' rows split each tensor, about half the bytes each; a 0-dim step whole; only the
+    generators' file whole), where every rank read the whole checkpoint; the checkpoint's chunks are
+    verified, and the next checkpoint's hashed when written, each rank its share."""
+    from safetensors import safe_open
+
+    folder = runs[3].parent
+    by_rank = json.loads((folder / "fsdp-reads.json").read_text())
+    ckpt = folder / "fsdp-resumed" / "checkpoint"
+    assert [sorted({r[1] for r in reads if r[0] == "whole"}) for reads in by_rank] == [["rng.safetensors"]] * 2
+    total, mine = {}, [0, 0]  # bytes by file, bytes read by each rank
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        with safe_open(ckpt / file, framework="pt") as f:
+            for key in f.keys():
+                shape = f.get_slice(key).get_shape()
+                ranges = [[(r[3], r[4]) for r in reads if r[:3] == ["rows", file, key]] for reads in by_rank]
+                if not shape:  # AdamW's step
+                    assert ranges == [[(None, None)]] * 2, key
+                    continue
+                assert [len(r) for r in ranges] == [1, 1], (key, ranges)
+                (a, b), (c, d) = ranges[0][0], ranges[1][0]
+                assert a == 0 < b == c < d == shape[0], (key, ranges)  # the rows split between the ranks
+                row = 4 * math.prod(shape[1:])  # fp32
+                total[file] = total.get(file, 0) + row * shape[0]
+                mine = [mine[0] + row * (b - a), mine[1] + row * (d - c)]
+    assert total["optimizer.safetensors"] == 2 * total["model.safetensors"]  # both moments
+    assert all(abs(m / sum(total.values()) - 0.5) < 0.05 for m in mine), (mine, total)
+    chunks = {(name, i * 4096) for name, entry in json.loads((ckpt / "meta.json").read_text())["files"].items()
+              for i in range(len(entry["sha256"]))}
+    assert len(chunks) > 20
+    for folder_name in ("checkpoint", "checkpoint.tmp"):  # verified when resumed, hashed when written
+        shares = [{(r[2], r[3]) for r in reads if r[:2] == ["sha256", folder_name]} for reads in by_rank]
+        assert not shares[0] & shares[1] and shares[0] | shares[1] == chunks, folder_name
+        assert all(len(share) >= len(chunks) // 2 for share in shares), folder_name
 
 
 def test_fsdp_run_killed_mid_step_and_restarted_equals_uninterrupted(runs):

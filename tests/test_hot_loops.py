@@ -10,7 +10,13 @@ import torch
 from host_syncs import count_host_syncs
 
 from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-from spirelib.engine.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.engine.speculative import (
+    SectionTimer,
+    autoregressive_generate,
+    prefill,
+    speculative_capacity,
+    speculative_generate,
+)
 from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
 from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.training.data import FlatDocs
@@ -67,6 +73,54 @@ def test_autoregressive_decoding_makes_no_host_sync_per_step(models):
     with count_host_syncs() as syncs:
         autoregressive_generate(models["target"], contexts, 16, prefilled=pre)
     assert sum(syncs.values()) <= 1, dict(syncs)  # the capacity check at the end
+
+
+def test_timed_generations_on_a_gpu_record_events_and_wait_once_when_read(models, monkeypatch):
+    """`SectionTimer` on a GPU (CUDA's events, streams and synchronize faked here): a timed generation
+    records a start and an end event per section and never waits; reading its seconds afterwards waits
+    once for all of them. Formerly a synchronize before and after every section: 8 a SD round, 4 an AD
+    token, so AD and SD paid different counts of waits."""
+    device, syncs, events = {"busy": True}, [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            events.append(self)
+
+        def query(self):  # finished? not before the device caught up
+            return not device["busy"]
+
+        def elapsed_time(self, end):
+            return 2.0  # ms
+
+    def synchronize(dev=None):
+        syncs.append(dev)
+        device["busy"] = False
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: None)
+    target = models["target"]
+    contexts = torch.randint(0, CFG.vocab_size, (2, 20), generator=torch.Generator().manual_seed(1))
+    for method in ("ad", "spire"):
+        syncs.clear(), events.clear()
+        device["busy"] = True
+        timer = SectionTimer("cuda")
+        if method == "ad":
+            autoregressive_generate(target, contexts, 12, timer=timer)
+            sections = 1 + 2 * 11  # the prefill (its logits give the first token), then verify + bookkeeping a token
+        else:
+            draft = draft_factory(method, target, models[method], temperature=1.0)(torch.Generator().manual_seed(0))
+            out = speculative_generate(target, draft, contexts, 12, k=4, generator=torch.Generator().manual_seed(2),
+                                       timer=timer)
+            sections = 1 + 4 * out.accepted.shape[1]  # the prefill, then draft, verify, bookkeeping, draft a round
+        assert not syncs and len(events) == 2 * sections, (method, len(syncs), len(events))
+        assert timer.finished_seconds() == {}  # a look while the device is busy: nothing finished, no wait
+        seconds = timer.seconds
+        assert len(syncs) == 1 and sum(seconds.values()) == pytest.approx(sections * 0.002), method
+        assert timer.seconds is seconds and len(syncs) == 1  # nothing left to wait for
 
 
 def _train_syncs(target, steps: int, log_every: int, tmp_path) -> int:

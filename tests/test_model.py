@@ -192,3 +192,19 @@ def test_config_fields_added_later_leave_existing_config_hashes_unchanged():
         d = json.loads(json.dumps(other.to_dict()))  # a JSON list comes back for the tuple
         assert set(d) - set(cfg.to_dict()) == set(change) and ModelConfig(**d) == other and hash(ModelConfig(**d))
         assert config_hash(d) != config_hash(cfg.to_dict())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_initial_parameters_are_the_constructors_numbers_one_tensor_at_a_time(tied):
+    """`Transformer.initial_parameters` (a sharded random-init draft's ranks keep their rows of each):
+    the parameters `Transformer(cfg)` draws from the same generator state, and the generator left where
+    the constructor leaves it (its layers' own draws replayed first)."""
+    cfg = ModelConfig(vocab_size=50, num_layers=2, d_model=16, n_q_per_kv=2, n_kv=1, d_head=8, d_ff=24,
+                      tie_embeddings=tied, qkv_bias=tied)
+    torch.manual_seed(3)
+    built = dict(Transformer(cfg).named_parameters())
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    replayed = dict(Transformer.initial_parameters(cfg))
+    assert list(replayed) == list(built) and all(torch.equal(built[k], replayed[k]) for k in built)
+    assert torch.equal(torch.rand(4), after)

@@ -38,9 +38,9 @@ spire-logits (the unfused objective) held ~15 bytes per token per vocabulary ent
 the target's logits and their gathered copy, the fp32 gradient): 50 GB of the paper's
 64 x 1,024 batch. Fused, the SPIRe step's per-token memory is its activations only.
 
-`--simulate` traces instead the sharded trainer's real step, checkpoint gather and end-of-run
-gather with fake tensors on a fake process group at the params files' shapes and world sizes
-(`spirelib.training.simulate`; simulated, not measured).
+`--simulate` traces instead the sharded trainer's real build, step, checkpoint gather, resume
+and end-of-run gather with fake tensors on a fake process group at the params files' shapes and
+world sizes (`spirelib.training.simulate`; simulated, not measured).
 
 `--ranks` prints instead the per-rank memory of SPIRe training on Llama 3 8B and 70B targets
 (the draft a quarter of the target's layers) under ddp and fsdp at 1 to 16 ranks, computed by
@@ -299,7 +299,8 @@ def _print_simulated(only: list[str], budget: float, as_json: bool) -> int:
         print("SIMULATED (fake tensors, fake process group; not measured on a GPU): one rank's peak device memory "
               "by phase, its host memory, and a step's collectives; GB = 1e9 bytes")
         print(f"  {'case':28s} {'params':>7s} {'fwd+bwd':>8s} {'optim':>7s} {'peak':>7s} {'fits':>5s} "
-              f"{'save host':>9s} {'end gather':>10s} {'build host':>10s} {'AG GB/step':>10s} {'RS GB/step':>10s}")
+              f"{'save host':>9s} {'end gather':>10s} {'build':>7s} {'resume':>7s} {'AG/step':>7s} "
+              f"{'AG GB/step':>10s} {'RS GB/step':>10s}")
     results = []
     for case in cases:
         r = simulate(case)
@@ -310,7 +311,8 @@ def _print_simulated(only: list[str], budget: float, as_json: bool) -> int:
         comms = r["comms"]["bytes"]
         print(f"  {r['case']:28s} {r['params'] / 1e9:6.2f}B {gb['forward+backward']:8.1f} {gb['optimizer']:7.1f} "
               f"{peak(r) / 1e9:7.1f} {'yes' if peak(r) <= budget else 'NO':>5s} {r['host']['save'] / 1e9:9.1f} "
-              f"{gb['end of run']:10.1f} {r['host']['build'] / 1e9:10.1f} {comms.get('all_gather', 0) / 1e9:10.1f} "
+              f"{gb['end of run']:10.1f} {r['host']['build'] / 1e9:7.1f} {r['host']['resume'] / 1e9:7.1f} "
+              f"{r['comms']['counts'].get('all_gather', 0):7d} {comms.get('all_gather', 0) / 1e9:10.1f} "
               f"{comms.get('reduce_scatter', 0) / 1e9:10.1f}", flush=True)
     if as_json:
         print(json.dumps({"simulated": True, "budget_bytes": budget, "results": results}, indent=2))

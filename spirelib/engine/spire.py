@@ -124,27 +124,37 @@ class SpireDraftModel(nn.Module):
     @classmethod
     def from_target(cls, target: Transformer, cfg: SpireConfig, device=None) -> SpireDraftModel:
         """A draft for `target`: its embedding, last n_d blocks, final norm and unembedding,
-        copied (method §3.1), or random weights for the `random_init` ablation. On the target's
-        device, in fp32 at least whatever the target's dtype (fp64 stays fp64): the draft is
-        small, and its weights, gradients and optimizer state need fp32 to train (a bf16 weight of
+        copied (method §3.1, `pruned_source`), or random weights for the `random_init` ablation. On
+        the target's device, in fp32 at least whatever the target's dtype (fp64 stays fp64): the draft
+        is small, and its weights, gradients and optimizer state need fp32 to train (a bf16 weight of
         0.5 does not move at lr 5e-5); training computes under autocast, decoding runs in the
-        target's dtype (`drafts.draft_factory`). `device`: another device for the draft (a sharded
-        target's trainer builds it on the CPU, and FSDP moves it to the GPU block by block)."""
+        target's dtype (`drafts.draft_factory`). `device`: another device for the draft; "meta" builds
+        its shapes alone (nothing drawn, nothing copied: a sharded target's trainer fills each rank's
+        shards, `training.fsdp.init_spire_draft`). One process's: a sharded target's draft is built so."""
         param = next(target.parameters())
-        draft = cls(target.cfg, cfg).to(device=device or param.device,
-                                         dtype=torch.promote_types(param.dtype, torch.float32))
+        dtype = torch.promote_types(param.dtype, torch.float32)
+        if device is not None and torch.device(device).type == "meta":
+            with torch.device("meta"):
+                draft = cls(target.cfg, cfg)
+            return draft if draft.mix.dtype == dtype else draft.to(dtype=dtype)
+        if hasattr(param, "to_local"):
+            raise ValueError("from_target builds a whole draft from a whole target; for a target sharded with "
+                             "FSDP2 build it with device='meta' and fill it with training.fsdp.init_spire_draft")
+        draft = cls(target.cfg, cfg).to(device=device or param.device, dtype=dtype)
         if cfg.pruned_init:
-            first = target.cfg.num_layers - cfg.num_layers
             with torch.no_grad():
-                for name, param in draft.body.named_parameters():
-                    source = name
-                    if name.startswith("blocks."):
-                        index, rest = name[len("blocks."):].split(".", 1)
-                        source = f"blocks.{first + int(index)}.{rest}"
-                    src = target.get_parameter(source)
-                    # a target sharded with FSDP2 (training.fsdp): gathered one tensor at a time
-                    param.copy_(src.full_tensor() if hasattr(src, "full_tensor") else src)
+                for name, p in draft.body.named_parameters():
+                    p.copy_(target.get_parameter(draft.pruned_source(name)))
         return draft
+
+    def pruned_source(self, name: str) -> str:
+        """The target parameter that `body`'s parameter `name` starts as under pruned init (method
+        §3.1): draft block i is target block n_t - n_d + i; the embedding, the final norm and the
+        unembedding are the target's own."""
+        if not name.startswith("blocks."):
+            return name
+        index, rest = name[len("blocks."):].split(".", 1)
+        return f"blocks.{self.memory_layers[0] + int(index)}.{rest}"
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -251,35 +261,55 @@ class SpireDraftModel(nn.Module):
         n_blocks = positions.shape[0]
         all_rope = self.body.rope(torch.arange(T, device=tokens.device).expand(B, T))
         banded = BandedMemory(positions[:, 0], T, k, self.cfg.sparse, span)
-        sink = self.cfg.sink
-        bands, sinks = [], []
-        for block, target_memory in zip(self.blocks, memory.to(self.mix.dtype)):
-            keys, values = block.memory_kv(target_memory, all_rope)  # (B, n_kv, T, d_head)
-            bands.append((banded.gather(keys), banded.gather(values)))
-            sinks.append((keys[:, :, :sink], values[:, :, :sink]))
-        own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values (B, n_kv, n_blocks, d_head)
+        memory = memory.to(self.mix.dtype)
+        targets = [None] * len(self.blocks)  # per layer: the target memory's keys/values, banded (pass 0 makes them)
+        own = [([], []) for _ in self.blocks]  # per layer, per pass: the blocks' own keys/values
         hidden = []  # per pass, the last layer's output (B, n_blocks, d_model)
+        feedback = None  # the previous pass's feedback memory (n_d, B, n_blocks, d_model) and its rotations
         for j in range(k):
             pos = positions[:, j]  # (n_blocks,)
             rope = self.body.rope(pos.expand(B, n_blocks))
             x = self.body.embed(tokens[:, pos])  # (B, n_blocks, d_model)
             activations = [x]
             for i, block in enumerate(self.blocks):
-                if not self.cfg.feedback:  # an ordinary transformer over the block: its own input, itself included
-                    k_self, v_self = block.memory_kv(x, rope)
-                    own[i][0].append(k_self)
-                    own[i][1].append(v_self)
-                mine = (torch.stack(own[i][0], dim=3), torch.stack(own[i][1], dim=3)) if own[i][0] else None
-                q = block.queries(x, rope)  # (B, n_q, n_blocks, d_head)
-                x = block.finish_heads(x, memory_attention(q, banded, j, bands[i], sinks[i], mine))
+                x, made, new = block.run(self._pass_layer, j, x, rope, banded, targets[i], own[i],
+                                         (memory[i], all_rope) if j == 0 else None,
+                                         None if feedback is None else (feedback[0][i], feedback[1]))
+                if made is not None:
+                    targets[i] = made
+                if new is not None:
+                    own[i][0].append(new[0])
+                    own[i][1].append(new[1])
                 activations.append(x)
             hidden.append(x)
-            if self.cfg.feedback:
-                for i, (block, fb) in enumerate(zip(self.blocks, self.feedback_memory(activations))):
-                    k_fb, v_fb = block.memory_kv(fb, rope)
-                    own[i][0].append(k_fb)
-                    own[i][1].append(v_fb)
+            if self.cfg.feedback and j < k - 1:  # the last pass's memory is read by no later pass
+                feedback = (self.feedback_memory(activations), rope)
         return torch.stack(hidden, dim=2), positions  # (B, n_blocks, k, d_model)
+
+    def _pass_layer(self, block, j: int, x: torch.Tensor, rope, banded: BandedMemory, target, own, new_target,
+                    feedback):
+        """Draft layer `block`'s share of pass j of `k_pass_hidden`, as one `Block.run` (a sharded block
+        is gathered once for it): on pass 0 the keys/values of the target memory (`new_target`: the
+        layer's memory (B, T, d_model) and its rotations), banded; the keys/values of the blocks' new own
+        memory: the previous pass's feedback mixture (`feedback`: (B, n_blocks, d_model) and its
+        rotations), or without feedback this pass's input x (B, n_blocks, d_model), itself included;
+        pass j's queries' attention over the target memory (`target`: band and sink) and the blocks' own
+        (`own`: the keys and the values of earlier passes), and the rest of the block. Returns the
+        layer's output (B, n_blocks, d_model), the target memory's keys/values if made here (else None),
+        and the new own key and value (B, n_kv, n_blocks, d_head) (None: none this pass)."""
+        made = None
+        if new_target is not None:
+            keys, values = block.memory_kv(*new_target)  # (B, n_kv, T, d_head)
+            sink = self.cfg.sink
+            target = made = ((banded.gather(keys), banded.gather(values)), (keys[:, :, :sink], values[:, :, :sink]))
+        if not self.cfg.feedback:  # an ordinary transformer over the block: its own input, itself included
+            new = block.memory_kv(x, rope)
+        else:
+            new = None if feedback is None else block.memory_kv(*feedback)
+        keys, values = own if new is None else ([*own[0], new[0]], [*own[1], new[1]])
+        mine = (torch.stack(keys, dim=3), torch.stack(values, dim=3)) if keys else None
+        q = block.queries(x, rope)  # (B, n_q, n_blocks, d_head)
+        return block.finish_heads(x, memory_attention(q, banded, j, *target, mine)), made, new
 
 
 class SpireDraft:

@@ -9,6 +9,7 @@ performance model's count, `perfmodel.body_params(config.shape())`.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -183,7 +184,8 @@ class Block(nn.Module):
 
     `forward` attends to the block's own keys/values (through a cache, if given). SPIRe's
     draft layers attend to given memory instead (method §3.2, 3.3): they build keys/values with
-    `memory_kv`, queries with `queries`, and close the residual with `finish`.
+    `memory_kv`, queries with `queries`, and close the residual with `finish` (`finish_heads`),
+    in training all inside one `run` per pass.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -215,10 +217,17 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
     def finish_heads(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-        """`finish` of the attention heads' outputs concatenated, (B, T, n_q d_head), before W_o.
-        Every parameter SPIRe's k-pass uses is reached through a block method (`queries`,
-        `memory_kv`, this), so a block sharded with FSDP2 gathers its weights for each call."""
+        """`finish` of the attention heads' outputs concatenated, (B, T, n_q d_head), before W_o."""
         return self.finish(x, self.attn.wo(heads))
+
+    def run(self, fn, *args):
+        """`fn(self, *args)`: whatever `fn` computes with this block's methods, as one call. SPIRe's
+        k-pass (method §3.6) runs a layer's share of each pass so; FSDP2 registers `run` as a sharded
+        block's forward method (`training.fsdp.BLOCK_METHODS`), so the block is gathered once per
+        call, not once per method `fn` uses. Every tensor `fn` makes that carries a gradient is in
+        its result (FSDP2 hooks the backward's gather on the outputs), and what it reads that carries
+        one is in `args` (it hooks the gradient's reduction on the inputs)."""
+        return fn(self, *args)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -287,6 +296,18 @@ def compile_for_decoding(fn, device: torch.device):
     return torch.compile(fn, fullgraph=True, dynamic=False, **options)
 
 
+def _reset_parameter(name: str, p: torch.Tensor, std: float, num_layers: int) -> None:
+    """`Transformer.reset_parameters` of its parameter `name`."""
+    if name.endswith("norm.weight"):
+        nn.init.ones_(p)
+    elif name.endswith(".bias"):
+        nn.init.zeros_(p)
+    elif name.endswith(("wo.weight", "w_down.weight")):
+        nn.init.normal_(p, 0.0, std / math.sqrt(2 * num_layers))
+    else:
+        nn.init.normal_(p, 0.0, std)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -307,14 +328,29 @@ class Transformer(nn.Module):
     def reset_parameters(self, std: float = 0.02) -> None:
         """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."""
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(p)
-            elif name.endswith(".bias"):
-                nn.init.zeros_(p)
-            elif name.endswith(("wo.weight", "w_down.weight")):
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.num_layers))
-            else:
-                nn.init.normal_(p, 0.0, std)
+            _reset_parameter(name, p, std, self.cfg.num_layers)
+
+    @staticmethod
+    def initial_parameters(cfg: ModelConfig):
+        """(name, tensor) of every parameter of `Transformer(cfg)` constructed now, one at a time on the
+        CPU: the same random numbers from the global generator, without the model ever held whole (a
+        sharded model's ranks keep their rows of each, `training.fsdp.init_spire_draft`). The
+        constructor draws twice, in its layers' own initializations (nn.Embedding's, nn.Linear's, in
+        construction order) and in `reset_parameters`; the first draws are made here too, into
+        tensors dropped at once, so that the second give the same numbers."""
+        with torch.device("meta"):  # the shapes; nothing is drawn on the meta device
+            skeleton = Transformer(cfg)
+        with torch.no_grad():
+            for module in skeleton.modules():
+                if hasattr(module, "reset_parameters") and not any(True for _ in module.children()):
+                    scratch = copy.copy(module)  # the layer, its parameters on the CPU (dropped after)
+                    scratch._parameters = {n: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype))
+                                           for n, p in module._parameters.items()}
+                    scratch.reset_parameters()
+            for name, p in skeleton.named_parameters():
+                full = torch.empty(p.shape)  # the default dtype, as the constructor's
+                _reset_parameter(name, full, 0.02, cfg.num_layers)
+                yield name, full
 
     def rope(self, positions: torch.Tensor):
         return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base, self.cfg.rope_scaling)

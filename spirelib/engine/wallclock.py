@@ -143,7 +143,7 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
     each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept)."""
     device = batch.device
     B, L = batch.shape
-    timer = SectionTimer(device)  # synchronizes a GPU before and after: the prefill's own time
+    timer = SectionTimer(device)  # on a GPU the prefill's own time, from CUDA events
     with timer("prefill"):
         shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
     sections = {m: SectionTimer(device) for m in methods}
@@ -158,7 +158,7 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
     for method in methods if timings is not None else ():
         timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
                                                           timer.seconds["prefill"], target.compiled_decoding))
-        timing.seconds.append(_decode_seconds(sections[method]))
+        timing.seconds.append(_decode_seconds(sections[method].seconds))
         timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
         if method == "ad":
             rounds, tau = new_tokens, 1.0
@@ -180,16 +180,18 @@ def interleave_problems(interleave: str, compiled: bool) -> list[str]:
     return []
 
 
-def _decode_seconds(sections: SectionTimer) -> float:
-    return sum(sections.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
+def _decode_seconds(seconds: dict[str, float]) -> float:
+    """Decode seconds of a `SectionTimer`'s seconds per section."""
+    return sum(seconds.get(s, 0.0) for s in DECODE_SECTIONS)
 
 
 def _lockstep(decodes: dict[str, Iterator[None]], sections: dict[str, SectionTimer]) -> dict[str, Generation]:
     """Run generations (`speculative_rounds`, `autoregressive_rounds`) interleaved round by round,
-    always advancing the one with the least decode time so far: their results."""
+    always advancing the one with the least decode time so far (on a GPU, of the rounds the device has
+    finished: looking makes no host sync): their results."""
     outs, running = {}, dict(decodes)
     while running:
-        method = min(running, key=lambda m: _decode_seconds(sections[m]))
+        method = min(running, key=lambda m: _decode_seconds(sections[m].finished_seconds()))
         try:
             next(running[method])
         except StopIteration as end:

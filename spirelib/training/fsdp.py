@@ -12,16 +12,18 @@ Under ``parallel: fsdp`` and torchrun, no rank holds a whole target or a whole o
 - The trained model is sharded block by block too (`shard_units`), with the trainer's
   objective wrapper as the root: the objective runs inside the root's forward, whatever
   methods of the model it calls. SPIRe's k-pass (method §3.6) calls the draft's blocks through
-  `BLOCK_METHODS` rather than `forward`, several times a step: each is registered as a forward
-  method, so every call gathers that block alone (a 70B target's quarter-depth draft is 19B
-  parameters: it cannot be gathered whole). On GPU the compute is bf16
-  (`MixedPrecisionPolicy`, fp32 reduction), the master weights fp32.
+  `BLOCK_METHODS` rather than `forward`, once per block per pass (k times a forward): each is
+  registered as a forward method, so every call gathers that block alone (a 70B target's
+  quarter-depth draft is 19B parameters: it cannot be gathered whole). On GPU the compute is bf16
+  (`MixedPrecisionPolicy`, fp32 reduction), the master weights fp32. The SPIRe draft is built on
+  the meta device and each rank's shards filled from the sharded target's (`init_spire_draft`):
+  no rank holds it whole, nothing is gathered.
 - Gloo's ReduceOp.AVG under FSDP2 sums (pytorch#162338): every sharded module uses
   `set_force_sum_reduction_for_comms(True)` (FSDP2 divides by the world size itself).
 - Checkpoints are full state dicts, gathered with CPU offload (`full_state`) and written by
   rank 0 in the single-process format, so the saved model loads in one process (and in the
-  HF export) as any other, and a resume loads the full state into the sharded model and
-  optimizer (`load_full_state`).
+  HF export) as any other; a resume reads each rank's rows of every tensor into the sharded
+  model and optimizer (`load_local_state`), no rank the whole state.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import torch.distributed as dist
 from torch import nn
 
 PARALLEL = ("ddp", "fsdp")
-#: The `Block` methods other than `forward` that run a sharded block (SPIRe's memory and k-pass).
-BLOCK_METHODS = ("queries", "memory_kv", "finish_heads")
+#: The `Block` methods other than `forward` that run a sharded block: `run`, SPIRe's k-pass, a
+#: layer's share of a pass in one call (its `queries`, `memory_kv` and `finish_heads` inside).
+BLOCK_METHODS = ("run",)
 
 
 def device_mesh(device: torch.device, world: int):
@@ -90,16 +93,18 @@ def shard_frozen_target(target: nn.Module, mesh, device: torch.device) -> nn.Mod
 
 def local_parameter(model: nn.Module, name: str) -> torch.Tensor:
     """This rank's shard of parameter `name` (a plain tensor where it is not sharded)."""
-    p = model.get_parameter(name)
+    return _local(model.get_parameter(name))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if hasattr(p, "to_local") else p
 
 
-def place(model: nn.Module, name: str, full: torch.Tensor) -> None:
-    """Copy the full tensor `full` into parameter `name` of a sharded model: `distribute_tensor`
+def place(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the full tensor `full` into parameter `p` of a sharded model: `distribute_tensor`
     with no source rank (every rank holds `full` and keeps its own rows, no communication)."""
     from torch.distributed.tensor import distribute_tensor
 
-    p = model.get_parameter(name)
     with torch.no_grad():
         if hasattr(p, "to_local"):
             full = full.to(device=p.to_local().device, dtype=p.dtype)
@@ -115,7 +120,7 @@ def load_sharded(model: nn.Module, tensors, device: torch.device) -> nn.Module:
     model.to_empty(device=device)
     seen = set()
     for name, full in tensors:
-        place(model, name, full)
+        place(model.get_parameter(name), full)
         seen.add(name)
     names = {n for n, _ in model.named_parameters()}
     if names - seen:
@@ -123,6 +128,35 @@ def load_sharded(model: nn.Module, tensors, device: torch.device) -> nn.Module:
     if any(True for _ in model.buffers()):  # to_empty left them undefined (our models have none: RoPE is computed)
         raise ValueError("load_sharded fills parameters only; this model has buffers")
     return model
+
+
+def init_spire_draft(draft: nn.Module, target: nn.Module) -> None:
+    """Fill a SPIRe draft (`spire.SpireDraftModel`) sharded on the target's 1-D mesh, once it has
+    storage (`to_empty`), with what `SpireDraftModel.from_target` builds in one process, no rank
+    ever holding it whole: pruned init (method §3.1) copies each parameter's local shard from the
+    target's (`pruned_source`): a draft parameter has its target parameter's shape, and with the same
+    Shard(0) placement on a mesh of the same ranks each rank's rows are the same, so no communication;
+    the random_init ablation draws the same numbers as one process, one tensor at a time
+    (`Transformer.initial_parameters`), each rank keeping its rows. The feedback mixture starts at zeros."""
+    from spirelib.engine.transformer import Transformer
+
+    with torch.no_grad():
+        if draft.cfg.pruned_init:
+            for name, p in draft.body.named_parameters():
+                source = draft.pruned_source(name)
+                src = target.get_parameter(source)
+                if not hasattr(src, "to_local"):  # a whole target: every rank keeps its rows
+                    place(p, src)
+                    continue
+                if (src.placements, src.device_mesh, src.shape) != (p.placements, p.device_mesh, p.shape):
+                    raise ValueError(f"the draft's {name} and the target's {source} are not sharded alike "
+                                     f"({p.placements} over {p.device_mesh}, {src.placements} over "
+                                     f"{src.device_mesh}): shard both with training.fsdp on one 1-D mesh")
+                p.to_local().copy_(src.to_local())
+        else:
+            for name, full in Transformer.initial_parameters(draft.body.cfg):
+                place(draft.body.get_parameter(name), full)
+        local_parameter(draft, "mix").zero_()
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -188,14 +222,52 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     return model_sd, {"state": state, "param_groups": groups}
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, optim_sd: dict) -> None:
-    """Load a single-process optimizer state (parameters numbered in group order) into the
-    optimizer of a sharded model (every rank passes the full state; each keeps its shard)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def local_rows(p: torch.Tensor) -> tuple[int, int]:
+    """Rows [start, stop) of dim 0 of parameter `p` that this rank holds: a sharded parameter's
+    (FSDP2's Shard(0) on a 1-D mesh: `torch.chunk`'s rows, as `place` lays them out), all of a plain one's."""
+    if not hasattr(p, "to_local"):
+        return 0, p.shape[0]
+    from torch.distributed.tensor import Shard
 
-    names = {id(p): n for n, p in model.named_parameters()}
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
-    state = {order[int(i)]: s for i, s in optim_sd["state"].items()}
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
-                             options=StateDictOptions(full_state_dict=True))
+    if tuple(p.placements) != (Shard(0),) or p.device_mesh.ndim != 1:
+        raise ValueError(f"a parameter sharded as {p.placements} over {p.device_mesh}; this code reads rows of "
+                         "Shard(0) on a 1-D mesh (what training.fsdp shards)")
+    n = p.shape[0]
+    chunk = -(-n // p.device_mesh.size())
+    start = min(p.device_mesh.get_local_rank() * chunk, n)
+    stop = min(start + chunk, n)
+    if stop - start != p.to_local().shape[0]:
+        raise ValueError(f"rows {start}..{stop} of a parameter of {n} rows, but this rank holds "
+                         f"{p.to_local().shape[0]}: not torch.chunk's layout")
+    return start, stop
+
+
+def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, rows, meta: dict) -> None:
+    """Resume a sharded model and its optimizer from a single-process checkpoint (`checkpoint.save_checkpoint`)
+    reading this rank's rows of each tensor only (`rows`: `checkpoint.Rows` of the checkpoint, `meta` its
+    meta.json): the weights and AdamW's moments, 1/world of the state a rank (231 GB in all at 70B); a
+    0-dim state (AdamW's step) whole."""
+    from torch.distributed.tensor import DTensor
+
+    from spirelib.training.checkpoint import optimizer_state_dict
+
+    tied = meta.get("tied", {})
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            start, stop = local_rows(p)
+            if stop > start:
+                _local(p).copy_(rows.read("model.safetensors", tied.get(name, name), start, stop))
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors = {}
+    for key in rows.keys("optimizer.safetensors"):
+        p = order[int(key.split(".")[1])]  # state.<parameter index>.<name>
+        if not rows.shape("optimizer.safetensors", key):  # 0-dim, the step: whole, on every rank
+            tensors[key] = rows.read("optimizer.safetensors", key)
+            continue
+        start, stop = local_rows(p)
+        local = torch.empty_like(_local(p))  # this rank's rows of a moment, on the parameter's device
+        if stop > start:
+            local.copy_(rows.read("optimizer.safetensors", key, start, stop))
+        tensors[key] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                          stride=p.stride()) if hasattr(p, "to_local") else local
+    optimizer.load_state_dict(optimizer_state_dict(tensors, meta))

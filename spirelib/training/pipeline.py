@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -217,15 +218,15 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
 
     Under torchrun with `parallel` "fsdp" the frozen target is sharded block by block (in place,
     once: `fsdp.shard_frozen_target`; an imported one already is), the loss reads a replicated copy
-    of its head (`fsdp.teacher_head`), and the draft trains sharded (`train`)."""
+    of its head (`fsdp.teacher_head`), and the draft, built on the meta device, trains sharded
+    (`train`), each rank's shards filled from the target's (`fsdp.init_spire_draft`)."""
     identity = spire_identity(spire_cfg, target.data, target.config_hash)
-    torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights
+    torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights (drawn by from_target or by train)
     dev = resolve_device(device)
     _, world = init_distributed(dev)
     frozen = target.model.to(dev)
     sharded = parallel == "fsdp" and world > 1
-    # a sharded target's tensors are gathered one at a time; the draft waits on the CPU for FSDP to shard it
-    model = SpireDraftModel.from_target(frozen, spire_cfg, device="cpu" if sharded else None)
+    initialize = None
     if sharded:
         from torch.distributed.fsdp import FSDPModule
 
@@ -235,12 +236,16 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
         if not isinstance(frozen, FSDPModule):
             fsdp.shard_frozen_target(frozen, fsdp.device_mesh(dev, world), dev)
         objective = SpireObjective(frozen, head)
+        # no rank builds the draft whole: its shards are filled from the target's local ones once sharded
+        model = SpireDraftModel.from_target(frozen, spire_cfg, device="meta")
+        initialize = partial(fsdp.init_spire_draft, target=frozen)
     else:
+        model = SpireDraftModel.from_target(frozen, spire_cfg)
         objective = SpireObjective(frozen)
     run_dir = run_dir_for(name, full_identity(train_cfg, identity))
     result = train(model, objective, target.data.dataset.train, train_cfg, run_dir=run_dir,
                    identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
-                   stop_at=stop_at, parallel=parallel)
+                   stop_at=stop_at, parallel=parallel, initialize=initialize)
     return TrainedModel(result.model, spire_cfg, train_cfg, result, target.data, identity)
 
 

@@ -6,8 +6,9 @@ data), the process group is torch's fake one at the run's real world size (this 
 rank 0; collectives return at once), and the trainer's own code runs on it: `fsdp.shard_units`
 / `fsdp.shard_frozen_target` as `train` and `pipeline.trained_spire_draft` call them, the step
 (`train._accumulate`: the objective's forward and backward, micro-batch by micro-batch; then
-`train._update`: clipping, AdamW), the checkpoint gather (`fsdp.full_state`) and the gather of the
-trained model at the end of a run (`train._plain`). `FSDPMemTracker`
+`train._update`: clipping, AdamW), the checkpoint gather (`fsdp.full_state`), a resume from that
+checkpoint (`fsdp.load_local_state`) and the gather of the trained model at the end of a run
+(`train._plain`). `FSDPMemTracker`
 (torch.distributed._tools.fsdp2_mem_tracker) counts the live bytes of every storage by kind
 (sharded and unsharded parameters and gradients, all-gather and reduce-scatter buffers,
 activations, optimizer state); each phase is its own tracker session, so its peak is that
@@ -22,9 +23,12 @@ allocator's fragmentation (a few GB on a real GPU).
 
 The step traced is a steady-state one: AdamW's moments are allocated beforehand, as every step
 after the first finds them. Host
-memory: `build` is the trained model as built whole on each rank's host before sharding (the
-SPIRe draft from the sharded target), `save` what rank 0 gathers (model and AdamW state, traced),
-`resume` what every rank reads back (computed from the same sizes).
+memory: `build` is what building the trained model takes: a language model is built whole on each
+rank's host before sharding; the SPIRe draft is built on the meta device and each rank's shards
+filled from the sharded target's (`fsdp.init_spire_draft`), traced (its shards, on the device; its
+collectives in `comms["build"]`); `save` what rank 0 gathers (model and AdamW state, traced),
+`resume` what each rank reads back of that checkpoint (`fsdp.load_local_state` run on the saved
+tensors' shapes, its reads counted: its rows of each).
 """
 
 from __future__ import annotations
@@ -67,7 +71,9 @@ class Case:
 
 class _CommBytes(TorchDispatchMode):
     """Bytes of each collective's buffer, by kind: the gathered output of an all-gather, the
-    input of a reduce-scatter, the tensor of an all-reduce (a ring moves (N-1)/N of it per rank)."""
+    input of a reduce-scatter, the tensor of an all-reduce (a ring moves (N-1)/N of it per rank);
+    the whole (`counts`, `bytes`) and the part issued in the forward, outside autograd's backward
+    (`forward`)."""
 
     KINDS = ("all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "broadcast")
 
@@ -75,6 +81,7 @@ class _CommBytes(TorchDispatchMode):
         super().__init__()
         self.bytes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
+        self.forward: dict[str, dict[str, int]] = {"counts": {}, "bytes": {}}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -89,9 +96,37 @@ class _CommBytes(TorchDispatchMode):
                 buffer = args[0] if functional else args[1]
             else:
                 buffer = args[0]
-            self.bytes[kind] = self.bytes.get(kind, 0) + _bytes(_tensors(buffer))
-            self.counts[kind] = self.counts.get(kind, 0) + 1
+            size = _bytes(_tensors(buffer))
+            backward = torch._C._current_graph_task_id() != -1  # inside autograd's engine (a backward hook)
+            tallies = [(self.counts, self.bytes)]
+            if not backward:
+                tallies.append((self.forward["counts"], self.forward["bytes"]))
+            for counts, volume in tallies:
+                counts[kind] = counts.get(kind, 0) + 1
+                volume[kind] = volume.get(kind, 0) + size
         return out
+
+
+class _UnwrittenRows:
+    """`checkpoint.Rows` of a checkpoint never written: `files` ({file: {key: tensor}}) as
+    `checkpoint.save_checkpoint` would write them (a tied alias too: never read). A read returns a new
+    tensor of the rows asked for (fake under FakeTensorMode) and counts its bytes (`read_bytes`)."""
+
+    def __init__(self, files: dict[str, dict[str, torch.Tensor]]):
+        self.layout = {file: {key: (t.shape, t.dtype) for key, t in tensors.items()} for file, tensors in files.items()}
+        self.read_bytes = 0
+
+    def keys(self, file: str) -> list[str]:
+        return list(self.layout[file])
+
+    def shape(self, file: str, key: str) -> list[int]:
+        return list(self.layout[file][key][0])
+
+    def read(self, file: str, key: str, start: int | None = None, stop: int | None = None) -> torch.Tensor:
+        shape, dtype = self.layout[file][key]
+        rows = torch.empty(shape if start is None else (stop - start, *shape[1:]), dtype=dtype)
+        self.read_bytes += rows.numel() * rows.element_size()
+        return rows
 
 
 def _tracker(root, opt):
@@ -139,11 +174,13 @@ def _bytes(tensors) -> int:
 def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     """Trace `case` (see the module docstring) in this process; returns {"case", "world", "params",
     "phases": {phase: {"peak_bytes", kind: bytes, ...}}, "comms": {"counts": {kind: n},
-    "bytes": {kind: bytes}} of one whole step, "host": {"build", "save", "resume"} bytes}.
+    "bytes": {kind: bytes}, "forward": {"counts", "bytes"} of the forwards alone} of one whole step,
+    "host": {"build", "save", "resume"} bytes}.
     Initializes (and destroys) the fake process group: no process group may be active. `fake=False`
     runs the same code on real tensors (uninitialized weights) on `device`, one rank: what gpu-check
     measures on a GPU against the simulated figures."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from spirelib.engine.drafts import vanilla_draft_config
@@ -151,6 +188,7 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     from spirelib.engine.spire import SpireDraftModel, SpireObjective
     from spirelib.engine.transformer import Transformer
     from spirelib.training import fsdp
+    from spirelib.training.checkpoint import _optimizer_tensors
     from spirelib.training.train import (
         _accumulate,
         _meta_copy,
@@ -175,22 +213,31 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
         frozen = None
         with FakeTensorMode() if fake else contextlib.nullcontext():
             with torch.device("meta"):  # built on the meta device, sharded, then materialized (`to_empty`)
-                if case.kind == "spire":  # an imported target (bf16) and the draft pruned from it
+                if case.kind == "spire":  # an imported target (bf16), the draft pruned from it
                     frozen = _built_in(torch.bfloat16, lambda: Transformer(case.target))
-                    model = SpireDraftModel(case.target, case.spire)
                 else:
                     model = Transformer(case.target if case.kind == "target" else vanilla_draft_config(case.target))
-            built = _bytes(model.parameters())  # the trained model, whole on each rank's host before it is sharded
-            skeleton = _meta_copy(model)
-            if frozen is not None:  # as pipeline.trained_spire_draft: the target sharded, its head replicated
-                fsdp.shard_frozen_target(frozen, mesh, dev)
+            if frozen is not None:  # as pipeline.trained_spire_draft: the target sharded, its head replicated,
+                fsdp.shard_frozen_target(frozen, mesh, dev)  # the draft on the meta device
                 frozen.to_empty(device=dev)
                 objective = SpireObjective(frozen, fsdp.teacher_head(frozen))
+                model = SpireDraftModel.from_target(frozen, case.spire, device="meta")
             else:
                 objective = lm_objective
+                built = _bytes(model.parameters())  # a language model is built whole on each rank's host
+            skeleton = _meta_copy(model)
             root = fsdp.shard_units(_ObjectiveStep(model, objective), fsdp_units(model), mesh, dev,
                                     compute=torch.bfloat16)
-            model.to_empty(device=dev)
+            building, build_tracker = _CommBytes(), MemTracker()
+            if frozen is not None:  # the target's shards exist before: what the build reads of them is no new storage
+                build_tracker.track_external(frozen)
+            with building, build_tracker:  # the draft: its shards filled from the target's
+                existing = build_tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
+                model.to_empty(device=dev)
+                if frozen is not None:
+                    fsdp.init_spire_draft(model, frozen)
+            if frozen is not None:
+                built = build_tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0) - existing
             opt = make_optimizer(model, cfg)
             params = [p for p in model.parameters() if p.requires_grad]
             batch = torch.randint(0, case.target.vocab_size, (micro * traced, cfg.seq_len + 1), device=dev)
@@ -226,18 +273,25 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
             scale = n_micro / traced
             comms = {what: {kind: round(getattr(passes, what).get(kind, 0) * scale) + getattr(update, what).get(kind, 0)
                             for kind in {*getattr(passes, what), *getattr(update, what)}} for what in ("counts", "bytes")}
+            comms["forward"] = {what: {kind: round(n * scale) for kind, n in passes.forward[what].items()}
+                                for what in ("counts", "bytes")}
+            comms["build"] = {"counts": building.counts, "bytes": building.bytes}
             before_save = tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
             state, optim_state = phase("save", lambda: fsdp.full_state(model, opt))
             gathered = _bytes(state.values()) + _bytes(t for s in optim_state["state"].values()
                                                        for t in s.values() if isinstance(t, torch.Tensor))
-            del state, optim_state
+            optim_tensors, rest = _optimizer_tensors(optim_state)  # the checkpoint's files, as saved
+            saved = _UnwrittenRows({"model.safetensors": state, "optimizer.safetensors": optim_tensors})
+            del state, optim_state, optim_tensors
+            opt.zero_grad(set_to_none=True)
+            opt.state.clear()  # a resumed run's optimizer starts empty
+            phase("resume", lambda: fsdp.load_local_state(model, opt, saved, {"optimizer": rest}))
             phase("end of run", lambda: _plain(model, skeleton))
-            moments = 2 * built  # AdamW's exp_avg and exp_avg_sq, the weights' dtype
             return {"case": case.name, "kind": case.kind, "world": case.world, "micro_batch": micro,
-                    "micro_batches": n_micro, "micro_batches_traced": traced, "params": sum(p.numel() for p in skeleton.parameters()),
-                    "phases": phases, "comms": comms,
+                    "micro_batches": n_micro, "micro_batches_traced": traced,
+                    "params": sum(p.numel() for p in skeleton.parameters()), "phases": phases, "comms": comms,
                     "host": {"build": built, "save": gathered, "save_peak_increase": phases["save"]["peak_bytes"]
-                             - before_save, "resume": built + moments}}
+                             - before_save, "resume": saved.read_bytes}}
     finally:
         _cached_frequencies.cache_clear()
         dist.destroy_process_group()

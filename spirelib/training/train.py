@@ -92,12 +92,14 @@ from spirelib.paths import cache_dir
 from spirelib.training import fsdp as fsdp_
 from spirelib.training.allocator import keep_freed_memory
 from spirelib.training.checkpoint import (
+    Rows,
     check_identity,
+    checkpoint_group,
     checkpoint_path,
     config_hash,
     load_checkpoint,
+    load_rng_state,
     read_meta,
-    read_optimizer_state,
     save_checkpoint,
 )
 from spirelib.training.data import WindowSampler, validation_windows
@@ -472,10 +474,14 @@ def train(
     budget_params: int | None = None,
     stop_at: int | None = None,
     parallel: str = "ddp",
+    initialize: Callable[[nn.Module], None] | None = None,
 ) -> TrainResult:
     """Train `model` on windows of `train_docs` (see the module docstring). `budget_params`
     is N for `tokens_per_param` (default: all trainable parameters, embeddings included).
-    `parallel` ("ddp" or "fsdp") says how several ranks share the work; one process ignores it."""
+    `parallel` ("ddp" or "fsdp") says how several ranks share the work; one process ignores it.
+    `initialize(model)` fills the model's parameters when training starts fresh, once they have
+    storage on the device (sharded: this rank's shards); a model built on the meta device needs one
+    (a sharded SPIRe draft, filled from its target's shards: `fsdp.init_spire_draft`)."""
     if parallel not in fsdp_.PARALLEL:
         raise ValueError(f"parallel must be one of {fsdp_.PARALLEL}, got {parallel!r}")
     dev = resolve_device(device)
@@ -484,11 +490,17 @@ def train(
                            "scaling is needed even for an fp16 target); use an Ampere or newer GPU, or device: cpu")
     rank, world = init_distributed(dev)
     keep_freed_memory()  # each step reuses the host memory the last one freed (no page faults anew)
+    ckpt_group = checkpoint_group()  # a checkpoint's collectives, with a timeout for rank 0's long writes
     ident = full_identity(cfg, identity)
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoint"
     sharded = parallel == "fsdp" and world > 1
-    if not sharded:
+    on_meta = any(p.is_meta for p in model.parameters())
+    if on_meta and initialize is None:
+        raise ValueError("a model built on the meta device has no weights: pass train(initialize=...) to fill them")
+    if not sharded and on_meta:
+        _materialize(model, dev)
+    elif not sharded:
         model.to(dev)
     # else: fully_shard moves one block at a time to the device (the whole model never is there)
     eval_objective = eval_objective or objective
@@ -500,28 +512,33 @@ def train(
     found = checkpoint_path(ckpt_dir)
     meta = None
     if found is not None:
-        meta = read_meta(found)
+        meta = read_meta(found, ckpt_group)  # each rank hashes its share of the files
         check_identity(found, meta, ident)
         if meta["finished"]:
-            load_checkpoint(found, model)  # sharded: it stays on the host (a whole 70B draft fits no GPU)
+            if sharded and on_meta:
+                _materialize(model, torch.device("cpu"))
+            load_checkpoint(found, model, meta=meta)  # sharded: it stays on the host (a whole 70B draft fits no GPU)
             return TrainResult((model if sharded else model.to(dev)).eval(), found, meta,
                                read_metrics(run_dir / "metrics.jsonl"), reused=True)
 
     start = 0
     fsdp = skeleton = None
-    if sharded:  # resume into the whole model, then shard it (every rank loads the same checkpoint)
-        if meta is not None:
-            load_checkpoint(found, model, ident, restore_rng=True)
-            start = meta["step"]
+    if sharded:
         skeleton = _meta_copy(model)  # the plain module returned at the end
         fsdp = fsdp_.shard_units(_ObjectiveStep(model, objective), units, fsdp_.device_mesh(dev, world), dev)
+        if on_meta:  # this rank's shards get storage (FSDP2: materialized after sharding)
+            model.to_empty(device=dev)
     opt = make_optimizer(model, cfg)
-    if meta is not None and sharded:
-        fsdp_.load_full_state(model, opt, read_optimizer_state(found, meta))
-    elif meta is not None:
-        load_checkpoint(found, model, ident, optimizer=opt, restore_rng=True)
+    if meta is not None:
         start = meta["step"]
+    if meta is not None and sharded:  # each rank reads its rows of the weights and moments
+        fsdp_.load_local_state(model, opt, Rows(found), meta)
+        load_rng_state(found)
+    elif meta is not None:
+        load_checkpoint(found, model, ident, optimizer=opt, restore_rng=True, meta=meta)
     if meta is None:
+        if initialize is not None:
+            initialize(model)
         torch.manual_seed(cfg.seed)
     log = _MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
 
@@ -561,22 +578,18 @@ def train(
         kept = checkpoint_path(ckpt_dir)
         raise TrainingDiverged(
             f"non-finite loss or gradient norm at step {bad}; "
-            + (f"the last good checkpoint (step {read_meta(kept)['step']}) is kept at {kept}. " if kept else
+            + (f"the last good checkpoint (step {read_meta(kept, verify=False)['step']}) is kept at {kept}. " if kept else
                "no checkpoint was written yet. ")
             + f"Hint: lower lr (now peak {cfg.lr}, {lr:.3g} at this step), lengthen warmup_fraction "
             "or tighten grad_clip; the run is deterministic, so a changed config trains anew."
         )
 
     def save(step: int, finished: bool, summary: dict | None = None) -> None:
+        state = optimizer_state = None
         if sharded:  # every rank gathers; rank 0 writes the whole model in the single-process format
             state, optimizer_state = fsdp_.full_state(model, opt)
-            if rank == 0:
-                save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, summary=summary,
-                                state=state, optimizer_state=optimizer_state)
-        elif rank == 0:
-            save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, optimizer=opt, summary=summary)
-        if world > 1:
-            dist.barrier()
+        save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, optimizer=opt, summary=summary,
+                        state=state, optimizer_state=optimizer_state, group=ckpt_group)
 
     def run_eval(step: int) -> dict:
         if sharded:
@@ -632,8 +645,8 @@ def train(
             check_finite(lr)
             save(done, finished=False)
             bar.close()
-            return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries,
-                               reused=False)
+            return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir, verify=False),
+                               log.entries, reused=False)
         if done % cfg.checkpoint_every == 0 and done != total:
             clock.pause()
             check_finite(lr)
@@ -652,7 +665,8 @@ def train(
                "first_step_s": clock.first_step_s, "budget_params": budget_params,
                "world_size": world, "device": str(dev), **last_val}
     save(total, finished=True, summary=summary)
-    return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir), log.entries, reused=False)
+    return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir, verify=False), log.entries,
+                       reused=False)
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
@@ -682,7 +696,18 @@ def _plain(model: nn.Module, skeleton: nn.Module | None) -> nn.Module:
         names.discard(name)
     if names:
         raise ValueError(f"parameters of the plain model missing from the sharded one: {sorted(names)[:5]}")
-    for module in skeleton.modules():  # a tied Parameter was replaced once, by its first name
+    _tie(skeleton)  # a tied Parameter was replaced once, by its first name
+    return skeleton
+
+
+def _tie(model: nn.Module) -> None:
+    """Tie again what `model`'s modules tie (`Transformer.tie`), after their Parameters were replaced."""
+    for module in model.modules():
         if hasattr(module, "tie"):
             module.tie()
-    return skeleton
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """Give a model built on the meta device storage on `device` (values undefined until filled)."""
+    model.to_empty(device=device)
+    _tie(model)
