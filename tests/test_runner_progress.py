@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,23 @@ def test_without_a_terminal_a_plain_line_comes_at_most_every_interval(tmp_path, 
     lines = log.getvalue().split("\n")
     assert lines[0] == "" and 2 <= len(lines) - 2 <= 4, lines  # a new line first; one per interval
     assert all(line.startswith("[1/2] 01_x: train target 5/50, ") for line in lines[1:-1]) and watch.printed
+
+
+def test_a_relative_progress_file_is_read_after_the_notebook_changes_the_working_directory(tmp_path, monkeypatch):
+    """papermill runs a notebook with the process's working directory set to the notebooks' folder:
+    the runner's feed, named relative to where `spire run` started (outputs/default/progress/...),
+    must still be the file the watch reads."""
+    monkeypatch.setattr(progress, "TICK_S", 0.02)
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL_S", 0.05)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "out" / "feed.jsonl").write_text(json.dumps(record(5, 50, rate=1.0)) + "\n")
+    monkeypatch.chdir(tmp_path)
+    log = io.StringIO()
+    with progress.Watch("[2/9] 02_x", Path("out") / "feed.jsonl", None, log, live=False) as watch:
+        monkeypatch.chdir(tmp_path / "notebooks")  # as papermill.execute_notebook(cwd=...) does
+        time.sleep(0.3)
+    assert watch.printed and "train target 5/50" in log.getvalue(), log.getvalue()
 
 
 def test_the_summary_lists_this_runs_notebooks_against_the_plan_then_the_verdict(tmp_path):

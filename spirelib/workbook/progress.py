@@ -72,7 +72,9 @@ class Watch:
     `live`, else as plain lines. A context manager; `printed` says whether it left any line."""
 
     def __init__(self, header: str, path: Path, planned: float | None, stream: TextIO, live: bool):
-        self.header, self.path, self.planned, self.stream, self.live = header, Path(path), planned, stream, live
+        # resolved now: papermill runs the notebook with the process's working directory changed
+        self.header, self.planned, self.stream, self.live = header, planned, stream, live
+        self.path = Path(path).resolve()
         self.record: dict | None = None
         self.printed, self._shown, self._offset, self._partial = False, False, 0, ""
         self._rates: dict[str, tuple[float, int]] = {}  # what -> (t, n) when first seen: a fed record's rate
