@@ -130,7 +130,8 @@ class SpireDraftModel(nn.Module):
         0.5 does not move at lr 5e-5); training computes under autocast, decoding runs in the
         target's dtype (`drafts.draft_factory`). `device`: another device for the draft; "meta" builds
         its shapes alone (nothing drawn, nothing copied: a sharded target's trainer fills each rank's
-        shards, `training.fsdp.init_spire_draft`). One process's: a sharded target's draft is built so."""
+        shards, `training.fsdp.init_spire_draft`); a target sharded with FSDP2 takes that path, since
+        this one copies from whole tensors."""
         param = next(target.parameters())
         dtype = torch.promote_types(param.dtype, torch.float32)
         if device is not None and torch.device(device).type == "meta":
