@@ -226,6 +226,29 @@ def test_objective_trains_through_hidden_states_as_through_the_logits(variant):
             torch.testing.assert_close(g, e, msg=lambda m: f"{name}: {m}")
 
 
+def test_the_compiled_objective_gives_the_eager_loss_metrics_and_gradients():
+    """`SpireObjective.compiled()` (the target's forward and the loss's chunk arithmetic compiled,
+    what the trainer runs under `TrainConfig.compile`) computes what the eager objective does, up
+    to fp32 rounding, in training (with gradients) and in evaluation (without)."""
+    target = random_target(std=0.3)
+    draft = randomized_draft(target, SpireConfig(num_layers=2, sink=1, window=6, k=3))
+    batch = torch.randint(0, TARGET.vocab_size, (2, 17), generator=torch.Generator().manual_seed(3))
+    eager, compiled = SpireObjective(target), SpireObjective(target).compiled()
+    params = list(draft.parameters())
+    results = []
+    for objective in (eager, compiled):
+        loss, metrics = objective(draft, batch)
+        with torch.no_grad():
+            val_loss, _ = objective(draft, batch)
+        results.append((loss, metrics, val_loss, torch.autograd.grad(loss, params)))
+    (loss, metrics, val_loss, grads), (c_loss, c_metrics, c_val_loss, c_grads) = results
+    torch.testing.assert_close(c_loss, loss)
+    torch.testing.assert_close(c_val_loss, val_loss)
+    torch.testing.assert_close(c_metrics, metrics)
+    for (name, _), g, e in zip(draft.named_parameters(), c_grads, grads):
+        torch.testing.assert_close(g, e, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("variant", sorted(ABLATIONS))
 def test_every_ablation_trains_and_decodes_losslessly(variant):
     """Each variant's objective gives finite gradients, and greedy speculative decoding with

@@ -164,6 +164,32 @@ def test_custom_objective_metrics_are_logged_and_evaluated(tmp_path):
     assert 0 <= result.summary["accuracy"] <= 1
 
 
+def test_compile_runs_an_objectives_own_compiled_form_instead_of_compiling_it_whole(tmp_path, monkeypatch):
+    """Under `TrainConfig.compile`, an objective with a `compiled()` method (e.g. the SPIRe
+    objective, which compiles only the parts that gain) is trained and evaluated through what that
+    returns, and the trainer compiles nothing itself."""
+    calls = {"train": 0, "eval": 0}
+
+    def counted(model, batch):
+        calls["train" if torch.is_grad_enabled() else "eval"] += 1
+        return lm_objective(model, batch)
+
+    class OwnCompile:
+        def __call__(self, model, batch):
+            raise AssertionError("the trainer ran the objective, not its compiled form")
+
+        def compiled(self):
+            return counted
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the trainer compiled an objective that compiles itself")
+
+    monkeypatch.setattr(torch, "compile", no_compile)
+    cfg = TrainConfig(batch_size=4, seq_len=16, steps=3, eval_windows=4, log_every=1, compile=True)
+    run(tmp_path, cfg, objective=OwnCompile())
+    assert calls["train"] == 3 and calls["eval"] == 1
+
+
 @torch.no_grad()
 def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
     torch.manual_seed(0)

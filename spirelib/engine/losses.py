@@ -16,6 +16,8 @@ both against the plain definitions, value and gradients.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -64,6 +66,14 @@ def _chunk_parts(log_q: torch.Tensor, p: torch.Tensor, label: torch.Tensor, mix_
         return (*parts, q.scatter_add_(1, label, -torch.ones_like(label, dtype=q.dtype)))
     below = torch.where(q < p, q, 0.0)  # m * q
     return (*parts, mix_weight * (q - p) - (1.0 - mix_weight) * (below - q * below.sum(-1, keepdim=True)))
+
+
+@functools.cache
+def _compiled_chunk_parts():
+    """`_chunk_parts` compiled (torch.compile, one static graph per chunk shape): its dozen passes
+    over a (c, V) chunk (exp, the three parts, the gradient) fuse into a few loops; on this 2-core
+    CPU a SPIRe training step's heads and loss take about half the time (docs/benchmarks.md)."""
+    return torch.compile(_chunk_parts, dynamic=False)
 
 
 def _loss_of(parts, mix_weight):
@@ -139,7 +149,7 @@ class _HeadDraftLosses(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, target_h, target_weight, labels, mix_weight, chunk):
+    def forward(ctx, h, weight, target_h, target_weight, labels, mix_weight, chunk, chunk_parts_fn):
         acc = torch.promote_types(h.dtype, torch.float32)
         n = h.shape[0]
         w, tw, th = weight.to(h.dtype), target_weight.to(h.dtype), target_h.to(h.dtype)
@@ -152,7 +162,7 @@ class _HeadDraftLosses(torch.autograd.Function):
             hc = h[rows]  # (c, d)
             log_q = torch.log_softmax((hc @ w.T).to(acc), dim=-1)  # (c, V)
             p = torch.softmax((th[rows] @ tw.T).to(acc), dim=-1)
-            *chunk_parts, dz = _chunk_parts(log_q, p, labels[rows, None], mix_weight, need)
+            *chunk_parts, dz = chunk_parts_fn(log_q, p, labels[rows, None], mix_weight, need)
             for part, value in zip(parts, chunk_parts):
                 part[rows] = value
             if need:
@@ -168,12 +178,12 @@ class _HeadDraftLosses(torch.autograd.Function):
     def backward(ctx, grad_loss, *_):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss / ctx.n
-        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None, None, None, None
+        return (grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), *[None] * 6)
 
 
 def head_draft_losses(draft_x: torch.Tensor, draft_weight: torch.Tensor, target_x: torch.Tensor,
                       target_weight: torch.Tensor, labels: torch.Tensor, mix_weight: float | None,
-                      chunk: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                      chunk: int | None = None, compiled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`draft_losses(draft_x @ draft_weight^T, target_x @ target_weight^T, labels, mix_weight)`
     without either logits tensor: rows go through both unembeddings, the losses and the
     gradient in chunks of `chunk` rows (default: cache-sized on CPU, ~2^26 logits on GPU).
@@ -183,6 +193,8 @@ def head_draft_losses(draft_x: torch.Tensor, draft_weight: torch.Tensor, target_
     states); draft_weight (V, d) its unembedding (differentiable); target_x (..., d) and
     target_weight (V, d) the frozen target's normed last hidden states at the same positions
     and its unembedding; labels (...). Under autocast the matmuls run in the autocast dtype.
+    `compiled`: each chunk's softmax arithmetic, losses and gradient run compiled
+    (`_compiled_chunk_parts`; equal to eager up to rounding), the matmuls as they are.
     """
     device = draft_x.device.type
     if torch.is_autocast_enabled(device):
@@ -192,5 +204,6 @@ def head_draft_losses(draft_x: torch.Tensor, draft_weight: torch.Tensor, target_
         chunk = max(1, (1 << (26 if draft_x.is_cuda else 21)) // V)
     with torch.autocast(device, enabled=False):
         loss, *parts = _HeadDraftLosses.apply(draft_x.reshape(-1, d), draft_weight, target_x.reshape(-1, d),
-                                              target_weight, labels.reshape(-1), mix_weight, chunk)
+                                              target_weight, labels.reshape(-1), mix_weight, chunk,
+                                              _compiled_chunk_parts() if compiled else _chunk_parts)
     return loss, {name: part.view(labels.shape) for name, part in zip(PARTS, parts)}

@@ -21,6 +21,7 @@ Ablations (method §3.8) are `SpireConfig` flags; see `ABLATIONS`.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -370,24 +371,42 @@ class SpireObjective:
 
     `head` (norm, unembedding weight) is the teacher's head for the loss (default the target's
     own): a target sharded with FSDP2 passes a replicated copy (`training.fsdp.teacher_head`),
-    so that only `residual_stream` touches its sharded parameters."""
+    so that only `residual_stream` touches its sharded parameters.
+
+    `compiled()` is the same objective with what compiling speeds up compiled; the trainer runs
+    it under `TrainConfig.compile`."""
 
     def __init__(self, target: Transformer, head=None):
         self.target = target.eval().requires_grad_(False)
         self.head_norm, self.head_weight = (target.norm, target.unembed.weight) if head is None else head
+        self._teacher = target.residual_stream
+        self._compiled = False
+
+    def compiled(self) -> SpireObjective:
+        """This objective with the frozen target's forward and the loss's per-chunk arithmetic
+        (`head_draft_losses(compiled=True)`) compiled, one static graph per shape; the draft's k
+        passes stay eager. Measured on a 2-core CPU at the series' shapes (docs/benchmarks.md): the
+        two parts compiled make a step about 1.3x faster for ~20 s of compilation from a cold
+        cache; the whole step compiled is about 1.5x faster, but for ~2 min, most of it the
+        draft's k passes (~70 s for a fifth of their time). The results equal eager up to rounding."""
+        other = copy.copy(self)
+        other._teacher = torch.compile(self.target.residual_stream, dynamic=False)
+        other._compiled = True
+        return other
 
     def __call__(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = model.cfg
         inputs, labels = batch[:, :-1], batch[:, 1:]  # (B, T)
         read = model.memory_layers if cfg.target_activations else ()
         with torch.no_grad():
-            stream = self.target.residual_stream(inputs, layers=(*read, self.target.cfg.num_layers))  # (n_d+1, B, T, d)
+            stream = self._teacher(inputs, layers=(*read, self.target.cfg.num_layers))  # (n_d+1, B, T, d)
         hidden, positions = model.k_pass_hidden(inputs, stream[:-1], cfg.k)  # (B, n_blocks, k, d), (n_blocks, k)
         with torch.no_grad():
             target_x = self.head_norm(stream[-1][:, positions])  # (B, n_blocks, k, d)
         loss, parts = head_draft_losses(model.body.norm(hidden), model.body.unembed.weight, target_x,
                                         self.head_weight, labels[:, positions],
-                                        None if cfg.loss == "hard" else cfg.mix_weight)  # parts (B, n_blocks, k)
+                                        None if cfg.loss == "hard" else cfg.mix_weight,
+                                        compiled=self._compiled)  # parts (B, n_blocks, k)
         per_position = parts["alpha"].detach().mean(dim=(0, 1))  # (k,) acceptance of draft position j
         metrics = {"distill_ce": parts["distill_ce"].detach().mean(), "hard_ce": parts["hard_ce"].detach().mean(),
                    "alpha": per_position.mean()}

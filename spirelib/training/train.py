@@ -147,7 +147,7 @@ class TrainConfig:
     eval_windows: int = 32  # validation windows of seq_len + 1 tokens
     checkpoint_every: int = 100  # steps between checkpoints (and at the end)
     log_every: int = 10
-    compile: bool = False  # torch.compile the objective (model and loss together)
+    compile: bool = False  # torch.compile the objective (model and loss together; or its `compiled()` parts)
     seed: int = 0
     # Windows per forward/backward: each rank's share of the batch runs in micro-batches whose
     # gradients accumulate before the one optimizer step; 0 = the rank's whole share at once.
@@ -503,6 +503,11 @@ def train(
     elif not sharded:
         model.to(dev)
     # else: fully_shard moves one block at a time to the device (the whole model never is there)
+    # An objective that knows which of its parts compiling speeds up compiles those itself
+    # (`compiled()`, e.g. spire.SpireObjective's); any other is compiled whole, below.
+    compiles_itself = cfg.compile and not sharded and hasattr(objective, "compiled")
+    if compiles_itself:
+        objective = objective.compiled()
     eval_objective = eval_objective or objective
     units = fsdp_units(model)
     if budget_params is None:
@@ -554,7 +559,7 @@ def train(
         step_objective = ddp = nn.parallel.DistributedDataParallel(
             _ObjectiveStep(model, objective), device_ids=[dev.index] if dev.type == "cuda" else None,
             find_unused_parameters=True)
-    if cfg.compile:
+    if cfg.compile and not compiles_itself:
         # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
         # step is as fast as with real-valued RoPE, and eager is faster (spirelib.engine.rope).
         warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
