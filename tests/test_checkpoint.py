@@ -87,7 +87,8 @@ def test_files_are_hashed_in_chunks_and_an_older_checkpoints_one_digest_a_file_s
     weights = path / "model.safetensors"
     entry = meta["files"]["model.safetensors"]
     assert entry["size"] == weights.stat().st_size and len(entry["sha256"]) == -(-entry["size"] // 256) > 4
-    older = {**meta, "files": {name: checkpoint._sha256(path / name) for name in meta["files"]}}
+    assert meta["format"] == checkpoint.FORMAT == 2
+    older = {**meta, "format": 1, "files": {name: checkpoint._sha256(path / name) for name in meta["files"]}}
     (path / "meta.json").write_text(json.dumps(older))
     assert read_meta(path)["step"] == 1
     data = bytearray(weights.read_bytes())
@@ -99,6 +100,21 @@ def test_files_are_hashed_in_chunks_and_an_older_checkpoints_one_digest_a_file_s
     with pytest.raises(CheckpointError, match="model.safetensors is missing or fails its sha256"):
         read_meta(path)
     assert read_meta(path, verify=False)["step"] == 1
+
+
+@pytest.mark.parametrize("found", [3, None])
+def test_a_checkpoint_of_a_format_this_code_does_not_read_is_refused_saying_what_to_do(tmp_path, found):
+    """A newer format (a later spire-workbook wrote it) is refused with the advice to update the
+    checkout; a missing one, as any unreadable checkpoint, with the advice to delete it."""
+    model, _ = trained_pair()
+    path = tmp_path / "ck"
+    save_checkpoint(path, model, IDENTITY, step=1, finished=True)
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "format": found}))
+    with pytest.raises(CheckpointError, match=f"has format {found}, this code reads formats \\[1, 2\\]") as e:
+        read_meta(path)
+    assert ("update this checkout" in str(e.value)) == (found == 3)
+    assert f"delete {path}" in str(e.value)
 
 
 def test_interrupted_swap_falls_back_to_the_previous_checkpoint(tmp_path):

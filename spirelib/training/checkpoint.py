@@ -8,7 +8,8 @@ A checkpoint is a folder:
     rng.safetensors         torch CPU (and CUDA) generator states
     meta.json               {"format", "identity", "config_hash", "step", "finished",
                              "summary", "optimizer", "files": {name: {"size", "chunk", "sha256":
-                             [the sha256 of each `chunk` bytes]}}} (an older checkpoint: {name: sha256})
+                             [the sha256 of each `chunk` bytes]}}} (format 2; format 1, still
+                             read: "files": {name: sha256})
 
 `identity` is the full JSON-able description of what was trained (model config, training
 config, data checksum, objective, and whatever the caller adds, e.g. a target checkpoint's
@@ -39,7 +40,10 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-FORMAT = 1
+#: The meta.json layout written: 2, each file's size and the digests of its chunks; 1 (`READS` it too), each
+#: file's one sha256. A newer format than these is refused with the advice to update the code.
+FORMAT = 2
+READS = (1, 2)
 #: Bytes per digest of a checkpoint file: its chunks are hashed and verified in parallel over the ranks.
 DIGEST_CHUNK = 1 << 30
 #: The timeout of a distributed run's checkpoint collectives (`checkpoint_group`): while rank 0 writes a
@@ -309,8 +313,12 @@ def read_meta(path: Path, group=None, verify: bool = True) -> dict:
         files = meta["files"]
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {path} is corrupt: unreadable meta.json ({e}); {fix}") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {meta.get('format')}, this code reads {FORMAT}; {fix}")
+    found = meta.get("format")
+    if found not in READS:
+        newer = isinstance(found, int) and found > FORMAT
+        raise CheckpointError(f"checkpoint {path} has format {found}, this code reads formats {list(READS)}; " + (
+            "a newer spire-workbook wrote it: update this checkout (git pull, then make setup) to use it, "
+            f"or {fix}" if newer else fix))
     if not verify:
         return meta
     bad = [name for name, entry in files.items() if not (path / name).is_file()
