@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -27,13 +26,6 @@ from spirelib.modeling.perfmodel import ModelShape, body_params
 # trained first in the same process). CPU arithmetic is unchanged.
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-
-# On a machine of two cores or fewer, torch.compile builds its kernels in this process rather than in a
-# pool of worker processes (which it starts in every process that compiles): on a 2-core VM a cold
-# compile of the decoding graphs took 63-65 s against 73-79 s with the pool, whose start-up and
-# imports cost more than its parallel compiles gain there. A TORCHINDUCTOR_COMPILE_THREADS set is kept.
-if len(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)) <= 2:
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 @dataclass(frozen=True)
