@@ -2,6 +2,8 @@
 method on its own copy of the prefill) or run by run on the shared prefill; between cells, run
 by run."""
 
+import json
+
 import pytest
 import torch
 
@@ -88,9 +90,13 @@ def test_time_decoding_refuses_what_it_cannot_interleave(models):
         target.compile_decoding(False)
 
 
-def test_cells_take_turns_run_by_run(models):
+def test_cells_take_turns_run_by_run(models, tmp_path, monkeypatch):
     """Every pass runs each unfinished cell once (its run 0 a warm-up), so a slow minute of the
-    machine falls on every cell alike; the timings come back cell by cell."""
+    machine falls on every cell alike; the timings come back cell by cell. The runner's terminal is
+    told how many cells are done of all, and each cell's run of its most."""
+    from spirelib import frontend
+
+    monkeypatch.setenv(frontend.PROGRESS_ENV, str(tmp_path / "progress.jsonl"))
     target, factories = models
     seen = []
 
@@ -105,3 +111,7 @@ def test_cells_take_turns_run_by_run(models):
     assert seen == [(1, 16, 0), (2, 24, 0), (1, 16, 1), (2, 24, 1), (1, 16, 2), (2, 24, 2), (1, 16, 3), (2, 24, 3)]
     assert [(t.method, t.batch, t.context, len(t.seconds)) for t in timings] == [
         ("ad", 1, 16, 3), ("vanilla", 1, 16, 3), ("ad", 2, 24, 3), ("vanilla", 2, 24, 3)]
+    fed = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [(r["n"], r["total"], r["unit"]) for r in fed] == [(0, 2, "cell")] * 6 + [(1, 2, "cell"), (2, 2, "cell")]
+    assert [r["postfix"] for r in fed[-2:]] == ["(B, L) = (1, 16), run 3 of at most 3",
+                                               "(B, L) = (2, 24), run 3 of at most 3"]

@@ -127,12 +127,13 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
             _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c], interleave, layers,
                       timed[c] if runs[c] else None)  # run 0 warms up
             runs[c] += 1
-            feed("time AD and SD", sum(runs), len(cells) * (limit + 1), unit="run",
-                 postfix=f"(B, L) = {tuple(batch.shape)}",
-                 tokens_per_s=len(methods) * batch.shape[0] * new_tokens / (time.perf_counter() - start))
-            spent[c] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            spent[c] += seconds
             done[c] = runs[c] > repeats and (runs[c] > limit or spent[c] > max_seconds or not include_ad or all(
                 half_width(*speedup_interval(t, timed[c]["ad"])) <= ci for m, t in timed[c].items() if m != "ad"))
+            # cells done of all (how many runs a cell gets is known only once it has them)
+            feed("time AD and SD", sum(done), len(cells), unit="cell", postfix=f"(B, L) = {tuple(batch.shape)}, "
+                 f"run {runs[c] - 1} of at most {limit}", tokens_per_s=len(methods) * batch.shape[0] * new_tokens / seconds)
     return [t for cell in timed for t in cell.values()]
 
 
