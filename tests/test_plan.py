@@ -43,6 +43,26 @@ def test_a_training_run_costs_its_first_step_its_timed_steps_its_evaluations_and
     assert item.train_tokens == 10 * 2 * 16
     cached = plan._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=True)
     assert cached.seconds == 0 and cached.cached and all(v == 0 for v in cached.gpu_seconds.values())
+    warm = plan._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), False, warm=True)
+    assert warm.seconds == pytest.approx(item.seconds - 5.0 + 0.5)  # a first step like the others
+
+
+def test_ablation_runs_start_warm_where_an_earlier_run_of_the_notebook_compiled_the_same_graphs(fake_probes):
+    """05 trains every variant at every seed in one kernel: a run's first step compiles only where no
+    earlier run there had the same shapes, target layers read and loss (the spire variant, then
+    distill_only, hard_target, no_feedback_no_target_acts); the others, and every later seed, start warm."""
+    variants = ["spire", "random_init", "distill_only", "hard_target", "no_feedback", "no_feedback_no_target_acts"]
+    params = {"05_ablations": {"ablations": variants, "ablation_seeds": [0, 1],
+                               "ablation_training": {"batch_size": 2, "seq_len": 16, "steps": 4, "eval_every": 0,
+                                                     "eval_windows": 1, "compile": True},
+                               "ablation_context_length": 16, "n_contexts": 2, "decode_batch_size": 2}}
+    made = plan.make_plan(["05_ablations"], params, {})
+    runs = {i.what: i.seconds for i in made.items if " variant, seed " in i.what}
+    cold = {f"train the {v} variant, seed 0" for v in ("spire", "distill_only", "hard_target",
+                                                         "no_feedback_no_target_acts")}
+    assert len(runs) == 12 and len({runs[w] for w in cold}) == 1
+    for what, seconds in runs.items():
+        assert seconds == pytest.approx(runs["train the spire variant, seed 0"] - (0 if what in cold else 5.0 - 0.5)), what
 
 
 def test_a_spire_drafts_training_flops_count_the_teacher_once_and_every_position_once_not_k_times():

@@ -363,12 +363,16 @@ def _evaluations(train_cfg: TrainConfig, steps: int) -> int:
 
 
 def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_cfg: TrainConfig,
-                trained: ModelConfig, spire: SpireConfig | None, budget_params: int, cached: bool) -> Item:
+                trained: ModelConfig, spire: SpireConfig | None, budget_params: int, cached: bool,
+                warm: bool = False) -> Item:
+    """A training run's work and seconds: its first step (the probe's, which compiles and warms up; with
+    `warm`, an ordinary step: the notebook's process has run the same graphs already), its other
+    steps, evaluations and saves."""
     steps, tokens, flops, moved = training_work(cfg, train_cfg, trained, spire, budget_params)
     if cached:
         return Item(notebook, what, 0.0, flops, moved, tokens, cached=True, gpu_seconds={d: 0.0 for d in HARDWARE})
     saves = (steps - 1) // train_cfg.checkpoint_every + 1  # every checkpoint_every steps and at the end
-    seconds = (probe["first_step_s"] + (steps - 1) * probe["step_s"]
+    seconds = (probe["step_s" if warm else "first_step_s"] + (steps - 1) * probe["step_s"]
                + _evaluations(train_cfg, steps) * train_cfg.eval_windows * probe["eval_window_s"]
                + saves * probe["save_s"])
     return Item(notebook, what, seconds, flops, moved, tokens, gpu_seconds=_gpu(flops, moved, training=True))
@@ -413,6 +417,7 @@ class _Models:
 
     def __init__(self, series, probe: Probe, taus: dict[str, float]):
         self.series, self.probe, self.done, self.taus = series, probe, set(), taus
+        self.started: set = set()  # (notebook, what a SPIRe run compiles): run once in that notebook's process
         self.target_cfg = series.target
         self.target_hash, self.target_dir, self.vanilla_dir, self.spire_dir = pipeline.planned_run_dirs(
             series.target, series.target_training, series.data(), series.imported)
@@ -476,8 +481,15 @@ class _Models:
         with torch.device("meta"):  # the trainer's budget counts the draft's trainable parameters
             draft = SpireDraftModel.from_target(Transformer(self.target_cfg), cfg, device="meta")
         budget = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+        # A variant's graphs (compiled, `SpireObjective.compiled`) are those of an earlier run in the same
+        # notebook where the shapes, the target layers read and the loss agree: its first step is then warm.
+        graphs = (notebook, train_cfg.batch_size, train_cfg.seq_len, train_cfg.micro_batch_size, train_cfg.compile,
+                  cfg.num_layers, cfg.target_activations, cfg.loss, cfg.mix_weight)
+        warm = not cached and graphs in self.started
+        if not cached:
+            self.started.add(graphs)
         return [_train_item(notebook, label or f"train the SPIRe draft ({cfg.num_layers} blocks, k = {cfg.k})", probe,
-                            self.target_cfg, train_cfg, trained, cfg, budget, cached)]
+                            self.target_cfg, train_cfg, trained, cfg, budget, cached, warm)]
 
 
 def _target_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
