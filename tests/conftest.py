@@ -10,11 +10,14 @@ from pathlib import Path
 # `make test` runs the suite on two pytest-xdist workers (`--dist loadfile`: a file's tests stay on
 # one worker, so its module fixtures are built once and its tests keep their order). On 2 cores each
 # worker computes on one thread, set before torch is imported (kernels and torchrun ranks the tests
-# start inherit it), and trains into its own model cache: two workers training the same smoke model
-# would race on its checkpoint folder.
+# start inherit it), compiles in its own process (torch.compile's default pool of compile workers per
+# process would put four on two cores; the compiled-decoding test's cold compile, alone on the
+# machine, took 63-65 s in-process against 73-79 s with the pool), and trains into its own model
+# cache: two workers training the same smoke model would race on its checkpoint folder.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     os.environ.setdefault("SPIRE_CACHE_DIR", str(Path(__file__).resolve().parent.parent / "outputs" / f"cache-{WORKER}"))
 
 import pytest  # noqa: E402
