@@ -385,8 +385,8 @@ class SpireObjective:
     def compiled(self) -> SpireObjective:
         """This objective with the frozen target's forward and the loss's per-chunk arithmetic
         (`head_draft_losses(compiled=True)`) compiled, one static graph per shape; the draft's k
-        passes stay eager. Measured on a 2-core CPU at the series' shapes (docs/benchmarks.md): the
-        two parts compiled make a step about 1.3x faster for ~20 s of compilation from a cold
+        passes stay eager. Measured through the trainer on a 2-core CPU (docs/benchmarks.md): a step
+        1.22x faster at 4 x 1,024 and 1.05x at 4 x 640, for 14-17 s of compilation from a cold
         cache; the whole step compiled is about 1.5x faster, but for ~2 min, most of it the
         draft's k passes (~70 s for a fifth of their time). The results equal eager up to rounding."""
         other = copy.copy(self)
