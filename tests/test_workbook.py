@@ -15,7 +15,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from terminal import terminal_output
 
 from spirelib import cli
-from spirelib.workbook import progress, results, runner
+from spirelib.workbook import execute, progress, results, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -356,19 +356,19 @@ def test_injected_parameters_read_as_a_block(params_file):
     for section in params["notebooks"].values():
         values.update(section)
     code = translator.codify(values)
-    too_long = [line for line in code.splitlines() if len(line) > runner.INJECTED_WIDTH]
-    assert not too_long, f"{len(too_long)} injected lines over {runner.INJECTED_WIDTH} characters: {too_long[0]}"
+    too_long = [line for line in code.splitlines() if len(line) > execute.INJECTED_WIDTH]
+    assert not too_long, f"{len(too_long)} injected lines over {execute.INJECTED_WIDTH} characters: {too_long[0]}"
     namespace = {}
     exec(code, namespace)  # noqa: S102 - our own literal, checked to round-trip
     assert {k: namespace[k] for k in values} == values
-    if len(str(params["series"])) > runner.INJECTED_WIDTH:  # a long series section spans lines: a block
+    if len(str(params["series"])) > execute.INJECTED_WIDTH:  # a long series section spans lines: a block
         assert code.splitlines()[1] == "series = {"
 
 
 def test_python_literal_breaks_only_what_does_not_fit():
     value = {"a": [1, 2], "b": {"c": "x" * 30, "d": {"e": 1.5, "f": None, "g": True}}}
-    assert runner.python_literal(value) == ('{"a": [1, 2], "b": {"c": "' + "x" * 30
+    assert execute.python_literal(value) == ('{"a": [1, 2], "b": {"c": "' + "x" * 30
                                             + '", "d": {"e": 1.5, "f": None, "g": True}}}')
-    assert runner.python_literal(value, width=50) == (
+    assert execute.python_literal(value, width=50) == (
         '{\n    "a": [1, 2],\n    "b": {\n        "c": "' + "x" * 30 + '",\n'
         '        "d": {"e": 1.5, "f": None, "g": True},\n    },\n}')

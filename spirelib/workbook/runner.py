@@ -35,6 +35,7 @@ import argparse
 import ast
 import contextlib
 import datetime
+import json
 import logging
 import os
 import re
@@ -43,16 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import papermill
-from jupyter_client.manager import AsyncKernelManager
-from papermill.translators import PythonTranslator, papermill_translators
-
-from spirelib.frontend import HEADLESS_ENV, PROGRESS_ENV
 from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
-from spirelib.workbook import deploy, findings, progress, report, results
+from spirelib.workbook import deploy, findings, progress, results
 from spirelib.workbook import plan as work
 from spirelib.workbook.tables import measured
 
@@ -123,17 +119,41 @@ def _matches(stem: str, wanted: str) -> bool:
 
 # ---------------------------------------------------------------------------- params
 
+def parameters_cell(notebook: Path) -> dict[str, dict[str, str]]:
+    """The notebook's `parameters` cell read without a kernel or papermill (a core install checks params
+    files too): name -> {"inferred_type_name": its annotation, "default": its value's source}, as
+    `papermill.inspect_notebook` reports them ("None" for an assignment without an annotation)."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"]
+             if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ParamsError(f"{notebook.name}: needs exactly one cell tagged 'parameters', found {len(cells)}")
+    source = "".join(cells[0]["source"])
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ParamsError(f"{notebook.name}: its parameters cell is not valid Python: {e}") from None
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            found[node.target.id] = {"inferred_type_name": ast.unparse(node.annotation),
+                                     "default": ast.get_source_segment(source, node.value)}
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = {"inferred_type_name": "None",
+                                         "default": ast.get_source_segment(source, node.value)}
+    return found
+
+
 def declared_parameters(notebook: Path | dict) -> dict[str, str]:
     """Parameter name -> annotated type name of the notebook's `parameters` cell (no kernel);
-    `notebook` may be its `papermill.inspect_notebook` already."""
-    cell = notebook if isinstance(notebook, dict) else papermill.inspect_notebook(str(notebook))
+    `notebook` may be its `parameters_cell` already."""
+    cell = notebook if isinstance(notebook, dict) else parameters_cell(notebook)
     return {name: p["inferred_type_name"] for name, p in cell.items()}
 
 
 def default_parameters(notebook: Path | dict) -> dict[str, Any]:
     """Parameter name -> default value of the notebook's `parameters` cell, for those whose
-    default is a Python literal (no kernel); `notebook` may be its `papermill.inspect_notebook`."""
-    cell = notebook if isinstance(notebook, dict) else papermill.inspect_notebook(str(notebook))
+    default is a Python literal (no kernel); `notebook` may be its `parameters_cell`."""
+    cell = notebook if isinstance(notebook, dict) else parameters_cell(notebook)
     out = {}
     for name, p in cell.items():
         with contextlib.suppress(ValueError, SyntaxError):
@@ -250,7 +270,7 @@ def prepare(params_file: Path, notebooks_dir: Path, only: str | None = None, *, 
     down by `dry_run_parameters` for a dry run."""
     params = with_corpus_path(load_params(params_file), corpus_path)
     series = discover(notebooks_dir)
-    cells = {p.stem: papermill.inspect_notebook(str(p)) for p in series}  # each parameters cell, read once
+    cells = {p.stem: parameters_cell(p) for p in series}  # each parameters cell, read once
     declared = {stem: declared_parameters(cell) for stem, cell in cells.items()}
     injected = resolve(params, declared, source=str(params_file))
     if dry_run:
@@ -282,21 +302,6 @@ def dry_run_corpus(params_file: Path, out_dir: Path, write: bool = True) -> str 
 
 # ---------------------------------------------------------------------------- running
 
-@contextlib.contextmanager
-def _environment(**values: str):
-    """Set environment variables for the kernels started inside, restoring them afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
@@ -315,6 +320,23 @@ def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out
     return work.make_plan([nb.stem for nb in selected], parameters, series, taus)
 
 
+class MissingExtra(RuntimeError):
+    """`spire run` was asked to execute notebooks on an install without the notebook extra."""
+
+
+def notebook_stack():
+    """The modules that execute notebooks and export them (`execute`, `report`: papermill, jupyter,
+    nbconvert, plotly), imported only when a run executes notebooks: every other command starts on
+    a core install. Raises `MissingExtra`, saying what to install, where they are missing."""
+    try:
+        from spirelib.workbook import execute, report
+    except ModuleNotFoundError as e:
+        raise MissingExtra(f"spire run executes the notebooks, which needs the notebook extra ({e.name} is missing): "
+                           "pip install 'spire-workbook[notebooks]' (or make setup); spire train, bench, check "
+                           "and deploy run without it") from None
+    return execute, report
+
+
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
         log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0, *,
         dry_run: bool = False, corpus_path: str | None = None, plan_only: bool = False) -> int:
@@ -322,6 +344,8 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     `dry_run`: every budget scaled down (module docstring); `corpus_path` replaces the series'.
     The run's plan (`work_plan`) is printed first and kept in run.json (not for a dry run, whose
     budgets are not the file's); `plan_only`: print it, run nothing."""
+    if not plan_only:  # before any compute: the plan calibrates
+        execute, report = notebook_stack()
     if dry_run and corpus_path is None:
         load_params(params_file)  # a broken file is reported before any fixture is written
         corpus_path = dry_run_corpus(params_file, out_dir)
@@ -366,7 +390,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         feed = out_dir / "progress" / f"{nb.stem}.jsonl"
         feed.unlink(missing_ok=True)
         with progress.Watch(header, feed, entry["planned_s"], sys.stdout, live) as watch:
-            status, seconds, error = _execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
+            status, seconds, error = execute.execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
                                               cell_timeout, dry_run, feed)
         entry.update(status=status, seconds=round(seconds, 2), error=error)
         all_results = results.read_json(results_file)
@@ -396,89 +420,6 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     print(progress.summary(record, [nb.stem for nb in selected], out_dir, verdict or None))
     print(f"reports: {index}")
     return 0 if status == "ok" else (130 if status == "interrupted" else 1)
-
-
-_QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every start otherwise
-
-
-class QuietShutdownKernelManager(AsyncKernelManager):
-    """jupyter_client's kernel manager (nbclient's default), except that shutting a kernel down
-    does not interrupt it first. jupyter_client sends SIGINT before every shutdown request; the
-    kernel of a finished notebook is idle, and ipykernel reports the signal on the runner's
-    terminal as "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." after every notebook.
-    The shutdown request alone ends an idle kernel; a busy one (a cell past its timeout, a run
-    stopped with Ctrl-C) gets the SIGTERM that follows when it has not exited within
-    `shutdown_wait_time`."""
-
-    async def _async_interrupt_kernel(self) -> None:
-        if not self.shutting_down:
-            await super()._async_interrupt_kernel()
-
-
-INJECTED_WIDTH = 120  # no line of an injected parameters cell is longer
-
-
-def python_literal(value, indent: int = 0, column: int = 0, width: int = INJECTED_WIDTH) -> str:
-    """`value` (plain YAML data) as a Python literal that reads as a block: on one line when it fits
-    in `width` from `column`, where it starts, else a dict or list with one entry per line, indented
-    by 4 from `indent` (its line's indentation) and nested the same way."""
-    flat = PythonTranslator.translate(value)
-    if column + len(flat) <= width or not isinstance(value, (dict, list)) or not value:
-        return flat
-    pad = " " * (indent + 4)
-    if isinstance(value, dict):
-        keys = [f"{PythonTranslator.translate_str(k)}: " for k in value]
-        items = [f"{pad}{key}{python_literal(v, indent + 4, indent + 4 + len(key) + 1, width)},"
-                 for key, v in zip(keys, value.values())]  # + 1: the comma
-        opening, closing = "{", "}"
-    else:
-        items = [f"{pad}{python_literal(v, indent + 4, indent + 5, width)}," for v in value]
-        opening, closing = "[", "]"
-    return opening + "\n" + "\n".join(items) + "\n" + " " * indent + closing
-
-
-class ReadableTranslator(PythonTranslator):
-    """papermill's Python translator, writing each injected parameter as a block (`python_literal`)
-    instead of one line: a report's series section (600 characters) reads as the params file did."""
-
-    @classmethod
-    def codify(cls, parameters, comment="Parameters"):
-        lines = [cls.comment(comment)] + [f"{name} = {python_literal(value, 0, len(name) + 3)}"
-                                          for name, value in parameters.items()]
-        return "\n".join(lines) + "\n"
-
-
-papermill_translators.register("python", ReadableTranslator)
-
-
-def _execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str,
-             cell_timeout: float | None, dry_run: bool = False, feed: Path | None = None):
-    """Run one notebook with papermill: (status, seconds, error message or None). A dry run's
-    models go to <out>/cache unless SPIRE_CACHE_DIR says where. The kernel's progress bars feed
-    the file `feed` (`spirelib.workbook.progress`)."""
-    nb_results = out_dir / "results" / f"{nb.stem}.json"
-    for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
-        stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
-    start = time.perf_counter()
-    env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
-           results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve()),
-           HEADLESS_ENV: "1", PROGRESS_ENV: str(feed.resolve()) if feed else ""}
-    if dry_run and not os.environ.get("SPIRE_CACHE_DIR"):
-        env["SPIRE_CACHE_DIR"] = str((out_dir / "cache").resolve())
-    try:
-        with _environment(**env):
-            papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
-                                       cwd=str(cwd), kernel_name=kernel, log_output=log_output,
-                                       progress_bar=False, extra_arguments=_QUIET_KERNEL,
-                                       execution_timeout=cell_timeout,
-                                       kernel_manager_class=QuietShutdownKernelManager)
-        return "ok", time.perf_counter() - start, None
-    except papermill.PapermillExecutionError as e:
-        return "failed", time.perf_counter() - start, f"{e.ename}: {e.evalue}"
-    except KeyboardInterrupt:
-        return "interrupted", time.perf_counter() - start, "interrupted by the user"
-    except Exception as e:  # kernel death, timeouts: the run record says what happened
-        return "failed", time.perf_counter() - start, f"{type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------------------- command line
@@ -523,6 +464,6 @@ def command(args: argparse.Namespace) -> int:
         return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
                    args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path,
                    plan_only=args.plan)
-    except (ParamsError, FileNotFoundError) as e:
+    except (ParamsError, FileNotFoundError, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
