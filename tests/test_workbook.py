@@ -372,3 +372,13 @@ def test_python_literal_breaks_only_what_does_not_fit():
     assert execute.python_literal(value, width=50) == (
         '{\n    "a": [1, 2],\n    "b": {\n        "c": "' + "x" * 30 + '",\n'
         '        "d": {"e": 1.5, "f": None, "g": True},\n    },\n}')
+
+
+def test_parameters_cells_read_without_papermill_as_papermill_reads_them():
+    import papermill
+
+    for nb in runner.discover(ROOT / "notebooks"):
+        ours = runner.parameters_cell(nb)
+        theirs = papermill.inspect_notebook(str(nb))
+        assert {k: (v["inferred_type_name"], v["default"]) for k, v in ours.items()} == \
+               {k: (v["inferred_type_name"], v["default"]) for k, v in theirs.items()}, nb.name
