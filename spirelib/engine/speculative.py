@@ -352,32 +352,37 @@ def autoregressive_rounds(
 ) -> Iterator[None]:
     """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`).
     At temperature 0 a step's forward ends in the argmax (inside its compiled graph, under
-    compiled decoding); otherwise it returns the logits, sampled here."""
+    compiled decoding); otherwise it returns the logits, sampled here. Each step's token is copied
+    into the generation's own buffer, which the next step reads: under CUDA graphs a replay's
+    output lives in the graphs' pool until the next replay, of any graph, overwrites it."""
     timer = timer or _no_timer
     greedy = temperature == 0
+    B = contexts.shape[0]
+    tokens = torch.empty(B, max_new_tokens, dtype=torch.long, device=contexts.device)  # (B, G)
 
     def emit(out: torch.Tensor) -> torch.Tensor:  # a forward's `last_logits` -> the next tokens (B,)
         return out if greedy else sample(probabilities(out, temperature), generator)
 
-    generated = []
+    first = 0  # the next token to emit
     with timer("prefill"):
         capacity = contexts.shape[1] + max_new_tokens
         if prefilled is None:  # the whole contexts, the first new token read from the prefill's logits
-            B, L = contexts.shape
+            L = contexts.shape[1]
             lengths = _context_lengths(contexts, lengths)
             cache = target.new_cache(B, capacity)
             positions = torch.arange(L, device=contexts.device).expand(B, L)
-            pending = emit(target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],
-                                              last=lengths - 1, greedy=greedy))  # (B,)
-            generated.append(pending)
+            tokens[:, 0] = emit(target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],
+                                                   last=lengths - 1, greedy=greedy))
+            pending, first = tokens[:, :1], 1  # (B, 1)
         else:
             cache, pending = _reuse(prefilled, capacity, ())
-    for _ in range(max_new_tokens - len(generated)):
+            pending = pending[:, None]  # (B, 1)
+    for j in range(first, max_new_tokens):
         with timer("verify"):
-            out = target.last_logits(pending[:, None], cache.lengths[:, None], cache, greedy=greedy)  # (B,) | (B, V)
+            out = target.last_logits(pending, cache.lengths[:, None], cache, greedy=greedy)  # (B,) | (B, V)
         with timer("bookkeeping"):
-            pending = emit(out)
-            generated.append(pending)
+            tokens[:, j] = emit(out)
+            pending = tokens[:, j : j + 1]  # (B, 1)
         yield
     cache.check()
-    return Generation(torch.stack(generated, dim=1))
+    return Generation(tokens)

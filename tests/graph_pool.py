@@ -1,0 +1,116 @@
+"""CUDA graph trees' output rule, on the CPU: a stand-in for compiled decoding (`GraphPool`).
+
+Under `torch.compile(mode="reduce-overhead")` every compiled graph of a device replays into one
+memory pool, and each replay, of any graph, may overwrite the outputs of the replays before it
+(torch raises "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent
+run" where it can tell). A consumer must finish with an output, or copy what it keeps, before the
+next replay. The CPU's compiled graphs allocate fresh outputs, so no CPU run shows such a bug.
+
+`GraphPool.install(models)` replaces each model's compiled forward (`Transformer._compiled`,
+`SpireDraftModel._compiled_step`) with its eager code, run as a "replay": before it runs, every
+output any earlier replay returned is overwritten with garbage (NaN, or an out-of-range token id),
+as a pool reused by the next replay would be. A decoding path that reads an output after the next
+replay, or feeds one into it, then computes from garbage and no longer equals eager decoding.
+
+The pool also counts what a GPU user pays per round (`OpCounter`): the replays, and the aten ops
+dispatched outside them (each a kernel launch on a GPU; views, which launch nothing, apart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from spirelib.engine.spire import SpireDraftModel
+from spirelib.engine.transformer import Transformer
+
+GARBAGE_TOKEN = -(2 ** 40)  # no embedding has this row: a token read after the next replay fails loudly
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, (list, tuple)):
+        for item in out:
+            yield from _tensors(item)
+
+
+class GraphPool:
+    """One device's pool of graph outputs, shared by every model installed in it."""
+
+    def __init__(self):
+        self.live: list[torch.Tensor] = []  # outputs of replays since the last overwrite
+        self.replays = 0
+        self.inside = False  # a replay is running: its ops are the graph's, not eager ops
+
+    def overwrite(self) -> None:
+        """What the next replay does to every output before it."""
+        with torch.no_grad():
+            for t in self.live:
+                t.fill_(float("nan") if t.is_floating_point() else (GARBAGE_TOKEN if t.dtype != torch.bool else True))
+        self.live.clear()
+
+    def replay(self, fn):
+        def run(*args, **kwargs):
+            self.overwrite()
+            self.replays += 1
+            self.inside = True
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                self.inside = False
+            self.live.extend(_tensors(out))
+            return out
+        return run
+
+    def install(self, *models) -> GraphPool:
+        """Decode `models` (targets and SPIRe drafts; None is skipped) through this pool."""
+        for model in models:
+            if isinstance(model, SpireDraftModel):
+                model._compiled_step = self.replay(model._step)
+            elif isinstance(model, Transformer):
+                model._compiled = self.replay(model._stream)
+            elif model is not None:
+                raise TypeError(f"no compiled forward to stand in for on {type(model).__name__}")
+        return self
+
+    @staticmethod
+    def uninstall(*models) -> None:
+        for model in models:
+            if isinstance(model, SpireDraftModel):
+                model._compiled_step = None
+            elif isinstance(model, Transformer):
+                model._compiled = None
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched outside `pool`'s replays: `ops` (kernels a GPU would
+    launch one by one from the host) and `views` (metadata only), per op name in `names`."""
+
+    def __init__(self, pool: GraphPool):
+        super().__init__()
+        self.pool = pool
+        self.ops = 0
+        self.views = 0
+        self.names: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.pool.inside:
+            if func.is_view or func.overloadpacket.__name__ in ("detach", "lift_fresh"):
+                self.views += 1
+            else:
+                self.ops += 1
+                self.names[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting(pool: GraphPool):
+    """(OpCounter, replays before) over the block: `pool.replays - before` replays ran inside."""
+    counter = OpCounter(pool)
+    before = pool.replays
+    with counter:
+        yield counter, before

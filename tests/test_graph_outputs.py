@@ -1,0 +1,153 @@
+"""Compiled decoding under CUDA graphs' output rule (`graph_pool.GraphPool`): every output a
+replay returns is garbage after the next replay, of any graph. Through that stand-in, AD (greedy
+and sampled), speculative decoding with every draft (its prefill, draft passes and verification),
+a prefill shared by several generations, generations interleaved round by round, and the tau
+protocol all equal eager decoding, token for token and count for count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graph_pool import GraphPool
+from test_speculative import CFG, peaky_model
+
+from spirelib.engine.drafts import MagicDecDraft, VanillaDraft
+from spirelib.engine.kvcache import SinkWindow
+from spirelib.engine.speculative import (
+    autoregressive_generate,
+    autoregressive_rounds,
+    finish,
+    prefill,
+    speculative_capacity,
+    speculative_generate,
+    speculative_rounds,
+)
+from spirelib.engine.spire import SpireConfig, SpireDraft, SpireDraftModel, spire_draft
+from spirelib.engine.tau import TauProtocol, measure_tau
+from spirelib.engine.transformer import ModelConfig
+
+G, K = 12, 3
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = peaky_model(std=0.15)  # sampled tokens vary: an overwritten distribution shows
+    small = peaky_model(ModelConfig(vocab_size=CFG.vocab_size, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2,
+                                    d_head=8, d_ff=32), seed=5, std=0.15)
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=K)).eval()
+    plain = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=K, feedback=False,
+                                                            target_activations=False)).eval()
+    return {"target": target, "small": small, "spire": spire, "plain": plain}
+
+
+def drafts(models, temperature, generator):
+    """Every kind of draft the engine decodes with, sampling at `temperature` from `generator`."""
+    target = models["target"]
+    return {"vanilla": VanillaDraft(models["small"], temperature, generator),
+            "magicdec": MagicDecDraft(target, SinkWindow(1, 6), temperature=temperature, generator=generator),
+            "spire": SpireDraft(models["spire"], temperature, generator),
+            "spire, no target activations": spire_draft(models["plain"], temperature, generator)}
+
+
+CONTEXTS = torch.randint(0, CFG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(3))
+LENGTHS = torch.tensor([16, 13, 16, 11])  # ragged: the prefill's padding is masked
+
+
+def decode_all(models, temperature):
+    """{name: (tokens (B, G), accepted (B, R) or None)} for AD and SD with every draft, each from
+    its own seed, the prefill compiled (ragged contexts)."""
+    out = {}
+    gen = torch.Generator().manual_seed(1)
+    ad = autoregressive_generate(models["target"], CONTEXTS, G, temperature=temperature, lengths=LENGTHS,
+                                 generator=gen)
+    out["ad"] = (ad.tokens, None)
+    for i, (name, _) in enumerate(drafts(models, temperature, None).items()):
+        gen = torch.Generator().manual_seed(10 + i)
+        draft = drafts(models, temperature, gen)[name]
+        sd = speculative_generate(models["target"], draft, CONTEXTS, G, k=K, temperature=temperature,
+                                  lengths=LENGTHS, generator=gen)
+        out[name] = (sd.tokens, sd.accepted)
+    return out
+
+
+def through_pool(models, run):
+    pool = GraphPool().install(models["target"], models["small"], models["spire"], models["plain"])
+    try:
+        return run(), pool.replays
+    finally:
+        GraphPool.uninstall(*models.values())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_every_decoding_path_equals_eager_when_each_replay_overwrites_the_outputs_before_it(models, temperature):
+    eager = decode_all(models, temperature)
+    pooled, replays = through_pool(models, lambda: decode_all(models, temperature))
+    assert replays > 5 * G  # every forward ran as a replay
+    for name, (tokens, accepted) in eager.items():
+        assert torch.equal(pooled[name][0], tokens), name
+        assert accepted is None or torch.equal(pooled[name][1], accepted), name
+
+
+def test_a_shared_prefill_and_generations_interleaved_round_by_round_equal_eager(models):
+    target = models["target"]
+
+    def interleaved():
+        """AD and SD with every draft over one prefill's copies, a round of each in turn (as
+        wallclock times them), sampled."""
+        capacity = speculative_capacity(CONTEXTS.shape[1], G, K)
+        every = drafts(models, 1.0, None)
+        shared = prefill(target, CONTEXTS, LENGTHS, capacity=capacity,
+                         layers=tuple(sorted({i for d in every.values() for i in d.target_layers})))
+        gens = {name: torch.Generator().manual_seed(20 + i) for i, name in enumerate(["ad", *every])}
+        made = drafts(models, 1.0, None)
+        runs = {"ad": autoregressive_rounds(target, CONTEXTS, G, temperature=1.0, generator=gens["ad"],
+                                            prefilled=shared.copy())}
+        for name in every:
+            draft = made[name]
+            draft.generator = gens[name]
+            runs[name] = speculative_rounds(target, draft, CONTEXTS, G, K, temperature=1.0, generator=gens[name],
+                                            prefilled=shared.copy())
+        done = {}
+        while runs:
+            for name in list(runs):
+                try:
+                    next(runs[name])
+                except StopIteration as end:
+                    done[name] = end.value.tokens
+                    del runs[name]
+        return done
+
+    eager = interleaved()
+    pooled, _ = through_pool(models, interleaved)
+    for name, tokens in eager.items():
+        assert torch.equal(pooled[name], tokens), name
+
+
+def test_the_tau_protocol_counts_equal_eager(models):
+    target = models["target"]
+    protocol = TauProtocol(k=K, new_tokens=G, temperature=1.0, batch_size=3, seed=4)
+    contexts = {16: torch.randint(0, CFG.vocab_size, (5, 16), generator=torch.Generator().manual_seed(8))}
+
+    def tau():
+        factories = {name: (lambda gen, name=name: drafts(models, 1.0, gen)[name])
+                     for name in drafts(models, 1.0, None)}
+        return measure_tau(target, factories, contexts, protocol)
+
+    eager = tau()
+    pooled, _ = through_pool(models, tau)
+    for name, by_length in eager.items():
+        assert torch.equal(pooled[name][16].accepted, by_length[16].accepted), name
+
+
+def test_the_pool_catches_an_output_kept_past_the_next_replay(models):
+    """The stand-in itself: a caller that keeps a replay's output sees it overwritten."""
+    target = models["target"]
+    pool = GraphPool().install(target)
+    try:
+        cache = target.new_cache(2, 8)
+        first = target.last_logits(CONTEXTS[:2, :4], None, cache, greedy=True)  # (2,) tokens, in the pool
+        kept, copied = first, first.clone()
+        target.last_logits(copied[:, None], cache.lengths[:, None], cache, greedy=True)
+        assert not torch.equal(kept, copied) and torch.all(kept < 0)
+    finally:
+        GraphPool.uninstall(target)
