@@ -118,7 +118,7 @@ def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such()
              "profiled_speedup": 1.0, "profiled_error": 0.111}]}}
     (kind, good, text), = _claim_ablations({}, results)
     assert kind == "reproduced" and not good
-    assert "sparse KV (+0.76x)" in text and "Not resolved at this scale (no rank): feedback" in text
+    assert "sparse KV (modeled, no interval, +0.76x)" in text and "Not resolved at this scale (no rank): feedback" in text
     assert "feedback (+0.01x)" not in text
     claims = _claim_measured({}, results)
     assert any("profiled cost model" in t and "median error 11% over all 1 cells" in t and not ok
@@ -133,6 +133,7 @@ def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
         "component_delta_tau": {"target activations": {"mean": -0.131, "ci95": 0.053, "resolved": True}}}}
     (_, ok, claim), = findings._claim_ablations({}, results)
     assert not ok and "harmful here, removing it raises tau: target activations (-0.131 ± 0.053 tau, -0.08x;" in claim
+    assert "own 95% interval, uncorrected" in claim and "sparse KV (modeled, no interval, +0.76x)" in claim
     details = text(findings.ablation_ranking({}, results))
     assert "harmful here target activations (-0.08x) -0.131 ± 0.053 tau 2" in details
     assert "1 sparse KV (+0.76x)" in details
@@ -146,10 +147,11 @@ def ablation_run(seeds: int) -> tuple[dict, list[str]]:
     per_seed = (-0.034, -0.054)[:seeds]
     deltas = {"target activations": DeltaTau(sum(per_seed) / seeds, 0.02, per_seed, 128),
               "feedback": DeltaTau(0.01, 0.3, (0.01,) * seeds, 128)}
-    ranked = tables.ranking([("sparse KV", 0.76), ("feedback", 0.01), ("target activations", -0.08)], deltas)
+    shown = {"target activations": True, "feedback": False}
+    ranked = tables.ranking([("sparse KV", 0.76), ("feedback", 0.01), ("target activations", -0.08)], deltas, shown)
     stats = {"spire": DeltaTau(3.0, 0.1, (3.0,) * seeds, 128)}
-    recorded = tables.ablation_results(stats, ranked, {}, deltas, list(range(seeds)), False, {"scale": "tiny"})
-    taus = {part: d.to_dict() for part, d in deltas.items()}
+    recorded = tables.ablation_results(stats, ranked, {}, deltas, shown, list(range(seeds)), False, {"scale": "tiny"})
+    taus = recorded["component_delta_tau"]
     return {"05_ablations": recorded}, tables.lead(ranked, 100, 100, interval=recorded["interval"], taus=taus)
 
 
@@ -163,13 +165,15 @@ def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():
         assert html.escape(lead[0], quote=True) in claim and not ok, (seeds, claim, lead[0])
         details = text(findings.ablation_ranking({}, results))
         if seeds == 2:
-            assert lead[0].startswith("Over training randomness (2 seeds per variant, the target fixed): 1 of 3 parts "
-                                      "are resolved as helping at this scale: sparse KV (+0.76x)")
+            assert lead[0].startswith("Over training randomness (2 seeds per variant, the target fixed; family-wise "
+                                      "over the table's 2 comparisons, Holm at 5%): 1 of 3 parts help at this scale "
+                                      "(a measured part only when resolved): sparse KV (modeled, no interval, +0.76x)")
             assert "harmful here target activations (-0.08x) -0.044 ± 0.020 tau 2" in details
         else:
             assert lead[0].startswith("For one trained draft per variant (one seed, the target fixed; not over "
-                                      "training randomness): 1 of 3 parts help this trained draft beyond its "
-                                      "contexts' noise")
+                                      "training randomness; family-wise over the table's 2 comparisons, Holm at "
+                                      "5%): 1 of 3 parts help this trained draft (a measured part only beyond its "
+                                      "contexts' noise)")
             assert "resolved" not in lead[0] and "hurts this trained draft target activations (-0.08x)" in details
             assert "rank (only parts that help this trained draft)" in details
         assert "For one trained draft" in details if seeds == 1 else "Over training randomness" in details

@@ -60,23 +60,26 @@ def test_seed_taus_and_interval_note_say_what_the_intervals_are_about():
     assert list(taus) == ["spire", "hard_target"]
     assert taus["spire"] == tau_over_seeds([COUNTS[0]["spire"], COUNTS[1]["spire"]])
     deltas = tables.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire")})
-    assert tables.interval_note(deltas) == {"scope": "training", "about": "training randomness (2 seeds, target fixed)",
-                                            "seeds": 2, "n_contexts": 2, "df_seeds": 1, "df_contexts": 1,
-                                            "target": "fixed"}
+    assert tables.interval_note(deltas, 6) == {
+        "scope": "training", "about": "training randomness (2 seeds, target fixed)", "seeds": 2, "n_contexts": 2,
+        "df_seeds": 1, "df_contexts": 1, "target": "fixed",
+        "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6}}
     one = tables.paired_deltas({0: COUNTS[0]}, {"hard_target": ("hard_target", "spire")})
-    assert tables.interval_note(one)["scope"] == "draft" and tables.interval_note(one)["df_seeds"] is None
-    assert tables.interval_note({}) is None
+    assert tables.interval_note(one, 1)["scope"] == "draft" and tables.interval_note(one, 1)["df_seeds"] is None
+    assert tables.interval_note({}, 0) is None
 
 
-def test_ranking_over_seeds_uses_resolved_and_with_one_seed_what_the_draft_shows():
+def test_ranking_takes_the_family_wise_verdicts_over_seeds_and_with_one_seed_what_the_draft_shows():
+    """A part whose own interval excludes 0 but which the family does not resolve gets no rank."""
     ours = [("sparse KV", 0.7), ("feedback", 0.2), ("distillation", -0.1)]
-    two = {"feedback": DeltaTau(0.2, 0.05, (0.18, 0.22), 64), "distillation": DeltaTau(-0.1, 0.5, (0.1, -0.3), 64)}
-    rows = tables.ranking(ours, two)
+    two = {"feedback": DeltaTau(0.2, 0.05, (0.18, 0.22), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.05, -0.15), 64)}
+    rows = tables.ranking(ours, two, {"feedback": True, "distillation": False})
+    assert two["distillation"].resolved  # alone
     assert [(r["part"], r["effect"], r["rank"], r["scope"]) for r in rows] == [
         ("sparse KV", "helps", 1, "training"), ("feedback", "helps", 2, "training"),
         ("distillation", "not resolved", None, "training")]
     one = {"feedback": DeltaTau(0.2, 0.05, (0.2,), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.1,), 64)}
-    rows = tables.ranking(ours, one)
+    rows = tables.ranking(ours, one, {"feedback": True, "distillation": True})
     assert [(r["part"], r["effect"], r["resolved"], r["scope"]) for r in rows] == [
         ("sparse KV", "helps", True, "draft"), ("feedback", "helps", False, "draft"),
         ("distillation", "harmful", False, "draft")]  # shows for the one trained draft; never resolved
@@ -97,21 +100,25 @@ def test_predicted_taus_average_the_seeds():
 def test_tau_rows():
     stats = {"spire": SimpleNamespace(mean=3.2, ci95=0.1), "hard_target": SimpleNamespace(mean=2.9, ci95=0.2)}
     deltas = {"hard_target": DeltaTau(-0.3, 0.1, (-0.25, -0.35))}
-    rows = tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, deltas, {"spire": 3.4, "hard_target": 3.0})
+    rows = tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, deltas, {"spire": 3.4, "hard_target": 3.0},
+                           {"hard_target": True})
     assert rows[0]["delta"] == "(reference)" and rows[0]["seeds"] == "" and rows[0]["paper_delta"] == 0.0
     assert rows[1] == {"variant": rows[1]["variant"], "tau": "2.900 ± 0.200", "predicted": 2.8,
                        "delta": "-0.300 ± 0.100", "seeds": "-0.250, -0.350", "resolved": "yes", "paper": 3.0,
                        "paper_delta": pytest.approx(-0.4)}
-    unknown = tables.tau_rows({"new": stats["spire"]}, {"new": 3.0}, {}, {"spire": 3.4})[0]
+    unknown = tables.tau_rows({"new": stats["spire"]}, {"new": 3.0}, {}, {"spire": 3.4}, {})[0]
     assert math.isnan(unknown["paper"]) and math.isnan(unknown["paper_delta"])
     within = {"hard_target": DeltaTau(-0.3, 0.4, (-0.25, -0.35))}  # two seeds, interval over 0
-    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, within, {"spire": 3.4})[1]["resolved"] == (
+    no = {"hard_target": False}
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, within, {"spire": 3.4}, no)[1]["resolved"] == (
         "not resolved at this scale")
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, deltas, {"spire": 3.4}, no)[1]["resolved"] == (
+        "not resolved at this scale (its own interval excludes 0, the family's does not)")
     one = {"hard_target": DeltaTau(-0.3, 0.1, (-0.3,), 8)}  # one seed: about that trained draft, never resolved
-    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, one, {"spire": 3.4})[1]["resolved"] == (
+    yes = {"hard_target": True}
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, one, {"spire": 3.4}, yes)[1]["resolved"] == (
         "one seed: shows for this trained draft, not resolved over training")
-    one = {"hard_target": DeltaTau(-0.05, 0.1, (-0.05,), 8)}
-    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, one, {"spire": 3.4})[1]["resolved"] == (
+    assert tables.tau_rows(stats, {"spire": 3.0, "hard_target": 2.8}, one, {"spire": 3.4}, no)[1]["resolved"] == (
         "one seed: not even for this trained draft")
 
 
@@ -122,7 +129,8 @@ def test_importance_rows():
     rows = tables.importance_rows(ranked, deltas, {"feedback": 0.25}, ("sparse_kv", "feedback"))
     assert rows[0] == {"rank": 1, "ours": "feedback", "drop": 0.3, "delta": "+0.200 ± 0.050", "paper_rank": 2,
                        "paper_drop": 0.25}
-    assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == "cost model only"
+    assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == (
+        "modeled, no interval (cost model only)")
     harmful = tables.importance_rows([{**ranked[0], "rank": None, "effect": "harmful"}], deltas, {}, ("feedback",))
     assert harmful[0]["rank"] == "harmful at this scale"
     one_seed = [{**ranked[0], "rank": None, "effect": e, "scope": "draft"} for e in ("harmful", "not resolved")]
@@ -167,29 +175,41 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
               {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful"},
               {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
     assert tables.order_sentence(ranked) == (
-        "2 of 4 parts are resolved as helping at this scale: sparse KV (+0.40x) > distillation (+0.10x), in the "
-        "paper's order. Resolved as harmful here, removing it raises tau: target activations (-0.08x; the paper "
-        "ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
-    two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
-    taus = {"target activations": {"mean": -0.056, "ci95": 0.049}}
-    assert tables.order_sentence(ranked, two, taus) == (
-        "Over training randomness (2 seeds per variant, the target fixed): 2 of 4 parts are resolved as helping at "
-        "this scale: sparse KV (+0.40x) > distillation (+0.10x), in the paper's order. Resolved as harmful here, "
-        "removing it raises tau: target activations (-0.056 ± 0.049 tau, -0.08x; the paper ranks it 2 of 6). Not "
-        "resolved at this scale (no rank): feedback.")
+        "2 of 4 parts help at this scale (a measured part only when resolved): sparse KV (modeled, no interval, "
+        "+0.40x) > distillation (+0.10x), in the paper's order. Resolved as harmful here, removing it raises tau: "
+        "target activations (-0.08x; the paper ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
+    two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127,
+           "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6}}
+    taus = {"target activations": {"mean": -0.056, "ci95": 0.049}, "distillation": {"mean": 0.2, "ci95": 0.1},
+            "feedback": {"mean": 0.01, "ci95": 0.03}}
+    variants = {"no_feedback_no_target_acts": {"mean": 0.044, "ci95": 0.039, "family_excludes_zero": True},
+                "hard_target": {"mean": -0.2, "ci95": 0.1, "family_excludes_zero": True},  # a part's: said there
+                "no_feedback": {"mean": 0.05, "ci95": 0.04, "family_excludes_zero": False}}
+    assert tables.order_sentence(ranked, two, taus, variants) == (
+        "Over training randomness (2 seeds per variant, the target fixed; family-wise over the table's 6 comparisons, "
+        "Holm at 5%): 2 of 4 parts help at this scale (a measured part only when resolved): sparse KV (modeled, no "
+        "interval, +0.40x) > distillation (+0.200 ± 0.100 tau, +0.10x), in the paper's order. Resolved as harmful "
+        "here, removing it raises tau: target activations (-0.056 ± 0.049 tau, -0.08x; the paper ranks it 2 of 6). "
+        "Not resolved at this scale (no rank): feedback (+0.010 ± 0.030 tau, +0.30x). Also resolved, a variant "
+        "against SPIRe: no feedback, no target activations above SPIRe (+0.044 ± 0.039 tau). Each ± is that "
+        "difference's own 95% interval, uncorrected.")
     one = {**two, "scope": "draft", "seeds": 1, "df_seeds": None}
     text = tables.order_sentence([{**r, "scope": "draft"} for r in ranked], one, taus)
     assert text == (
-        "For one trained draft per variant (one seed, the target fixed; not over training randomness): 2 of 4 parts "
-        "help this trained draft beyond its contexts' noise: sparse KV (+0.40x) > distillation (+0.10x), in the "
-        "paper's order. Hurt this trained draft, removing it raises its tau: target activations (-0.056 ± 0.049 tau, "
-        "-0.08x; the paper ranks it 2 of 6). Within the contexts' noise for this trained draft (no rank): feedback.")
+        "For one trained draft per variant (one seed, the target fixed; not over training randomness; family-wise "
+        "over the table's 6 comparisons, Holm at 5%): 2 of 4 parts help this trained draft (a measured part only "
+        "beyond its contexts' noise): sparse KV (modeled, no interval, +0.40x) > distillation (+0.200 ± 0.100 tau, "
+        "+0.10x), in the paper's order. Hurt this trained draft, removing it raises its tau: target activations "
+        "(-0.056 ± 0.049 tau, -0.08x; the paper ranks it 2 of 6). Within the contexts' noise for this trained draft "
+        "(no rank): feedback (+0.010 ± 0.030 tau, +0.30x). Each ± is that difference's own 95% interval, "
+        "uncorrected.")
     assert "resolved" not in text  # one seed never speaks of resolved
     ranked[:2] = ranked[1::-1]
     assert ", not in the paper's order." in tables.order_sentence(ranked)
     legacy = [{"part": "sparse KV", "multiplier_lost": 0.4}, {"part": "feedback", "multiplier_lost": 0.1,
                                                               "resolved": False}]  # recorded before "effect"
-    assert tables.order_sentence(legacy).startswith("1 of 2 parts are resolved as helping at this scale: sparse KV")
+    assert tables.order_sentence(legacy).startswith("1 of 2 parts help at this scale (a measured part only when "
+                                                    "resolved): sparse KV")
 
 
 def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_the_degrees_of_freedom():
@@ -214,15 +234,21 @@ def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_
 def test_ablation_results_and_protocol_keep_the_results_keys():
     stats = {"spire": SimpleNamespace(mean=3.0, ci95=0.1, n_contexts=8)}
     delta = DeltaTau(-1.0, 0.5, (-1.0,), 8)
-    results = tables.ablation_results(stats, [{"part": "x"}], {"random_init": delta}, {"feedback": delta}, [0],
+    shown = {"random_init": False, "feedback": True}
+    results = tables.ablation_results(stats, [{"part": "x"}], {"random_init": delta}, {"feedback": delta}, shown, [0],
                                       False, {"k": 4})
     assert results == {"tau": {"spire": {"mean": 3.0, "ci95": 0.1, "n_contexts": 8}}, "importance": [{"part": "x"}],
-                       "delta_tau": {"random_init": delta.to_dict()},
-                       "component_delta_tau": {"feedback": delta.to_dict()},
-                       "interval": tables.interval_note({"feedback": delta}),
+                       "delta_tau": {"random_init": tables.delta_record(delta, False)},
+                       "component_delta_tau": {"feedback": tables.delta_record(delta, True)},
+                       "interval": tables.interval_note({"feedback": delta}, 2),  # random init is no part of feedback
                        "seeds": [0], "importance_matches_paper": False, "ablation_protocol": {"k": 4}}
-    assert results["interval"]["scope"] == "draft" and results["component_delta_tau"]["feedback"]["resolved"] is False
-    assert results["component_delta_tau"]["feedback"]["excludes_zero"] is True
+    feedback = results["component_delta_tau"]["feedback"]
+    assert results["interval"]["scope"] == "draft" and feedback["resolved"] is False  # one seed: never resolved
+    assert feedback["excludes_zero"] is True and feedback["family_excludes_zero"] is True
+    assert results["delta_tau"]["random_init"]["family_excludes_zero"] is False
+    two = DeltaTau(-1.0, 0.5, (-1.0, -1.0), 8)
+    assert tables.delta_record(two, False)["resolved"] is False and tables.delta_record(two, False)["resolved_alone"]
+    assert tables.delta_record(two, True)["resolved"] is True
     series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0, tau_seed=3)
     todict = SimpleNamespace(to_dict=lambda: {"steps": 2})
     protocol = tables.ablation_protocol(series, 64, 8, todict, todict, [0, 1], 1.5, "s")
@@ -275,7 +301,7 @@ def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_targ
               {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful",
                "rank": None}]
     paragraphs = tables.lead(ranked, 204_800, 1_228_800, "step 0 ...", "curves ...")
-    assert paragraphs[0].startswith("1 of 2 parts are resolved as helping")
+    assert paragraphs[0].startswith("1 of 2 parts help at this scale (a measured part only when resolved)")
     assert paragraphs[1].startswith("The variants trained on 204,800 tokens per seed, 17% of the main SPIRe draft's "
                                     "1,228,800")
     assert paragraphs[2:4] == ["step 0 ...", "curves ..."] and paragraphs[4] == tables.PATH_CHECK
@@ -291,15 +317,15 @@ def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_targ
 def test_05s_figure_says_with_one_seed_that_its_bars_are_about_one_trained_draft_each():
     from spirelib.workbook.plots.ablations import delta_figure
 
-    two = {"random_init": DeltaTau(-0.3, 0.1, (-0.25, -0.35), 8).to_dict(),
-           "no_feedback": DeltaTau(0.01, 0.3, (0.2, -0.18), 8).to_dict()}
+    two = {"random_init": tables.delta_record(DeltaTau(-0.3, 0.1, (-0.25, -0.35), 8), True),
+           "no_feedback": tables.delta_record(DeltaTau(-0.3, 0.1, (-0.25, -0.35), 8), False)}  # alone: resolved
     fig = delta_figure(two, {})
     assert [list(b.x)[0] for b in fig.data if b.type == "bar"] == ["random init", "no feedback<br>(not resolved)"]
-    assert "95% CI over training seeds and contexts" in fig.layout.title.text.replace("<br>", " ")
-    one = {"random_init": DeltaTau(-0.3, 0.1, (-0.3,), 8).to_dict(),
-           "no_feedback": DeltaTau(0.01, 0.3, (0.01,), 8).to_dict()}
+    assert "95% CI over training seeds and contexts, uncorrected" in fig.layout.title.text.replace("<br>", " ")
+    one = {"random_init": tables.delta_record(DeltaTau(-0.3, 0.1, (-0.3,), 8), True),
+           "no_feedback": tables.delta_record(DeltaTau(-0.3, 0.1, (-0.3,), 8), False)}
     fig = delta_figure(one, {})
     assert [list(b.x)[0] for b in fig.data if b.type == "bar"] == ["random init<br>(this draft only)",
                                                                      "no feedback<br>(within noise)"]
     title = fig.layout.title.text.replace("<br>", " ")
-    assert "one trained draft each (paired, 95% CI over contexts only)" in title
+    assert "one trained draft each (paired, each bar's own 95% CI over contexts only, uncorrected" in title

@@ -463,7 +463,7 @@ def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[d
 
 def _tau_effect(recorded: dict, part: str) -> str:
     d = (recorded.get("component_delta_tau") or {}).get(part)
-    return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau" if d else "cost model only"
+    return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau" if d else "modeled, no interval (cost model only)"
 
 
 def ablation_source(run: dict, results: dict) -> str:
@@ -487,7 +487,9 @@ def ablation_source(run: dict, results: dict) -> str:
 def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     """05's importance of SPIRe's parts in 05's own words (`tables.ablations.order_sentence`, as
     its lead says it): over training randomness with the target fixed, or, with one seed, about
-    one trained draft per variant, which cannot reproduce a claim about training this way."""
+    one trained draft per variant, which cannot reproduce a claim about training this way; what is
+    resolved is resolved family-wise (method §10), in either direction, a variant against SPIRe
+    included."""
     recorded = results.get("05_ablations", {})
     ranked = recorded.get("importance")
     if not ranked:
@@ -495,7 +497,8 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     helps, harmful, unresolved = ablation_effects(ranked)
     interval = recorded.get("interval")
     text = ("Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): "
-            + ablation_tables.order_sentence(ranked, interval, recorded.get("component_delta_tau")))
+            + ablation_tables.order_sentence(ranked, interval, recorded.get("component_delta_tau"),
+                                             recorded.get("delta_tau")))
     ours = [r["part"] for r in helps]
     ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
           and (interval or {}).get("scope") != "draft")
@@ -649,8 +652,8 @@ def ablation_ranking(run: dict, results: dict) -> str | None:
             + (f"<p>{escape(about)}.</p>" if about else "")
             + (f"<p>{escape(source)}</p>" if source else "")
             + _table(["rank (only parts that help this trained draft)" if draft else
-                      "rank (only parts resolved as helping)", "this run (multiplier lost without it)",
-                      "tau with it minus without", "paper's rank"], rows)
+                      "rank (only parts resolved as helping, family-wise)", "this run (multiplier lost without it)",
+                      "tau with it minus without (its own 95% CI, uncorrected)", "paper's rank"], rows)
             + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
 
 

@@ -12,12 +12,14 @@ from spirelib.workbook.plots.perf import scale_title, title_layout
 
 
 def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: str = "") -> go.Figure:
-    """Bars of tau(variant) - tau(SPIRe): `deltas[variant]` (`tau.DeltaTau.to_dict`) has "mean" and
-    "ci95" (error bars) and "resolved"; `paper[variant]` is the paper's difference (no interval
-    published). One bar per variant in its own colour (`methods.color`) with its own legend entry;
-    a difference that is not resolved says so in its axis label, where no error bar can cover it.
-    With one seed ("scope" "draft") the intervals cover the contexts only: the title says the bars
-    are about one trained draft per variant, and a label says whether the difference shows for it."""
+    """Bars of tau(variant) - tau(SPIRe): `deltas[variant]` (`tables.ablations.delta_record`) has
+    "mean" and "ci95" (error bars: each difference's own 95% interval, uncorrected) and the
+    family-wise verdicts "resolved" and "family_excludes_zero" (method §10); `paper[variant]` is
+    the paper's difference (no interval published). One bar per variant in its own colour
+    (`methods.color`) with its own legend entry; a difference that is not resolved family-wise
+    says so in its axis label, where an error bar clear of 0 cannot show it. With one seed
+    ("scope" "draft") the intervals cover the contexts only: the title says the bars are about
+    one trained draft per variant, and a label says whether the difference shows for it."""
     names = list(deltas)
     draft = any(d.get("scope") == "draft" for d in deltas.values())
     ticks = {n: label(n) + _tick_note(deltas[n]) for n in names}
@@ -29,8 +31,10 @@ def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: 
     fig.add_trace(go.Scatter(x=[ticks[n] for n in names], y=[paper.get(n) for n in names], mode="markers",
                              name="paper (L = 512)", marker=dict(symbol="diamond-open", size=13, color="black")))
     fig.add_hline(y=0.0, line=dict(color="gray", width=1))
-    what = ("tau of each variant minus SPIRe's, one trained draft each (paired, 95% CI over contexts only)" if draft
-            else "tau of each variant minus SPIRe's (paired, 95% CI over training seeds and contexts)")
+    what = ("tau of each variant minus SPIRe's, one trained draft each (paired, each bar's own 95% CI over contexts "
+            "only, uncorrected; labels family-wise)" if draft
+            else "tau of each variant minus SPIRe's (paired, each bar's own 95% CI over training seeds and contexts, "
+                 "uncorrected; \"not resolved\": family-wise, Holm)")
     fig.update_layout(**title_layout(scale_title(what, scale)),
                       yaxis_title="delta tau (tokens per round)", template="plotly_white", height=500,
                       showlegend=True, legend=dict(orientation="h", y=-0.3))
@@ -39,5 +43,5 @@ def delta_figure(deltas: Mapping[str, dict], paper: Mapping[str, float], scale: 
 
 def _tick_note(d: dict) -> str:
     if d.get("scope") == "draft":
-        return "<br>(this draft only)" if d.get("excludes_zero") else "<br>(within noise)"
+        return "<br>(this draft only)" if d["family_excludes_zero"] else "<br>(within noise)"
     return "" if d["resolved"] else "<br>(not resolved)"
