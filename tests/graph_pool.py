@@ -71,6 +71,7 @@ class GraphPool:
         for model in models:
             if isinstance(model, SpireDraftModel):
                 model._compiled_step = self.replay(model._step)
+                model.body._compiled = self.replay(model.body._stream)
             elif isinstance(model, Transformer):
                 model._compiled = self.replay(model._stream)
             elif model is not None:
@@ -81,7 +82,7 @@ class GraphPool:
     def uninstall(*models) -> None:
         for model in models:
             if isinstance(model, SpireDraftModel):
-                model._compiled_step = None
+                model._compiled_step = model.body._compiled = None
             elif isinstance(model, Transformer):
                 model._compiled = None
 

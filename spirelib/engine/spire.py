@@ -200,8 +200,10 @@ class SpireDraftModel(nn.Module):
 
     def compile_decoding(self, enabled: bool = True) -> SpireDraftModel:
         """Run `step` as one compiled graph (`model.compile_for_decoding`), or, with `enabled`
-        False, eagerly again (the reference)."""
+        False, eagerly again (the reference); the body too, which decodes alone as an ordinary
+        sparse draft when the draft reads no target activations (`spire_draft`)."""
         self._compiled_step = compile_for_decoding(self._step, self.mix.device) if enabled else None
+        self.body.compile_decoding(enabled)
         return self
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
