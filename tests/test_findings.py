@@ -13,8 +13,9 @@ RUN = {"notebooks": {"01_performance_model": {"html": "01_performance_model.html
                      "09_measured_vs_modeled": {"html": "09_measured_vs_modeled.html"}}}
 
 
-def cell(method, B, L, measured, modeled=1.5):
-    return {"method": method, "B": B, "L": L, "measured_speedup": measured, "modeled_speedup": modeled}
+def cell(method, B, L, measured, modeled=1.5, half=0.05):
+    return {"method": method, "B": B, "L": L, "measured_speedup": measured, "modeled_speedup": modeled,
+            "ci_low": measured - half, "ci_high": measured + half}
 
 
 RESULTS = {
@@ -245,6 +246,32 @@ def test_first_screen_has_the_scale_and_a_map_per_answer_with_measured_cells_at_
     assert "It picks the wrong winner at B = 1, L = 32 (vanilla SD, not SPIRe)." in profiled_map["where"]
     assert html.count("<table class='map'>") == 5 and "class='differs'" in html
     assert "B = 1, L = 32: SPIRe (1.20x)" in html  # a cell's tooltip: its real (B, L) and multiplier
+
+
+def test_a_measured_winner_whose_interval_overlaps_is_marked_and_not_counted():
+    """SPIRe at 1.014x (0.97-1.06) against AD (vanilla SD far below): no winner is resolved; the map
+    fades the cell with a "?", the words count only resolved wins and name the cell, and the
+    profiled model is not said to pick a wrong winner there. A winner whose CI overlaps the
+    runner-up's (B = 64: 1.5 against 1.45, +/-0.05) is not resolved either."""
+    results = {"09_measured_vs_modeled": {"cells": [
+        {**cell("spire", 1, 256, 1.014), "ci_low": 0.97, "ci_high": 1.06, "profiled_speedup": 0.9},
+        {**cell("vanilla", 1, 256, 0.8), "profiled_speedup": 0.95},  # far below: only AD overlaps
+        {**cell("spire", 16, 256, 1.5), "profiled_speedup": 1.4}, {**cell("vanilla", 16, 256, 1.2),
+                                                                    "profiled_speedup": 1.1},
+        {**cell("spire", 64, 256, 1.5), "profiled_speedup": 1.4}, {**cell("vanilla", 64, 256, 1.45),
+                                                                    "profiled_speedup": 1.1}],
+        "machine": {"device": "cpu"}}}
+    measured, profiled = findings.decision_maps({}, results)
+    assert measured["unresolved"] == {(0, 0), (2, 0)}
+    assert measured["where"] == (
+        "SPIRe wins in every resolved cell (B = 1..64, L = 256). No winner is resolved at B = 1, L = 256 (SPIRe "
+        "leads), B = 64, L = 256 (SPIRe leads): the leader's 95% CI overlaps another method's or AD's.")
+    assert measured["differs"] == set() and "picks the measured winner in every cell where one is resolved" in (
+        profiled["where"])
+    page = findings.verdict({}, results)
+    assert page.count("opacity:0.4") == 2 and ">S?</td>" in page and "no winner resolved" in page
+    table = text(findings.answers_table({}, results))
+    assert "SPIRe 1 of 3 cells, 2 with no winner resolved" in table
 
 
 def test_a_staircase_is_described_cell_row_by_row_and_scattered_cells_as_such():

@@ -28,7 +28,7 @@ from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.modeling.methods import color, label
 from spirelib.workbook.tables import ablations as ablation_tables
-from spirelib.workbook.tables.winners import AD, by_cell, where_sentence
+from spirelib.workbook.tables.winners import AD, by_cell, unresolved_cells, where_sentence
 from spirelib.workbook.tables.winners import grid_counts as _grid_counts
 from spirelib.workbook.tables.winners import pow2 as _pow2
 from spirelib.workbook.tables.winners import span as _span
@@ -107,9 +107,11 @@ def scale_line(run: dict, results: dict) -> str | None:
 
 
 def _map_html(winners: list[list[str]], B: list[int], L: list[int], values=None,
-              differs: set[tuple[int, int]] = frozenset()) -> str:
+              differs: set[tuple[int, int]] = frozenset(), unresolved: set[tuple[int, int]] = frozenset()) -> str:
     """A small heat map of the winner per cell: B down (largest on top), L across, the winner's
-    colour and initial in each cell, its multiplier in the tooltip; cells in `differs` outlined."""
+    colour and initial in each cell, its multiplier in the tooltip; cells in `differs` outlined;
+    cells in `unresolved` (a measured winner whose 95% CI overlaps another's or AD's) faded, with
+    "?" after the initial and the reason in the tooltip."""
     head = "<tr><th class='corner'>B \\ L</th>" + "".join(f"<th>{_pow2(l)}</th>" for l in L) + "</tr>"
     rows = []
     for i in reversed(range(len(B))):
@@ -121,7 +123,11 @@ def _map_html(winners: list[list[str]], B: list[int], L: list[int], values=None,
                 tip += f" ({'best draft ' if w == AD else ''}{values[i][j]:.2f}x)"
             mark = " class='differs'" if (i, j) in differs else ""
             style = f"background:{color(w)}" if w != "-" else "background:#fff"
-            cells.append(f"<td{mark} style='{style}' title='{escape(tip)}'>{escape(_initial(w))}</td>")
+            initial = _initial(w)
+            if (i, j) in unresolved:
+                tip += "; not resolved: its 95% CI overlaps another method's or AD's"
+                style, initial = style + ";opacity:0.4", initial + "?"
+            cells.append(f"<td{mark} style='{style}' title='{escape(tip)}'>{escape(initial)}</td>")
         rows.append(f"<tr><th>{_pow2(B[i])}</th>" + "".join(cells) + "</tr>")
     return f"<table class='map'>{head}{''.join(rows)}</table>"
 
@@ -139,12 +145,17 @@ def _cell_text(values: dict[str, float]) -> str:
     return head + (f" <span class='aside'>({others})</span>" if others else "")
 
 
-def _grid_text(winners: list[list[str]], B: list[int], L: list[int]) -> str:
-    counts = _grid_counts(winners)
-    total = sum(counts.values())
+def _grid_text(winners: list[list[str]], B: list[int], L: list[int],
+               unresolved: set[tuple[int, int]] = frozenset()) -> str:
+    """The cells each method wins, counting only resolved wins where `unresolved` names the others."""
+    total = sum(w != "-" for row in winners for w in row)
+    counts = _grid_counts([["-" if (i, j) in unresolved else w for j, w in enumerate(row)]
+                           for i, row in enumerate(winners)])
     parts = [f"<b>{escape(label(m))}</b> {n}" if i == 0 else f"{escape(label(m))} {n}"
              for i, (m, n) in enumerate(counts.items())]
-    return f"{', '.join(parts)} of {total} cells <span class='aside'>(B = {_span(B)}, L = {_span(L)})</span>"
+    open_cells = f", {len(unresolved)} with no winner resolved" if unresolved else ""
+    return (f"{', '.join(parts) or 'none'} of {total} cells{open_cells} "
+            f"<span class='aside'>(B = {_span(B)}, L = {_span(L)})</span>")
 
 
 def _modeled_winners(taus: dict[str, float], *, k: int = 4, hoi: float = perfmodel.PAPER_HOI,
@@ -242,6 +253,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
             short=f"on this machine (measured at B = {near[0]}, L = {near[1]})",
             title="this machine, measured", stem="09_measured_vs_modeled", B=near[0], L=near[1], at=measured[near],
             grid=(winners, Bs, Ls), values=values,
+            unresolved=unresolved_cells(results["09_measured_vs_modeled"]["cells"], Bs, Ls),
             note=(f"not measured at B = {want[0]}, L = {want[1]}; this is the nearest measured cell"
                   if near != want else ""),
             trust=(f"the truth for this machine at this scale only: SD was slower than AD in {slower} of {total} "
@@ -264,21 +276,23 @@ def decision_maps(run: dict, results: dict, rows: list[dict] | None = None) -> l
         if not r.get("grid"):
             continue
         winners, B, L = r["grid"]
+        unresolved = r.get("unresolved", set())
         differs = set()
-        if r.get("profiled"):
+        if r.get("profiled"):  # a measured winner that is not resolved cannot be picked wrongly
             differs = {(i, j) for i in range(len(B)) for j in range(len(L))
-                       if winners[i][j] != "-" and r["profiled"][0][i][j] != winners[i][j]}
+                       if winners[i][j] != "-" and (i, j) not in unresolved and r["profiled"][0][i][j] != winners[i][j]}
         maps.append(dict(title=r.get("title", r["way"]), stem=r["stem"], grid=(winners, B, L), values=r.get("values"),
-                         differs=differs, where=where_sentence(winners, B, L)))
+                         differs=differs, unresolved=unresolved, where=where_sentence(winners, B, L, unresolved)))
         if r.get("profiled"):
             p_winners, p_values = r["profiled"]
             wrong = ", ".join(f"B = {B[i]}, L = {L[j]} ({label(p_winners[i][j])}, not {label(winners[i][j])})"
                               for i, j in sorted(differs))
             maps.append(dict(title="this machine, profiled model", stem=r["stem"], grid=(p_winners, B, L),
-                             values=p_values, differs=differs,
+                             values=p_values, differs=differs, unresolved=set(),
                              where=where_sentence(p_winners, B, L) + (
                                  f" It picks the wrong winner at {wrong}." if wrong else
-                                 " It picks the measured winner in every cell.")))
+                                 " It picks the measured winner in every cell where one is resolved." if unresolved
+                                 else " It picks the measured winner in every cell.")))
     return maps
 
 
@@ -292,8 +306,11 @@ def _legend(maps: list[dict]) -> str:
     keys = "".join(f"<span class='key' style='background:{color(w)}'>{escape(_initial(w))}</span> "
                    f"{escape(label(w))} " for w in seen)
     outlined = any(m["differs"] for m in maps)
+    faded = any(m["unresolved"] for m in maps)
     return (f"<p class='legend'>Winner per cell: {keys}"
             + ("; outlined: the profiled model picks another winner than the clock" if outlined else "")
+            + ("; faded, with \"?\": no winner resolved (the leader's 95% CI overlaps another method's or AD's, a "
+               "speedup of 1)" if faded else "")
             + ". B grows upwards, L to the right; hover a cell for its multiplier.</p>")
 
 
@@ -308,7 +325,7 @@ def verdict(run: dict, results: dict) -> str | None:
     maps = decision_maps(run, results, rows)
     figures = "".join(
         f"<figure class='map'><figcaption>{_link(run, m['stem'], escape(m['title']))}</figcaption>"
-        + _map_html(*m["grid"], values=m["values"], differs=m["differs"])
+        + _map_html(*m["grid"], values=m["values"], differs=m["differs"], unresolved=m["unresolved"])
         + f"<p class='where'>{escape(m['where'])}</p></figure>" for m in maps)
     scale = scale_line(run, results) or ""
     return ("<h2 id='verdict'>Which draft, where</h2>" + scale
@@ -343,7 +360,8 @@ def answers_table(run: dict, results: dict) -> str | None:
     for r in verdict_rows(run, results):
         at = f"B = {r['B']}, L = {_pow2(r['L'])}: " + _cell_text(r["at"]) + (
             f" <span class='aside'>({escape(r['note'])})</span>" if r.get("note") else "")
-        grid = _grid_text(*r["grid"]) if r.get("grid") else "<span class='aside'>(no grid recorded)</span>"
+        grid = (_grid_text(*r["grid"], r.get("unresolved", set())) if r.get("grid") else
+                "<span class='aside'>(no grid recorded)</span>")
         table.append([_link(run, r["stem"], escape(r["way"])), at, grid, escape(r["trust"])])
     if not table:
         return None

@@ -27,7 +27,7 @@ from spirelib.engine.wallclock import (
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import label as method_label
 from spirelib.modeling.schedule import OFF, Acceptance, profiled_table, schedule
-from spirelib.workbook.tables.winners import AD, by_cell, where_sentence, winner
+from spirelib.workbook.tables.winners import AD, by_cell, unresolved_cells, where_sentence, winner
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
                   "tau": "tau", "round": "ms per round (step)", "draft": "draft", "verify": "verify",
@@ -243,7 +243,7 @@ def both_sides(cells: list[dict]) -> str:
     text = (f"**Where speculative decoding won:** in {n_won} of {n_cells} (B, L) cells"
             + (": " + ", ".join(f"{method_label(m)} in {len(v)} ({_span_x(v)})"
                                 for m, v in sorted(won.items(), key=lambda kv: -len(kv[1]))) if won else "")
-            + f". Per cell: {where_sentence(winners, Bs, Ls)} ")
+            + f". Per cell: {where_sentence(winners, Bs, Ls, unresolved_cells(cells, Bs, Ls))} ")
     slower = {}
     for c in cells:
         if c["measured_speedup"] < 1.0:

@@ -38,6 +38,28 @@ def by_cell(cells: list[dict], key: str) -> dict[tuple[int, int], dict[str, floa
     return out
 
 
+def resolved(values: dict[str, float], lows: dict[str, float], highs: dict[str, float]) -> bool:
+    """Whether a cell's winner on the clock is resolved (method §8's intervals): the winner's 95% CI
+    (`lows`..`highs` per method, as 09 records each speedup's) lies above every other method's and
+    above AD's (a speedup of 1); where no method beats AD, every method's CI lies below 1. A
+    method without a recorded interval leaves the cell unresolved."""
+    if any(m not in lows or m not in highs for m in values):
+        return False
+    win = winner(values)
+    if win == AD:
+        return all(highs[m] < 1.0 for m in values)
+    return lows[win] > 1.0 and all(highs[m] < lows[win] for m in values if m != win)
+
+
+def unresolved_cells(cells: list[dict], B: list[int], L: list[int]) -> set[tuple[int, int]]:
+    """Grid indices (i, j) of the measured cells at (B[i], L[j]) (09's records, with "ci_low" and
+    "ci_high" per speedup) whose winner is not `resolved`."""
+    values, lows, highs = (by_cell(cells, key) for key in ("measured_speedup", "ci_low", "ci_high"))
+    return {(i, j) for i, b in enumerate(B) for j, length in enumerate(L)
+            if (b, length) in values and not resolved(values[b, length], lows.get((b, length), {}),
+                                                     highs.get((b, length), {}))}
+
+
 def grid_counts(winners: list[list[str]]) -> dict[str, int]:
     """Cells won per method ("-": a cell without a result, not counted), most first."""
     counts: dict[str, int] = {}
@@ -85,12 +107,21 @@ def _regions(cells: list[list[bool]], outer: list[int], inner: list[int], outer_
             or "every cell" for rows, js in groups]
 
 
-def where_sentence(winners: list[list[str]], B: list[int], L: list[int]) -> str:
+def where_sentence(winners: list[list[str]], B: list[int], L: list[int],
+                   unresolved: set[tuple[int, int]] = frozenset()) -> str:
     """Where the winner flips over a (B, L) grid (`winners[i][j]` at B[i], L[j]), in one sentence:
     every method but the most frequent one with the cells it wins (runs of B with the same L
     values grouped, or of L with the same B values, whichever takes fewer clauses), then
     "<most frequent> everywhere else"; e.g. "MagicDec wins at L ≥ 2K for B ≥ 16; SPIRe everywhere
-    else"."""
+    else". Measured grids pass the cells whose winner is not resolved (`unresolved_cells`): only
+    resolved wins are counted, and those cells are named after."""
+    if unresolved:
+        shown = [["-" if (i, j) in unresolved else w for j, w in enumerate(row)] for i, row in enumerate(winners)]
+        cells = ", ".join(f"B = {B[i]}, L = {pow2(L[j])} ({label(winners[i][j])} leads)" for i, j in sorted(unresolved))
+        head = where_sentence(shown, B, L).replace("in every cell", "in every resolved cell").replace(
+            "everywhere else", "in every other resolved cell")
+        return ((head + " " if head else "") + f"No winner is resolved at {cells}: the leader's 95% CI overlaps "
+                "another method's or AD's.")
     counts = grid_counts(winners)
     if not counts:
         return ""
