@@ -1,9 +1,7 @@
 """`spire deploy`: the schedule (best k per batch size, off where AD wins, merges within the
-noise or the switching cost), its refusals, and each engine's form read back the way the engine
-reads it (lookups written from the engines' own code and documented examples, docs/deploy.md)."""
+noise or the switching cost), its refusals, each engine's file read back the way the engine reads
+it (`modeling.engines`' lookup models, tests/test_engines.py) and `--explain`'s reading."""
 
-import bisect
-import itertools
 import json
 from pathlib import Path
 
@@ -12,10 +10,10 @@ import pytest
 import yaml
 
 from spirelib import cli
+from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
-from spirelib.modeling import profiled
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.modeling.schedule import Acceptance, Table, expressed_cost, modeled_table, profiled_table, schedule
 from spirelib.training.series import Series
 from spirelib.workbook import deploy, runner
 
@@ -25,91 +23,6 @@ def table(tm, spread=0.01):
     tm = np.asarray(tm, dtype=float)
     return Table(np.arange(1, tm.shape[0] + 1), np.arange(1, tm.shape[1] + 1), tm, tm * (1 - spread),
                  tm * (1 + spread))
-
-
-# ---------------------------------------------------------------------------- the engines' lookups
-
-def vllm_k(config: dict, batch: int, context: int = 1) -> int:
-    """vLLM's lookup (vllm/v1/spec_decode/dynamic/utils.py): inclusive [lo, hi, k] (or 5-item with a
-    context range) entries, the first from 1; a gap inherits the previous k; clamped to
-    num_speculative_tokens."""
-    entries = config.get("speculative_token_schedule") or config["num_speculative_tokens_per_batch_size"]
-    last = None
-    for entry in sorted(entries, key=lambda e: (e[0], e[2] if len(e) == 5 else 0)):
-        lo, hi, *ctx, k = entry
-        if ctx and not ctx[0] <= context <= ctx[1] and not (ctx[1] == max(e[3] for e in entries) and context > ctx[1]):
-            continue
-        if lo <= batch <= hi:
-            return min(config["num_speculative_tokens"], k)
-        if lo <= batch:
-            last = k
-    return min(config["num_speculative_tokens"], last)
-
-
-def vllm_problems(config: dict) -> list[str]:
-    """vLLM's validation of a schedule (validate_and_normalize_dynamic_sd_schedule), in short."""
-    entries = config.get("speculative_token_schedule") or config["num_speculative_tokens_per_batch_size"]
-    found = [] if config["num_speculative_tokens"] > 0 else ["num_speculative_tokens must be > 0"]
-    if {len(e) for e in entries} - {3, 5} or len({len(e) for e in entries}) > 1:
-        found.append("entries must all be 3-item or all 5-item")
-    ranges = sorted({(e[0], e[1]) for e in entries})
-    if ranges[0][0] != 1:
-        found.append("the first batch-size range must start at 1")
-    if any(b[0] <= a[1] for a, b in itertools.pairwise(ranges)):
-        found.append("batch-size ranges must be non-overlapping")
-    if any(e[-1] < 0 for e in entries):
-        found.append("K must be >= 0")
-    if len(entries[0]) == 5:
-        contexts = sorted({(e[2], e[3]) for e in entries})
-        if len(entries) != len(ranges) * len(contexts):
-            found.append("not a rectangular (batch x context) grid")
-        if contexts[0][0] != 1 or any(b[0] != a[1] + 1 for a, b in itertools.pairwise(contexts)):
-            found.append("context ranges must be contiguous from 1")
-    return found
-
-
-def trtllm_k(config: dict, batch: int) -> int:
-    """TensorRT-LLM's lookup (_torch/speculative/utils.py get_draft_len_for_batch_size): the first
-    key >= batch; above the largest key 0."""
-    keys = sorted(config["draft_len_schedule"])
-    i = bisect.bisect_left(keys, batch)
-    return config["draft_len_schedule"][keys[i]] if i < len(keys) else 0
-
-
-def trtllm_problems(config: dict) -> list[str]:
-    """TensorRT-LLM's validator (DecodingBaseConfig.validate_draft_len_schedule_and_sort), in short."""
-    schedule, top = config["draft_len_schedule"], config["max_draft_len"]
-    found = [f"key {b} < 1" for b in schedule if b < 1] + [f"k {k} < 0" for k in schedule.values() if k < 0]
-    if schedule[min(schedule)] != top:
-        found.append("the smallest key must map to max_draft_len")
-    found += [f"k {k} > max_draft_len" for k in schedule.values() if k > top]
-    return found
-
-
-def sglang_k(config: dict, batch: int) -> int:
-    """SGLang's routing (AdaptiveSpeculativeParams._find_closest_bs): the slot of the largest key
-    <= batch (the first below it), its one candidate step."""
-    keys = sorted(int(k) for k in config if k.isdigit())
-    slot = keys[max(0, bisect.bisect_right(keys, batch) - 1)]
-    return config[str(slot)]["candidate_steps"][0]
-
-
-def test_the_lookups_read_the_engines_documented_examples_as_documented():
-    vllm = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 16, 3], [64, 128, 2],
-                                                                                   [256, 4096, 0]]}
-    assert [vllm_k(vllm, b) for b in (1, 16, 17, 63, 64, 200, 256, 5000)] == [3, 3, 3, 3, 2, 2, 0, 0]  # gaps inherit
-    assert vllm_problems(vllm) == []
-    ctx = {"num_speculative_tokens": 3, "speculative_token_schedule": [
-        [1, 64, 1, 768, 3], [1, 64, 769, 32768, 3], [65, 256, 1, 768, 0], [65, 256, 769, 32768, 3]]}
-    assert [vllm_k(ctx, 100, 500), vllm_k(ctx, 100, 1000), vllm_k(ctx, 100, 10**6)] == [0, 3, 3]
-    assert vllm_problems(ctx) == []
-    assert vllm_problems({"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[2, 8, 1]]})
-    trt = {"max_draft_len": 4, "draft_len_schedule": {4: 4, 8: 2, 32: 1}}
-    assert [trtllm_k(trt, b) for b in (1, 4, 5, 8, 9, 32, 33)] == [4, 4, 2, 2, 1, 1, 0]
-    assert trtllm_problems(trt) == [] and trtllm_problems({"max_draft_len": 4, "draft_len_schedule": {4: 2, 8: 4}})
-    sglang = {"1": {"candidate_steps": [1, 3, 5, 7]}, "8": {"candidate_steps": [0, 1, 3]},
-              "32": {"candidate_steps": [0, 1]}, "64": {"candidate_steps": [0]}}
-    assert [sglang_k(sglang, b) for b in (1, 7, 8, 31, 32, 64, 500)] == [1, 1, 0, 0, 0, 0, 0]
 
 
 # ---------------------------------------------------------------------------- the schedule
@@ -208,29 +121,42 @@ def run_dir(tmp_path):
 def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm", "--shapes", "paper", "--max-batch", "128",
-                     "--contexts", "256,512,1024", "--out", str(out)]) == 0
-    assert "MagicDec: B 1-" in capsys.readouterr().out
+                     "--contexts", "256,512,1024", "--cuda-graph-bs", "1,2,4,8,16,32,64", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(engines.SERVING) and "MagicDec: B 1-" in printed
     inp = deploy.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=128, contexts=(256, 512, 1024))
+    graphs = (1, 2, 4, 8, 16, 32, 64)
     for method in ("spire", "vanilla", "magicdec"):
         doc = yaml.safe_load((out / method / "schedule.yaml").read_text())
         s = schedule(inp.table(method), max_batch=128)
         assert [r["k"] for r in doc["schedule"]] == [r.k for r in s.ranges]
         assert doc["inputs"]["hardware"] == "h100-sxm" and doc["inputs"]["hoi"] == pytest.approx(590.746, abs=1e-3)
+        assert doc["serving"] == engines.SERVING and doc["inputs"]["sglang_cuda_graph_bs"] == list(graphs)
+        assert {e["release"] for e in doc["engines"].values()} == {e.release for e in engines.ENGINES.values()}
         vllm = json.loads((out / method / "vllm.json").read_text())
-        assert vllm_problems(vllm) == [] and all(vllm_k(vllm, b) == s.k_at(b) for b in range(1, 129))
-        ctx = json.loads((out / method / "vllm-context.json").read_text())
-        assert vllm_problems(ctx) == []
+        assert engines.vllm_problems(vllm) == [] and all(engines.vllm_k(vllm, b) == s.k_at(b) for b in range(1, 129))
+        assert ("num_speculative_tokens_per_batch_size" in vllm) == (len(s.ranges) > 1)
+        ctx = json.loads((out / method / "vllm-context-pr48944.json").read_text())
         for L in (256, 512, 1024):
             per_l = schedule(inp.table(method, L), max_batch=128)
-            assert all(vllm_k(ctx, b, L) == per_l.k_at(b) for b in range(1, 129))
-        trt = yaml.safe_load((out / method / "trtllm.yaml").read_text())["speculative_config"]
-        assert trtllm_problems(trt) == []
-        _, expressed = deploy.trtllm_config(s, inp.table(method))
-        assert all(trtllm_k(trt, b) == expressed.k_at(b) for b in range(1, 129)) and trtllm_k(trt, 129) == 0
-        sglang = json.loads((out / method / "sglang-adaptive.json").read_text())
-        assert all(sglang_k(sglang, b) == s.k_at(b) for b in range(1, 129))
-        assert doc["sglang_server_args"]["speculative_num_steps"] in {r.k for r in s.ranges}
+            assert all(engines.vllm_context_k(ctx, b, L) == per_l.k_at(b) for b in range(1, 129))
+        trt_text = (out / method / "trtllm.yaml").read_text()
+        trt = yaml.safe_load(trt_text)["speculative_config"]
+        header = " ".join(line[2:] for line in trt_text.splitlines() if line.startswith("# "))
+        assert engines.trtllm_problems(trt) == [] and f"Keys of {engines.ENGINES['trtllm'].release}" in header
+        _, expressed = engines.trtllm_config(s, inp.table(method))
+        assert all(engines.trtllm_k(trt, b) == expressed.k_at(b) for b in range(1, 129))
+        args = doc["sglang_server_args"]
+        path = out / method / "sglang-adaptive.json"
+        config = json.loads(path.read_text()) if path.exists() else None
+        _, _, held = engines.sglang_config(s, inp.table(method), engines.SGLANG_ALGORITHM.get(method))
+        assert engines.sglang_problems(config, args) == [] and args["speculative_num_steps"] >= 1
+        assert all(engines.sglang_k(config, args, b, graphs) == held.k_at(engines.sglang_padded(b, graphs))
+                   for b in range(1, 129))
         assert set(doc["collapsed_cost"]) == {"256", "512", "1024"} and doc["collapsed_cost"]["512"] == 0.0
+    assert yaml.safe_load((out / "vanilla" / "schedule.yaml").read_text())["sglang_server_args"][
+        "speculative_algorithm"] == "STANDALONE"
+    assert not (out / "vanilla" / "sglang-adaptive.json").exists()  # STANDALONE would ignore it
 
 
 def test_trtllm_keeps_its_first_k_the_deepest_at_the_least_modeled_loss():
@@ -238,11 +164,37 @@ def test_trtllm_keeps_its_first_k_the_deepest_at_the_least_modeled_loss():
           [1.2, 1.6, 2.0, 2.4]]  # best: k = 1 at B = 1, k = 2 after
     t = table(tm, spread=0.0)
     s = schedule(t)
-    config, expressed = deploy.trtllm_config(s, t)
-    assert [r.k for r in expressed.ranges] == [2, 2] and config == {"max_draft_len": 2, "draft_len_schedule": {1: 2,
-                                                                                                          4: 2}}
-    assert trtllm_problems(config) == []
-    assert deploy.expressed_cost(t, expressed) == pytest.approx(1 - 1.2 / 1.5)  # raised beats clamped (1 - 1.5/2.4)
+    config, expressed = engines.trtllm_config(s, t)
+    assert [r.k for r in expressed.ranges] == [2, 2] and config == {"max_draft_len": 2}  # one k held: static
+    assert engines.trtllm_problems(config) == []
+    assert expressed_cost(t, expressed) == pytest.approx(1 - 1.2 / 1.5)  # raised beats clamped (1 - 1.5/2.4)
+
+
+def test_explain_reads_a_file_as_the_engine_would_beside_the_workbooks_schedule(run_dir, tmp_path, capsys):
+    hand = tmp_path / "trt.yaml"
+    hand.write_text(yaml.safe_dump({"speculative_config": {"max_draft_len": 3, "draft_len_schedule": {4: 3, 16: 1}}}))
+    assert cli.main(["deploy", "--explain", str(hand), "--engine", "trtllm", "--max-batch", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(engines.SERVING)
+    rows = [line.split() for line in printed.splitlines() if line.startswith("  ") and line.split()[0][0].isdigit()]
+    assert rows == [["1-4", "3"], ["5-16", "1"], ["17-20", "0"]]
+    assert cli.main(["deploy", str(run_dir), "--explain", str(hand), "--engine", "trtllm", "--max-batch", "20",
+                     "--hardware", "h100-sxm", "--draft", "spire"]) == 0
+    printed = capsys.readouterr().out
+    inp = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=20, methods=["spire"])
+    s, t = schedule(inp.table("spire"), max_batch=20), inp.table("spire")
+    first = next(line.split() for line in printed.splitlines() if line.strip().startswith("1"))
+    assert first[2] == str(s.k_at(1)) and float(first[-1].split("-")[0]) == pytest.approx(t.at(s.k_at(1))[0][0], abs=0.005)
+    assert "differs" in printed  # the hand-edited file turns speculation off above 16, the schedule does not
+    hand.write_text("{not: [valid")
+    assert cli.main(["deploy", "--explain", str(hand), "--engine", "trtllm"]) == 2
+    assert "not valid YAML/JSON" in capsys.readouterr().err
+    assert cli.main(["deploy", "--explain", str(hand)]) == 2
+    assert "--explain needs --engine" in capsys.readouterr().err
+    vllm = tmp_path / "v.json"
+    vllm.write_text(json.dumps({"max_draft_len": 3}))
+    assert cli.main(["deploy", "--explain", str(vllm), "--engine", "vllm"]) == 2
+    assert "not in that engine's form" in capsys.readouterr().err
 
 
 def test_refusals_name_the_problem_before_any_compute(run_dir, tmp_path, capsys):
@@ -330,7 +282,8 @@ def test_spire_run_writes_the_schedules_after_a_notebook_they_read(tmp_path, mon
     fixtures = Path(__file__).parent / "fixtures"
     monkeypatch.setattr(deploy, "write_run", lambda out_dir: {"h100-sxm-fp8": {"skipped": f"stub for {out_dir.name}"}})
     monkeypatch.setattr(deploy, "READS", ("01_record",))
-    monkeypatch.setattr(runner, "_execute", lambda *args: ("ok", 0.0, None))  # no kernel: the hook is under test
+    execute, _ = runner.notebook_stack()
+    monkeypatch.setattr(execute, "execute", lambda *args, **kwargs: ("ok", 0.0, None))  # no kernel: the hook is tested
     assert cli.main(["run", "--params", str(fixtures / "params.yaml"), "--notebooks", str(fixtures / "notebooks"),
                      "--only", "01", "--out", str(tmp_path / "reads")]) == 0
     assert json.loads((tmp_path / "reads" / "run.json").read_text())["deploy"] == {

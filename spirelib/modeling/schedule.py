@@ -283,3 +283,14 @@ def merge_noise(table: Table, segments: list[tuple[int, int, int]], switching_co
 def _span(table: Table, first: int, last: int, k: int, max_batch: int) -> tuple[int, int, int]:
     r = _range(table, first, last, k, max_batch)
     return r.lo, r.hi, r.k
+
+
+def expressed_cost(table: Table, expressed: Schedule, against: Schedule | None = None) -> float:
+    """The largest fraction of the modeled speedup a batch size of `table` gives up under the
+    `expressed` schedule's k (what an engine's form can hold), against `against`'s k (None: the
+    batch size's own best k)."""
+    def speedups(s: Schedule) -> np.ndarray:  # (N,)
+        return np.array([table.at(s.k_at(int(b)))[0][i] for i, b in enumerate(table.B)])
+
+    reference = table.best()[1] if against is None else speedups(against)
+    return float(max(0.0, np.max(1.0 - speedups(expressed) / reference)))

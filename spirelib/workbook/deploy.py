@@ -4,45 +4,37 @@ From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-positio
 `run.json` (the series' shapes, notebook 06's context), for each measured draft and MagicDec: a
 batch-size -> k schedule (`modeling.schedule`) on a device of the hardware table, or one given as
 peak FLOP/s and bandwidth, at the params file's context mix (a fixed L, or 06's mixed-length
-batches), and one per context of a grid for the engines that take a context axis. Written as:
-
-- our YAML, with the intervals, the merges, the inputs and, per engine, what it could not express;
-- vLLM's `speculative_config` keys: `num_speculative_tokens` and `num_speculative_tokens_per_batch_size`
-  (inclusive [lo, hi, k] entries; gaps inherit), and its (batch x context) form of 5-item entries
-  under `speculative_token_schedule`;
-- TensorRT-LLM's `speculative_config` `max_draft_len` and `draft_len_schedule` ({inclusive upper
-  batch size: k}; above the largest key speculation is off);
-- SGLang's `--speculative-adaptive-config` JSON ({lower batch size: {"candidate_steps": [k]}}),
-  one candidate per slot so its controller keeps the scheduled k.
-
-The schemas and where they were read are in docs/deploy.md.
+batches), and one per context of a grid. Written as our YAML (the intervals, the merges, the
+inputs and, per engine, its release, its batch size, what it does past the last entry and what it
+could not express) and in each engine's form (`modeling.engines`: the keys of a named release,
+and vLLM's context form of an open PR in its own file). `--explain` reads an engine file back the
+way that engine would, B by B, beside the workbook's schedule.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
-from spirelib.modeling import profiled
 from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.modeling.methods import label
-from spirelib.modeling.schedule import OFF, Acceptance, Schedule, Table, modeled_table, profiled_table, schedule
+from spirelib.modeling.schedule import Acceptance, Table, expressed_cost, modeled_table, profiled_table, schedule
 from spirelib.paths import project_root
 from spirelib.workbook.results import read_json
 
 SHAPES = ("trained", "paper")
 MODELS = ("paper", "profiled")
 CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
-ENGINE_FILES = {"vllm": "vllm.json", "vllm_context": "vllm-context.json", "trtllm": "trtllm.yaml",
-                "sglang": "sglang-adaptive.json"}
-
 
 class DeployError(ValueError):
     """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
@@ -67,6 +59,7 @@ class Inputs:
     shapes: str
     run: str
     profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
+    graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
 
     def mix(self, context: int | None = None):
         """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
@@ -181,7 +174,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
 def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
            bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
            max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "trained",
-           methods=None, model: str = "paper") -> Inputs:
+           methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS) -> Inputs:
     """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
     problems = []
     if not (run_dir / "results.json").is_file():
@@ -196,6 +189,8 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
     if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
         problems.append(f"--contexts {contexts}: increasing positive lengths")
+    if not graph_bs or any(b < 1 for b in graph_bs):
+        problems.append(f"--cuda-graph-bs {graph_bs}: your SGLang server's captured batch sizes, e.g. 1,2,4,8,16")
     if model not in MODELS:
         problems.append(f"--model {model}: choose {' or '.join(MODELS)}")
     elif model == "profiled":
@@ -230,114 +225,51 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
     if fitted is not None and spread > 0:
         raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
     return Inputs(acceptance, tau_context, _scenario(run, shapes, device, dtype), device.name, device, dtype, context,
-                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted)
-
-
-# ---------------------------------------------------------------------------- the formats
-
-def vllm_config(s: Schedule) -> dict | None:
-    """vLLM's `speculative_config` keys for a batch schedule: the startup maximum
-    `num_speculative_tokens` (> 0; the scheduled k is clamped to it) and the inclusive
-    [lo, hi, k] entries of `num_speculative_tokens_per_batch_size`, the first from batch size 1.
-    None when speculation is off everywhere (serve without a speculative_config)."""
-    k_max = max(r.k for r in s.ranges)
-    if k_max == OFF:
-        return None
-    return {"num_speculative_tokens": k_max,
-            "num_speculative_tokens_per_batch_size": [[r.lo, r.hi, r.k] for r in s.ranges]}
-
-
-def vllm_context_config(by_context: dict[int, Schedule]) -> dict | None:
-    """vLLM's (batch x context) form: 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] entries forming a
-    rectangular grid (every batch range has every context range), context ranges contiguous from 1
-    (the last one open-ended), under `speculative_token_schedule`; a context bucket (lo, L] takes the
-    k of its upper end L. None when speculation is off everywhere."""
-    lengths = sorted(by_context)
-    k_max = max(r.k for s in by_context.values() for r in s.ranges)
-    if k_max == OFF:
-        return None
-    starts = sorted({r.lo for s in by_context.values() for r in s.ranges})
-    ends = [b - 1 for b in starts[1:]] + [max(s.ranges[-1].hi for s in by_context.values())]
-    entries = []
-    for lo, hi in zip(starts, ends):
-        for j, L in enumerate(lengths):
-            ctx_lo = 1 if j == 0 else lengths[j - 1] + 1
-            entries.append([lo, hi, ctx_lo, L, by_context[L].k_at(lo)])
-    return {"num_speculative_tokens": k_max, "speculative_token_schedule": entries, "ctx_agg": "mean"}
-
-
-def trtllm_config(s: Schedule, table: Table) -> tuple[dict | None, Schedule]:
-    """TensorRT-LLM's `max_draft_len` and `draft_len_schedule` ({inclusive upper batch size: k};
-    batch sizes above the largest key run without speculation), and the schedule it expresses:
-    its smallest key's k must equal max_draft_len and no k may exceed it, so either every range
-    deeper than the first is clamped to the first's k, or the first is raised to the deepest k,
-    whichever loses less on `table` (`expressed_cost`); trailing k = 0 ranges are implicit. None
-    when that leaves speculation off at B = 1 (max_draft_len must be > 0)."""
-    deepest = max(r.k for r in s.ranges)
-    clamped = dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=min(r.k, s.ranges[0].k))
-                                                  for r in s.ranges))
-    raised = dataclasses.replace(s, ranges=(dataclasses.replace(s.ranges[0], k=deepest), *s.ranges[1:]))
-    expressed = min((clamped, raised), key=lambda e: expressed_cost(table, e))
-    first = expressed.ranges[0].k
-    if first == OFF:
-        return None, expressed
-    entries = {r.hi: r.k for r in expressed.ranges}
-    while len(entries) > 1 and entries[max(entries)] == OFF:
-        del entries[max(entries)]
-    return {"max_draft_len": first, "draft_len_schedule": entries}, expressed
-
-
-def sglang_config(s: Schedule) -> tuple[dict | None, dict | None]:
-    """SGLang's adaptive-speculation config ({lower batch size: {"candidate_steps": [k]}}; a batch
-    is padded to its CUDA-graph size and served by the largest key at or below it) with one
-    candidate per slot, and the server arguments it needs (`speculative_num_steps` must be one of
-    the candidates; topk 1; draft tokens = steps + 1). (None, None) when off everywhere."""
-    if max(r.k for r in s.ranges) == OFF:
-        return None, None
-    config = {str(r.lo): {"candidate_steps": [r.k]} for r in s.ranges}
-    steps = s.ranges[0].k
-    return config, {"speculative_adaptive": True, "speculative_num_steps": steps, "speculative_eagle_topk": 1,
-                    "speculative_num_draft_tokens": steps + 1}
-
-
-def expressed_cost(table: Table, expressed: Schedule, against: Schedule | None = None) -> float:
-    """The largest fraction of the modeled speedup a batch size of `table` gives up under the
-    `expressed` schedule's k, against `against`'s k (None: the batch size's own best k)."""
-    def speedups(s: Schedule) -> np.ndarray:
-        return np.array([table.at(s.k_at(int(b)))[0][i] for i, b in enumerate(table.B)])
-
-    reference = table.best()[1] if against is None else speedups(against)
-    return float(max(0.0, np.max(1.0 - speedups(expressed) / reference)))
+                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
+                  tuple(sorted(graph_bs)))
 
 
 # ---------------------------------------------------------------------------- writing
 
 def method_schedules(inp: Inputs, method: str) -> dict:
-    """One method's schedule at the context mix, its per-context schedules, what each engine's
-    form expresses and what it costs; the engine configs and our YAML document."""
+    """One method's schedule at the context mix, its per-context schedules, each engine's form
+    (`modeling.engines`), the schedule that form holds and what it costs; our YAML document."""
     table = inp.table(method)
     main = schedule(table, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
     tables = {L: inp.table(method, L) for L in inp.contexts}
     by_context = {L: schedule(t, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
                   for L, t in tables.items()}
     collapsed = {str(L): round(expressed_cost(tables[L], main, by_context[L]), 4) for L in inp.contexts}
-    trt, trt_expressed = trtllm_config(main, table)
-    sglang, sglang_args = sglang_config(main)
-    engines = {
-        "vllm": vllm_config(main), "vllm_context": vllm_context_config(by_context), "trtllm": trt, "sglang": sglang}
+    trt, trt_expressed = engines.trtllm_config(main, table)
+    algorithm = engines.SGLANG_ALGORITHM.get(method)
+    sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)
+    configs = {"vllm": engines.vllm_config(main), "vllm_pr48944": engines.vllm_context_config(by_context),
+               "trtllm": trt, "sglang": sglang}
+    expressed = {"vllm": main, "trtllm": trt_expressed, "sglang": sglang_expressed}
     notes = {
-        "vllm": "batch only: the schedule at the context mix; per context L the largest loss: see collapsed_cost",
-        "vllm_context": "per (batch, context) bucket; a context bucket takes the k of its upper end",
-        "trtllm": ("batch only, as vllm; " + (
-                   f"its first k must be its deepest: written as k = {[r.k for r in trt_expressed.ranges]} (largest loss "
-                   f"{expressed_cost(table, trt_expressed):.4f} against the best k, "
-                   f"{expressed_cost(table, trt_expressed, main):.4f} against the schedule); " if trt_expressed != main else "")
-                   + f"above B = {max(trt['draft_len_schedule']) if trt else 0} speculation is off") if trt else
-                  "off at B = 1: TensorRT-LLM's schedule must start at max_draft_len > 0; not written",
-        "sglang": "batch only, as vllm; SGLang's adaptive path runs only for its EAGLE-family algorithms "
-                  "(see docs/deploy.md)",
+        "vllm": "batch only: the schedule at the context mix (per context L its largest loss: collapsed_cost)"
+                + ("" if configs["vllm"] is None or "num_speculative_tokens_per_batch_size" in configs["vllm"] else
+                   "; one k: the static key only, dynamic speculation stays off"),
+        "vllm_pr48944": "per (batch, context) bucket, a context bucket at the k of its upper end; loads only on a "
+                        "vLLM built from the open PR #48944",
+        "trtllm": "batch only, as vllm" if trt else
+                  "off at B = 1: TensorRT-LLM's max_draft_len must be > 0; not written",
+        "sglang": "batch only, as vllm; steps >= 1 (an off range runs one step)" + (
+            f"; {algorithm} ignores the adaptive config: served static" if algorithm not in
+            (None, *engines.ADAPTIVE_ALGORITHMS) else "") + (
+            "; one k: static server arguments only, no adaptive file" if sglang is None and sglang_args else ""),
     }
+    for name, held in expressed.items():
+        if configs[name] is not None and held != main:
+            notes[name] += (f"; holds k = {[r.k for r in held.ranges]} over the ranges (largest loss "
+                            f"{expressed_cost(table, held):.4f} against the best k, "
+                            f"{expressed_cost(table, held, main):.4f} against the schedule)")
+    engine_doc = {name: {"file": engines.ENGINES[name].file if configs[name] is not None else None,
+                         "release": engines.ENGINES[name].release, "batch_size": engines.ENGINES[name].batch,
+                         "past_the_last_entry": engines.ENGINES[name].beyond, "note": notes[name]}
+                  for name in configs}
     document = {
+        "serving": engines.SERVING,
         "method": method, "label": label(method), "run": inp.run,
         "inputs": {"tau": inp.acceptance[method].tau, "tau_ci95": inp.acceptance[method].ci95,
                    "tau_depth": inp.acceptance[method].depth, "tau_context": inp.tau_context,
@@ -349,16 +281,17 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                              f"by its median |error| {inp.profiled['error']:.3f} (its largest on the held-out cells: "
                              f"{inp.profiled['held_out_max_error'] or float('nan'):.3f})" if inp.profiled else
                              "paper's throughput model (method §2), interval from tau's 95% CI"),
-                   "switching_cost": inp.switching_cost, "max_batch": inp.max_batch},
+                   "switching_cost": inp.switching_cost, "max_batch": inp.max_batch,
+                   "sglang_cuda_graph_bs": list(inp.graph_bs)},
         "schedule": [r.to_dict() for r in main.ranges],
         "merged": [m.to_dict() for m in main.merges],
         "by_context": {str(L): [r.to_dict() for r in s.ranges] for L, s in by_context.items()},
         "collapsed_cost": collapsed,
-        "engines": {name: {"file": ENGINE_FILES[name] if engines[name] else None, "note": notes[name]}
-                    for name in engines},
+        "engines": engine_doc,
         "sglang_server_args": sglang_args,
     }
-    return {"document": document, "engines": engines, "schedule": main, "by_context": by_context}
+    return {"document": document, "engines": configs, "schedule": main, "by_context": by_context,
+            "expressed": expressed, "sglang_server_args": sglang_args}
 
 
 def _json(config: dict) -> str:
@@ -376,20 +309,25 @@ def _json(config: dict) -> str:
 
 def write(inp: Inputs, out_dir: Path) -> dict[str, dict]:
     """Every method's files under `out_dir`/<method>/ (our YAML is schedule.yaml); returns each
-    method's `method_schedules`."""
+    method's `method_schedules`. JSON carries no comment and the engines' JSON readers refuse
+    extra keys, so each file's release, batch size and end are in schedule.yaml's `engines`; the
+    TensorRT-LLM YAML also says them in its header."""
     written = {}
     for method in inp.acceptance:
         made = method_schedules(inp, method)
         folder = out_dir / method
         folder.mkdir(parents=True, exist_ok=True)
         for name, config in made["engines"].items():
-            path = folder / ENGINE_FILES[name]
+            engine = engines.ENGINES[name]
+            path = folder / engine.file
             path.unlink(missing_ok=True)
             if config is None:
                 continue
             if name == "trtllm":
-                path.write_text(f"# spire deploy: {label(method)} on {inp.device} {inp.dtype}; "
-                                f"{made['document']['engines']['trtllm']['note']}\n"
+                header = (f"{engines.SERVING} spire deploy: {label(method)} on {inp.device} {inp.dtype}. Keys of "
+                          f"{engine.release}. Batch size: {engine.batch}. Past the last key: {engine.beyond}. "
+                          f"{made['document']['engines'][name]['note']}.")
+                path.write_text("".join(f"# {line}\n" for line in textwrap.wrap(header, 110))
                                 + yaml.safe_dump({"speculative_config": config}, sort_keys=False))
             else:
                 path.write_text(_json(config) + "\n")
@@ -400,15 +338,106 @@ def write(inp: Inputs, out_dir: Path) -> dict[str, dict]:
 
 
 def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
-    """One line per method of `made` (`write`'s): its batch ranges and k, as `spire deploy` prints them."""
-    lines = [f"{inp.run} on {inp.device} {inp.dtype} (HOI {inp.hardware.hoi(inp.dtype):.1f}), {inp.shapes} shapes, "
+    """What `spire deploy` prints: which drafts an engine can serve, then one line per method of
+    `made` (`write`'s) with its batch ranges and k."""
+    lines = [engines.SERVING, "",
+             f"{inp.run} on {inp.device} {inp.dtype} (HOI {inp.hardware.hoi(inp.dtype):.1f}), {inp.shapes} shapes, "
              f"L = {inp.context}" + (f" mixed (sigma {inp.length_spread:g})" if inp.length_spread else "")
-             + f", tau at L = {inp.tau_context}:"]
+             + f", tau at L = {inp.tau_context}, B up to --max-batch {inp.max_batch}:"]
     for method, schedules in made.items():
         s = schedules["schedule"]
         lines.append(f"  {label(method)}: " + ", ".join(
             f"B {r.lo}-{r.hi}: k={r.k} ({r.speedup_min:.2f}-{r.speedup_max:.2f}x)" for r in s.ranges))
-    lines.append(f"written to {out_dir}")
+    lines.append(f"written to {out_dir} (each engine's release and what it does past the last entry: "
+                 "schedule.yaml's engines)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- an engine's reading of a file
+
+EXPLAIN_ENGINES = ("vllm", "vllm_pr48944", "trtllm", "sglang")
+
+
+def load_engine_file(path: Path) -> dict:
+    """An engine file as data: YAML (.yaml, .yml; TensorRT-LLM's under `speculative_config`) or JSON."""
+    if not path.is_file():
+        raise DeployError(f"--explain {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise DeployError(f"--explain {path}: not valid YAML/JSON ({e}); give an engine file spire deploy wrote "
+                          "or one in the same form") from e
+    if not isinstance(data, dict):
+        raise DeployError(f"--explain {path}: expected a mapping of the engine's keys")
+    return data.get("speculative_config", data)
+
+
+def engine_reading(engine: str, config: dict, batches, contexts=(None,), graph_bs=engines.CUDA_GRAPH_BS,
+                   server_args: dict | None = None) -> tuple[list[str], dict]:
+    """What `engine` refuses in `config` and the k it picks per (batch, context) of `batches` x
+    `contexts` (context None where the engine reads none). SGLang reads the adaptive config with
+    an EAGLE-family algorithm at the first slot's steps unless `server_args` says otherwise."""
+    try:
+        if engine == "vllm":
+            return engines.vllm_problems(config), {(b, None): engines.vllm_k(config, b) for b in batches}
+        if engine == "vllm_pr48944":
+            return [], {(b, L): engines.vllm_context_k(config, b, L) for b in batches for L in contexts}
+        if engine == "trtllm":
+            return engines.trtllm_problems(config), {(b, None): engines.trtllm_k(config, b) for b in batches}
+        first = config[min(config, key=int)]["candidate_steps"][0]
+        args = server_args or {"speculative_algorithm": "EAGLE", "speculative_adaptive": True,
+                               "speculative_num_steps": first, "speculative_eagle_topk": 1,
+                               "speculative_num_draft_tokens": first + 1}
+        return (engines.sglang_problems(config, args),
+                {(b, None): engines.sglang_k(config, args, b, graph_bs) for b in batches})
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise DeployError(f"--engine {engine}: the file is not in that engine's form ({e!r}); see docs/deploy.md "
+                          "for each engine's keys") from e
+
+
+def explain(path: Path, engine: str, max_batch: int, contexts, inp: Inputs | None = None, method: str | None = None,
+            graph_bs=engines.CUDA_GRAPH_BS) -> str:
+    """`spire deploy --explain`: what `engine` would do with the file at `path`, B by B (runs of
+    equal k in one row; per context where it reads one), next to the workbook's scheduled k and
+    its modeled multiplier when a run's `inp` and `method` are given."""
+    if engine not in EXPLAIN_ENGINES:
+        raise DeployError(f"--engine {engine}: choose one of {', '.join(EXPLAIN_ENGINES)}")
+    info = engines.ENGINES[engine]
+    batches = range(1, max_batch + 1)
+    reads_context = engine == "vllm_pr48944"
+    problems, picked = engine_reading(engine, load_engine_file(path), batches,
+                                      tuple(contexts) if reads_context else (None,), graph_bs)
+    lines = [engines.SERVING, "", f"{info.label} ({info.release}) reading {path}:",
+             f"  its batch size: {info.batch}; past the last entry: {info.beyond}"]
+    if engine == "sglang":
+        lines.append("  read as an EAGLE-family algorithm would (STANDALONE ignores the file and runs its "
+                     "--speculative-num-steps); batches padded to the CUDA-graph sizes "
+                     f"{', '.join(map(str, graph_bs))}")
+    lines += [f"  refused: {p}" for p in problems] or ["  the engine's checks pass"]
+    ours = {}
+    if inp is not None:
+        for L in (tuple(contexts) if reads_context else (None,)):
+            table = inp.table(method, L)
+            s = schedule(table, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
+            ours.update({(b, L): (s.k_at(b), float(table.at(s.k_at(b))[0][b - 1]) if b <= inp.max_batch else None)
+                         for b in batches})
+        lines.append(f"  beside the workbook's schedule for {label(method)} ({inp.run} on {inp.device} {inp.dtype}, "
+                     f"{inp.shapes} shapes, L = {inp.context if not reads_context else 'per row'})")
+    header = ["B", *(["L"] if reads_context else []), "engine k", *(["workbook k", "modeled x"] if ours else [])]
+    rows = []
+    for L in (tuple(contexts) if reads_context else (None,)):
+        for _, run in itertools.groupby(batches, key=lambda b, L=L: (picked[(b, L)], ours.get((b, L), (None,))[0])):
+            run = list(run)
+            k, mine = picked[(run[0], L)], ours.get((run[0], L))
+            span = f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])
+            cells = [span, *([str(L)] if reads_context else []), str(k)]
+            if mine is not None:
+                xs = [ours[(b, L)][1] for b in run if ours[(b, L)][1] is not None]
+                cells += [str(mine[0]) + ("" if mine[0] == k else "  <- differs"),
+                          f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-"]
+            rows.append(cells)
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows)]
     return "\n".join(lines)
 
 
@@ -446,7 +475,7 @@ def write_run(out_dir: Path) -> dict:
         made = write(inp, out_dir / "deploy" / name)
         written[name] = {"folder": f"deploy/{name}", "device": f"{inp.device} {inp.dtype}", "context": inp.context,
                          "methods": {m: {"ranges": s["schedule"].describe(),
-                                         "files": ["schedule.yaml", *(ENGINE_FILES[e] for e, c in s["engines"].items()
+                                         "files": ["schedule.yaml", *(engines.ENGINES[e].file for e, c in s["engines"].items()
                                                                       if c is not None)]}
                                      for m, s in made.items()}}
     return written
@@ -472,33 +501,52 @@ def index_section(run: dict, results: dict) -> str:
     return ("<h2>Serving schedules</h2>\n<p>Per draft the k that maximizes the modeled throughput multiplier per "
             "batch size (0: speculation off), in the forms vLLM, TensorRT-LLM and SGLang take "
             "(<code>spire deploy</code>, docs/deploy.md; no engine file where speculation is off everywhere, or the "
-            "engine cannot express the schedule: schedule.yaml says which).</p>\n<table><tr><th>device</th><th>draft</th><th>batch ranges</th>"
+            f"engine cannot express the schedule: schedule.yaml says which).</p>\n<p>{escape(engines.SERVING)}</p>\n<table><tr><th>device</th><th>draft</th><th>batch ranges</th>"
             "<th>files</th></tr>\n" + "\n".join(rows) + "\n</table>")
 
 
 # ---------------------------------------------------------------------------- command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN", type=Path, help="a finished run's folder (outputs/<run>) or its name")
+    parser.add_argument("run_dir", metavar="RUN", type=Path, nargs="?",
+                        help="a finished run's folder (outputs/<run>) or its name (optional with --explain)")
     parser.add_argument("--hardware", help="a device of the hardware table (h100-sxm, h200, a100-sxm, b200, "
                                            "tpu-v5e, this-machine once calibrated)")
     parser.add_argument("--dtype", help="the serving dtype (default: the device's fp8, else bf16, else fp32)")
     parser.add_argument("--peak-flops", type=float, help="instead of --hardware: dense peak FLOP/s in --dtype")
     parser.add_argument("--bandwidth", type=float, help="instead of --hardware: memory bandwidth, bytes/s")
-    parser.add_argument("--draft", action="append", help="only this method (repeatable; default: every measured one)")
+    parser.add_argument("--draft", action="append", help="only this method (repeatable; default: every measured one; "
+                                                         "with --explain and a RUN: the one to compare with)")
     parser.add_argument("--shapes", default="trained", choices=SHAPES, help="the run's trained shapes (default) or "
                                                                            "the paper's 67M target and drafts")
     parser.add_argument("--context", type=int, help="the context L (default: notebook 06's context_length)")
     parser.add_argument("--length-spread", type=float, help="sigma of log-length: mixed-length batches (default 0)")
-    parser.add_argument("--contexts", type=lambda s: tuple(int(v) for v in s.split(",")), default=CONTEXTS,
+    parser.add_argument("--contexts", type=_ints, default=CONTEXTS,
                         help="the context grid of the per-context schedules (default 32,...,8192)")
-    parser.add_argument("--max-batch", type=int, default=256, help="the largest batch size scheduled (default 256)")
+    parser.add_argument("--max-batch", type=int, default=256,
+                        help="your server's largest batch: vLLM max_num_seqs, TensorRT-LLM max_batch_size, SGLang "
+                             "max running requests (default 256); the schedules cover B = 1 up to it")
+    parser.add_argument("--cuda-graph-bs", type=_ints, default=engines.CUDA_GRAPH_BS,
+                        help="your SGLang server's --cuda-graph-bs (SGLang pads a batch up to one before it picks "
+                             "the steps; default 1,2,4,8,12,16,24,...,256, an assumption)")
     parser.add_argument("--switching-cost", type=float, default=0.0,
                         help="fraction of the speedup a switch of k must beat (e.g. 0.14); default 0")
     parser.add_argument("--model", default="paper", choices=MODELS,
                         help="paper: the paper's throughput model on --hardware (default); profiled: this machine's "
                              "profiled cost model as notebook 09 fitted it")
     parser.add_argument("--out", type=Path, help="output folder (default: <run>/deploy/<hardware>-<dtype>)")
+    parser.add_argument("--explain", type=Path, metavar="FILE",
+                        help="print what --engine would do with this engine file, B by B (beside RUN's schedule "
+                             "for --draft when a RUN is given); writes nothing")
+    parser.add_argument("--engine", choices=EXPLAIN_ENGINES, help="the engine that reads --explain's file")
+
+
+def _ints(value: str) -> tuple[int, ...]:
+    """A comma-separated list of integers, e.g. 1,2,4,8."""
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: give comma-separated integers, e.g. 1,2,4,8") from e
 
 
 def run_folder(value: Path) -> Path:
@@ -506,13 +554,36 @@ def run_folder(value: Path) -> Path:
     return value if value.is_dir() else project_root() / "outputs" / value
 
 
+def _explain(args: argparse.Namespace) -> str:
+    """`--explain`'s table; the run's schedule beside it when a RUN is given (one --draft)."""
+    if args.engine is None:
+        raise DeployError(f"--explain needs --engine: one of {', '.join(EXPLAIN_ENGINES)}")
+    inp = method = None
+    if args.run_dir is not None:
+        if not args.draft or len(args.draft) != 1:
+            raise DeployError("--explain with a RUN compares one draft: give --draft NAME (vanilla, magicdec, spire)")
+        inp = inputs(run_folder(args.run_dir), hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
+                     bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
+                     max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
+                     shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs)
+        method = args.draft[0]
+    if not (isinstance(args.max_batch, int) and args.max_batch >= 1):
+        raise DeployError(f"--max-batch {args.max_batch}: must be a positive integer")
+    return explain(args.explain, args.engine, args.max_batch, args.contexts, inp, method, args.cuda_graph_bs)
+
+
 def command(args: argparse.Namespace) -> int:
-    run_dir = run_folder(args.run_dir)
     try:
+        if args.explain is not None:
+            print(_explain(args))
+            return 0
+        if args.run_dir is None:
+            raise DeployError("give a finished run (outputs/<run>), or --explain FILE --engine NAME")
+        run_dir = run_folder(args.run_dir)
         inp = inputs(run_dir, hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
-                     shapes=args.shapes, methods=args.draft, model=args.model)
+                     shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs)
     except DeployError as e:
         print(f"error: spire deploy: {e}", file=sys.stderr)
         return 2

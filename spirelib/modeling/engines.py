@@ -1,0 +1,269 @@
+"""What a serving engine does with a batch-size -> k schedule, as its named release reads it
+(docs/deploy.md, which cites each engine's file, issue or PR): the keys we write for it, a small
+executable model of its own lookup (the k it picks at a batch size, and a context where it reads
+one), its refusals in short, and which drafts it can serve at all.
+
+The schedule is `schedule`'s (the best k per batch size, method §2 and §8); here it meets each
+engine's form. Where a form cannot hold the schedule, the writer returns the schedule it does hold
+(`expressed`) so its modeled loss can be said (`schedule.expressed_cost`). Plain Python and numpy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+
+from spirelib.modeling.schedule import OFF, Schedule, Table, expressed_cost
+
+SERVING = ("Which drafts an engine can serve: a vanilla draft (a small model of the target's family, "
+           "training/hf) through each engine's draft-model method (vLLM method \"draft_model\", TensorRT-LLM "
+           "DraftTargetDecodingConfig, SGLang --speculative-algorithm STANDALONE). MagicDec (a sink + window "
+           "self-draft) and SPIRe (a draft that reads the target's activations) need an engine that implements "
+           "them, and none does today: their files are the schedule such an implementation would take.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """A serving engine's schedule form: the release whose keys we write, the file, what the
+    engine counts as its batch size and what it does past the schedule's last entry."""
+
+    name: str
+    label: str
+    release: str
+    file: str
+    batch: str
+    beyond: str
+
+
+ENGINES = {
+    "vllm": Engine(
+        "vllm", "vLLM", "vLLM v0.25.0 (speculative_config: num_speculative_tokens, "
+        "num_speculative_tokens_per_batch_size)", "vllm.json",
+        "scheduled requests per step, prefill chunks included (len(num_scheduled_tokens))",
+        "the last entry's k (gaps and batch sizes past the last entry inherit), up to max_num_seqs"),
+    "vllm_pr48944": Engine(
+        "vllm_pr48944", "vLLM, open PR #48944", "no release: the open vLLM PR #48944 (speculative_token_schedule "
+        "with 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] entries, ctx_agg); a released vLLM refuses these keys",
+        "vllm-context-pr48944.json", "as vllm; the context is the mean of the batch's computed tokens",
+        "as vllm along B; the last context range is open-ended"),
+    "trtllm": Engine(
+        "trtllm", "TensorRT-LLM", "TensorRT-LLM 1.3.0rc27 (speculative_config: max_draft_len, draft_len_schedule)",
+        "trtllm.yaml", "active requests of the iteration (as reported; not confirmed from its source)",
+        "k = 0: speculation off above the largest key; set --max-batch to your max_batch_size"),
+    "sglang": Engine(
+        "sglang", "SGLang", "SGLang after PR #24055 (--speculative-adaptive-config keyed by batch size; the "
+        "first release carrying it is not confirmed)", "sglang-adaptive.json",
+        "the decode batch padded up to its CUDA-graph batch size",
+        "the last slot's steps (a slot serves every padded batch size from its key up)"),
+}
+
+ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")  # the only algorithms whose adaptive path reads the config
+SGLANG_ALGORITHM = {"vanilla": "STANDALONE"}  # per method its SGLang algorithm; none serves MagicDec or SPIRe
+# SGLang's captured decode batch sizes when --cuda-graph-bs is not given: an assumption, not read from a
+# release; pass your server's list (`spire deploy --cuda-graph-bs`).
+CUDA_GRAPH_BS = (1, 2, 4, 8, 12, *range(16, 257, 8))
+
+
+def _ks(s: Schedule) -> set[int]:
+    return {r.k for r in s.ranges}
+
+
+# ---------------------------------------------------------------------------- vLLM
+
+def vllm_config(s: Schedule) -> dict | None:
+    """vLLM's `speculative_config` keys: one k anywhere -> only the static `num_speculative_tokens`
+    (the dynamic key alone turns dynamic speculation on, and with it PIECEWISE CUDA graphs); else
+    that maximum and the inclusive [lo, hi, k] entries of `num_speculative_tokens_per_batch_size`,
+    the first from 1. None when speculation is off everywhere."""
+    top = max(_ks(s))
+    if top == OFF:
+        return None
+    if len(_ks(s)) == 1:
+        return {"num_speculative_tokens": top}
+    return {"num_speculative_tokens": top,
+            "num_speculative_tokens_per_batch_size": [[r.lo, r.hi, r.k] for r in s.ranges]}
+
+
+def vllm_k(config: dict, batch: int) -> int:
+    """The k vLLM schedules at `batch`: the entry whose inclusive range holds it, a gap or a
+    batch size past the last entry inheriting the entry before; clamped to
+    num_speculative_tokens; without a schedule, num_speculative_tokens."""
+    entries = config.get("num_speculative_tokens_per_batch_size")
+    if not entries:
+        return config["num_speculative_tokens"]
+    k = OFF
+    for lo, _, value in sorted(entries):
+        if lo > batch:
+            break
+        k = value
+    return min(config["num_speculative_tokens"], k)
+
+
+def vllm_problems(config: dict) -> list[str]:
+    """What vLLM's validation refuses in `config`, in short (3-item entries)."""
+    found = [] if config.get("num_speculative_tokens", 0) > 0 else ["num_speculative_tokens must be > 0"]
+    unknown = set(config) - {"num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+    found += [f"{key}: not a key of the release (its config forbids extra fields)" for key in sorted(unknown)]
+    entries = config.get("num_speculative_tokens_per_batch_size")
+    if entries is None:
+        return found
+    if not entries or any(len(e) != 3 for e in entries):
+        return [*found, "entries must be non-empty [bs_lo, bs_hi, k] lists"]
+    ranges = sorted((e[0], e[1]) for e in entries)
+    if ranges[0][0] != 1:
+        found.append("the first batch-size range must start at 1")
+    if any(lo > hi for lo, hi in ranges) or any(b[0] <= a[1] for a, b in itertools.pairwise(ranges)):
+        found.append("batch-size ranges must be increasing and non-overlapping")
+    if any(e[2] < 0 for e in entries):
+        found.append("k must be >= 0")
+    return found
+
+
+def vllm_context_config(by_context: dict[int, Schedule]) -> dict | None:
+    """The open PR's (batch x context) form: 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] entries on a
+    rectangular grid, context ranges contiguous from 1, the last open-ended; a context bucket
+    (L_prev, L] takes the k of its upper end L. None when speculation is off everywhere."""
+    lengths = sorted(by_context)
+    top = max(r.k for s in by_context.values() for r in s.ranges)
+    if top == OFF:
+        return None
+    starts = sorted({r.lo for s in by_context.values() for r in s.ranges})
+    ends = [b - 1 for b in starts[1:]] + [max(s.ranges[-1].hi for s in by_context.values())]
+    entries = [[lo, hi, 1 if j == 0 else lengths[j - 1] + 1, L, by_context[L].k_at(lo)]
+               for lo, hi in zip(starts, ends) for j, L in enumerate(lengths)]
+    return {"num_speculative_tokens": top, "speculative_token_schedule": entries, "ctx_agg": "mean"}
+
+
+def vllm_context_k(config: dict, batch: int, context: int) -> int:
+    """The k the open PR's lookup picks at (`batch`, `context`): the context bucket holding it
+    (past the last: the last), then as `vllm_k` along the batch sizes of that bucket."""
+    entries = config["speculative_token_schedule"]
+    buckets = sorted({(e[2], e[3]) for e in entries})
+    bucket = next((b for b in buckets if context <= b[1]), buckets[-1])
+    rows = [[e[0], e[1], e[4]] for e in entries if (e[2], e[3]) == bucket]
+    return vllm_k({"num_speculative_tokens": config["num_speculative_tokens"],
+                   "num_speculative_tokens_per_batch_size": rows}, batch)
+
+
+# ---------------------------------------------------------------------------- TensorRT-LLM
+
+def trtllm_config(s: Schedule, table: Table) -> tuple[dict | None, Schedule]:
+    """TensorRT-LLM's keys and the schedule they hold. Its `draft_len_schedule` maps inclusive
+    upper batch sizes to k, off above the largest key; its smallest key must map to
+    `max_draft_len` and no k may exceed it, so every range deeper than the first is clamped to the
+    first's k, or the first raised to the deepest, whichever loses less on `table`; trailing k = 0
+    ranges are implicit. One k everywhere -> only the static `max_draft_len`. None when that
+    leaves speculation off at B = 1 (max_draft_len must be > 0)."""
+    deepest = max(_ks(s))
+    clamped = dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=min(r.k, s.ranges[0].k))
+                                                  for r in s.ranges))
+    raised = dataclasses.replace(s, ranges=(dataclasses.replace(s.ranges[0], k=deepest), *s.ranges[1:]))
+    expressed = min((clamped, raised), key=lambda e: expressed_cost(table, e))
+    first = expressed.ranges[0].k
+    if first == OFF:
+        return None, expressed
+    if _ks(expressed) == {first}:
+        return {"max_draft_len": first}, expressed
+    entries = {r.hi: r.k for r in expressed.ranges}
+    while entries[max(entries)] == OFF:
+        del entries[max(entries)]
+    return {"max_draft_len": first, "draft_len_schedule": entries}, expressed
+
+
+def trtllm_k(config: dict, batch: int) -> int:
+    """The draft length TensorRT-LLM runs at `batch`: the k of the first key >= batch
+    (bisect_left over the sorted keys), 0 above the largest key; without a schedule,
+    max_draft_len."""
+    schedule = {int(key): k for key, k in (config.get("draft_len_schedule") or {}).items()}
+    if not schedule:
+        return config["max_draft_len"]
+    keys = sorted(schedule)
+    i = bisect.bisect_left(keys, batch)
+    return schedule[keys[i]] if i < len(keys) else OFF
+
+
+def trtllm_problems(config: dict) -> list[str]:
+    """What TensorRT-LLM's validator refuses in `config`, in short."""
+    top = config.get("max_draft_len", 0)
+    found = [] if top > 0 else ["max_draft_len must be > 0"]
+    schedule = {int(key): k for key, k in (config.get("draft_len_schedule") or {}).items()}
+    if not schedule:
+        return found
+    found += [f"key {b} < 1" for b in schedule if b < 1] + [f"k {k} < 0" for k in schedule.values() if k < 0]
+    if schedule[min(schedule)] != top:
+        found.append("the smallest key must map to max_draft_len")
+    found += [f"k {k} > max_draft_len" for k in schedule.values() if k > top]
+    return found
+
+
+# ---------------------------------------------------------------------------- SGLang
+
+def sglang_padded(batch: int, graph_bs=CUDA_GRAPH_BS) -> int:
+    """The batch size SGLang runs `batch` at: the smallest captured CUDA-graph batch size >= it
+    (none: `batch` itself, no graph)."""
+    graphs = sorted(graph_bs)
+    i = bisect.bisect_left(graphs, batch)
+    return graphs[i] if i < len(graphs) else batch
+
+
+def sglang_config(s: Schedule, table: Table, algorithm: str | None) -> tuple[dict | None, dict | None, Schedule]:
+    """SGLang's adaptive config ({lower batch size: {"candidate_steps": [k]}}, one candidate per
+    slot), its server arguments and the schedule they hold. Steps are >= 1 (k = 0 is no server
+    argument), so an off range runs at one step. `algorithm` is the method's SGLang algorithm (None:
+    none implements the draft, no algorithm is named; the config is what such an implementation
+    would read). One k, or an
+    algorithm whose adaptive path is off (`ADAPTIVE_ALGORITHMS`), gets static server arguments only,
+    at the k that loses least on `table`. (None, None, s) when speculation is off everywhere."""
+    if max(_ks(s)) == OFF:
+        return None, None, s
+    stepped = dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=max(r.k, 1)) for r in s.ranges))
+    adaptive = algorithm is None or algorithm in ADAPTIVE_ALGORITHMS
+    if len(_ks(stepped)) > 1 and adaptive:
+        expressed, config = stepped, {str(r.lo): {"candidate_steps": [r.k]} for r in stepped.ranges}
+    else:
+        statics = [dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=k) for r in s.ranges))
+                   for k in sorted(_ks(stepped))]
+        expressed, config = min(statics, key=lambda e: expressed_cost(table, e)), None
+    steps = expressed.ranges[0].k
+    args = {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1}
+    if algorithm is not None:
+        args = {"speculative_algorithm": algorithm, **args}
+    if config is not None:
+        args["speculative_adaptive"] = True
+    return config, args, expressed
+
+
+def sglang_k(config: dict | None, server_args: dict, batch: int, graph_bs=CUDA_GRAPH_BS) -> int:
+    """The steps SGLang runs at `batch`: static `speculative_num_steps` unless the adaptive path
+    reads `config` (adaptive on, an EAGLE-family algorithm or none named); then the batch is padded
+    to its CUDA-graph size (`sglang_padded`) and served by the slot of the largest key at or below
+    that (the first slot below every key), its one candidate."""
+    algorithm = server_args.get("speculative_algorithm")
+    if config is None or not server_args.get("speculative_adaptive") or (
+            algorithm is not None and algorithm not in ADAPTIVE_ALGORITHMS):
+        return server_args["speculative_num_steps"]
+    keys = sorted(int(key) for key in config)
+    slot = keys[max(0, bisect.bisect_right(keys, sglang_padded(batch, graph_bs)) - 1)]
+    return config[str(slot)]["candidate_steps"][0]
+
+
+def sglang_problems(config: dict | None, server_args: dict) -> list[str]:
+    """What SGLang refuses or ignores in `config` and `server_args`, in short."""
+    steps = server_args.get("speculative_num_steps", 0)
+    found = [] if steps >= 1 else ["speculative_num_steps must be >= 1 (no k = 0 server argument)"]
+    if server_args.get("speculative_num_draft_tokens") != steps + 1 or server_args.get("speculative_eagle_topk") != 1:
+        found.append("a chain draft needs speculative_eagle_topk 1 and speculative_num_draft_tokens = steps + 1")
+    if config is None:
+        return found
+    algorithm = server_args.get("speculative_algorithm")
+    if algorithm is not None and algorithm not in ADAPTIVE_ALGORITHMS:
+        found.append(f"{algorithm} ignores the adaptive config (only {', '.join(ADAPTIVE_ALGORITHMS)} read it)")
+    if any(not key.isdigit() or int(key) < 1 for key in config):
+        found.append("slot keys must be batch sizes >= 1")
+    candidates = {k for slot in config.values() for k in slot.get("candidate_steps", [])}
+    if not candidates or min(candidates) < 1:
+        found.append("candidate_steps must be steps >= 1")
+    if steps not in candidates:
+        found.append("speculative_num_steps must be one of the candidate steps")
+    return found
