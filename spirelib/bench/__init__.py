@@ -47,3 +47,32 @@ def positive(args: argparse.Namespace, *names: str) -> list[str]:
         if any(v <= 0 for v in (value if isinstance(value, list) else [value])):
             out.append(f"--{name.replace('_', '-')}: must be > 0, got {value}")
     return out
+
+
+def device_problems(device: str) -> list[str]:
+    """Why `--device` cannot run a benchmark on this machine (empty: it can): it must be the CPU or
+    a CUDA device that torch sees here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return [f"--device {device}: not a device; use cpu, cuda or cuda:N"]
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return [(f"--device {device}: no CUDA device here (torch {torch.__version__} sees none); run it on a GPU "
+                 "machine, or use --device cpu")]
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        return [f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"]
+    if dev.type not in ("cpu", "cuda"):
+        return [f"--device {device}: the benchmarks run on cpu or cuda[:N]"]
+    return []
+
+
+def synchronize(device) -> None:
+    """Wait for `device`'s queued kernels (a CUDA device; nothing to wait for on the CPU): a clock read
+    after it includes them."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

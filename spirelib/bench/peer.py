@@ -21,6 +21,14 @@ spread (lowest and highest of the per-repeat ratios) and ours / transformers as 
 (transformers' time over ours: above 1, ours is faster). Greedy tokens of both sides are
 compared at every cell and mode; any row that differs is reported and the exit status is 1.
 
+`--device cuda --dtype bf16` runs both sides on a GPU in bf16 (the weights cast before the export,
+so both still hold the very same values); every timed call waits for the device's kernels
+(`torch.cuda.synchronize`) before the clock is read. On a GPU, transformers' `generate` with the
+static cache also compiles its decoding call itself (`CompileConfig`: CUDA graphs); ours replays
+its own graphs. Below fp32, two engines' kernels round differently, so a greedy row may take the
+runner-up where the top two logits are within `gpu_check.TIE_LOGITS`: such rows are counted as
+ties (`rows_tied`), not differences; in fp32 any different token counts.
+
 transformers is optional: `pip install 'transformers>=4.56'` (in the `test` extra) to run this.
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
@@ -37,13 +45,15 @@ from pathlib import Path
 
 import torch
 
-from spirelib.bench import MODEL_OPTIONS, add_model_arguments, model_config, positive
+from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive, synchronize
+from spirelib.bench.gpu_check import TIE_LOGITS, greedy_mismatch
 from spirelib.engine.drafts import VanillaDraft, vanilla_draft_config
 from spirelib.engine.speculative import autoregressive_generate, speculative_generate
 from spirelib.engine.transformer import Transformer
 
 MODES = ("eager", "compiled", "assisted")
 BATCHES, CONTEXTS = (1, 16, 64), (256, 960, 2048)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 INSTALL = "spire bench peer needs transformers: pip install 'transformers>=4.56' (it comes with the project's test extra)"
 
 
@@ -71,6 +81,7 @@ class Times:
     whole: list[float] = field(default_factory=list)
     prefill: list[float] = field(default_factory=list)
     tokens: torch.Tensor | None = None  # the last repeat's greedy tokens (B, G)
+    contexts: torch.Tensor | None = None  # the last repeat's contexts (B, L)
 
     def step(self, new_tokens: int) -> list[float]:
         """Per-decode-step seconds of each repeat: (whole - prefill) / (G - 1)."""
@@ -79,25 +90,34 @@ class Times:
 
 class Peer:
     """Both sides' models on the same weights: ours (eager and a compiled copy) and transformers'
-    (eager and one whose forward is compiled), the vanilla draft beside each for `assisted`."""
+    (eager and one whose forward is compiled), the vanilla draft beside each for `assisted`.
+    `target` and `draft` (on the CPU, in the dtype both sides decode in) are exported first, then
+    every model moves to `device`. `tie`: how close the top two logits of a near-tie are (0 in
+    fp32: every different token counts)."""
 
-    def __init__(self, target: Transformer, draft: Transformer, folder: Path, k: int):
+    def __init__(self, target: Transformer, draft: Transformer, folder: Path, k: int, device: str = "cpu"):
         transformers = import_transformers()
         from spirelib.training.hf import save_model
 
         transformers.utils.logging.set_verbosity_error()  # its deprecation notes would drown the table
         transformers.utils.logging.disable_progress_bar()
 
-        self.k = k
-        self.ours = {"eager": target, "draft": draft}
-        compiled = Transformer(target.cfg).eval()
-        compiled.load_state_dict(target.state_dict())
-        self.ours["compiled"] = compiled.compile_decoding()
+        self.k, self.device = k, torch.device(device)
+        dtype = next(target.parameters()).dtype
+        self.tie = 0.0 if dtype == torch.float32 else TIE_LOGITS
         save_model(target, folder / "target")
         save_model(draft, folder / "draft")
-        load = transformers.AutoModelForCausalLM.from_pretrained
-        self.theirs = {"eager": load(folder / "target").eval(), "draft": load(folder / "draft").eval()}
-        fast = load(folder / "target").eval()
+        target, draft = target.to(self.device), draft.to(self.device)
+        self.ours = {"eager": target, "draft": draft}
+        compiled = Transformer(target.cfg).to(device=self.device, dtype=dtype).eval()
+        compiled.load_state_dict(target.state_dict())
+        self.ours["compiled"] = compiled.compile_decoding()
+
+        def load(name):
+            return transformers.AutoModelForCausalLM.from_pretrained(folder / name, dtype=dtype).to(self.device).eval()
+
+        self.theirs = {"eager": load("target"), "draft": load("draft")}
+        fast = load("target")
         fast.forward = torch.compile(fast.forward, dynamic=False)
         self.theirs["compiled"] = fast
         config = self.theirs["draft"].generation_config  # assisted generation reads k from the assistant's config
@@ -125,9 +145,13 @@ class Peer:
 
 
 def timed(side: Side, contexts: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
+    """Seconds of one greedy generation (on a GPU, to the end of its kernels, none of earlier work's
+    counted) and its tokens (B, G)."""
     with torch.no_grad():
+        synchronize(contexts.device)
         start = time.perf_counter()
         tokens = side.generate(contexts, new_tokens)
+        synchronize(contexts.device)
         return time.perf_counter() - start, tokens
 
 
@@ -144,7 +168,8 @@ def time_cell(peer: Peer, batch: int, context: int, modes: list[str], new_tokens
     times = {m: {s.name: Times() for s in sides} for m, sides in pairs.items()}
     turns = [(m, s) for m, sides in pairs.items() for s in sides]
     for run in range(repeats + 1):
-        contexts = torch.randint(0, vocab_size, (batch, context), generator=torch.Generator().manual_seed(run))
+        contexts = torch.randint(0, vocab_size, (batch, context),
+                                 generator=torch.Generator().manual_seed(run)).to(peer.device)  # (B, L)
         shift = run % len(turns)
         for mode, side in turns[shift:] + turns[:shift]:
             whole, tokens = timed(side, contexts, new_tokens)
@@ -153,7 +178,7 @@ def time_cell(peer: Peer, batch: int, context: int, modes: list[str], new_tokens
                 t = times[mode][side.name]
                 t.whole.append(whole)
                 t.prefill.append(prefill)
-                t.tokens = tokens
+                t.tokens, t.contexts = tokens, contexts
     return times
 
 
@@ -164,17 +189,27 @@ def ratio_row(ours: list[float], theirs: list[float]) -> dict:
             "ours_s": statistics.median(ours), "theirs_s": statistics.median(theirs)}
 
 
-def rows_of(batch: int, context: int, times: dict[str, dict[str, Times]], new_tokens: int) -> list[dict]:
-    """One row per mode: whole, prefill and decode-step ratios, and how many rows' tokens differ."""
+def differing_rows(peer: Peer, ours: Times, theirs: Times) -> tuple[int, int]:
+    """(rows whose greedy tokens differ beyond a near-tie, rows that differ only after a near-tie of
+    `peer.tie`) in the last repeat; a near-tie is judged on our eager target (`gpu_check.greedy_mismatch`)."""
+    differ = (ours.tokens != theirs.tokens).any(dim=1).nonzero().flatten().tolist()
+    tied = sum(peer.tie > 0 and greedy_mismatch(peer.ours["eager"], ours.contexts[r:r + 1], theirs.tokens[r:r + 1],
+                                                ours.tokens[r:r + 1], peer.tie) is None for r in differ)
+    return len(differ) - tied, tied
+
+
+def rows_of(peer: Peer, batch: int, context: int, times: dict[str, dict[str, Times]], new_tokens: int) -> list[dict]:
+    """One row per mode: whole, prefill and decode-step ratios, and how many rows' tokens differ
+    (beyond a near-tie, and only after one)."""
     rows = []
     for mode, sides in times.items():
         ours, theirs = sides["ours"], sides["transformers"]
-        differ = (ours.tokens != theirs.tokens).any(dim=1)
+        differ, tied = differing_rows(peer, ours, theirs)
         rows.append({"batch": batch, "context": context, "mode": mode,
                      "whole": ratio_row(ours.whole, theirs.whole),
                      "prefill": ratio_row(ours.prefill, theirs.prefill),
                      "step": ratio_row(ours.step(new_tokens), theirs.step(new_tokens)),
-                     "rows_differ": int(differ.sum()),
+                     "rows_differ": differ, "rows_tied": tied,
                      "tokens_per_s": {"ours": batch * new_tokens / statistics.median(ours.whole),
                                       "transformers": batch * new_tokens / statistics.median(theirs.whole)}})
     return rows
@@ -197,12 +232,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", type=int, default=4, help="drafts a round, assisted mode")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="both sides' weights and caches")
     add_model_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def problems(args: argparse.Namespace) -> list[str]:
-    out = positive(args, "new_tokens", "k", "repeats", *MODEL_OPTIONS)
+    out = positive(args, "new_tokens", "k", "repeats", *MODEL_OPTIONS) + device_problems(args.device)
     out += [f"--cells: {b}x{c}: B and L must be > 0 and L >= 2" for b, c in args.cells if b < 1 or c < 2]
     if args.new_tokens < 2:
         out.append(f"--new-tokens: the decode step needs G >= 2, got {args.new_tokens}")
@@ -221,21 +258,23 @@ def run(args: argparse.Namespace) -> list[dict]:
         torch.set_num_threads(args.threads)
     cfg = model_config(args)
     torch.manual_seed(0)
-    target = Transformer(cfg).eval()
-    draft = Transformer(vanilla_draft_config(cfg)).eval()
+    dtype = DTYPES[args.dtype]
+    target = Transformer(cfg).to(dtype).eval()
+    draft = Transformer(vanilla_draft_config(cfg)).to(dtype).eval()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        peer = Peer(target, draft, Path(folder), args.k)
+        peer = Peer(target, draft, Path(folder), args.k, args.device)
         for batch, context in args.cells:
             times = time_cell(peer, batch, context, args.modes, args.new_tokens, args.repeats, cfg.vocab_size)
-            rows += rows_of(batch, context, times, args.new_tokens)
+            rows += rows_of(peer, batch, context, times, args.new_tokens)
     return rows
 
 
 def print_rows(rows: list[dict], args: argparse.Namespace) -> None:
     cfg = model_config(args)
     print(f"peer: target {cfg.num_layers}x{cfg.d_model} (n_kv {cfg.n_kv}, d_head {cfg.d_head}, d_ff {cfg.d_ff}, "
-          f"vocab {cfg.vocab_size}), G={args.new_tokens}, greedy, {torch.get_num_threads()} threads, "
+          f"vocab {cfg.vocab_size}), {args.dtype}, G={args.new_tokens}, greedy, {args.device}"
+          f"{f', {torch.get_num_threads()} threads' if args.device == 'cpu' else ''}, "
           f"medians of {args.repeats}; ours / transformers as speed (their time / ours), [lowest, highest]")
     print(f"{'B':>3} {'L':>5} {'mode':9} {'whole':>19} {'prefill':>19} {'decode step':>19} {'tokens':>10}")
 
@@ -243,7 +282,8 @@ def print_rows(rows: list[dict], args: argparse.Namespace) -> None:
         return f"{r['ratio']:5.2f} [{r['low']:4.2f}, {r['high']:4.2f}]"
 
     for r in rows:
-        same = "equal" if not r["rows_differ"] else f"{r['rows_differ']}/{r['batch']} differ"
+        same = (f"{r['rows_differ']}/{r['batch']} differ" if r["rows_differ"] else
+                f"{r['rows_tied']} near-ties" if r["rows_tied"] else "equal")
         print(f"{r['batch']:3d} {r['context']:5d} {r['mode']:9} {cell(r['whole']):>19} {cell(r['prefill']):>19}"
               f" {cell(r['step']):>19} {same:>10}")
 
