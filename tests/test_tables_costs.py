@@ -137,12 +137,12 @@ def test_08_leads_with_whether_training_spire_pays_and_how_the_papers_numbers_co
     checks = tables.paper_cost_checks(scenarios)
     net, net_70b = {"spire": 6.15, "magicdec": 5.12}, {"spire": 6.20, "magicdec": 5.33}
     break_even = {"spire_vs_ad": 0.39, "spire_vs_magicdec": 2.3}
-    verdict, paper = tables.lead(checks, net, net_70b, break_even, 1.28, 10.0, ((64, 512), (64, 65536)))
+    verdict, paper = tables.lead(checks, net, net_70b, break_even, 1.28, 10.0, ((64, 512), (64, 65536)), "Source.")
     assert verdict == ("**Training SPIRe pays** at serving = 10 target-training units: net savings 6.15 against "
                        "MagicDec's 5.12 (small target, B = 64, L = 512), 6.20 against 5.33 (Llama 3 70B, B = 64, "
                        "L = 65536). SPIRe's training is repaid against AD after 0.39 units of serving and overtakes "
                        "MagicDec from 2.30 units; at 10 units it stays ahead while its training costs less than 1.28 "
-                       "units.")
+                       "units. Source.")
     rounded = [c for c in checks if c["which"] == "rounded"]
     assert paper.startswith(f"**The paper's five numbers:** {5 - len(rounded)} of 5 agree to two decimals from the "
                             "model's full multipliers")
@@ -152,4 +152,29 @@ def test_08_leads_with_whether_training_spire_pays_and_how_the_papers_numbers_co
                 f"(the paper's {c['paper']:.2f})") in paper
     assert "from neither" not in paper
     never = {**break_even, "spire_vs_magicdec": math.inf}
-    assert "never overtakes MagicDec" in tables.lead(checks, net, net_70b, never, 1.28, 10.0, ((64, 512), (64, 1)))[0]
+    assert "never overtakes MagicDec" in tables.lead(checks, net, net_70b, never, 1.28, 10.0, ((64, 512), (64, 1)),
+                                                     "")[0]
+
+
+def test_08_prices_spire_training_with_the_cost_03_measured_and_says_so():
+    """03 measured SPIRe training at 2,000 tokens/s against the target's 1,080: 0.54 target-training
+    units a token, which 08 charges at every target instead of the body parameters' 0.25 (the
+    vanilla draft keeps its own); without 03's figure, the body-parameter model, said so."""
+    from spirelib.workbook.tables.training import training_cost, training_cost_sentence
+
+    scenarios = {"seqax-67m": Scenario.paper("seqax-67m"), "llama3-70b": Scenario.paper("llama3-70b")}
+    modeled = tables.draft_training_units(scenarios)
+    measured = training_cost({"tokens_per_s": 1080.0}, {"tokens_per_s": 2000.0}, 0.25)
+    assert measured["spire_units_per_token"] == pytest.approx(0.54)
+    assert "a SPIRe token costs 0.54 of a target training token, not the 0.25 its share" in training_cost_sentence(
+        measured)
+    training, source = tables.with_measured_training(modeled, measured)
+    assert {name: units["spire"] for name, units in training.items()} == {"seqax-67m": pytest.approx(0.54),
+                                                                          "llama3-70b": pytest.approx(0.54)}
+    assert training["seqax-67m"]["vanilla"] == modeled["seqax-67m"]["vanilla"]
+    assert source.startswith("SPIRe's training is priced at 0.54 target-training units, the cost per token notebook 03 "
+                             "measured (the draft trained at 2,000 tokens/s, the target at 1,080")
+    assert "its body parameters alone would say 0.25" in source
+    same, fallback = tables.with_measured_training(modeled, None)
+    assert same == modeled and "this run recorded no measured training cost (notebook 03)" in fallback
+    assert f"{modeled['seqax-67m']['spire']:.2f} units (seqax-67m)" in fallback

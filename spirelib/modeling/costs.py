@@ -46,6 +46,15 @@ def draft_training_units(draft: ModelShape | str, target: ModelShape | str, *, t
     return float(ratio * positive(token_ratio, "token_ratio") / positive(mfu_ratio, "mfu_ratio"))
 
 
+def measured_training_units(target_tokens_per_s: float, draft_tokens_per_s: float) -> float:
+    """A draft's training cost per token in target-training units, from measured training speed:
+    the target's training tokens/s over the draft's (method §2, "Cost analysis"). Trained on as
+    many tokens as the target, the draft costs this many units. Unlike `draft_training_units` it
+    holds everything a training step does: SPIRe's runs the frozen target forward on every batch."""
+    return float(positive(target_tokens_per_s, "target_tokens_per_s") / positive(draft_tokens_per_s,
+                                                                                   "draft_tokens_per_s"))
+
+
 def serving_savings(tm, *, serving_units: float = PAPER_SERVING_UNITS, training_units: float = 0.0):
     """Net savings in target-training units: serving_units * (1 - 1/TM) - training_units."""
     tm = positive(tm, "tm")

@@ -38,6 +38,26 @@ def draft_training_units(scenarios: dict[str, Scenario], mfu_ratio: float = 1.0)
             for target, s in scenarios.items()}
 
 
+def with_measured_training(modeled: dict[str, dict[str, float]], measured: dict | None
+                           ) -> tuple[dict[str, dict[str, float]], str]:
+    """The drafts' training units 08 prices with, and where SPIRe's come from, in words: the cost
+    per token notebook 03 measured (`measured`: its "training_cost", `tables.training.training_cost`)
+    for SPIRe at every target, where this run recorded one (it holds the frozen target's forward on
+    every batch, which the body-parameter count leaves out), else the body-parameter model
+    `modeled` (`draft_training_units`), said so (method §2, "Cost analysis")."""
+    if not measured:
+        return modeled, ("SPIRe's training is priced from its body parameters, "
+                         + ", ".join(f"{units['spire']:.2f} units ({name})" for name, units in modeled.items())
+                         + ": this run recorded no measured training cost (notebook 03).")
+    units = measured["spire_units_per_token"]
+    return ({name: {**m, "spire": units} for name, m in modeled.items()},
+            f"SPIRe's training is priced at {units:.2f} target-training units, the cost per token notebook 03 measured "
+            f"(the draft trained at {measured['spire_tokens_per_s']:,.0f} tokens/s, the target at "
+            f"{measured['target_tokens_per_s']:,.0f}: every SPIRe step runs the frozen target forward), trained on as "
+            f"many tokens as its target; its body parameters alone would say {measured['body_ratio']:.2f}, the "
+            "paper's \"about 1/4\".")
+
+
 def draft_cost_rows(scenarios: dict[str, Scenario], training: dict[str, dict[str, float]]) -> list[dict]:
     """Per target and draft: body parameters, training units on the target's tokens
     (`training`, from `draft_training_units`), units on its own Chinchilla budget (20 tokens per
@@ -238,10 +258,11 @@ def mixed_margin_result(margins: dict) -> dict:
 
 
 def lead(checks: list[dict], net: dict, net_70b: dict, break_even: dict, limit: float, serving_units: float,
-         cells: tuple[tuple[int, int], tuple[int, int]]) -> list[str]:
+         cells: tuple[tuple[int, int], tuple[int, int]], source: str) -> list[str]:
     """08's conclusion in words, before its evidence (Markdown paragraphs): whether training SPIRe
     pays at the cost tables' cells (`cells`: the small target's and the 70B's (B, L)) against
-    MagicDec, from what serving volume, and up to what training cost (`max_training_units`); and
+    MagicDec, from what serving volume, and up to what training cost (`max_training_units`), at
+    the training cost `source` names (`with_measured_training`); and
     how the paper's five numbers (`paper_cost_checks`) come out: from the full multipliers, only
     from the multipliers rounded to two decimals first (the paper's arithmetic), or neither."""
     (b, l), (b70, l70) = cells
@@ -253,7 +274,8 @@ def lead(checks: list[dict], net: dict, net_70b: dict, break_even: dict, limit: 
     volume = break_even["spire_vs_magicdec"]
     verdict += (f" SPIRe's training is repaid against AD after {break_even['spire_vs_ad']:.2f} units of serving and "
                 + (f"overtakes MagicDec from {volume:.2f} units" if np.isfinite(volume) else "never overtakes MagicDec")
-                + f"; at {serving_units:g} units it stays ahead while its training costs less than {limit:.2f} units.")
+                + f"; at {serving_units:g} units it stays ahead while its training costs less than {limit:.2f} units. "
+                + source)
     full = [c for c in checks if "full" in c["which"]]
     rounded = [c for c in checks if c["which"] == "rounded"]
     neither = [c for c in checks if c["which"] == "neither"]

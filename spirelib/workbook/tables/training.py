@@ -1,14 +1,14 @@
 """What notebook 02 (training the target) shows and records, in words and one-row tables: the
 token data, the target's shape and training budget (method §2's 20 tokens per parameter), the
-trained (or loaded, or imported) target, its training speed as MFU, and sampled continuations.
-They read what `series`, `pipeline` and the trainer computed and compute nothing of their own
-beyond ratios."""
+trained (or loaded, or imported) target, its training speed as MFU, and sampled continuations;
+and what notebook 03 records of SPIRe's measured training cost (`training_cost`). They read what
+`series`, `pipeline` and the trainer computed and compute nothing of their own beyond ratios."""
 
 from __future__ import annotations
 
 import math
 
-from spirelib.modeling.costs import flop_params
+from spirelib.modeling.costs import flop_params, measured_training_units
 
 
 def data_note(data, series, vocab_size: int) -> str:
@@ -105,3 +105,21 @@ def target_result(run, cfg, speed: dict, imported) -> dict:
             "peak_flops": speed["peak_flops"], "tokens": s["tokens"], "steps": s["steps"], "device": s["device"],
             "config_hash": run.config_hash, "reused": run.result.reused,
             "imported_from": str(imported) if imported else None, "embedding_params": n_total - n_body}
+
+
+def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) -> dict:
+    """What notebook 03 records of SPIRe's training cost ("training_cost" in results.json, read by
+    notebook 08): the target's and the SPIRe draft's measured training tokens/s, the draft's cost
+    per token in target-training units (`costs.measured_training_units`, method §2) and its body
+    parameters over the target's (the cost that counts parameters alone)."""
+    target, draft = float(target_summary["tokens_per_s"]), float(draft_summary["tokens_per_s"])
+    return {"target_tokens_per_s": target, "spire_tokens_per_s": draft,
+            "spire_units_per_token": measured_training_units(target, draft), "body_ratio": float(body_ratio)}
+
+
+def training_cost_sentence(cost: dict) -> str:
+    """`training_cost` in words."""
+    return (f"Training cost: the SPIRe draft trained at {cost['spire_tokens_per_s']:,.0f} tokens/s and the target "
+            f"at {cost['target_tokens_per_s']:,.0f}, so a SPIRe token costs {cost['spire_units_per_token']:.2f} of a "
+            f"target training token, not the {cost['body_ratio']:.2f} its share of the body parameters says: every "
+            "SPIRe step also runs the frozen target forward. Notebook 08 prices SPIRe's training with this figure.")
