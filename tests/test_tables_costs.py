@@ -175,6 +175,8 @@ def test_08_prices_spire_training_with_the_cost_03_measured_and_says_so():
     assert source.startswith("SPIRe's training is priced at 0.54 target-training units, the cost per token notebook 03 "
                              "measured (the draft trained at 2,000 tokens/s, the target at 1,080")
     assert "its body parameters alone would say 0.25" in source
-    same, fallback = tables.with_measured_training(modeled, None)
+    imported = training_cost({"tokens_per_s": float("nan")}, {"tokens_per_s": 2000.0}, 0.25)  # never trained here
+    assert imported is None and "not measured here" in training_cost_sentence(imported)
+    same, fallback = tables.with_measured_training(modeled, imported)
     assert same == modeled and "this run recorded no measured training cost (notebook 03)" in fallback
     assert f"{modeled['seqax-67m']['spire']:.2f} units (seqax-67m)" in fallback

@@ -107,18 +107,24 @@ def target_result(run, cfg, speed: dict, imported) -> dict:
             "imported_from": str(imported) if imported else None, "embedding_params": n_total - n_body}
 
 
-def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) -> dict:
+def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) -> dict | None:
     """What notebook 03 records of SPIRe's training cost ("training_cost" in results.json, read by
     notebook 08): the target's and the SPIRe draft's measured training tokens/s, the draft's cost
     per token in target-training units (`costs.measured_training_units`, method §2) and its body
-    parameters over the target's (the cost that counts parameters alone)."""
+    parameters over the target's (the cost that counts parameters alone). None where either speed
+    was not measured (an imported target was never trained here)."""
     target, draft = float(target_summary["tokens_per_s"]), float(draft_summary["tokens_per_s"])
+    if not (math.isfinite(target) and math.isfinite(draft)):
+        return None
     return {"target_tokens_per_s": target, "spire_tokens_per_s": draft,
             "spire_units_per_token": measured_training_units(target, draft), "body_ratio": float(body_ratio)}
 
 
-def training_cost_sentence(cost: dict) -> str:
+def training_cost_sentence(cost: dict | None) -> str:
     """`training_cost` in words."""
+    if cost is None:
+        return ("Training cost: not measured here (the target was not trained on this machine), so notebook 08 "
+                "prices SPIRe's training from its body parameters.")
     return (f"Training cost: the SPIRe draft trained at {cost['spire_tokens_per_s']:,.0f} tokens/s and the target "
             f"at {cost['target_tokens_per_s']:,.0f}, so a SPIRe token costs {cost['spire_units_per_token']:.2f} of a "
             f"target training token, not the {cost['body_ratio']:.2f} its share of the body parameters says: every "
