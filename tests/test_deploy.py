@@ -13,7 +13,16 @@ from spirelib import cli
 from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.schedule import Acceptance, Table, expressed_cost, modeled_table, profiled_table, schedule
+from spirelib.modeling.schedule import (
+    Acceptance,
+    Table,
+    context_switches,
+    expressed_cost,
+    min_context_run,
+    modeled_table,
+    profiled_table,
+    schedule,
+)
 from spirelib.training.series import Series
 from spirelib.workbook import deploy, runner
 
@@ -98,6 +107,31 @@ def test_the_modeled_table_finds_the_same_best_k_as_acceptance_best_k():
     assert len({r.k for r in s.ranges}) > 1  # the depth does change with B here
 
 
+def best_at(k, others=1.0, best=2.0, n=2):
+    """A table over B = 1..n, K = 3, whose best k is `k` at every batch size."""
+    tm = np.full((3, n), others)
+    tm[k - 1] = best
+    return table(tm, spread=0.001)
+
+
+def test_a_minimum_context_run_merges_short_runs_and_counts_the_switches_before_and_after():
+    tables = {64: best_at(1), 128: best_at(2), 256: best_at(1), 1024: best_at(2)}  # runs of 64, 64, 128, 768 tokens
+    by_context = {L: schedule(t) for L, t in tables.items()}
+    assert context_switches(by_context, 1) == 3 and context_switches(by_context, 1, lo=256) == 1
+    long_runs = min_context_run(tables, by_context, 512)
+    assert [long_runs[L].k_at(1) for L in tables] == [2, 2, 2, 2] and context_switches(long_runs, 1) == 0
+    assert min_context_run(tables, by_context, 64) == by_context  # every run lasts 64 tokens or more
+    unchanged = min_context_run(tables, by_context, 0)
+    assert [unchanged[L].k_at(2) for L in tables] == [1, 2, 1, 2]
+
+
+def test_a_short_context_run_takes_the_neighbouring_k_that_loses_less():
+    middle = table([[1.5, 1.5], [1.2, 1.2], [2.0, 2.0]])  # at L = 1100 k = 3 is best; k = 1 loses less than k = 2
+    tables = {1000: best_at(1), 1100: middle, 3000: best_at(2)}  # runs of 1000, 100, 1900 tokens
+    long_runs = min_context_run(tables, {L: schedule(t) for L, t in tables.items()}, 500)
+    assert [long_runs[L].k_at(1) for L in tables] == [1, 1, 2]
+
+
 # ---------------------------------------------------------------------------- a run folder
 
 RESULTS = {"04_measure_tau": {
@@ -137,9 +171,13 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
         assert engines.vllm_problems(vllm) == [] and all(engines.vllm_k(vllm, b) == s.k_at(b) for b in range(1, 129))
         assert ("num_speculative_tokens_per_batch_size" in vllm) == (len(s.ranges) > 1)
         ctx = json.loads((out / method / "vllm-context-pr48944.json").read_text())
+        tables = {L: inp.table(method, L) for L in (256, 512, 1024)}
+        per_l = {L: schedule(t, max_batch=128) for L, t in tables.items()}
+        long_runs = min_context_run(tables, per_l, deploy.MIN_CONTEXT_RUN, 128)
         for L in (256, 512, 1024):
-            per_l = schedule(inp.table(method, L), max_batch=128)
-            assert all(engines.vllm_context_k(ctx, b, L) == per_l.k_at(b) for b in range(1, 129))
+            assert all(engines.vllm_context_k(ctx, b, L) == long_runs[L].k_at(b) for b in range(1, 129))
+        assert doc["context_switches"]["per_batch"]["1"] == {"before": context_switches(per_l, 1),
+                                                             "after": context_switches(long_runs, 1)}
         trt_text = (out / method / "trtllm.yaml").read_text()
         trt = yaml.safe_load(trt_text)["speculative_config"]
         header = " ".join(line[2:] for line in trt_text.splitlines() if line.startswith("# "))

@@ -18,6 +18,7 @@ Numpy only, like the models it reads.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -294,3 +295,37 @@ def expressed_cost(table: Table, expressed: Schedule, against: Schedule | None =
 
     reference = table.best()[1] if against is None else speedups(against)
     return float(max(0.0, np.max(1.0 - speedups(expressed) / reference)))
+
+
+def context_switches(by_context: dict[int, Schedule], batch: int, lo: int = 64, hi: int = 8192) -> int:
+    """How many times k changes for one request at batch size `batch` as its context grows from
+    `lo` to `hi` tokens, read off the per-context schedules `by_context` (context L -> Schedule)."""
+    ks = [by_context[L].k_at(batch) for L in sorted(by_context) if lo <= L <= hi]
+    return sum(a != b for a, b in itertools.pairwise(ks))
+
+
+def min_context_run(tables: dict[int, Table], by_context: dict[int, Schedule], min_tokens: int,
+                    max_batch: int | None = None) -> dict[int, Schedule]:
+    """`by_context` with no k that lasts fewer than `min_tokens` tokens of a request's growth: at
+    each batch size, a context bucket (L_prev, L] lasts L - L_prev tokens (the first from 1), and
+    the shortest run of equal k below `min_tokens` takes the k of the neighbouring run that loses
+    less of `tables`' multiplier over it, until every run is long enough (or one is left). A run
+    length along the context, not hysteresis in time: an engine still switches where it crosses."""
+    lengths = sorted(by_context)
+    B = tables[lengths[0]].B
+    spans = np.diff([0, *lengths])  # (n_L,) tokens per bucket
+    ks = np.array([[by_context[L].k_at(int(b)) for b in B] for L in lengths])  # (n_L, N)
+    for col in range(len(B)):
+        while True:
+            runs = _segments(ks[:, col])
+            short = [(int(spans[a:b + 1].sum()), a, b) for a, b, _ in runs if spans[a:b + 1].sum() < min_tokens]
+            if len(runs) == 1 or not short:
+                break
+            _, a, b = min(short)
+            options = [int(ks[i, col]) for i in (a - 1, b + 1) if 0 <= i < len(lengths)]
+            losses = [max(1.0 - tables[L].at(k)[0][col] / tables[L].at(int(ks[i, col]))[0][col]
+                          for i, L in enumerate(lengths[a:b + 1], start=a)) for k in options]
+            ks[a:b + 1, col] = options[int(np.argmin(losses))]
+    max_batch = int(B[-1]) if max_batch is None else max_batch
+    return {L: Schedule(tuple(_range(tables[L], f, t, k, max_batch) for f, t, k in _segments(ks[i])))
+            for i, L in enumerate(lengths)}

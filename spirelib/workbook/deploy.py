@@ -28,13 +28,24 @@ from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.modeling.methods import label
-from spirelib.modeling.schedule import Acceptance, Table, expressed_cost, modeled_table, profiled_table, schedule
+from spirelib.modeling.schedule import (
+    Acceptance,
+    Table,
+    context_switches,
+    expressed_cost,
+    min_context_run,
+    modeled_table,
+    profiled_table,
+    schedule,
+)
 from spirelib.paths import project_root
 from spirelib.workbook.results import read_json
 
 SHAPES = ("trained", "paper")
 MODELS = ("paper", "profiled")
 CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
+MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
+SWITCH_SPAN = (64, 8192)  # the growth of one request whose switches of k schedule.yaml counts
 
 class DeployError(ValueError):
     """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
@@ -60,6 +71,7 @@ class Inputs:
     run: str
     profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
     graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
+    min_context_run: int = MIN_CONTEXT_RUN  # tokens: see `schedule.min_context_run`
 
     def mix(self, context: int | None = None):
         """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
@@ -174,7 +186,8 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
 def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
            bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
            max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "trained",
-           methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS) -> Inputs:
+           methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS,
+           min_context_run_tokens: int = MIN_CONTEXT_RUN) -> Inputs:
     """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
     problems = []
     if not (run_dir / "results.json").is_file():
@@ -189,6 +202,8 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
     if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
         problems.append(f"--contexts {contexts}: increasing positive lengths")
+    if not (isinstance(min_context_run_tokens, int) and min_context_run_tokens >= 0):
+        problems.append(f"--min-context-run {min_context_run_tokens}: tokens a k must last, >= 0 (0: no minimum)")
     if not graph_bs or any(b < 1 for b in graph_bs):
         problems.append(f"--cuda-graph-bs {graph_bs}: your SGLang server's captured batch sizes, e.g. 1,2,4,8,16")
     if model not in MODELS:
@@ -226,7 +241,7 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
     return Inputs(acceptance, tau_context, _scenario(run, shapes, device, dtype), device.name, device, dtype, context,
                   spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
-                  tuple(sorted(graph_bs)))
+                  tuple(sorted(graph_bs)), min_context_run_tokens)
 
 
 # ---------------------------------------------------------------------------- writing
@@ -240,18 +255,25 @@ def method_schedules(inp: Inputs, method: str) -> dict:
     by_context = {L: schedule(t, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
                   for L, t in tables.items()}
     collapsed = {str(L): round(expressed_cost(tables[L], main, by_context[L]), 4) for L in inp.contexts}
+    long_runs = min_context_run(tables, by_context, inp.min_context_run, inp.max_batch)
+    switches = {"from_to": list(SWITCH_SPAN), "min_context_run": inp.min_context_run,
+                "largest_loss": round(max(expressed_cost(tables[L], long_runs[L], by_context[L]) for L in inp.contexts), 4),
+                "per_batch": {str(b): {"before": context_switches(by_context, b, *SWITCH_SPAN),
+                                       "after": context_switches(long_runs, b, *SWITCH_SPAN)}
+                              for b in sorted({1, 8, 64, inp.max_batch}) if b <= inp.max_batch}}
     trt, trt_expressed = engines.trtllm_config(main, table)
     algorithm = engines.SGLANG_ALGORITHM.get(method)
     sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)
-    configs = {"vllm": engines.vllm_config(main), "vllm_pr48944": engines.vllm_context_config(by_context),
+    configs = {"vllm": engines.vllm_config(main), "vllm_pr48944": engines.vllm_context_config(long_runs),
                "trtllm": trt, "sglang": sglang}
     expressed = {"vllm": main, "trtllm": trt_expressed, "sglang": sglang_expressed}
     notes = {
         "vllm": "batch only: the schedule at the context mix (per context L its largest loss: collapsed_cost)"
                 + ("" if configs["vllm"] is None or "num_speculative_tokens_per_batch_size" in configs["vllm"] else
                    "; one k: the static key only, dynamic speculation stays off"),
-        "vllm_pr48944": "per (batch, context) bucket, a context bucket at the k of its upper end; loads only on a "
-                        "vLLM built from the open PR #48944",
+        "vllm_pr48944": "per (batch, context) bucket, a context bucket at the k of its upper end, no k lasting "
+                        f"fewer than {inp.min_context_run} tokens of a request's growth (context_switches); loads "
+                        "only on a vLLM built from the open PR #48944",
         "trtllm": "batch only, as vllm" if trt else
                   "off at B = 1: TensorRT-LLM's max_draft_len must be > 0; not written",
         "sglang": "batch only, as vllm; steps >= 1 (an off range runs one step)" + (
@@ -287,10 +309,11 @@ def method_schedules(inp: Inputs, method: str) -> dict:
         "merged": [m.to_dict() for m in main.merges],
         "by_context": {str(L): [r.to_dict() for r in s.ranges] for L, s in by_context.items()},
         "collapsed_cost": collapsed,
+        "context_switches": switches,
         "engines": engine_doc,
         "sglang_server_args": sglang_args,
     }
-    return {"document": document, "engines": configs, "schedule": main, "by_context": by_context,
+    return {"document": document, "engines": configs, "schedule": main, "by_context": by_context, "long_runs": long_runs,
             "expressed": expressed, "sglang_server_args": sglang_args}
 
 
@@ -529,6 +552,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph-bs", type=_ints, default=engines.CUDA_GRAPH_BS,
                         help="your SGLang server's --cuda-graph-bs (SGLang pads a batch up to one before it picks "
                              "the steps; default 1,2,4,8,12,16,24,...,256, an assumption)")
+    parser.add_argument("--min-context-run", type=int, default=MIN_CONTEXT_RUN,
+                        help="tokens of a request's growth a k must last in the context form (default "
+                             f"{MIN_CONTEXT_RUN}; 0: none); schedule.yaml counts the switches from L 64 to 8K")
     parser.add_argument("--switching-cost", type=float, default=0.0,
                         help="fraction of the speedup a switch of k must beat (e.g. 0.14); default 0")
     parser.add_argument("--model", default="paper", choices=MODELS,
@@ -565,7 +591,8 @@ def _explain(args: argparse.Namespace) -> str:
         inp = inputs(run_folder(args.run_dir), hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
-                     shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs)
+                     shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs,
+                     min_context_run_tokens=args.min_context_run)
         method = args.draft[0]
     if not (isinstance(args.max_batch, int) and args.max_batch >= 1):
         raise DeployError(f"--max-batch {args.max_batch}: must be a positive integer")
@@ -583,7 +610,8 @@ def command(args: argparse.Namespace) -> int:
         inp = inputs(run_dir, hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
-                     shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs)
+                     shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs,
+                     min_context_run_tokens=args.min_context_run)
     except DeployError as e:
         print(f"error: spire deploy: {e}", file=sys.stderr)
         return 2
