@@ -1,6 +1,7 @@
 """Tables of notebook 09 (the model against the clock) hold what wallclock and profiled compute."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -176,8 +177,9 @@ def test_measured_results_keep_the_results_keys():
     verdict = profiled_verdict(CELLS)
     summary = {"profiled": verdict, "losing": [1, 2], "overhead": 5.0}
     machine = {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11}
-    results = tables.measured_results(cells, COST, summary, machine, "cpu", 4, "s")
-    assert list(results) == ["cells", "profiled_model", "hoi", "machine"]
+    results = tables.measured_results(cells, COST, summary, machine, "cpu", 4, "s", trained_len=1024)
+    assert list(results) == ["cells", "profiled_model", "hoi", "machine", "target_trained_length"]
+    assert results["target_trained_length"] == 1024
     assert results["cells"] == [{key: i for i, key in enumerate(tables.CELL_FIELDS)}]
     assert results["profiled_model"] == {**COST.to_dict(), **verdict, "false_gains": 0, "cells_slower_than_ad": 2}
     assert results["hoi"] == 3.0
@@ -235,3 +237,25 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
                               wide)[-1]
     assert ("Every measured speedup has a 95% CI within +/-10.0% of it (7 of 8 within the +/-5% asked for: a "
             "speedup varies with the contexts each run draws, through their rounds, and with this machine's noise") in clock
+
+
+def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figures():
+    """A target trained on 1,024-token windows, timed at L = 2048 (and at L = 960 with G = 64: 1,024
+    positions, within; L = 1000 runs past): the 2048 cells are marked, 09's words say so beside the figure, and so
+    does the index beside the fastest speedup; an imported target (length unknown) marks none."""
+    from spirelib.workbook import findings
+
+    cells = [{**cell(m, 16, L, x, x), "modeled_speedup": 1.5}
+             for m, L, x in (("spire", 2048, 1.59), ("magicdec", 2048, 1.2), ("spire", 960, 1.3), ("magicdec", 960, 0.9))]
+    marked = tables.mark_past_training(cells, 1024, 64)
+    assert [c["past_training"] for c in marked] == [True, True, False, False]
+    assert not any(c["past_training"] for c in tables.mark_past_training(cells, None, 64))
+    assert tables.mark_past_training([{"L": 1000}], 1024, 64)[0]["past_training"]  # its generated tokens run past
+    assert "The cells at L = 2048 run past the target's training windows" in tables.both_sides(marked)
+    trained = SimpleNamespace(summary={}, train_config=SimpleNamespace(seq_len=1024))
+    assert tables.trained_length(trained) == 1024
+    assert tables.trained_length(SimpleNamespace(summary={"imported_from": "/m"}, train_config=None)) is None
+    results = {"09_measured_vs_modeled": {"cells": marked, "target_trained_length": 1024}}
+    note = "L = 2048; past the 1,024-token windows the target was trained on"
+    assert note in findings.measured_vs_modeled({}, results)
+    assert any(note in t for _, _, t in findings._claim_measured({}, results))

@@ -525,6 +525,16 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
              + escape(" > ".join(PAPER_IMPORTANCE_ORDER)) + (f" {escape(source)}" if source else ""))]
 
 
+def past_note(recorded: dict, cell: dict) -> str:
+    """What a measured cell of 09 (`recorded`: its results) carries next to its figure when its
+    contexts ran past the target's training windows (`tables.measured.mark_past_training`)."""
+    if not cell.get("past_training"):
+        return ""
+    trained = recorded.get("target_trained_length")
+    return ("; past the " + (f"{trained:,}-token " if trained else "") + "windows the target was trained on, so "
+            "about a target used beyond what it learned")
+
+
 def _claim_measured(run: dict, results: dict) -> list[Claim]:
     recorded = results.get("09_measured_vs_modeled", {})
     cells = recorded.get("cells")
@@ -538,7 +548,7 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
         (REPRODUCED, slower == 0, "Speculative decoding is faster than AD on the clock (measured): "
          + _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells")
          + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, "
-           f"L = {best['L']})"),
+           f"L = {best['L']}{past_note(recorded, best)})"),
         (REPRODUCED, statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
          + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%} over all {total} cells")
          + f", at most {max(errors):.0%}"),
@@ -691,7 +701,7 @@ def measured_vs_modeled(run: dict, results: dict) -> str | None:
             f"{max(errors):.0%} ({escape(label(worst['method']))} at B = {worst['B']}, L = {worst['L']}: modeled "
             f"{worst['modeled_speedup']:.2f}x, measured {worst['measured_speedup']:.2f}x). The fastest measured "
             f"speedup is {best['measured_speedup']:.2f}x ({escape(label(best['method']))}, B = {best['B']}, "
-            f"L = {best['L']}). "
+            f"L = {best['L']}{past_note(recorded, best)}). "
             f"Calibrated HOI {recorded.get('hoi', float('nan')):.1f} FLOP/byte")
     if machine.get("ad_step_overhead"):
         text += f"; an AD step takes {times(machine['ad_step_overhead'])} its modeled time"

@@ -35,9 +35,10 @@ TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (medi
 CELL_COLUMNS = {"method": "method", "B": "B", "L": "L", "tau": "tau", "measured_speedup": "measured",
                 "ci": "95% CI", "runs": "runs", "modeled_speedup": "paper's model", "error": "paper / measured - 1",
                 "profiled_speedup": "profiled model", "profiled_error": "profiled / measured - 1",
-                "role": "profiled fit"}
+                "role": "profiled fit", "past_training": "past the target's training windows?"}
 CELL_FIELDS = ("method", "B", "L", "measured_speedup", "modeled_speedup", "profiled_speedup", "tau", "ci_low",
-               "ci_high", "runs", "error", "profiled_error", "held_out")  # what results.json's "cells" keep
+               "ci_high", "runs", "error", "profiled_error", "held_out",
+               "past_training")  # what results.json's "cells" keep
 FIT_COLUMNS = {"method": "method", "B": "B", "L": "L", "measured": "measured ms per round (AD: step)",
                "profiled": "profiled, ms", "error": "profiled / measured - 1", "role": "profiled fit"}
 AD_COLUMNS = {"L": "L", "B": "B", "measured": "measured ms per AD step", "modeled": "paper's model, ms",
@@ -206,7 +207,25 @@ def _half(c: dict) -> float:
 
 
 def _cell(c: dict) -> str:
-    return f"{method_label(c['method'])} at B = {c['B']}, L = {c['L']}"
+    return f"{method_label(c['method'])} at B = {c['B']}, L = {c['L']}{PAST_NOTE if c.get('past_training') else ''}"
+
+
+#: What a cell decoded past the target's training windows carries next to its figure.
+PAST_NOTE = " (past the target's training windows)"
+
+
+def trained_length(trained) -> int | None:
+    """The window length the target was trained on (its training's seq_len; method §5's contexts
+    should stay within it), or None for an imported target, trained elsewhere on windows this run
+    does not know."""
+    return None if trained.summary.get("imported_from") else int(trained.train_config.seq_len)
+
+
+def mark_past_training(cells: list[dict], trained_len: int | None, new_tokens: int) -> list[dict]:
+    """`cells` with "past_training": whether a cell's contexts and generated tokens (L + G) run past
+    the `trained_length` of the target, so its figure is about a target used beyond what it
+    learned (False where that length is unknown)."""
+    return [{**c, "past_training": trained_len is not None and c["L"] + new_tokens > trained_len} for c in cells]
 
 
 def _span_x(values: list[float]) -> str:
@@ -225,10 +244,12 @@ def cell_winners(cells: list[dict], key: str = "measured_speedup") -> tuple[list
 def both_sides(cells: list[dict]) -> str:
     """Where speculative decoding won on the clock and where it lost (Markdown): per method the
     (B, L) cells it won and its range of speedups there, where the winner flips
-    (`winners.where_sentence`), the cells where no draft beat AD, and each method's measurements
-    slower than AD."""
+    (`winners.where_sentence`, only resolved winners counted), the lengths that run past the
+    target's training windows (`mark_past_training`), the cells where no draft beat AD, and each
+    method's measurements slower than AD."""
     winners, Bs, Ls = cell_winners(cells)
     speedup = {(c["method"], c["B"], c["L"]): c["measured_speedup"] for c in cells}
+    past = sorted({c["L"] for c in cells if c.get("past_training")})
     n_cells = sum(w != "-" for row in winners for w in row)
     won: dict[str, list[float]] = {}
     lost = []
@@ -243,7 +264,9 @@ def both_sides(cells: list[dict]) -> str:
     text = (f"**Where speculative decoding won:** in {n_won} of {n_cells} (B, L) cells"
             + (": " + ", ".join(f"{method_label(m)} in {len(v)} ({_span_x(v)})"
                                 for m, v in sorted(won.items(), key=lambda kv: -len(kv[1]))) if won else "")
-            + f". Per cell: {where_sentence(winners, Bs, Ls, unresolved_cells(cells, Bs, Ls))} ")
+            + f". Per cell: {where_sentence(winners, Bs, Ls, unresolved_cells(cells, Bs, Ls))} "
+            + (f"The cells at L = {', '.join(map(str, past))} run past the target's training windows: their speedups "
+               "are of a target used beyond what it learned. " if past else ""))
     slower = {}
     for c in cells:
         if c["measured_speedup"] < 1.0:
@@ -348,11 +371,12 @@ def machine_sentence(machine: dict, dtype, bytes_per_value: int) -> str:
 
 
 def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: dict, machine: dict, device: str,
-                     bytes_per_value: int, scale: str, threads: int | None = None) -> dict:
-    """What notebook 09 records: the cells (CELL_FIELDS), the profiled model with `summarize`'s
-    verdict on it (median, mean signed, fitted and held-out errors, false gains), the HOI and the
-    machine (`calibrate`'s peak and bandwidth, the device, bytes per value, the AD step's
-    overhead, the scale note)."""
+                     bytes_per_value: int, scale: str, threads: int | None = None,
+                     trained_len: int | None = None) -> dict:
+    """What notebook 09 records: the cells (CELL_FIELDS, each marked by `mark_past_training`), the
+    profiled model with `summarize`'s verdict on it (median, mean signed, fitted and held-out
+    errors, false gains), the HOI, the machine (`calibrate`'s peak and bandwidth, the device, bytes
+    per value, the AD step's overhead, the scale note) and the target's `trained_length`."""
     peak, bandwidth = machine["peak_flops"], machine["bandwidth"]
     verdict = summary["profiled"]
     return {"cells": [{key: c[key] for key in CELL_FIELDS} for c in cells],
@@ -361,7 +385,8 @@ def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: di
             "hoi": peak / bandwidth,
             "machine": {"peak_flops": peak, "precision": machine["precision"], "bandwidth": bandwidth, "device": device,
                         "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale,
-                        **({"threads": threads} if threads else {})}}
+                        **({"threads": threads} if threads else {})},
+            "target_trained_length": trained_len}
 
 
 # The CPU schedule (`spire deploy --model profiled`, docs/deploy.md) against the measured cells.
