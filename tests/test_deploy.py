@@ -222,13 +222,23 @@ def test_explain_reads_a_file_as_the_engine_would_beside_the_workbooks_schedule(
     inp = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=20, methods=["spire"])
     s, t = schedule(inp.table("spire"), max_batch=20), inp.table("spire")
     first = next(line.split() for line in printed.splitlines() if line.strip().startswith("1"))
-    assert first[2] == str(s.k_at(1)) and float(first[-1].split("-")[0]) == pytest.approx(t.at(s.k_at(1))[0][0], abs=0.005)
+    assert first[2] == str(s.k_at(1)) and float(first[-2].split("-")[0]) == pytest.approx(t.at(s.k_at(1))[0][0], abs=0.005)
+    assert float(first[-1].split("-")[0]) == pytest.approx(t.at(3)[0][0], abs=0.005)  # the file's k = 3 at B = 1
     assert "differs" in printed  # the hand-edited file turns speculation off above 16, the schedule does not
     hand.write_text("{not: [valid")
     assert cli.main(["deploy", "--explain", str(hand), "--engine", "trtllm"]) == 2
     assert "not valid YAML/JSON" in capsys.readouterr().err
     assert cli.main(["deploy", "--explain", str(hand)]) == 2
     assert "--explain needs --engine" in capsys.readouterr().err
+    ctx = tmp_path / "ctx.json"
+    ctx.write_text(json.dumps({"num_speculative_tokens": 2, "ctx_agg": "mean", "speculative_token_schedule": [
+        [1, 8, 1, 512, 2], [1, 8, 513, 4096, 1], [9, 64, 1, 512, 1], [9, 64, 513, 4096, 0]]}))
+    assert cli.main(["deploy", "--explain", str(ctx), "--engine", "vllm_pr48944", "--max-batch", "12",
+                     "--contexts", "512,513,9000"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")
+            and line.split()[0][0].isdigit()]
+    assert rows == [["1-8", "512", "2"], ["9-12", "512", "1"], ["1-8", "513", "1"], ["9-12", "513", "0"],
+                    ["1-8", "9000", "1"], ["9-12", "9000", "0"]]  # past the last context bucket: the last one
     vllm = tmp_path / "v.json"
     vllm.write_text(json.dumps({"max_draft_len": 3}))
     assert cli.main(["deploy", "--explain", str(vllm), "--engine", "vllm"]) == 2

@@ -437,27 +437,32 @@ def explain(path: Path, engine: str, max_batch: int, contexts, inp: Inputs | Non
                      "--speculative-num-steps); batches padded to the CUDA-graph sizes "
                      f"{', '.join(map(str, graph_bs))}")
     lines += [f"  refused: {p}" for p in problems] or ["  the engine's checks pass"]
-    ours = {}
+    ours = {}  # (B, L) -> (the workbook's k, its modeled multiplier, the multiplier at the engine's k)
     if inp is not None:
         for L in (tuple(contexts) if reads_context else (None,)):
             table = inp.table(method, L)
             s = schedule(table, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
-            ours.update({(b, L): (s.k_at(b), float(table.at(s.k_at(b))[0][b - 1]) if b <= inp.max_batch else None)
+            ours.update({(b, L): (s.k_at(b), float(table.at(s.k_at(b))[0][b - 1]),
+                                  float(table.at(picked[(b, L)])[0][b - 1]) if picked[(b, L)] <= table.ks[-1] else None)
                          for b in batches})
         lines.append(f"  beside the workbook's schedule for {label(method)} ({inp.run} on {inp.device} {inp.dtype}, "
-                     f"{inp.shapes} shapes, L = {inp.context if not reads_context else 'per row'})")
-    header = ["B", *(["L"] if reads_context else []), "engine k", *(["workbook k", "modeled x"] if ours else [])]
+                     f"{inp.shapes} shapes, L = {inp.context if not reads_context else 'per row'}); modeled "
+                     "multipliers over AD (-: the engine's k is deeper than the acceptance was measured)")
+    header = ["B", *(["L"] if reads_context else []), "engine k",
+              *(["workbook k", "modeled x", "x at engine k"] if ours else [])]
     rows = []
     for L in (tuple(contexts) if reads_context else (None,)):
         for _, run in itertools.groupby(batches, key=lambda b, L=L: (picked[(b, L)], ours.get((b, L), (None,))[0])):
             run = list(run)
-            k, mine = picked[(run[0], L)], ours.get((run[0], L))
+            k = picked[(run[0], L)]
             span = f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])
             cells = [span, *([str(L)] if reads_context else []), str(k)]
-            if mine is not None:
-                xs = [ours[(b, L)][1] for b in run if ours[(b, L)][1] is not None]
-                cells += [str(mine[0]) + ("" if mine[0] == k else "  <- differs"),
-                          f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-"]
+            if ours:
+                mine = ours[(run[0], L)][0]
+                cells.append(str(mine) + ("" if mine == k else "  <- differs"))
+                for column in (1, 2):
+                    xs = [ours[(b, L)][column] for b in run if ours[(b, L)][column] is not None]
+                    cells.append(f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-")
             rows.append(cells)
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows)]
