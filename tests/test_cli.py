@@ -129,3 +129,81 @@ def test_bench_spire_train_times_a_real_step_and_its_parts_at_a_hugging_face_con
     code, out, _ = run(["bench", "spire-train", "--hf-config", str(tmp_path / "config.json"), "--batch", "2",
                         "--seq-len", "33", "--window", "8", "--draft-layers", "1", "--repeats", "1", "--naive-blocks", "1"])
     assert code == 0 and "target 3x32 (vocabulary 96)" in out and "a real step (objective) by part: teacher" in out
+
+
+DECODE_TOY = ["--vocab-size", "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",
+              "--d-ff", "64", "--window", "4", "-k", "3", "--threads", "1"]
+
+
+def toy_calibration(monkeypatch):
+    """This machine calibrated at toy sizes (the full-size calibration takes 10 s on a CPU)."""
+    import functools
+
+    from spirelib.engine import calibrate
+
+    monkeypatch.setattr(calibrate, "matmul_peak", functools.partial(calibrate.matmul_peak, sizes=(512,), seconds=0.05))
+    monkeypatch.setattr(calibrate, "memory_bandwidth",
+                        functools.partial(calibrate.memory_bandwidth, mbytes=64, seconds=0.05))
+
+
+def test_bench_decode_roofline_gives_every_forward_and_every_whole_round(monkeypatch):
+    """`bench decode --roofline`: each forward kind and each method's whole round timed, each against
+    the roofline of the calibration: a round's is the sum of its forwards' (k draft passes and the
+    verification), and `forwards_ms` sums its forwards' measured times."""
+    import json
+
+    toy_calibration(monkeypatch)
+    code, out, err = run(["bench", "decode", "--roofline", "--json", "--batch", "2", "--context", "24",
+                          "--temperature", "0", *DECODE_TOY])
+    assert code == 0, err
+    rows = {r["kind"]: r for r in json.loads(out)}
+    assert list(rows) == ["AD step", "verify (4 tokens)", "vanilla step", "MagicDec step", "SPIRe step",
+                          "ad round", "vanilla round", "magicdec round", "spire round"]
+    roof = {kind: r["roofline_ms"] for kind, r in rows.items()}
+    assert roof["ad round"] == pytest.approx(roof["AD step"])
+    for method, step in (("magicdec", "MagicDec step"), ("spire", "SPIRe step")):  # k = 3 passes + verify
+        assert roof[f"{method} round"] == pytest.approx(3 * roof[step] + roof["verify (4 tokens)"])
+        assert rows[f"{method} round"]["forwards_ms"] == pytest.approx(3 * rows[step]["ms"] + rows["verify (4 tokens)"]["ms"])
+    assert roof["vanilla round"] > 3 * roof["vanilla step"] + roof["verify (4 tokens)"]  # its first pass: 2 tokens
+    assert all(r["ms"] > 0 and r["fraction"] == pytest.approx(r["roofline_ms"] / r["ms"]) for r in rows.values())
+
+
+def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeypatch):
+    """Before any compute: the caches the timed runs hold at their largest cell against the memory
+    free on the device; interleaved round by round every method holds a target cache, so
+    `--interleave runs` may fit where it does not. The free memory is patched."""
+    from spirelib.bench import decode
+
+    argv = ["bench", "decode", "--profiled", "--batch", "1", "2", "--context", "16", "24", "--new-tokens", "6",
+            *DECODE_TOY]
+    args = cli.parser().parse_args(argv)
+    cfg = bench.model_config(args)
+    rounds, runs = (sum(decode.held_bytes(cfg, args.methods, 2, 24, 6, 3, 4, how).values()) for how in ("rounds", "runs"))
+    assert rounds > runs
+    monkeypatch.setattr(decode, "available_bytes", lambda device: (rounds + runs) // 2)
+    code, _, err = run(argv)
+    assert code == 2 and "--profiled: at B 2 x L 24 the timed runs hold" in err
+    assert f"target caches (4) {4 * decode.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
+    assert "--interleave runs (one target cache) holds" in err and "which fits" in err
+    assert decode.problems(cli.parser().parse_args([*argv, "--interleave", "runs"])) == []
+    monkeypatch.setattr(decode, "available_bytes", lambda device: runs - 1)
+    assert "which does not fit either" in run(argv)[2]
+    monkeypatch.setattr(decode, "available_bytes", lambda device: None)  # unknown: not checked
+    assert decode.problems(args) == []
+    assert "--device meta: the benchmarks run on cpu or cuda[:N]" in run(["bench", "decode", "--device", "meta"])[2]
+
+
+def test_held_bytes_prices_the_caches_decoding_allocates():
+    from spirelib.bench import decode
+    from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+    from spirelib.engine.transformer import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
+    model = Transformer(cfg)
+    for cache, slots in ((model.new_cache(3, 40), 40),
+                         (SinkWindowKVCache(2, 3, 2, 16, SinkWindow(1, 4), 4, rope_mode="cache"), 1 + 4 + 4)):
+        allocated = sum(t.nbytes for t in cache.static_tensors())
+        assert decode.cache_bytes(cfg, 3, slots, 4) == pytest.approx(allocated, abs=64)  # up to scalar bookkeeping
+    parts = decode.held_bytes(cfg, ["ad", "vanilla"], 3, 24, 6, 3, 4, "rounds")
+    assert parts["weights"] == 4 * sum(p.numel() for m in (model, Transformer(decode.vanilla_draft_config(cfg)))
+                                       for p in m.parameters())

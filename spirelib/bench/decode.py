@@ -30,14 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import replace
 
 import torch
 
-from spirelib.bench import MODEL_OPTIONS, add_model_arguments, model_config, positive
+from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive
 from spirelib.engine.drafts import draft_factory, vanilla_draft_config
 from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.engine.speculative import autoregressive_rounds, speculative_capacity, speculative_rounds
 from spirelib.engine.spire import SpireConfig, SpireDraftModel
 from spirelib.engine.transformer import Transformer
 from spirelib.engine.wallclock import (
@@ -45,24 +45,29 @@ from spirelib.engine.wallclock import (
     profiled_cells,
     profiled_draft_shapes,
     profiled_verdict,
+    repeat_seconds,
     time_cells,
 )
 from spirelib.modeling import profiled
+from spirelib.training.hf import available_bytes
 
 TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts this benchmark builds
 
 
-def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> tuple[dict, list]:
-    """A draft factory per SD method (AD needs none), and the draft models built for them."""
+def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> tuple[dict, dict]:
+    """A draft factory per SD method (AD needs none), and the draft model built for each (None:
+    MagicDec has none), in the target's dtype and on its device, so that the factories decode
+    these very models (`drafts.in_dtype` copies none) and compiling them compiles what decodes."""
     torch.manual_seed(1)
-    models = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(next(target.parameters())).eval(),
-              "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).eval(),
+    param = next(target.parameters())
+    models = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(param).eval(),
+              "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param).eval(),
               "magicdec": lambda: None}
     options = {"magicdec": {"window": window}}
     built = {m: models[m]() for m in methods if m != "ad"}
     factories = {m: draft_factory(m, target, model, temperature=temperature, **options.get(m, {}))
                  for m, model in built.items()}
-    return factories, [model for model in built.values() if model is not None]
+    return factories, built
 
 
 def time_case(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
@@ -91,74 +96,161 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     return rows
 
 
+def forward_shapes(cfgs: dict, context: int, k: int, window: int) -> dict[str, tuple]:
+    """Forward kind -> (its model's `ModelConfig`, new tokens a row, keys a row reads) at context L:
+    the AD step (1 token over L + 1 keys), verification (k + 1 tokens), the vanilla draft's step,
+    MagicDec's step (the target over sink 1 + window, and itself) and SPIRe's step (its body over
+    sink 1 + window). `cfgs`: "target", "vanilla" and "spire" (SPIRe's body) -> `ModelConfig`."""
+    sparse = min(context, 1 + window)
+    return {"AD step": (cfgs["target"], 1, context + 1),
+            f"verify ({k + 1} tokens)": (cfgs["target"], k + 1, context + k + 1),
+            "vanilla step": (cfgs["vanilla"], 1, context + 1),
+            "MagicDec step": (cfgs["target"], 1, sparse + 1),
+            "SPIRe step": (cfgs["spire"], 1, sparse)}
+
+
+def round_forwards(method: str, kinds: dict[str, tuple], k: int) -> list[tuple[str, int]]:
+    """The forwards of one round of `method` as (kind of `forward_shapes`, new tokens a row): AD's
+    step; a draft's k passes (the vanilla draft's first runs 2 tokens, `drafts.VanillaDraft`), then
+    the target verifying k + 1 tokens."""
+    if method == "ad":
+        return [("AD step", 1)]
+    step = {"vanilla": "vanilla step", "magicdec": "MagicDec step", "spire": "SPIRe step"}[method]
+    verify = next(kind for kind in kinds if kind.startswith("verify"))
+    return [(step, 2 if method == "vanilla" and j == 0 else 1) for j in range(k)] + [(verify, k + 1)]
+
+
+def roofline(kinds: dict[str, tuple], forwards: list[tuple[str, int]], batch: int, value_bytes: int, *,
+             peak_flops: float, bandwidth: float) -> tuple[float, float, float]:
+    """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B: per forward
+    `profiled.forward_work` (body, attention over its keys, unembedding; weights and KV at their
+    dtype, read once) and max(FLOPs / peak, bytes / bandwidth), summed over the forwards."""
+    flops = moved = ms = 0.0
+    for kind, new in forwards:
+        cfg, _, keys = kinds[kind]
+        work = profiled.forward_work(cfg.shape(), cfg.vocab_size, batch, new, keys, bytes_per_value=value_bytes)
+        flops, moved = flops + work.flops, moved + work.bytes
+        ms += 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
+    return flops / 1e9, moved / 1e6, ms
+
+
+def roofline_row(kind: str, batch: int, context: int, seconds: list[float], work: tuple[float, float, float],
+                 compiled: bool) -> dict:
+    """A row of `--roofline`: measured ms (median of `seconds`), its work and roofline, measured /
+    roofline (`ratio`) and roofline / measured (`fraction`: 1 is the hardware's limit)."""
+    ms = 1e3 * statistics.median(seconds)
+    gflop, mbytes, roof = work
+    return {"kind": kind, "batch": batch, "context": context, "ms": ms, "gflop": gflop, "mbytes": mbytes,
+            "roofline_ms": roof, "ratio": ms / roof, "fraction": roof / ms, "mode": "compiled" if compiled else "eager"}
+
+
+def model_cfgs(target: Transformer, models: dict) -> dict:
+    """`forward_shapes`' configs of a target and `build_methods`' draft models."""
+    return {"target": target.cfg, "vanilla": models["vanilla"].cfg, "spire": models["spire"].body.cfg}
+
+
 @torch.no_grad()
-def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, peak_flops: float,
-                  bandwidth: float, repeats: int = 20, compiled: bool = False) -> list[dict]:
-    """One row per forward kind at (B, L): measured ms (median of `repeats`), FLOPs and bytes
-    (`profiled.forward_work`: body, attention over the visible keys, unembedding; weights and KV
-    at their dtype), roofline ms = max(FLOPs / peak, bytes / bandwidth) and measured / roofline.
-    Kinds: the AD step (1 token), verification (k + 1 tokens), the vanilla draft's step, MagicDec's
-    step (the target over sink 1 + window) and SPIRe's step (its body over sink 1 + window).
-    `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`;
-    the first call of each kind, untimed, compiles)."""
+def forward_rows(target: Transformer, models: dict, batch: int, context: int, k: int, window: int, *,
+                 peak_flops: float, bandwidth: float, repeats: int, compiled: bool) -> list[dict]:
+    """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone
+    (`wallclock.repeat_seconds`: one untimed call first, which compiles under `compiled`), its cache
+    rolled back before every call. `models`: `build_methods`' vanilla and SPIRe draft models."""
     cfg, param = target.cfg, next(target.parameters())
     dev, value_bytes = param.device, param.element_size()
-    tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)
-    vanilla = Transformer(vanilla_draft_config(cfg)).to(param).eval()
-    spire = SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param.dtype).eval()  # decodes so
-    for model in (target, vanilla, spire):
-        model.compile_decoding(compiled)
-    sparse = SinkWindow(1, window)
+    vanilla, spire = models["vanilla"], models["spire"]
+    kinds = forward_shapes(model_cfgs(target, models), context, k, window)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)  # (B, L + k + 1)
 
     def dense(model):
         cache = model.new_cache(batch, context + k + 1)
         model.hidden(tokens[:, :context], cache=cache)
         return cache
 
-    def median_ms(step, reset):
-        times = []
-        for i in range(repeats + 1):
-            reset()
-            start = time.perf_counter()
-            step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            if i:
-                times.append(time.perf_counter() - start)
-        return 1e3 * statistics.median(times)
-
-    lengths = torch.full((batch,), context, device=dev)
-    rows = []
+    lengths = torch.full((batch,), context, device=dev)  # (B,)
     target_cache, vanilla_cache = dense(target), dense(vanilla)
-    ring = SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, sparse, k + 1, rope_mode="cache",
-                             rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
+    ring = SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, SinkWindow(1, window), k + 1,
+                             rope_mode="cache", rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
     ring.ingest(target_cache, torch.arange(context, device=dev).expand(batch, context))
     memory = spire.new_cache(batch, slack=k + 1)
     spire.write_target_memory(memory, target.residual_stream(tokens[:, :context], layers=spire.memory_layers),
                               torch.arange(context, device=dev).expand(batch, context))
-    pos = lengths[:, None]
-    cases = [
-        ("AD step", cfg, 1, context + 1, lambda: target(tokens[:, context:context + 1], pos, target_cache),
-         lambda: target_cache.rollback(lengths)),
-        (f"verify ({k + 1} tokens)", cfg, k + 1, context + k + 1,
-         lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev), target_cache),
-         lambda: target_cache.rollback(lengths)),
-        ("vanilla step", vanilla.cfg, 1, context + 1, lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache),
-         lambda: vanilla_cache.rollback(lengths)),
-        ("MagicDec step", cfg, 1, min(context, 1 + window) + 1,
-         lambda: target(tokens[:, context:context + 1], pos, ring), lambda: ring.rollback(lengths)),
-        ("SPIRe step", spire.body.cfg, 1, min(context, 1 + window),
-         lambda: spire.step(tokens[:, context], lengths, memory), lambda: memory.rollback(lengths)),
-    ]
-    for name, shape_cfg, new, keys, step, reset in cases:
-        work = profiled.forward_work(shape_cfg.shape(), shape_cfg.vocab_size, batch, new, keys,
-                                     bytes_per_value=value_bytes)
-        roof = 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
-        ms = median_ms(step, reset)
-        rows.append({"kind": name, "batch": batch, "context": context, "ms": ms, "gflop": work.flops / 1e9,
-                     "mbytes": work.bytes / 1e6, "roofline_ms": roof, "ratio": ms / roof,
-                     "mode": "compiled" if compiled else "eager"})
+    pos = lengths[:, None]  # (B, 1)
+    calls = {  # kind -> (the forward, what resets its cache)
+        "AD step": (lambda: target(tokens[:, context:context + 1], pos, target_cache), target_cache),
+        f"verify ({k + 1} tokens)": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
+                                                    target_cache), target_cache),
+        "vanilla step": (lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache), vanilla_cache),
+        "MagicDec step": (lambda: target(tokens[:, context:context + 1], pos, ring), ring),
+        "SPIRe step": (lambda: spire.step(tokens[:, context], lengths, memory), memory),
+    }
+    rows = []
+    for kind, (call, cache) in calls.items():
+        seconds = repeat_seconds(call, repeats, before=lambda cache=cache: cache.rollback(lengths), device=dev)
+        work = roofline(kinds, [(kind, kinds[kind][1])], batch, value_bytes, peak_flops=peak_flops,
+                        bandwidth=bandwidth)
+        rows.append(roofline_row(kind, batch, context, seconds, work, compiled))
     return rows
+
+
+@torch.no_grad()
+def round_rows(target: Transformer, factories: dict, models: dict, methods: list[str], batch: int, context: int,
+               k: int, window: int, *, peak_flops: float, bandwidth: float, repeats: int, compiled: bool,
+               temperature: float) -> list[dict]:
+    """One `roofline_row` per method's whole round at (B, L), as the engine decodes it
+    (`speculative_rounds`; AD: `autoregressive_rounds`, a round being one step): the draft's
+    passes, the verification and the bookkeeping timed together, round by round, each between
+    two synchronizes on a GPU. A first generation warms up for 3 rounds (compiling and, on a GPU,
+    recording the CUDA graphs), then a second one's first round (it includes the prefill) is not
+    timed and its next `repeats` are. The roofline is that of the round's forwards
+    (`round_forwards`; bookkeeping has none) at context L: the timed rounds add at most
+    (repeats + 1) x (k + 1) tokens to it."""
+    param = next(target.parameters())
+    dev = param.device
+    kinds = forward_shapes(model_cfgs(target, models), context, k, window)
+
+    def rounds(method: str, run: int):  # a generation of at least repeats + 1 rounds over fresh contexts (B, L)
+        generator = torch.Generator(dev).manual_seed(run)
+        contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)
+        if method == "ad":  # the prefill gives the first token, then one round a token
+            return autoregressive_rounds(target, contexts, repeats + 2, temperature=temperature, generator=generator)
+        return speculative_rounds(target, factories[method](generator), contexts, (repeats + 1) * (k + 1), k=k,
+                                  temperature=temperature, generator=generator)  # a round emits <= k + 1 tokens
+
+    rows = []
+    for method in methods:
+        warm = rounds(method, 0)
+        for _ in range(3):
+            next(warm)
+        warm.close()
+        timed = rounds(method, 1)
+        seconds = repeat_seconds(lambda timed=timed: next(timed), repeats, device=dev)
+        timed.close()
+        work = roofline(kinds, round_forwards(method, kinds, k), batch, param.element_size(), peak_flops=peak_flops,
+                        bandwidth=bandwidth)
+        rows.append(roofline_row(f"{method} round", batch, context, seconds, work, compiled))
+    return rows
+
+
+def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, peak_flops: float,
+                  bandwidth: float, repeats: int = 20, compiled: bool = False, temperature: float = 1.0,
+                  methods: list[str] = TIMED) -> list[dict]:
+    """`forward_rows` and `round_rows` (every method of `methods`) at (B, L). Each round row also
+    gets `forwards_ms`, the sum of its forwards' measured ms (the vanilla draft's 2-token first
+    pass counted as a step): a round's time beyond it is bookkeeping and host work.
+    `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`)."""
+    factories, models = build_methods(target, list(TIMED), temperature, window)
+    for model in (target, *models.values()):
+        if model is not None:
+            model.compile_decoding(compiled)
+    options = {"peak_flops": peak_flops, "bandwidth": bandwidth, "repeats": repeats, "compiled": compiled}
+    forwards = forward_rows(target, models, batch, context, k, window, **options)
+    rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
+                        **options)
+    measured = {r["kind"]: r["ms"] for r in forwards}
+    kinds = forward_shapes(model_cfgs(target, models), context, k, window)
+    for method, row in zip(methods, rounds):
+        row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, kinds, k))
+    return forwards + rounds
 
 
 def profiled_rows(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
@@ -200,11 +292,14 @@ def print_profiled(rows: list[dict], verdict: dict) -> None:
 
 
 def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float) -> None:
-    print(f"roofline: fp32 peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated now)")
-    print(f"{'L':>5} {'B':>3} {'forward':18} {'mode':8} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8} {'x roof':>7}")
+    print(f"roofline: fp32 peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated now);"
+          " a round: its forwards' rooflines summed, 'fwd ms' the sum of its forwards timed alone")
+    print(f"{'L':>5} {'B':>3} {'forward / round':18} {'mode':8} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8}"
+          f" {'x roof':>7} {'% roof':>7} {'fwd ms':>8}")
     for r in rows:
+        forwards = f"{r['forwards_ms']:8.2f}" if "forwards_ms" in r else ""
         print(f"{r['context']:5d} {r['batch']:3d} {r['kind']:18} {r['mode']:8} {r['ms']:8.2f} {r['gflop']:8.3f}"
-              f" {r['mbytes']:8.1f} {r['roofline_ms']:8.3f} {r['ratio']:7.1f}")
+              f" {r['mbytes']:8.1f} {r['roofline_ms']:8.3f} {r['ratio']:7.1f} {r['fraction']:7.1%} {forwards}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -221,7 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--roofline", action="store_true",
-                        help="time single forwards of every kind against this machine's roofline instead")
+                        help="time every forward kind and each method's whole round against this machine's roofline")
     parser.add_argument("--compile", action="store_true",
                         help="also decode through compiled graphs, beside eager")
     parser.add_argument("--interleave", choices=("rounds", "runs"), default="rounds", metavar="HOW",
@@ -240,8 +335,63 @@ def profiled_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int]], list
     return sorted(grid | set(held), key=lambda c: (c[1], c[0])), held
 
 
+def cache_bytes(cfg, batch: int, slots: int, value_bytes: int) -> int:
+    """Bytes of a KV cache of `slots` positions a row (`kvcache._KVCache`: keys and values of every
+    layer, the positions' int64 bookkeeping, one more trash slot, the rows' int64 lengths)."""
+    per_slot = 2 * cfg.num_layers * cfg.n_kv * cfg.d_head * value_bytes + 8
+    return batch * (slots + 1) * per_slot + 8 * batch
+
+
+def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: int, k: int, window: int,
+               interleave: str, value_bytes: int = 4) -> dict[str, int]:
+    """What one run of `wallclock.time_cells` at (B, L) holds at once, by part, in bytes: the weights,
+    the target's caches (one per method interleaved by "rounds", each on its own copy of the
+    prefill; one by "runs"), the drafts' caches (the vanilla draft's dense one, MagicDec's and
+    SPIRe's sink + window rings) and the residual-stream entries the prefill keeps for SPIRe.
+    Activations are not counted: a forward's are freed before the next."""
+    capacity = speculative_capacity(context, new_tokens, k)
+    spire = SpireConfig(window=window)
+    drafts = {"vanilla": vanilla_draft_config(cfg), "spire": replace(cfg, num_layers=spire.num_layers)}
+    ring = spire.sink + window + k + 1  # `SinkWindowKVCache`: sink + window + slack
+    copies = len(methods) if interleave == "rounds" else 1
+    return {"weights": value_bytes * (cfg.num_params() + sum(drafts[m].num_params() for m in drafts if m in methods)),
+            f"target caches ({copies})": copies * cache_bytes(cfg, batch, capacity, value_bytes),
+            "draft caches": sum({"vanilla": cache_bytes(drafts["vanilla"], batch, capacity, value_bytes),
+                                 "magicdec": cache_bytes(cfg, batch, ring, value_bytes),
+                                 "spire": cache_bytes(drafts["spire"], batch, ring, value_bytes)}.get(m, 0)
+                                for m in methods),
+            "kept residual stream": ("spire" in methods) * spire.num_layers * batch * (context - 1) * cfg.d_model
+            * value_bytes}
+
+
+def memory_problems(args: argparse.Namespace, cells: list[tuple[int, int]]) -> list[str]:
+    """Why the timed runs would not fit the memory free on `--device` (`hf.available_bytes`; empty:
+    they fit, or it is unknown): at the cell that holds most (`held_bytes`), with what fits instead."""
+    free = available_bytes(torch.device(args.device))
+    if free is None:
+        return []
+    cfg = model_config(args)
+
+    def held(interleave):
+        return max(((held_bytes(cfg, args.methods, B, L, args.new_tokens, args.k, args.window, interleave), (B, L))
+                    for B, L in cells), key=lambda pair: sum(pair[0].values()))
+
+    parts, (B, L) = held(args.interleave)
+    if sum(parts.values()) <= free:
+        return []
+    gb = " + ".join(f"{name} {n / 1e9:.2f}" for name, n in parts.items() if n)
+    instead = ""
+    if args.interleave == "rounds":
+        runs = sum(held("runs")[0].values())
+        instead = (f"; --interleave runs (one target cache) holds {runs / 1e9:.2f} GB, which fits" if runs <= free
+                   else f"; --interleave runs would hold {runs / 1e9:.2f} GB, which does not fit either")
+    return [(f"at B {B} x L {L} the timed runs hold {gb} = {sum(parts.values()) / 1e9:.2f} GB, more than the "
+             f"{free / 1e9:.2f} GB free on {args.device}{instead}; or lower --batch or --context")]
+
+
 def problems(args: argparse.Namespace) -> list[str]:
     out = positive(args, "batch", "context", "new_tokens", "k", "window", *MODEL_OPTIONS, "repeats")
+    out += device_problems(args.device)
     if args.profiled:
         cells, held = profiled_grid(args)
         if "ad" not in args.methods:
@@ -249,6 +399,9 @@ def problems(args: argparse.Namespace) -> list[str]:
         out += [f"--profiled: {p}" for p in profiled.cell_problems(c for c in cells if c not in held)]
         if args.roofline or args.compile:
             out.append("--profiled times eager decoding alone: drop --roofline and --compile")
+    if not out and not args.roofline:  # the memory the timed runs hold, once the shapes are valid
+        cells = profiled_grid(args)[0] if args.profiled else [(B, L) for B in args.batch for L in args.context]
+        out += [f"--{'profiled' if args.profiled else 'interleave'}: {p}" for p in memory_problems(args, cells)]
     return out
 
 
@@ -265,10 +418,10 @@ def main(args: argparse.Namespace) -> int:
         peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
         rows = [row for L in args.context for B in args.batch for compiled in modes
                 for row in roofline_rows(target, B, L, args.k, args.window, peak_flops=peak, bandwidth=bw,
-                                         compiled=compiled)]
+                                         compiled=compiled, temperature=args.temperature, methods=args.methods)]
         print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw)
         return 0
-    factories, drafts = build_methods(target, args.methods, args.temperature, args.window)
+    factories, models = build_methods(target, args.methods, args.temperature, args.window)
     if args.profiled:
         cells, held = profiled_grid(args)
         cost, rows, verdict = profiled_rows(target, factories, args.methods, cells, held, args)
@@ -280,8 +433,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for compiled in modes:
-        for model in (target, *drafts):
-            model.compile_decoding(compiled)
+        for model in (target, *models.values()):
+            if model is not None:
+                model.compile_decoding(compiled)
         for L in args.context:
             for B in args.batch:
                 for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature,
