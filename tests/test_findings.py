@@ -290,3 +290,17 @@ def test_where_the_winner_flips_reads_by_columns_when_that_is_shorter():
     grid = [["magicdec", "spire", "spire"], ["magicdec", "spire", "magicdec"], ["magicdec", "spire", "spire"]]
     assert findings.where_sentence(grid, [1, 2, 4], [256, 512, 960]) == (
         "MagicDec wins at L = 256 and B = 2 for L = 960; SPIRe everywhere else.")
+
+
+def test_claims_built_on_a_trained_drafts_tau_state_its_budget():
+    """The tau order (04) and the best draft at the paper's shapes (06), both built on trained
+    drafts' tau, carry 03's budgets, and the Table 1 analog says them in full."""
+    budgets = {"SPIRe draft": {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
+                               "fraction": 0.000246}}
+    results = {**RESULTS, "03_train_drafts": {"draft_budgets": budgets}}
+    clause = "drafts trained on 0.025% (SPIRe draft) of the paper&#x27;s 20 x N tokens: about that budget"
+    (_, _, tau), = findings._claim_tau(RUN, results)
+    (_, _, best), = findings._claim_highlight_winner(RUN, results)
+    assert clause in tau and clause in best
+    assert "Training budgets: the SPIRe draft trained on 123,000 tokens" in text(findings.table1(RUN, results))
+    assert "20 x N" not in findings._claim_tau(RUN, RESULTS)[0][2]

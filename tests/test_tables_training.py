@@ -95,3 +95,31 @@ def test_target_result_keeps_the_results_keys():
     old = {k: v for k, v in SUMMARY.items() if k != "run_tokens_per_s"}  # a checkpoint that predates the figure
     assert tables.target_result(run(summary=old), CFG, speed, IMPORTED.imported)["run_tokens_per_s"] is None
     assert tables.target_result(run(), CFG, speed, IMPORTED.imported)["imported_from"] == "/models/llama"
+
+
+def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_small_one_is_about_the_budget():
+    """A SPIRe draft of 25M body parameters trained on 123k tokens got 0.025% of the paper's 20 x N
+    = 500M: its taus are worded as about that budget; the vanilla draft at 62% of its own is not.
+    The index says the same beside every claim built on a tau (`findings.budget_clause`)."""
+    from spirelib.workbook import findings
+
+    def trained(tokens, body):
+        return SimpleNamespace(summary={"tokens": tokens}, layers_config=SimpleNamespace(body_params=lambda: body))
+
+    budgets = tables.draft_budgets(trained(1_638_400, 131_072), trained(123_000, 25_000_000))
+    assert budgets["SPIRe draft"] == {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
+                                      "fraction": 123_000 / 500_000_000}
+    assert budgets["vanilla draft"]["fraction"] == 0.625
+    text = tables.budget_sentence(budgets)
+    assert text.startswith("Training budgets: the SPIRe draft trained on 123,000 tokens, 0.025% of the paper's 20 x N "
+                           "= 500,000,000 (N = 25,000,000 body parameters); the vanilla draft trained on 1,638,400 "
+                           "tokens, 62% of the paper's")
+    assert text.endswith("those of the SPIRe draft, and every claim built on them, are about this budget, not about "
+                         "the method: a draft given the paper's budget could accept far more.")
+    assert "vanilla draft, and every claim" not in text
+    clause = findings.budget_clause({"03_train_drafts": {"draft_budgets": budgets}})
+    assert clause == ("; drafts trained on 0.025% (SPIRe draft) and 62% (vanilla draft) of the paper's 20 x N tokens: "
+                      "about that budget for the SPIRe draft, not about the method")
+    budgets["SPIRe draft"]["fraction"] = 0.5
+    assert tables.budget_sentence(budgets).endswith("that share of the paper's budget.")
+    assert findings.budget_clause({}) == ""

@@ -34,6 +34,12 @@ def chinchilla_tokens(params, *, tokens_per_param: float = 20.0):
     return scalar_or_array(tokens_per_param * positive(params, "params"))
 
 
+def budget_fraction(tokens, params) -> float:
+    """The share of the paper's training budget, 20 tokens per parameter (method §6), that a model
+    of `params` (body) parameters trained on `tokens` got."""
+    return float(positive(tokens, "tokens") / chinchilla_tokens(params))
+
+
 def draft_training_units(draft: ModelShape | str, target: ModelShape | str, *, token_ratio: float = 1.0,
                          mfu_ratio: float = 1.0) -> float:
     """A draft's training cost in target-training units, from body parameters.

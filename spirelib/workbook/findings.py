@@ -28,6 +28,7 @@ from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.modeling.methods import color, label
 from spirelib.workbook.tables import ablations as ablation_tables
+from spirelib.workbook.tables.training import SMALL_BUDGET, budget_sentence, percent
 from spirelib.workbook.tables.winners import AD, by_cell, unresolved_cells, where_sentence
 from spirelib.workbook.tables.winners import grid_counts as _grid_counts
 from spirelib.workbook.tables.winners import pow2 as _pow2
@@ -445,6 +446,19 @@ def _tau_order(results: dict) -> tuple[int, list[str], list[str]] | None:
     return at, order, paper_order
 
 
+def budget_clause(results: dict) -> str:
+    """The trained drafts' budgets as shares of the paper's 20 x N (notebook 03's "draft_budgets",
+    `tables.training.draft_budgets`), for a claim built on their tau, after a semicolon; worded as
+    about the budget, not the method, for a draft below `SMALL_BUDGET`; "" when 03 recorded none."""
+    budgets = results.get("03_train_drafts", {}).get("draft_budgets")
+    if not budgets:
+        return ""
+    small = [name for name, b in budgets.items() if b["fraction"] < SMALL_BUDGET]
+    return ("; drafts trained on " + " and ".join(f"{percent(b['fraction'])} ({name})" for name, b in budgets.items())
+            + " of the paper's 20 x N tokens" + (f": about that budget for the {' and the '.join(small)}, not about "
+                                                 "the method" if small else ""))
+
+
 def _claim_tau(run: dict, results: dict) -> list[Claim]:
     found = _tau_order(results)
     if not found:
@@ -456,7 +470,8 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
     ours = [m for m in order if m in paper_at]
     return [(REPRODUCED, ours == paper_order, f"Order of tau across drafts (measured): here at L = {at} "
-             + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}")]
+             + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}"
+             + escape(budget_clause(results)))]
 
 
 def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
@@ -469,7 +484,7 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
     numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
     return [(REPRODUCED, win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} "
              "(modeled with this run's tau at the paper's shapes): "
-             + _link(run, "06_speedup_explorer", escape(numbers)))]
+             + _link(run, "06_speedup_explorer", escape(numbers)) + escape(budget_clause(results)))]
 
 
 def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
@@ -651,6 +666,8 @@ def table1(run: dict, results: dict) -> str | None:
             + f"<p>Order at L = {at}: {escape(' > '.join(label(m) for m in order))}; paper's order at L = 512: "
             f"{escape(' > '.join(label(m) for m in paper_order))} "
             f"({'the same' if paper_order_all == paper_order else 'different'}).</p>"
+            + (f"<p>{escape(budget_sentence(budgets))}</p>"
+               if (budgets := results.get("03_train_drafts", {}).get("draft_budgets")) else "")
             + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
 
 

@@ -1,14 +1,15 @@
 """What notebook 02 (training the target) shows and records, in words and one-row tables: the
 token data, the target's shape and training budget (method §2's 20 tokens per parameter), the
 trained (or loaded, or imported) target, its training speed as MFU, and sampled continuations;
-and what notebook 03 records of SPIRe's measured training cost (`training_cost`). They read what
+and what notebook 03 records of SPIRe's measured training cost (`training_cost`) and of each
+draft's budget against the paper's (`draft_budgets`, read by 04 and the run index). They read what
 `series`, `pipeline` and the trainer computed and compute nothing of their own beyond ratios."""
 
 from __future__ import annotations
 
 import math
 
-from spirelib.modeling.costs import flop_params, measured_training_units
+from spirelib.modeling.costs import budget_fraction, chinchilla_tokens, flop_params, measured_training_units
 
 
 def data_note(data, series, vocab_size: int) -> str:
@@ -129,3 +130,38 @@ def training_cost_sentence(cost: dict | None) -> str:
             f"at {cost['target_tokens_per_s']:,.0f}, so a SPIRe token costs {cost['spire_units_per_token']:.2f} of a "
             f"target training token, not the {cost['body_ratio']:.2f} its share of the body parameters says: every "
             "SPIRe step also runs the frozen target forward. Notebook 08 prices SPIRe's training with this figure.")
+
+
+#: Below this share of the paper's 20 x N training tokens, a trained draft's tau (and every claim
+#: built on it) is worded as being about its budget, not about the method (method §6).
+SMALL_BUDGET = 0.1
+
+
+def draft_budgets(vanilla, spire_draft) -> dict[str, dict]:
+    """Per trained draft (`pipeline.TrainedModel`s): its training tokens, its body parameters N,
+    the paper's budget 20 x N (method §6, `costs.chinchilla_tokens`) and the share of it the draft
+    got, as notebook 03 records it ("draft_budgets") and 04 states it."""
+    drafts = {"SPIRe draft": (spire_draft.summary["tokens"], spire_draft.layers_config.body_params()),
+              "vanilla draft": (vanilla.summary["tokens"], vanilla.layers_config.body_params())}
+    return {name: {"tokens": int(tokens), "body_params": int(n), "paper_tokens": int(chinchilla_tokens(n)),
+                   "fraction": budget_fraction(tokens, n)} for name, (tokens, n) in drafts.items()}
+
+
+def percent(fraction: float) -> str:
+    """A share as a percentage to two significant figures: 0.00057 as "0.057%"."""
+    return f"{100 * fraction:.2g}%"
+
+
+def budget_sentence(budgets: dict[str, dict]) -> str:
+    """What each trained draft's tau is about, in words (`draft_budgets`): its training tokens as a
+    share of the paper's 20 x N and, for each draft below `SMALL_BUDGET`, that its taus speak of
+    this budget, not of the method."""
+    if not budgets:
+        return ""
+    each = "; ".join(f"the {name} trained on {b['tokens']:,} tokens, {percent(b['fraction'])} of the paper's 20 x N "
+                     f"= {b['paper_tokens']:,} (N = {b['body_params']:,} body parameters)"
+                     for name, b in budgets.items())
+    small = [name for name, b in budgets.items() if b["fraction"] < SMALL_BUDGET]
+    return (f"Training budgets: {each}. Each tau is about a draft trained on that share of the paper's budget"
+            + (f"; those of the {' and the '.join(small)}, and every claim built on them, are about this budget, not "
+               "about the method: a draft given the paper's budget could accept far more." if small else "."))
