@@ -197,6 +197,28 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
     assert not (out / "vanilla" / "sglang-adaptive.json").exists()  # STANDALONE would ignore it
 
 
+def test_the_served_shapes_are_the_papers_for_a_series_trained_from_scratch_and_k_says_where_it_is_capped(
+        run_dir, tmp_path, capsys):
+    inp = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,))
+    assert inp.shapes == "paper" and inp.scenario.target == deploy.inputs(
+        run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,), shapes="paper").scenario.target
+    assert inp.scenario.target != deploy.inputs(run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,),
+                                                 shapes="trained").scenario.target
+    results = json.loads((run_dir / "results.json").read_text())
+    results["04_measure_tau"]["per_position_acceptance"]["spire"]["512"]["p"] = [0.99, 0.99, 0.99, 0.99]
+    results["04_measure_tau"]["tau"]["spire"]["512"]["mean"] = 4.9
+    results["04_measure_tau"]["tau"]["magicdec"]["512"]["mean"] = 4.9  # no curve: i.i.d. alpha, searched to 8
+    (run_dir / "results.json").write_text(json.dumps(results))
+    assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm", "--max-batch", "8", "--contexts", "512",
+                     "--draft", "spire", "--draft", "magicdec", "--out", str(tmp_path / "o")]) == 0
+    printed = capsys.readouterr().out
+    assert "paper shapes" in printed and printed.count("[k capped at the measured depth 4]") == 1
+    assert "capped at the measured depth 4" in yaml.safe_load(
+        (tmp_path / "o" / "spire" / "schedule.yaml").read_text())["inputs"]["k_searched"]
+    magicdec = yaml.safe_load((tmp_path / "o" / "magicdec" / "schedule.yaml").read_text())
+    assert magicdec["inputs"]["k_searched"] == "1..8" and magicdec["schedule"][0]["k"] == 8
+
+
 def test_trtllm_keeps_its_first_k_the_deepest_at_the_least_modeled_loss():
     tm = [[1.5, 1.5, 1.5, 1.5],
           [1.2, 1.6, 2.0, 2.4]]  # best: k = 1 at B = 1, k = 2 after

@@ -41,7 +41,7 @@ from spirelib.modeling.schedule import (
 from spirelib.paths import project_root
 from spirelib.workbook.results import read_json
 
-SHAPES = ("trained", "paper")
+SHAPES = ("served", "trained", "paper")  # served: the imported target's (trained), else the paper's
 MODELS = ("paper", "profiled")
 CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
 MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
@@ -143,13 +143,17 @@ def resolve_hardware(name: str | None, dtype: str | None, peak_flops: float | No
 
 
 def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
-    """The scenario of the run's series (`tables.perf.series_scenarios`) at `shapes` on the device."""
+    """The scenario of the run's series (`tables.perf.series_scenarios`) at `shapes` on the device,
+    and the shapes it is: "served" is the imported target's (its trained shapes) when the series
+    imports one, else the paper's (a series trained from scratch is a CPU-sized stand-in)."""
     from spirelib.training.series import Series  # torch: only when a schedule is made
     from spirelib.workbook.tables.perf import series_scenarios
 
     series = Series.from_dict(run.get("params", {}).get("series", {}))
+    if shapes == "served":
+        shapes = "trained" if series.imported else "paper"
     scenarios = series_scenarios(series, {}, hardware.hoi(dtype), "")
-    return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype)
+    return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype), shapes
 
 
 def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
@@ -185,7 +189,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
 
 def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
            bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
-           max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "trained",
+           max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "served",
            methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS,
            min_context_run_tokens: int = MIN_CONTEXT_RUN) -> Inputs:
     """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
@@ -239,7 +243,10 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         raise DeployError(f"the run measured only {', '.join(unmodeled)}, which the throughput model does not price")
     if fitted is not None and spread > 0:
         raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
-    return Inputs(acceptance, tau_context, _scenario(run, shapes, device, dtype), device.name, device, dtype, context,
+    scenario, shapes = _scenario(run, shapes, device, dtype)
+    if fitted is not None:
+        shapes = "trained"  # the profiled model prices the series' own target and drafts on this machine
+    return Inputs(acceptance, tau_context, scenario, device.name, device, dtype, context,
                   spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
                   tuple(sorted(graph_bs)), min_context_run_tokens)
 
@@ -261,6 +268,7 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                 "per_batch": {str(b): {"before": context_switches(by_context, b, *SWITCH_SPAN),
                                        "after": context_switches(long_runs, b, *SWITCH_SPAN)}
                               for b in sorted({1, 8, 64, inp.max_batch}) if b <= inp.max_batch}}
+    capped = bool(inp.acceptance[method].per_position) and any(r.k == int(table.ks[-1]) for r in main.ranges)
     trt, trt_expressed = engines.trtllm_config(main, table)
     algorithm = engines.SGLANG_ALGORITHM.get(method)
     sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)
@@ -303,6 +311,9 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                              f"by its median |error| {inp.profiled['error']:.3f} (its largest on the held-out cells: "
                              f"{inp.profiled['held_out_max_error'] or float('nan'):.3f})" if inp.profiled else
                              "paper's throughput model (method §2), interval from tau's 95% CI"),
+                   "k_searched": f"1..{int(table.ks[-1])}" + (
+                       f", capped at the measured depth {inp.acceptance[method].depth} (the per-position curve is "
+                       "not extrapolated; measure deeper in notebook 04 to search further)" if capped else ""),
                    "switching_cost": inp.switching_cost, "max_batch": inp.max_batch,
                    "sglang_cuda_graph_bs": list(inp.graph_bs)},
         "schedule": [r.to_dict() for r in main.ranges],
@@ -313,7 +324,7 @@ def method_schedules(inp: Inputs, method: str) -> dict:
         "engines": engine_doc,
         "sglang_server_args": sglang_args,
     }
-    return {"document": document, "engines": configs, "schedule": main, "by_context": by_context, "long_runs": long_runs,
+    return {"document": document, "engines": configs, "schedule": main, "capped": capped, "by_context": by_context, "long_runs": long_runs,
             "expressed": expressed, "sglang_server_args": sglang_args}
 
 
@@ -347,7 +358,8 @@ def write(inp: Inputs, out_dir: Path) -> dict[str, dict]:
             if config is None:
                 continue
             if name == "trtllm":
-                header = (f"{engines.SERVING} spire deploy: {label(method)} on {inp.device} {inp.dtype}. Keys of "
+                header = (f"{engines.SERVING} spire deploy: {label(method)} on {inp.device} {inp.dtype} at the "
+                          f"{inp.shapes} shapes, B 1-{inp.max_batch}. Keys of "
                           f"{engine.release}. Batch size: {engine.batch}. Past the last key: {engine.beyond}. "
                           f"{made['document']['engines'][name]['note']}.")
                 path.write_text("".join(f"# {line}\n" for line in textwrap.wrap(header, 110))
@@ -370,7 +382,8 @@ def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
     for method, schedules in made.items():
         s = schedules["schedule"]
         lines.append(f"  {label(method)}: " + ", ".join(
-            f"B {r.lo}-{r.hi}: k={r.k} ({r.speedup_min:.2f}-{r.speedup_max:.2f}x)" for r in s.ranges))
+            f"B {r.lo}-{r.hi}: k={r.k} ({r.speedup_min:.2f}-{r.speedup_max:.2f}x)" for r in s.ranges)
+            + (f" [k capped at the measured depth {inp.acceptance[method].depth}]" if schedules["capped"] else ""))
     lines.append(f"written to {out_dir} (each engine's release and what it does past the last entry: "
                  "schedule.yaml's engines)")
     return "\n".join(lines)
@@ -483,7 +496,7 @@ def reads_any(stems) -> bool:
 
 def write_run(out_dir: Path) -> dict:
     """The schedules a run writes into its own folder (`spire run` calls this after the last
-    notebook when it ran one of `READS`): on an H100 (fp8) at the trained shapes and, when notebook 09 ran, on this machine
+    notebook when it ran one of `READS`): on an H100 (fp8) at the served shapes and, when notebook 09 ran, on this machine
     from its profiled model; what run.json keeps of them (folders, per method its ranges, or
     why none was written)."""
     results = read_json(out_dir / "results.json")
@@ -545,8 +558,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", type=float, help="instead of --hardware: memory bandwidth, bytes/s")
     parser.add_argument("--draft", action="append", help="only this method (repeatable; default: every measured one; "
                                                          "with --explain and a RUN: the one to compare with)")
-    parser.add_argument("--shapes", default="trained", choices=SHAPES, help="the run's trained shapes (default) or "
-                                                                           "the paper's 67M target and drafts")
+    parser.add_argument("--shapes", default="served", choices=SHAPES,
+                        help="served (default): an imported target's shapes, else the paper's 67M target and "
+                             "drafts; trained: the series' own trained shapes; paper")
     parser.add_argument("--context", type=int, help="the context L (default: notebook 06's context_length)")
     parser.add_argument("--length-spread", type=float, help="sigma of log-length: mixed-length batches (default 0)")
     parser.add_argument("--contexts", type=_ints, default=CONTEXTS,
