@@ -304,3 +304,14 @@ def test_claims_built_on_a_trained_drafts_tau_state_its_budget():
     assert clause in tau and clause in best
     assert "Training budgets: the SPIRe draft trained on 123,000 tokens" in text(findings.table1(RUN, results))
     assert "20 x N" not in findings._claim_tau(RUN, RESULTS)[0][2]
+
+
+def test_the_index_spells_out_its_abbreviations_once_and_the_profiled_models_goals():
+    plain = text(findings.verdict(RUN, RESULTS))
+    for term in ("AD: autoregressive decoding", "SD: speculative decoding", "TM: throughput multiplier",
+                 "HOI: hardware operational intensity", "tau: tokens per round", "20 x N: the paper's training budget"):
+        assert plain.count(term) == 1, term
+    cells = [{**c, "profiled_speedup": 1.0, "profiled_error": 0.05} for c in RESULTS["09_measured_vs_modeled"]["cells"]]
+    claims = findings._claim_measured({}, {"09_measured_vs_modeled": {"cells": cells}})
+    profiled = next(t for _, _, t in claims if "profiled cost model" in t)
+    assert "the goals it is held to: a median error of at most 10%, a mean signed error within +/-5%" in profiled

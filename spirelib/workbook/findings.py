@@ -315,6 +315,15 @@ def _legend(maps: list[dict]) -> str:
             + ". B grows upwards, L to the right; hover a cell for its multiplier.</p>")
 
 
+#: The index's abbreviations, spelled out once under its scale line.
+ABBREVIATIONS = ("AD: autoregressive decoding, the target alone, one token per forward pass (a speedup of 1). SD: "
+                 "speculative decoding. tau: tokens per round of speculative decoding (the drafts accepted, plus one). "
+                 "TM: throughput multiplier, tokens/s over AD's as the paper's performance model gives them. HOI: "
+                 "hardware operational intensity, a machine's peak FLOP/s over its memory bandwidth (FLOP/byte; the "
+                 "paper's GPUs: 600). B: batch size, the rows decoded together; L: context length in tokens. 20 x N: "
+                 "the paper's training budget, 20 tokens per parameter.")
+
+
 def verdict(run: dict, results: dict) -> str | None:
     """The index's first screen: the scale in one line, the winner over (B, L) as a small map for
     every way of answering (the paper's shapes and tau; this run's tau at the paper's shapes and
@@ -329,7 +338,7 @@ def verdict(run: dict, results: dict) -> str | None:
         + _map_html(*m["grid"], values=m["values"], differs=m["differs"], unresolved=m["unresolved"])
         + f"<p class='where'>{escape(m['where'])}</p></figure>" for m in maps)
     scale = scale_line(run, results) or ""
-    return ("<h2 id='verdict'>Which draft, where</h2>" + scale
+    return ("<h2 id='verdict'>Which draft, where</h2>" + scale + f"<p class='aside'>{escape(ABBREVIATIONS)}</p>"
             + (f"<div class='maps'>{figures}</div>" + _legend(maps) if maps else "")
             + f"<p class='verdict'>{verdict_lead(results, rows)}</p>")
 
@@ -578,7 +587,9 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
                                f"median error {statistics.median(profiled):.0%} over all {len(profiled)} cells")
                        + f", mean signed error {bias:+.0%}"
                        + (f", at most {held:.0%} on the cells it was not fitted to" if held is not None else "")
-                       + " (fitted to these runs' rounds at the other cells; goal: 10%, +/-5%, 15%)"))
+                       + " (fitted to these runs' rounds at the other cells; the goals it is held to: a median error "
+                         "of at most 10%, a mean signed error within +/-5% and at most 15% on the cells it was not "
+                         "fitted to)"))
     return claims
 
 

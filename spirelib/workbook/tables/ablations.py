@@ -33,9 +33,10 @@ TAU_COLUMNS = {"variant": "variant", "tau": "tau (mean over seeds, 95% CI)",
                "delta": "vs SPIRe (paired, 95% CI of this difference alone, uncorrected)",
                "seeds": "vs SPIRe per seed", "resolved": "resolved over training seeds? (family-wise, Holm)",
                "paper": "tau (paper, L = 512)", "paper_delta": "paper vs SPIRe"}
-IMPORTANCE_COLUMNS = {"rank": "rank (ours)", "ours": "part", "drop": "TM lost without it (ours)",
-                      "delta": "tau with it minus without (paired, 95% CI of this part alone, uncorrected)", "paper_rank": "rank (paper)",
-                      "paper_drop": "TM lost without it (paper taus)"}
+IMPORTANCE_COLUMNS = {"rank": "rank (ours)", "ours": "part",
+                      "drop": "throughput multiplier (TM) lost without it (ours)",
+                      "delta": "tau with it minus without (paired, 95% CI of this part alone, uncorrected)",
+                      "paper_rank": "rank (paper)", "paper_drop": "TM lost without it (paper taus)"}
 
 
 def budget_note(tokens: int, main_tokens: int, n_variants: int, n_seeds: int, training_seconds: float) -> str:
