@@ -83,6 +83,21 @@ def test_a_switching_cost_merges_what_it_does_not_pay_to_switch_for():
         schedule(table(tm), switching_cost=1.5)
 
 
+def test_a_minimum_batch_run_gives_a_narrow_range_the_neighbouring_k_that_loses_less():
+    #          B = 1    2    3    4    5    6
+    tm = [[1.0, 1.0, 2.0, 1.0, 1.0, 1.0],   # k = 1: best at B = 3 alone
+          [2.0, 2.0, 1.9, 1.0, 1.0, 1.0],   # k = 2
+          [1.0, 1.0, 1.5, 2.0, 2.0, 2.0]]   # k = 3
+    assert schedule(table(tm, spread=0.001)).describe() == "B 1-2: k=2, B 3-3: k=1, B 4-6: k=3"
+    s = schedule(table(tm, spread=0.001), min_batch_run=2, max_batch=10)
+    assert s.describe() == "B 1-3: k=2, B 4-10: k=3" and s.ranges[0].loss == pytest.approx(1 - 1.9 / 2.0)
+    assert schedule(table(tm, spread=0.001), min_batch_run=8, max_batch=10).describe() == "B 1-10: k=3"
+    last = table([[2.0] * 5 + [1.0], [1.0] * 5 + [2.0]], spread=0.001)  # k = 2 at B = 6 only, which holds to 10
+    assert schedule(last, min_batch_run=5, max_batch=10).describe() == "B 1-5: k=1, B 6-10: k=2"
+    with pytest.raises(ValueError, match="min_batch_run"):
+        schedule(table(tm), min_batch_run=0)
+
+
 def test_the_tau_interval_moves_the_acceptance_curve_and_is_empty_without_spread():
     a = Acceptance(3.0, 0.2, 4, (0.8, 0.7, 0.6, 0.5))
     tau, low, high = a.taus(4)
@@ -287,6 +302,10 @@ def test_a_device_given_as_peak_and_bandwidth_sets_the_hoi(run_dir):
     assert inp.hardware.hoi("bf16") == 500.0 and inp.scenario.hoi == 500.0 and inp.scenario.bytes_per_value == 2.0
     with pytest.raises(deploy.DeployError, match="both --peak-flops and --bandwidth"):
         deploy.inputs(run_dir, peak_flops=1e15)
+    with pytest.raises(deploy.DeployError, match="--min-batch-run 0: batch sizes"):
+        deploy.inputs(run_dir, hardware="h100-sxm", min_batch_run=0)
+    wide = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=64, contexts=(512,), min_batch_run=64)
+    assert len(wide.schedule(wide.table("magicdec")).ranges) == 1
 
 
 # ---------------------------------------------------------------------------- this machine's profiled model

@@ -226,20 +226,27 @@ def _range(table: Table, first: int, last: int, k: int, max_batch: int) -> Range
                  float(high[span].max()), max(0.0, loss), float(table.tm[:, span].max()))
 
 
-def schedule(table: Table, *, max_batch: int | None = None, switching_cost: float = 0.0, merge: bool = True
-             ) -> Schedule:
+def schedule(table: Table, *, max_batch: int | None = None, switching_cost: float = 0.0, merge: bool = True,
+             min_batch_run: int = 1) -> Schedule:
     """The best k per batch size of `table` as ranges (`Range`), neighbours merged where the
-    choice is not resolved (`merge_noise`, unless `merge` is False). The last range runs to
-    `max_batch` (default: the table's largest B)."""
+    choice is not resolved (`merge_noise`, unless `merge` is False), then no range narrower than
+    `min_batch_run` batch sizes (`lengthen_runs`; 1: none). The last range runs to `max_batch`
+    (default: the table's largest B)."""
     max_batch = int(table.B[-1]) if max_batch is None else int(max_batch)
     if max_batch < table.B[-1]:
         raise ValueError(f"max_batch = {max_batch} is below the table's largest batch size {int(table.B[-1])}")
     if not (np.isfinite(switching_cost) and 0.0 <= switching_cost < 1.0):
         raise ValueError(f"switching_cost must be a fraction of the speedup in [0, 1), got {switching_cost!r}")
+    if not (isinstance(min_batch_run, (int, np.integer)) and min_batch_run >= 1):
+        raise ValueError(f"min_batch_run must be a positive number of batch sizes, got {min_batch_run!r}")
     segments = _segments(table.best()[0])
     merges: list[Merge] = []
     if merge:
         segments, merges = merge_noise(table, segments, switching_cost, max_batch)
+    if min_batch_run > 1:
+        ks = np.concatenate([np.full(b - a + 1, k) for a, b, k in segments])  # (N,)
+        widths = np.diff([*table.B, max_batch + 1])  # (N,) batch sizes each grid point's k holds for
+        segments = _segments(lengthen_runs(ks, widths, min_batch_run, [table] * len(ks), np.arange(len(ks))))
     return Schedule(tuple(_range(table, a, b, k, max_batch) for a, b, k in segments), tuple(merges))
 
 
@@ -304,28 +311,38 @@ def context_switches(by_context: dict[int, Schedule], batch: int, lo: int = 64, 
     return sum(a != b for a, b in itertools.pairwise(ks))
 
 
+def lengthen_runs(ks: np.ndarray, widths: np.ndarray, min_length: float, tables: list[Table], columns: np.ndarray
+                  ) -> np.ndarray:
+    """`ks` (n,) with no run of equal k shorter than `min_length` (its `widths` summed): the
+    shortest short run takes the k of the neighbouring run that loses less of the multiplier over
+    it (entry i priced on `tables[i]` at batch column `columns[i]`), until no run is short or one
+    is left. Returns the new ks (n,)."""
+    ks = np.array(ks)
+    while True:
+        runs = _segments(ks)
+        short = [(float(widths[a:b + 1].sum()), a, b) for a, b, _ in runs if widths[a:b + 1].sum() < min_length]
+        if len(runs) == 1 or not short:
+            return ks
+        _, a, b = min(short)
+        options = [int(ks[i]) for i in (a - 1, b + 1) if 0 <= i < len(ks)]
+        losses = [max(1.0 - tables[i].at(k)[0][columns[i]] / tables[i].at(int(ks[i]))[0][columns[i]]
+                      for i in range(a, b + 1)) for k in options]
+        ks[a:b + 1] = options[int(np.argmin(losses))]
+
+
 def min_context_run(tables: dict[int, Table], by_context: dict[int, Schedule], min_tokens: int,
                     max_batch: int | None = None) -> dict[int, Schedule]:
     """`by_context` with no k that lasts fewer than `min_tokens` tokens of a request's growth: at
     each batch size, a context bucket (L_prev, L] lasts L - L_prev tokens (the first from 1), and
-    the shortest run of equal k below `min_tokens` takes the k of the neighbouring run that loses
-    less of `tables`' multiplier over it, until every run is long enough (or one is left). A run
-    length along the context, not hysteresis in time: an engine still switches where it crosses."""
+    short runs take a neighbouring run's k (`lengthen_runs`). A run length along the context, not
+    hysteresis in time: an engine still switches where it crosses."""
     lengths = sorted(by_context)
     B = tables[lengths[0]].B
     spans = np.diff([0, *lengths])  # (n_L,) tokens per bucket
     ks = np.array([[by_context[L].k_at(int(b)) for b in B] for L in lengths])  # (n_L, N)
     for col in range(len(B)):
-        while True:
-            runs = _segments(ks[:, col])
-            short = [(int(spans[a:b + 1].sum()), a, b) for a, b, _ in runs if spans[a:b + 1].sum() < min_tokens]
-            if len(runs) == 1 or not short:
-                break
-            _, a, b = min(short)
-            options = [int(ks[i, col]) for i in (a - 1, b + 1) if 0 <= i < len(lengths)]
-            losses = [max(1.0 - tables[L].at(k)[0][col] / tables[L].at(int(ks[i, col]))[0][col]
-                          for i, L in enumerate(lengths[a:b + 1], start=a)) for k in options]
-            ks[a:b + 1, col] = options[int(np.argmin(losses))]
+        ks[:, col] = lengthen_runs(ks[:, col], spans, min_tokens, [tables[L] for L in lengths],
+                                   np.full(len(lengths), col))
     max_batch = int(B[-1]) if max_batch is None else max_batch
     return {L: Schedule(tuple(_range(tables[L], f, t, k, max_batch) for f, t, k in _segments(ks[i])))
             for i, L in enumerate(lengths)}

@@ -72,6 +72,12 @@ class Inputs:
     profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
     graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
     min_context_run: int = MIN_CONTEXT_RUN  # tokens: see `schedule.min_context_run`
+    min_batch_run: int = 1  # batch sizes the narrowest range spans: see `schedule.schedule`
+
+    def schedule(self, table: Table):
+        """The schedule of `table` with this deployment's switching cost and minimum run along B."""
+        return schedule(table, max_batch=self.max_batch, switching_cost=self.switching_cost,
+                        min_batch_run=self.min_batch_run)
 
     def mix(self, context: int | None = None):
         """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
@@ -191,7 +197,7 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
            bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
            max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "served",
            methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS,
-           min_context_run_tokens: int = MIN_CONTEXT_RUN) -> Inputs:
+           min_context_run_tokens: int = MIN_CONTEXT_RUN, min_batch_run: int = 1) -> Inputs:
     """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
     problems = []
     if not (run_dir / "results.json").is_file():
@@ -206,6 +212,8 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
     if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
         problems.append(f"--contexts {contexts}: increasing positive lengths")
+    if not (isinstance(min_batch_run, int) and min_batch_run >= 1):
+        problems.append(f"--min-batch-run {min_batch_run}: batch sizes the narrowest range spans, >= 1 (1: none)")
     if not (isinstance(min_context_run_tokens, int) and min_context_run_tokens >= 0):
         problems.append(f"--min-context-run {min_context_run_tokens}: tokens a k must last, >= 0 (0: no minimum)")
     if not graph_bs or any(b < 1 for b in graph_bs):
@@ -248,7 +256,7 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
         shapes = "trained"  # the profiled model prices the series' own target and drafts on this machine
     return Inputs(acceptance, tau_context, scenario, device.name, device, dtype, context,
                   spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
-                  tuple(sorted(graph_bs)), min_context_run_tokens)
+                  tuple(sorted(graph_bs)), min_context_run_tokens, min_batch_run)
 
 
 # ---------------------------------------------------------------------------- writing
@@ -257,10 +265,9 @@ def method_schedules(inp: Inputs, method: str) -> dict:
     """One method's schedule at the context mix, its per-context schedules, each engine's form
     (`modeling.engines`), the schedule that form holds and what it costs; our YAML document."""
     table = inp.table(method)
-    main = schedule(table, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
+    main = inp.schedule(table)
     tables = {L: inp.table(method, L) for L in inp.contexts}
-    by_context = {L: schedule(t, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
-                  for L, t in tables.items()}
+    by_context = {L: inp.schedule(t) for L, t in tables.items()}
     collapsed = {str(L): round(expressed_cost(tables[L], main, by_context[L]), 4) for L in inp.contexts}
     long_runs = min_context_run(tables, by_context, inp.min_context_run, inp.max_batch)
     switches = {"from_to": list(SWITCH_SPAN), "min_context_run": inp.min_context_run,
@@ -314,7 +321,8 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                    "k_searched": f"1..{int(table.ks[-1])}" + (
                        f", capped at the measured depth {inp.acceptance[method].depth} (the per-position curve is "
                        "not extrapolated; measure deeper in notebook 04 to search further)" if capped else ""),
-                   "switching_cost": inp.switching_cost, "max_batch": inp.max_batch,
+                   "switching_cost": inp.switching_cost, "min_batch_run": inp.min_batch_run,
+                   "max_batch": inp.max_batch,
                    "sglang_cuda_graph_bs": list(inp.graph_bs)},
         "schedule": [r.to_dict() for r in main.ranges],
         "merged": [m.to_dict() for m in main.merges],
@@ -454,7 +462,7 @@ def explain(path: Path, engine: str, max_batch: int, contexts, inp: Inputs | Non
     if inp is not None:
         for L in (tuple(contexts) if reads_context else (None,)):
             table = inp.table(method, L)
-            s = schedule(table, max_batch=inp.max_batch, switching_cost=inp.switching_cost)
+            s = inp.schedule(table)
             ours.update({(b, L): (s.k_at(b), float(table.at(s.k_at(b))[0][b - 1]),
                                   float(table.at(picked[(b, L)])[0][b - 1]) if picked[(b, L)] <= table.ks[-1] else None)
                          for b in batches})
@@ -574,6 +582,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-context-run", type=int, default=MIN_CONTEXT_RUN,
                         help="tokens of a request's growth a k must last in the context form (default "
                              f"{MIN_CONTEXT_RUN}; 0: none); schedule.yaml counts the switches from L 64 to 8K")
+    parser.add_argument("--min-batch-run", type=int, default=1,
+                        help="batch sizes the narrowest range must span (default 1: none); a narrower one takes "
+                             "the neighbouring k that loses less")
     parser.add_argument("--switching-cost", type=float, default=0.0,
                         help="fraction of the speedup a switch of k must beat (e.g. 0.14); default 0")
     parser.add_argument("--model", default="paper", choices=MODELS,
@@ -611,7 +622,7 @@ def _explain(args: argparse.Namespace) -> str:
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
                      shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs,
-                     min_context_run_tokens=args.min_context_run)
+                     min_context_run_tokens=args.min_context_run, min_batch_run=args.min_batch_run)
         method = args.draft[0]
     if not (isinstance(args.max_batch, int) and args.max_batch >= 1):
         raise DeployError(f"--max-batch {args.max_batch}: must be a positive integer")
@@ -630,7 +641,7 @@ def command(args: argparse.Namespace) -> int:
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,
                      shapes=args.shapes, methods=args.draft, model=args.model, graph_bs=args.cuda_graph_bs,
-                     min_context_run_tokens=args.min_context_run)
+                     min_context_run_tokens=args.min_context_run, min_batch_run=args.min_batch_run)
     except DeployError as e:
         print(f"error: spire deploy: {e}", file=sys.stderr)
         return 2
