@@ -10,7 +10,10 @@ next replay. The CPU's compiled graphs allocate fresh outputs, so no CPU run sho
 `SpireDraftModel._compiled_step`) with its eager code, run as a "replay": before it runs, every
 output any earlier replay returned is overwritten with garbage (NaN, or an out-of-range token id),
 as a pool reused by the next replay would be. A decoding path that reads an output after the next
-replay, or feeds one into it, then computes from garbage and no longer equals eager decoding.
+replay, or feeds one into it, then computes from garbage and no longer equals eager decoding. A
+tensor a replay leaves on an input object (a cache's attribute replaced, not updated in place) is
+such an output too; a tensor it updates in place must be a static address (a cache's own, marked
+with `torch._dynamo.mark_static_address`), or CUDA graphs would not replay that graph at all.
 
 The pool also counts what a GPU user pays per round (`OpCounter`): the replays, and the aten ops
 dispatched outside them (each a kernel launch on a GPU; views, which launch nothing, apart).
@@ -38,6 +41,21 @@ def _tensors(out):
             yield from _tensors(item)
 
 
+def _held(args) -> dict[tuple[int, str], torch.Tensor]:
+    """The tensors among `args` and held by the objects among them (a cache's attributes and lists
+    of tensors), by (argument, name): what a replay reads, and may write in place or replace."""
+    held = {}
+    for i, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            held[i, f"argument {i}"] = arg
+        elif hasattr(arg, "__dict__") and not isinstance(arg, torch.nn.Module):
+            for name, value in vars(arg).items():
+                for j, t in enumerate(value if isinstance(value, list) else [value]):
+                    if isinstance(t, torch.Tensor):
+                        held[i, f"{type(arg).__name__}.{name}" + (f"[{j}]" if isinstance(value, list) else "")] = t
+    return held
+
+
 class GraphPool:
     """One device's pool of graph outputs, shared by every model installed in it."""
 
@@ -48,21 +66,36 @@ class GraphPool:
 
     def overwrite(self) -> None:
         """What the next replay does to every output before it."""
-        with torch.no_grad():
+        with torch.no_grad(), self.graph():
             for t in self.live:
                 t.fill_(float("nan") if t.is_floating_point() else (GARBAGE_TOKEN if t.dtype != torch.bool else True))
         self.live.clear()
+
+    @contextlib.contextmanager
+    def graph(self):
+        """Ops run here are the graph's (or the pool's own), not eager ops of the caller."""
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
 
     def replay(self, fn):
         def run(*args, **kwargs):
             self.overwrite()
             self.replays += 1
-            self.inside = True
-            try:
+            held = _held(args)  # the tensors the inputs hold before the replay
+            versions = {id(t): t._version for t in held.values()}
+            with self.graph():
                 out = fn(*args, **kwargs)
-            finally:
-                self.inside = False
             self.live.extend(_tensors(out))
+            after = _held(args)
+            for key, t in after.items():
+                if held.get(key) is not t:  # a tensor the replay left on an input object: a graph output too
+                    self.live.append(t)
+                elif t._version != versions[id(t)] and not hasattr(t, "_dynamo_static_input_type"):
+                    raise AssertionError(f"a replay wrote {key[1]} in place, which is not a static address: "
+                                         "CUDA graphs would skip this graph (torch._dynamo.mark_static_address)")
             return out
         return run
 

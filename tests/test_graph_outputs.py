@@ -147,7 +147,7 @@ def test_the_pool_catches_an_output_kept_past_the_next_replay(models):
         cache = target.new_cache(2, 8)
         first = target.last_logits(CONTEXTS[:2, :4], None, cache, greedy=True)  # (2,) tokens, in the pool
         kept, copied = first, first.clone()
-        target.last_logits(copied[:, None], cache.lengths[:, None], cache, greedy=True)
+        target.last_logits(copied[:, None], torch.full((2, 1), 4), cache, greedy=True)
         assert not torch.equal(kept, copied) and torch.all(kept < 0)
     finally:
         GraphPool.uninstall(target)

@@ -12,7 +12,10 @@ Both store, per slot, the position of the key it holds (`key_positions`, -1 = em
 visibility is decided from positions alone (`visibility`), so ragged rows, rollback and
 eviction need no special cases. Every forward calls `prepare(positions)` once, which
 records where the new keys go, then each layer `write`s its keys/values and reads them
-back with `layer_kv`. Rollback only resets `lengths`: rejected entries stay in place,
+back with `layer_kv`. A compiled forward runs `prepare` in two parts: `plan` on the host
+before its graph (what only the host decides), `register` inside it; the bookkeeping
+tensors are updated in place at fixed addresses, so that a CUDA graph replays them and
+keeps no output of its own in the cache. Rollback only resets `lengths`: rejected entries stay in place,
 are invisible to every query before their position, and are overwritten by the next
 write at the same positions (writes always continue at `lengths`, per row).
 
@@ -80,13 +83,17 @@ class _KVCache:
         self.lengths = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) positions 0..len-1 valid
         self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
         self.trash = slots
-        for t in (*self.k, *self.v):  # a compiled forward writes them in place: CUDA graphs may keep their addresses
+        for t in _KVCache.static_tensors(self):  # a compiled forward writes them in place: CUDA graphs keep their addresses
             torch._dynamo.mark_static_address(t)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a compiled forward updates in place: keys, values and the bookkeeping."""
+        return [*self.k, *self.v, self.key_positions, self.lengths]
 
     def reset(self) -> None:
         """Empty again, for the next batch of the same shape (`reuse`): no key is visible."""
         self.key_positions.fill_(-1)
-        self.lengths = torch.zeros_like(self.lengths)
+        self.lengths.zero_()
 
     @property
     def batch(self) -> int:
@@ -102,14 +109,25 @@ class _KVCache:
     def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Register keys at `positions` (B, T) (entries with `valid` False are dropped);
         returns the slots (B, T) every layer then writes to. Rows end at their last valid
-        position + 1."""
+        position + 1. `plan`, then `register`."""
+        self.plan(positions, valid)
+        return self.register(positions, valid)
+
+    def plan(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """What the host decides about a forward over `positions` before it runs (outside any
+        compiled graph): nothing here; the dense cache's first forward (`DenseKVCache.plan`)."""
+
+    def register(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """`prepare`'s tensor work, in place (inside a compiled forward): the slots (B, T) of
+        `positions`, their key positions and the rows' lengths. `positions` must not be a view of
+        `lengths`, which this updates."""
         if valid is None:
             valid = torch.ones_like(positions, dtype=torch.bool)
         slots = self._slots(positions, valid)
         self.key_positions[self._rows, slots] = torch.where(valid, positions, -1)
         self.key_positions[:, self.trash] = -1
         last = torch.where(valid, positions, -1).amax(dim=1)
-        self.lengths = torch.where(last >= 0, last + 1, self.lengths)
+        self.lengths.copy_(torch.where(last >= 0, last + 1, self.lengths))
         return slots
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -129,16 +147,18 @@ class _KVCache:
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forget positions >= lengths (B,) per row; free (the entries are overwritten later)."""
-        self.lengths = lengths.clone()
+        self.lengths.copy_(lengths)
 
     def copy(self):
-        """An independent cache holding the same entries (its own storage: not one a compiled
-        forward has recorded, so for eager decoding)."""
+        """An independent cache holding the same entries, in its own storage (static addresses
+        too: CUDA graphs record their replays over a copy anew, rather than skip them)."""
         twin = copy.copy(self)
         twin.k, twin.v = [t.clone() for t in self.k], [t.clone() for t in self.v]
         for name, value in vars(self).items():
             if name not in ("k", "v", "_rows") and isinstance(value, torch.Tensor):
                 setattr(twin, name, value.clone())
+        for t in twin.static_tensors():
+            torch._dynamo.mark_static_address(t)
         return twin
 
 
@@ -185,18 +205,22 @@ class DenseKVCache(_KVCache):
         self.sparse = sparse
         self._written = False
         self._read = capacity  # slots that reads cover
-        self._causal: torch.Tensor | None = None  # positions (B, T) of a first forward over 0..T-1
+        self._causal = False  # this forward is a first one over 0..T-1: attention is plain causal
         self._overflow = torch.zeros((), dtype=torch.long, device=device)  # the highest position refused, or 0
+        torch._dynamo.mark_static_address(self._overflow)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [*super().static_tensors(), self._overflow]
 
     def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         beyond = valid & (positions >= self.capacity)
-        self._overflow = torch.maximum(self._overflow, torch.where(beyond, positions, 0).amax())
+        self._overflow.copy_(torch.maximum(self._overflow, torch.where(beyond, positions, 0).amax()))
         return torch.where(valid & ~beyond, positions, self.trash)
 
     def reset(self) -> None:
         super().reset()
-        self._written, self._read, self._causal = False, self.capacity, None
-        self._overflow = torch.zeros_like(self._overflow)
+        self._written, self._read, self._causal = False, self.capacity, False
+        self._overflow.zero_()
 
     def check(self) -> None:
         """Raise if any forward since the cache was made wrote past its capacity (a host sync)."""
@@ -204,22 +228,23 @@ class DenseKVCache(_KVCache):
         if top:
             raise ValueError(f"position {top} exceeds the cache capacity {self.capacity}")
 
-    def prepare(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        slots = super().prepare(positions, valid)
+    def plan(self, positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """The first forward, if it writes positions 0..T-1 with a valid prefix per row, reads
+        only its own T slots, plain causal (one host sync, once per cache); every later one reads
+        the whole capacity, masked."""
         T = positions.shape[1]
         first = not self._written and T <= self.capacity and bool(
             (positions == torch.arange(T, device=positions.device)).all()
             & (True if valid is None else (valid[:, 1:] <= valid[:, :-1]).all()))  # padding only at the ends
-        self._causal = positions if first else None
+        self._causal = first
         self._read = T if first else self.capacity
         self._written = True
-        return slots
 
     def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer][:, :, : self._read], self.v[layer][:, :, : self._read]
 
     def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
-        if self._causal is not None and include_self and self.sparse is None and q_pos is self._causal:
+        if self._causal and include_self and self.sparse is None:
             return None  # a prefill: causal over its own keys
         return visibility(q_pos, self.key_positions[:, : self._read], self.sparse, include_self)
 

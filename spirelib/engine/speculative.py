@@ -306,7 +306,7 @@ def speculative_rounds(
     # sync of a round, and none before.
     certain = -(-G // (k + 1))
     while len(rows.rounds) < certain or bool(rows.active.any()):
-        n = cache.lengths  # (B,) position of the pending token
+        n = cache.lengths  # (B,) position of the pending token (a view: the verification updates it)
         with timer("draft"):
             drafts, q = draft.propose(rows.pending, n, k)  # (B, k), (B, k, V)
         with timer("verify"):
@@ -377,9 +377,12 @@ def autoregressive_rounds(
         else:
             cache, pending = _reuse(prefilled, capacity, ())
             pending = pending[:, None]  # (B, 1)
+        # Every step's position, decided once: a step's forward updates cache.lengths in place.
+        positions = cache.lengths[:, None] + torch.arange(max_new_tokens - first, device=contexts.device)  # (B, G')
     for j in range(first, max_new_tokens):
         with timer("verify"):
-            out = target.last_logits(pending, cache.lengths[:, None], cache, greedy=greedy)  # (B,) | (B, V)
+            out = target.last_logits(pending, positions[:, j - first : j - first + 1], cache,
+                                     greedy=greedy)  # (B,) | (B, V)
         with timer("bookkeeping"):
             tokens[:, j] = emit(out)
             pending = tokens[:, j : j + 1]  # (B, 1)

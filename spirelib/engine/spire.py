@@ -210,18 +210,17 @@ class SpireDraftModel(nn.Module):
         """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
         this position's memory (feedback mixture, or each layer's input without feedback).
 
-        The cache's bookkeeping (which slot the position takes, the rows' lengths) is done here,
-        eagerly, before the pass: a compiled pass (CUDA graphs) must not own it, a replay would
-        write it again. With feedback the position's own memory is invisible to its query
-        (`include_self=False`), and the ring's slack keeps every key the query needs, so taking
-        the slot first changes nothing."""
+        The cache's bookkeeping (which slot the position takes, the rows' lengths) comes first,
+        inside the pass's graph, in place (`SinkWindowKVCache.register`). With feedback the
+        position's own memory is invisible to its query (`include_self=False`), and the ring's
+        slack keeps every key the query needs, so taking the slot first changes nothing."""
         pos = positions[:, None]  # (B, 1)
-        slots = cache.prepare(pos)
-        mask = cache.mask(pos, include_self=not self.cfg.feedback)  # (B, 1, 1, S)
-        return (self._compiled_step or self._step)(tokens, pos, cache, slots, mask)
+        cache.plan(pos)
+        return (self._compiled_step or self._step)(tokens, pos, cache)
 
-    def _step(self, tokens: torch.Tensor, pos: torch.Tensor, cache: SinkWindowKVCache, slots: torch.Tensor,
-              mask: torch.Tensor) -> torch.Tensor:
+    def _step(self, tokens: torch.Tensor, pos: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
+        slots = cache.register(pos)  # (B, 1)
+        mask = cache.mask(pos, include_self=not self.cfg.feedback)  # (B, 1, 1, S)
         rope = self.body.rope(pos)
         x = self.body.embed(tokens[:, None])  # (B, 1, d_model)
         activations = [x]

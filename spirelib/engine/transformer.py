@@ -456,20 +456,28 @@ class Transformer(nn.Module):
                              "its cache must apply it: build it with Transformer.new_cache")
         if cache is None:
             mask = None if sparse is None else visibility(positions, positions, sparse)  # (B, 1, T, T); None: causal
-            return self._stream(tokens, None, None, positions, mask, wanted, readout, last)
-        slots = cache.prepare(positions, valid)  # outside any compiled graph: it updates the cache's bookkeeping
-        mask = cache.mask(positions)  # (B, 1, T, S)
-        return (self._compiled or self._stream)(tokens, cache, slots, positions, mask, wanted, readout, last)
+            return self._stream(tokens, None, positions, None, mask, wanted, readout, last)
+        if positions.untyped_storage().data_ptr() == cache.lengths.untyped_storage().data_ptr():
+            positions = positions.clone()  # e.g. cache.lengths[:, None]: the forward updates lengths in place
+        cache.plan(positions, valid)  # what the host decides, outside any compiled graph
+        return (self._compiled or self._stream)(tokens, cache, positions, valid, None, wanted, readout, last)
 
-    def _stream(self, tokens, cache, slots, positions, mask, wanted: tuple[bool, ...], readout: str | None = None,
+    def _stream(self, tokens, cache, positions, valid, mask, wanted: tuple[bool, ...], readout: str | None = None,
                 last: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """The blocks over tokens (B, T) with the cache already prepared (`slots` (B, T)) and the
-        visibility `mask` (None: causal), returning the residual-stream entries i with `wanted[i]`,
-        the last one read out by the head if `readout` says so: "logits" (B, T, V); "next", the
-        logits (B, V) of one token per row, the one at index `last` (B,) (None: T - 1); "greedy",
-        their argmax (B,). What `compile_decoding` compiles: one graph per `wanted`, `readout`
-        and whether `last` is given (constants, which dynamo never turns into symbolic values),
-        so the head and the greedy argmax run inside the forward's graph."""
+        """The blocks over tokens (B, T) at positions (B, T): with a `cache` (planned, `plan`),
+        its bookkeeping first (`register`, `valid` as `forward`'s) and its visibility mask; without
+        one, the visibility `mask` given (None: causal). Returns the residual-stream entries i with
+        `wanted[i]`, the last one read out by the head if `readout` says so: "logits" (B, T, V);
+        "next", the logits (B, V) of one token per row, the one at index `last` (B,) (None: T - 1);
+        "greedy", their argmax (B,). What `compile_decoding` compiles: one graph per `wanted`,
+        `readout` and whether `last` is given (constants, which dynamo never turns into symbolic
+        values), so the cache's bookkeeping, the head and the greedy argmax run inside the
+        forward's graph: a decoding step is one replay. Its outputs live until the next replay
+        (CUDA graphs' pool): a caller copies what it keeps."""
+        slots = None
+        if cache is not None:
+            slots = cache.register(positions, valid)  # (B, T), in place at fixed addresses
+            mask = cache.mask(positions)  # (B, 1, T, S) or None: causal
         rope = self.rope(positions)
         x = self.embed(tokens)  # (B, T, d_model)
         stream = [x] if wanted[0] else []
