@@ -1,5 +1,7 @@
 """`spire bench gpu-check`'s rows that the CPU can check: the series row trains in a fresh cache
-folder under a timeout, and the bf16 row's greedy comparison forgives near-ties only."""
+folder under a timeout, the bf16 row's greedy comparison forgives near-ties only, and the decoding
+rows (peer, roofline, profiled) time the cells, modes and dtype the GPU run needs, within their
+budgets (the benchmarks they call faked: their own tests run them)."""
 
 from __future__ import annotations
 
@@ -65,3 +67,135 @@ def test_memory_row_compares_the_traced_step_on_real_tensors_with_the_simulation
     fake tensors agree within the tolerance; on a GPU the same row reads torch.cuda.max_memory_allocated."""
     line = gpu_check._memory(SimpleNamespace(device="cpu", quick=True))
     assert "traced on real CPU tensors" in line and "simulated" in line
+
+
+class FakeModel:
+    """Stands in for a Transformer of the paper's shape (built in seconds, never run): records its dtype."""
+
+    def __init__(self, cfg):
+        self.cfg, self.dtype = cfg, torch.float32
+
+    def to(self, dtype):
+        self.dtype = dtype
+        return self
+
+    def eval(self):
+        return self
+
+
+def fake_peer_row(monkeypatch, differ=0):
+    """The peer row with `bench peer` faked: what it built and timed."""
+    from spirelib.bench import peer
+    from spirelib.engine import transformer
+
+    seen = {"cells": []}
+
+    class FakePeer:
+        def __init__(self, target, draft, folder, k, device):
+            seen.update(target=target, draft=draft, device=device)
+
+    def time_cell(bench, batch, context, modes, new_tokens, repeats, vocab_size):
+        seen["cells"].append((batch, context))
+        seen.update(modes=modes, new_tokens=new_tokens, repeats=repeats)
+        return {}
+
+    def rows_of(bench, batch, context, times, new_tokens):
+        ratio = {"ratio": 1.3, "ours_s": 1e-3, "theirs_s": 1.3e-3}
+        return [{"batch": batch, "context": context, "whole": ratio, "step": ratio, "rows_differ": differ,
+                 "rows_tied": 1}]
+
+    monkeypatch.setattr(transformer, "Transformer", FakeModel)
+    monkeypatch.setattr(peer, "Peer", FakePeer)
+    monkeypatch.setattr(peer, "time_cell", time_cell)
+    monkeypatch.setattr(peer, "rows_of", rows_of)
+    return seen
+
+
+def test_peer_row_times_the_compiled_mode_at_the_paper_cells_in_bf16(monkeypatch):
+    seen = fake_peer_row(monkeypatch)
+    line = gpu_check._peer(SimpleNamespace(device="cuda", quick=False))
+    assert seen["cells"] == [(1, 512), (64, 512), (1, 2048), (64, 2048)]
+    assert seen["modes"] == ["compiled"] and seen["new_tokens"] == 64 and seen["device"] == "cuda"
+    assert seen["target"].dtype == seen["draft"].dtype == torch.bfloat16
+    assert (seen["target"].cfg.num_layers, seen["target"].cfg.d_model, seen["target"].cfg.vocab_size) == (8, 512, 50_304)
+    assert "64 x 2048 whole 1.30, step 1.30" in line and "1 near-ties" in line
+    monkeypatch.setitem(gpu_check.BUDGETS_S, "peer", -1)  # spent before the first cell: none timed, all named
+    seen["cells"].clear()
+    assert "over budget, not timed: (1, 512), (64, 512)" in gpu_check._peer(SimpleNamespace(device="cuda", quick=False))
+    assert seen["cells"] == []
+
+
+def test_peer_row_fails_on_tokens_that_differ_and_is_skipped_without_transformers(monkeypatch, capsys):
+    import sys
+
+    fake_peer_row(monkeypatch, differ=2)
+    try:
+        gpu_check._peer(SimpleNamespace(device="cuda", quick=False))
+    except RuntimeError as e:
+        assert "2 of 1 rows at 1 x 512" in str(e)
+    else:
+        raise AssertionError("tokens that differ beyond near-ties must fail the row")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
+    others = [name for name in gpu_check.CHECKS if name != "peer"]
+    code = gpu_check.main(SimpleNamespace(device="cpu", quick=True, skip=others))
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["peer"])
+    assert code == 0 and row.split()[1] == "skip" and "pip install" in row
+
+
+def test_roofline_row_times_compiled_rounds_of_every_method_at_64_by_2048_and_8192(monkeypatch):
+    import functools
+
+    from spirelib.bench import decode, train
+    from spirelib.engine import calibrate
+    from spirelib.engine.transformer import ModelConfig
+
+    toy = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
+    monkeypatch.setitem(train.TARGETS, "paper", toy)  # the row's own shapes stay; no paper-sized weights here
+    monkeypatch.setattr(calibrate, "matmul_peak", functools.partial(calibrate.matmul_peak, sizes=(256,), seconds=0.01))
+    monkeypatch.setattr(calibrate, "memory_bandwidth",
+                        functools.partial(calibrate.memory_bandwidth, mbytes=8, seconds=0.01))
+    monkeypatch.setattr(decode, "roofline_rows", lambda target, B, L, k, window, **o: [])
+    calls = []
+
+    def round_rows(target, factories, models, methods, B, L, k, window, **options):
+        calls.append((B, L, *methods, options["compiled"], options["temperature"], target.compiled_decoding))
+        return [{"mode": "compiled", "kind": f"{methods[0]} round", "batch": B, "context": L, "ms": 2.0,
+                 "fraction": 0.5}]
+
+    monkeypatch.setattr(decode, "round_rows", round_rows)
+    line = gpu_check._roofline(SimpleNamespace(device="cpu", quick=False))
+    assert calls == [(64, L, m, True, 0.0, True) for L in (2048, 8192) for m in ("ad", "spire", "vanilla", "magicdec")]
+    assert "compiled ad round at 64 x 8192 2.00 ms (50% of roof)" in line
+    calls.clear()
+    monkeypatch.setitem(gpu_check.BUDGETS_S, "roofline", -1)
+    assert "not timed: ((64, 2048), 'ad')" in gpu_check._roofline(SimpleNamespace(device="cpu", quick=False))
+    assert calls == []
+
+
+def test_profiled_row_fits_a_small_grid_and_judges_64_by_2048_after_checking_memory(monkeypatch):
+    from spirelib.bench import decode, train
+
+    monkeypatch.setitem(train.TARGETS, "paper", train.TARGETS["workbook"])  # built in milliseconds
+    seen = {}
+
+    def profiled_rows(target, factories, methods, cells, held, options):
+        seen.update(cells=cells, held=held, options=options, methods=methods)
+        rows = [{"held_out": True, "method": "spire", "profiled_error": -0.08, "measured_speedup": 1.5,
+                 "profiled_speedup": 1.38}]
+        return None, rows, {"held_out_max_error": 0.08, "fitted_median_error": 0.02, "widest_ci": 0.05}
+
+    monkeypatch.setattr(decode, "profiled_rows", profiled_rows)
+    monkeypatch.setattr(decode, "available_bytes", lambda device: 10**12)
+    line = gpu_check._profiled(SimpleNamespace(device="cpu", quick=False))
+    assert seen["cells"] == [(1, 512), (16, 512), (1, 1024), (16, 1024), (64, 2048)] and seen["held"] == [(64, 2048)]
+    assert seen["options"].cell_seconds == gpu_check.BUDGETS_S["profiled"] / 6 and not seen["options"].compile
+    assert "held-out 64 x 2048: worst error 8.0% (spire" in line
+    monkeypatch.setattr(decode, "available_bytes", lambda device: 10**6)  # 1 MB free: refused before any timing
+    seen.clear()
+    try:
+        gpu_check._profiled(SimpleNamespace(device="cpu", quick=False))
+    except RuntimeError as e:
+        assert "at B 64 x L 2048 the timed runs hold" in str(e) and "--interleave runs" in str(e)
+    else:
+        raise AssertionError("runs that do not fit must be refused")
+    assert seen == {}

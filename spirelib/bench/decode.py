@@ -70,6 +70,13 @@ def build_methods(target: Transformer, methods: list[str], temperature: float, w
     return factories, built
 
 
+def compile_all(target: Transformer, models: dict, enabled: bool) -> None:
+    """Decode the target and `build_methods`' draft models through compiled graphs, or eagerly again."""
+    for model in (target, *models.values()):
+        if model is not None:
+            model.compile_decoding(enabled)
+
+
 def time_case(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
               new_tokens: int, k: int, temperature: float, repeats: int, **more) -> list:
     """Every method at every (B, L) of `cells`: `wallclock.time_cells` over fresh random contexts every run."""
@@ -239,9 +246,7 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     pass counted as a step): a round's time beyond it is bookkeeping and host work.
     `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`)."""
     factories, models = build_methods(target, list(TIMED), temperature, window)
-    for model in (target, *models.values()):
-        if model is not None:
-            model.compile_decoding(compiled)
+    compile_all(target, models, compiled)
     options = {"peak_flops": peak_flops, "bandwidth": bandwidth, "repeats": repeats, "compiled": compiled}
     forwards = forward_rows(target, models, batch, context, k, window, **options)
     rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
@@ -433,9 +438,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for compiled in modes:
-        for model in (target, *models.values()):
-            if model is not None:
-                model.compile_decoding(compiled)
+        compile_all(target, models, compiled)
         for L in args.context:
             for B in args.batch:
                 for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature,

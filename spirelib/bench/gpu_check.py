@@ -19,10 +19,17 @@ H100-class GPU):
   the GPU, its peak (`torch.cuda.max_memory_allocated`) against the same step simulated with fake
   tensors: they must agree within `MEMORY_TOLERANCE`, or the simulated tables of
   docs/scaling-out.md are not to be trusted;
-- roofline: `bench decode --roofline` forwards at the paper's target shape, B in {1, 64},
-  L = 512, ms against the roofline of this GPU's measured peak and bandwidth.
+- roofline: `bench decode --roofline` forwards and whole rounds at the paper's target shape, B in
+  {1, 64}, L = 512, eager; then compiled AD and SD rounds (every draft, greedy) at B 64 x L 2048 and
+  8192: each as a fraction of the roofline of this GPU's measured peak and bandwidth;
+- peer: `bench peer`'s compiled mode (ours compiled against transformers' static cache +
+  torch.compile) on the paper's target in bf16 at B 1 and 64 x L 512 and 2048;
+- profiled: `bench decode --profiled` at a small grid: the profiled cost model fitted on this GPU,
+  its error at a held-out cell beyond the grid.
 
-Each row says ok, FAIL (and why) or skipped; the exit status is 1 if any row failed.
+The rows that time decoding stop starting new cells once their budget (`BUDGETS_S`) is spent and
+name the cells left untimed. Each row says ok, FAIL (and why) or skipped (a row that cannot run
+here, e.g. without transformers, says why); the exit status is 1 if any row failed.
 `--device cpu --quick` runs the same code on the CPU at toy shapes (what the test suite does).
 """
 
@@ -46,6 +53,28 @@ SERIES_TIMEOUT_S = 1200
 MEMORY_TOLERANCE = 0.10
 #: bf16 logits this close (top two at a position) are a near-tie whose argmax rounding may flip.
 TIE_LOGITS = 0.125
+#: Seconds a decoding row may spend before it starts no further cell (one cell under way finishes).
+BUDGETS_S = {"peer": 120, "roofline": 120, "profiled": 60}
+
+
+class Skipped(Exception):
+    """A row that cannot run on this machine (a missing optional package): said, not failed."""
+
+
+def in_budget(cells: list, budget_s: float, left: list):
+    """`cells` in order while under `budget_s` seconds have passed since the first began; the cells
+    not started then are appended to `left`."""
+    start = time.perf_counter()
+    for i, cell in enumerate(cells):
+        if time.perf_counter() - start > budget_s:
+            left.extend(cells[i:])
+            return
+        yield cell
+
+
+def untimed(left: list) -> str:
+    """The note on cells a row's budget left untimed (empty: none)."""
+    return f"; over budget, not timed: {', '.join(map(str, left))}" if left else ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -213,7 +242,13 @@ def _mfu(args) -> str:
 
 
 def _roofline(args) -> str:
-    from spirelib.bench.decode import roofline_rows
+    """`bench decode --roofline` at the paper's target in bf16: every forward kind and whole round
+    eagerly at B 1 and 64 x L 512, then compiled AD and SD rounds (greedy; `decode.round_rows`) at
+    B 64 x L 2048 and 8192, each as a fraction of the roofline (goal: the compiled AD step at 64 x
+    2048 at >= 60%). Budget: `BUDGETS_S["roofline"]` (the calibration and the eager cells about
+    20 s; most of the rest compiling each cell's graphs); the compiled (cell, method) pairs not
+    started within it are named. --quick: the workbook's target in fp32, toy cells, all eager."""
+    from spirelib.bench.decode import TIMED, build_methods, compile_all, roofline_rows, round_rows
     from spirelib.bench.train import TARGETS
     from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
     from spirelib.engine.transformer import Transformer
@@ -224,11 +259,98 @@ def _roofline(args) -> str:
     target = Transformer(cfg).to(device=args.device, dtype=dtype).eval()
     peak = matmul_peak(sizes=(8192,) if gpu else (2048,), device=args.device, dtype=dtype)["flops"]
     bandwidth = memory_bandwidth(device=args.device)["bandwidth"]
+    options = {"peak_flops": peak, "bandwidth": bandwidth, "repeats": 3 if args.quick else 20}
     rows = [r for B in (1, 64) for r in roofline_rows(target, 2 if args.quick and B == 64 else B,
-                                                      128 if args.quick else 512, 4, 64, peak_flops=peak,
-                                                      bandwidth=bandwidth, repeats=3 if args.quick else 20)]
-    return "; ".join(f"B {r['batch']} {r['kind']} {r['ms']:.2f} ms ({r['ratio']:.1f}x roof)" for r in rows
-                     if r["kind"] in ("AD step", "SPIRe step"))
+                                                      128 if args.quick else 512, 4, 64, **options)]
+    eager = "; ".join(f"B {r['batch']} {r['kind']} {r['ms']:.2f} ms ({r['ratio']:.1f}x roof)" for r in rows
+                      if r["kind"] in ("AD step", "SPIRe step", "ad round", "spire round"))
+    factories, models = build_methods(target, list(TIMED), 0.0, 64)
+    compile_all(target, models, not args.quick)
+    pairs = [(cell, method) for cell in ([(2, 192), (2, 256)] if args.quick else [(64, 2048), (64, 8192)])
+             for method in ("ad", "spire", "vanilla", "magicdec")]
+    left, rounds = [], []
+    for (B, L), method in in_budget(pairs, BUDGETS_S["roofline"], left):
+        rounds += round_rows(target, factories, models, [method], B, L, 4, 64, compiled=not args.quick,
+                             temperature=0.0, **options)
+    compile_all(target, models, False)
+    timed = "; ".join(f"{r['mode']} {r['kind']} at {r['batch']} x {r['context']} {r['ms']:.2f} ms "
+                      f"({r['fraction']:.0%} of roof)" for r in rounds)
+    return f"{eager}; {timed}{untimed(left)}"
+
+
+def _peer(args) -> str:
+    """`bench peer`'s compiled mode: our compiled decoding against transformers' static cache +
+    torch.compile, the paper's target in bf16 (random weights, the same on both sides), greedy,
+    G 64, medians of 3, at B 1 and 64 x L 512 and 2048: ours / transformers as speed for the whole
+    generation and the decode step (goal >= 1.2 at every cell), tokens equal up to near-ties (a
+    row differing beyond one fails). Budget: `BUDGETS_S["peer"]`, most of it compiling both sides'
+    graphs for each cell's shapes; the cells not started within it are named. --quick: the
+    workbook's target in fp32, two toy cells, eager (no compiling). Without transformers: skipped."""
+    from spirelib.bench import peer
+    from spirelib.bench.train import TARGETS
+    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.engine.transformer import Transformer
+
+    try:
+        peer.import_transformers()
+    except RuntimeError as e:
+        raise Skipped(str(e)) from None
+    gpu = torch.device(args.device).type == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    cfg = TARGETS["workbook" if args.quick else "paper"]
+    cells = [(1, 16), (2, 24)] if args.quick else [(B, L) for L in (512, 2048) for B in (1, 64)]
+    mode, new_tokens, repeats = ("eager", 4, 1) if args.quick else ("compiled", 64, 3)
+    torch.manual_seed(0)
+    target, draft = Transformer(cfg).to(dtype).eval(), Transformer(vanilla_draft_config(cfg)).to(dtype).eval()
+    rows, left = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        bench = peer.Peer(target, draft, Path(folder), k=4, device=args.device)
+        for B, L in in_budget(cells, BUDGETS_S["peer"], left):
+            times = peer.time_cell(bench, B, L, [mode], new_tokens, repeats, cfg.vocab_size)
+            rows += peer.rows_of(bench, B, L, times, new_tokens)
+    differ = [f"{r['rows_differ']} of {r['batch']} rows at {r['batch']} x {r['context']}" for r in rows if r["rows_differ"]]
+    if differ:
+        raise RuntimeError(f"greedy tokens differ from transformers' beyond near-ties: {', '.join(differ)}")
+    cells_text = "; ".join(f"{r['batch']} x {r['context']} whole {r['whole']['ratio']:.2f}, step {r['step']['ratio']:.2f}"
+                           f" ({1e3 * r['step']['ours_s']:.2f} ms vs {1e3 * r['step']['theirs_s']:.2f})"
+                           + (f", {r['rows_tied']} near-ties" if r["rows_tied"] else "") for r in rows)
+    return f"{mode}, ours / transformers as speed: {cells_text}{untimed(left)}"
+
+
+def _profiled(args) -> str:
+    """`bench decode --profiled` (eager, fp32, the paper's target) at B 1 and 16 x L 512 and 1024,
+    the model fitted there and judged at the held-out cell B 64 x L 2048 (goal: held-out error <=
+    10%). Each cell gets runs for at most `BUDGETS_S["profiled"]` / 6 seconds (five cells and the
+    calibration); the memory the runs hold is checked first (`decode.problems`). --quick: toy
+    shapes and cells."""
+    import argparse
+
+    from spirelib.bench import decode
+    from spirelib.bench.train import TARGETS
+    from spirelib.engine.transformer import Transformer
+
+    cfg = TARGETS["workbook" if args.quick else "paper"]
+    shape = ["--vocab-size", cfg.vocab_size, "--target-layers", cfg.num_layers, "--d-model", cfg.d_model,
+             "--n-q-per-kv", cfg.n_q_per_kv, "--n-kv", cfg.n_kv, "--d-head", cfg.d_head, "--d-ff", cfg.d_ff]
+    grid = (["--batch", 1, 2, "--context", 16, 24, "--held-out", 2, 32, "--new-tokens", 6, "-k", 3, "--window", 4,
+             "--repeats", 2, "--max-repeats", 2] if args.quick else
+            ["--batch", 1, 16, "--context", 512, 1024, "--held-out", 64, 2048, "--repeats", 3, "--max-repeats", 10])
+    parser = argparse.ArgumentParser()
+    decode.add_arguments(parser)
+    options = parser.parse_args([str(v) for v in [*shape, *grid, "--profiled", "--device", args.device,
+                                                  "--cell-seconds", BUDGETS_S["profiled"] / 6]])
+    found = decode.problems(options)
+    if found:
+        raise RuntimeError("; ".join(found))
+    torch.manual_seed(0)
+    target = Transformer(cfg).to(args.device).eval()
+    factories, _ = decode.build_methods(target, options.methods, options.temperature, options.window)
+    cells, held = decode.profiled_grid(options)
+    _, rows, verdict = decode.profiled_rows(target, factories, options.methods, cells, held, options)
+    worst = max((r for r in rows if r["held_out"]), key=lambda r: abs(r["profiled_error"]))
+    return (f"held-out {held[0][0]} x {held[0][1]}: worst error {verdict['held_out_max_error']:.1%} "
+            f"({worst['method']}: measured {worst['measured_speedup']:.3f}, profiled {worst['profiled_speedup']:.3f}); "
+            f"fitted cells' median {verdict['fitted_median_error']:.1%}, widest CI +/-{verdict['widest_ci']:.1%}")
 
 
 def _memory(args) -> str:
@@ -258,7 +380,7 @@ def _memory(args) -> str:
 
 
 CHECKS = {"series": _series, "cuda-graphs": _cuda_graphs, "bf16-target": _bf16_target, "mfu": _mfu,
-          "memory": _memory, "roofline": _roofline}
+          "memory": _memory, "roofline": _roofline, "peer": _peer, "profiled": _profiled}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -272,6 +394,8 @@ def main(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         try:
             result, status = check(args), "ok"
+        except Skipped as e:
+            result, status = str(e), "skip"
         except Exception as e:  # a failed check is a row of the table, the others still run
             result, status, failed = f"{type(e).__name__}: {e}", "FAIL", failed + 1
         print(f"  {name:12s} {status:4s} {time.perf_counter() - start:6.1f} s  {result}", flush=True)
