@@ -26,6 +26,13 @@ TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s":
 DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05}}
 
 
+def quiet(monkeypatch, speed: float = 1.0):
+    """A machine whose quick calibration always reads the same (`speed` times a fixed rate), and whose
+    probes' samples always agree: the plan's checks never fire."""
+    monkeypatch.setattr(plan.calibrate, "quick", lambda *a, **k: {"peak_flops": speed * 1e11, "bandwidth": speed * 1e10})
+    monkeypatch.setattr(plan, "_noisy", lambda samples: False)
+
+
 @pytest.fixture
 def fake_probes(monkeypatch, tmp_path):
     """Probes that return fixed timings (no compute), and a fresh model cache."""
@@ -108,10 +115,12 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path))
     import torch
 
+    quiet(monkeypatch)  # a machine shared with other tests: its checks are tested apart
     probe = plan.Probe(torch.device("cpu"))
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=50, eval_windows=2)
     first = probe.training("lm", TINY, cfg)
-    assert set(first) == set(TRAINING) and all(v > 0 for v in first.values())
+    assert first["source"] == "probe" and first["figure"].startswith("train-lm-")
+    assert {k for k in first if k in TRAINING} == set(TRAINING) and all(first[k] > 0 for k in TRAINING)
     spent = probe.seconds
     assert spent > 0 and probe.training("lm", TINY, cfg) == first and probe.seconds == spent
     longer = probe.training("lm", TINY, TrainConfig(batch_size=2, seq_len=32, steps=50, eval_windows=2))
@@ -157,14 +166,192 @@ def test_a_replan_decodes_at_the_taus_the_last_run_of_the_same_series_measured(f
     rounds = expected_rounds(1.2, 4, 64, 2)  # the smoke series: k = 4, G = 64
     assert tau == pytest.approx(2 * (DECODING["prefill_s"] + rounds * DECODING["round_s"]["vanilla"]))
     assert tau > next(i for i in paper.items if i.what.startswith("tau")).seconds
-    assert "last run measured (04): vanilla 1.2" in low.render() and "the paper's taus" in paper.render()
+    assert "last run measured (04): vanilla 1.2" in low.render() and "range of tau" in paper.render()
     # where the last run's taus come from: its 04 record, averaged over L, for the same series only
     results.write_json(tmp_path / "results.json", {"04_measure_tau": {"tau": {"vanilla": {
         "16": {"mean": 1.1}, "32": {"mean": 1.3}}}}})
     assert plan.measured_taus(results.read_json(tmp_path / "results.json")) == {"vanilla": pytest.approx(1.2)}
     selected = [p for p in runner.discover(ROOT / "notebooks") if p.stem == "04_measure_tau"]
     injected = {"04_measure_tau": params["04_measure_tau"]}
-    for series, expected in (({}, "last run measured"), ({"seed": 3}, "the paper's taus")):
+    for series, expected in (({}, "last run measured"), ({"seed": 3}, "range of tau")):
         results.write_json(tmp_path / "run.json", {"params": {"series": {}}})
         made = runner.work_plan({"series": series}, selected, injected, tmp_path)
         assert expected in made.render()
+
+
+# ---------------------------------------------------------------------------- a plan that checks and learns
+
+FIGURES = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}
+
+
+class Machine:
+    """A machine whose quick calibration reads `speed` times a fixed rate (0.5: a competing process
+    takes half of it), and a probe that counts its takes, each returning `FIGURES` scaled by `slow`
+    and its timed samples."""
+
+    def __init__(self, monkeypatch):
+        self.speed, self.slow, self.samples, self.takes = 1.0, 1.0, [0.5, 0.5, 0.5], 0
+        monkeypatch.setattr(plan.calibrate, "quick", lambda *a, **k: {"peak_flops": self.speed * 1e11,
+                                                                      "bandwidth": self.speed * 1e10})
+
+    def measure(self):
+        self.takes += 1
+        return {k: v * self.slow for k, v in FIGURES.items()}, [self.samples]
+
+
+def _probe(tmp_path, monkeypatch, **kw):
+    import torch
+
+    monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
+    return plan.Probe(torch.device("cpu"), **kw)
+
+
+def test_a_probe_on_a_busy_machine_is_retaken_and_never_cached(tmp_path, monkeypatch):
+    """The machine's best calibration is known; then a competing process halves its matmul rate and
+    bandwidth: every take of the probe is refused, the plan uses its fastest take and says the
+    machine is busy, and nothing is cached, so the next plan on the idle machine measures again."""
+    machine = Machine(monkeypatch)
+    key = {"shape": 1}
+    plan.Probe(**{"device": _probe(tmp_path, monkeypatch).device}).speed.measure()  # the idle machine's best
+    machine.speed = 0.5
+    busy = _probe(tmp_path, monkeypatch)
+    got = busy._cached("train-lm", key, machine.measure, "LM training")
+    assert machine.takes == plan.PROBE_ATTEMPTS and got["step_s"] == 0.5
+    assert not busy.path("train-lm", key).exists()
+    assert busy.busy == ["LM training: matmul rate 50% of its best, bandwidth 50% of its best"]
+    made = plan.Plan([], [], busy.machine, busy.seconds, [], busy.busy)
+    assert "the machine is busy: 1 probes stayed noisy or slow" in made.render()
+    machine.speed = 1.0
+    idle = _probe(tmp_path, monkeypatch)
+    idle._cached("train-lm", key, machine.measure, "LM training")
+    assert machine.takes == plan.PROBE_ATTEMPTS + 1 and idle.path("train-lm", key).exists() and not idle.busy
+
+
+def test_a_probe_slower_than_its_own_repeats_is_retaken_and_its_fastest_take_kept(tmp_path, monkeypatch):
+    """On a machine that calibrates at its best, a take whose timed samples disagree (the median twice
+    the fastest: other work came and went) is retaken; the cached figure is the faster of the takes."""
+    machine = Machine(monkeypatch)
+    probe = _probe(tmp_path, monkeypatch)
+    machine.samples, machine.slow = [0.5, 1.0, 1.0], 2.0
+    first = probe._cached("decode", {"cell": 1}, machine.measure, "decoding")
+    assert machine.takes == plan.PROBE_ATTEMPTS and probe.busy and "samples at 2.00x its fastest" in probe.busy[0]
+    assert first["step_s"] == 1.0 and not probe.path("decode", {"cell": 1}).exists()
+
+    takes = iter([([0.5, 1.0, 1.0], 2.0), ([0.5, 0.5, 0.6], 1.0)])
+
+    def settles():
+        machine.samples, machine.slow = next(takes)
+        return machine.measure()
+
+    again = _probe(tmp_path, monkeypatch)
+    got = again._cached("decode", {"cell": 1}, settles, "decoding")
+    assert not again.busy and got["step_s"] == 0.5 and got["first_step_s"] == 10.0  # the first take's compile
+    assert json.loads(again.path("decode", {"cell": 1}).read_text())["result"]["step_s"] == 0.5
+
+
+def test_a_cached_figure_made_on_a_slower_machine_is_contradicted_and_measured_again(tmp_path, monkeypatch):
+    """A figure cached while the machine ran at half its speed (its calibration kept with it) is
+    replaced once a calibration says the machine is more than 30% faster; one made within 30% of
+    today's speed is kept; `recalibrate` measures it again regardless."""
+    machine = Machine(monkeypatch)
+    machine.speed, machine.slow = 0.5, 2.0
+    _probe(tmp_path, monkeypatch)._cached("train-lm", {"m": 1}, machine.measure, "LM training")
+    assert machine.takes == 1  # the first calibration ever is the machine's best: nothing to contradict it yet
+    machine.speed, machine.slow = 0.6, 1.0
+    kept = _probe(tmp_path, monkeypatch)
+    assert kept._cached("train-lm", {"m": 1}, machine.measure, "LM training")["step_s"] == 1.0
+    assert machine.takes == 1 and not kept.replaced
+    machine.speed = 1.0
+    fresh = _probe(tmp_path, monkeypatch)
+    assert fresh._cached("train-lm", {"m": 1}, machine.measure, "LM training")["step_s"] == 0.5
+    assert machine.takes == 2 and fresh.replaced and "at 50% of its speed now" in fresh.replaced[0]
+    forced = _probe(tmp_path, monkeypatch, recalibrate=True)
+    forced._cached("train-lm", {"m": 1}, machine.measure, "LM training")
+    assert machine.takes == 3
+    made = plan.Plan([], [], forced.machine, 1.0, [], recalibrated=True)
+    assert "recalibrated in 1 s (--recalibrate)" in made.render()
+
+
+def test_spire_run_recalibrate_reaches_the_plan(monkeypatch, tmp_path):
+    asked = {}
+
+    def make_plan(selected, parameters, series, taus=None, recalibrate=False):
+        asked["recalibrate"] = recalibrate
+        return plan.Plan([], list(selected), "m", 0.0, [])
+
+    monkeypatch.setattr(plan, "make_plan", make_plan)
+    with contextlib.redirect_stdout(io.StringIO()):
+        for flags, expected in (([], False), (["--recalibrate"], True)):
+            assert cli.main(["run", "--params", str(SMOKE), "--plan", "--out", str(tmp_path), *flags]) == 0
+            assert asked["recalibrate"] is expected
+
+
+def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_says_so(tmp_path, monkeypatch):
+    """After a run, the target's checkpoint says a step took 2.0 s where the cached probe said 0.5 s:
+    the run's figure replaces the probe's (source "run"), and the next probe reads it without
+    measuring. 01 took 20 s where the plan assumed 8 s: the next plan of 01 with the same
+    parameters costs 20 s, from a run; with other parameters it is assumed again."""
+    machine = Machine(monkeypatch)
+    probe = _probe(tmp_path, monkeypatch)
+    cfg = TrainConfig(batch_size=2, seq_len=16, steps=10)
+    monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: (dict(FIGURES), True))
+    figure = probe.training("lm", TINY, cfg)
+    checkpoint = tmp_path / "target"
+    summary = {"steps": 10, "tokens": 320, "tokens_per_s": 16.0, "run_tokens_per_s": 10.0, "first_step_s": 5.5}
+    monkeypatch.setattr(plan, "finished_checkpoint", lambda path: Path(path) == checkpoint)
+    monkeypatch.setattr(plan, "read_meta", lambda path, verify: {"summary": summary})
+    trained = plan._train_item("02_train_target", "train the target", figure, TINY, cfg, TINY, None,
+                               TINY.num_params(), cached=False, checkpoint=checkpoint)
+    assert trained.source == "probe" and trained.learn["figure"] == figure["figure"]
+    params = {"01_performance_model": {}, "02_train_target": {}}
+    made = plan.make_plan(["01_performance_model"], params, {})
+    made.items.append(trained)
+    made.notebooks.append("02_train_target")
+    made.notebook_keys["02_train_target"] = plan._notebook_figure(made.machine, "02_train_target", {}).name
+    made.calibration = probe.speed.now()
+    record = {"notebooks": {"01_performance_model": {"status": "ok", "seconds": 20.0},
+                            "02_train_target": {"status": "ok", "seconds": 40.0}}}
+    lines = plan.learn(made, record, str(tmp_path / "out"))
+    assert "train the target: step 2.0 s measured, 0.5 s by the probe: replaced" in lines
+    assert any(line.startswith("01_performance_model: 20 s measured besides training, 8.0 s planned") for line in lines)
+    monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: pytest.fail("measured again"))
+    again = _probe(tmp_path, monkeypatch).training("lm", TINY, cfg)
+    assert again["source"] == "run" and again["step_s"] == 2.0 and again["first_step_s"] == 5.5
+    assert again["eval_window_s"] == FIGURES["eval_window_s"]  # what the run did not measure stays the probe's
+    next_plan = plan.make_plan(["01_performance_model"], params, {})
+    assert next_plan.seconds("01_performance_model") == pytest.approx(20.0)
+    assert {i.source for i in next_plan.items} == {"run"} and "1 from a run on this machine" in next_plan.render()
+    other = plan.make_plan(["01_performance_model"], {"01_performance_model": {"hoi": 300}}, {})
+    assert other.seconds() == plan.NOTEBOOK_SECONDS and {i.source for i in other.items} == {"assumed"}
+    # 02's 40 s less the target's training (320 tokens at 10 tokens/s of its whole run): 8 s besides training
+    kept = json.loads((plan.cache_dir() / "plan" / made.notebook_keys["02_train_target"]).read_text())
+    assert kept["seconds"] == pytest.approx(8.0) and machine.takes == 0
+
+
+def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau_down_to_1(fake_probes):
+    """04 and 09 as ranges: the paper's taus at one end, tau 1 (G rounds a batch) at the other; 09's
+    cells fit fewer runs into cell_seconds at tau 1, so its range is narrow. With measured taus the
+    figure is one number."""
+    params = {"04_measure_tau": {"methods": ["vanilla", "spire"], "context_lengths": [16], "n_contexts": 4,
+                                 "decode_batch_size": 2},
+              "09_measured_vs_modeled": {"timing_methods": ["spire"], "timing_batches": [1], "timing_contexts": [16],
+                                         "held_out": [], "repeats": 1, "max_repeats": 50, "cell_seconds": 10.0}}
+    made = plan.make_plan(["04_measure_tau", "09_measured_vs_modeled"], params, {})
+    tau = next(i for i in made.items if i.what.startswith("tau"))
+    G = 64  # the smoke series' new_tokens
+    assert tau.seconds_at_tau_1 == pytest.approx(2 * (DECODING["prefill_s"] + G * (0.1 + 0.05)))
+    assert tau.seconds < tau.seconds_at_tau_1
+    timed = next(i for i in made.items if i.what.startswith("time AD"))
+    one = DECODING["prefill_s"] + G * DECODING["ad_step_s"]
+    low, high = one + expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT]["spire"], 4, G, 1) * 0.05, one + G * 0.05
+    runs, runs_high = int(10.0 // low) + 1, int(10.0 // high) + 1
+    assert runs_high < runs and f"{runs} ({runs_high} at tau 1) runs" in timed.what
+    assert timed.seconds == pytest.approx(runs * low) and timed.seconds_at_tau_1 == pytest.approx(runs_high * high)
+    span = made.span("04_measure_tau")
+    assert span == plan._span(made.seconds("04_measure_tau"), made.seconds_at_tau_1("04_measure_tau"))
+    assert " - " in span and span in made.render() and plan._span(150.0, 120.0) == "2.0 - 2.5 min"
+    assert plan._span(30.0, 150.0) == "30 s - 2.5 min" and plan._span(30.0, 31.0) == "30 s"
+    nine = made.to_dict()["notebooks"]["09_measured_vs_modeled"]
+    assert nine["seconds_at_tau_1"] == pytest.approx(plan.NOTEBOOK_SECONDS + plan.CALIBRATION_SECONDS + runs_high * high)
+    measured = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.5, "spire": 2.0})
+    assert all(i.seconds_at_tau_1 is None for i in measured.items) and " - " not in measured.span("04_measure_tau")

@@ -88,3 +88,13 @@ def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32, save: boo
     if save:
         result["saved_to"] = str(hardware.save_measured({peak["precision"]: peak["flops"]}, bw["bandwidth"]))
     return result
+
+
+def quick(device: str = "cpu", dtype: torch.dtype = torch.float32, size: int = 512, mbytes: int = 64,
+          seconds: float = 0.05, repeats: int = 3) -> dict:
+    """{"peak_flops", "bandwidth"} from small matmuls and copies, in about half a second: not the
+    machine's peak (`calibrate` measures that), but the same work every time, so that two quick
+    calibrations compare. The plan checks its timings against one made in the same call: a machine
+    shared with other work shows it here first (`spirelib.workbook.plan`)."""
+    return {"peak_flops": matmul_peak((size,), seconds, repeats, device, dtype)["flops"],
+            "bandwidth": memory_bandwidth(mbytes, seconds, repeats, device)["bandwidth"]}

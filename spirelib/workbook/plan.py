@@ -11,10 +11,30 @@ Seconds on this machine come from a quick calibration of the real code at the ru
 draft; compiled where the recipe compiles, so the first step carries the compilation), validation
 windows of each objective, a checkpoint save, and a few rounds of every method's real decoding loop
 at every (B, L) the run decodes, after a real prefill. Models are random (a model's speed does not
-depend on its weights); an imported target is built from its config.json, no weight is read. Probes
-are cached per shape and machine (cache_dir()/plan), so a second plan costs nothing. What a probe
-cannot see is assumed and named: the decoding rounds use the paper's taus (method §5) at L = 512
-(`acceptance.expected_rounds`: a batch runs until its slowest row is done), and 09's cells run until
+depend on its weights); an imported target is built from its config.json, no weight is read.
+
+A timing made while other work shares the machine is wrong, and a cached one stays wrong, so every
+figure is checked before it is kept (`Probe`, `Speed`):
+- against its own repeats: the timed steps or rounds of one probe; a probe whose median sample is
+  more than `TOLERANCE` slower than its fastest is noisy;
+- against the machine's own calibration made in the same call (`engine.calibrate.quick`: a matmul
+  rate and a copy bandwidth, seconds before), compared with the best this machine has shown: a
+  calibration more than `TOLERANCE` below it says the machine is busy now.
+A noisy or busy probe is retaken (`PROBE_ATTEMPTS` in all); if it stays so, the plan uses its
+fastest take, says the machine is busy, and caches nothing. A cached figure made while the machine
+ran more than `TOLERANCE` slower than it runs now is contradicted, and retaken.
+
+Figures are cached per shape and machine (cache_dir()/plan), so a second plan costs a calibration
+only; `spire run --recalibrate` measures everything again. Every `spire run` then writes what it
+measured back (`learn`): each trained model's step times (its checkpoint's summary) replace the
+probe's, and each notebook's measured seconds, its training apart, become its pace against the
+plan (`NotebookPace`), which the next plan of the same notebook with the same parameters on this
+machine applies. The plan says which figures came from a run and which from a probe.
+
+What no probe can see is assumed and named. The decoding rounds: with no tau measured yet (no draft
+exists, or none was measured here), each is priced over a range of tau, from the paper's taus at
+L = 512 (method §5) down to 1, every round yielding one token (`acceptance.expected_rounds`: a batch
+runs until its slowest row is done); 04's and 09's times are then ranges. 09's cells run until
 their time is up (`cell_seconds`), as its wide CIs at B >= 16 make them.
 
 Seconds on the GPUs of the hardware table (`modeling.hardware.HARDWARE`) are a model, not a
@@ -26,6 +46,7 @@ notebook. No GPU timing goes into them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import math
@@ -40,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spirelib.engine import calibrate
 from spirelib.engine.drafts import draft_factory, vanilla_draft_config
 from spirelib.engine.speculative import (
     autoregressive_rounds,
@@ -56,7 +78,7 @@ from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.modeling.profiled import forward_work
 from spirelib.paths import cache_dir
 from spirelib.training import pipeline
-from spirelib.training.checkpoint import finished_checkpoint
+from spirelib.training.checkpoint import finished_checkpoint, read_meta
 from spirelib.training.data import FlatDocs
 from spirelib.training.train import TrainConfig, evaluate, lm_objective, resolve_device, train
 from spirelib.workbook.tables.measured import timing_cells
@@ -71,16 +93,25 @@ CALIBRATION_SECONDS = 15.0
 GPU_MFU = 0.4
 GPU_ROOFLINE_FRACTION = 0.5
 GPU_DTYPE = "bf16"
-PROBE_STEPS = 3  # trainer steps per training probe: the first (compiling) one and two timed
+PROBE_STEPS = 4  # trainer steps per training probe: the first (compiling) one and three timed
 PROBE_ROUNDS = 3  # decoding rounds timed per method after one warm-up round
 PROBE_WINDOWS = 2  # validation windows timed per objective
-PROBE_FORMAT = 1  # bumped when what a probe measures changes: older cached probes are not read
+PROBE_FORMAT = 2  # bumped when what a probe measures changes: older cached probes are not read
+#: How far two measurements of one thing may disagree before one is called wrong: a probe's median
+#: sample against its fastest, a calibration against the machine's best, a cached figure against a
+#: later measurement (a ratio above 1 + TOLERANCE either way).
+TOLERANCE = 0.3
+PROBE_ATTEMPTS = 3  # takes of a noisy or busy probe before the plan gives up caching it
 
 
 @dataclass(frozen=True)
 class Item:
     """One piece of a notebook's work: `seconds` predicted on this machine, `gpu_seconds` per
-    device of the hardware table (modeled)."""
+    device of the hardware table (modeled). `seconds_at_tau_1`: decoding's seconds if every round
+    yields one token (tau 1), where the plan prices a range of tau (module docstring), the other end
+    of the range from `seconds`; None where the figure is one number. `source`: where the seconds come from ("probe", "run", "assumed").
+    `learn`: what `learn` reads back after the run (a trained model: its probe's figure file, its
+    checkpoint, whether its first step compiles)."""
 
     notebook: str
     what: str
@@ -91,21 +122,42 @@ class Item:
     contexts: int = 0
     cached: bool = False
     gpu_seconds: dict[str, float] = field(default_factory=dict)
+    seconds_at_tau_1: float | None = None
+    source: str = ""
+    learn: dict | None = None
+
+    @property
+    def at_tau_1(self) -> float:
+        return self.seconds if self.seconds_at_tau_1 is None else self.seconds_at_tau_1
 
 
 @dataclass
 class Plan:
     """A run's work by notebook (`items`), the machine it was calibrated on and what the
-    calibration itself cost (`probe_seconds`; 0 when every probe came from the cache)."""
+    calibration itself cost (`probe_seconds`; 0 when every probe came from the cache), and the
+    machine's calibration in this call (`calibration`, `Speed`; None where nothing was probed). `busy`:
+    the probes that stayed noisy or ran on a busy machine (not cached); `replaced`: cached figures
+    a measurement of this call contradicted; `notebook_keys`: each notebook's identity (its
+    parameters on this machine), under which `learn` keeps its pace."""
 
     items: list[Item]
     notebooks: list[str]
     machine: str
     probe_seconds: float
     assumptions: list[str]
+    busy: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    notebook_keys: dict[str, str] = field(default_factory=dict)
+    recalibrated: bool = False
+    calibration: dict | None = None
 
     def seconds(self, notebook: str | None = None) -> float:
         return sum(i.seconds for i in self.items if notebook is None or i.notebook == notebook)
+
+    def seconds_at_tau_1(self, notebook: str | None = None) -> float:
+        """The other end of the time's range: decoding at tau 1 where the plan prices a range (longer,
+        except where a cell's time is capped: 09's, whose slower runs are fewer)."""
+        return sum(i.at_tau_1 for i in self.items if notebook is None or i.notebook == notebook)
 
     def gpu_seconds(self, device: str, notebook: str | None = None) -> float:
         return sum(i.gpu_seconds[device] for i in self.items if notebook is None or i.notebook == notebook)
@@ -115,32 +167,64 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"machine": self.machine, "probe_seconds": self.probe_seconds, "assumptions": self.assumptions,
-                "notebooks": {nb: {"seconds": self.seconds(nb),
+                "busy": self.busy, "replaced": self.replaced, "notebook_keys": self.notebook_keys,
+                "calibration": self.calibration,
+                "notebooks": {nb: {"seconds": self.seconds(nb), "seconds_at_tau_1": self.seconds_at_tau_1(nb),
                                    "gpu_seconds": {d: self.gpu_seconds(d, nb) for d in HARDWARE}}
                               for nb in self.notebooks},
-                "seconds": self.seconds(), "gpu_seconds": {d: self.gpu_seconds(d) for d in HARDWARE},
+                "seconds": self.seconds(), "seconds_at_tau_1": self.seconds_at_tau_1(),
+                "gpu_seconds": {d: self.gpu_seconds(d) for d in HARDWARE},
                 "items": [dataclasses.asdict(i) for i in self.items]}
 
+    def span(self, notebook: str | None = None) -> str:
+        """A notebook's (or the run's) time here in words: "4.6 min", or "4.6 - 8.1 min" as a range."""
+        return _span(self.seconds(notebook), self.seconds_at_tau_1(notebook))
+
     def render(self) -> str:
-        """The plan as the terminal shows it: the work item by item with its time here, then each
-        notebook's time here and on every GPU of the hardware table, and the run's."""
-        calibrated = (f"calibrated now in {self.probe_seconds:.0f} s, cached for later runs" if self.probe_seconds
-                      else "calibration from the cache")
+        """The plan as the terminal shows it: the work item by item with its time here and where that
+        figure comes from, then each notebook's time here (a range where decoding is priced over
+        tau) and on every GPU of the hardware table, and the run's; then what is assumed, and any
+        figure this call refused to cache or replaced."""
+        if self.recalibrated:
+            calibrated = f"recalibrated in {self.probe_seconds:.0f} s (--recalibrate)"
+        elif self.probe_seconds:
+            calibrated = f"calibrated now in {self.probe_seconds:.0f} s"
+        else:
+            calibrated = "calibration from the cache"
         lines = [f"plan: {len(self.notebooks)} notebooks on {self.machine} ({calibrated})",
-                 f"  {'work':60s} {'tokens':>7s} {'FLOPs':>7s} {'bytes':>7s} {'ctx':>5s} {'here':>8s}"]
+                 f"  {'work':56s} {'tokens':>7s} {'FLOPs':>7s} {'bytes':>7s} {'ctx':>5s} {'here':>13s} from"]
         for nb in self.notebooks:
             lines.append(f"  {nb}")
             for i in (i for i in self.items if i.notebook == nb):
-                what = ("  " + i.what + (" (cached)" if i.cached else ""))[:60]
-                lines.append(f"  {what:60s} {_si(i.train_tokens):>7s} {_si(i.flops):>7s} {_si(i.bytes):>7s} "
-                             f"{i.contexts or '':>5} {duration(i.seconds):>8s}")
+                what = ("  " + i.what + (" (cached)" if i.cached else ""))[:56]
+                lines.append(f"  {what:56s} {_si(i.train_tokens):>7s} {_si(i.flops):>7s} {_si(i.bytes):>7s} "
+                             f"{i.contexts or '':>5} {_span(i.seconds, i.at_tau_1):>13s} {i.source}")
         devices = list(HARDWARE)
-        lines.append(f"  {'notebook':28s} {'here':>8s} " + " ".join(f"{d:>9s}" for d in devices))
+        lines.append(f"  {'notebook':28s} {'here':>15s} " + " ".join(f"{d:>9s}" for d in devices))
         for nb in [*self.notebooks, None]:
-            lines.append(f"  {nb or 'the run':28s} {duration(self.seconds(nb)):>8s} "
+            lines.append(f"  {nb or 'the run':28s} {self.span(nb):>15s} "
                          + " ".join(f"{duration(self.gpu_seconds(d, nb)):>9s}" for d in devices))
+        counts = {src: sum(1 for i in self.items if i.source == src) for src in ("run", "probe")}
+        lines.append(f"  figures: {counts['run']} from a run on this machine, {counts['probe']} from probes, "
+                     "the rest assumed (a notebook's fixed cost)")
         lines += [f"  assumed: {a}" for a in self.assumptions]
+        lines += [f"  replaced: {r}" for r in self.replaced]
+        if self.busy:
+            lines.append(f"  the machine is busy: {len(self.busy)} probes stayed noisy or slow after "
+                         f"{PROBE_ATTEMPTS} takes; their figures (the fastest take) are this plan's only, not "
+                         "cached; plan again on an idle machine")
+            lines += [f"    {b}" for b in self.busy]
         return "\n".join(lines)
+
+
+def _span(a: float, b: float) -> str:
+    """Two ends of a time's range in words, the shorter first ("4.6 - 8.1 min"); one number where
+    they agree within 5%."""
+    if math.isnan(a) or not _contradicts(a, b, 0.05):
+        return duration(a)
+    low, high = duration(min(a, b)), duration(max(a, b))
+    same_unit = low.rsplit(" ", 1)[-1] == high.rsplit(" ", 1)[-1]
+    return f"{low.rsplit(' ', 1)[0] if same_unit else low} - {high}"
 
 
 def _si(x: float) -> str:
@@ -184,35 +268,148 @@ def machine_name(device: torch.device) -> str:
     return f"{device.type}: {name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-class Probe:
-    """Times the real code at a run's shapes (module docstring), each measurement cached under
-    cache_dir()/plan by what it timed and on which machine. `seconds` is what this probe spent
-    measuring (cached measurements cost nothing)."""
+def _contradicts(a: float, b: float, tolerance: float = TOLERANCE) -> bool:
+    """Whether `a` and `b` differ by more than `tolerance` (a ratio above 1 + tolerance either way);
+    never for a NaN or a zero, which no measurement contradicts."""
+    if not (a > 0 and b > 0):
+        return False
+    return max(a, b) / min(a, b) > 1 + tolerance
 
-    def __init__(self, device: torch.device | None, dtype: torch.dtype = torch.float32):
-        """`device` None: the run's device is not on this machine (a GPU run planned on a laptop);
-        every time here is then unknown (NaN), and only the modeled GPU columns are filled."""
+
+def _noisy(samples: list[float]) -> bool:
+    """Whether a probe's timed samples (its steps or rounds) disagree: the median more than
+    `TOLERANCE` slower than the fastest, which a one-off hiccup (one slow sample of three) is not."""
+    return len(samples) > 1 and _contradicts(statistics.median(samples), min(samples))
+
+
+def _fastest(a: dict, b: dict) -> dict:
+    """Two takes of a probe merged figure by figure, the faster kept (what other work on the machine
+    slowed is the slower); a first step keeps its first take, later takes reusing its compilation."""
+    return {k: (a[k] if k == "first_step_s" else _fastest(a[k], b[k]) if isinstance(a[k], dict)
+                else min(a[k], b[k])) for k in a}
+
+
+def _write(path: Path, entry: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(entry, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict | None:
+    """A cached figure, or None where there is none or it is unreadable (a partial write of an older
+    version: measured again)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+class Speed:
+    """The machine's speed now and the best it has shown: `calibrate.quick` (a matmul rate and a
+    copy bandwidth) measured in this call, against the best quick calibration of this machine kept
+    in the cache (cache_dir()/plan/machine-*.json, raised whenever a calibration beats it; reset by
+    `--recalibrate`). A calibration more than `TOLERANCE` below the best says the machine is busy."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, machine: str, reset: bool = False):
         self.device, self.dtype = device, dtype
-        self.machine = "this machine, which lacks the run's device" if device is None else machine_name(device)
-        self.seconds = 0.0
+        ident = hashlib.sha256(json.dumps([PROBE_FORMAT, machine, str(dtype)]).encode()).hexdigest()[:16]
+        self.path = cache_dir() / "plan" / f"machine-{ident}.json"
+        self.reset = reset
+        self.first: dict | None = None  # this call's first calibration, against which cached figures are read
 
-    def _cached(self, kind: str, key: dict, measure) -> dict:
-        if self.device is None:
-            return None
+    def measure(self) -> dict:
+        """A calibration now ({"peak_flops", "bandwidth"}), the machine's best raised by it."""
+        now = calibrate.quick(str(self.device), self.dtype)
+        best = None if self.reset else _read(self.path)
+        self.reset = False
+        if best is None or any(now[k] > best[k] for k in now):
+            _write(self.path, {k: max(now[k], (best or now)[k]) for k in now})
+        self.first = self.first or now
+        return now
+
+    def now(self) -> dict:
+        """This call's calibration (`measure`d once, at first need)."""
+        return self.first or self.measure()
+
+    def best(self) -> dict:
+        return _read(self.path) or self.now()
+
+    def busy(self, calibration: dict) -> str | None:
+        """Why `calibration` says the machine is busy, or None."""
+        best = self.best()
+        slow = [f"{name} {calibration[k] / best[k]:.0%} of its best" for k, name in
+                (("peak_flops", "matmul rate"), ("bandwidth", "bandwidth")) if _contradicts(calibration[k], best[k])]
+        return ", ".join(slow) or None
+
+
+class Probe:
+    """Times the real code at a run's shapes (module docstring), each measurement checked
+    (`Speed`, `_noisy`) and cached under cache_dir()/plan by what it timed and on which machine.
+    `seconds` is what this probe spent measuring (cached measurements cost nothing); `busy` the
+    probes this call could not cache, `replaced` the cached figures it retook."""
+
+    def __init__(self, device: torch.device | None, dtype: torch.dtype = torch.float32, recalibrate: bool = False):
+        """`device` None: the run's device is not on this machine (a GPU run planned on a laptop);
+        every time here is then unknown (NaN), and only the modeled GPU columns are filled.
+        `recalibrate`: every figure is measured again, and the machine's best calibration too."""
+        self.device, self.dtype, self.recalibrate = device, dtype, recalibrate
+        self.machine = "this machine, which lacks the run's device" if device is None else machine_name(device)
+        self.speed = None if device is None else Speed(device, dtype, self.machine, reset=recalibrate)
+        self.seconds = 0.0
+        self.busy: list[str] = []
+        self.replaced: list[str] = []
+
+    def path(self, kind: str, key: dict) -> Path:
+        """Where the figure of probe `kind` at `key` on this machine is cached."""
         ident = json.dumps({"format": PROBE_FORMAT, "kind": kind, "machine": self.machine,
                             "dtype": str(self.dtype), **key}, sort_keys=True, default=str)
-        path = cache_dir() / "plan" / f"{kind}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
-        if path.is_file():
-            return json.loads(path.read_text())["result"]
-        start = time.perf_counter()
-        result = measure()
-        self.seconds += time.perf_counter() - start
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"key": json.loads(ident), "result": result}, f, indent=1)
-        os.replace(tmp, path)
-        return result
+        return cache_dir() / "plan" / f"{kind}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+    def _cached(self, kind: str, key: dict, measure, what: str) -> dict | None:
+        """The figure of `kind` at `key` with its "source" ("run" or "probe") and "figure" (its
+        cache file): the cached one unless `recalibrate` or this call's calibration contradicts it
+        (the machine runs more than `TOLERANCE` faster than when it was measured), else measured
+        (`_measure`: checked, retaken) and cached unless the machine stayed busy."""
+        if self.device is None:
+            return None
+        path = self.path(kind, key)
+        entry = None if self.recalibrate else _read(path)
+        if entry is not None:
+            then, now = entry["calibration"], self.speed.now()
+            faster = [k for k in now if now[k] > then[k] and _contradicts(now[k], then[k])]
+            if not faster:
+                return {**entry["result"], "source": entry["source"], "figure": path.name}
+            self.replaced.append(f"{what}: measured by a {entry['source']} while the machine ran at "
+                                 f"{min(then[k] / now[k] for k in faster):.0%} of its speed now; measured again")
+        result, clean = self._measure(measure, what)
+        if clean:
+            _write(path, {"key": kind, "result": result, "source": "probe", "calibration": self.speed.now(),
+                          "when": _now()})
+        return {**result, "source": "probe", "figure": path.name}
+
+    def _measure(self, measure, what: str) -> tuple[dict, bool]:
+        """`measure()` -> (figures, sample lists) taken until a take is neither noisy (its samples
+        disagree) nor made on a busy machine (a calibration right after it is slow): (the figures,
+        True), or after `PROBE_ATTEMPTS` takes (their fastest, False), `what` named in `busy`."""
+        best, why = None, ""
+        for _ in range(PROBE_ATTEMPTS):
+            start = time.perf_counter()
+            figures, samples = measure()
+            busy = self.speed.busy(self.speed.measure())
+            self.seconds += time.perf_counter() - start
+            best = figures if best is None else _fastest(best, figures)
+            noisy = [f"{statistics.median(x) / min(x):.2f}x its fastest" for x in samples if _noisy(x)]
+            if not busy and not noisy:
+                return best, True
+            why = "; ".join(([f"samples at {noisy[0]}"] if noisy else []) + ([busy] if busy else []))
+        self.busy.append(f"{what}: {why}")
+        return best, False
 
     def _target(self, cfg: ModelConfig) -> Transformer:
         torch.manual_seed(0)
@@ -220,9 +417,10 @@ class Probe:
 
     def training(self, kind: str, cfg: ModelConfig, train_cfg: TrainConfig, spire: SpireConfig | None = None) -> dict:
         """{"first_step_s", "step_s", "eval_window_s", "save_s"} of a recipe: `kind` "lm" trains a
-        Transformer `cfg`, "spire" a SPIRe draft `spire` of a target `cfg` (k-pass, MixedLoss)."""
+        Transformer `cfg`, "spire" a SPIRe draft `spire` of a target `cfg` (k-pass, MixedLoss); its
+        timed steps are the samples `_measure` checks."""
         probe_cfg = dataclasses.replace(train_cfg, steps=PROBE_STEPS, tokens_per_param=0.0, eval_every=0,
-                                        eval_windows=PROBE_WINDOWS, checkpoint_every=10**9, log_every=10**9)
+                                        eval_windows=PROBE_WINDOWS, checkpoint_every=10**9, log_every=1)
         key = {"model": cfg.to_dict(), "spire": None if spire is None else spire.to_dict(),
                "train": {f: getattr(train_cfg, f) for f in ("batch_size", "seq_len", "compile", "micro_batch_size")}}
 
@@ -251,10 +449,14 @@ class Probe:
                 evaluate(model, objective, windows, train_cfg.batch_size, self.device)
             eval_window_s = (time.perf_counter() - start) / PROBE_WINDOWS
             save_s = max(0.0, wall - summary["first_step_s"] - (PROBE_STEPS - 1) * step_s)
+            steps = [train_cfg.tokens_per_step() / m["tokens_per_s"] for m in result.metrics
+                     if m.get("kind") == "train" and m["step"] > 1]
             return {"first_step_s": summary["first_step_s"], "step_s": step_s, "eval_window_s": eval_window_s,
-                    "save_s": save_s}
+                    "save_s": save_s}, [steps]
 
-        return self._cached(f"train-{kind}", key, measure) or dict.fromkeys(
+        what = f"{'SPIRe' if kind == 'spire' else 'LM'} training ({cfg.num_layers} x {cfg.d_model}, " \
+               f"B {train_cfg.batch_size}, T {train_cfg.seq_len})"
+        return self._cached(f"train-{kind}", key, measure, what) or dict.fromkeys(
             ("first_step_s", "step_s", "eval_window_s", "save_s"), math.nan)
 
     def evaluation(self, cfg: ModelConfig, seq_len: int, batch_size: int) -> dict:
@@ -266,9 +468,10 @@ class Probe:
             start = time.perf_counter()
             with torch.no_grad():
                 evaluate(model, lm_objective, windows, batch_size, self.device)
-            return {"eval_window_s": (time.perf_counter() - start) / PROBE_WINDOWS}
+            return {"eval_window_s": (time.perf_counter() - start) / PROBE_WINDOWS}, []
 
-        return (self._cached("eval", {"model": cfg.to_dict(), "seq_len": seq_len, "batch": batch_size}, measure)
+        return (self._cached("eval", {"model": cfg.to_dict(), "seq_len": seq_len, "batch": batch_size}, measure,
+                             f"evaluation ({cfg.num_layers} x {cfg.d_model}, T {seq_len})")
                 or {"eval_window_s": math.nan})
 
     def decoding(self, cfg: ModelConfig, spire: SpireConfig, magicdec: dict, methods: list[str], batch: int,
@@ -300,7 +503,7 @@ class Probe:
             rounds["ad"] = autoregressive_rounds(target, contexts, G, temperature=temperature,
                                                  generator=torch.Generator(self.device).manual_seed(0),
                                                  prefilled=shared.copy())
-            seconds = {}
+            seconds, samples = {}, []
             for m, loop in rounds.items():
                 next(loop)  # the prefill's reuse, the draft's begin and one round: warm-up
                 times = []
@@ -309,9 +512,10 @@ class Probe:
                     next(loop)
                     times.append(time.perf_counter() - start)
                 seconds[m] = statistics.median(times)
-            return {"prefill_s": prefill_s, "ad_step_s": seconds.pop("ad"), "round_s": seconds}
+                samples.append(times)
+            return {"prefill_s": prefill_s, "ad_step_s": seconds.pop("ad"), "round_s": seconds}, samples
 
-        return self._cached("decode", key, measure) or {"prefill_s": math.nan, "ad_step_s": math.nan,
+        return self._cached("decode", key, measure, f"decoding at B {batch}, L {context}") or {"prefill_s": math.nan, "ad_step_s": math.nan,
                                                         "round_s": dict.fromkeys(methods, math.nan)}
 
 
@@ -329,7 +533,7 @@ def _gpu(flops: float, moved: float, *, training: bool) -> dict[str, float]:
 
 
 def _fixed(notebook: str, what: str = "kernel start, imports, HTML export", seconds: float = NOTEBOOK_SECONDS) -> Item:
-    return Item(notebook, what, seconds, gpu_seconds={d: seconds for d in HARDWARE})
+    return Item(notebook, what, seconds, gpu_seconds={d: seconds for d in HARDWARE}, source="assumed")
 
 
 def training_work(cfg: ModelConfig, train_cfg: TrainConfig, trained: ModelConfig, spire: SpireConfig | None,
@@ -364,10 +568,11 @@ def _evaluations(train_cfg: TrainConfig, steps: int) -> int:
 
 def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_cfg: TrainConfig,
                 trained: ModelConfig, spire: SpireConfig | None, budget_params: int, cached: bool,
-                warm: bool = False) -> Item:
+                warm: bool = False, checkpoint: Path | None = None) -> Item:
     """A training run's work and seconds: its first step (the probe's, which compiles and warms up; with
     `warm`, an ordinary step: the notebook's process has run the same graphs already), its other
-    steps, evaluations and saves."""
+    steps, evaluations and saves. `checkpoint`: where the run will leave the model, whose measured
+    step times `learn` writes back over the probe's figure."""
     steps, tokens, flops, moved = training_work(cfg, train_cfg, trained, spire, budget_params)
     if cached:
         return Item(notebook, what, 0.0, flops, moved, tokens, cached=True, gpu_seconds={d: 0.0 for d in HARDWARE})
@@ -375,17 +580,23 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
     seconds = (probe["step_s" if warm else "first_step_s"] + (steps - 1) * probe["step_s"]
                + _evaluations(train_cfg, steps) * train_cfg.eval_windows * probe["eval_window_s"]
                + saves * probe["save_s"])
-    return Item(notebook, what, seconds, flops, moved, tokens, gpu_seconds=_gpu(flops, moved, training=True))
+    learn = ({"figure": probe["figure"], "checkpoint": str(checkpoint), "first_step": not warm}
+             if checkpoint is not None and probe.get("figure") else None)
+    return Item(notebook, what, seconds, flops, moved, tokens, gpu_seconds=_gpu(flops, moved, training=True),
+                source=probe.get("source", ""), learn=learn)
 
 
 def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire: SpireConfig, methods: list[str],
                  runs: int, batch: int, context: int, new_tokens: int, k: int, *, ad: bool = False,
-                 contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None) -> Item:
+                 contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None,
+                 ranged: bool = False) -> Item:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
     every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
-    window) of the target's cache; each method's rounds at its tau in `taus` (default the paper's)."""
+    window) of the target's cache; each method's rounds at its tau in `taus` (default the paper's).
+    `ranged`: no tau is measured, so the seconds are a range, to `seconds_at_tau_1` at tau 1 (every
+    round yields one token: G rounds)."""
     taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
-    seconds = probe["prefill_s"]
+    seconds = high = probe["prefill_s"]
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
     flops, moved = pre.flops, pre.bytes
     keys = context + new_tokens // 2
@@ -393,6 +604,7 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire:
     for m in methods:
         rounds = expected_rounds(taus[m], k, new_tokens, batch)
         seconds += rounds * probe["round_s"][m]
+        high += expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
         if m == "vanilla":
             step = forward_work(vanilla_draft_config(cfg).shape(), cfg.vocab_size, batch, 1, keys)
         elif m == "spire":
@@ -404,19 +616,21 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire:
         moved += rounds * (verify.bytes + k * step.bytes)
     if ad:
         seconds += new_tokens * probe["ad_step_s"]
+        high += new_tokens * probe["ad_step_s"]
         step = forward_work(cfg.shape(), cfg.vocab_size, batch, 1, keys)
         flops, moved = flops + new_tokens * step.flops, moved + new_tokens * step.bytes
     return Item(notebook, what, runs * seconds, runs * flops, runs * moved,
                 contexts=runs * batch if contexts is None else contexts,
-                gpu_seconds=_gpu(runs * flops, runs * moved, training=False))
+                gpu_seconds=_gpu(runs * flops, runs * moved, training=False),
+                seconds_at_tau_1=runs * high if ranged else None, source=probe.get("source", ""))
 
 
 class _Models:
     """The series' models as the plan sees them: each one's identity and whether the cache holds
     it finished, trained by the first selected notebook that needs it."""
 
-    def __init__(self, series, probe: Probe, taus: dict[str, float]):
-        self.series, self.probe, self.done, self.taus = series, probe, set(), taus
+    def __init__(self, series, probe: Probe, taus: dict[str, float], ranged: bool):
+        self.series, self.probe, self.done, self.taus, self.ranged = series, probe, set(), taus, ranged
         self.started: set = set()  # (notebook, what a SPIRe run compiles): run once in that notebook's process
         self.target_cfg = series.target
         self.target_hash, self.target_dir, self.vanilla_dir, self.spire_dir = pipeline.planned_run_dirs(
@@ -431,7 +645,7 @@ class _Models:
                                     context, s.new_tokens, s.k, s.temperature)
         return _decode_item(notebook, what, probe, self.target_cfg, s.spire, list(methods), runs, batch, context,
                             s.new_tokens, s.k, ad=ad, contexts=contexts,
-                            magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus)
+                            magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus, ranged=self.ranged)
 
     def needs(self, name: str) -> bool:
         """True once per model: the first notebook that needs `name` carries its training."""
@@ -451,11 +665,13 @@ class _Models:
             flops = work.flops * t.eval_windows
             return [Item(notebook, f"evaluate the imported target on {t.eval_windows} windows of {t.seq_len}",
                          t.eval_windows * probe["eval_window_s"], flops, work.bytes * t.eval_windows,
-                         contexts=t.eval_windows, gpu_seconds=_gpu(flops, 0.0, training=True))]
+                         contexts=t.eval_windows, gpu_seconds=_gpu(flops, 0.0, training=True),
+                         source=probe.get("source", ""))]
         cached = finished_checkpoint(self.target_dir)
         probe = {} if cached else self.probe.training("lm", s.target, s.target_training)
         return [_train_item(notebook, f"train the target ({s.target.num_layers} x {s.target.d_model})", probe,
-                            s.target, s.target_training, s.target, None, s.target.num_params(), cached)]
+                            s.target, s.target_training, s.target, None, s.target.num_params(), cached,
+                            checkpoint=self.target_dir)]
 
     def vanilla(self, notebook: str) -> list[Item]:
         s = self.series
@@ -465,7 +681,8 @@ class _Models:
         cached = finished_checkpoint(self.vanilla_dir(s.vanilla_training))
         probe = {} if cached else self.probe.training("lm", cfg, s.vanilla_training)
         return [_train_item(notebook, f"train the vanilla draft ({cfg.num_layers} x {cfg.d_model})", probe, cfg,
-                            s.vanilla_training, cfg, None, cfg.num_params(), cached)]
+                            s.vanilla_training, cfg, None, cfg.num_params(), cached,
+                            checkpoint=self.vanilla_dir(s.vanilla_training))]
 
     def spire(self, notebook: str, variant: str = "spire", train_cfg: TrainConfig | None = None,
               label: str | None = None) -> list[Item]:
@@ -489,7 +706,8 @@ class _Models:
         if not cached:
             self.started.add(graphs)
         return [_train_item(notebook, label or f"train the SPIRe draft ({cfg.num_layers} blocks, k = {cfg.k})", probe,
-                            self.target_cfg, train_cfg, trained, cfg, budget, cached, warm)]
+                            self.target_cfg, train_cfg, trained, cfg, budget, cached, warm,
+                            checkpoint=self.spire_dir(cfg, train_cfg))]
 
 
 def _target_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
@@ -524,7 +742,7 @@ def _ablation_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
                         for c in (models.target_cfg, draft_cfg))
     items.append(Item(nb, f"score {len(p['ablations'])} variants at step 0 ({budget.eval_windows} windows each)",
                       evals * probe["eval_window_s"], flops, contexts=evals,
-                      gpu_seconds=_gpu(flops, 0.0, training=True)))
+                      gpu_seconds=_gpu(flops, 0.0, training=True), source=probe.get("source", "")))
     B, L = p["decode_batch_size"], p["ablation_context_length"]
     runs = len(p["ablation_seeds"]) * len(p["ablations"]) * -(-p["n_contexts"] // B)
     items.append(models.decode(nb, f"tau of {len(p['ablations'])} variants x {len(p['ablation_seeds'])} seeds at "
@@ -537,13 +755,18 @@ def _timing_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
     items.append(_fixed(nb, "calibration and the profiled fit", CALIBRATION_SECONDS))
     methods = p["timing_methods"]
     limit = max(p["repeats"], p["max_repeats"])
-    for batch, context in timing_cells(p["timing_batches"], p["timing_contexts"], p["held_out"]):
-        one = models.decode(nb, "", methods, batch, context, 1, ad=True).seconds  # a run of every method and AD
-        # engine.wallclock.time_cells' rule, its CIs never narrow enough to stop a cell early
+    def runs(one: float) -> int:  # engine.wallclock.time_cells' rule, its CIs never narrow enough to stop early
         fit = limit + 1 if math.isnan(one) else math.floor(p["cell_seconds"] / max(one, 1e-9)) + 1
-        runs = max(p["repeats"] + 1, min(limit + 1, fit))
-        items.append(models.decode(nb, f"time AD and {len(methods)} methods at B = {batch}, L = {context}, "
-                                   f"{runs} runs", methods, batch, context, runs, ad=True))
+        return max(p["repeats"] + 1, min(limit + 1, fit))
+
+    for batch, context in timing_cells(p["timing_batches"], p["timing_contexts"], p["held_out"]):
+        one = models.decode(nb, "", methods, batch, context, 1, ad=True)  # a run of every method and AD
+        n, n_high = runs(one.seconds), runs(one.at_tau_1)  # slower runs at tau 1: fewer fit in cell_seconds
+        item = models.decode(nb, f"time AD and {len(methods)} methods at B = {batch}, L = {context}, "
+                             f"{n}{'' if n == n_high else f' ({n_high} at tau 1)'} runs", methods, batch, context,
+                             n, ad=True)
+        items.append(item if item.seconds_at_tau_1 is None
+                     else dataclasses.replace(item, seconds_at_tau_1=n_high * one.at_tau_1))
     return items
 
 
@@ -562,13 +785,34 @@ def measured_taus(results: dict) -> dict[str, float] | None:
     return {m: float(np.mean([v["mean"] for v in by_l.values()])) for m, by_l in taus.items()}
 
 
+def _notebook_figure(machine: str, notebook: str, parameters: dict) -> Path:
+    """Where a run's measured seconds of `notebook` with `parameters` (its resolved parameters, the
+    series included) on `machine` are kept (`learn`)."""
+    ident = json.dumps({"format": PROBE_FORMAT, "machine": machine, "notebook": notebook, "parameters": parameters},
+                       sort_keys=True, default=str)
+    return cache_dir() / "plan" / f"notebook-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+
+def _ran(items: list[Item], figure: dict) -> list[Item]:
+    """A notebook's `items` with the seconds a run measured: its work besides training (which its
+    models' own figures price) scaled to what the run took for it, one number, from a run."""
+    planned = sum(i.seconds for i in items if not i.train_tokens)
+    if not planned > 0:
+        return items
+    scale = figure["seconds"] / planned
+    return [i if i.train_tokens else dataclasses.replace(i, seconds=i.seconds * scale, seconds_at_tau_1=None,
+                                                         source="run") for i in items]
+
+
 def make_plan(selected: list[str], parameters: dict[str, dict], series_values: dict,
-              taus: dict[str, float] | None = None) -> Plan:
+              taus: dict[str, float] | None = None, recalibrate: bool = False) -> Plan:
     """The plan of a run of the notebooks `selected` (stems, in order) with `parameters` (stem ->
     the notebook's parameters: its defaults with the run's injections over them) and the series
-    configuration `series_values`; probes what it has not measured before (`Probe`). SD rounds
-    come from `taus` (method -> tau: what an earlier run of the same series measured,
-    `measured_taus`) where given, else from the paper's taus."""
+    configuration `series_values`; probes what it has not measured before (`Probe`; everything with
+    `recalibrate`). SD rounds come from `taus` (method -> tau: what an earlier run of the same series
+    measured, `measured_taus`) where given, else they are priced over a range: the paper's taus to
+    1. A notebook that a run on this machine measured with the same parameters (`learn`) costs what
+    it took, its training apart."""
     from spirelib.training.series import Series
 
     series = Series.from_dict(series_values)
@@ -576,20 +820,79 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
     device = None if wants_gpu else resolve_device(series.device)
     # fp32 on a CPU (bf16 is slow there, and the engine loads fp32); on a GPU a checkpoint keeps its bf16
     probe = Probe(device, torch.bfloat16 if device is not None and device.type == "cuda" and series.imported
-                  else torch.float32)
+                  else torch.float32, recalibrate=recalibrate)
     models = None  # the data and the models' identities, read only when a notebook computes with them
-    items = []
+    items, keys = [], {}
     for nb in selected:
-        items.append(_fixed(nb))
+        work = [_fixed(nb)]
         if nb in WORK:
-            models = models or _Models(series, probe, {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})})
-            items += WORK[nb](models, nb, parameters[nb])
-    source = ("the taus this output folder's last run measured (04)" if taus
-              else f"the paper's taus (L = {PAPER_TAU_CONTEXT}; a run's own can be far lower, a random model's near 1)")
+            models = models or _Models(series, probe, {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})}, not taus)
+            work += WORK[nb](models, nb, parameters[nb])
+        path = _notebook_figure(probe.machine, nb, parameters[nb])
+        keys[nb] = path.name
+        figure = None if recalibrate or device is None else _read(path)
+        items += work if figure is None else _ran(work, figure)
     used = {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})}
-    assumptions = [f"SD rounds at {source}: " + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
-                   + ", every batch until its slowest row is done",
+    rounds = ("SD rounds at the taus this output folder's last run measured (04): "
+              + ", ".join(f"{m} {t:.3g}" for m, t in used.items()) if taus else
+              "SD rounds priced over a range of tau, no draft's tau being measured yet: from the paper's at "
+              f"L = {PAPER_TAU_CONTEXT} (" + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
+              + ") to 1, every round yielding one token (a random or untrained draft's)")
+    assumptions = [rounds + ", every batch until its slowest row is done",
                    "09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to stop early",
                    (f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), decoding at "
-                    f"{GPU_ROOFLINE_FRACTION:.0%} of the roofline, {NOTEBOOK_SECONDS:.0f} s fixed per notebook")]
-    return Plan(items, list(selected), probe.machine, probe.seconds, assumptions)
+                    f"{GPU_ROOFLINE_FRACTION:.0%} of the roofline (at the taus above; the paper's where a range), "
+                    f"{NOTEBOOK_SECONDS:.0f} s fixed per notebook")]
+    calibration = probe.speed.first if probe.speed is not None else None
+    busy_now = calibration and probe.speed.busy(calibration)
+    if busy_now and not probe.busy:
+        assumptions.append(f"the machine is busy now ({busy_now}): cached figures kept, none measured")
+    return Plan(items, list(selected), probe.machine, probe.seconds, assumptions, probe.busy, probe.replaced, keys,
+                recalibrate, calibration)
+
+
+def learn(plan: Plan, record: dict, run: str) -> list[str]:
+    """Writes what the run `record` (run.json's) measured back into the calibration, for the next
+    plan: each model `plan` trained, its checkpoint's steady step time (and its first step, where
+    that compiled) in place of the probe's figure; each notebook that finished, its seconds less
+    its models' training (their checkpoints' wall time), under the notebook's identity on this
+    machine (`_notebook_figure`). A run's figure replaces an earlier one; the lines returned name
+    those it contradicts by more than `TOLERANCE` (the plan's own figure for a notebook). `run`:
+    the output folder, kept with each figure."""
+    if plan.calibration is None:
+        return []
+    lines, trained = [], {}
+    for i in plan.items:
+        entry = record["notebooks"].get(i.notebook, {})
+        if i.learn is None or not finished_checkpoint(Path(i.learn["checkpoint"])):
+            continue
+        summary = read_meta(Path(i.learn["checkpoint"]), verify=False)["summary"]
+        trained[i.notebook] = trained.get(i.notebook, 0.0) + summary["tokens"] / summary["run_tokens_per_s"]
+        path = cache_dir() / "plan" / i.learn["figure"]
+        cached = _read(path)
+        if cached is None or entry.get("status") != "ok":  # a busy probe was not cached: nothing to complete
+            continue
+        measured = {"step_s": summary["tokens"] / summary["steps"] / summary["tokens_per_s"]}
+        if i.learn["first_step"]:
+            measured["first_step_s"] = summary["first_step_s"]
+        old = cached["result"]
+        for name, value in measured.items():
+            if _contradicts(value, old[name]):
+                lines.append(f"{i.what}: {name[:-2].replace('_', ' ')} {duration(value)} measured, "
+                             f"{duration(old[name])} by the {cached['source']}: replaced")
+        _write(path, {**cached, "result": {**old, **measured}, "source": "run", "run": run, "when": _now(),
+                      "calibration": plan.calibration})
+    for nb in plan.notebooks:
+        entry = record["notebooks"].get(nb, {})
+        if entry.get("status") != "ok" or nb not in plan.notebook_keys:
+            continue
+        seconds = entry["seconds"] - trained.get(nb, 0.0)
+        if not seconds > 0:  # its training's wall time covers it all: nothing left to learn
+            continue
+        planned = sum(i.seconds for i in plan.items if i.notebook == nb and not i.train_tokens)
+        if _contradicts(seconds, planned):
+            lines.append(f"{nb}: {duration(seconds)} measured besides training, {duration(planned)} planned: "
+                         "the next plan uses the run's")
+        _write(cache_dir() / "plan" / plan.notebook_keys[nb],
+               {"notebook": nb, "seconds": seconds, "source": "run", "run": run, "when": _now()})
+    return lines
