@@ -1,6 +1,6 @@
 """Run the numbered notebook series headlessly and write the HTML reports (docs/ARCHITECTURE.md).
 
-    spire run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output] [--plan]
+    spire run   --params params/default.yaml [--only 01,04] [--out DIR] [--log-output] [--plan] [--recalibrate]
     spire check --params params/smoke.yaml
     spire run   --params params/paper.yaml --dry-run [--corpus-path DIR]
 
@@ -8,7 +8,11 @@
 if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in order with
 papermill (cwd = notebooks/), exporting each to HTML in the output folder, merging the
 results notebooks record (`spirelib.workbook.results`) into `results.json`, and writing `run.json`
-(parameters, status and timing per notebook) and `index.html`. The first failing notebook
+(parameters, status and timing per notebook, the plan, the claims the index makes) and `index.html`.
+After the notebooks, the run's measured times go back into the plan's calibration
+(`spirelib.workbook.plan.learn`), and its claims are compared with the previous run's in the same
+folder on the same params and machine (`spirelib.workbook.claims`): each changed verdict is
+printed. The first failing notebook
 stops the run (exit 1); its partial notebook is still exported with the error visible. While a
 notebook runs, the terminal shows its kernel's progress (`spirelib.workbook.progress`, fed through
 <out>/progress/NN_name.jsonl); the run ends with a table of its notebooks and the index's verdict.
@@ -48,7 +52,8 @@ from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
-from spirelib.workbook import deploy, findings, progress, results
+from spirelib.training.train import resolve_device
+from spirelib.workbook import claims, deploy, findings, progress, results
 from spirelib.workbook import plan as work
 from spirelib.workbook.tables import measured
 
@@ -306,10 +311,12 @@ def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out_dir: Path | None = None) -> work.Plan:
+def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out_dir: Path | None = None,
+              recalibrate: bool = False) -> work.Plan:
     """The work of running `selected` with these injections (`spirelib.workbook.plan`): each
     notebook's parameters are its defaults with the injections over them. SD rounds at the taus
-    the last run into `out_dir` measured, for the same series, where it holds them."""
+    the last run into `out_dir` measured, for the same series, where it holds them; every figure
+    measured again with `recalibrate`."""
     parameters = {nb.stem: {**default_parameters(nb), **injected[nb.stem]} for nb in selected}
     series = params.get("series", {})
     taus = None
@@ -317,7 +324,7 @@ def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out
         earlier = results.read_json(out_dir / "run.json")
         if earlier.get("params", {}).get("series") == series:
             taus = work.measured_taus(results.read_json(out_dir / "results.json"))
-    return work.make_plan([nb.stem for nb in selected], parameters, series, taus)
+    return work.make_plan([nb.stem for nb in selected], parameters, series, taus, recalibrate)
 
 
 class MissingExtra(RuntimeError):
@@ -339,11 +346,13 @@ def notebook_stack():
 
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
         log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0, *,
-        dry_run: bool = False, corpus_path: str | None = None, plan_only: bool = False) -> int:
+        dry_run: bool = False, corpus_path: str | None = None, plan_only: bool = False,
+        recalibrate: bool = False) -> int:
     """Execute the series (or the `only` selection); 0 if every notebook succeeded, else 1.
     `dry_run`: every budget scaled down (module docstring); `corpus_path` replaces the series'.
-    The run's plan (`work_plan`) is printed first and kept in run.json (not for a dry run, whose
-    budgets are not the file's); `plan_only`: print it, run nothing."""
+    The run's plan (`work_plan`, every figure measured again with `recalibrate`) is printed first
+    and kept in run.json (not for a dry run, whose budgets are not the file's); `plan_only`: print
+    it, run nothing."""
     if not plan_only:  # before any compute: the plan calibrates
         execute, report = notebook_stack()
     if dry_run and corpus_path is None:
@@ -354,7 +363,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         raise ParamsError(f"no notebooks NN_name.ipynb in {notebooks_dir}")
     planned = None
     if plan_only or not dry_run:
-        planned = work_plan(params, selected, injected, out_dir)
+        planned = work_plan(params, selected, injected, out_dir, recalibrate)
         print(planned.render(), flush=True)
     if plan_only:
         return 0
@@ -363,11 +372,15 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results").mkdir(exist_ok=True)
     run_file, results_file = out_dir / "run.json", out_dir / "results.json"
+    previous = results.read_json(run_file)  # the folder's last run, whose claims this one's are compared with
+    if previous and not previous.get("claims"):  # a record from before claims were kept: read them from its results
+        previous["claims"] = claims.record(previous, results.read_json(results_file))
     record = results.read_json(run_file) if only else {}
     if not only:
         results_file.unlink(missing_ok=True)
     record.update(params_file=str(params_file), params=params, dry_run=dry_run, started=_now(), finished=None,
-                  status="running", plan=None if planned is None else planned.to_dict())
+                  status="running", plan=None if planned is None else planned.to_dict(),
+                  machine=planned.machine if planned else work.machine_name(resolve_device("cpu")))
     record.setdefault("notebooks", {})
     for nb in selected:
         record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem],
@@ -412,9 +425,22 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     record.update(status=status, finished=_now())
     if deploy.reads_any(nb.stem for nb in selected):
         record["deploy"] = deploy.write_run(out_dir)
+    if planned is not None:
+        record["calibration_learned"] = work.learn(planned, record, str(out_dir))
+    merged = results.read_json(results_file)
+    record["claims"] = claims.record(record, merged)
+    why_not = claims.comparable(previous, record) if previous else "no earlier run in this folder"
+    record["claims_changed"] = None if why_not else claims.changes(previous["claims"], record["claims"])
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
-    merged = results.read_json(results_file)
+    for line in record.get("calibration_learned") or []:
+        print(f"calibration: {line}")
+    if record["claims_changed"]:
+        print(claims.report(record["claims_changed"], previous.get("started", "?")))
+    elif why_not is None:
+        print(f"claims: the same verdicts as the run of {previous.get('started', '?')} here")
+    else:
+        print(f"claims: not compared ({why_not})")
     rows = findings.verdict_rows(record, merged)
     verdict = progress.plain_text(findings.verdict_lead(merged, rows)) if rows else None
     print(progress.summary(record, [nb.stem for nb in selected], out_dir, verdict or None))
@@ -438,6 +464,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--plan", action="store_true",
                             help="print what the run will cost (work, FLOPs, predicted time here and on GPUs); "
                                  "run nothing")
+        parser.add_argument("--recalibrate", action="store_true",
+                            help="measure every figure of the plan again, ignoring the calibration's cache "
+                                 "(after a calibration made while the machine was busy)")
         parser.add_argument("--log-output", action="store_true", help="stream cell output while running")
         parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
         parser.add_argument("--cell-timeout", type=float, default=3600.0,
@@ -463,7 +492,7 @@ def command(args: argparse.Namespace) -> int:
         out_dir = args.out or default_out
         return run(args.params, notebooks_dir, out_dir, args.only, args.log_output, args.kernel,
                    args.cell_timeout or None, dry_run=args.dry_run, corpus_path=args.corpus_path,
-                   plan_only=args.plan)
+                   plan_only=args.plan, recalibrate=args.recalibrate)
     except (ParamsError, FileNotFoundError, MissingExtra) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

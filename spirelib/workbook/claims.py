@@ -1,0 +1,102 @@
+"""The claims a run made, kept in its record and compared with the run before it in the same folder.
+
+Asked again on the same machine, a workbook should give the same answers; where it does not, the
+user's first question is which verdict flipped. Every `spire run` keeps its claims in run.json
+(`record`) and, where the output folder's previous run had the same params and machine, prints
+each claim whose verdict changed since (`changes`, `report`).
+
+A claim is a statement the index makes of the run, with a verdict that can flip, read from the
+results the notebooks recorded (results.json) through the index's own functions
+(`spirelib.workbook.findings`), so the record says what the index said:
+- each of the paper's claims the index checks (`findings.claims`): its statement (the text before
+  its evidence), verdict "reproduced" / "not reproduced" at this scale, or "agrees" / "differs"
+  for the paper's own arithmetic (method §2);
+- the winner of every cell of every winner map (`findings.decision_maps`), AD where no draft beats it;
+- each of SPIRe's parts that 05 ranks (`findings.ablation_effects`): "helps", "harmful" or
+  "not resolved" (method §10).
+The evidence (the numbers behind a verdict) moves from run to run and is kept beside it, shown
+with a changed verdict, never compared.
+"""
+
+from __future__ import annotations
+
+from spirelib.modeling.methods import label
+from spirelib.workbook import findings
+from spirelib.workbook.progress import plain_text
+from spirelib.workbook.tables.winners import pow2
+
+SHOWN = 12  # changed claims printed at most; the rest are in run.json's claims_changed
+
+
+def _statement(text: str) -> tuple[str, str]:
+    """A claim of `findings.claims` (HTML) as (its statement, its evidence): plain text split at its
+    first ": ", the index's form "Statement (how): evidence"."""
+    plain = plain_text(text)
+    statement, _, evidence = plain.partition(": ")
+    return statement, evidence
+
+
+def record(run: dict, results: dict) -> dict[str, dict]:
+    """The claims the index makes of this run (module docstring): statement -> {"verdict",
+    "evidence"}, in the index's order (the paper's claims, the winner maps, 05's parts). A statement
+    the index makes twice keeps its first."""
+    out: dict[str, dict] = {}
+    for kind, found in findings.claims(run, results).items():
+        for ok, text in found:
+            statement, evidence = _statement(text)
+            verdict = ("agrees" if ok else "differs") if kind == findings.ARITHMETIC else kind
+            out.setdefault(statement, {"verdict": verdict, "evidence": evidence})
+    for m in findings.decision_maps(run, results):
+        winners, Bs, Ls = m["grid"]
+        for i, B in enumerate(Bs):
+            for j, L in enumerate(Ls):
+                if winners[i][j] != "-":
+                    out.setdefault(f"winner at B = {B}, L = {pow2(L)} ({m['title']})",
+                                   {"verdict": label(winners[i][j]), "evidence": m["where"]})
+    ranked = results.get("05_ablations", {}).get("importance")
+    if ranked:
+        for effect, parts in zip(("helps", "harmful", "not resolved"), findings.ablation_effects(ranked)):
+            for r in parts:
+                out.setdefault(f"05: {label(r['part'])}", {"verdict": effect, "evidence": ""})
+    return out
+
+
+def changes(before: dict[str, dict], after: dict[str, dict]) -> list[dict]:
+    """Each claim whose verdict differs between two records, in `after`'s order, then those only
+    `before` made: {"claim", "before", "after", "evidence"} (a verdict None: not made by that run)."""
+    out = []
+    for statement, now in after.items():
+        then = before.get(statement)
+        if then is None or then["verdict"] != now["verdict"]:
+            out.append({"claim": statement, "before": then and then["verdict"], "after": now["verdict"],
+                        "evidence": now["evidence"]})
+    out += [{"claim": s, "before": then["verdict"], "after": None, "evidence": ""}
+            for s, then in before.items() if s not in after]
+    return out
+
+
+def comparable(previous: dict, run: dict) -> str | None:
+    """Why two runs' claims cannot be compared (other params, another machine, no claims kept), or
+    None where they can. `previous` and `run` are run.json records."""
+    if not previous.get("claims"):
+        return "the previous run in this folder kept no claims"
+    if previous.get("params") != run.get("params"):
+        return "the previous run in this folder had other params"
+    if previous.get("machine") != run.get("machine"):
+        return f"the previous run in this folder ran on another machine ({previous.get('machine')})"
+    return None
+
+
+def report(found: list[dict], since: str) -> str:
+    """The changed claims as `spire run` prints them, `since` naming the earlier run: each claim,
+    its verdict before and after, and the evidence now; "" where none changed."""
+    if not found:
+        return ""
+    lines = [f"claims changed since the run of {since} here (same params, same machine):"]
+    for c in found[:SHOWN]:
+        lines.append(f"  {c['claim']}: {c['before'] or '(not made)'} -> {c['after'] or '(not made)'}")
+        if c["evidence"]:
+            lines.append(f"    now: {c['evidence'][:160]}")
+    if len(found) > SHOWN:
+        lines.append(f"  and {len(found) - SHOWN} more (run.json: claims_changed)")
+    return "\n".join(lines)
