@@ -209,6 +209,10 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
         assert set(doc["collapsed_cost"]) == {"256", "512", "1024"} and doc["collapsed_cost"]["512"] == 0.0
     assert yaml.safe_load((out / "vanilla" / "schedule.yaml").read_text())["sglang_server_args"][
         "speculative_algorithm"] == "STANDALONE"
+    magicdec = yaml.safe_load((out / "magicdec" / "schedule.yaml").read_text())
+    assert magicdec["schedule"][0]["k"] == 0  # off at B = 1: TensorRT-LLM and SGLang hold another k there
+    assert f"    TensorRT-LLM cannot hold it: {magicdec['engines']['trtllm']['note']}" in printed.splitlines()
+    assert f"    SGLang cannot hold it: {magicdec['engines']['sglang']['note']}" in printed.splitlines()
     assert not (out / "vanilla" / "sglang-adaptive.json").exists()  # STANDALONE would ignore it
 
 

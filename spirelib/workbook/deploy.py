@@ -392,6 +392,8 @@ def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
         lines.append(f"  {label(method)}: " + ", ".join(
             f"B {r.lo}-{r.hi}: k={r.k} ({r.speedup_min:.2f}-{r.speedup_max:.2f}x)" for r in s.ranges)
             + (f" [k capped at the measured depth {inp.acceptance[method].depth}]" if schedules["capped"] else ""))
+        lines += [f"    {engines.ENGINES[name].label} cannot hold it: {schedules['document']['engines'][name]['note']}"
+                  for name, held in schedules["expressed"].items() if held != s and schedules["engines"][name]]
     lines.append(f"written to {out_dir} (each engine's release and what it does past the last entry: "
                  "schedule.yaml's engines)")
     return "\n".join(lines)
