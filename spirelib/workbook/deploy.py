@@ -294,7 +294,8 @@ def method_schedules(inp: Inputs, method: str) -> dict:
         "sglang": "batch only, as vllm; steps >= 1 (an off range runs one step)" + (
             f"; {algorithm} ignores the adaptive config: served static" if algorithm not in
             (None, *engines.ADAPTIVE_ALGORITHMS) else "") + (
-            "; one k: static server arguments only, no adaptive file" if sglang is None and sglang_args else ""),
+            "; one k: static server arguments only, no adaptive file" if sglang is None and sglang_args
+            and algorithm in (None, *engines.ADAPTIVE_ALGORITHMS) else ""),
     }
     for name, held in expressed.items():
         if configs[name] is not None and held != main:
@@ -332,8 +333,7 @@ def method_schedules(inp: Inputs, method: str) -> dict:
         "engines": engine_doc,
         "sglang_server_args": sglang_args,
     }
-    return {"document": document, "engines": configs, "schedule": main, "capped": capped, "by_context": by_context, "long_runs": long_runs,
-            "expressed": expressed, "sglang_server_args": sglang_args}
+    return {"document": document, "engines": configs, "schedule": main, "capped": capped, "expressed": expressed}
 
 
 def _json(config: dict) -> str:
