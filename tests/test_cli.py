@@ -207,3 +207,18 @@ def test_held_bytes_prices_the_caches_decoding_allocates():
     parts = decode.held_bytes(cfg, ["ad", "vanilla"], 3, 24, 6, 3, 4, "rounds")
     assert parts["weights"] == 4 * sum(p.numel() for m in (model, Transformer(decode.vanilla_draft_config(cfg)))
                                        for p in m.parameters())
+
+
+def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
+    """`decode.round_rows`: every generation has the rounds its warm-up (3) and its timed run
+    (repeats + 1) take, even at one repeat."""
+    from spirelib.bench import decode
+    from spirelib.engine.transformer import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
+                                     d_ff=64)).eval()
+    factories, models = decode.build_methods(target, ["vanilla"], 1.0, 4)
+    rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], 2, 12, 3, 4, peak_flops=1e10,
+                             bandwidth=1e10, repeats=1, compiled=False, temperature=1.0)
+    assert [r["kind"] for r in rows] == ["ad round", "vanilla round"] and all(r["ms"] > 0 for r in rows)

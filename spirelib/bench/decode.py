@@ -15,6 +15,17 @@ from the target (2 layers, sink 1 + window 64); MagicDec reads sink 1 + window 6
 
 Timings are wall clock; on a machine shared with other jobs, best-of-n is the fair figure.
 
+`--roofline` times every forward kind alone (the AD step, verification, each draft's step) and
+each method's whole round as the engine runs it (draft passes, verification and bookkeeping
+together), eager and with `--compile` compiled, each against the roofline of this machine's
+calibrated peak and bandwidth (weights and KV read once a forward): measured / roofline and the
+fraction of the roofline reached.
+
+Before anything runs, the caches the timed runs hold at their largest cell (a target cache per
+method under `--interleave rounds`, the drafts' caches, the weights) are checked against the
+memory free on the device; runs that do not fit are refused, naming `--interleave runs` where that
+fits.
+
 `--profiled` judges the profiled cost model (`spirelib.modeling.profiled`) on this run as
 notebook 09 does: fresh random contexts every run, runs added while a speedup's 95% CI is wider
 than +/-5% (within a time budget per cell), the model fitted to the rounds timed at every cell
@@ -151,9 +162,12 @@ def roofline_row(kind: str, batch: int, context: int, seconds: list[float], work
             "roofline_ms": roof, "ratio": ms / roof, "fraction": roof / ms, "mode": "compiled" if compiled else "eager"}
 
 
-def model_cfgs(target: Transformer, models: dict) -> dict:
-    """`forward_shapes`' configs of a target and `build_methods`' draft models."""
-    return {"target": target.cfg, "vanilla": models["vanilla"].cfg, "spire": models["spire"].body.cfg}
+def model_cfgs(cfg, window: int) -> dict:
+    """The `ModelConfig` of a target (`cfg`) and of the drafts `build_methods` builds for it:
+    "target", "vanilla" (`vanilla_draft_config`) and "spire" (the SPIRe draft's body, pruned to
+    `SpireConfig`'s layers)."""
+    return {"target": cfg, "vanilla": vanilla_draft_config(cfg),
+            "spire": replace(cfg, num_layers=SpireConfig(window=window).num_layers)}
 
 
 @torch.no_grad()
@@ -165,7 +179,7 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     cfg, param = target.cfg, next(target.parameters())
     dev, value_bytes = param.device, param.element_size()
     vanilla, spire = models["vanilla"], models["spire"]
-    kinds = forward_shapes(model_cfgs(target, models), context, k, window)
+    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window)
     tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)  # (B, L + k + 1)
 
     def dense(model):
@@ -211,16 +225,17 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
     timed and its next `repeats` are. The roofline is that of the round's forwards
     (`round_forwards`; bookkeeping has none) at context L: the timed rounds add at most
     (repeats + 1) x (k + 1) tokens to it."""
+    count = max(repeats + 1, 3)  # rounds each generation must have: the warm-up's 3, the timed run's
     param = next(target.parameters())
     dev = param.device
-    kinds = forward_shapes(model_cfgs(target, models), context, k, window)
+    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window)
 
-    def rounds(method: str, run: int):  # a generation of at least repeats + 1 rounds over fresh contexts (B, L)
+    def rounds(method: str, run: int):  # a generation of at least `count` rounds over fresh contexts (B, L)
         generator = torch.Generator(dev).manual_seed(run)
         contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)
         if method == "ad":  # the prefill gives the first token, then one round a token
-            return autoregressive_rounds(target, contexts, repeats + 2, temperature=temperature, generator=generator)
-        return speculative_rounds(target, factories[method](generator), contexts, (repeats + 1) * (k + 1), k=k,
+            return autoregressive_rounds(target, contexts, count + 1, temperature=temperature, generator=generator)
+        return speculative_rounds(target, factories[method](generator), contexts, count * (k + 1), k=k,
                                   temperature=temperature, generator=generator)  # a round emits <= k + 1 tokens
 
     rows = []
@@ -252,7 +267,7 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
                         **options)
     measured = {r["kind"]: r["ms"] for r in forwards}
-    kinds = forward_shapes(model_cfgs(target, models), context, k, window)
+    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window)
     for method, row in zip(methods, rounds):
         row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, kinds, k))
     return forwards + rounds
@@ -356,10 +371,11 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
     Activations are not counted: a forward's are freed before the next."""
     capacity = speculative_capacity(context, new_tokens, k)
     spire = SpireConfig(window=window)
-    drafts = {"vanilla": vanilla_draft_config(cfg), "spire": replace(cfg, num_layers=spire.num_layers)}
+    drafts = model_cfgs(cfg, window)
     ring = spire.sink + window + k + 1  # `SinkWindowKVCache`: sink + window + slack
     copies = len(methods) if interleave == "rounds" else 1
-    return {"weights": value_bytes * (cfg.num_params() + sum(drafts[m].num_params() for m in drafts if m in methods)),
+    return {"weights": value_bytes * (cfg.num_params() + sum(drafts[m].num_params() for m in ("vanilla", "spire")
+                                                             if m in methods)),
             f"target caches ({copies})": copies * cache_bytes(cfg, batch, capacity, value_bytes),
             "draft caches": sum({"vanilla": cache_bytes(drafts["vanilla"], batch, capacity, value_bytes),
                                  "magicdec": cache_bytes(cfg, batch, ring, value_bytes),
