@@ -209,23 +209,22 @@ def sglang_padded(batch: int, graph_bs=CUDA_GRAPH_BS) -> int:
 
 def sglang_config(s: Schedule, table: Table, algorithm: str | None) -> tuple[dict | None, dict | None, Schedule]:
     """SGLang's adaptive config ({lower batch size: {"candidate_steps": [k]}}, one candidate per
-    slot), its server arguments and the schedule they hold. Steps are >= 1 (k = 0 is no server
-    argument), so an off range runs at one step. `algorithm` is the method's SGLang algorithm (None:
-    none implements the draft, no algorithm is named; the config is what such an implementation
-    would read). One k, or an
-    algorithm whose adaptive path is off (`ADAPTIVE_ALGORITHMS`), gets static server arguments only,
-    at the k that loses least on `table`. (None, None, s) when speculation is off everywhere."""
+    slot, so the slot runs that k; a slot may hold 0 steps, its validator takes non-negative
+    steps), its server arguments and the schedule they hold. `speculative_num_steps` is never 0:
+    the deepest k (a candidate of a slot; the union sizes the buffers). `algorithm` is the method's
+    SGLang algorithm (None: none implements the draft, none is named; the config is what such an
+    implementation would read). One k, or an algorithm whose adaptive path is off
+    (`ADAPTIVE_ALGORITHMS`), gets static server arguments only, at the k >= 1 that loses least on
+    `table`. (None, None, s) when speculation is off everywhere."""
     if max(_ks(s)) == OFF:
         return None, None, s
-    stepped = dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=max(r.k, 1)) for r in s.ranges))
-    adaptive = algorithm is None or algorithm in ADAPTIVE_ALGORITHMS
-    if len(_ks(stepped)) > 1 and adaptive:
-        expressed, config = stepped, {str(r.lo): {"candidate_steps": [r.k]} for r in stepped.ranges}
+    if len(_ks(s)) > 1 and (algorithm is None or algorithm in ADAPTIVE_ALGORITHMS):
+        expressed, config, steps = s, {str(r.lo): {"candidate_steps": [r.k]} for r in s.ranges}, max(_ks(s))
     else:
         statics = [dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=k) for r in s.ranges))
-                   for k in sorted(_ks(stepped))]
+                   for k in sorted(_ks(s) - {OFF})]
         expressed, config = min(statics, key=lambda e: expressed_cost(table, e)), None
-    steps = expressed.ranges[0].k
+        steps = expressed.ranges[0].k
     args = {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1}
     if algorithm is not None:
         args = {"speculative_algorithm": algorithm, **args}
@@ -262,8 +261,8 @@ def sglang_problems(config: dict | None, server_args: dict) -> list[str]:
     if any(not key.isdigit() or int(key) < 1 for key in config):
         found.append("slot keys must be batch sizes >= 1")
     candidates = {k for slot in config.values() for k in slot.get("candidate_steps", [])}
-    if not candidates or min(candidates) < 1:
-        found.append("candidate_steps must be steps >= 1")
+    if not candidates or min(candidates) < 0:
+        found.append("candidate_steps must be non-empty lists of steps >= 0")
     if steps not in candidates:
         found.append("speculative_num_steps must be one of the candidate steps")
     return found

@@ -291,7 +291,7 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                         "only on a vLLM built from the open PR #48944",
         "trtllm": "batch only, as vllm" if trt else
                   "off at B = 1: TensorRT-LLM's max_draft_len must be > 0; not written",
-        "sglang": "batch only, as vllm; steps >= 1 (an off range runs one step)" + (
+        "sglang": "batch only, as vllm; speculative_num_steps is the deepest k, never 0 (a slot may hold 0)" + (
             f"; {algorithm} ignores the adaptive config: served static" if algorithm not in
             (None, *engines.ADAPTIVE_ALGORITHMS) else "") + (
             "; one k: static server arguments only, no adaptive file" if sglang is None and sglang_args
