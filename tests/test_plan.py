@@ -294,7 +294,7 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     machine = Machine(monkeypatch)
     probe = _probe(tmp_path, monkeypatch)
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=10)
-    monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: (dict(FIGURES), True))
+    monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: (dict(FIGURES), self.speed.now()))
     figure = probe.training("lm", TINY, cfg)
     checkpoint = tmp_path / "target"
     summary = {"steps": 10, "tokens": 320, "tokens_per_s": 16.0, "run_tokens_per_s": 10.0, "first_step_s": 5.5}

@@ -387,29 +387,31 @@ class Probe:
                 return {**entry["result"], "source": entry["source"], "figure": path.name}
             self.replaced.append(f"{what}: measured by a {entry['source']} while the machine ran at "
                                  f"{min(then[k] / now[k] for k in faster):.0%} of its speed now; measured again")
-        result, clean = self._measure(measure, what)
-        if clean:
-            _write(path, {"key": kind, "result": result, "source": "probe", "calibration": self.speed.now(),
+        result, calibration = self._measure(measure, what)
+        if calibration is not None:
+            _write(path, {"key": kind, "result": result, "source": "probe", "calibration": calibration,
                           "when": _now()})
         return {**result, "source": "probe", "figure": path.name}
 
-    def _measure(self, measure, what: str) -> tuple[dict, bool]:
+    def _measure(self, measure, what: str) -> tuple[dict, dict | None]:
         """`measure()` -> (figures, sample lists) taken until a take is neither noisy (its samples
         disagree) nor made on a busy machine (a calibration right after it is slow): (the figures,
-        True), or after `PROBE_ATTEMPTS` takes (their fastest, False), `what` named in `busy`."""
+        that calibration), or after `PROBE_ATTEMPTS` takes (their fastest, None), `what` named in
+        `busy`."""
         best, why = None, ""
         for _ in range(PROBE_ATTEMPTS):
             start = time.perf_counter()
             figures, samples = measure()
-            busy = self.speed.busy(self.speed.measure())
+            calibration = self.speed.measure()
+            busy = self.speed.busy(calibration)
             self.seconds += time.perf_counter() - start
             best = figures if best is None else _fastest(best, figures)
             noisy = [f"{statistics.median(x) / min(x):.2f}x its fastest" for x in samples if _noisy(x)]
             if not busy and not noisy:
-                return best, True
+                return best, calibration
             why = "; ".join(([f"samples at {noisy[0]}"] if noisy else []) + ([busy] if busy else []))
         self.busy.append(f"{what}: {why}")
-        return best, False
+        return best, None
 
     def _target(self, cfg: ModelConfig) -> Transformer:
         torch.manual_seed(0)
@@ -454,8 +456,9 @@ class Probe:
             return {"first_step_s": summary["first_step_s"], "step_s": step_s, "eval_window_s": eval_window_s,
                     "save_s": save_s}, [steps]
 
-        what = f"{'SPIRe' if kind == 'spire' else 'LM'} training ({cfg.num_layers} x {cfg.d_model}, " \
-               f"B {train_cfg.batch_size}, T {train_cfg.seq_len})"
+        model = f"SPIRe draft training ({spire.num_layers} blocks" if kind == "spire" else \
+            f"LM training ({cfg.num_layers} x {cfg.d_model}"
+        what = f"{model}, B {train_cfg.batch_size}, T {train_cfg.seq_len})"
         return self._cached(f"train-{kind}", key, measure, what) or dict.fromkeys(
             ("first_step_s", "step_s", "eval_window_s", "save_s"), math.nan)
 
