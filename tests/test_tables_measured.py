@@ -200,10 +200,16 @@ CLOCK = [clock_cell("spire", 1, 256, 1.32, 1.5), clock_cell("magicdec", 1, 256, 
 def test_09_leads_with_where_sd_won_and_where_it_lost():
     assert tables.cell_winners(CLOCK) == ([["spire", "ad"], ["spire", "magicdec"]], [1, 16], [256, 960])
     assert tables.both_sides(CLOCK) == (
-        "**Where speculative decoding won:** in 3 of 4 (B, L) cells: SPIRe in 2 (1.05-1.32x), MagicDec in 1 "
+        "**Where speculative decoding won** (resolved: the winner's 95% CI clear of every other method's and of AD's): "
+        "in 3 of 4 (B, L) cells: SPIRe in 2 (1.05-1.32x), MagicDec in 1 "
         "(1.20x). Per cell: AD wins at L = 960 for B = 1; MagicDec wins at L = 960 for B = 16; SPIRe everywhere else. "
-        "**Where it lost:** no draft beat AD at (B, L) = (1, 960); MagicDec was slower than AD in 3 of 4 cells "
-        "(0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
+        "**Where it lost:** every draft was resolved slower than AD at (B, L) = (1, 960); MagicDec was slower than AD "
+        "in 3 of 4 cells (0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
+    close = [clock_cell("spire", 16, 256, 1.02, 1.2) if (c["method"], c["B"], c["L"]) == ("spire", 16, 256) else c
+             for c in CLOCK]  # 0.98-1.06: its CI overlaps AD's
+    text = tables.both_sides(close)
+    assert "in 2 of 4 (B, L) cells: SPIRe in 1 (1.32x), MagicDec in 1 (1.20x)" in text
+    assert "No winner is resolved at B = 16, L = 256 (SPIRe leads)" in text
 
 
 def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_picks_the_wrong_winner():
@@ -217,12 +223,14 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
     assert text.endswith("Every cell it predicts at 1.1x or more measured a gain.")
     right = [{**c, "profiled_speedup": c["measured_speedup"], "profiled_error": 0.0} for c in CLOCK]
     assert "It picks the measured winner in every cell." in tables.profiled_sides(right)
+    overlapping = [*CLOCK[:7], clock_cell("magicdec", 16, 960, 1.12, 1.1)]  # 1.12 (1.08-1.16) against SPIRe's 1.10
+    assert "It picks the measured winner in every cell where one is resolved." in tables.profiled_sides(overlapping)
     wrong = [*CLOCK[:5], clock_cell("magicdec", 1, 960, 0.7, 1.15), *CLOCK[6:]]
     assert tables.profiled_sides(wrong).endswith(
         "It calls MagicDec at B = 1, L = 960 a gain (1.15x) that measured a loss (0.70x).")
     paragraphs = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8, COST,
                                    2.0, CLOCK)
-    assert paragraphs[0].startswith("**Where speculative decoding won:**") and paragraphs[1] == text
+    assert paragraphs[0].startswith("**Where speculative decoding won** (resolved") and paragraphs[1] == text
     assert paragraphs[2].startswith("**Profiling your own GPU:**") and "within 18%" in paragraphs[2]
     assert "pace" not in paragraphs[2]  # no paces fitted: nothing to say of them
     paced = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8,
@@ -246,7 +254,8 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     from spirelib.workbook import findings
 
     cells = [{**cell(m, 16, L, x, x), "modeled_speedup": 1.5}
-             for m, L, x in (("spire", 2048, 1.59), ("magicdec", 2048, 1.2), ("spire", 960, 1.3), ("magicdec", 960, 0.9))]
+             for m, L, x in (("spire", 2048, 1.59), ("magicdec", 2048, 1.2), ("spire", 960, 1.3),
+                             ("magicdec", 960, 0.9))]
     marked = tables.mark_past_training(cells, 1024, 64)
     assert [c["past_training"] for c in marked] == [True, True, False, False]
     assert not any(c["past_training"] for c in tables.mark_past_training(cells, None, 64))

@@ -243,25 +243,29 @@ def cell_winners(cells: list[dict], key: str = "measured_speedup") -> tuple[list
 
 def both_sides(cells: list[dict]) -> str:
     """Where speculative decoding won on the clock and where it lost (Markdown): per method the
-    (B, L) cells it won and its range of speedups there, where the winner flips
-    (`winners.where_sentence`, only resolved winners counted), the lengths that run past the
-    target's training windows (`mark_past_training`), the cells where no draft beat AD, and each
-    method's measurements slower than AD."""
+    (B, L) cells it won, resolved (`winners.resolved`), and its range of speedups there, where the
+    winner flips (`winners.where_sentence`, only resolved winners counted), the lengths that run
+    past the target's training windows (`mark_past_training`), the cells where every draft was
+    resolved slower than AD, and each method's measurements slower than AD."""
     winners, Bs, Ls = cell_winners(cells)
     speedup = {(c["method"], c["B"], c["L"]): c["measured_speedup"] for c in cells}
     past = sorted({c["L"] for c in cells if c.get("past_training")})
+    unresolved = unresolved_cells(cells, Bs, Ls)
     n_cells = sum(w != "-" for row in winners for w in row)
     won: dict[str, list[float]] = {}
     lost = []
     for i, b in enumerate(Bs):
         for j, length in enumerate(Ls):
             w = winners[i][j]
+            if (i, j) in unresolved:
+                continue
             if w == AD:
                 lost.append((b, length))
             elif w != "-":
                 won.setdefault(w, []).append(speedup[w, b, length])
     n_won = sum(len(v) for v in won.values())
-    text = (f"**Where speculative decoding won:** in {n_won} of {n_cells} (B, L) cells"
+    text = (f"**Where speculative decoding won** (resolved: the winner's 95% CI clear of every other method's and "
+            f"of AD's): in {n_won} of {n_cells} (B, L) cells"
             + (": " + ", ".join(f"{method_label(m)} in {len(v)} ({_span_x(v)})"
                                 for m, v in sorted(won.items(), key=lambda kv: -len(kv[1]))) if won else "")
             + f". Per cell: {where_sentence(winners, Bs, Ls, unresolved_cells(cells, Bs, Ls))} "
@@ -272,8 +276,8 @@ def both_sides(cells: list[dict]) -> str:
         if c["measured_speedup"] < 1.0:
             slower.setdefault(c["method"], []).append(c)
     text += "**Where it lost:** " + (
-        "no draft beat AD at (B, L) = " + ", ".join(f"({b}, {length})" for b, length in lost) + "; " if lost else
-        "some draft beat AD in every cell; ")
+        "every draft was resolved slower than AD at (B, L) = " + ", ".join(f"({b}, {length})" for b, length in lost)
+        + "; " if lost else "no cell where every draft was resolved slower than AD; ")
     text += ("; ".join(f"{method_label(m)} was slower than AD in {len(v)} of "
                        f"{sum(c['method'] == m for c in cells)} cells ({_span_x([c['measured_speedup'] for c in v])})"
                        for m, v in slower.items()) or "no draft was slower than AD anywhere") + "."
@@ -283,16 +287,18 @@ def both_sides(cells: list[dict]) -> str:
 def profiled_sides(cells: list[dict]) -> str:
     """The profiled model in one paragraph: which way it errs and by how much (mean signed
     error, how many cells it over- and under-predicts, median error), its error on the held-out
-    cells next to the fitted ones, the (B, L) cells where it picks another winner than the clock,
-    and any cell it calls a gain that measured a loss."""
+    cells next to the fitted ones, the (B, L) cells where it picks another winner than the clock
+    (where the clock's winner is resolved, `winners.resolved`), and any cell it calls a gain that
+    measured a loss."""
     s = profiled_verdict(cells)
     errors = [c["profiled_error"] for c in cells]
     over = sum(e > 0 for e in errors)
     measured, Bs, Ls = cell_winners(cells)
     predicted, _, _ = cell_winners(cells, "profiled_speedup")
+    unresolved = unresolved_cells(cells, Bs, Ls)  # no winner on the clock to pick wrongly
     wrong = [f"B = {b}, L = {length} (it picks {method_label(predicted[i][j])}, the clock "
              f"{method_label(measured[i][j])})" for i, b in enumerate(Bs) for j, length in enumerate(Ls)
-             if measured[i][j] != "-" and predicted[i][j] != measured[i][j]]
+             if measured[i][j] != "-" and (i, j) not in unresolved and predicted[i][j] != measured[i][j]]
     direction = ("overpredicts" if s["mean_signed_error"] > 0 else "underpredicts")
     held = sorted({(c["B"], c["L"]) for c in cells if c.get("held_out")})
     text = (f"**The profiled model {direction} the speedup by {abs(s['mean_signed_error']):.1%} on average** (mean "
@@ -303,6 +309,7 @@ def profiled_sides(cells: list[dict]) -> str:
                  f"it predicts the held-out cells {', '.join(f'(B = {b}, L = {length})' for b, length in held)} "
                  f"within {s['held_out_max_error']:.1%}. ")
     text += (f"It picks the wrong winner at {'; '.join(wrong)}. " if wrong else
+             "It picks the measured winner in every cell where one is resolved. " if unresolved else
              "It picks the measured winner in every cell. ")
     text += ("It calls " + ", ".join(f"{_cell(c)} a gain ({c['profiled_speedup']:.2f}x) that measured a loss "
                                      f"({c['measured_speedup']:.2f}x)" for c in s["false_gains"]) + "."
