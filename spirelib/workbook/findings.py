@@ -571,6 +571,7 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
     claims = [
         (REPRODUCED, slower == 0, "Speculative decoding is faster than AD on the clock (measured): "
          + _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells")
+         + f" ({sum(c.get('ci_low', 0.0) > 1.0 for c in cells)} resolved: 95% CI above 1)"
          + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, "
            f"L = {best['L']}{past_note(recorded, best)})"),
         (REPRODUCED, statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
