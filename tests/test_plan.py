@@ -145,11 +145,14 @@ def test_run_plan_prints_every_notebooks_work_and_gpu_times_and_runs_nothing(fak
 def test_each_report_and_the_index_state_the_measured_time_against_the_plan(fixture_run):
     _, out, printed = fixture_run
     run = json.loads((out / "run.json").read_text())
-    assert run["plan"]["notebooks"]["01_record"]["seconds"] == plan.NOTEBOOK_SECONDS
-    assert run["notebooks"]["01_record"]["planned_s"] == plan.NOTEBOOK_SECONDS
+    # a numpy notebook's fixed cost, or what an earlier run of it measured (the fixture's cache is the checkout's)
+    planned = run["plan"]["notebooks"]["01_record"]["seconds"]
+    source = {i["source"] for i in run["plan"]["items"] if i["notebook"] == "01_record"}
+    assert planned == plan.NOTEBOOK_SECONDS if source == {"assumed"} else source == {"run"}
+    assert run["notebooks"]["01_record"]["planned_s"] == round(planned, 2)
     assert run["notebooks"]["01_record"]["params_file"].endswith("fixtures/params.yaml")  # for the index's sources
-    assert "plan: 4 notebooks" in printed and "(plan 8 s)" in printed
-    assert "the run's plan predicted 8 s" in (out / "01_record.html").read_text()
+    assert "plan: 4 notebooks" in printed and f"(plan {planned:.0f} s)" in printed
+    assert f"the run's plan predicted {planned:.0f} s" in (out / "01_record.html").read_text()
     assert "<th>plan</th>" in (out / "index.html").read_text()
     assert report.timing_note(12.0, None, None).endswith("(no plan was made: a dry run).")
     assert "1.50x the plan" in report.timing_note(12.0, 8.0, "cpu")
@@ -348,9 +351,9 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     assert runs_high < runs and f"{runs} ({runs_high} at tau 1) runs" in timed.what
     assert timed.seconds == pytest.approx(runs * low) and timed.seconds_at_tau_1 == pytest.approx(runs_high * high)
     span = made.span("04_measure_tau")
-    assert span == plan._span(made.seconds("04_measure_tau"), made.seconds_at_tau_1("04_measure_tau"))
-    assert " - " in span and span in made.render() and plan._span(150.0, 120.0) == "2.0 - 2.5 min"
-    assert plan._span(30.0, 150.0) == "30 s - 2.5 min" and plan._span(30.0, 31.0) == "30 s"
+    assert span == plan.time_range(made.seconds("04_measure_tau"), made.seconds_at_tau_1("04_measure_tau"))
+    assert " - " in span and span in made.render() and plan.time_range(150.0, 120.0) == "2.0 - 2.5 min"
+    assert plan.time_range(30.0, 150.0) == "30 s - 2.5 min" and plan.time_range(30.0, 31.0) == "30 s"
     nine = made.to_dict()["notebooks"]["09_measured_vs_modeled"]
     assert nine["seconds_at_tau_1"] == pytest.approx(plan.NOTEBOOK_SECONDS + plan.CALIBRATION_SECONDS + runs_high * high)
     measured = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.5, "spire": 2.0})

@@ -106,13 +106,14 @@ def test_a_relative_progress_file_is_read_after_the_notebook_changes_the_working
 
 def test_the_summary_lists_this_runs_notebooks_against_the_plan_then_the_verdict(tmp_path):
     run = {"notebooks": {"01_a": {"status": "ok", "seconds": 9.8, "planned_s": 8.0, "html": "01_a.html"},
-                         "02_b": {"status": "failed", "seconds": 80.0, "planned_s": 50.0, "html": "02_b.html"},
+                         "02_b": {"status": "failed", "seconds": 80.0, "planned_s": 50.0, "planned_at_tau_1_s": 70.0,
+                                  "html": "02_b.html"},
                          "03_c": {"status": "skipped"}, "00_earlier": {"status": "ok", "seconds": 1e4}}}
     text = progress.summary(run, ["01_a", "02_b", "03_c"], tmp_path, "SPIRe wins & more.")
     lines = text.splitlines()
     assert lines[1].split() == ["01_a", "ok", "9.8", "s", "8.0", "s", str(tmp_path / "01_a.html")]
-    assert lines[2].split()[:6] == ["02_b", "failed", "80", "s", "50", "s"]
+    assert lines[2].split()[:7] == ["02_b", "failed", "80", "s", "50", "-", "70"]  # decoding priced over tau
     assert lines[3].split() == ["03_c", "skipped", "-", "-"]
-    assert lines[4].split() == ["the", "run", "90", "s", "58", "s"]  # 00_earlier is not this run's
+    assert lines[4].split() == ["the", "run", "90", "s", "58", "-", "78", "s"]  # 00_earlier is not this run's
     assert lines[5] == "verdict: SPIRe wins & more."
     assert progress.plain_text("At B = 64: <b>SPIRe</b> wins &amp; more.") == "At B = 64: SPIRe wins & more."

@@ -178,7 +178,7 @@ class Plan:
 
     def span(self, notebook: str | None = None) -> str:
         """A notebook's (or the run's) time here in words: "4.6 min", or "4.6 - 8.1 min" as a range."""
-        return _span(self.seconds(notebook), self.seconds_at_tau_1(notebook))
+        return time_range(self.seconds(notebook), self.seconds_at_tau_1(notebook))
 
     def render(self) -> str:
         """The plan as the terminal shows it: the work item by item with its time here and where that
@@ -190,7 +190,7 @@ class Plan:
         elif self.probe_seconds:
             calibrated = f"calibrated now in {self.probe_seconds:.0f} s"
         else:
-            calibrated = "calibration from the cache"
+            calibrated = "calibration from the cache" if self.calibration else "nothing to calibrate"
         lines = [f"plan: {len(self.notebooks)} notebooks on {self.machine} ({calibrated})",
                  f"  {'work':56s} {'tokens':>7s} {'FLOPs':>7s} {'bytes':>7s} {'ctx':>5s} {'here':>13s} from"]
         for nb in self.notebooks:
@@ -198,7 +198,7 @@ class Plan:
             for i in (i for i in self.items if i.notebook == nb):
                 what = ("  " + i.what + (" (cached)" if i.cached else ""))[:56]
                 lines.append(f"  {what:56s} {_si(i.train_tokens):>7s} {_si(i.flops):>7s} {_si(i.bytes):>7s} "
-                             f"{i.contexts or '':>5} {_span(i.seconds, i.at_tau_1):>13s} {i.source}")
+                             f"{i.contexts or '':>5} {time_range(i.seconds, i.at_tau_1):>13s} {i.source}")
         devices = list(HARDWARE)
         lines.append(f"  {'notebook':28s} {'here':>15s} " + " ".join(f"{d:>9s}" for d in devices))
         for nb in [*self.notebooks, None]:
@@ -217,7 +217,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def _span(a: float, b: float) -> str:
+def time_range(a: float, b: float) -> str:
     """Two ends of a time's range in words, the shorter first ("4.6 - 8.1 min"); one number where
     they agree within 5%."""
     if math.isnan(a) or not _contradicts(a, b, 0.05):
@@ -841,11 +841,13 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
               "SD rounds priced over a range of tau, no draft's tau being measured yet: from the paper's at "
               f"L = {PAPER_TAU_CONTEXT} (" + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
               + ") to 1, every round yielding one token (a random or untrained draft's)")
-    assumptions = [rounds + ", every batch until its slowest row is done",
-                   "09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to stop early",
-                   (f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), decoding at "
-                    f"{GPU_ROOFLINE_FRACTION:.0%} of the roofline (at the taus above; the paper's where a range), "
-                    f"{NOTEBOOK_SECONDS:.0f} s fixed per notebook")]
+    assumptions = [rounds + ", every batch until its slowest row is done"] if models is not None else []
+    if "09_measured_vs_modeled" in selected:
+        assumptions.append("09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to "
+                           "stop early")
+    assumptions.append(f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), "
+                       f"decoding at {GPU_ROOFLINE_FRACTION:.0%} of the roofline (at the taus above; the paper's "
+                       f"where a range), {NOTEBOOK_SECONDS:.0f} s fixed per notebook")
     calibration = probe.speed.first if probe.speed is not None else None
     busy_now = calibration and probe.speed.busy(calibration)
     if busy_now and not probe.busy:
@@ -862,8 +864,6 @@ def learn(plan: Plan, record: dict, run: str) -> list[str]:
     machine (`_notebook_figure`). A run's figure replaces an earlier one; the lines returned name
     those it contradicts by more than `TOLERANCE` (the plan's own figure for a notebook). `run`:
     the output folder, kept with each figure."""
-    if plan.calibration is None:
-        return []
     lines, trained = [], {}
     for i in plan.items:
         entry = record["notebooks"].get(i.notebook, {})
@@ -884,7 +884,7 @@ def learn(plan: Plan, record: dict, run: str) -> list[str]:
                 lines.append(f"{i.what}: {name[:-2].replace('_', ' ')} {duration(value)} measured, "
                              f"{duration(old[name])} by the {cached['source']}: replaced")
         _write(path, {**cached, "result": {**old, **measured}, "source": "run", "run": run, "when": _now(),
-                      "calibration": plan.calibration})
+                      "calibration": plan.calibration or cached["calibration"]})
     for nb in plan.notebooks:
         entry = record["notebooks"].get(nb, {})
         if entry.get("status") != "ok" or nb not in plan.notebook_keys:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Self, TextIO
 
-from spirelib.workbook.plan import duration
+from spirelib.workbook.plan import duration, time_range
 
 TICK_S = 1.0  # a terminal's line is redrawn this often
 PLAIN_INTERVAL_S = 30.0  # without a terminal, at most one progress line this often
@@ -140,7 +140,8 @@ def plain_text(markup: str) -> str:
 
 def summary(record: dict, stems: list[str], out_dir: Path, verdict: str | None) -> str:
     """The table a run ends with: each notebook of `stems` (this run's) with its status, time, the
-    plan's time and its report's path; the run's totals; then the index's one-line `verdict`."""
+    plan's time (a range where the plan priced decoding over tau) and its report's path; the run's
+    totals; then the index's one-line `verdict`."""
     def where(name: str) -> str:
         path = out_dir / name
         try:
@@ -149,15 +150,19 @@ def summary(record: dict, stems: list[str], out_dir: Path, verdict: str | None) 
             return str(path)
 
     rows = [(stem, record["notebooks"][stem]) for stem in stems]
-    lines = [f"  {'notebook':28s} {'status':8s} {'time':>9s} {'plan':>9s}  report"]
+    def plan(e: dict) -> tuple[float, float]:
+        return e["planned_s"], e.get("planned_at_tau_1_s") or e["planned_s"]
+
+    lines = [f"  {'notebook':28s} {'status':8s} {'time':>9s} {'plan':>13s}  report"]
     for stem, e in rows:
         seconds = duration(e["seconds"]) if e.get("seconds") is not None else "-"
-        planned = duration(e["planned_s"]) if e.get("planned_s") is not None else "-"
+        planned = time_range(*plan(e)) if e.get("planned_s") is not None else "-"
         report = where(e["html"]) if e.get("html") else ""
-        lines.append(f"  {stem:28s} {e['status']:8s} {seconds:>9s} {planned:>9s}  {report}")
+        lines.append(f"  {stem:28s} {e['status']:8s} {seconds:>9s} {planned:>13s}  {report}")
     spent = sum(e.get("seconds") or 0.0 for _, e in rows)
-    plans = [e["planned_s"] for _, e in rows if e.get("planned_s") is not None]
-    lines.append(f"  {'the run':28s} {'':8s} {duration(spent):>9s} {duration(sum(plans)) if plans else '-':>9s}")
+    plans = [plan(e) for _, e in rows if e.get("planned_s") is not None]
+    total = time_range(sum(a for a, _ in plans), sum(b for _, b in plans)) if plans else "-"
+    lines.append(f"  {'the run':28s} {'':8s} {duration(spent):>9s} {total:>13s}")
     if verdict:
         lines.append(f"verdict: {verdict}")
     return "\n".join(lines)

@@ -385,7 +385,9 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     for nb in selected:
         record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem],
                                         "params_file": str(params_file),
-                                        "planned_s": None if planned is None else round(planned.seconds(nb.stem), 2)}
+                                        "planned_s": None if planned is None else round(planned.seconds(nb.stem), 2),
+                                        "planned_at_tau_1_s": (None if planned is None
+                                                               else round(planned.seconds_at_tau_1(nb.stem), 2))}
     record["notebooks"] = dict(sorted(record["notebooks"].items()))
     results.write_json(run_file, record)
 
