@@ -153,6 +153,9 @@ def test_each_report_and_the_index_state_the_measured_time_against_the_plan(fixt
     assert run["notebooks"]["01_record"]["params_file"].endswith("fixtures/params.yaml")  # for the index's sources
     assert "plan: 4 notebooks" in printed and f"(plan {planned:.0f} s)" in printed
     assert f"the run's plan predicted {planned:.0f} s" in (out / "01_record.html").read_text()
+    # the run taught the next plan: 01's measured seconds, kept under its identity on this machine
+    learned = json.loads((plan.cache_dir() / "plan" / run["plan"]["notebook_keys"]["01_record"]).read_text())
+    assert learned["run"] == str(out) and learned["seconds"] == run["notebooks"]["01_record"]["seconds"]
     assert "<th>plan</th>" in (out / "index.html").read_text()
     assert report.timing_note(12.0, None, None).endswith("(no plan was made: a dry run).")
     assert "1.50x the plan" in report.timing_note(12.0, 8.0, "cpu")
