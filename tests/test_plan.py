@@ -218,7 +218,7 @@ def test_a_probe_on_a_busy_machine_is_retaken_and_never_cached(tmp_path, monkeyp
     machine is busy, and nothing is cached, so the next plan on the idle machine measures again."""
     machine = Machine(monkeypatch)
     key = {"shape": 1}
-    plan.Probe(**{"device": _probe(tmp_path, monkeypatch).device}).speed.measure()  # the idle machine's best
+    _probe(tmp_path, monkeypatch).speed.measure()  # the idle machine's best
     machine.speed = 0.5
     busy = _probe(tmp_path, monkeypatch)
     got = busy._cached("train-lm", key, machine.measure, "LM training")

@@ -41,10 +41,8 @@ import contextlib
 import datetime
 import json
 import logging
-import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
