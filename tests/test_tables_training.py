@@ -4,6 +4,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from spirelib.engine.transformer import ModelConfig
 from spirelib.modeling.costs import flop_params
@@ -103,13 +104,10 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
     The index says the same beside every claim built on a tau (`findings.budget_clause`)."""
     from spirelib.workbook import findings
 
-    def trained(tokens, body):
-        return SimpleNamespace(summary={"tokens": tokens}, layers_config=SimpleNamespace(body_params=lambda: body))
-
-    budgets = tables.draft_budgets(trained(1_638_400, 131_072), trained(123_000, 25_000_000))
-    assert budgets["SPIRe draft"] == {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
-                                      "fraction": 123_000 / 500_000_000}
-    assert budgets["vanilla draft"]["fraction"] == 0.625
+    budgets = {"SPIRe draft": {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
+                               "fraction": 123_000 / 500_000_000},
+               "vanilla draft": {"tokens": 1_638_400, "body_params": 131_072, "paper_tokens": 2_621_440,
+                                 "fraction": 0.625}}
     text = tables.budget_sentence(budgets)
     assert text.startswith("Training budgets: the SPIRe draft trained on 123,000 tokens, 0.025% of the paper's 20 x N "
                            "= 500,000,000 (N = 25,000,000 body parameters); the vanilla draft trained on 1,638,400 "
@@ -123,3 +121,36 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
     budgets["SPIRe draft"]["fraction"] = 0.5
     assert tables.budget_sentence(budgets).endswith("that share of the paper's budget.")
     assert findings.budget_clause({}) == ""
+
+
+def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardware_tables_gpus():
+    """03's draft budgets: the paper's 20 x N tokens at the draft's measured training speed on this
+    machine, and on each GPU of the hardware table at the plan's FLOPs per token (a SPIRe draft's
+    training includes the frozen target's forward, so it costs more per token than the same body
+    trained alone) and MFU; the sentence says both."""
+    from spirelib.training.train import TrainConfig
+    from spirelib.workbook import plan
+
+    train_cfg = TrainConfig(batch_size=4, seq_len=64, steps=10)
+    draft_cfg = ModelConfig(vocab_size=256, num_layers=1, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
+
+    def trained(tokens_per_s, spire=None):
+        return SimpleNamespace(summary={"tokens": 2560, "tokens_per_s": tokens_per_s}, layers_config=draft_cfg,
+                               train_config=train_cfg, config=spire)
+
+    budgets = tables.draft_budgets(trained(1000.0), trained(500.0, spire="spire config"), CFG)
+    spire, vanilla = budgets["SPIRe draft"], budgets["vanilla draft"]
+    paper = 20 * draft_cfg.body_params()
+    assert spire["paper_tokens"] == paper and spire["fraction"] == 2560 / paper
+    assert spire["paper_seconds"]["this machine"] == paper / 500.0 and vanilla["paper_seconds"]["this machine"] == (
+        paper / 1000.0)
+    assert set(spire["paper_seconds"]) == {"this machine", *plan.HARDWARE}
+    _, tokens, flops, _ = plan.training_work(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params())
+    h100 = plan.HARDWARE["h100-sxm"].peak_flops["bf16"] * plan.GPU_MFU
+    assert vanilla["paper_seconds"]["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
+    assert spire["paper_seconds"]["h100-sxm"] > vanilla["paper_seconds"]["h100-sxm"]  # the frozen target's forward
+    text = tables.budget_sentence(budgets)
+    assert f"that budget would take {plan.duration(paper / 500.0)} on this machine at its measured speed, " in text
+    assert f"{plan.duration(spire['paper_seconds']['h100-sxm'])} on h100-sxm" in text and "(modeled at 40% MFU)" in text
+    imported = tables.draft_budgets(trained(float("nan")), trained(500.0, spire="s"), CFG)["vanilla draft"]
+    assert "this machine" not in imported["paper_seconds"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from spirelib.modeling.costs import budget_fraction, chinchilla_tokens, flop_params, measured_training_units
+from spirelib.workbook import plan
 
 
 def data_note(data, series, vocab_size: int) -> str:
@@ -137,14 +138,33 @@ def training_cost_sentence(cost: dict | None) -> str:
 SMALL_BUDGET = 0.1
 
 
-def draft_budgets(vanilla, spire_draft) -> dict[str, dict]:
-    """Per trained draft (`pipeline.TrainedModel`s): its training tokens, its body parameters N,
-    the paper's budget 20 x N (method §6, `costs.chinchilla_tokens`) and the share of it the draft
-    got, as notebook 03 records it ("draft_budgets") and 04 states it."""
-    drafts = {"SPIRe draft": (spire_draft.summary["tokens"], spire_draft.layers_config.body_params()),
-              "vanilla draft": (vanilla.summary["tokens"], vanilla.layers_config.body_params())}
-    return {name: {"tokens": int(tokens), "body_params": int(n), "paper_tokens": int(chinchilla_tokens(n)),
-                   "fraction": budget_fraction(tokens, n)} for name, (tokens, n) in drafts.items()}
+def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, dict]:
+    """Per trained draft (`pipeline.TrainedModel`s of the target `target_cfg`): its training tokens,
+    its body parameters N, the paper's budget 20 x N (method §6, `costs.chinchilla_tokens`), the
+    share of it the draft got, and what training on the paper's budget would take
+    (`paper_budget_seconds`), as notebook 03 records it ("draft_budgets") and 04 states it."""
+    drafts = {"SPIRe draft": (spire_draft, spire_draft.config), "vanilla draft": (vanilla, None)}
+    out = {}
+    for name, (m, spire) in drafts.items():
+        tokens, n = m.summary["tokens"], m.layers_config.body_params()
+        out[name] = {"tokens": int(tokens), "body_params": int(n), "paper_tokens": int(chinchilla_tokens(n)),
+                     "fraction": budget_fraction(tokens, n),
+                     "paper_seconds": paper_budget_seconds(m, spire, target_cfg, int(chinchilla_tokens(n)))}
+    return out
+
+
+def paper_budget_seconds(trained, spire, target_cfg, paper_tokens: int) -> dict[str, float]:
+    """What training `trained` (a draft, `spire` its SpireConfig or None) on `paper_tokens` would
+    take: on this machine at the training tokens/s it measured ("this machine"; absent when not
+    measured), and on each GPU of the hardware table as the plan models it (`plan.training_work`'s
+    FLOPs per token of this training, over the bf16 peak at `plan.GPU_MFU`)."""
+    _, tokens, flops, _ = plan.training_work(target_cfg, trained.train_config, trained.layers_config, spire,
+                                             trained.layers_config.body_params())
+    work = flops / tokens * paper_tokens
+    out = {name: work / (hw.peak_flops.get(plan.GPU_DTYPE, max(hw.peak_flops.values())) * plan.GPU_MFU)
+           for name, hw in plan.HARDWARE.items()}
+    speed = float(trained.summary.get("tokens_per_s", math.nan))
+    return {**({"this machine": paper_tokens / speed} if math.isfinite(speed) and speed > 0 else {}), **out}
 
 
 def percent(fraction: float) -> str:
@@ -159,9 +179,18 @@ def budget_sentence(budgets: dict[str, dict]) -> str:
     if not budgets:
         return ""
     each = "; ".join(f"the {name} trained on {b['tokens']:,} tokens, {percent(b['fraction'])} of the paper's 20 x N "
-                     f"= {b['paper_tokens']:,} (N = {b['body_params']:,} body parameters)"
-                     for name, b in budgets.items())
+                     f"= {b['paper_tokens']:,} (N = {b['body_params']:,} body parameters"
+                     + (f"; that budget would take {_costs(b['paper_seconds'])}" if b.get("paper_seconds") else "")
+                     + ")" for name, b in budgets.items())
     small = [name for name, b in budgets.items() if b["fraction"] < SMALL_BUDGET]
     return (f"Training budgets: {each}. Each tau is about a draft trained on that share of the paper's budget"
             + (f"; those of the {' and the '.join(small)}, and every claim built on them, are about this budget, not "
                "about the method: a draft given the paper's budget could accept far more." if small else "."))
+
+
+def _costs(seconds: dict[str, float]) -> str:
+    """`paper_budget_seconds` in words: this machine's first, then the GPUs' as the plan models them."""
+    here = (f"{plan.duration(seconds['this machine'])} on this machine at its measured speed, "
+            if "this machine" in seconds else "")
+    gpus = ", ".join(f"{plan.duration(t)} on {name}" for name, t in seconds.items() if name != "this machine")
+    return f"{here}{gpus} (modeled at {plan.GPU_MFU:.0%} MFU)"
