@@ -15,10 +15,11 @@ from spirelib.workbook import claims, plan, runner
 NOTEBOOK = "09_measured_vs_modeled"
 
 
-def cells(speedups: list[float]) -> dict:
-    """09's record of SPIRe measured at B = 1 and 2, L = 256, with these speedups over AD."""
-    return {NOTEBOOK: {"cells": [{"method": "spire", "B": B, "L": 256, "measured_speedup": s, "modeled_speedup": s}
-                                 for B, s in zip((1, 2), speedups)]}}
+def cells(speedups: list[float], ci: float = 0.05) -> dict:
+    """09's record of SPIRe measured at B = 1 and 2, L = 256, with these speedups over AD, each
+    +/- `ci` (its 95% interval)."""
+    return {NOTEBOOK: {"cells": [{"method": "spire", "B": B, "L": 256, "measured_speedup": s, "modeled_speedup": s,
+                                  "ci_low": s - ci, "ci_high": s + ci} for B, s in zip((1, 2), speedups)]}}
 
 
 def test_a_runs_claims_are_its_verdicts_and_the_changed_ones_are_those_that_flipped():
@@ -34,6 +35,10 @@ def test_a_runs_claims_are_its_verdicts_and_the_changed_ones_are_those_that_flip
     changed = claims.changes(fast, slow)
     assert [(c["claim"], c["before"], c["after"]) for c in changed] == [
         (faster, "reproduced", "not reproduced"), (cell, "SPIRe", "AD")]
+    # the same winner, no longer resolved (its interval reaches below AD's 1): a changed verdict too
+    wide = claims.record(run, cells([1.2, 1.3], ci=0.4))
+    assert wide[cell]["verdict"] == "SPIRe (not resolved)"
+    assert [c["claim"] for c in claims.changes(fast, wide)] == ["winner at B = 1, L = 256 (this machine, measured)", cell]
     gone = claims.changes(fast, {})
     assert {c["claim"] for c in gone} == set(fast) and all(c["after"] is None for c in gone)
     text = claims.report(changed, "2026-12-04T10:00:00")

@@ -11,7 +11,9 @@ results the notebooks recorded (results.json) through the index's own functions
 - each of the paper's claims the index checks (`findings.claims`): its statement (the text before
   its evidence), verdict "reproduced" / "not reproduced" at this scale, or "agrees" / "differs"
   for the paper's own arithmetic (method §2);
-- the winner of every cell of every winner map (`findings.decision_maps`), AD where no draft beats it;
+- the winner of every cell of every winner map (`findings.decision_maps`), AD where no draft beats it,
+  "(not resolved)" where the map marks the measured winner's 95% CI as overlapping another's or AD's
+  (a winner resolved in one run and not in the next has changed its verdict);
 - each of SPIRe's parts that 05 ranks (`findings.ablation_effects`): "helps", "harmful" or
   "not resolved" (method §10).
 The evidence (the numbers behind a verdict) moves from run to run and is kept beside it, shown
@@ -48,11 +50,13 @@ def record(run: dict, results: dict) -> dict[str, dict]:
             out.setdefault(statement, {"verdict": verdict, "evidence": evidence})
     for m in findings.decision_maps(run, results):
         winners, Bs, Ls = m["grid"]
+        unresolved = m.get("unresolved") or set()
         for i, B in enumerate(Bs):
             for j, L in enumerate(Ls):
                 if winners[i][j] != "-":
+                    verdict = label(winners[i][j]) + (" (not resolved)" if (i, j) in unresolved else "")
                     out.setdefault(f"winner at B = {B}, L = {pow2(L)} ({m['title']})",
-                                   {"verdict": label(winners[i][j]), "evidence": m["where"]})
+                                   {"verdict": verdict, "evidence": m["where"]})
     ranked = results.get("05_ablations", {}).get("importance")
     if ranked:
         for effect, parts in zip(("helps", "harmful", "not resolved"), findings.ablation_effects(ranked)):
