@@ -6,9 +6,11 @@ H100-class GPU):
 - series: the smoke series (`params/smoke.yaml`) run end to end with `device: cuda`, every
   notebook and report (a subprocess: `spire run`, in a fresh cache folder, so every model trains on
   this GPU rather than being reused from a CPU run's cache; stopped after `SERIES_TIMEOUT_S`);
-- cuda graphs: compiled decoding (`Transformer.compile_decoding`) of a target and its drafts:
-  greedy tokens equal eager's, no CUDA graph skipped by inductor (a skip means the graphs do not
-  replay), and the steady-state ms per speculative round, eager against compiled;
+- cuda graphs: compiled decoding (`Transformer.compile_decoding`) of AD and of SD with every draft,
+  greedy and sampled: greedy tokens equal eager's, sampled generations complete (torch raises on a
+  read of a graph output its next replay overwrote), no CUDA graph skipped by inductor (a skip means
+  the graphs do not replay), the steady-state ms per AD step and SD round, eager against compiled,
+  and the host's work a step or round (`bench rounds`: graph replays and eager ops);
 - bf16 target: a bf16 target trains an fp32 SPIRe draft for a few steps (weights, gradients and
   AdamW's moments in fp32, the loss falling), then decodes it greedily, equal to the target's
   own greedy tokens up to a near-tie (`greedy_mismatch`: bf16 rounding may flip an argmax whose
@@ -153,10 +155,16 @@ def _toy_target(args, dtype=torch.float32):
 
 
 def _cuda_graphs(args) -> str:
+    """Compiled decoding under CUDA graphs: AD and SD with every draft, greedy and sampled, each run
+    three times (graphs recorded, then replaying). Greedy tokens equal eager's; sampled generations
+    complete (a read of a graph output after the next replay raises on CUDA); no graph skipped; ms
+    per step or round eager against compiled; and the host's work per round (`bench rounds`: replays
+    and eager ops of a steady-state AD step and SD round)."""
     from torch._dynamo.utils import counters
 
+    from spirelib.bench.rounds import steady_state_counts
     from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-    from spirelib.engine.speculative import speculative_generate
+    from spirelib.engine.speculative import autoregressive_generate, speculative_generate
     from spirelib.engine.spire import SpireConfig, SpireDraftModel
     from spirelib.engine.transformer import Transformer
 
@@ -165,29 +173,41 @@ def _cuda_graphs(args) -> str:
               "spire": SpireDraftModel.from_target(target, SpireConfig(window=16)).eval(), "magicdec": None}
     contexts = torch.randint(0, target.cfg.vocab_size, (8, 64), device=args.device)
 
-    def decode(method):
-        draft = draft_factory(method, target, models[method], temperature=0.0,
-                              **({"window": 16} if method == "magicdec" else {}))(torch.Generator(args.device))
+    def decode(method, temperature):
+        gen = torch.Generator(args.device).manual_seed(0)
         start = time.perf_counter()
-        out = speculative_generate(target, draft, contexts, 32, k=4, temperature=0.0)
+        if method == "ad":
+            out = autoregressive_generate(target, contexts, 32, temperature=temperature, generator=gen)
+        else:
+            draft = draft_factory(method, target, models[method], temperature=temperature,
+                                  **({"window": 16} if method == "magicdec" else {}))(gen)
+            out = speculative_generate(target, draft, contexts, 32, k=4, temperature=temperature, generator=gen)
         if torch.device(args.device).type == "cuda":
             torch.cuda.synchronize(args.device)
-        return out, time.perf_counter() - start
+        steps = 32 if out.accepted is None else out.accepted.shape[1]
+        return out, (time.perf_counter() - start) / steps
 
-    eager = {m: decode(m) for m in models}
+    methods = ("ad", *models)
+    eager = {m: decode(m, 0.0) for m in methods}
     for model in (target, models["vanilla"], models["spire"]):
         model.compile_decoding()
     skips = counters["inductor"]["cudagraph_skips"]
-    compiled = {m: [decode(m) for _ in range(3)][-1] for m in models}  # the last: graphs recorded, replaying
+    compiled = {m: [decode(m, 0.0) for _ in range(3)][-1] for m in methods}  # the last: graphs recorded, replaying
+    sampled = {m: [decode(m, 1.0) for _ in range(3)][-1][0] for m in methods}
     skipped = counters["inductor"]["cudagraph_skips"] - skips
-    differ = [m for m in models if not torch.equal(eager[m][0].tokens, compiled[m][0].tokens)]
+    differ = [m for m in methods if not torch.equal(eager[m][0].tokens, compiled[m][0].tokens)]
     if differ:
         raise RuntimeError(f"compiled greedy tokens differ from eager's for {', '.join(differ)}")
+    invalid = [m for m in methods if not ((sampled[m].tokens >= 0) & (sampled[m].tokens < target.cfg.vocab_size)).all()]
+    if invalid:
+        raise RuntimeError(f"compiled sampled decoding emitted tokens outside the vocabulary for {', '.join(invalid)}")
     if torch.device(args.device).type == "cuda" and skipped:
         raise RuntimeError(f"inductor skipped CUDA graphs {skipped} times: the graphs do not replay")
-    per_round = ", ".join(f"{m} {1e3 * eager[m][1] / eager[m][0].accepted.shape[1]:.2f} -> "
-                          f"{1e3 * compiled[m][1] / compiled[m][0].accepted.shape[1]:.2f}" for m in models)
-    return f"tokens equal eager's; {skipped} graph skips; ms per round eager -> compiled: {per_round}"
+    per_round = ", ".join(f"{m} {1e3 * eager[m][1]:.2f} -> {1e3 * compiled[m][1]:.2f}" for m in methods)
+    host = steady_state_counts(target, models, batch=8, context=64, k=4, temperature=0.0, window=16)
+    work = ", ".join(f"{r['method']} {r['replays']} + {r['eager_ops']}" for r in host)
+    return (f"greedy tokens equal eager's, sampled runs complete; {skipped} graph skips; ms per step (AD) or round "
+            f"eager -> compiled: {per_round}; replays + eager ops per step/round: {work}")
 
 
 def _bf16_target(args) -> str:

@@ -1,0 +1,140 @@
+"""`spire bench rounds`: the host's work in one decoding round, counted with torch.profiler.
+
+On a GPU a round's time has a floor set by the host: each op dispatched outside a compiled graph
+is a kernel launched one by one (several microseconds of Python and driver each), each graph replay
+one launch, and each host sync a wait for the device. A steady-state AD step and an SD round of
+every method (vanilla, MagicDec, SPIRe) are profiled once each, after a few rounds to warm the
+graphs, and their top-level events counted: compiled regions (`Torch-Compiled Region`: a replay
+under CUDA graphs), aten ops outside them that launch kernels (views, which only make metadata, and
+the compiled regions' own ops are apart), and the ops that make the host wait (`.item()`, `bool()`
+of a tensor, `nonzero`, ...).
+
+What a round could cost (method §3.5, our goal): an AD step one replay and at most 3 eager ops; an
+SD round at most k + 1 replays and 10 eager ops. The round's bookkeeping that still runs eagerly
+(rejection sampling, drawing the draft tokens, rollback, the drafts' catching up) is what the
+counts name. `--device cpu` measures the same counts as a GPU would see (the ops are the same);
+tests/test_round_ops.py guards them through a CUDA-graph stand-in.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from spirelib.bench import add_model_arguments, device_problems, model_config, positive
+
+#: aten ops that make the host wait for the device (`tests/host_syncs.py` counts the same on the CPU).
+SYNC_OPS = {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "masked_select", "unique", "_unique2"}
+COMPILED_REGION = "Torch-Compiled Region"
+METHODS = ("vanilla", "magicdec", "spire")
+
+
+def _is_view(name: str) -> bool:
+    """Whether aten op `name` ("aten::slice") only makes a view: no kernel, no memory."""
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
+    return packet is not None and any(getattr(packet, o).is_view for o in packet.overloads())
+
+
+def count(step) -> dict:
+    """Profile `step()` once: graph replays, eager ops (kernels launched outside graphs, by name),
+    views and host syncs among the top-level events."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    replays, views, ops, syncs = 0, 0, Counter(), 0
+    for event in prof.events():
+        name = event.name
+        if name.removeprefix("aten::") in SYNC_OPS:
+            syncs += 1
+        if event.cpu_parent is not None:
+            continue
+        if name.startswith(COMPILED_REGION):
+            replays += 1
+        elif name.startswith("aten::"):
+            if _is_view(name):
+                views += 1
+            else:
+                ops[name.removeprefix("aten::")] += 1
+    return {"replays": replays, "eager_ops": sum(ops.values()), "views": views, "syncs": syncs, "ops": ops}
+
+
+def steady_state_counts(target, draft_models: dict, *, batch: int, context: int, k: int, temperature: float,
+                        window: int = 64, warmup: int = 3) -> list[dict]:
+    """Counts (`count`) of one AD step and one SD round per method in `draft_models` ({method: its
+    trained model or None}), each after `warmup` rounds of its own generation (graphs compiled and
+    recorded by then)."""
+    from spirelib.engine.drafts import draft_factory
+    from spirelib.engine.speculative import autoregressive_rounds, speculative_rounds
+
+    device = next(target.parameters()).device
+    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=device)
+    new_tokens = (warmup + 2) * (k + 1)  # no row can finish before the counted round
+    rows = []
+    for method in ("ad", *draft_models):
+        gen = torch.Generator(device).manual_seed(0)
+        if method == "ad":
+            rounds = autoregressive_rounds(target, contexts, new_tokens, temperature=temperature, generator=gen)
+        else:
+            options = {"window": window} if method == "magicdec" else {}
+            draft = draft_factory(method, target, draft_models[method], temperature=temperature, **options)(gen)
+            rounds = speculative_rounds(target, draft, contexts, new_tokens, k, temperature=temperature, generator=gen)
+        for _ in range(warmup):
+            next(rounds)
+        rows.append({"method": method, **count(lambda: next(rounds))})
+        rounds.close()
+    return rows
+
+
+def goal(row: dict, k: int) -> bool:
+    """Whether a row meets the round's goal (module docstring)."""
+    if row["method"] == "ad":
+        return row["replays"] <= 1 and row["eager_ops"] <= 3
+    return row["replays"] <= k + 1 and row["eager_ops"] <= 10
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--batch", type=int, default=4, help="B rows decoded in lockstep")
+    parser.add_argument("--context", type=int, default=64, help="L tokens of context per row")
+    parser.add_argument("-k", type=int, default=4, help="draft tokens a round")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--eager", action="store_true", help="count eager decoding (default: compiled)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    found = positive(args, *("batch", "context", "k", "window", "vocab_size", "target_layers", "d_model",
+                             "n_q_per_kv", "n_kv", "d_head", "d_ff"))
+    if args.temperature < 0:
+        found.append(f"--temperature: must be >= 0, got {args.temperature}")
+    return found + device_problems(args.device)
+
+
+def main(args: argparse.Namespace) -> int:
+    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.engine.spire import SpireConfig, SpireDraftModel
+    from spirelib.engine.transformer import Transformer
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    target = Transformer(model_config(args)).to(device=args.device, dtype=dtype).eval()
+    models = {"vanilla": Transformer(vanilla_draft_config(target.cfg)).to(device=args.device, dtype=dtype).eval(),
+              "spire": SpireDraftModel.from_target(target, SpireConfig(window=args.window)).to(dtype).eval(),
+              "magicdec": None}
+    for model in (target, models["vanilla"], models["spire"]):
+        model.compile_decoding(not args.eager)
+    rows = steady_state_counts(target, {m: models[m] for m in args.methods}, batch=args.batch, context=args.context,
+                               k=args.k, temperature=args.temperature, window=args.window)
+    mode = "eager" if args.eager else "compiled"
+    print(f"host work per round, {mode}, {args.device} {args.dtype}, B {args.batch} x L {args.context}, k {args.k}, "
+          f"T {args.temperature:g} (goal: AD 1 replay + <= 3 ops; SD <= {args.k + 1} replays + <= 10 ops)")
+    print(f"{'method':10s} {'replays':>7s} {'eager ops':>9s} {'views':>5s} {'syncs':>5s}  goal  most frequent eager ops")
+    for row in rows:
+        common = ", ".join(f"{name} {n}" for name, n in row["ops"].most_common(6))
+        print(f"{row['method']:10s} {row['replays']:7d} {row['eager_ops']:9d} {row['views']:5d} {row['syncs']:5d}  "
+              f"{'met ' if goal(row, args.k) else 'not '}  {common}")
+    return 0
