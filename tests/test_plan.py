@@ -302,10 +302,11 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=10)
     monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: (dict(FIGURES), self.speed.now()))
     figure = probe.training("lm", TINY, cfg)
-    checkpoint = tmp_path / "target"
+    checkpoint = tmp_path / "target"  # the run folder, as the trainer leaves it: its checkpoint's meta.json
     summary = {"steps": 10, "tokens": 320, "tokens_per_s": 16.0, "run_tokens_per_s": 10.0, "first_step_s": 5.5}
-    monkeypatch.setattr(plan, "finished_checkpoint", lambda path: Path(path) == checkpoint)
-    monkeypatch.setattr(plan, "read_meta", lambda path, verify: {"summary": summary})
+    (checkpoint / "checkpoint").mkdir(parents=True)
+    (checkpoint / "checkpoint" / "meta.json").write_text(json.dumps(
+        {"format": 2, "finished": True, "files": {}, "summary": summary}))
     trained = plan._train_item("02_train_target", "train the target", figure, TINY, cfg, TINY, None,
                                TINY.num_params(), cached=False, checkpoint=checkpoint)
     assert trained.source == "probe" and trained.learn["figure"] == figure["figure"]

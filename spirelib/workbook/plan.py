@@ -78,7 +78,7 @@ from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.modeling.profiled import forward_work
 from spirelib.paths import cache_dir
 from spirelib.training import pipeline
-from spirelib.training.checkpoint import finished_checkpoint, read_meta
+from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
 from spirelib.training.data import FlatDocs
 from spirelib.training.train import TrainConfig, evaluate, lm_objective, resolve_device, train
 from spirelib.workbook.tables.measured import timing_cells
@@ -869,7 +869,7 @@ def learn(plan: Plan, record: dict, run: str) -> list[str]:
         entry = record["notebooks"].get(i.notebook, {})
         if i.learn is None or not finished_checkpoint(Path(i.learn["checkpoint"])):
             continue
-        summary = read_meta(Path(i.learn["checkpoint"]), verify=False)["summary"]
+        summary = read_meta(checkpoint_path(Path(i.learn["checkpoint"]) / "checkpoint"), verify=False)["summary"]
         trained[i.notebook] = trained.get(i.notebook, 0.0) + summary["tokens"] / summary["run_tokens_per_s"]
         path = cache_dir() / "plan" / i.learn["figure"]
         cached = _read(path)
