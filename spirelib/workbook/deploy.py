@@ -560,43 +560,36 @@ def index_section(run: dict, results: dict) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", type=Path, nargs="?",
-                        help="a finished run's folder (outputs/<run>) or its name (optional with --explain)")
-    parser.add_argument("--hardware", help="a device of the hardware table (h100-sxm, h200, a100-sxm, b200, "
-                                           "tpu-v5e, this-machine once calibrated)")
-    parser.add_argument("--dtype", help="the serving dtype (default: the device's fp8, else bf16, else fp32)")
-    parser.add_argument("--peak-flops", type=float, help="instead of --hardware: dense peak FLOP/s in --dtype")
-    parser.add_argument("--bandwidth", type=float, help="instead of --hardware: memory bandwidth, bytes/s")
-    parser.add_argument("--draft", action="append", help="only this method (repeatable; default: every measured one; "
-                                                         "with --explain and a RUN: the one to compare with)")
-    parser.add_argument("--shapes", default="served", choices=SHAPES,
-                        help="served (default): an imported target's shapes, else the paper's 67M target and "
-                             "drafts; trained: the series' own trained shapes; paper")
-    parser.add_argument("--context", type=int, help="the context L (default: notebook 06's context_length)")
-    parser.add_argument("--length-spread", type=float, help="sigma of log-length: mixed-length batches (default 0)")
-    parser.add_argument("--contexts", type=_ints, default=CONTEXTS,
-                        help="the context grid of the per-context schedules (default 32,...,8192)")
-    parser.add_argument("--max-batch", type=int, default=256,
-                        help="your server's largest batch: vLLM max_num_seqs, TensorRT-LLM max_batch_size, SGLang "
-                             "max running requests (default 256); the schedules cover B = 1 up to it")
-    parser.add_argument("--cuda-graph-bs", type=_ints, default=engines.CUDA_GRAPH_BS,
-                        help="your SGLang server's --cuda-graph-bs (SGLang pads a batch up to one before it picks "
-                             "the steps; default 1,2,4,8,12,16,24,...,256, an assumption)")
-    parser.add_argument("--min-context-run", type=int, default=MIN_CONTEXT_RUN,
-                        help="tokens of a request's growth a k must last in the context form (default "
-                             f"{MIN_CONTEXT_RUN}; 0: none); schedule.yaml counts the switches from L 64 to 8K")
-    parser.add_argument("--min-batch-run", type=int, default=1,
-                        help="batch sizes the narrowest range must span (default 1: none); a narrower one takes "
-                             "the neighbouring k that loses less")
-    parser.add_argument("--switching-cost", type=float, default=0.0,
-                        help="fraction of the speedup a switch of k must beat (e.g. 0.14); default 0")
-    parser.add_argument("--model", default="paper", choices=MODELS,
-                        help="paper: the paper's throughput model on --hardware (default); profiled: this machine's "
-                             "profiled cost model as notebook 09 fitted it")
-    parser.add_argument("--out", type=Path, help="output folder (default: <run>/deploy/<hardware>-<dtype>)")
+                        help="a finished run's folder or name (optional with --explain)")
+    parser.add_argument("--hardware", metavar="NAME", help="a device of the hardware table, e.g. h100-sxm")
+    parser.add_argument("--dtype", help="serving dtype (default: fp8, else bf16, else fp32)")
+    parser.add_argument("--peak-flops", type=float, metavar="F", help="instead of --hardware: peak FLOP/s in --dtype")
+    parser.add_argument("--bandwidth", type=float, metavar="BPS", help="instead of --hardware: bytes/s")
+    parser.add_argument("--draft", action="append", metavar="METHOD",
+                        help="only this method (repeatable); with --explain, compare it")
+    parser.add_argument("--shapes", default="served", choices=SHAPES, metavar="WHICH",
+                        help=f"{', '.join(SHAPES)}: served (default) is an imported target's, else the paper's")
+    parser.add_argument("--context", type=int, metavar="L", help="the context (default: 06's context_length)")
+    parser.add_argument("--length-spread", type=float, metavar="SIGMA", help="sigma of log-length (default 0)")
+    parser.add_argument("--contexts", type=_ints, default=CONTEXTS, metavar="L,L,...",
+                        help="the per-context schedules' grid (default 32,...,8192)")
+    parser.add_argument("--max-batch", type=int, default=256, metavar="B",
+                        help="your server's largest batch (default 256)")
+    parser.add_argument("--cuda-graph-bs", type=_ints, default=engines.CUDA_GRAPH_BS, metavar="B,B,...",
+                        help="your SGLang server's --cuda-graph-bs (docs/deploy.md)")
+    parser.add_argument("--min-context-run", type=int, default=MIN_CONTEXT_RUN, metavar="TOKENS",
+                        help=f"tokens a k must last as L grows (default {MIN_CONTEXT_RUN})")
+    parser.add_argument("--min-batch-run", type=int, default=1, metavar="N",
+                        help="batch sizes the narrowest range must span (default 1: none)")
+    parser.add_argument("--switching-cost", type=float, default=0.0, metavar="FRACTION",
+                        help="of the speedup a switch of k must beat (e.g. 0.14; default 0)")
+    parser.add_argument("--model", default="paper", choices=MODELS, metavar="MODEL",
+                        help="paper (default, on --hardware) or profiled (09's, this machine)")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="default: <run>/deploy/<hardware>-<dtype>")
     parser.add_argument("--explain", type=Path, metavar="FILE",
-                        help="print what --engine would do with this engine file, B by B (beside RUN's schedule "
-                             "for --draft when a RUN is given); writes nothing")
-    parser.add_argument("--engine", choices=EXPLAIN_ENGINES, help="the engine that reads --explain's file")
+                        help="what --engine does with this file, B by B")
+    parser.add_argument("--engine", choices=EXPLAIN_ENGINES, metavar="ENGINE",
+                        help=f"the engine reading --explain's file: {', '.join(EXPLAIN_ENGINES)}")
 
 
 def _ints(value: str) -> tuple[int, ...]:
