@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK_EXTRA = ("papermill", "jupyter_client", "jupyter_core", "nbclient", "nbconvert", "nbformat", "ipykernel",
-                  "ipywidgets", "IPython", "plotly", "kaleido", "jupyterlab")
+NOT_CORE = ("papermill", "jupyter_client", "jupyter_core", "nbclient", "nbconvert", "nbformat", "ipykernel",
+            "ipywidgets", "IPython", "plotly", "kaleido", "jupyterlab", "transformers")  # the extras' packages
 BLOCKER = f"""
 import importlib.abc, sys
 
 class _NotInstalled(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {NOTEBOOK_EXTRA!r}:
+        if name.split(".")[0] in {NOT_CORE!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 
 sys.meta_path.insert(0, _NotInstalled())
@@ -55,13 +55,15 @@ def test_train_bench_check_and_deploy_start_without_the_notebook_extra(core_env,
     for command in (["deploy", "--help"], ["bench", "decode", "--help"]):
         proc = spire(core_env, *command)
         assert proc.returncode == 0 and proc.stdout.startswith("usage: spire"), proc.stderr[-2000:]
-    # Every row but the smoke series (notebooks: the extra) and compiled decoding (a minute of cold
-    # compilation here; tests/test_compiled.py compiles the same graphs with the extra installed).
+    # Every row but the smoke series (notebooks: the extra), compiled decoding and the profiled model (a
+    # minute of cold compilation, and a fit, here; tests/test_compiled.py and tests/test_gpu_check.py run
+    # them with the extras installed). The peer row needs transformers (the test extra): it says so.
     check = spire(core_env, "bench", "gpu-check", "--device", "cpu", "--quick", "--steps", "4",
-                  "--skip", "series", "cuda-graphs")
+                  "--skip", "series", "cuda-graphs", "profiled")
     assert check.returncode == 0, check.stdout + check.stderr[-2000:]
-    for row in ("bf16-target", "mfu", "memory", "roofline"):
-        assert any(line.split()[:2] == [row, "ok"] for line in check.stdout.splitlines()), check.stdout
+    rows = {line.split()[0]: line.split()[1] for line in check.stdout.splitlines()[1:] if line.strip()}
+    assert {row: rows.get(row) for row in ("bf16-target", "mfu", "memory", "roofline", "peer")} == \
+        {"bf16-target": "ok", "mfu": "ok", "memory": "ok", "roofline": "ok", "peer": "skip"}, check.stdout
 
 
 def test_run_says_which_extra_to_install_before_any_compute(core_env, tmp_path):
