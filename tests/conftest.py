@@ -28,16 +28,37 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+@contextlib.contextmanager
+def own_cache(path: Path):
+    """SPIRE_CACHE_DIR set to `path` inside: a run whose plan must not read, nor leave, figures that
+    other runs of the session learned (`plan.learn` writes each run's measured times back)."""
+    saved = os.environ.get("SPIRE_CACHE_DIR")
+    os.environ["SPIRE_CACHE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("SPIRE_CACHE_DIR", None)
+        else:
+            os.environ["SPIRE_CACHE_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def fixture_run(tmp_path_factory):
-    """Run tests/fixtures/notebooks (01 ok, 02 ok, 03 fails, 04 never runs) once.
+    """Run tests/fixtures/notebooks (01 ok, 02 ok, 03 fails, 04 never runs) once, with a cache of its
+    own (`fixture_cache(out)`: nothing learned before it; what it learns stays there).
 
     Returns (exit code, output folder, printed progress).
     """
     out = tmp_path_factory.mktemp("fixture_run")
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), own_cache(fixture_cache(out)):
         rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"),
                             "--notebooks", str(FIXTURES / "notebooks"), "--out", str(out)])
     return rc, out, printed.getvalue()
+
+
+def fixture_cache(out: Path) -> Path:
+    """The cache folder of the fixture run into `out`."""
+    return out.with_name(out.name + "-cache")
 
