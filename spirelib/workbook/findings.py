@@ -315,7 +315,7 @@ def _legend(maps: list[dict]) -> str:
             + ". B grows upwards, L to the right; hover a cell for its multiplier.</p>")
 
 
-#: The index's abbreviations, spelled out once under its scale line.
+#: The index's abbreviations, spelled out once under its first screen's verdict.
 ABBREVIATIONS = ("AD: autoregressive decoding, the target alone, one token per forward pass (a speedup of 1). SD: "
                  "speculative decoding. tau: tokens per round of speculative decoding (the drafts accepted, plus one). "
                  "TM: throughput multiplier, tokens/s over AD's as the paper's performance model gives them. HOI: "
@@ -338,9 +338,9 @@ def verdict(run: dict, results: dict) -> str | None:
         + _map_html(*m["grid"], values=m["values"], differs=m["differs"], unresolved=m["unresolved"])
         + f"<p class='where'>{escape(m['where'])}</p></figure>" for m in maps)
     scale = scale_line(run, results) or ""
-    return ("<h2 id='verdict'>Which draft, where</h2>" + scale + f"<p class='aside'>{escape(ABBREVIATIONS)}</p>"
+    return ("<h2 id='verdict'>Which draft, where</h2>" + scale
             + (f"<div class='maps'>{figures}</div>" + _legend(maps) if maps else "")
-            + f"<p class='verdict'>{verdict_lead(results, rows)}</p>")
+            + f"<p class='verdict'>{verdict_lead(results, rows)}</p><p class='aside'>{escape(ABBREVIATIONS)}</p>")
 
 
 def verdict_lead(results: dict, rows: list[dict]) -> str:
