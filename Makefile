@@ -20,7 +20,7 @@ SPIRE := $(VENV)/bin/spire
 STAMP := $(VENV)/.installed
 RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
 
-.PHONY: setup data plan run test test-slow bench gpu-check
+.PHONY: setup data plan run screenshot test test-slow bench gpu-check
 
 setup: $(STAMP)
 
@@ -42,6 +42,11 @@ plan: setup data
 run: setup data
 	$(SPIRE) run --params $(PARAMS) --out $(RUN_DIR)
 	@echo "open $(RUN_DIR)/index.html"
+
+# The README's picture (docs/index-verdict.png) from the run in $(RUN_DIR), never drawn by hand:
+# the top of its index in Debian's chromium, the run named inside the PNG (docs/screenshot.py).
+screenshot: setup
+	$(PY) docs/screenshot.py $(RUN_DIR)
 
 # PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
 # Two xdist workers, one thread each (tests/conftest.py), whole files to a worker.

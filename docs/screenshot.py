@@ -1,25 +1,59 @@
 """Make docs/index-verdict.png, the README's picture: the verdict at the top of a run's index.
 
+    make screenshot            (after `make run`; the same as the line below)
     python docs/screenshot.py outputs/default [--out docs/index-verdict.png]
 
 Opens the run's index.html in Debian's chromium through playwright (the test extra installs
 playwright; no browser is downloaded) and photographs the page from its title to the end of the
-verdict section, at 1200 pixels wide."""
+verdict section, at 1200 pixels wide. The picture names the run it shows in a PNG text chunk
+("Source": the params file, when the run started and on which machine, from its run.json), so a
+picture not made from a run by this script is told apart (tests/test_report_browser.py)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import struct
 import sys
+import zlib
 from pathlib import Path
+
+SOURCE = "Source"  # the PNG text chunk's keyword that names the run
+
+
+def source(run_dir: Path) -> str:
+    """The run a picture of `run_dir`'s index shows, in words, from its run.json."""
+    run = json.loads((run_dir / "run.json").read_text())
+    return f"spire run of {run['params_file']}, started {run['started']}, on {run['machine']}"
+
+
+def with_text(png: bytes, keyword: str, text: str) -> bytes:
+    """`png` with a tEXt chunk (`keyword`, `text`, Latin-1) after its header chunk."""
+    data = keyword.encode("latin-1") + b"\0" + text.encode("latin-1", "replace")
+    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    end = 8 + 4 + 4 + 13 + 4  # signature, then IHDR: length, type, 13 bytes, CRC
+    return png[:end] + chunk + png[end:]
+
+
+def text_chunks(png: bytes) -> dict[str, str]:
+    """A PNG's tEXt chunks, keyword -> text."""
+    out, at = {}, 8
+    while at < len(png):
+        (length,), kind = struct.unpack(">I", png[at:at + 4]), png[at + 4:at + 8]
+        if kind == b"tEXt":
+            keyword, _, text = png[at + 8:at + 8 + length].partition(b"\0")
+            out[keyword.decode("latin-1")] = text.decode("latin-1")
+        at += 12 + length
+    return out
 
 
 def screenshot(run_dir: Path, out: Path, width: int = 1200) -> Path:
     from playwright.sync_api import sync_playwright
 
     index = (run_dir / "index.html").resolve()
-    if not index.exists():
-        raise FileNotFoundError(f"no index.html in {run_dir}: run `spire run` (or `make run`) first")
+    if not index.exists() or not (run_dir / "run.json").exists():
+        raise FileNotFoundError(f"no index.html and run.json in {run_dir}: run `spire run` (or `make run`) first")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise FileNotFoundError("chromium not found: apt-get install chromium")
@@ -34,9 +68,10 @@ def screenshot(run_dir: Path, out: Path, width: int = 1200) -> Path:
             while (node && node.tagName !== 'H2') node = node.nextElementSibling;
             return node ? node.getBoundingClientRect().top + window.scrollY : document.body.scrollHeight;
         }""")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(out), clip={"x": 0, "y": 0, "width": width, "height": min(bottom, 640)})
+        png = page.screenshot(clip={"x": 0, "y": 0, "width": width, "height": min(bottom, 640)})
         browser.close()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(with_text(png, SOURCE, source(run_dir)))
     return out
 
 

@@ -79,3 +79,23 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_series_notebook_is_named_nn_name(path):
     assert runner.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"
+
+
+def _screenshot_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshot", ROOT / "docs" / "screenshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_picture_was_made_from_a_default_run_by_the_make_target():
+    """The README shows docs/index-verdict.png, and `make screenshot` makes it from a run: the picture
+    names that run (a PNG text chunk docs/screenshot.py writes), a run of the default params."""
+    readme, makefile = (ROOT / "README.md").read_text(), (ROOT / "Makefile").read_text()
+    assert "docs/index-verdict.png" in readme and "make screenshot" in readme
+    assert re.search(r"^screenshot:.*\n\t\$\(PY\) docs/screenshot\.py \$\(RUN_DIR\)$", makefile, re.M)
+    shot = _screenshot_module()
+    named = shot.text_chunks((ROOT / "docs" / "index-verdict.png").read_bytes()).get(shot.SOURCE, "")
+    assert re.fullmatch(r"spire run of params/default\.yaml, started 20\d\d-\d\d-\d\dT[\d:]+, on .+", named), named

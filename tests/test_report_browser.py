@@ -159,3 +159,20 @@ def test_a_report_without_its_plotly_js_says_so(run_dir, page, tmp_path):
     fallback = page.locator(".plotly-fallback")
     assert fallback.count() == 1 and fallback.is_visible()
     assert "report fixture figure" in fallback.inner_text() and "plotly.min.js" in fallback.inner_text()
+
+
+def test_the_readme_picture_is_the_top_of_a_runs_index_and_names_the_run(run_dir, tmp_path):
+    """docs/screenshot.py (`make screenshot`) photographs a run's index at 1200 pixels wide, down to
+    the end of its verdict, and writes which run it shows into the PNG."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshot", ROOT / "docs" / "screenshot.py")
+    shot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shot)
+    png = shot.screenshot(run_dir, tmp_path / "verdict.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width == 1200 and 200 <= height <= 640
+    run = json.loads((run_dir / "run.json").read_text())
+    assert shot.text_chunks(png)[shot.SOURCE] == (f"spire run of {run['params_file']}, started {run['started']}, "
+                                                 f"on {run['machine']}")
