@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from spirelib.workbook import claims, plan, runner
+from spirelib.workbook import claims, plan, report, runner
 
 NOTEBOOK = "09_measured_vs_modeled"
 
@@ -26,10 +26,12 @@ def test_a_runs_claims_are_its_verdicts_and_the_changed_ones_are_those_that_flip
     run = {"notebooks": {NOTEBOOK: {"html": f"{NOTEBOOK}.html"}}}
     fast, slow = claims.record(run, cells([1.2, 1.3])), claims.record(run, cells([1.2, 0.9]))
     faster = "Speculative decoding is faster than AD on the clock (measured)"
-    assert fast[faster]["verdict"] == "reproduced" and slow[faster]["verdict"] == "not reproduced"
-    assert fast[faster]["evidence"].startswith("faster in 2 of 2 measured cells")
+    assert fast["sd-faster-measured"]["claim"] == faster
+    assert fast["sd-faster-measured"]["verdict"] == "reproduced" and slow["sd-faster-measured"]["verdict"] == "not reproduced"
+    assert fast["sd-faster-measured"]["evidence"].startswith("faster in 2 of 2 measured cells")
     cell = "winner at B = 2, L = 256 (this machine, measured)"
-    assert fast[cell]["verdict"] == "SPIRe" and slow[cell]["verdict"] == "AD"
+    assert fast["winner:measured:B2:L256"]["claim"] == cell
+    assert fast["winner:measured:B2:L256"]["verdict"] == "SPIRe" and slow["winner:measured:B2:L256"]["verdict"] == "AD"
     # only verdicts count: other numbers with the same verdicts are no change
     assert claims.changes(fast, claims.record(run, cells([1.25, 1.4]))) == []
     changed = claims.changes(fast, slow)
@@ -37,10 +39,13 @@ def test_a_runs_claims_are_its_verdicts_and_the_changed_ones_are_those_that_flip
         (faster, "reproduced", "not reproduced"), (cell, "SPIRe", "AD")]
     # the same winner, no longer resolved (its interval reaches below AD's 1): a changed verdict too
     wide = claims.record(run, cells([1.2, 1.3], ci=0.4))
-    assert wide[cell]["verdict"] == "SPIRe (not resolved)"
+    assert wide["winner:measured:B2:L256"]["verdict"] == "SPIRe (not resolved)"
     assert [c["claim"] for c in claims.changes(fast, wide)] == ["winner at B = 1, L = 256 (this machine, measured)", cell]
     gone = claims.changes(fast, {})
-    assert {c["claim"] for c in gone} == set(fast) and all(c["after"] is None for c in gone)
+    assert {c["claim"] for c in gone} == {c["claim"] for c in fast.values()} and all(c["after"] is None for c in gone)
+    # a claim reworded by a later version of the workbook is the same claim: compared by its key
+    reworded = {k: {**c, "claim": c["claim"].upper()} for k, c in fast.items()}
+    assert claims.changes(reworded, fast) == []
     text = claims.report(changed, "2026-12-04T10:00:00")
     assert text.splitlines()[1] == f"  {faster}: reproduced -> not reproduced"
     assert "now: faster in 1 of 2 measured cells" in text
@@ -98,7 +103,7 @@ def test_spire_run_prints_the_verdicts_that_flipped_since_the_last_run_of_the_sa
     run, recorded = series
     first, record = run()
     assert "claims: not compared (no earlier run in this folder)" in first and record["claims_changed"] is None
-    assert record["claims"]["Speculative decoding is faster than AD on the clock (measured)"]["verdict"] == "reproduced"
+    assert record["claims"]["sd-faster-measured"]["verdict"] == "reproduced"
     same, record = run()
     assert "claims: the same verdicts as the run of" in same and record["claims_changed"] == []
     recorded["speedups"] = [1.2, 0.9]
@@ -107,7 +112,19 @@ def test_spire_run_prints_the_verdicts_that_flipped_since_the_last_run_of_the_sa
             in flipped.splitlines())
     assert "winner at B = 2, L = 256 (this machine, measured): SPIRe -> AD" in flipped
     assert {c["claim"] for c in record["claims_changed"]} >= {"winner at B = 2, L = 256 (this machine, measured)"}
+    index = report.changed_claims_section(record, {})
+    assert "<h2 id='changed'>Changed since the run of " in index and "2 of this run's verdicts differ" in index
+    assert ("<tr><td>winner at B = 2, L = 256 (this machine, measured)</td><td>SPIRe</td><td><b>AD</b></td>"
+            in index)
     recorded["speedups"] = [1.2, 1.3]
     other, record = run(x=2)
     assert "claims: not compared (the previous run in this folder had other params)" in other
     assert record["claims_changed"] is None and "->" not in other
+    assert "not compared with an earlier run: the previous run in this folder had other params" in (
+        report.changed_claims_section(record, {}))
+
+
+def test_the_index_says_when_every_verdict_held():
+    record = {"claims_changed": [], "claims_compared": {"with": "2026-12-04T10:00:00", "why_not": None}}
+    assert "Every verdict is the same as in the run of 2026-12-04T10:00:00" in report.changed_claims_section(record, {})
+    assert report.changed_claims_section({}, {}) == ""  # a run from before claims were compared

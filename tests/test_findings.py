@@ -70,14 +70,15 @@ def test_verdict_answers_four_ways_at_the_cell_and_over_the_grid():
 def test_claims_separate_the_papers_arithmetic_from_what_this_scale_reproduces():
     found = findings.claims(RUN, RESULTS)
     arithmetic, done, not_done = found["arithmetic"], found["reproduced"], found["not reproduced"]
-    assert [t.startswith("Multipliers at B = 64, L = 512") for _, t in arithmetic] == [True]
-    (ok, text), = arithmetic
+    assert [c.html.startswith("Multipliers at B = 64, L = 512") for c in arithmetic] == [True]
+    (_, ok, text, key), = arithmetic
+    assert key == "arithmetic:multipliers"
     assert not ok and "vanilla SD 1.40x (paper 1.36x; differs at the second decimal: 1.4000)" in text
-    assert any("SPIRe is the best draft" in t and "SPIRe 2.60x" in t for _, t in done)
-    assert any("faster in 1 of 4 measured cells</a> (1 resolved: 95% CI above 1)" in t for _, t in not_done)
-    assert any("Order of tau" in t and "SPIRe 3.20, MagicDec 2.90" in t for _, t in not_done)  # paper: MagicDec first
-    assert any("Importance" in t for _, t in done)
-    assert not any("Multipliers at B = 64" in t for _, t in done + not_done)
+    assert any("SPIRe is the best draft" in t and "SPIRe 2.60x" in t for _, _, t, _ in done)
+    assert any("faster in 1 of 4 measured cells</a> (1 resolved: 95% CI above 1)" in t for _, _, t, _ in not_done)
+    assert any("Order of tau" in t and "SPIRe 3.20, MagicDec 2.90" in t for _, _, t, _ in not_done)  # paper: MagicDec first
+    assert any("Importance" in t for _, _, t, _ in done)
+    assert not any("Multipliers at B = 64" in t for _, _, t, _ in done + not_done)
     plain = text_of(findings.reproduced_section(RUN, RESULTS))
     assert "The paper's arithmetic, checked (0 of 1 agree)" in plain and "differs: Multipliers" in plain
     assert "Reproduced at this scale (2)" in plain and "Not reproduced at this scale (3)" in plain
@@ -88,7 +89,7 @@ def test_a_cost_number_off_at_the_second_decimal_says_why_or_is_not_a_match():
               "b": {"paper": 6.40, "from_rounded_tm": 6.4012, "from_full_tm": 6.3991},
               "c": {"paper": 6.20, "from_rounded_tm": 6.2149, "from_full_tm": 6.2139}}
     out = findings._claim_costs({}, {"08_cost_analysis": {"paper_cost_check": checks}})
-    (_, ok_a, a), (_, ok_b, b), (_, ok_c, c) = out
+    (_, ok_a, a, _), (_, ok_b, b, _), (_, ok_c, c, _) = out
     assert ok_a and "5.13 (paper 5.12: the paper rounded its multipliers to two decimals first" in a
     assert ok_b and "6.40 (paper 6.40)" in b and "rounded" not in b
     assert not ok_c and c.endswith("differs")
@@ -117,13 +118,13 @@ def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such()
         "09_measured_vs_modeled": {"cells": [
             {"method": "spire", "B": 1, "L": 256, "measured_speedup": 0.9, "modeled_speedup": 1.8,
              "profiled_speedup": 1.0, "profiled_error": 0.111}]}}
-    (kind, good, text), = _claim_ablations({}, results)
+    (kind, good, text, _), = _claim_ablations({}, results)
     assert kind == "reproduced" and not good
     assert "sparse KV (modeled, no interval, +0.76x)" in text and "Not resolved at this scale (no rank): feedback" in text
     assert "feedback (+0.01x)" not in text
     claims = _claim_measured({}, results)
     assert any("profiled cost model" in t and "median error 11% over all 1 cells" in t and not ok
-               for _, ok, t in claims)
+               for _, ok, t, _ in claims)
 
 
 def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
@@ -132,7 +133,7 @@ def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
                        {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "rank": None,
                         "effect": "harmful"}],
         "component_delta_tau": {"target activations": {"mean": -0.131, "ci95": 0.053, "resolved": True}}}}
-    (_, ok, claim), = findings._claim_ablations({}, results)
+    (_, ok, claim, _), = findings._claim_ablations({}, results)
     assert not ok and "harmful here, removing it raises tau: target activations (-0.131 ± 0.053 tau, -0.08x;" in claim
     assert "own 95% interval, uncorrected" in claim and "sparse KV (modeled, no interval, +0.76x)" in claim
     details = text(findings.ablation_ranking({}, results))
@@ -162,7 +163,7 @@ def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():
     never resolved and never reproduces the paper's claim."""
     for seeds in (2, 1):
         results, lead = ablation_run(seeds)
-        (_, ok, claim), = findings._claim_ablations({}, results)
+        (_, ok, claim, _), = findings._claim_ablations({}, results)
         assert html.escape(lead[0], quote=True) in claim and not ok, (seeds, claim, lead[0])
         details = text(findings.ablation_ranking({}, results))
         if seeds == 2:
@@ -195,7 +196,7 @@ def test_the_index_names_the_run_its_ablation_claim_comes_from():
            "notebooks": {"05_ablations": {"params_file": "params/ablations-full.yaml",
                                           "started": "2026-12-02T19:04:11+00:00", "html": "05_ablations.html"}}}
     source = "(05 run with params/ablations-full.yaml on 2026-12-02, 3 seeds x 1.23M training tokens per variant)"
-    (_, _, claim), = findings._claim_ablations(run, results)
+    (_, _, claim, _), = findings._claim_ablations(run, results)
     assert claim.endswith(source) and source in findings.ablation_ranking(run, results)
     del run["notebooks"]["05_ablations"]["params_file"]
     assert "(05 run with params/default.yaml on 2026-12-02" in findings._claim_ablations(run, results)[0][2]
@@ -299,8 +300,8 @@ def test_claims_built_on_a_trained_drafts_tau_state_its_budget():
                                "fraction": 0.000246}}
     results = {**RESULTS, "03_train_drafts": {"draft_budgets": budgets}}
     clause = "drafts trained on 0.025% (SPIRe draft) of the paper&#x27;s 20 x N tokens: about that budget"
-    (_, _, tau), = findings._claim_tau(RUN, results)
-    (_, _, best), = findings._claim_highlight_winner(RUN, results)
+    (_, _, tau, _), = findings._claim_tau(RUN, results)
+    (_, _, best, _), = findings._claim_highlight_winner(RUN, results)
     assert clause in tau and clause in best
     assert "Training budgets: the SPIRe draft trained on 123,000 tokens" in text(findings.table1(RUN, results))
     assert "20 x N" not in findings._claim_tau(RUN, RESULTS)[0][2]
@@ -313,5 +314,5 @@ def test_the_index_spells_out_its_abbreviations_once_and_the_profiled_models_goa
         assert plain.count(term) == 1, term
     cells = [{**c, "profiled_speedup": 1.0, "profiled_error": 0.05} for c in RESULTS["09_measured_vs_modeled"]["cells"]]
     claims = findings._claim_measured({}, {"09_measured_vs_modeled": {"cells": cells}})
-    profiled = next(t for _, _, t in claims if "profiled cost model" in t)
+    profiled = next(t for _, _, t, _ in claims if "profiled cost model" in t)
     assert "the goals it is held to: a median error of at most 10%, a mean signed error within +/-5%" in profiled

@@ -267,4 +267,4 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     results = {"09_measured_vs_modeled": {"cells": marked, "target_trained_length": 1024}}
     note = "L = 2048; past the 1,024-token windows the target was trained on"
     assert note in findings.measured_vs_modeled({}, results)
-    assert any(note in t for _, _, t in findings._claim_measured({}, results))
+    assert any(note in t for _, _, t, _ in findings._claim_measured({}, results))

@@ -7,17 +7,20 @@ each claim whose verdict changed since (`changes`, `report`).
 
 A claim is a statement the index makes of the run, with a verdict that can flip, read from the
 results the notebooks recorded (results.json) through the index's own functions
-(`spirelib.workbook.findings`), so the record says what the index said:
-- each of the paper's claims the index checks (`findings.claims`): its statement (the text before
-  its evidence), verdict "reproduced" / "not reproduced" at this scale, or "agrees" / "differs"
-  for the paper's own arithmetic (method §2);
-- the winner of every cell of every winner map (`findings.decision_maps`), AD where no draft beats it,
+(`spirelib.workbook.findings`), so the record says what the index said. Each is kept under a key
+that names it and no rewording of the index changes (two versions of the workbook compare):
+- each of the paper's claims the index checks (`findings.claims`, keyed by `Claim.key`): its
+  statement (the text before its evidence), verdict "reproduced" / "not reproduced" at this scale,
+  or "agrees" / "differs" for the paper's own arithmetic (method §2);
+- the winner of every cell of every winner map (`findings.decision_maps`, keyed by the map's key and
+  the cell), AD where no draft beats it,
   "(not resolved)" where the map marks the measured winner's 95% CI as overlapping another's or AD's
   (a winner resolved in one run and not in the next has changed its verdict);
 - each of SPIRe's parts that 05 ranks (`findings.ablation_effects`): "helps", "harmful" or
   "not resolved" (method §10).
 The evidence (the numbers behind a verdict) moves from run to run and is kept beside it, shown
-with a changed verdict, never compared.
+with a changed verdict, never compared. The changed claims are printed by `spire run` and listed
+at the top of the index (`spirelib.workbook.report`).
 """
 
 from __future__ import annotations
@@ -39,15 +42,14 @@ def _statement(text: str) -> tuple[str, str]:
 
 
 def record(run: dict, results: dict) -> dict[str, dict]:
-    """The claims the index makes of this run (module docstring): statement -> {"verdict",
-    "evidence"}, in the index's order (the paper's claims, the winner maps, 05's parts). A statement
-    the index makes twice keeps its first."""
+    """The claims the index makes of this run (module docstring): key -> {"claim" (its statement),
+    "verdict", "evidence"}, in the index's order (the paper's claims, the winner maps, 05's parts)."""
     out: dict[str, dict] = {}
     for kind, found in findings.claims(run, results).items():
-        for ok, text in found:
-            statement, evidence = _statement(text)
-            verdict = ("agrees" if ok else "differs") if kind == findings.ARITHMETIC else kind
-            out.setdefault(statement, {"verdict": verdict, "evidence": evidence})
+        for c in found:
+            statement, evidence = _statement(c.html)
+            verdict = ("agrees" if c.ok else "differs") if kind == findings.ARITHMETIC else kind
+            out[c.key] = {"claim": statement, "verdict": verdict, "evidence": evidence}
     for m in findings.decision_maps(run, results):
         winners, Bs, Ls = m["grid"]
         unresolved = m.get("unresolved") or set()
@@ -55,28 +57,36 @@ def record(run: dict, results: dict) -> dict[str, dict]:
             for j, L in enumerate(Ls):
                 if winners[i][j] != "-":
                     verdict = label(winners[i][j]) + (" (not resolved)" if (i, j) in unresolved else "")
-                    out.setdefault(f"winner at B = {B}, L = {pow2(L)} ({m['title']})",
-                                   {"verdict": verdict, "evidence": m["where"]})
+                    out[f"winner:{m['key']}:B{B}:L{L}"] = {
+                        "claim": f"winner at B = {B}, L = {pow2(L)} ({m['title']})", "verdict": verdict,
+                        "evidence": m["where"]}
     ranked = results.get("05_ablations", {}).get("importance")
     if ranked:
         for effect, parts in zip(("helps", "harmful", "not resolved"), findings.ablation_effects(ranked)):
             for r in parts:
-                out.setdefault(f"05: {label(r['part'])}", {"verdict": effect, "evidence": ""})
+                out[f"part:{r['part']}"] = {"claim": f"05: {label(r['part'])}", "verdict": effect, "evidence": ""}
     return out
 
 
 def changes(before: dict[str, dict], after: dict[str, dict]) -> list[dict]:
-    """Each claim whose verdict differs between two records, in `after`'s order, then those only
-    `before` made: {"claim", "before", "after", "evidence"} (a verdict None: not made by that run)."""
+    """Each claim whose verdict differs between two records (matched by key), in `after`'s order,
+    then those only `before` made: {"claim", "before", "after", "evidence"} (a verdict None: not
+    made by that run)."""
     out = []
-    for statement, now in after.items():
-        then = before.get(statement)
+    for key, now in after.items():
+        then = before.get(key)
         if then is None or then["verdict"] != now["verdict"]:
-            out.append({"claim": statement, "before": then and then["verdict"], "after": now["verdict"],
+            out.append({"claim": now["claim"], "before": then and then["verdict"], "after": now["verdict"],
                         "evidence": now["evidence"]})
-    out += [{"claim": s, "before": then["verdict"], "after": None, "evidence": ""}
-            for s, then in before.items() if s not in after]
+    out += [{"claim": then["claim"], "before": then["verdict"], "after": None, "evidence": ""}
+            for key, then in before.items() if key not in after]
     return out
+
+
+def current(kept: dict | None) -> bool:
+    """Whether a run.json's claims are kept in this module's form (each with its "claim"): older
+    records, keyed by their wording, are read again from their results instead."""
+    return bool(kept) and all("claim" in c for c in kept.values())
 
 
 def comparable(previous: dict, run: dict) -> str | None:

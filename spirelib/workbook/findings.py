@@ -20,7 +20,7 @@ from __future__ import annotations
 import html
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -201,7 +201,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         cell = r01.get("headline_cell", {"B": 64, "L": 512})
         paper_taus = perfmodel.PAPER_TAU[int(cell.get("tau_context", perfmodel.PAPER_TAU_CONTEXT))]
         rows.append(dict(
-            way="paper's shapes, paper's tau (modeled)", short="with the paper's shapes and tau",
+            key="paper", way="paper's shapes, paper's tau (modeled)", short="with the paper's shapes and tau",
             title="the paper's shapes and tau (HOI 600)",
             stem="01_performance_model", B=cell["B"], L=cell["L"],
             at=r01["headline"],
@@ -224,7 +224,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
             grid = None
         at_l = f" at L = {used['context_length']}" if used.get("context_length") else ""
         rows.append(dict(
-            way=f"paper's shapes, {source} (modeled)", short=f"at the paper's shapes with {source}",
+            key="paper-shapes", way=f"paper's shapes, {source} (modeled)", short=f"at the paper's shapes with {source}",
             title=f"the paper's shapes, {source} (HOI {hoi_06:g})",
             stem="06_speedup_explorer", B=at_06["B"], L=at_06["L"],
             at=at_06["paper shapes"], grid=grid,
@@ -233,7 +233,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
     if at_06.get("trained shapes"):
         recorded = grids_06.get("trained shapes")
         rows.append(dict(
-            way=f"trained shapes, {source} (modeled)", short="at the trained shapes (modeled)",
+            key="trained-shapes", way=f"trained shapes, {source} (modeled)", short="at the trained shapes (modeled)",
             title=f"this run's shapes, {source} (HOI {hoi_06:g})",
             stem="06_speedup_explorer", B=at_06["B"], L=at_06["L"],
             at=at_06["trained shapes"], grid=(recorded["winners"], recorded["B"], recorded["L"]) if recorded else None,
@@ -250,7 +250,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         winners, values = _grid(measured, Bs, Ls)
         predicted = _cells(results, "profiled_speedup")
         row = dict(
-            way=f"this machine ({machine.get('device', '?')}), trained models (measured)",
+            key="measured", way=f"this machine ({machine.get('device', '?')}), trained models (measured)",
             short=f"on this machine (measured at B = {near[0]}, L = {near[1]})",
             title="this machine, measured", stem="09_measured_vs_modeled", B=near[0], L=near[1], at=measured[near],
             grid=(winners, Bs, Ls), values=values,
@@ -282,13 +282,14 @@ def decision_maps(run: dict, results: dict, rows: list[dict] | None = None) -> l
         if r.get("profiled"):  # a measured winner that is not resolved cannot be picked wrongly
             differs = {(i, j) for i in range(len(B)) for j in range(len(L))
                        if winners[i][j] != "-" and (i, j) not in unresolved and r["profiled"][0][i][j] != winners[i][j]}
-        maps.append(dict(title=r.get("title", r["way"]), stem=r["stem"], grid=(winners, B, L), values=r.get("values"),
+        maps.append(dict(key=r["key"], title=r.get("title", r["way"]), stem=r["stem"], grid=(winners, B, L),
+                         values=r.get("values"),
                          differs=differs, unresolved=unresolved, where=where_sentence(winners, B, L, unresolved)))
         if r.get("profiled"):
             p_winners, p_values = r["profiled"]
             wrong = ", ".join(f"B = {B[i]}, L = {L[j]} ({label(p_winners[i][j])}, not {label(winners[i][j])})"
                               for i, j in sorted(differs))
-            maps.append(dict(title="this machine, profiled model", stem=r["stem"], grid=(p_winners, B, L),
+            maps.append(dict(key="profiled", title="this machine, profiled model", stem=r["stem"], grid=(p_winners, B, L),
                              values=p_values, differs=differs, unresolved=set(),
                              where=where_sentence(p_winners, B, L) + (
                                  f" It picks the wrong winner at {wrong}." if wrong else
@@ -383,11 +384,18 @@ def answers_table(run: dict, results: dict) -> str | None:
 # ---------------------------------------------------------------------------- reproduced or not
 
 ARITHMETIC, REPRODUCED, NOT_REPRODUCED = "arithmetic", "reproduced", "not reproduced"
-#: (kind, agrees, the claim with its numbers, HTML). kind ARITHMETIC: the paper's own numbers run
-#: through this workbook's model (agrees: the same to the paper's two decimals, or explained);
-#: kind REPRODUCED: a claim about drafts, checked at this run's scale (modeled with this run's
-#: tau, or measured), agrees or not.
-Claim = tuple[str, bool, str]
+
+
+class Claim(NamedTuple):
+    """One of the paper's claims as this run checked it. `kind` ARITHMETIC: the paper's own numbers
+    run through this workbook's model (`ok`: the same to the paper's two decimals, or explained);
+    REPRODUCED: a claim about drafts, checked at this run's scale (modeled with this run's tau, or
+    measured), agrees or not. `html`: the claim with its numbers; `key`: a name for it that no
+    rewording changes, by which runs' claims are compared (`spirelib.workbook.claims`)."""
+    kind: str
+    ok: bool
+    html: str
+    key: str
 
 
 def _same(ours: float, paper: float) -> bool:
@@ -409,8 +417,8 @@ def _claim_headline(run: dict, results: dict) -> list[Claim]:
         return []
     paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
     ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got])
-    return [(ARITHMETIC, ok, "Multipliers at B = 64, L = 512, the paper's shapes and tau: "
-             + _link(run, "01_performance_model", escape(numbers)))]
+    return [Claim(ARITHMETIC, ok, "Multipliers at B = 64, L = 512, the paper's shapes and tau: "
+                  + _link(run, "01_performance_model", escape(numbers)), "arithmetic:multipliers")]
 
 
 def _claim_70b(run: dict, results: dict) -> list[Claim]:
@@ -419,8 +427,8 @@ def _claim_70b(run: dict, results: dict) -> list[Claim]:
         return []
     paper = perfmodel.PAPER_MULTIPLIERS["llama3-70b"]
     ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got and m in paper])
-    return [(ARITHMETIC, ok, f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: "
-             + _link(run, "07_llama3_70b_extrapolation", escape(numbers)))]
+    return [Claim(ARITHMETIC, ok, f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: "
+                  + _link(run, "07_llama3_70b_extrapolation", escape(numbers)), "arithmetic:llama3-70b")]
 
 
 def _claim_costs(run: dict, results: dict) -> list[Claim]:
@@ -438,8 +446,8 @@ def _claim_costs(run: dict, results: dict) -> list[Claim]:
                         f"from the rounded multipliers {rounded:.2f})"), True
         else:
             text, ok = f"{full:.2f} (paper {paper:.2f}; {rounded:.2f} from rounded multipliers): differs", False
-        out.append((ARITHMETIC, ok, f"Serving savings, {escape(quantity)} (target-training units): "
-                    + _link(run, "08_cost_analysis", escape(text))))
+        out.append(Claim(ARITHMETIC, ok, f"Serving savings, {escape(quantity)} (target-training units): "
+                         + _link(run, "08_cost_analysis", escape(text)), f"arithmetic:savings:{quantity}"))
     return out
 
 
@@ -478,9 +486,9 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     here = ", ".join(f"{label(m)} {taus[m][str(at)]['mean']:.2f}" for m in order)
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
     ours = [m for m in order if m in paper_at]
-    return [(REPRODUCED, ours == paper_order, f"Order of tau across drafts (measured): here at L = {at} "
-             + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}"
-             + escape(budget_clause(results)))]
+    return [Claim(REPRODUCED, ours == paper_order, f"Order of tau across drafts (measured): here at L = {at} "
+                  + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}"
+                  + escape(budget_clause(results)), "tau-order")]
 
 
 def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
@@ -491,9 +499,10 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
     values = at["paper shapes"]
     win = _winner(values)
     numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
-    return [(REPRODUCED, win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} "
-             "(modeled with this run's tau at the paper's shapes): "
-             + _link(run, "06_speedup_explorer", escape(numbers)) + escape(budget_clause(results)))]
+    return [Claim(REPRODUCED, win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} "
+                  "(modeled with this run's tau at the paper's shapes): "
+                  + _link(run, "06_speedup_explorer", escape(numbers)) + escape(budget_clause(results)),
+                  "spire-best-at-highlight")]
 
 
 def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
@@ -545,8 +554,9 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
           and (interval or {}).get("scope") != "draft")
     source = ablation_source(run, results)
-    return [(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + " Paper: "
-             + escape(" > ".join(PAPER_IMPORTANCE_ORDER)) + (f" {escape(source)}" if source else ""))]
+    return [Claim(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + " Paper: "
+                  + escape(" > ".join(PAPER_IMPORTANCE_ORDER)) + (f" {escape(source)}" if source else ""),
+                  "importance-order")]
 
 
 def past_note(recorded: dict, cell: dict) -> str:
@@ -569,20 +579,20 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
     errors = [abs(c["modeled_speedup"] / c["measured_speedup"] - 1) for c in cells]
     profiled = [abs(c["profiled_error"]) for c in cells if "profiled_error" in c]
     claims = [
-        (REPRODUCED, slower == 0, "Speculative decoding is faster than AD on the clock (measured): "
+        Claim(REPRODUCED, slower == 0, "Speculative decoding is faster than AD on the clock (measured): "
          + _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells")
          + f" ({sum(c.get('ci_low', 0.0) > 1.0 for c in cells)} resolved: 95% CI above 1)"
          + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, "
-           f"L = {best['L']}{past_note(recorded, best)})"),
-        (REPRODUCED, statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
-         + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%} over all {total} cells")
-         + f", at most {max(errors):.0%}"),
+           f"L = {best['L']}{past_note(recorded, best)})", "sd-faster-measured"),
+        Claim(REPRODUCED, statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
+              + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%} over all {total} "
+                                                     "cells") + f", at most {max(errors):.0%}", "paper-model-predicts"),
     ]
     if profiled:
         model = recorded.get("profiled_model", {})
         held, bias = model.get("held_out_max_error"), model.get("mean_signed_error", 0.0)
         ok = statistics.median(profiled) <= 0.10 and abs(bias) <= 0.05 and (held is None or held <= 0.15)
-        claims.append((REPRODUCED, ok,
+        claims.append(Claim(REPRODUCED, ok,
                        "The profiled cost model of this machine predicts them (not a claim of the paper's): "
                        + _link(run, "09_measured_vs_modeled",
                                f"median error {statistics.median(profiled):.0%} over all {len(profiled)} cells")
@@ -590,7 +600,7 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
                        + (f", at most {held:.0%} on the cells it was not fitted to" if held is not None else "")
                        + " (fitted to these runs' rounds at the other cells; the goals it is held to: a median error "
                          "of at most 10%, a mean signed error within +/-5% and at most 15% on the cells it was not "
-                         "fitted to)"))
+                         "fitted to)", "profiled-model-predicts"))
     return claims
 
 
@@ -598,14 +608,14 @@ CLAIMS: list[Callable[[dict, dict], list[Claim]]] = [_claim_headline, _claim_70b
                                                      _claim_highlight_winner, _claim_ablations, _claim_measured]
 
 
-def claims(run: dict, results: dict) -> dict[str, list[tuple[bool, str]]]:
+def claims(run: dict, results: dict) -> dict[str, list[Claim]]:
     """The paper's claims this run checked, in three lists: ARITHMETIC (the paper's own numbers
     run through this model: (agrees, HTML)), REPRODUCED and NOT_REPRODUCED at this scale (modeled
     with this run's tau, or measured)."""
-    out: dict[str, list[tuple[bool, str]]] = {ARITHMETIC: [], REPRODUCED: [], NOT_REPRODUCED: []}
+    out: dict[str, list[Claim]] = {ARITHMETIC: [], REPRODUCED: [], NOT_REPRODUCED: []}
     for check in CLAIMS:
-        for kind, ok, text in check(run, results):
-            out[kind if kind == ARITHMETIC else REPRODUCED if ok else NOT_REPRODUCED].append((ok, text))
+        for c in check(run, results):
+            out[c.kind if c.kind == ARITHMETIC else REPRODUCED if c.ok else NOT_REPRODUCED].append(c)
     return out
 
 
@@ -617,11 +627,11 @@ def reproduced_section(run: dict, results: dict) -> str | None:
     def items(lines, marks=False):
         if not lines:
             return "<p>none</p>"
-        return "<ul>" + "".join(f"<li>{('<b>agrees</b>: ' if ok else '<b>differs</b>: ') if marks else ''}{t}</li>"
-                                for ok, t in lines) + "</ul>"
+        return "<ul>" + "".join(f"<li>{('<b>agrees</b>: ' if c.ok else '<b>differs</b>: ') if marks else ''}{c.html}"
+                                "</li>" for c in lines) + "</ul>"
 
     arithmetic = found[ARITHMETIC]
-    agree = sum(ok for ok, _ in arithmetic)
+    agree = sum(c.ok for c in arithmetic)
     return ("<div class='claims'>"
             f"<div><h3>The paper's arithmetic, checked ({agree} of {len(arithmetic)} agree)</h3>"
             "<p class='aside'>the paper's own numbers run through this workbook's model</p>"

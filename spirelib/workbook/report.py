@@ -304,6 +304,28 @@ def parameters_section(run: dict, results: dict) -> str:
             "</table></details>")
 
 
+def changed_claims_section(run: dict, results: dict) -> str:
+    """The claims whose verdict changed since the previous run in this folder on the same params and
+    machine (`spirelib.workbook.claims`), each before and after with its evidence now; a line saying
+    the verdicts held, or why the runs were not compared."""
+    compared = run.get("claims_compared") or {}
+    changed = run.get("claims_changed")
+    if not compared:
+        return ""
+    if changed is None:
+        return f"<p class='aside'>Claims not compared with an earlier run: {escape(compared.get('why_not'))}.</p>"
+    since = escape(compared.get("with"))
+    if not changed:
+        return f"<p class='aside'>Every verdict is the same as in the run of {since} in this folder.</p>"
+    rows = "".join(f"<tr><td>{escape(c['claim'])}</td><td>{escape(c['before'] or '(not made)')}</td>"
+                   f"<td><b>{escape(c['after'] or '(not made)')}</b></td><td>{escape(c['evidence'])}</td></tr>"
+                   for c in changed)
+    return (f"<h2 id='changed'>Changed since the run of {since}</h2>\n<p>{len(changed)} of this run's verdicts differ "
+            "from the previous run in this folder, on the same params and machine: asked again, the workbook "
+            "answered these differently.</p>\n<table><tr><th>claim</th><th>before</th><th>now</th>"
+            f"<th>evidence now</th></tr>{rows}</table>")
+
+
 def results_section(run: dict, results: dict) -> str:
     """A link to every result recorded with `spirelib.workbook.results.record` (results.json), and what it holds."""
     counts = ", ".join(f"{escape(stem)} ({len(values)})" for stem, values in results.items() if values)
@@ -312,8 +334,9 @@ def results_section(run: dict, results: dict) -> str:
             + ".</p>")
 
 
-INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, schedules_section, reports_section,
-                                                     findings_section, parameters_section, results_section]
+INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, changed_claims_section, schedules_section,
+                                                     reports_section, findings_section, parameters_section,
+                                                     results_section]
 
 
 def render_value(value: Any, max_items: int = 12) -> str:

@@ -371,7 +371,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     (out_dir / "results").mkdir(exist_ok=True)
     run_file, results_file = out_dir / "run.json", out_dir / "results.json"
     previous = results.read_json(run_file)  # the folder's last run, whose claims this one's are compared with
-    if previous and not previous.get("claims"):  # a record from before claims were kept: read them from its results
+    if previous and not claims.current(previous.get("claims")):  # kept in an older form, or not at all: read again
         previous["claims"] = claims.record(previous, results.read_json(results_file))
     record = results.read_json(run_file) if only else {}
     if not only:
@@ -431,6 +431,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     record["claims"] = claims.record(record, merged)
     why_not = claims.comparable(previous, record) if previous else "no earlier run in this folder"
     record["claims_changed"] = None if why_not else claims.changes(previous["claims"], record["claims"])
+    record["claims_compared"] = {"with": previous.get("started") if previous else None, "why_not": why_not}
     results.write_json(run_file, record)
     index = report.write_index(out_dir)
     for line in record.get("calibration_learned") or []:
