@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from spirelib import bench
-from spirelib.engine.spire import ABLATIONS
+from spirelib.model.spire import ABLATIONS
 from spirelib.training import data
 from spirelib.training.params import ParamsError, load_params
 from spirelib.training.series import Series, problems

@@ -27,8 +27,8 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from spirelib.engine.spire import SpireDraftModel
-from spirelib.engine.transformer import Transformer
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 
 GARBAGE_TOKEN = -(2 ** 40)  # no embedding has this row: a token read after the next replay fails loudly
 

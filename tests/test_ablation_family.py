@@ -24,7 +24,7 @@ import yaml
 from conftest import ROOT
 from test_tau_calibration import ROUNDS, G, K, alpha_clip, decode
 
-from spirelib.engine.tau import DeltaTau, linearize, seeds_interval, t_quantile
+from spirelib.measure.tau import DeltaTau, linearize, seeds_interval, t_quantile
 from spirelib.modeling.ablations import COMPONENTS, MEASURED_COMPONENTS
 from spirelib.modeling.acceptance import tau_from_alpha
 from spirelib.workbook.tables import ablations as tables

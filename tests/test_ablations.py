@@ -2,7 +2,7 @@
 
 import pytest
 
-from spirelib.engine.spire import ABLATIONS
+from spirelib.model.spire import ABLATIONS
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
 
@@ -61,7 +61,7 @@ def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
 
 
 def test_with_one_seed_a_ranking_speaks_of_its_trained_drafts_and_resolves_nothing_measured():
-    from spirelib.engine import tau
+    from spirelib.measure import tau
     from spirelib.modeling.ablations import DRAFT, MEASURED_COMPONENTS, TRAINING, resolved_ranking
 
     assert (TRAINING, DRAFT) == (tau.TRAINING, tau.DRAFT)  # the scopes tau's intervals report

@@ -26,7 +26,7 @@ def test_a_profiled_step_counts_replays_eager_ops_views_and_syncs():
 
 
 def test_eager_decoding_is_all_eager_ops_and_the_goal_says_so():
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8,

@@ -89,7 +89,7 @@ def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell(monkey
     import functools
     import json
 
-    from spirelib.engine import calibrate
+    from spirelib.measure import calibrate
 
     monkeypatch.setattr(calibrate, "matmul_peak", functools.partial(calibrate.matmul_peak, sizes=(512,), seconds=0.05))
     monkeypatch.setattr(calibrate, "memory_bandwidth",
@@ -139,7 +139,7 @@ def toy_calibration(monkeypatch):
     """This machine calibrated at toy sizes (the full-size calibration takes 10 s on a CPU)."""
     import functools
 
-    from spirelib.engine import calibrate
+    from spirelib.measure import calibrate
 
     monkeypatch.setattr(calibrate, "matmul_peak", functools.partial(calibrate.matmul_peak, sizes=(512,), seconds=0.05))
     monkeypatch.setattr(calibrate, "memory_bandwidth",
@@ -195,8 +195,8 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
 
 def test_held_bytes_prices_the_caches_decoding_allocates():
     from spirelib.bench import decode
-    from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
+    from spirelib.model.transformer import ModelConfig, Transformer
 
     cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
     model = Transformer(cfg)
@@ -213,7 +213,7 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
     """`decode.round_rows`: every generation has the rounds its warm-up (3) and its timed run
     (repeats + 1) take, even at one repeat."""
     from spirelib.bench import decode
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,

@@ -6,11 +6,11 @@ import torch
 from test_speculative import CFG, chi_square_pvalue, exact_two_token_distribution, peaky_model
 from torch._dynamo.utils import counters
 
-from spirelib.engine.drafts import MagicDecDraft, VanillaDraft
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.speculative import autoregressive_generate, speculative_generate
-from spirelib.engine.spire import SpireConfig, SpireDraft, SpireDraftModel
-from spirelib.engine.transformer import ModelConfig
+from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.transformer import ModelConfig
 
 
 def greedy(target, draft, contexts, lengths, G=20):

@@ -19,7 +19,7 @@ WORKER = textwrap.dedent("""
     import torch.distributed as dist
     from safetensors.torch import save_file
     from spirelib.training.data import FlatDocs
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
     from spirelib.training.train import TrainConfig, lm_objective, train
 
     torch.set_num_threads(1)
@@ -68,8 +68,9 @@ SPIRE_WORKER = textwrap.dedent("""
     import torch.distributed as dist
     from safetensors.torch import save_file
     from spirelib.training.data import FlatDocs
-    from spirelib.engine.transformer import ModelConfig, Transformer
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
+    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
+    from spirelib.training.objectives import SpireObjective
     from spirelib.training.train import TrainConfig, train
 
     torch.set_num_threads(1)

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spirelib.engine.drafts import MagicDecDraft, VanillaDraft, vanilla_draft_config
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.speculative import autoregressive_generate, speculative_generate
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, vanilla_draft_config
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.transformer import ModelConfig, Transformer
 
 TARGET = ModelConfig(vocab_size=256, num_layers=2, d_model=64, n_q_per_kv=2, n_kv=2, d_head=16, d_ff=192)
 

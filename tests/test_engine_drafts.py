@@ -17,12 +17,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from spirelib.engine.drafts import MagicDecDraft, VanillaDraft
-from spirelib.engine.kvcache import DenseKVCache, SinkWindow
-from spirelib.engine.sampling import probabilities
-from spirelib.engine.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.engine.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation, spire_draft
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, spire_draft
+from spirelib.decoding.sampling import probabilities
+from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.model.kvcache import DenseKVCache, SinkWindow
+from spirelib.model.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation
+from spirelib.model.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=23, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 SMALL = ModelConfig(vocab_size=23, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)

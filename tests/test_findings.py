@@ -143,7 +143,7 @@ def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
 
 def ablation_run(seeds: int) -> tuple[dict, list[str]]:
     """05's recorded results and its lead, as notebook 05 computes them, for differences over `seeds`."""
-    from spirelib.engine.tau import DeltaTau
+    from spirelib.measure.tau import DeltaTau
     from spirelib.workbook.tables import ablations as tables
 
     per_seed = (-0.034, -0.054)[:seeds]

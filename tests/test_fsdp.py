@@ -38,8 +38,9 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
+    from spirelib.training.objectives import SpireObjective
+    from spirelib.model.transformer import ModelConfig, Transformer
     from spirelib.training import checkpoint, fsdp
     from spirelib.training.checkpoint import load_checkpoint
     from spirelib.training.data import FlatDocs
@@ -239,7 +240,7 @@ WORKER = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
     from spirelib.training import hf
 
     torch.manual_seed(3)
@@ -414,7 +415,7 @@ def _tiny_hf_target(folder: Path, num_layers: int) -> None:
     """A Llama-shaped checkpoint at scaled-down shapes with a tiny BPE tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
     from spirelib.training import hf
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -86,7 +86,7 @@ class FakeModel:
 def fake_peer_row(monkeypatch, differ=0):
     """The peer row with `bench peer` faked: what it built and timed."""
     from spirelib.bench import peer
-    from spirelib.engine import transformer
+    from spirelib.model import transformer
 
     seen = {"cells": []}
 
@@ -146,8 +146,8 @@ def test_roofline_row_times_compiled_rounds_of_every_method_at_64_by_2048_and_81
     import functools
 
     from spirelib.bench import decode, train
-    from spirelib.engine import calibrate
-    from spirelib.engine.transformer import ModelConfig
+    from spirelib.measure import calibrate
+    from spirelib.model.transformer import ModelConfig
 
     toy = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
     monkeypatch.setitem(train.TARGETS, "paper", toy)  # the row's own shapes stay; no paper-sized weights here

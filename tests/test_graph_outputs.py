@@ -11,9 +11,8 @@ import torch
 from graph_pool import GraphPool
 from test_speculative import CFG, peaky_model
 
-from spirelib.engine.drafts import MagicDecDraft, VanillaDraft
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.speculative import (
+from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft, spire_draft
+from spirelib.decoding.speculative import (
     autoregressive_generate,
     autoregressive_rounds,
     finish,
@@ -22,9 +21,10 @@ from spirelib.engine.speculative import (
     speculative_generate,
     speculative_rounds,
 )
-from spirelib.engine.spire import SpireConfig, SpireDraft, SpireDraftModel, spire_draft
-from spirelib.engine.tau import TauProtocol, measure_tau
-from spirelib.engine.transformer import ModelConfig
+from spirelib.measure.tau import TauProtocol, measure_tau
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.transformer import ModelConfig
 
 G, K = 12, 3
 

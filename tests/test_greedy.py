@@ -5,8 +5,9 @@ import pytest
 import torch
 from test_speculative import CFG, drafts_for, peaky_model, random_dists
 
-from spirelib.engine import drafts, sampling, speculative, spire
-from spirelib.engine.speculative import autoregressive_generate, speculative_generate
+from spirelib.decoding import drafts, sampling, speculative
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+from spirelib.model import spire
 
 
 def argmax_continuation(target, context, G):

@@ -21,10 +21,10 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from spirelib.engine.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
-from spirelib.engine.kvcache import DenseKVCache, SinkWindow  # noqa: E402
-from spirelib.engine.speculative import autoregressive_generate, speculative_generate  # noqa: E402
-from spirelib.engine.transformer import ModelConfig, Transformer  # noqa: E402
+from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate  # noqa: E402
+from spirelib.model.kvcache import DenseKVCache, SinkWindow  # noqa: E402
+from spirelib.model.transformer import ModelConfig, Transformer  # noqa: E402
 from spirelib.training import hf  # noqa: E402
 
 V = 101
@@ -447,7 +447,7 @@ def qwen2(tmp_path_factory):
 def test_llama3_rope_frequencies_are_transformers_bitwise():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from spirelib.engine.rope import rope_frequencies
+    from spirelib.model.rope import rope_frequencies
 
     config = LlamaConfig(hidden_size=128, num_attention_heads=1, head_dim=128, max_position_embeddings=131072,
                          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
@@ -518,7 +518,7 @@ def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
     test_model); the sink keys are re-rotated by the distance they move, in scaled frequencies."""
     from dataclasses import replace
 
-    from spirelib.engine.kvcache import SinkWindowKVCache
+    from spirelib.model.kvcache import SinkWindowKVCache
 
     torch.manual_seed(14)
     ours = Transformer(replace(scaled[2].cfg, num_layers=1)).eval()
@@ -536,7 +536,8 @@ def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
 
 
 def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_the_original_context(scaled):
-    from spirelib.engine.spire import SpireConfig, SpireDraft, SpireDraftModel
+    from spirelib.decoding.drafts import SpireDraft
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
 
     ref, _, ours = scaled
     lengths = torch.tensor([20, 14])

@@ -9,17 +9,18 @@ import pytest
 import torch
 from host_syncs import count_host_syncs
 
-from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-from spirelib.engine.speculative import (
+from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.speculative import (
     SectionTimer,
     autoregressive_generate,
     prefill,
     speculative_capacity,
     speculative_generate,
 )
-from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training.data import FlatDocs
+from spirelib.training.objectives import SpireObjective
 from spirelib.training.train import TrainConfig, train
 
 CFG = ModelConfig(vocab_size=96, num_layers=4, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)

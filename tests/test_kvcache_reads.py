@@ -2,7 +2,7 @@
 
 import torch
 
-from spirelib.engine.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.model.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
 
 
 def test_decode_reads_cover_the_capacity_not_the_trash_slot():

@@ -17,17 +17,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "spirelib"
 #: sit beside each other and may not import each other (the workbook and the benchmarks).
 LAYERS = {
     "paths": 0, "frontend": 0,  # the base every layer uses
-    "modeling": 1,              # numpy model
-    "engine": 2,                # torch engine
-    "training": 3,              # training and data
-    "workbook": 4, "bench": 4,  # notebooks' library and benchmarks, beside each other
-    "cli": 5,                   # the one command line
-    "__main__": 6,              # python -m spirelib: runs the cli
+    "modeling": 1,              # the performance model (numpy)
+    "model": 2,                 # the torch models: transformer, caches, the SPIRe draft's architecture
+    "decoding": 3,              # sampling, the speculative round, the drafting methods
+    "measure": 4,               # tau, the wall clock, the machine's calibration
+    "training": 5,              # losses and objectives, the trainer, data, checkpoints
+    "workbook": 6, "bench": 6,  # notebooks' library and benchmarks, beside each other
+    "cli": 7,                   # the one command line
+    "__main__": 8,              # python -m spirelib: runs the cli
 }
 
 
 def part_of(module: str) -> str:
-    """The top-level part of a dotted module name under spirelib ("spirelib.engine.kvcache" -> "engine")."""
+    """The top-level part of a dotted module name under spirelib ("spirelib.model.kvcache" -> "model")."""
     return module.split(".")[1] if module.count(".") else "__init__"
 
 
@@ -96,17 +98,17 @@ def test_imports_point_down(path):
 
 
 def test_the_check_sees_upward_and_sideways_imports(tmp_path):
-    """The checker itself: an engine module importing the workbook (relatively, inside a function)
-    or the training layer is refused; the workbook importing the benchmarks beside it too."""
+    """The checker itself: a decoding module importing the workbook (relatively, inside a function)
+    or the measurement layer is refused; the workbook importing the benchmarks beside it too."""
     fake = tmp_path / "spirelib"
-    for part in ("engine", "workbook"):
+    for part in ("decoding", "workbook"):
         (fake / part).mkdir(parents=True)
-    (fake / "engine" / "x.py").write_text("def f():\n    from ..workbook import report\n")
-    (fake / "engine" / "y.py").write_text("from spirelib import training\nfrom spirelib.modeling import perfmodel\n")
-    (fake / "workbook" / "z.py").write_text("import spirelib.bench.decode\nfrom spirelib.engine import tau\n")
-    assert violations(fake / "engine" / "x.py", fake) == [
-        "spirelib/engine/x.py:2 (engine) imports spirelib.workbook (workbook), a layer above its own"]
-    assert violations(fake / "engine" / "y.py", fake) == [
-        "spirelib/engine/y.py:1 (engine) imports spirelib.training (training), a layer above its own"]
+    (fake / "decoding" / "x.py").write_text("def f():\n    from ..workbook import report\n")
+    (fake / "decoding" / "y.py").write_text("from spirelib import measure\nfrom spirelib.model import kvcache\n")
+    (fake / "workbook" / "z.py").write_text("import spirelib.bench.decode\nfrom spirelib.measure import tau\n")
+    assert violations(fake / "decoding" / "x.py", fake) == [
+        "spirelib/decoding/x.py:2 (decoding) imports spirelib.workbook (workbook), a layer above its own"]
+    assert violations(fake / "decoding" / "y.py", fake) == [
+        "spirelib/decoding/y.py:1 (decoding) imports spirelib.measure (measure), a layer above its own"]
     assert violations(fake / "workbook" / "z.py", fake) == [
         "spirelib/workbook/z.py:1 (workbook) imports spirelib.bench.decode (bench), a layer beside its own"]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from spirelib.engine.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.model.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.model.transformer import ModelConfig, Transformer
 
 TINY = ModelConfig(vocab_size=61, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
 
@@ -168,7 +168,7 @@ def test_prefill_fast_path_equals_the_masked_path():
 def test_rope_frequencies_are_computed_as_hugging_face_does():
     """1 / base^(i/d), not base^(-i/d): they differ by an ulp in about a third of the
     frequencies, which moves the logits past 100k tokens of relative distance."""
-    from spirelib.engine.rope import rope_rotation
+    from spirelib.model.rope import rope_rotation
 
     positions = torch.tensor([[131072]])
     inv_freq = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128)

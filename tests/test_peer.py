@@ -10,8 +10,8 @@ import torch
 
 from spirelib import bench, cli
 from spirelib.bench import gpu_check, peer
-from spirelib.engine.drafts import vanilla_draft_config
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.model.transformer import ModelConfig, Transformer
 
 pytest.importorskip("transformers")
 

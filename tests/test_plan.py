@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import fixture_cache
 
 from spirelib import cli
-from spirelib.engine.spire import SpireConfig
-from spirelib.engine.transformer import ModelConfig
+from spirelib.model.spire import SpireConfig
+from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling import profiled
 from spirelib.modeling.acceptance import alpha_from_tau, expected_rounds
 from spirelib.modeling.perfmodel import ModelShape, body_params
@@ -190,10 +190,10 @@ def test_expected_rounds_is_exact_at_the_ends_and_matches_a_simulation_between()
 def test_the_fit_explains_real_rounds_timed_in_the_loop():
     """time_decoding's sections at a few cells of a tiny model, fitted, then priced: the model
     explains its own fitted rounds (up to this shared machine's noise)."""
-    from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-    from spirelib.engine.kvcache import SinkWindow
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel
-    from spirelib.engine.wallclock import loop_timings, profiled_draft_shapes, time_decoding
+    from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+    from spirelib.measure.wallclock import loop_timings, profiled_draft_shapes, time_decoding
+    from spirelib.model.kvcache import SinkWindow
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)

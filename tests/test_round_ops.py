@@ -15,7 +15,7 @@ import torch
 from graph_pool import GraphPool, counting
 from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (models: the fixture)
 
-from spirelib.engine.speculative import autoregressive_rounds, speculative_rounds
+from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 
 #: Eager ops per steady-state step (AD) or round (SD, k = 3), measured on 2026-12-04 with the caches'
 #: bookkeeping inside the forwards' graphs (before: AD 26 and 46, SD 159-331).

@@ -113,7 +113,7 @@ def _checkpoint(tmp_path):
     """A tiny random Llama checkpoint with a BPE tokenizer.json, as a user would bring one."""
     import torch
 
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
     from spirelib.training import hf
     from spirelib.training.tokenizer import BPETokenizer, train_bpe
 

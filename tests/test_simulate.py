@@ -17,8 +17,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from spirelib.engine.spire import SpireConfig
-from spirelib.engine.transformer import ModelConfig
+from spirelib.model.spire import SpireConfig
+from spirelib.model.transformer import ModelConfig
 from spirelib.training.simulate import Case, peak, simulate
 from spirelib.training.train import TrainConfig
 

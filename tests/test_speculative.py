@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from spirelib.engine.drafts import MagicDecDraft, VanillaDraft
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.sampling import rejection_sample, sample
-from spirelib.engine.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
+from spirelib.decoding.sampling import rejection_sample, sample
+from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.transformer import ModelConfig, Transformer
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

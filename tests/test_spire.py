@@ -4,7 +4,11 @@ lossless decoding through the engine."""
 import pytest
 import torch
 
-from spirelib.engine.losses import (
+from spirelib.decoding.drafts import SpireDraft, spire_draft
+from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.model.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation, block_positions
+from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.training.losses import (
     distillation_loss,
     draft_losses,
     expected_acceptance,
@@ -12,18 +16,7 @@ from spirelib.engine.losses import (
     head_draft_losses,
     mixed_loss,
 )
-from spirelib.engine.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.engine.spire import (
-    ABLATIONS,
-    SpireConfig,
-    SpireDraft,
-    SpireDraftModel,
-    SpireObjective,
-    ablation,
-    block_positions,
-    spire_draft,
-)
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.training.objectives import SpireObjective
 
 TARGET = ModelConfig(vocab_size=29, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 
@@ -232,7 +225,7 @@ def test_the_compiled_objective_gives_the_eager_loss_metrics_and_gradients(monke
     to fp32 rounding. The graphs torch.compile captures (dynamo, AOT autograd) run on its
     `aot_eager` backend: inductor's kernels are torch's to test, and would cost this test ~30 s
     of cold compilation on 2 cores (`make run` trains through them)."""
-    from spirelib.engine import losses
+    from spirelib.training import losses
 
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_(fn, backend="aot_eager", **options))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training import train as train_module
 from spirelib.training.data import FlatDocs
 from spirelib.training.train import TrainConfig, lm_objective, train

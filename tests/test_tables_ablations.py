@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.engine.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import tau_from_per_position
 from spirelib.workbook.tables import ablations as tables
 
@@ -32,7 +32,7 @@ def test_budget_note():
 
 
 def test_variant_counts_pair_every_variant_and_seed():
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
 
     torch.manual_seed(0)
     target = Transformer(CFG).double().eval()
@@ -54,7 +54,7 @@ def test_paired_deltas_over_seeds_and_measured_pairs_only():
 
 
 def test_seed_taus_and_interval_note_say_what_the_intervals_are_about():
-    from spirelib.engine.tau import tau_over_seeds
+    from spirelib.measure.tau import tau_over_seeds
 
     taus = tables.seed_taus(COUNTS)
     assert list(taus) == ["spire", "hard_target"]

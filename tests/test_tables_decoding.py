@@ -1,6 +1,6 @@
 """Tables of measured acceptance (notebook 04): Table 1's shape and every measurement's counts."""
 
-from spirelib.engine.tau import TauStats
+from spirelib.measure.tau import TauStats
 from spirelib.workbook.tables.decoding import acceptance_rows, table1_rows
 
 

@@ -5,10 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.spire import SpireConfig
-from spirelib.engine.transformer import ModelConfig
-from spirelib.engine.wallclock import (
+from spirelib.measure.wallclock import (
     DecodeTiming,
     flops_per_token,
     modeled_speedups,
@@ -16,6 +13,9 @@ from spirelib.engine.wallclock import (
     profiled_draft_shapes,
     profiled_verdict,
 )
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.spire import SpireConfig
+from spirelib.model.transformer import ModelConfig
 from spirelib.modeling import profiled
 from spirelib.workbook.tables import measured as tables
 

@@ -241,7 +241,7 @@ def test_taus_rows_put_the_paper_tau_beside_each_method():
 
 
 def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
-    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.decoding.drafts import vanilla_draft_config
     from spirelib.training.series import Series
     series = Series.from_dict({})
     taus = {"vanilla": 2.0, "spire": 3.0}

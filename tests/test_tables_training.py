@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spirelib.engine.transformer import ModelConfig
+from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.costs import flop_params
 from spirelib.training.tokenizer import BytesTokenizer
 from spirelib.workbook.tables import training as tables

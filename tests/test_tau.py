@@ -11,9 +11,9 @@ import pytest
 import torch
 from torchrun import ranks_and_reference
 
-from spirelib.engine.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
-from spirelib.engine.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
+from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
+from spirelib.model.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -109,7 +109,7 @@ def test_a_draft_identical_to_the_target_accepts_everything():
     covering everything, no feedback: each layer reads its own input, as the target's does).
     The target's weights are far from uniform (std 0.5, random norm gains), so q == p is no
     coincidence of flat distributions: an unrelated draft of the same shape accepts far less."""
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
 
     def sharp(seed):
         m = model(CFG, seed)
@@ -180,9 +180,9 @@ WORKER = textwrap.dedent("""
     import json, os, sys
     import torch
     import torch.distributed as dist
-    from spirelib.engine.transformer import ModelConfig, Transformer
-    from spirelib.engine.drafts import draft_factory
-    from spirelib.engine.tau import TauProtocol, measure_tau
+    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.decoding.drafts import draft_factory
+    from spirelib.measure.tau import TauProtocol, measure_tau
 
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
@@ -215,7 +215,7 @@ def test_sharding_over_two_processes_equals_one_process(tmp_path):
 
 
 def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
-    from spirelib.engine.drafts import vanilla_draft_config
+    from spirelib.decoding.drafts import vanilla_draft_config
 
     paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
     draft = vanilla_draft_config(paper)
@@ -227,7 +227,7 @@ def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
 
 
 def test_spire_is_registered_and_measurable():
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
 
     target = model(CFG, 0)
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval()
@@ -239,7 +239,7 @@ def test_spire_is_registered_and_measurable():
 
 
 def test_recorded_taus_picks_the_nearest_measured_context_length():
-    from spirelib.engine.tau import recorded_taus
+    from spirelib.measure.tau import recorded_taus
 
     run = {"04_measure_tau": {
         "tau": {"spire": {"256": {"mean": 3.1}, "960": {"mean": 2.9}}, "vanilla": {"256": {"mean": 2.5}}},
@@ -263,7 +263,7 @@ def common_rows(alphas, n, k, G, seed):
 
 
 def test_paired_delta_tau_covers_the_true_difference_and_is_sharper_than_unpaired():
-    from spirelib.engine.tau import delta_tau
+    from spirelib.measure.tau import delta_tau
 
     k, G, n = 4, 64, 2000
     a, b = common_rows([0.72, 0.70], n, k, G, seed=1)
@@ -278,7 +278,7 @@ def test_paired_delta_tau_covers_the_true_difference_and_is_sharper_than_unpaire
 
 
 def test_delta_tau_over_seeds_adds_the_spread_between_seeds():
-    from spirelib.engine.tau import delta_tau
+    from spirelib.measure.tau import delta_tau
 
     k, G, n = 4, 64, 500
     a0, b0 = common_rows([0.72, 0.70], n, k, G, seed=2)
@@ -293,7 +293,7 @@ def test_delta_tau_over_seeds_adds_the_spread_between_seeds():
 
 
 def test_merged_counts_pool_every_context():
-    from spirelib.engine.tau import merge_counts
+    from spirelib.measure.tau import merge_counts
 
     a, b = common_rows([0.6, 0.8], 50, 4, 16, seed=5)
     merged = merge_counts([a, b])

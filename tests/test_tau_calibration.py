@@ -22,7 +22,15 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.engine.tau import AcceptCounts, DeltaTau, delta_tau, linearize, seeds_interval, t_quantile, tau_over_seeds
+from spirelib.measure.tau import (
+    AcceptCounts,
+    DeltaTau,
+    delta_tau,
+    linearize,
+    seeds_interval,
+    t_quantile,
+    tau_over_seeds,
+)
 from spirelib.modeling.acceptance import tau_from_alpha
 
 K, G = 4, 64  # the protocol's draft depth and tokens per context (method §5)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.engine.speculative import autoregressive_generate
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.speculative import autoregressive_generate
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training.checkpoint import CheckpointError, config_hash, read_meta
 from spirelib.training.data import FlatDocs
 from spirelib.training.train import TrainConfig, TrainingDiverged, lm_objective, read_metrics, train
@@ -88,7 +88,7 @@ def test_training_mfu_reports_the_steady_state_and_the_runs_wall_clock(monkeypat
     measures a real one, notebook 02 the full-size one, seconds on a CPU)."""
     from types import SimpleNamespace
 
-    from spirelib.engine import calibrate
+    from spirelib.measure import calibrate
     from spirelib.modeling.costs import flop_params, training_flops
     from spirelib.training.pipeline import training_mfu
 
@@ -209,7 +209,7 @@ def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
 
 @pytest.mark.parametrize("chunk", [5, 1000])
 def test_fused_cross_entropy_matches_logits_then_cross_entropy(chunk):
-    from spirelib.engine.transformer import _LinearCrossEntropy
+    from spirelib.model.transformer import _LinearCrossEntropy
 
     torch.manual_seed(0)
     h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
@@ -242,7 +242,7 @@ def test_loss_is_the_next_token_loss_of_the_logits():
 
 @torch.no_grad()
 def test_fused_cross_entropy_without_grad_chunks_rows_too():
-    from spirelib.engine.transformer import linear_cross_entropy
+    from spirelib.model.transformer import linear_cross_entropy
 
     torch.manual_seed(0)
     h, w = torch.randn(23, 8), torch.randn(200_000, 8)  # 2**21 // 200_000 = 10 rows per chunk
@@ -253,7 +253,7 @@ def test_fused_cross_entropy_without_grad_chunks_rows_too():
 def test_calibration_measures_and_stores_this_machine(monkeypatch):
     import types
 
-    from spirelib.engine import calibrate
+    from spirelib.measure import calibrate
 
     peak = calibrate.matmul_peak(sizes=(64, 128), seconds=0.01, repeats=2)
     assert len(peak["rates"]) == 4 and peak["flops"] == max(peak["rates"]) > 0
@@ -342,8 +342,8 @@ def test_mfu_counts_one_devices_peak_per_rank(monkeypatch):
     speed are each 8 times less utilized than one process."""
     from types import SimpleNamespace
 
-    from spirelib.engine import calibrate
-    from spirelib.engine.transformer import ModelConfig
+    from spirelib.measure import calibrate
+    from spirelib.model.transformer import ModelConfig
     from spirelib.modeling.costs import flop_params, training_flops
     from spirelib.training.pipeline import training_mfu
 
@@ -360,6 +360,6 @@ def test_tf32_is_set_where_the_engine_is_imported_not_by_training():
     import subprocess
     import sys
 
-    code = ("import torch; assert not torch.backends.cuda.matmul.allow_tf32; import spirelib.engine.transformer; "
+    code = ("import torch; assert not torch.backends.cuda.matmul.allow_tf32; import spirelib.model.transformer; "
             "assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-from spirelib.engine.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
-from spirelib.engine.spire import SpireConfig, SpireDraftModel
-from spirelib.engine.transformer import ModelConfig, Transformer
-from spirelib.engine.wallclock import _lockstep, time_cells, time_decoding
+from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
+from spirelib.measure.wallclock import _lockstep, time_cells, time_decoding
+from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from jupyter_client.provisioning import LocalProvisioner
 from conftest import own_cache
+from jupyter_client.provisioning import LocalProvisioner
 from terminal import terminal_output
 
 from spirelib import cli
@@ -132,7 +132,7 @@ def test_committed_params_files_fit_the_series(params_file, tmp_path):
     declared = {p.stem: runner.declared_parameters(p) for p in series}
     params = runner.load_params(params_file)
     if params["series"].get("target_source"):  # the user's checkpoint is not in the repository: a tiny stand-in
-        from spirelib.engine.transformer import ModelConfig, Transformer
+        from spirelib.model.transformer import ModelConfig, Transformer
         from spirelib.training import hf
 
         layers = max(2, params["series"].get("spire", {}).get("num_layers", 1))  # llama3-70b.yaml's draft: 20

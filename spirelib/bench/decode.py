@@ -46,12 +46,9 @@ from dataclasses import replace
 import torch
 
 from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive
-from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache
-from spirelib.engine.speculative import autoregressive_rounds, speculative_capacity, speculative_rounds
-from spirelib.engine.spire import SpireConfig, SpireDraftModel
-from spirelib.engine.transformer import Transformer
-from spirelib.engine.wallclock import (
+from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.speculative import autoregressive_rounds, speculative_capacity, speculative_rounds
+from spirelib.measure.wallclock import (
     loop_timings,
     profiled_cells,
     profiled_draft_shapes,
@@ -59,6 +56,9 @@ from spirelib.engine.wallclock import (
     repeat_seconds,
     time_cells,
 )
+from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
+from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling import profiled
 from spirelib.training.hf import available_bytes
 
@@ -278,7 +278,7 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     """Time every (B, L) of `cells` (09's protocol: CI +/-5% within `--cell-seconds`), calibrate
     this machine, fit the profiled model to every cell but `held_out`, and compare: (the fitted
     `profiled.ProfiledCost`, `wallclock.profiled_cells`, `wallclock.profiled_verdict`)."""
-    from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
+    from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
     timings = time_case(target, factories, methods, cells, args.new_tokens, args.k, args.temperature, args.repeats,
                         max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)
@@ -434,7 +434,7 @@ def main(args: argparse.Namespace) -> int:
     target = Transformer(cfg).to(args.device).eval()
     modes = (False, True) if args.compile else (False,)
     if args.roofline:
-        from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
+        from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
         peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
         rows = [row for L in args.context for B in args.batch for compiled in modes

@@ -145,7 +145,7 @@ def greedy_mismatch(target, contexts: torch.Tensor, tokens: torch.Tensor, refere
 
 
 def _toy_target(args, dtype=torch.float32):
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import ModelConfig, Transformer
 
     cfg = ModelConfig(vocab_size=512, num_layers=4, d_model=64, n_q_per_kv=1, n_kv=4, d_head=16, d_ff=256)
     torch.manual_seed(0)
@@ -163,10 +163,10 @@ def _cuda_graphs(args) -> str:
     from torch._dynamo.utils import counters
 
     from spirelib.bench.rounds import steady_state_counts
-    from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-    from spirelib.engine.speculative import autoregressive_generate, speculative_generate
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel
-    from spirelib.engine.transformer import Transformer
+    from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+    from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.transformer import Transformer
 
     target = _toy_target(args)
     models = {"vanilla": Transformer(vanilla_draft_config(target.cfg)).to(args.device).eval(),
@@ -211,9 +211,10 @@ def _cuda_graphs(args) -> str:
 
 
 def _bf16_target(args) -> str:
-    from spirelib.engine.drafts import draft_factory
-    from spirelib.engine.speculative import autoregressive_generate, speculative_generate
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
+    from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.training.objectives import SpireObjective
     from spirelib.training.train import TrainConfig, make_optimizer
 
     target = _toy_target(args, torch.bfloat16)
@@ -248,7 +249,7 @@ def _bf16_target(args) -> str:
 
 def _mfu(args) -> str:
     from spirelib.bench.train import TARGETS, measure
-    from spirelib.engine.calibrate import matmul_peak
+    from spirelib.measure.calibrate import matmul_peak
     from spirelib.modeling.costs import flop_params, training_flops
 
     cfg = TARGETS["workbook" if args.quick else "paper"]
@@ -270,8 +271,8 @@ def _roofline(args) -> str:
     started within it are named. --quick: the workbook's target in fp32, toy cells, all eager."""
     from spirelib.bench.decode import TIMED, build_methods, compile_all, roofline_rows, round_rows
     from spirelib.bench.train import TARGETS
-    from spirelib.engine.calibrate import matmul_peak, memory_bandwidth
-    from spirelib.engine.transformer import Transformer
+    from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
+    from spirelib.model.transformer import Transformer
 
     gpu = torch.device(args.device).type == "cuda"
     dtype = torch.bfloat16 if gpu else torch.float32
@@ -308,8 +309,8 @@ def _peer(args) -> str:
     workbook's target in fp32, two toy cells, eager (no compiling). Without transformers: skipped."""
     from spirelib.bench import peer
     from spirelib.bench.train import TARGETS
-    from spirelib.engine.drafts import vanilla_draft_config
-    from spirelib.engine.transformer import Transformer
+    from spirelib.decoding.drafts import vanilla_draft_config
+    from spirelib.model.transformer import Transformer
 
     try:
         peer.import_transformers()
@@ -347,7 +348,7 @@ def _profiled(args) -> str:
 
     from spirelib.bench import decode
     from spirelib.bench.train import TARGETS
-    from spirelib.engine.transformer import Transformer
+    from spirelib.model.transformer import Transformer
 
     cfg = TARGETS["workbook" if args.quick else "paper"]
     shape = ["--vocab-size", cfg.vocab_size, "--target-layers", cfg.num_layers, "--d-model", cfg.d_model,
@@ -374,8 +375,8 @@ def _profiled(args) -> str:
 
 
 def _memory(args) -> str:
-    from spirelib.engine.spire import SpireConfig
-    from spirelib.engine.transformer import ModelConfig
+    from spirelib.model.spire import SpireConfig
+    from spirelib.model.transformer import ModelConfig
     from spirelib.training.simulate import Case, peak, simulate
     from spirelib.training.train import TrainConfig
 

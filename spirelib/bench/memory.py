@@ -105,10 +105,11 @@ def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window
     import torch
 
     base = _status("VmRSS")
-    from spirelib.engine.drafts import vanilla_draft_config
-    from spirelib.engine.losses import draft_losses
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
-    from spirelib.engine.transformer import ModelConfig, Transformer
+    from spirelib.decoding.drafts import vanilla_draft_config
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.training.losses import draft_losses
+    from spirelib.training.objectives import SpireObjective
     from spirelib.training.train import TrainConfig, lm_objective, make_optimizer
 
     torch.manual_seed(0)

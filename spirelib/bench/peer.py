@@ -47,9 +47,9 @@ import torch
 
 from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive, synchronize
 from spirelib.bench.gpu_check import TIE_LOGITS, greedy_mismatch
-from spirelib.engine.drafts import VanillaDraft, vanilla_draft_config
-from spirelib.engine.speculative import autoregressive_generate, speculative_generate
-from spirelib.engine.transformer import Transformer
+from spirelib.decoding.drafts import VanillaDraft, vanilla_draft_config
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+from spirelib.model.transformer import Transformer
 
 MODES = ("eager", "compiled", "assisted")
 BATCHES, CONTEXTS = (1, 16, 64), (256, 960, 2048)

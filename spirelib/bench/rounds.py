@@ -65,8 +65,8 @@ def steady_state_counts(target, draft_models: dict, *, batch: int, context: int,
     """Counts (`count`) of one AD step and one SD round per method in `draft_models` ({method: its
     trained model or None}), each after `warmup` rounds of its own generation (graphs compiled and
     recorded by then)."""
-    from spirelib.engine.drafts import draft_factory
-    from spirelib.engine.speculative import autoregressive_rounds, speculative_rounds
+    from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 
     device = next(target.parameters()).device
     contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=device)
@@ -116,9 +116,9 @@ def problems(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from spirelib.engine.drafts import vanilla_draft_config
-    from spirelib.engine.spire import SpireConfig, SpireDraftModel
-    from spirelib.engine.transformer import Transformer
+    from spirelib.decoding.drafts import vanilla_draft_config
+    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.transformer import Transformer
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     target = Transformer(model_config(args)).to(device=args.device, dtype=dtype).eval()

@@ -31,10 +31,11 @@ import statistics
 import torch
 
 from spirelib.bench import positive
-from spirelib.engine.losses import head_draft_losses
-from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, block_positions
-from spirelib.engine.transformer import ModelConfig, Transformer
-from spirelib.engine.wallclock import repeat_seconds as _time
+from spirelib.measure.wallclock import repeat_seconds as _time
+from spirelib.model.spire import SpireConfig, SpireDraftModel, block_positions
+from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.training.losses import head_draft_losses
+from spirelib.training.objectives import SpireObjective
 
 #: The rows, in the order printed: the k-pass comparison (goal: k-pass >= 0.9 of ordinary), then a real
 #: step and its parts.

@@ -1,7 +1,7 @@
 """`spire bench train`: training throughput and model FLOP utilization (MFU).
 
 Measures, in one process: this machine's fp32 matmul peak (large square matmuls,
-`spirelib.engine.calibrate`), then training tokens/s of the default CPU target (or `--preset`'s
+`spirelib.measure.calibrate`), then training tokens/s of the default CPU target (or `--preset`'s
 model) through the real trainer (`spirelib.training.train.train`, random tokens, AdamW, clipping,
 the works; the first step is excluded as warm-up/compilation), and reports
 
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from spirelib.bench import positive
-from spirelib.engine.calibrate import matmul_peak
-from spirelib.engine.drafts import vanilla_draft_config
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.measure.calibrate import matmul_peak
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.modeling.perfmodel import PRESETS
 from spirelib.training.data import FlatDocs

@@ -4,7 +4,7 @@ The model (method §2) needs one number per device, its operational intensity HO
 FLOP/s / bytes/s, plus the bytes a weight and a KV value take (`BYTES_PER_VALUE`). Figures
 are vendor peaks for *dense* math (the "with sparsity" datasheet figures halved). The
 paper's HOI = 600 is H100 SXM dense FP8: 1979 TFLOP/s / 3.35 TB/s = 590.7, which the paper
-rounds to 600. "this machine, measured" is written by `spirelib.engine.calibrate` via
+rounds to 600. "this machine, measured" is written by `spirelib.measure.calibrate` via
 `save_measured` and read back by `measured_hardware`.
 """
 
@@ -100,7 +100,7 @@ def measured_path(name: str = MEASURED_NAME) -> Path:
 
 
 def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float, *, name: str = MEASURED_NAME,
-                  source: str = "measured by spirelib.engine.calibrate") -> Path:
+                  source: str = "measured by spirelib.measure.calibrate") -> Path:
     """Store this machine's measured matmul peaks (FLOP/s per dtype) and memory bandwidth (bytes/s)
     as the hardware table's entry `name` (default: "this-machine", `MEASURED_NAME`)."""
     entry = Hardware(name, {k: float(v) for k, v in peak_flops_by_dtype.items()}, float(bandwidth), source)
@@ -126,11 +126,11 @@ def measured_hardware(name: str = MEASURED_NAME) -> Hardware | None:
                         f"{record.get('source', 'measured')} at {record.get('measured_at', '?')}")
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a valid hardware measurement ({err}); delete it and rerun "
-                         "the calibration (spirelib.engine.calibrate) to measure this machine again") from err
+                         "the calibration (spirelib.measure.calibrate) to measure this machine again") from err
 
 
 def hardware_table() -> dict[str, Hardware]:
-    """Every named device, plus "this-machine" (calibrated, `engine.calibrate`) when it has been
+    """Every named device, plus "this-machine" (calibrated, `measure.calibrate`) when it has been
     saved. (The profiled cost model pins the same calibrated rates: it adds no entry of its own.)"""
     table = dict(HARDWARE)
     measured = measured_hardware(MEASURED_NAME)

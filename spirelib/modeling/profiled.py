@@ -19,7 +19,7 @@ per layer beyond it is their own coefficient, so that the B = 1 cells' AD steps 
 at the setup cost of the verification's kernels. Attention costs per key each row reads (a CPU's
 attention kernel pays per (row, head) block and key, whatever the queries) and per FLOP (its
 queries' scores). The roofline term's peak and bandwidth are this
-machine's calibration (`engine.calibrate`), pinned, never fitted: only the overheads are fitted,
+machine's calibration (`measure.calibrate`), pinned, never fitted: only the overheads are fitted,
 so that they cannot trade against the rates. A forward's fixed cost is charged per layer (its
 kernels' launches): one target is timed, so a constant per forward and one per layer cannot be
 told apart, and what a draft's forwards cost beyond that goes to its method's overhead.

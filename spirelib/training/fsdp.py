@@ -138,7 +138,7 @@ def init_spire_draft(draft: nn.Module, target: nn.Module) -> None:
     Shard(0) placement on a mesh of the same ranks each rank's rows are the same, so no communication;
     the random_init ablation draws the same numbers as one process, one tensor at a time
     (`Transformer.initial_parameters`), each rank keeping its rows. The feedback mixture starts at zeros."""
-    from spirelib.engine.transformer import Transformer
+    from spirelib.model.transformer import Transformer
 
     with torch.no_grad():
         if draft.cfg.pruned_init:
@@ -186,7 +186,7 @@ def teacher_head(target: nn.Module) -> tuple[nn.Module, torch.Tensor]:
     """(norm, unembedding weight): a replicated frozen copy of a (sharded or plain) target's final
     norm and unembedding, MixedLoss's teacher head (method §3.7; `spire.SpireObjective`'s `head`),
     so the loss never touches a sharded target parameter. Collective on a sharded target."""
-    from spirelib.engine.transformer import RMSNorm
+    from spirelib.model.transformer import RMSNorm
 
     w_norm = full_tensor(target.norm.weight.detach())
     norm = RMSNorm(w_norm.shape[0], target.norm.eps)

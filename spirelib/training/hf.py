@@ -35,7 +35,7 @@ of dh dimensions each, d = hidden size, f = intermediate size, V = vocabulary:
     Qwen2: model.layers.{i}.self_attn.{q,k,v}_proj.bias      -> blocks.{i}.attn.wqkv.bias, q and k
                                                                 biases permuted as their weight rows
 
-RoPE order. `spirelib.engine.rope` treats head dimensions (2j, 2j+1) as one complex number and
+RoPE order. `spirelib.model.rope` treats head dimensions (2j, 2j+1) as one complex number and
 rotates it by position x base^(-2j/dh); Hugging Face Llama ("rotate_half") rotates the pair
 (j, j + dh/2) by the same angle. Same rotations, different order of the dimensions within
 a head: our dimension 2j + s (s = 0, 1) is Hugging Face's dimension j + s dh/2. q.k is a
@@ -66,8 +66,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spirelib.engine.rope import LLAMA3_SCALING_FIELDS, rope_frequencies
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.model.rope import LLAMA3_SCALING_FIELDS, rope_frequencies
+from spirelib.model.transformer import ModelConfig, Transformer
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import torch
 
-from spirelib.engine.drafts import vanilla_draft_config
-from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.training.checkpoint import config_hash
 from spirelib.training.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
+from spirelib.training.objectives import SpireObjective
 from spirelib.training.tokenizer import build_tokenizer, tokenize
 from spirelib.training.train import (
     TrainConfig,
@@ -274,7 +275,7 @@ def training_mfu(trained: TrainedModel) -> dict:
     that predates the figure). Both are None when that device is not present here (e.g. a
     GPU-trained checkpoint loaded on a laptop). Under torchrun the run's tokens/s are every
     rank's together: MFU divides them by the world size, each rank against one device's peak."""
-    from spirelib.engine.calibrate import matmul_peak
+    from spirelib.measure.calibrate import matmul_peak
 
     device = torch.device(trained.summary["device"])
     if device.type == "cuda" and not torch.cuda.is_available():

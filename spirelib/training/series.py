@@ -55,9 +55,9 @@ import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.spire import SpireConfig, ablation
-from spirelib.engine.transformer import ModelConfig
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.spire import SpireConfig, ablation
+from spirelib.model.transformer import ModelConfig
 from spirelib.training import pipeline
 from spirelib.training.data import CORPORA, resolve_path
 from spirelib.training.fsdp import PARALLEL
@@ -259,7 +259,7 @@ class Series:
 
     def protocol(self, batch_size: int):
         """The tau protocol (method §5) of this series, decoding `batch_size` rows in lockstep."""
-        from spirelib.engine.tau import TauProtocol
+        from spirelib.measure.tau import TauProtocol
 
         return TauProtocol(k=self.k, new_tokens=self.new_tokens, temperature=self.temperature,
                            batch_size=batch_size, seed=self.tau_seed)
@@ -267,7 +267,7 @@ class Series:
     def draft_factories(self, methods, models: dict | None = None) -> dict:
         """A draft factory per method name (`drafts.draft_factory`) at the series' temperature:
         the series' trained drafts (or `models[method]`), MagicDec with the series' options."""
-        from spirelib.engine.drafts import draft_factory
+        from spirelib.decoding.drafts import draft_factory
 
         trained = {"vanilla": self.trained_vanilla_draft, "spire": self.trained_spire_draft}
 

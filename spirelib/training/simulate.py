@@ -51,10 +51,10 @@ class Case:
 
     name: str
     kind: str
-    target: object  # engine.transformer.ModelConfig
+    target: object  # model.transformer.ModelConfig
     train: object  # training.train.TrainConfig
     world: int
-    spire: object | None = None  # engine.spire.SpireConfig
+    spire: object | None = None  # model.spire.SpireConfig
     #: Micro-batches of a step traced (at most): they are alike, so the second shows the steady state
     #: (gradients held from the first); a step's collectives are scaled up to all of its micro-batches.
     max_micro_batches: int = 2
@@ -183,12 +183,13 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from spirelib.engine.drafts import vanilla_draft_config
-    from spirelib.engine.rope import _cached_frequencies
-    from spirelib.engine.spire import SpireDraftModel, SpireObjective
-    from spirelib.engine.transformer import Transformer
+    from spirelib.decoding.drafts import vanilla_draft_config
+    from spirelib.model.rope import _cached_frequencies
+    from spirelib.model.spire import SpireDraftModel
+    from spirelib.model.transformer import Transformer
     from spirelib.training import fsdp
     from spirelib.training.checkpoint import _optimizer_tensors
+    from spirelib.training.objectives import SpireObjective
     from spirelib.training.train import (
         _accumulate,
         _meta_copy,
@@ -312,8 +313,8 @@ def params_cases(worlds=(8, 16)) -> list[Case]:
     over each of `worlds`; params/paper.yaml's target, vanilla and SPIRe trainings on one GPU; a
     SPIRe draft of Llama 3 8B (a quarter of its layers, the paper's ratio) on one GPU, one window
     per micro-batch."""
-    from spirelib.engine.spire import SpireConfig
-    from spirelib.engine.transformer import ModelConfig
+    from spirelib.model.spire import SpireConfig
+    from spirelib.model.transformer import ModelConfig
     from spirelib.modeling.perfmodel import PRESETS
     from spirelib.paths import project_root
     from spirelib.training.params import load_params

@@ -561,7 +561,7 @@ def train(
             find_unused_parameters=True)
     if cfg.compile and not compiles_itself:
         # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
-        # step is as fast as with real-valued RoPE, and eager is faster (spirelib.engine.rope).
+        # step is as fast as with real-valued RoPE, and eager is faster (spirelib.model.rope).
         warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
         step_objective = torch.compile(step_objective)
     sampler = WindowSampler(train_docs, cfg.batch_size, cfg.seq_len + 1, cfg.seed)

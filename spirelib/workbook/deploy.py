@@ -167,7 +167,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     prices: the series' target, each draft's `profiled.DraftShape` (as 09 builds them), the
     vocabulary, G, the bytes per value and the model's median |error| against the clock; and the
     calibrated machine as a Hardware entry with its dtype."""
-    from spirelib.engine.drafts import vanilla_draft_config  # torch: only when a schedule is made
+    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a schedule is made
     from spirelib.training.series import Series
 
     recorded = results.get("09_measured_vs_modeled", {})

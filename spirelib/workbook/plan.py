@@ -17,7 +17,7 @@ A timing made while other work shares the machine is wrong, and a cached one sta
 figure is checked before it is kept (`Probe`, `Speed`):
 - against its own repeats: the timed steps or rounds of one probe; a probe whose median sample is
   more than `TOLERANCE` slower than its fastest is noisy;
-- against the machine's own calibration made in the same call (`engine.calibrate.quick`, seconds
+- against the machine's own calibration made in the same call (`measure.calibrate.quick`, seconds
   after), compared with the best this machine has shown: a matmul rate more than `TOLERANCE` below
   its best says the machine is busy now. Only the matmul rate judges (`BUSY_SIGNAL`): work that
   competes for these cores slows it first, while the copy bandwidth also drops for a while after a
@@ -64,17 +64,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spirelib.engine import calibrate
-from spirelib.engine.drafts import draft_factory, vanilla_draft_config
-from spirelib.engine.speculative import (
+from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.speculative import (
     autoregressive_rounds,
     prefill,
     speculative_capacity,
     speculative_rounds,
     stream_entries,
 )
-from spirelib.engine.spire import SpireConfig, SpireDraftModel, SpireObjective, ablation
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.measure import calibrate
+from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
@@ -83,13 +83,14 @@ from spirelib.paths import cache_dir
 from spirelib.training import pipeline
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
 from spirelib.training.data import FlatDocs
+from spirelib.training.objectives import SpireObjective
 from spirelib.training.train import TrainConfig, evaluate, lm_objective, resolve_device, train
 from spirelib.workbook.tables.measured import timing_cells
 
 #: A notebook's fixed cost on this machine: kernel start, imports, HTML export with its static
 #: figures (01, which computes nothing heavy, took 5-6 s in every run of 2026-12-02).
 NOTEBOOK_SECONDS = 8.0
-#: 09's calibration (`engine.calibrate`: matmul peaks and a copy bandwidth) and its fit.
+#: 09's calibration (`measure.calibrate`: matmul peaks and a copy bandwidth) and its fit.
 CALIBRATION_SECONDS = 15.0
 #: GPU figures are modeled: training at this MFU (torchtitan's Llama runs on H100 report 35-45%),
 #: decoding at this fraction of the roofline. Assumptions, stated with every GPU figure.
@@ -762,7 +763,7 @@ def _timing_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
     items.append(_fixed(nb, "calibration and the profiled fit", CALIBRATION_SECONDS))
     methods = p["timing_methods"]
     limit = max(p["repeats"], p["max_repeats"])
-    def runs(one: float) -> int:  # engine.wallclock.time_cells' rule, its CIs never narrow enough to stop early
+    def runs(one: float) -> int:  # measure.wallclock.time_cells' rule, its CIs never narrow enough to stop early
         fit = limit + 1 if math.isnan(one) else math.floor(p["cell_seconds"] / max(one, 1e-9)) + 1
         return max(p["repeats"] + 1, min(limit + 1, fit))
 

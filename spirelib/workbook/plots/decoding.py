@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spirelib.engine.tau import TauStats
+from spirelib.measure.tau import TauStats
 from spirelib.modeling.methods import color as method_color
 from spirelib.modeling.methods import label as method_label
 from spirelib.workbook.plots.perf import SUBPLOT_TOP, scale_title, title_layout

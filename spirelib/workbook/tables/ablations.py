@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.engine.drafts import draft_factory
-from spirelib.engine.spire import ABLATIONS
-from spirelib.engine.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, t_quantile, tau_over_seeds
+from spirelib.decoding.drafts import draft_factory
+from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, t_quantile, tau_over_seeds
+from spirelib.model.spire import ABLATIONS
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import (
     COMPONENTS,

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.wallclock import (
+from spirelib.measure.wallclock import (
     GAIN,
     DecodeTiming,
     flops_per_token,
@@ -24,6 +23,7 @@ from spirelib.engine.wallclock import (
     profiled_cells,
     profiled_verdict,
 )
+from spirelib.model.kvcache import SinkWindow
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import label as method_label
 from spirelib.modeling.schedule import OFF, Acceptance, profiled_table, schedule

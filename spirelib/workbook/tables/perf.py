@@ -319,7 +319,7 @@ def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, S
     """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
     shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
     series' k and `hoi`; `source` names where the taus come from in each label."""
-    from spirelib.engine.drafts import vanilla_draft_config  # torch: only notebooks with a series need it
+    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only notebooks with a series need it
 
     spire = series.spire
     return {

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from spirelib.engine.kvcache import SinkWindow
+from spirelib.model.kvcache import SinkWindow
 
 
 class BandedMemory:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib.engine.rope import apply_rope, rope_rotation
+from spirelib.model.rope import apply_rope, rope_rotation
 
 
 @dataclass(frozen=True)

@@ -87,16 +87,16 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from spirelib.engine.drafts import DraftFactory
-from spirelib.engine.speculative import (
+from spirelib.decoding.drafts import DraftFactory
+from spirelib.decoding.speculative import (
     SectionTimer,
     prefill,
     speculative_capacity,
     speculative_generate,
     stream_entries,
 )
-from spirelib.engine.transformer import Transformer
 from spirelib.frontend import progress_bar
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts
 
 

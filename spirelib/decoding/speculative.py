@@ -26,9 +26,9 @@ from typing import Protocol
 
 import torch
 
-from spirelib.engine.kvcache import DenseKVCache
-from spirelib.engine.sampling import probabilities, sample, verify
-from spirelib.engine.transformer import Transformer
+from spirelib.decoding.sampling import probabilities, sample, verify
+from spirelib.model.kvcache import DenseKVCache
+from spirelib.model.transformer import Transformer
 
 
 @dataclass

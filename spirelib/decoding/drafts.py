@@ -8,7 +8,7 @@ draft tokens were actually drawn from (what makes rejection sampling lossless).
 The registry of drafting methods lives here too: a method is a name and a builder
 (`register_method`), and `draft_factory` makes the per-batch draft factories the tau
 measurement and the wall-clock timing use. "vanilla" and "magicdec" are registered below,
-"spire" by `spirelib.engine.spire`; a new draft plugs in the same way.
+"spire" by `spirelib.model.spire`; a new draft plugs in the same way.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib.engine.kvcache import SinkWindow, SinkWindowKVCache, reuse
-from spirelib.engine.sampling import draw
-from spirelib.engine.speculative import Draft, TargetPass
-from spirelib.engine.transformer import ModelConfig, Transformer
+from spirelib.decoding.sampling import draw
+from spirelib.decoding.speculative import Draft, TargetPass
+from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import ModelConfig, Transformer
 
 
 def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,
@@ -209,3 +210,45 @@ def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: i
 
 register_method("vanilla", _vanilla, needs_model=True)
 register_method("magicdec", _magicdec, needs_model=False)
+
+
+class SpireDraft:
+    """The SPIRe draft behind the engine's `Draft` protocol (method §3.5): after every
+    verification, memory for the verified positions comes from the target activations that
+    pass already computed; its cache stays sink + window (+ k + 1) sized."""
+
+    def __init__(self, model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.model = model
+        self.target_layers = model.memory_layers
+        self.temperature = temperature
+        self.generator = generator
+
+    def begin(self, verified: TargetPass, k: int) -> None:
+        self.cache = self.model.new_cache(verified.tokens.shape[0], slack=k + 1)
+        self.accept(verified)
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.step(tokens, positions, self.cache)
+
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+
+    def accept(self, verified: TargetPass) -> None:
+        self.model.write_target_memory(self.cache, verified.stream(self.target_layers), verified.positions,
+                                       verified.valid)
+        self.cache.rollback(verified.lengths)
+
+
+def spire_draft(model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+    """The engine-facing draft for a trained model. Without target activations the draft is an
+    ordinary pruned transformer reading its own sink + window cache."""
+    if model.cfg.target_activations:
+        return SpireDraft(model, temperature, generator)
+    return VanillaDraft(model.body, temperature, generator, sparse=model.cfg.sparse)
+
+
+def _spire(target, model, *, temperature, generator):
+    return spire_draft(model, temperature=temperature, generator=generator)
+
+
+register_method("spire", _spire, needs_model=True)

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spirelib.engine.kvcache import SinkWindow
-from spirelib.engine.speculative import (
+from spirelib.decoding.speculative import (
     Generation,
     SectionTimer,
     autoregressive_rounds,
@@ -36,9 +35,10 @@ from spirelib.engine.speculative import (
     speculative_rounds,
     stream_entries,
 )
-from spirelib.engine.tau import t_quantile
-from spirelib.engine.transformer import ModelConfig, Transformer
 from spirelib.frontend import feed
+from spirelib.measure.tau import t_quantile
+from spirelib.model.kvcache import SinkWindow
+from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling import perfmodel, profiled
 
 DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
