@@ -21,7 +21,7 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
-        return _one_hot(logits.argmax(-1), logits.shape[-1])
+        return one_hot(logits.argmax(-1), logits.shape[-1])
     logits = logits.float()
     return torch.softmax(logits if temperature == 1 else logits / temperature, dim=-1)
 
@@ -33,12 +33,12 @@ def draw(logits: torch.Tensor, temperature: float,
     (what sampling the one-hot distribution gives, without sampling it)."""
     if temperature == 0:
         best = logits.argmax(-1)  # (...,)
-        return best, _one_hot(best, logits.shape[-1])
+        return best, one_hot(best, logits.shape[-1])
     probs = probabilities(logits, temperature)
     return sample(probs, generator), probs
 
 
-def _one_hot(index: torch.Tensor, V: int) -> torch.Tensor:
+def one_hot(index: torch.Tensor, V: int) -> torch.Tensor:
     """fp32 one-hot distributions (..., V) at `index` (...), without a host sync: `F.one_hot`
     checks the indices' range on the host, two syncs per call (every greedy draft token)."""
     return torch.zeros((*index.shape, V), dtype=torch.float32, device=index.device).scatter_(-1, index[..., None], 1.0)
