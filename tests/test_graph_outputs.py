@@ -12,11 +12,14 @@ from graph_pool import GraphPool
 from test_speculative import CFG, peaky_model
 
 from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft, spire_draft
+from spirelib.decoding.guided import GuidedDraft
+from spirelib.decoding.lookup import LookupDraft
 from spirelib.decoding.speculative import (
     autoregressive_generate,
     autoregressive_rounds,
     finish,
     prefill,
+    prefill_needs,
     speculative_capacity,
     speculative_generate,
     speculative_rounds,
@@ -46,7 +49,9 @@ def drafts(models, temperature, generator):
     return {"vanilla": VanillaDraft(models["small"], temperature, generator),
             "magicdec": MagicDecDraft(target, SinkWindow(1, 6), temperature=temperature, generator=generator),
             "spire": SpireDraft(models["spire"], temperature, generator),
-            "spire, no target activations": spire_draft(models["plain"], temperature, generator)}
+            "spire, no target activations": spire_draft(models["plain"], temperature, generator),
+            "guided": GuidedDraft(target, 1, 3, 3, temperature=temperature, generator=generator),
+            "lookup": LookupDraft(CFG.vocab_size)}
 
 
 CONTEXTS = torch.randint(0, CFG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(3))
@@ -96,8 +101,7 @@ def test_a_shared_prefill_and_generations_interleaved_round_by_round_equal_eager
         wallclock times them), sampled."""
         capacity = speculative_capacity(CONTEXTS.shape[1], G, K)
         every = drafts(models, 1.0, None)
-        shared = prefill(target, CONTEXTS, LENGTHS, capacity=capacity,
-                         layers=tuple(sorted({i for d in every.values() for i in d.target_layers})))
+        shared = prefill(target, CONTEXTS, LENGTHS, capacity=capacity, **prefill_needs(every.values(), K))
         gens = {name: torch.Generator().manual_seed(20 + i) for i, name in enumerate(["ad", *every])}
         made = drafts(models, 1.0, None)
         runs = {"ad": autoregressive_rounds(target, CONTEXTS, G, temperature=1.0, generator=gens["ad"],

@@ -14,6 +14,7 @@ from spirelib.decoding.speculative import (
     SectionTimer,
     autoregressive_generate,
     prefill,
+    prefill_needs,
     speculative_capacity,
     speculative_generate,
 )
@@ -32,11 +33,12 @@ def models():
     torch.manual_seed(0)
     target = Transformer(CFG).eval()
     return {"target": target, "vanilla": Transformer(vanilla_draft_config(CFG)).eval(),
-            "spire": SpireDraftModel.from_target(target, SPIRE).eval(), "magicdec": None}
+            "spire": SpireDraftModel.from_target(target, SPIRE).eval(), "magicdec": None, "guided": None,
+            "lookup": None}
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
-@pytest.mark.parametrize("method", ["vanilla", "magicdec", "spire"])
+@pytest.mark.parametrize("method", ["vanilla", "magicdec", "spire", "guided", "lookup"])
 def test_speculative_decoding_makes_at_most_one_host_sync_per_round(models, method, temperature):
     """Formerly 7.1 syncs per round for vanilla (one per dense-cache forward and the loop's
     test), 2.9 for MagicDec and SPIRe, and greedy drafts 2 more per draft token (`F.one_hot`
@@ -45,7 +47,7 @@ def test_speculative_decoding_makes_at_most_one_host_sync_per_round(models, meth
     target = models["target"]
     draft = draft_factory(method, target, models[method], temperature=temperature)(torch.Generator().manual_seed(0))
     contexts = torch.randint(0, CFG.vocab_size, (4, 40), generator=torch.Generator().manual_seed(1))
-    pre = prefill(target, contexts, capacity=speculative_capacity(40, 32, 4), layers=draft.target_layers)
+    pre = prefill(target, contexts, capacity=speculative_capacity(40, 32, 4), **prefill_needs([draft], 4))
     with count_host_syncs() as syncs:
         out = speculative_generate(target, draft, contexts, 32, k=4, temperature=temperature,
                                    generator=torch.Generator().manual_seed(2), prefilled=pre)

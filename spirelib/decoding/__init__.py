@@ -2,4 +2,4 @@
 the drafting methods with their registry (vanilla, MagicDec, SPIRe; method §1, §3.5). Imports
 `spirelib.model` and below."""
 
-from spirelib.decoding import drafts, lookup  # noqa: F401  every drafting method registered on any import
+from spirelib.decoding import drafts, guided, lookup  # noqa: F401  every drafting method registered on any import

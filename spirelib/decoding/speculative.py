@@ -58,6 +58,8 @@ class Draft(Protocol):
     """What the engine needs of a draft model."""
 
     target_layers: tuple[int, ...]  # residual-stream entries of the target the draft reads (SPIRe); () for none
+    # A draft that reads which keys the verification attended to (`DenseKVCache.record_scores`, the
+    # verification-guided draft) sets `reads_scores = True`; the engine reads it with getattr (default False).
 
     def begin(self, verified: TargetPass, k: int) -> None:
         """Start on fresh contexts; `verified` is the target's prefill pass."""
@@ -147,22 +149,31 @@ class Prefill:
         return Prefill(cache, dataclasses.replace(self.verified, cache=cache), self.pending)
 
 
-def stream_entries(drafts) -> tuple[int, ...]:
-    """The target's residual-stream entries any of `drafts` reads (`Draft.target_layers`), sorted:
-    what a prefill they share keeps."""
-    return tuple(sorted({i for d in drafts for i in d.target_layers}))
+def scored_queries(draft, k: int) -> int:
+    """How many queries per row the target's cache records the attention of for `draft`
+    (`DenseKVCache.record_scores`): a verification's k + 1 if the draft reads them, else none."""
+    return k + 1 if getattr(draft, "reads_scores", False) else 0
+
+
+def prefill_needs(drafts, k: int) -> dict:
+    """What a prefill `drafts` share keeps, as `prefill`'s keywords: the target's residual-stream
+    entries any of them reads (`Draft.target_layers`, sorted) and the attention scores any reads."""
+    drafts = list(drafts)
+    return {"layers": tuple(sorted({i for d in drafts for i in d.target_layers})),
+            "scored": max((scored_queries(d, k) for d in drafts), default=0)}
 
 
 def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor | None = None, *,
-            capacity: int, layers: tuple[int, ...] = ()) -> Prefill:
+            capacity: int, layers: tuple[int, ...] = (), scored: int = 0) -> Prefill:
     """Run all but the last token of every context (B, L) (right-padded to L when `lengths`
     (B,) is given) through a fresh target cache of `capacity` positions per row, keeping the
-    residual-stream entries `layers` (what the drafts read: `Draft.target_layers`), no others."""
+    residual-stream entries `layers` (what the drafts read: `Draft.target_layers`), no others,
+    and the attention of the last `scored` queries per row if > 0 (`prefill_needs`)."""
     B, L = contexts.shape
     lengths = _context_lengths(contexts, lengths)
     if int(lengths.min()) < 2:  # once per prefill, not per round
         raise ValueError("every context needs at least 2 tokens")
-    cache = target.new_cache(B, capacity)
+    cache = target.new_cache(B, capacity, scored=scored)
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
     stream = None
@@ -176,14 +187,20 @@ def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor |
     return Prefill(cache, verified, pending)
 
 
-def _reuse(prefilled: Prefill, capacity: int, layers: tuple[int, ...]) -> tuple[DenseKVCache, torch.Tensor]:
-    """The prefill's cache rolled back to the end of the contexts, and the pending tokens."""
+def _reuse(prefilled: Prefill, capacity: int, layers: tuple[int, ...], scored: int = 0
+           ) -> tuple[DenseKVCache, torch.Tensor]:
+    """The prefill's cache rolled back to the end of the contexts, recording the attention of
+    `scored` queries per row from now on (none for a generation whose draft reads none), and the
+    pending tokens."""
     if prefilled.cache.capacity < capacity:
         raise ValueError(f"the prefill's cache holds {prefilled.cache.capacity} positions per row; "
                          f"this generation needs {capacity}: prefill with capacity={capacity}")
     if not set(layers) <= set(prefilled.verified.layer_ids):
         raise ValueError(f"this draft reads the target's residual-stream entries {layers}: prefill with layers={layers}")
+    if scored > prefilled.cache.scored and not prefilled.cache.scores:
+        raise ValueError(f"this draft reads the verification's attention: prefill with scored={scored}")
     prefilled.cache.rollback(prefilled.verified.lengths)
+    prefilled.cache.scored = scored if prefilled.cache.scores else 0
     return prefilled.cache, prefilled.pending
 
 
@@ -291,13 +308,14 @@ def speculative_rounds(
     timer = timer or _no_timer
     G = max_new_tokens
     wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads
+    scored = scored_queries(draft, k)  # and the verification's attention, if it reads that
     last = target.cfg.num_layers  # the logits' entry
     stream_ids = wanted if last in wanted else (*wanted, last)
     with timer("prefill"):
         capacity = speculative_capacity(contexts.shape[1], G, k)
         if prefilled is None:
-            prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=wanted)
-        cache, pending = _reuse(prefilled, capacity, wanted)
+            prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=wanted, scored=scored)
+        cache, pending = _reuse(prefilled, capacity, wanted, scored)
         draft.begin(prefilled.verified, k)
     rows = Rows.start(pending, G, k)
     # A round emits at most k + 1 tokens per row, so no row is done before round ceil(G / (k + 1))

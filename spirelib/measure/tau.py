@@ -91,9 +91,9 @@ from spirelib.decoding.drafts import DraftFactory
 from spirelib.decoding.speculative import (
     SectionTimer,
     prefill,
+    prefill_needs,
     speculative_capacity,
     speculative_generate,
-    stream_entries,
 )
 from spirelib.frontend import progress_bar
 from spirelib.model.transformer import Transformer
@@ -405,7 +405,7 @@ def measure_tau(
             drafts[name] = (factory(gen), gen)
         with timer("prefill") if timer else contextlib.nullcontext():
             shared = prefill(target, rows, capacity=speculative_capacity(L, protocol.new_tokens, protocol.k),
-                             layers=stream_entries(d for d, _ in drafts.values()))
+                             **prefill_needs((d for d, _ in drafts.values()), protocol.k))
         for name, (draft, gen) in drafts.items():
             out = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
                                        temperature=protocol.temperature, generator=gen, prefilled=shared,

@@ -31,9 +31,9 @@ from spirelib.decoding.speculative import (
     autoregressive_rounds,
     finish,
     prefill,
+    prefill_needs,
     speculative_capacity,
     speculative_rounds,
-    stream_entries,
 )
 from spirelib.frontend import feed
 from spirelib.measure.tau import t_quantile
@@ -113,7 +113,7 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
     if problems:
         raise ValueError("; ".join(problems))
     device = next(target.parameters()).device
-    layers = stream_entries(factory(torch.Generator(device)) for factory in factories.values())
+    needs = prefill_needs((factory(torch.Generator(device)) for factory in factories.values()), k)
     methods = (["ad"] if include_ad else []) + list(factories)
     limit = max(repeats, max_repeats or repeats)
     timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
@@ -124,7 +124,7 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
                 continue
             start = time.perf_counter()
             batch = (contexts(runs[c]) if callable(contexts) else contexts).to(device)
-            _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c], interleave, layers,
+            _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c], interleave, needs,
                       timed[c] if runs[c] else None)  # run 0 warms up
             runs[c] += 1
             seconds = time.perf_counter() - start
@@ -138,7 +138,7 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
 
 
 def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch: torch.Tensor, new_tokens: int,
-              k: int, temperature: float, run: int, interleave: str, layers: tuple[int, ...],
+              k: int, temperature: float, run: int, interleave: str, needs: dict,
               timings: dict[str, DecodeTiming] | None) -> None:
     """One run of a cell: one shared prefill, every method decoding after it (`interleave`),
     each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept)."""
@@ -146,7 +146,7 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
     B, L = batch.shape
     timer = SectionTimer(device)  # on a GPU the prefill's own time, from CUDA events
     with timer("prefill"):
-        shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), layers=layers)
+        shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), **needs)
     sections = {m: SectionTimer(device) for m in methods}
     decodes = {}
     for i, method in enumerate(methods):

@@ -27,6 +27,7 @@ the sink keys are re-rotated so that they sit directly before the window.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -140,6 +141,10 @@ class _KVCache:
         all S slots but the trash, or (dense cache) those a first forward over 0..T-1 wrote."""
         return self.k[layer][:, :, : self.trash], self.v[layer][:, :, : self.trash]
 
+    def record_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> None:
+        """Keep what this forward's queries attend to, for a draft that chooses its keys by it
+        (`DenseKVCache.record_scores`); nothing here."""
+
     def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
         """Visibility (B, 1, T, S') of the slots `layer_kv` returns for queries at q_pos (B, T);
         None means causal (query t sees keys 0..t; only where T queries read T keys)."""
@@ -153,10 +158,11 @@ class _KVCache:
         """An independent cache holding the same entries, in its own storage (static addresses
         too: CUDA graphs record their replays over a copy anew, rather than skip them)."""
         twin = copy.copy(self)
-        twin.k, twin.v = [t.clone() for t in self.k], [t.clone() for t in self.v]
         for name, value in vars(self).items():
-            if name not in ("k", "v", "_rows") and isinstance(value, torch.Tensor):
+            if name != "_rows" and isinstance(value, torch.Tensor):
                 setattr(twin, name, value.clone())
+            elif isinstance(value, list) and all(isinstance(t, torch.Tensor) for t in value):  # per layer
+                setattr(twin, name, [t.clone() for t in value])
         for t in twin.static_tensors():
             torch._dynamo.mark_static_address(t)
         return twin
@@ -199,10 +205,17 @@ class DenseKVCache(_KVCache):
     """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
-                 sparse: SinkWindow | None = None, device=None, dtype=torch.float32):
+                 sparse: SinkWindow | None = None, scored: int = 0, device=None, dtype=torch.float32):
         super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.sparse = sparse
+        # `scored` > 0: every forward records, per layer, how much its last `scored` queries per row
+        # attend to each slot (`record_scores`), what a verification-guided draft chooses its keys by.
+        self.scored = scored
+        self.scores = [torch.zeros(batch, n_kv, capacity, device=device, dtype=torch.float32)
+                       for _ in range(num_layers if scored else 0)]  # per layer (B, n_kv, capacity)
+        for t in self.scores:
+            torch._dynamo.mark_static_address(t)
         self._written = False
         self._read = capacity  # slots that reads cover
         self._causal = False  # this forward is a first one over 0..T-1: attention is plain causal
@@ -210,7 +223,28 @@ class DenseKVCache(_KVCache):
         torch._dynamo.mark_static_address(self._overflow)
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return [*super().static_tensors(), self._overflow]
+        return [*super().static_tensors(), self._overflow, *self.scores]
+
+    def record_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> None:
+        """With `scored` > 0: the attention the last `scored` valid queries of each row (of q (B,
+        n_q, T, d_head) at q_pos (B, T)) pay to each of the keys k (B, n_kv, S, d_head) they see,
+        summed over those queries and over the query heads that share a KV head, into
+        `scores[layer]` (B, n_kv, capacity). A verification's k + 1 queries are all scored; of a
+        prefill, the last k + 1 of each row. The fused attention kernels return no probabilities,
+        so they are computed again here: the scored queries' logits over every key, one more read
+        of the layer's keys (docs/method.md §2, the verification-guided draft)."""
+        if not self.scored:
+            return
+        B, n_q, T, d_head = q.shape
+        n_kv, S, m = k.shape[1], k.shape[2], min(T, self.scored)
+        last = self.lengths - 1 - q_pos[:, 0]  # (B,) each row's last valid query of this forward
+        index = (last[:, None] - (m - 1) + torch.arange(m, device=q.device)).clamp(min=0)  # (B, m)
+        queries = q.gather(2, index[:, None, :, None].expand(B, n_q, m, d_head))  # (B, n_q, m, d_head)
+        logits = queries.view(B, n_kv, (n_q // n_kv) * m, d_head) @ k.transpose(2, 3)  # (B, n_kv, g m, S)
+        visible = visibility(q_pos.gather(1, index), self.key_positions[:, :S], None)  # (B, 1, m, S)
+        visible = visible.repeat(1, 1, n_q // n_kv, 1)  # (B, 1, g m, S): row g * m + i is group g's query i
+        probs = (logits.float() / math.sqrt(d_head)).masked_fill(~visible, -math.inf).softmax(-1)
+        self.scores[layer].copy_(torch.nn.functional.pad(probs.sum(2), (0, self.capacity - S)))
 
     def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         beyond = valid & (positions >= self.capacity)
@@ -305,3 +339,35 @@ class SinkWindowKVCache(_KVCache):
         for layer in range(len(self.k)):
             self.write(layer, slots, source.k[layer][self._rows, :, src].transpose(1, 2),
                        source.v[layer][self._rows, :, src].transpose(1, 2))
+
+
+class SelectedKVCache(_KVCache):
+    """A drafting cache refilled every round with entries a draft chose from a dense cache, each
+    layer and KV head its own (`fill`: the verification-guided draft, `decoding.guided`), plus a
+    ring of `slack` slots for the draft's own tokens. Keys keep their original rotation. Every
+    chosen entry precedes every draft query, so visibility needs only whether a slot holds one:
+    a chosen slot's `key_positions` is 0 (its positions differ per head; 0 precedes every query),
+    an empty one's -1; the ring's slots hold their tokens' positions (causal among the drafts)."""
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, budget: int, slack: int, *,
+                 device=None, dtype=torch.float32):
+        if budget < 1 or slack < 1:
+            raise ValueError(f"SelectedKVCache needs budget >= 1 and slack >= 1, got {budget}, {slack}")
+        super().__init__(num_layers, batch, n_kv, d_head, budget + slack, device=device, dtype=dtype)
+        self.budget, self.slack = budget, slack
+
+    def _slots(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid, self.budget + positions % self.slack, self.trash)
+
+    def fill(self, source: DenseKVCache, index: list[torch.Tensor], chosen: torch.Tensor) -> None:
+        """Every layer's chosen entries of `source`: `index[layer]` (B, n_kv, budget) the source
+        slots, `chosen` (B, budget) which of them hold an entry; the ring is emptied and the rows'
+        lengths become the source's."""
+        d_head = self.k[0].shape[-1]
+        for layer, idx in enumerate(index):
+            gather = idx[..., None].expand(-1, -1, -1, d_head)  # (B, n_kv, budget, d_head)
+            self.k[layer][:, :, : self.budget] = source.k[layer].gather(2, gather)
+            self.v[layer][:, :, : self.budget] = source.v[layer].gather(2, gather)
+        self.key_positions[:, : self.budget] = torch.where(chosen, 0, -1)
+        self.key_positions[:, self.budget :] = -1
+        self.lengths.copy_(source.lengths)

@@ -202,6 +202,7 @@ class Block(nn.Module):
         if cache is not None:
             cache.write(layer, slots, k, v)
             k, v = cache.layer_kv(layer, q_pos)
+            cache.record_scores(layer, q, k, q_pos)  # a no-op unless a verification-guided draft reads them
         return self.finish(x, self.attn.attend(q, k, v, mask))
 
     def queries(self, x: torch.Tensor, rope) -> torch.Tensor:
@@ -348,17 +349,19 @@ class Transformer(nn.Module):
         kept = dict(zip(entries, self._blocks(tokens, positions, cache, valid, sparse, keep=entries)))
         return torch.stack([kept[i] for i in keep])
 
-    def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None) -> DenseKVCache:
+    def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None, scored: int = 0) -> DenseKVCache:
         """A dense KV cache for this model on its device and dtype, applying its sliding window if
-        any (or reading only `sparse`'s sink + window). Under compiled decoding the model reuses
-        its cache of the same shape (`kvcache.reuse`: one live cache per shape)."""
+        any (or reading only `sparse`'s sink + window), recording the attention of `scored` queries
+        per row if > 0 (`DenseKVCache.record_scores`). Under compiled decoding the model reuses its
+        cache of the same shape (`kvcache.reuse`: one live cache per shape)."""
         param = next(self.parameters())
         c = self.cfg
 
         def build():
             return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
-                                device=param.device, dtype=param.dtype)
-        return reuse(self, ("dense", batch, capacity, sparse), build) if self.compiled_decoding else build()
+                                scored=scored, device=param.device, dtype=param.dtype)
+        key = ("dense", batch, capacity, sparse, scored)
+        return reuse(self, key, build) if self.compiled_decoding else build()
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of last-block outputs x (..., d_model): final norm, then unembedding."""

@@ -68,9 +68,9 @@ from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
 from spirelib.decoding.speculative import (
     autoregressive_rounds,
     prefill,
+    prefill_needs,
     speculative_capacity,
     speculative_rounds,
-    stream_entries,
 )
 from spirelib.measure import calibrate
 from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
@@ -501,9 +501,9 @@ class Probe:
                                           temperature=temperature, **options.get(m, {})) for m in methods}
             contexts = torch.randint(0, cfg.vocab_size, (batch, context), device=self.device)
             drafts = {m: f(torch.Generator(self.device).manual_seed(0)) for m, f in factories.items()}
-            layers = stream_entries(drafts.values())
+            needs = prefill_needs(drafts.values(), k)
             start = time.perf_counter()
-            shared = prefill(target, contexts, capacity=speculative_capacity(context, G, k), layers=layers)
+            shared = prefill(target, contexts, capacity=speculative_capacity(context, G, k), **needs)
             prefill_s = time.perf_counter() - start
             rounds = {m: speculative_rounds(target, d, contexts, G, k=k, temperature=temperature,
                                             generator=torch.Generator(self.device).manual_seed(0),
