@@ -35,7 +35,7 @@ def tm(method, B, L, target="seqax-67m", **kw):
     return throughput_multiplier(method, TAU[method], B, L, target, draft, **kw)
 
 
-def reference_times(method, B, L, draft_len, target, draft, k=4, hoi=600.0, overlap=True):
+def reference_times(method, B, L, draft_len, target, draft, k=4, hoi=600.0, overlap=True, score_read=1.0):
     """Method §2's table transcribed with Python scalars: (t_target, t_verify) at context L and
     t_draft with a draft cache of draft_len tokens per request."""
     def n(m):
@@ -52,10 +52,17 @@ def reference_times(method, B, L, draft_len, target, draft, k=4, hoi=600.0, over
     c_t = 2 * n(target) * B
     t_target = f(c_t, (n(target) + kv_t) * hoi)
     t_verify = f((k + 1) * c_t, (n(target) + kv_t) * hoi)
+    if method == "guided":  # the verification's k + 1 queries scored against every key, the keys read again
+        score = 2 * (k + 1) * B * L * target.num_layers * target.n_q_per_kv * target.n_kv * target.d_head
+        t_verify = f((k + 1) * c_t + score, (n(target) + kv_t + score_read * kv_t / 2) * hoi)
+    if method == "lookup":
+        return t_target, t_verify, 0.0
     if method == "vanilla":
         nd, kvd, cd = n(draft), B * draft_len * kvb(draft), 2 * n(draft) * B
-    elif method == "magicdec":
+    elif method in ("magicdec", "guided"):
         nd, kvd, cd = n(target), B * draft_len * kvb(target), 2 * n(target) * B
+    elif method == "one_pass":  # all k positions in one pass, charged as k equal shares of it
+        return t_target, t_verify, f(k * 2 * n(draft) * B, (n(draft) + B * draft_len * kvb(draft)) * hoi) / k
     else:
         extra = 2 * (2 * draft.num_layers * draft.n_kv * draft.d_model * draft.d_head) * B
         nd, kvd, cd = n(draft), B * draft_len * kvb(draft), 2 * n(draft) * B + extra
@@ -67,10 +74,10 @@ def reference_klen(method, L, window_factor=8):
     return L if method == "vanilla" or window_factor is None else min(L, 1 + L // window_factor)
 
 
-def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, window_factor=8):
+def reference_dt(method, B, L, target, draft, k=4, hoi=600.0, overlap=True, window_factor=8, score_read=1.0):
     """dt for one (B, L) cell, from the scalar reference."""
     t_target, t_verify, t_draft = reference_times(method, B, L, reference_klen(method, L, window_factor), target,
-                                                  draft, k, hoi, overlap)
+                                                  draft, k, hoi, overlap, score_read)
     return (k * t_draft + t_verify) / t_target
 
 
@@ -417,3 +424,34 @@ def test_best_method_is_the_argmax_over_methods_per_cell():
     grids = {"a": np.array([[1.0, 3.0]]), "b": np.array([[2.0, 1.0]])}
     assert pm.best_method(grids).tolist() == [["b", "a"]]
     assert pm.best_method(grids, baseline=2.5).tolist() == [["ad", "a"]]  # no draft beats AD in the first cell
+
+
+# --- beyond the paper's three: the guided self-draft, prompt lookup, a one-pass drafter ----
+
+
+@pytest.mark.parametrize("method, draft", [("guided", None), ("lookup", None), ("one_pass", "spire-draft")])
+@pytest.mark.parametrize("B, L", [(1, 32), (16, 512), (64, 2048), (256, 8192)])
+@pytest.mark.parametrize("overlap, score_read", [(True, 1.0), (False, 1.0), (True, 0.0)])
+def test_the_methods_beyond_the_paper_equal_their_scalar_reference(method, draft, B, L, overlap, score_read):
+    target = PRESETS["seqax-67m"]
+    got = iteration_time_multiplier(method, B, L, "seqax-67m", draft, overlap=overlap, score_read=score_read)
+    want = reference_dt(method, B, L, target, PRESETS.get(draft), overlap=overlap, score_read=score_read)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_what_the_methods_beyond_the_paper_cost_against_the_papers():
+    """Prompt lookup costs one verification a round; the guided draft costs MagicDec's draft plus its
+    scoring, nothing more where the scores come free; a one-pass drafter's k positions cost about
+    one pass of SPIRe's (weights and KV read once)."""
+    B, L = 64, 512
+    dt = {m: iteration_time_multiplier(m, B, L, "seqax-67m", None if m in pm.SELF_DRAFTS else "spire-draft")
+          for m in pm.METHODS}
+    t_target, t_verify, _ = reference_times("magicdec", B, L, 0, PRESETS["seqax-67m"], None)
+    assert dt["lookup"] == pytest.approx(t_verify / t_target)
+    free = iteration_time_multiplier("guided", B, L, "seqax-67m", score_read=0.0)
+    assert dt["magicdec"] <= free < dt["guided"]
+    assert dt["one_pass"] < dt["spire"] and dt["one_pass"] > dt["lookup"]
+    with pytest.raises(ValueError, match="score_read"):
+        iteration_time_multiplier("guided", B, L, "seqax-67m", score_read=1.5)
+    with pytest.raises(ValueError, match="needs a draft"):
+        iteration_time_multiplier("one_pass", B, L, "seqax-67m")

@@ -2,7 +2,8 @@
 every plot, report and the run index (numpy-free, so the performance-model layer can use it).
 
 Keys are the names the library uses everywhere: "ad" (autoregressive decoding), the draft
-methods of the engine and the performance model ("vanilla", "magicdec", "spire"), the
+methods of the engine and the performance model ("vanilla", "magicdec", "spire", "guided", "lookup",
+"one_pass"), the
 ablation variants of method §3.8 (`spire.ABLATIONS`, plus the paper's "no_sparse_kv"), and
 "target" for the target model's own curves. An unknown key is shown as itself, coloured
 from plotly's qualitative palette by its position.
@@ -28,6 +29,9 @@ STYLES: dict[str, MethodStyle] = {
     "vanilla": MethodStyle("vanilla SD", "#2ca02c"),
     "magicdec": MethodStyle("MagicDec", "#1f77b4"),
     "spire": MethodStyle("SPIRe", "#d62728"),
+    "guided": MethodStyle("guided sparse", "#17a0a0"),  # the verification-guided sparse self-draft
+    "lookup": MethodStyle("prompt lookup", "#8c8c3c"),
+    "one_pass": MethodStyle("one-pass drafter", "#e8a33d"),
     "random_init": MethodStyle("random init", "#ff7f0e"),
     "distill_only": MethodStyle("distillation only", "#9467bd"),
     "hard_target": MethodStyle("hard target", "#8c564b"),

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MODELED_METHODS = ("vanilla", "magicdec", "spire")
+MODELED_METHODS = ("vanilla", "magicdec", "spire")  # the paper's three
+#: Beyond the paper (method §2, "Beyond the paper's three"): the verification-guided sparse
+#: self-draft, prompt lookup, and a one-pass drafter of a stated tau.
+EXTRA_METHODS = ("guided", "lookup", "one_pass")
+METHODS = MODELED_METHODS + EXTRA_METHODS
+SELF_DRAFTS = ("magicdec", "guided", "lookup")  # no draft model of their own
 PAPER_HOI = 600.0  # FLOP/byte; the paper's H100 SXM figure (method §2)
 
 
@@ -224,14 +229,16 @@ class _Config:
     cap: Callable | None  # initial length -> sparse draft cache size; None: dense draft cache
     bytes_per_weight: float
     bytes_per_kv: float
+    score_read: float = 1.0  # the guided draft: share of the target's keys its scoring reads again
 
 
-def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv):
-    if method not in MODELED_METHODS:
-        raise ValueError(f"method must be one of {MODELED_METHODS}, got {method!r}")
+def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv,
+            score_read=1.0):
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     target = resolve_shape(target, "target")
-    if method == "magicdec":
-        draft = None  # MagicDec drafts with the target itself
+    if method in SELF_DRAFTS:
+        draft = None  # MagicDec and the guided draft draft with the target itself; lookup has no model
     elif draft is None:
         raise ValueError(f"draft: method {method!r} needs a draft ModelShape")
     else:
@@ -249,13 +256,15 @@ def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, wi
         raise ValueError(f"window must be a positive integer or None, got {window!r}")
     positive(bytes_per_weight, "bytes_per_weight")
     positive(bytes_per_kv, "bytes_per_kv")
+    if not 0 <= score_read <= 1:
+        raise ValueError(f"score_read must lie in [0, 1], got {score_read!r}")
     sparse = method != "vanilla" and (window is not None or window_factor is not None)
     cap = None
     if sparse:
         def cap(L0):
             return klen(L0, sink_size=sink_size, window_factor=window_factor, window=window)
     return _Config(method, target, draft, int(k), float(hoi), bool(overlap), cap,
-                   float(bytes_per_weight), float(bytes_per_kv))
+                   float(bytes_per_weight), float(bytes_per_kv), float(score_read))
 
 
 def _tau(tau, k: int) -> np.ndarray:
@@ -306,22 +315,32 @@ def _pass_time(flops, weight_bytes, kv_bytes, cfg: _Config):
 
 
 def _target_times(batch, target_tokens, cfg: _Config):
-    """(t_target, t_verify): one decode step, and one k+1-token verification pass."""
+    """(t_target, t_verify): one decode step, and one k+1-token verification pass; for the guided
+    draft the verification also scores its k + 1 queries against every key (method §2)."""
     n = body_params(cfg.target)
     flops = 2.0 * n * batch[..., None]
     weights = n * cfg.bytes_per_weight
     kv = target_tokens * kv_values_per_token(cfg.target) * cfg.bytes_per_kv
-    return _pass_time(flops, weights, kv, cfg), _pass_time((cfg.k + 1) * flops, weights, kv, cfg)
+    verify_flops, verify_kv = (cfg.k + 1) * flops, kv
+    if cfg.method == "guided":  # q . k of k + 1 queries per query head over every key, and the keys read again
+        shape = cfg.target
+        verify_flops = verify_flops + 2.0 * (cfg.k + 1) * target_tokens * shape.num_layers * shape.n_q_per_kv * shape.n_kv * shape.d_head
+        verify_kv = kv + cfg.score_read * kv / 2
+    return _pass_time(flops, weights, kv, cfg), _pass_time(verify_flops, weights, verify_kv, cfg)
 
 
 def _draft_time(batch, draft_tokens, cfg: _Config):
-    """t_draft for one draft pass (method §2 table)."""
-    shape = cfg.target if cfg.method == "magicdec" else cfg.draft
+    """t_draft for one draft pass (method §2 table); prompt lookup's is none."""
+    if cfg.method == "lookup":
+        return np.zeros(np.shape(draft_tokens))
+    shape = cfg.target if cfg.method in SELF_DRAFTS else cfg.draft
     n = body_params(shape)
     flops = 2.0 * n * batch[..., None]
     if cfg.method == "spire":  # project each new memory vector into a key and a value per layer
         flops = flops + 2.0 * (2 * shape.num_layers * shape.n_kv * shape.d_model * shape.d_head) * batch[..., None]
     kv = draft_tokens * kv_values_per_token(shape) * cfg.bytes_per_kv
+    if cfg.method == "one_pass":  # all k positions in one pass: k times the FLOPs, the weights and KV read once
+        return _pass_time(cfg.k * flops, n * cfg.bytes_per_weight, kv, cfg) / cfg.k
     return _pass_time(flops, n * cfg.bytes_per_weight, kv, cfg)
 
 
@@ -334,15 +353,20 @@ def scalar_or_array(arr):
 
 
 def iteration_time_multiplier(method, B, L, target, draft=None, *, k=4, hoi=PAPER_HOI, overlap=True,
-                              sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0):
+                              sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0,
+                              score_read=1.0):
     """dt = (k * t_draft + t_verify) / t_target (method §2): one SD round's time in AD steps.
 
-    method: "vanilla" | "magicdec" | "spire" (draft required except for MagicDec, whose draft
-    is the target). B, L broadcast (L may also be `RequestLengths` or a `LengthDistribution`).
+    method: one of `METHODS` (a draft shape required except for the self-drafts, `SELF_DRAFTS`).
+    B, L broadcast (L may also be `RequestLengths` or a `LengthDistribution`).
     overlap=False: f = sum instead of max. window_factor=None: no sparse KV (Klen = L);
-    window: a fixed sparse window in tokens instead of L // window_factor.
+    window: a fixed sparse window in tokens instead of L // window_factor (the guided draft's whole
+    budget: sink + window + its chosen entries). score_read: the share of the target's keys the
+    guided draft's scoring reads again (1 as implemented here; 0 with a kernel that writes the
+    scores while it verifies).
     """
-    cfg = _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv)
+    cfg = _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv,
+                  score_read)
     batch, target_tokens, draft_tokens = _kv_tokens(B, L, np.zeros(1), cfg.cap)
     t_target, t_verify = _target_times(batch, target_tokens, cfg)
     t_draft = _draft_time(batch, draft_tokens, cfg)
@@ -359,25 +383,27 @@ def step_cost(shape, B, L, *, hoi=PAPER_HOI, overlap=True, bytes_per_weight=1.0,
 
 
 def throughput_multiplier(method, tau, B, L, target, draft=None, *, k=4, hoi=PAPER_HOI, overlap=True,
-                          sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0):
+                          sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0,
+                          score_read=1.0):
     """TM = tau / dt (method §2): SD throughput over autoregressive decoding. tau includes the bonus token."""
     tau = _tau(tau, k)
     dt = iteration_time_multiplier(method, B, L, target, draft, k=k, hoi=hoi, overlap=overlap, sink_size=sink_size,
                                    window_factor=window_factor, window=window,
-                                   bytes_per_weight=bytes_per_weight, bytes_per_kv=bytes_per_kv)
+                                   bytes_per_weight=bytes_per_weight, bytes_per_kv=bytes_per_kv, score_read=score_read)
     return scalar_or_array(np.asarray(tau / np.asarray(dt)))
 
 
 def throughput_multiplier_over_generation(method, tau, B, L, G, target, draft=None, *, k=4, hoi=PAPER_HOI,
                                           overlap=True, sink_size=1, window_factor=8, window=None,
-                                          bytes_per_weight=1.0, bytes_per_kv=1.0):
+                                          bytes_per_weight=1.0, bytes_per_kv=1.0, score_read=1.0):
     """The G-aware variant (method §2): the KV cache grows while G tokens are generated.
 
     AD time = sum over g < G of t_target(L + g). SD time = sum over rounds i = 0, tau, 2 tau,
     ... < G of k draft passes at L + i + j (j < k; sparse drafts hold min(L + i + j, Klen(L)))
     and one verification at L + i. Returns AD time / SD time. tau must be a scalar.
     """
-    cfg = _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv)
+    cfg = _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv,
+                  score_read)
     if np.ndim(tau) != 0:
         raise ValueError(f"tau must be a scalar for the G-aware model, got shape {np.shape(tau)}")
     tau = float(_tau(tau, cfg.k))
