@@ -266,7 +266,8 @@ class Series:
 
     def draft_factories(self, methods, models: dict | None = None) -> dict:
         """A draft factory per method name (`drafts.draft_factory`) at the series' temperature:
-        the series' trained drafts (or `models[method]`), MagicDec with the series' options."""
+        the series' trained drafts (or `models[method]`), MagicDec with the series' options, the
+        guided draft with MagicDec's budget (`guided_options`)."""
         from spirelib.decoding.drafts import draft_factory
 
         trained = {"vanilla": self.trained_vanilla_draft, "spire": self.trained_spire_draft}
@@ -276,9 +277,15 @@ class Series:
                 return models[method]
             return trained[method]().model if method in trained else None
 
-        options = {"magicdec": dataclasses.asdict(self.magicdec)}
+        options = {"magicdec": dataclasses.asdict(self.magicdec), "guided": self.guided_options()}
         return {m: draft_factory(m, self.trained_target().model, model(m), temperature=self.temperature,
                                  **options.get(m, {})) for m in methods}
+
+    def guided_options(self) -> dict:
+        """The verification-guided draft's budget, MagicDec's (method §4): its sink, and MagicDec's
+        window split into a recent window and the entries chosen by attention, half each."""
+        window = self.magicdec.window
+        return {"sink": self.magicdec.sink, "window": window - window // 2, "top": window // 2}
 
 
 # ---------------------------------------------------------------------------- validation
