@@ -6,12 +6,11 @@ CE(p, q) = -sum_i p_i log q_i; alpha = sum_i min(p_i, q_i) is the probability th
 rejection sampling accepts the draft's token (Leviathan et al. 2023); MixedLoss(w) =
 w * CE(p, q) - (1 - w) * alpha. SPIRe uses w = 0.5; w = 1 is pure distillation.
 
-The functions below define each loss plainly. `draft_losses` computes the chosen loss, every
-per-position part and the gradient from logits in one chunked pass over the vocabulary;
-training uses `head_draft_losses`, the same fused with the draft's and the target's
-unembeddings, so that no (positions, V) tensor beyond one chunk of rows exists (at the
-paper's batch, 64 x 1024 x 50,304 fp32 logits are 13 GB each). tests/test_spire.py checks
-both against the plain definitions, value and gradients.
+`draft_losses` computes the chosen loss, every per-position part and the gradient from logits
+in one chunked pass over the vocabulary; training uses `head_draft_losses`, the same fused with
+the draft's and the target's unembeddings, so that no (positions, V) tensor beyond one chunk of
+rows exists (at the paper's batch, 64 x 1024 x 50,304 fp32 logits are 13 GB each).
+tests/test_spire.py checks both against the plain definitions, value and gradients.
 """
 
 from __future__ import annotations
@@ -19,26 +18,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
-
-
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def hard_target_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of draft_logits (..., V) with the data's tokens labels (...)."""
-    return F.cross_entropy(_at_least_fp32(draft_logits.reshape(-1, draft_logits.shape[-1])), labels.reshape(-1))
-
-
-def distillation_loss(draft_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """Mean CE(p, q) = -sum_i p_i log q_i over positions; logits/probs (..., V)."""
-    return -(target_probs * torch.log_softmax(_at_least_fp32(draft_logits), dim=-1)).sum(-1).mean()
-
-
-def expected_acceptance(draft_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """alpha = sum_i min(p_i, q_i) per position (...): the chance the draft's sample is accepted."""
-    return torch.minimum(target_probs, torch.softmax(_at_least_fp32(draft_logits), dim=-1)).sum(-1)
 
 
 def mix(distill_ce: torch.Tensor, alpha: torch.Tensor, weight: float) -> torch.Tensor:
@@ -46,11 +25,6 @@ def mix(distill_ce: torch.Tensor, alpha: torch.Tensor, weight: float) -> torch.T
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"MixedLoss weight must be in [0, 1], got {weight}")
     return weight * distill_ce - (1.0 - weight) * alpha
-
-
-def mixed_loss(draft_logits: torch.Tensor, target_probs: torch.Tensor, weight: float = 0.5) -> torch.Tensor:
-    """MixedLoss(w) = w * CE(p, q) + (1 - w) * (-alpha), averaged over positions."""
-    return mix(distillation_loss(draft_logits, target_probs), expected_acceptance(draft_logits, target_probs).mean(), weight)
 
 
 def _chunk_parts(log_q: torch.Tensor, p: torch.Tensor, label: torch.Tensor, mix_weight: float | None, grad: bool):
