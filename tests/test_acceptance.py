@@ -12,7 +12,6 @@ from spirelib.modeling.acceptance import (
     per_position_from_counts,
     tau_at_depth,
     tau_from_alpha,
-    tau_from_counts,
     tau_from_per_position,
 )
 from spirelib.modeling.perfmodel import throughput_multiplier
@@ -39,20 +38,20 @@ def test_iid_per_position_acceptance_gives_the_iid_tau(alpha, k):
     assert tau_from_per_position(np.full(k, alpha)) == pytest.approx(tau_from_alpha(alpha, k))
 
 
-def test_tau_from_a_round_histogram_counts_the_bonus_token():
+def test_acceptance_rate_of_a_round_histogram_counts_the_bonus_token_in_tau():
     # 10 rounds: 2 accepted none (1 token each), 3 accepted 2 (3 each), 5 accepted all 4 (5 each)
-    counts = [2, 0, 3, 0, 5]
-    assert tau_from_counts(counts) == pytest.approx((2 * 1 + 3 * 3 + 5 * 5) / 10)
-    assert acceptance_rate(tau_from_counts(counts), 4) == pytest.approx((3 * 2 + 5 * 4) / (10 * 4))
+    tau = (2 * 1 + 3 * 3 + 5 * 5) / 10
+    assert acceptance_rate(tau, 4) == pytest.approx((3 * 2 + 5 * 4) / (10 * 4))
 
 
 def test_per_position_acceptance_from_a_histogram_reproduces_its_tau():
-    counts = np.array([[2, 0, 3, 0, 5], [10, 20, 30, 25, 15]])
+    counts = np.array([[2, 0, 3, 0, 5], [10, 20, 30, 25, 15]])  # rounds that accepted n = 0..4 drafts
     p = per_position_from_counts(counts)
     assert p.shape == (2, 4)
     assert p[0, 0] == pytest.approx(8 / 10)  # 8 of 10 rounds accepted draft 1
     assert p[0, 1] == pytest.approx(8 / 8)
-    assert np.allclose(tau_from_per_position(p), tau_from_counts(counts))
+    tau = (counts * np.arange(1, 6)).sum(-1) / counts.sum(-1)  # a round accepting n drafts emits n + 1 tokens
+    assert np.allclose(tau_from_per_position(p), tau)
 
 
 def test_unreached_positions_are_nan_not_zero():
@@ -95,8 +94,8 @@ def test_best_k_from_a_per_position_curve_searches_its_measured_depths():
     (lambda: tau_from_alpha(0.5, 0), "k"),
     (lambda: alpha_from_tau(6.0, 4), "tau"),
     (lambda: tau_from_per_position([0.5, 1.5]), "per_position"),
-    (lambda: tau_from_counts([0, 0, 0]), "counts"),
-    (lambda: tau_from_counts([-1, 3]), "counts"),
+    (lambda: per_position_from_counts([0, 0, 0]), "counts"),
+    (lambda: per_position_from_counts([-1, 3]), "counts"),
 ])
 def test_bad_inputs_raise_value_errors_naming_them(call, name):
     with pytest.raises(ValueError, match=name):

@@ -290,15 +290,3 @@ def test_delta_tau_over_seeds_adds_the_spread_between_seeds():
     assert both.ci95 > 1.9 * abs(both.per_seed[0] - both.per_seed[1]) / 2 and not both.resolved
     with pytest.raises(ValueError, match="same contexts"):
         delta_tau([a0], [common_rows([0.7], n + 1, k, G, seed=4)[0]])
-
-
-def test_merged_counts_pool_every_context():
-    from spirelib.measure.tau import merge_counts
-
-    a, b = common_rows([0.6, 0.8], 50, 4, 16, seed=5)
-    merged = merge_counts([a, b])
-    (ta, ra), (tb, rb) = a.tokens_and_rounds(), b.tokens_and_rounds()
-    assert merged.stats().n_contexts == 100
-    assert merged.stats().mean == pytest.approx(float((ta.sum() + tb.sum()) / (ra.sum() + rb.sum())))
-    with pytest.raises(ValueError, match="draft depths"):
-        merge_counts([a, AcceptCounts(a.accepted, 3)])

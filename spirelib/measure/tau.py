@@ -345,13 +345,6 @@ def tau_over_seeds(counts: list[AcceptCounts]) -> SeedsInterval:
     return _over_seeds([c.linearized() for c in counts], SeedsInterval)
 
 
-def merge_counts(counts: list[AcceptCounts]) -> AcceptCounts:
-    """One AcceptCounts over the contexts of several (e.g. one per training seed)."""
-    if len({c.k for c in counts}) != 1:
-        raise ValueError(f"accept counts of different draft depths {sorted({c.k for c in counts})} do not merge")
-    return AcceptCounts(_pad_cat([c.accepted for c in counts]), counts[0].k)
-
-
 def _pad_cat(blocks: list[torch.Tensor]) -> torch.Tensor:
     """Stack (n_i, R_i) accept-count blocks into (sum n_i, max R_i), padding with -1."""
     width = max(b.shape[1] for b in blocks)

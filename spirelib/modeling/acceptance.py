@@ -92,13 +92,6 @@ def _counts(counts) -> np.ndarray:
     return c
 
 
-def tau_from_counts(counts):
-    """tau from a histogram of rounds by accepted drafts: counts[..., n] rounds accepted n of k."""
-    c = _counts(counts)
-    emitted = np.arange(1, c.shape[-1] + 1)  # n accepted drafts + the bonus token
-    return scalar_or_array((c * emitted).sum(axis=-1) / c.sum(axis=-1))
-
-
 def per_position_from_counts(counts):
     """Per-position acceptance p_j = #rounds(n >= j) / #rounds(n >= j - 1), shape (..., k).
 
