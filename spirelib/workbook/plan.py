@@ -244,7 +244,8 @@ def _si(x: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Seconds as the plan and the run's summary show them: "8.0 s", "42 s", "3.5 min", "1.2 h"."""
+    """Seconds as the plan and the run's summary show them: "8.0 s", "42 s", "3.5 min", "1.2 h".
+    Not tqdm's `format_interval`: its clock form ("03:30", "1:12:00") is not the units these sentences read in."""
     if math.isnan(seconds):
         return "-"
     if seconds < 0.05:
