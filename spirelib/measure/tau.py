@@ -120,28 +120,12 @@ class TauProtocol:
 
 @functools.cache
 def t_quantile(p: float, dof: int) -> float:
-    """Quantile of Student's t distribution (0.5 < p < 1), by Newton's method on the CDF,
-    which is integrated from the density with Simpson's rule (no scipy needed)."""
+    """Quantile of Student's t distribution with `dof` degrees of freedom (0.5 < p < 1), scipy's."""
     if not 0.5 < p < 1 or dof < 1:
         raise ValueError(f"t_quantile needs 0.5 < p < 1 and dof >= 1, got p={p}, dof={dof}")
-    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    from scipy.stats import t  # here, not at the top: importing scipy.stats is slow and only intervals need it
 
-    def density(x):
-        return torch.exp(log_c - (dof + 1) / 2 * torch.log1p(x * x / dof))
-
-    def mass(q):  # P[0 < X < q]
-        x = torch.linspace(0, q, 4001, dtype=torch.float64)
-        w = torch.ones_like(x)
-        w[1:-1:2], w[2:-1:2] = 4, 2
-        return float((w * density(x)).sum()) * q / 12000
-
-    q = 2.0
-    for _ in range(60):
-        step = (mass(q) - (p - 0.5)) / float(density(torch.tensor(q, dtype=torch.float64)))
-        q = max(q - step, q / 2)
-        if abs(step) < 1e-12 * q:
-            break
-    return q
+    return float(t.ppf(p, dof))
 
 
 @dataclass(frozen=True)
