@@ -1,63 +1,16 @@
 """`spire bench memory`: peak memory of one training step at the paper's shapes.
 
-One training step (forward, backward, AdamW step, its state allocated) of
-- target: the paper's target (8 layers x 512, 8 kv heads of 128, d_ff 4096, V 50,304),
-  `Transformer.loss` (fused unembedding + cross-entropy),
-- vanilla: `drafts.vanilla_draft_config` of it, the same loss,
-- spire: the SPIRe draft (2 layers, pruned from the target) with `spire.SpireObjective`
-  (frozen target activations, k-pass forward, `losses.head_draft_losses`),
-- spire-logits: the same through materialized logits, the unfused objective (`k_pass_logits`, the target's
-  full (B, T, V) logits, `losses.draft_losses`), for comparison,
-on CPU in fp32, each configuration in a fresh subprocess: the peak resident set during the
-step (VmHWM, reset through /proc/self/clear_refs just before it, freed heap returned first,
-allocations of 64 KiB or more mapped apart so freeing returns them) minus the resident set
-after `import torch` (the interpreter and libraries). The peak includes the weights (and
-the frozen target's), the gradients and AdamW's two moments.
+One training step (forward, backward, AdamW step, its state allocated) at the paper's target shape
+(8 layers x 512, 8 kv heads of 128, d_ff 4096, V 50,304) of: `target` (`Transformer.loss`, fused
+unembedding + cross-entropy), `vanilla` (`drafts.vanilla_draft_config` of it), `spire` (the SPIRe
+draft, 2 layers, with `SpireObjective`: `losses.head_draft_losses`) and, for comparison,
+`spire-logits` (the same through materialized logits: `k_pass_logits`, `losses.draft_losses`); on
+the CPU in fp32, each in a fresh subprocess (`measure`), then per token and fixed (`table`).
 
-The step's peak is the larger of two phases, measured apart: forward + backward (weights,
-AdamW's moments, allocated beforehand as in every step after the first, gradients and
-activations) and the optimizer step (weights, moments, gradients, AdamW's temporaries; it
-does not grow with the batch). Per training token = (forward + backward peak at batch 2 -
-at batch 1) / seq_len: what grows with B x T. Fixed = the batch-1 peak - seq_len x per token. Each is measured at V = 50,304
-and at a small vocabulary; their difference is the part that scales with V (per token: the
-(tokens, V) tensors; fixed: the embedding and unembedding with gradient and moments, the
-loss chunks). 80 GB fits batch (80e9 - fixed) / (per token x seq_len), by extrapolation
-(if the optimizer phase fits too).
-
-Measured (2-core VM, torch 2.13 CPU, fp32, 1 thread, seq_len 1,024, V 50,304 vs 512;
-MB = 1e6 bytes; per-token figures are good to ~10%, the ~V parts of the fused models are
-zero within that noise):
-
-    model         peak B=1  peak B=2  bytes/token  of it ~V  fixed MB  of it ~V  optimizer MB  batch in 80 GB
-    target           2,698     3,547      828,316   -26,904     1,850       928         2,215              92
-    vanilla            894     1,109      209,408   -13,484       680       477           752             369
-    spire            2,002     2,297      288,012   -56,776     1,707     1,098         1,886             265
-    spire-logits     2,561     3,704    1,116,380   767,632     1,418       813         1,886              68
-
-spire-logits (the unfused objective) held ~15 bytes per token per vocabulary entry (draft logits,
-the target's logits and their gathered copy, the fp32 gradient): 50 GB of the paper's
-64 x 1,024 batch. Fused, the SPIRe step's per-token memory is its activations only.
-
-`--simulate` traces instead the sharded trainer's real build, step, checkpoint gather, resume
-and end-of-run gather with fake tensors on a fake process group at the params files' shapes and
-world sizes (`spirelib.training.simulate`; simulated, not measured).
-
-`--ranks` prints instead the per-rank memory of SPIRe training on Llama 3 8B and 70B targets
-(the draft a quarter of the target's layers) under ddp and fsdp at 1 to 16 ranks, computed by
-`spirelib.modeling.sharding`, and the fewest ranks that fit `--budget-gb`:
-
-    target      parallel     N=1     N=2     N=4     N=8    N=16   fewest N in 80 GB (in 141 GB)
-    llama3-8b   ddp         71.2    80.0    78.8    78.2    77.9   1 (1)
-    llama3-8b   fsdp        71.2    48.7    32.3    24.1    20.0   1 (1)
-    llama3-70b  ddp        509.5   575.1   569.5   566.6   565.2   none (none)
-    llama3-70b  fsdp       509.5   275.8   158.0    99.1    69.7   12 (5)
-
-N=1 is one process (no DDP buckets, no sharding). Under ddp every rank holds the whole bf16
-target and the whole fp32 draft state; under fsdp the shares fall as 1/N, down to what a step
-gathers whole: at 70B and N=8, 30.5 of the 99.1 GB (the draft's embedding and unembedding,
-16.8 GB at 8 bytes a parameter, and two of its blocks; `spirelib.modeling.sharding`). A 70B
-target with its 19B-parameter draft fits 8 GPUs of 141 GB (H200), not 8 of 80 GB: 12 of those.
-The traced step (`--simulate`) is heavier: 120.5 GB a rank at 70B over 8 (docs/scaling-out.md).
+`--stream-only` computes the target activations a SPIRe draft holds (`residual_stream_rows`),
+`--ranks` the per-rank memory under ddp and fsdp (`_print_ranks`), `--simulate` traces the sharded
+trainer with fake tensors (`spirelib.training.simulate`): computed or simulated, not measured.
+Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -100,8 +53,16 @@ def _trim() -> None:
 
 def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window: int = 64,
             shape: dict | None = None) -> dict:
-    """Peak bytes of one training step of `model` (in this process; call it in a fresh one);
-    `shape`: the target's ModelConfig fields other than the vocabulary (default: the paper's)."""
+    """Peak bytes of one training step of `model` (in this process; call it in a fresh one, `_child`);
+    `shape`: the target's ModelConfig fields other than the vocabulary (default: the paper's).
+
+    The peak resident set during the step (VmHWM, reset through /proc/self/clear_refs just before
+    it, freed heap returned first) minus the resident set after `import torch` (the interpreter
+    and libraries): it includes the weights (and the frozen target's), the gradients and AdamW's
+    two moments. The step's peak is the larger of two phases, measured apart: forward + backward
+    (weights, AdamW's moments, allocated beforehand as in every step after the first, gradients
+    and activations) and the optimizer step (weights, moments, gradients, AdamW's temporaries; it
+    does not grow with the batch)."""
     import torch
 
     base = _status("VmRSS")
@@ -183,7 +144,13 @@ def residual_stream_rows(bytes_per_value: int = 2) -> list[dict]:
 
 def table(results: list[dict], seq_len: int, vocab: int, small_vocab: int, budget: float = 80e9) -> list[dict]:
     """Per model: bytes per training token and fixed bytes, at both vocabularies, their
-    difference (the part that scales with V) and the batch that fits `budget` at `vocab`."""
+    difference (the part that scales with V) and the batch that fits `budget` at `vocab`.
+
+    Per training token = (forward + backward peak at batch 2 - at batch 1) / seq_len: what grows
+    with B x T; fixed = the batch-1 peak - seq_len x per token. Their difference between the two
+    vocabularies is the part that scales with V (per token: the (tokens, V) tensors; fixed: the
+    embedding and unembedding with gradient and moments, the loss chunks). The budget fits batch
+    (budget - fixed) / (per token x seq_len), by extrapolation, if the optimizer phase fits too."""
     at = {(r["model"], r["batch"], r["vocab"]): r for r in results}
     rows = []
     for model in dict.fromkeys(r["model"] for r in results):
@@ -267,7 +234,11 @@ RANKS = (1, 2, 4, 8, 16)
 
 
 def _print_ranks(budget: float, as_json: bool) -> int:
-    """The per-rank memory table (`sharding.memory_table`) and the fewest ranks within `budget` bytes."""
+    """The per-rank memory table (`sharding.memory_table`) and the fewest ranks within `budget` bytes:
+    SPIRe training on Llama 3 8B and 70B targets (the draft a quarter of the target's layers) under
+    ddp and fsdp at 1 to 16 ranks. N=1 is one process (no DDP buckets, no sharding). Under ddp every
+    rank holds the whole bf16 target and the whole fp32 draft state; under fsdp the shares fall as
+    1/N, down to what a step gathers whole."""
     from spirelib.modeling.sharding import PARALLEL, memory_table, smallest_world
 
     rows = memory_table(worlds=RANKS)
