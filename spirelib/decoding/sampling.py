@@ -67,7 +67,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     Two levels, each an exponential race (`_race`): the vocabulary is cut into ~sqrt(V)
     blocks of ~sqrt(V) tokens; a block is drawn by its mass, then a token within it by
     its probability: P(i) = (S_b / S) (p_i / S_b) = p_i / S exactly. That takes ~2 sqrt(V)
-    random numbers per draw instead of V (12x faster at V = 4096 on CPU). Block masses are
+    random numbers per draw instead of V (faster: docs/benchmarks.md). Block masses are
     summed in float64, so no rounding accumulates over a block.
     """
     V = probs.shape[-1]
@@ -85,7 +85,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 def _race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """argmax_i w_i / E_i with E_i i.i.d. Exp(1) is i with probability w_i / sum(w) (the
     exponential race, how `torch.multinomial` draws one sample). E = -log(U) from uniforms is
-    several times faster on CPU than `exponential_`; U is kept above 0 so that E is finite
+    faster on the CPU than `exponential_` (docs/benchmarks.md); U is kept above 0 so that E is finite
     and an entry with w_i > 0 always beats every entry with w_i = 0. weights (N, n) -> (N,)."""
     u = torch.rand(weights.shape, generator=generator, device=weights.device, dtype=torch.float32)
     return (weights / -u.clamp_(min=torch.finfo(torch.float32).tiny).log_()).argmax(-1)

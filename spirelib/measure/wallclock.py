@@ -92,8 +92,8 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
     run decodes with every method after one target prefill they share; a cell's run 0 warms up
     and is not kept. The cells take turns run by run: every pass runs each unfinished cell once,
     so that a slow minute of a shared machine falls on every cell alike rather than on the one
-    being timed (timed cell after cell, three 09 runs put (16, 256) at -13%, -15% and +6% of the
-    profiled model, all four methods together: the fit prices absolute seconds across cells).
+    being timed (timed cell after cell, whole cells drifted against the profiled model, all four
+    methods together, docs/benchmarks.md: the fit prices absolute seconds across cells).
     After `repeats` kept runs, a cell gets more, up to `max_repeats` (default: none added) and
     while it has taken less than `max_seconds`, as long as some method's 95% CI of its speedup
     over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few.
@@ -102,10 +102,8 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
     - "rounds" (the default): every method decodes from its own copy of the prefill, and the
       method that has so far taken the least decode time runs its next round (AD: its next
       step), so all of them progress through the same spans of wall time. A shared machine's
-      slow spells (on a cloud VM they last ~0.1-1 s, longer than a round, shorter than a run)
-      then slow every method alike and cancel in the speedup: two identical matmul loops timed
-      whole one after the other differ by 6.3% (sd of their ratio), interleaved call by call by
-      0.9%. It holds one target cache per method.
+      slow spells (longer than a round, shorter than a run) then slow every method alike and
+      cancel in the speedup (docs/benchmarks.md). It holds one target cache per method.
     - "runs": the methods one after another on the shared prefill: one cache, for when the
       copies do not fit, and what a target decoding through compiled graphs needs (its CUDA
       graphs replay over the one cache per shape it keeps)."""

@@ -4,8 +4,8 @@ number, rotated by position x frequency.
 Positions are explicit: the model rotates queries and keys by their positions in the
 original text (method §3.4); the sink+window cache can re-rotate its sink keys to emulate
 positions-in-cache (MagicDec's implementation, see `kvcache.SinkWindowKVCache`). One
-complex multiply per element is a third of the cost of the real-valued "rotate half" form,
-forward and backward (measured on this CPU).
+complex multiply per element costs less than the real-valued "rotate half" form, forward and
+backward (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ operator-profiled simulators such as Vidur (MLSys 2024), keeps the physical form
 
 with FLOPs and bytes from `forward_work` (body matmuls, attention over the keys read, the
 unembedding; weights and KV at their dtype). A forward of one token in all (B x T = 1: an AD
-step or a draft pass at B = 1) multiplies matrices by a vector, and a BLAS does that about twice
-as fast per linear as the matrix-matrix kernels of two tokens or more (on this CPU at d_model 64:
-7.6 against 13.7-17.5 us from 1 to 2-5 rows, 28 us at 16); what the multi-token kernels cost
-per layer beyond it is their own coefficient, so that the B = 1 cells' AD steps are not priced
-at the setup cost of the verification's kernels. Attention costs per key each row reads (a CPU's
+step or a draft pass at B = 1) multiplies matrices by a vector, and a BLAS does that faster per
+linear than the matrix-matrix kernels of two tokens or more (docs/benchmarks.md); what the
+multi-token kernels cost per layer beyond it is their own coefficient, so that the B = 1 cells'
+AD steps are not priced at the setup cost of the verification's kernels. Attention costs per key each row reads (a CPU's
 attention kernel pays per (row, head) block and key, whatever the queries) and per FLOP (its
 queries' scores). The roofline term's peak and bandwidth are this
 machine's calibration (`measure.calibrate`), pinned, never fitted: only the overheads are fitted,
@@ -335,10 +334,9 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
     section of every method timed there (above 1: slower than the coefficients price it), their
     geometric mean 1, fitted alternately with the coefficients until no pace moves. The methods
     of a cell decode in lockstep (`wallclock.time_cells`), so what sets a cell's level slows them
-    all alike: the machine's state while the cell ran (two timings of the same grid put (16, 960)
-    5-16% apart, every method slower in one) and how its working set sits in the caches (09's
-    B = 64 cells come out 10-30% slower than its B = 1 cells, every method alike). Unabsorbed,
-    such a level bends the coefficients; absorbed, the coefficients explain how the methods
+    all alike: the machine's state while the cell ran and how its working set sits in the caches
+    (docs/benchmarks.md: both move a cell's level, every method alike). Unabsorbed, such a level
+    bends the coefficients; absorbed, the coefficients explain how the methods
     compare within each cell, which is all a speedup depends on (the pace cancels in it). A cell
     the fit did not see is priced at pace 1. What the paces take away is identified only through
     those comparisons, so the coefficients move more from run to run than the speedups do.
@@ -366,7 +364,7 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
 
 
 # The alternating fit of coefficients and cell paces stops once no pace moves by more than
-# PACE_TOLERANCE in an iteration: on 09's timings after a few hundred iterations of ~4 ms.
+# PACE_TOLERANCE in an iteration: on 09's timings after a few hundred iterations (docs/benchmarks.md).
 PACE_ITERATIONS, PACE_TOLERANCE = 3000, 1e-9
 
 

@@ -45,8 +45,9 @@ def _chunk_parts(log_q: torch.Tensor, p: torch.Tensor, label: torch.Tensor, mix_
 @functools.cache
 def _compiled_chunk_parts():
     """`_chunk_parts` compiled (torch.compile, one static graph per chunk shape): its dozen passes
-    over a (c, V) chunk (exp, the three parts, the gradient) fuse into a few loops; on this 2-core
-    CPU a SPIRe training step's heads and loss take about half the time (docs/benchmarks.md)."""
+    over a (c, V) chunk (exp, the three parts, the gradient) fuse into a few loops, which a SPIRe
+    training step's heads and loss gain from on the CPU (docs/benchmarks.md, "Where a training
+    step's time goes": the loss's chunk arithmetic compiled)."""
     return torch.compile(_chunk_parts, dynamic=False)
 
 
