@@ -1,78 +1,11 @@
 """The tau measurement protocol (method §5) and the acceptance metrics of method §8.
 
-Protocol: draft depth k = 4; for each context length L, n contexts of exactly L tokens
-from the validation split (drawn once, with a fixed seed, by the data layer), the SAME
-contexts for every method; G = 64 tokens generated after each by speculative decoding at
-temperature T (method §9: T = 1 by default, exact rejection sampling). Contexts run in
-batches of B rows; the target's prefill of a batch is shared by every method. Methods are
-named ("vanilla", "magicdec", "spire", ...) and built from the drafts' registry
-(`drafts.draft_factory`, `drafts.register_method`), so a new draft plugs in without touching
-this module.
-
-Metrics (method §8), from the accepted draft count a_r of every round r (0..k):
-
-- tokens and rounds per context: a context emits Y_i = sum_r (a_r + 1) tokens (bonus
-  token included) in X_i rounds. The last round may emit more tokens than G still needed;
-  it counts in full. Whether a round is the last depends only on earlier rounds (a
-  stopping time): the draft proposed k tokens and the target verified them as in any
-  other round, so its a_r is an ordinary draw of the round's acceptance. Truncating it to
-  the tokens still needed would bias tau downwards by an amount that depends on G, not on
-  the draft.
-- tau (`TauStats.mean`): the pooled ratio sum_i Y_i / sum_i X_i, tokens per round over all
-  rounds of all contexts. Not the mean of the per-context ratios Y_i / X_i: a context
-  stops once it has G tokens, so a context that happened to accept much finishes in few
-  rounds and its high ratio weighs as much as a slow context's many rounds; that mean of
-  ratios is biased upwards (i.i.d. acceptance alpha = 0.5 / 0.7 / 0.85, k = 4, G = 64:
-  about +0.02 / +0.035 / +0.035 over (1 - alpha^(k+1)) / (1 - alpha), many CI widths at
-  the paper's n). By Wald's identity E[Y_i] = tau E[X_i] under that stopping rule, so the
-  pooled ratio is consistent (its bias is O(1/n)). `AcceptCounts.tau_per_context` still
-  gives the per-context ratios.
-- its 95% CI: contexts are the independent units (rounds of one context are not: they
-  share the text), so the interval is the delta-method (linearization) interval of a
-  ratio estimator over contexts: with d_i = Y_i - tau X_i, s the sample standard deviation
-  of d_i / mean(X), mean +- t_{0.975, n-1} * s / sqrt(n), Student's t (at the paper's
-  n = 65,536 it is the normal interval; t keeps it honest for small CPU-scale n).
-  `TauStats.std` is that s (the per-context spread of the linearized estimate; the
-  sample standard deviation of d_i / mean(X)), so ci95 = t * std / sqrt(n).
-- acceptance rate: accepted draft tokens / drafted tokens over all rounds of all contexts
-  (= (tau - 1) / k exactly, both pooled over rounds).
-- per-position acceptance: P[draft j accepted | drafts 1..j-1 accepted] = #(a_r >= j) /
-  #(a_r >= j - 1) over all rounds, j = 1..k, reported with both counts.
-
-Comparing two drafts (method §3.8's ablations): every method decodes batch b from a generator
-seeded by (seed, L, b) alone, the same stream for every method (common random numbers), so
-two similar drafts see the same draws and their difference in tau is measured paired, per
-context (`delta_tau`): d_i = (Y_i - tau X_i) / mean(X) for one minus the same for the other,
-the delta-method linearization of each pooled ratio (`AcceptCounts.linearized`, the one
-used by `stats()` too).
-
-Over S training seeds (method §10; notebook 05), what is estimated is the expected
-difference over training randomness, E_seeds[tau(a)] - E_seeds[tau(b)], for drafts trained
-on one fixed target; the seeds decode the same n contexts with the same streams. The
-estimate is the mean of the seeds' differences D_s, and its 95% half-width combines two
-terms, each with its own Student's t (`seeds_interval`, Banerjee's conservative combination):
-
-    ci95 = sqrt(t_{0.975, S-1}^2 * var_s(D_s) / S  +  t_{0.975, n-1}^2 * var_i(mean_s d_is) / n)
-
-The first term is the seeds' spread: it holds what changes with the training seed (and the
-part of the contexts' noise that differs between seeds), estimated from S values, hence
-S - 1 degrees of freedom; the second is the contexts' noise that all seeds share (the same
-contexts, the same streams), which the seeds' spread cannot see, from the per-context
-differences averaged over seeds, n - 1 degrees of freedom. Their sum is at least the
-variance of the mean (it counts the seed-specific context noise twice), and each term gets
-the t quantile of its own degrees of freedom, so the interval stays conservative whichever
-dominates (0.94-1.00 coverage in tests/test_tau_calibration.py, from no seed effect to a
-dominating one, at S = 2, 3, 4). A Welch-Satterthwaite t on the same sum does not at S = 2:
-its estimated degrees of freedom sit above 1 even where the seeds' single degree of freedom
-dominates (0.87 coverage where the two terms are comparable); t with S (n - 1) degrees of
-freedom, as this module used before, covers 0.70 at S = 2 where the seeds dominate. With one
-seed there is no seeds' term: the interval is the contexts' interval about those two trained
-drafts, and `DeltaTau.resolved` (over training randomness) is False whatever it shows.
-
-Scale-out: under `torchrun` (any backend; gloo on CPU) every process measures the batches
-b with b % world_size == rank and the results are gathered, in batch order, on every
-process. Each batch's generator depends on (seed, L, batch) alone, so the merged result
-equals a single process's.
+Every method named in `methods` ("vanilla", "magicdec", "spire", ...: the drafts' registry,
+`drafts.draft_factory`: a new draft plugs in without touching this module) decodes the SAME
+contexts of each length L by speculative decoding (`measure_tau`); each round's accepted draft
+count becomes tau with its 95% CI, contexts as the unit (`AcceptCounts.stats`). Two drafts are
+compared paired, by context and random stream (`delta_tau`), and over training seeds with the
+interval of method §10 (`seeds_interval`).
 """
 
 from __future__ import annotations
@@ -102,7 +35,8 @@ from spirelib.modeling.acceptance import acceptance_rate, per_position_from_coun
 
 @dataclass(frozen=True)
 class TauProtocol:
-    """Method §5: k = 4, G = 64; temperature and batching are the project's choices (method §9)."""
+    """Method §5: k = 4, G = 64; temperature and batching are the project's choices (method §9:
+    T = 1 by default, exact rejection sampling). Contexts run in batches of B rows."""
 
     k: int = 4
     new_tokens: int = 64  # G
@@ -130,7 +64,7 @@ def t_quantile(p: float, dof: int) -> float:
 
 @dataclass(frozen=True)
 class TauStats:
-    """Method §8 metrics of one method at one context length (definitions: module docstring)."""
+    """Method §8 metrics of one method at one context length (`AcceptCounts.stats`)."""
 
     mean: float  # tau: tokens / rounds pooled over all contexts (a ratio estimator, not a mean of ratios)
     ci95: float  # half-width of its 95% t-interval, contexts as the unit (delta method)
@@ -150,7 +84,17 @@ def linearize(tokens: torch.Tensor, rounds: torch.Tensor) -> tuple[torch.Tensor,
     """The pooled tau over the last axis (contexts) of tokens Y and rounds X per context, and its
     delta-method linearization z_i = (Y_i - tau X_i) / mean(X), batched over leading axes: tau
     (...), z (..., n). To first order tau_hat - tau = mean(z), contexts i.i.d., so var(tau_hat)
-    ~ var(z) / n (module docstring)."""
+    ~ var(z) / n.
+
+    tau is the pooled ratio sum_i Y_i / sum_i X_i, tokens per round over all rounds of all
+    contexts, not the mean of the per-context ratios Y_i / X_i: a context stops once it has G
+    tokens, so a context that happened to accept much finishes in few rounds and its high ratio
+    weighs as much as a slow context's many rounds; that mean of ratios is biased upwards
+    (i.i.d. acceptance alpha = 0.5 / 0.7 / 0.85, k = 4, G = 64: about +0.02 / +0.035 / +0.035
+    over (1 - alpha^(k+1)) / (1 - alpha), many CI widths at the paper's n). By Wald's identity
+    E[Y_i] = tau E[X_i] under that stopping rule, so the pooled ratio is consistent (its bias is
+    O(1/n)). Contexts, not rounds, are the independent units: rounds of one context share the
+    text."""
     tau = tokens.sum(-1) / rounds.sum(-1)
     return tau, (tokens - tau[..., None] * rounds) / rounds.mean(-1, keepdim=True)
 
@@ -167,14 +111,20 @@ class AcceptCounts:
         self.accepted = self.accepted.cpu()  # a few ints per context: the statistics are the host's
 
     def tokens_and_rounds(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens emitted (accepted + 1 per round, the last round in full) and rounds, per
-        context: two (n,) float64 tensors."""
+        """Tokens emitted (accepted + 1 per round, the bonus token included) and rounds, per
+        context: two (n,) float64 tensors.
+
+        The last round may emit more tokens than G still needed; it counts in full. Whether a
+        round is the last depends only on earlier rounds (a stopping time): the draft proposed k
+        tokens and the target verified them as in any other round, so its count is an ordinary
+        draw of the round's acceptance. Truncating it to the tokens still needed would bias tau
+        downwards by an amount that depends on G, not on the draft."""
         done = self.accepted >= 0
         return torch.where(done, self.accepted + 1, 0).sum(1).double(), done.sum(1).double()
 
     def tau_per_context(self) -> torch.Tensor:
         """Mean of accepted + 1 over each context's rounds, the last one in full: (n,) float64.
-        (Their mean is NOT the tau estimate: see the module docstring.)"""
+        (Their mean is NOT the tau estimate: see `linearize`.)"""
         tokens, rounds = self.tokens_and_rounds()
         return tokens / rounds
 
@@ -186,6 +136,12 @@ class AcceptCounts:
         return float(tau), z
 
     def stats(self) -> TauStats:
+        """tau (pooled, `linearize`) and its 95% CI: the delta-method interval of a ratio estimator
+        over contexts, mean +- t_{0.975, n-1} * s / sqrt(n) with s the sample standard deviation of
+        z_i (`TauStats.std`), Student's t (at the paper's n = 65,536 the normal interval; t keeps it
+        honest for small CPU-scale n); the acceptance rate, accepted / drafted tokens over all
+        rounds (= (tau - 1) / k exactly); per-position acceptance, #(a_r >= j) / #(a_r >= j - 1)
+        over all rounds r, with both counts."""
         tau, z = self.linearized()
         n = z.numel()
         a = self.accepted[self.accepted >= 0]  # every round
@@ -212,7 +168,7 @@ TRAINING, DRAFT = "training", "draft"
 @dataclass(frozen=True)
 class SeedsInterval:
     """A tau, or a difference of taus, measured at S training seeds on the same n contexts
-    (module docstring): the mean over seeds, its 95% half-width (`seeds_interval`), each
+    (method §10): the mean over seeds, its 95% half-width (`seeds_interval`), each
     seed's value, and the two variance terms behind the width, each with its own degrees of
     freedom (`df`): the seeds' spread var_s / S and the contexts' noise var_i / n."""
 
@@ -273,12 +229,14 @@ class DeltaTau(SeedsInterval):
 
 
 def seeds_interval(values: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The interval over training seeds of the module docstring, batched over leading axes:
+    """The interval over training seeds of method §10, batched over leading axes:
     `values` (..., S) the per-seed estimates (a tau or a paired difference of taus), `z`
     (..., S, n) their delta-method linearizations on the same n contexts. Returns (mean,
     ci95, seeds_var, contexts_var), each (...): mean = mean_s values; seeds_var = var_s(values)
     / S (0 with one seed); contexts_var = var_i(mean_s z) / n; ci95 = sqrt(t_{S-1}^2 seeds_var
-    + t_{n-1}^2 contexts_var), each term with its own t (NaN where n < 2)."""
+    + t_{n-1}^2 contexts_var), each term with its own t (NaN where n < 2): Banerjee's conservative
+    combination, which covers whichever term dominates (tests/test_tau_calibration.py; the
+    alternatives it rejects: method §10)."""
     values, z = values.double(), z.double()
     S, n = z.shape[-2], z.shape[-1]
     if values.shape[-1] != S:
@@ -309,7 +267,12 @@ def delta_tau(a: list[AcceptCounts], b: list[AcceptCounts]) -> DeltaTau:
     (a[s] and b[s] decoded the same contexts with the same random streams, and every seed the
     same n contexts): the mean of the seeds' differences and its 95% half-width, the seeds'
     spread (t, S - 1 degrees of freedom) and the contexts' noise (t, n - 1) combined
-    (`seeds_interval`, module docstring). With one seed it is about those two trained drafts."""
+    (`seeds_interval`, method §10). With one seed it is about those two trained drafts.
+
+    Every method decodes batch b from a generator seeded by (seed, L, b) alone (`batch_seed`), the
+    same stream for every method (common random numbers), so two similar drafts see the same draws
+    and their difference is measured paired, per context: d_i = z_i(a) - z_i(b), each pooled
+    ratio's delta-method linearization (`AcceptCounts.linearized`, the one `stats()` uses)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"delta_tau needs one pair of counts per seed, got {len(a)} and {len(b)}")
     pairs = []
@@ -364,10 +327,14 @@ def measure_tau(
 ) -> dict[str, dict[int, AcceptCounts]]:
     """Accept counts of every method at every context length: {method: {L: AcceptCounts}}.
 
-    `contexts` maps L to the (n, L) token contexts every method decodes from. A `timer`
+    `contexts` maps L to the (n, L) token contexts every method decodes from (drawn once from the
+    validation split, with a fixed seed, by the data layer). A `timer`
     accumulates "prefill" (the shared target prefill) and "<method>/<section>" seconds.
-    Under torch.distributed, batches are sharded over the processes and the result,
-    identical to a single process's, is returned on every process.
+    Contexts run in batches of `protocol.batch_size` rows; the target's prefill of a batch is
+    shared by every method. Under `torchrun` (any backend; gloo on CPU) every process measures the
+    batches b with b % world_size == rank and the results are gathered, in batch order, on every
+    process; each batch's generator depends on (seed, L, batch) alone, so the result equals a
+    single process's.
     """
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     device = next(target.parameters()).device
