@@ -1,5 +1,5 @@
 """05's verdicts controlled across the parts (method §10): Holm's step-down over every comparison
-of one ablation table (`tables.ablations.holm`, `family`, `verdicts`), checked by hand on
+of one ablation table (`measure.ablations.holm`, `family`, `verdicts`), checked by hand on
 small families and calibrated by simulating 05's design at its budget.
 
 The simulation is tests/test_tau_calibration.py's, at 05's budget (params/default.yaml: 3 seeds,
@@ -24,10 +24,10 @@ import yaml
 from conftest import ROOT
 from test_tau_calibration import ROUNDS, G, K, alpha_clip, decode
 
+from spirelib.measure import ablations
 from spirelib.measure.tau import DeltaTau, linearize, seeds_interval, t_quantile
 from spirelib.modeling.ablations import COMPONENTS, MEASURED_COMPONENTS
 from spirelib.modeling.acceptance import tau_from_alpha
-from spirelib.workbook.tables import ablations as tables
 
 BUDGET = yaml.safe_load((ROOT / "params" / "default.yaml").read_text())["notebooks"]["05_ablations"]
 SEEDS, CONTEXTS = len(BUDGET["ablation_seeds"]), BUDGET["n_contexts"]
@@ -40,23 +40,24 @@ SEED_SDS = (0.002, 0.004)
 
 def delta(mean: float, seeds_var: float, contexts_var: float, seeds: int = 3, n: int = 128) -> DeltaTau:
     """A DeltaTau with the given variance terms and its 95% half-width as `seeds_interval` makes it."""
-    ci = float(tables.half_width(seeds_var, contexts_var, seeds, n, 0.05))
+    ci = float(ablations.seeds_half_width(seeds_var, contexts_var, seeds, n, 0.05))
     return DeltaTau(mean, ci, (mean,) * seeds, n, seeds_var, contexts_var)
 
 
-def test_half_width_at_05_is_the_seeds_interval_and_narrows_with_the_level():
-    """`half_width` at level 0.05 is `seeds_interval`'s own 95% half-width (the same two terms, each
+def test_seeds_half_width_at_05_is_the_seeds_interval_and_narrows_with_the_level():
+    """`seeds_half_width` at level 0.05 is `seeds_interval`'s own 95% half-width (the same two terms, each
     with its t), and at level 0.05 / 6 each term takes t_{1 - 0.05/12}: 10.89 with 2 degrees of
     freedom against 4.30."""
     g = torch.Generator().manual_seed(0)
     values, z = torch.randn(4, 3, generator=g, dtype=torch.float64), torch.randn(4, 3, 128, generator=g,
                                                                                   dtype=torch.float64)
     _, ci, seeds_var, contexts_var = seeds_interval(values, z)
-    assert np.allclose(tables.half_width(seeds_var.numpy(), contexts_var.numpy(), 3, 128, 0.05), ci.numpy(),
+    assert np.allclose(ablations.seeds_half_width(seeds_var.numpy(), contexts_var.numpy(), 3, 128, 0.05), ci.numpy(),
                        rtol=1e-12)
-    wide = tables.half_width(1.0, 0.0, 3, 128, 0.05 / 6)
+    wide = ablations.seeds_half_width(1.0, 0.0, 3, 128, 0.05 / 6)
     assert wide == pytest.approx(t_quantile(1 - 0.05 / 12, 2)) and 10.8 < wide < 11.0
-    assert tables.half_width(0.0, 1.0, 1, 128, 0.05) == pytest.approx(t_quantile(0.975, 127))  # one seed: no seeds' term
+    one_seed = ablations.seeds_half_width(0.0, 1.0, 1, 128, 0.05)
+    assert one_seed == pytest.approx(t_quantile(0.975, 127))  # one seed: no seeds' term
 
 
 def test_holm_steps_down_from_the_most_evident_difference():
@@ -66,11 +67,11 @@ def test_holm_steps_down_from_the_most_evident_difference():
     the first; 0.3 fails even at 0.05. When the most evident fails (0.6 < 0.635) it stops: none is
     resolved, where each interval alone (at 0.05) resolves all three."""
     sd = 0.083 ** 2  # seeds_var
-    assert tables.holm([1.0, 0.55, -0.4], [sd] * 3, [0.0] * 3, 3, 128).tolist() == [True, True, True]
-    assert tables.holm([1.0, 0.55, -0.3], [sd] * 3, [0.0] * 3, 3, 128).tolist() == [True, True, False]
-    assert tables.holm([0.6, 0.55, -0.4], [sd] * 3, [0.0] * 3, 3, 128).tolist() == [False] * 3
+    assert ablations.holm([1.0, 0.55, -0.4], [sd] * 3, [0.0] * 3, 3, 128).tolist() == [True, True, True]
+    assert ablations.holm([1.0, 0.55, -0.3], [sd] * 3, [0.0] * 3, 3, 128).tolist() == [True, True, False]
+    assert ablations.holm([0.6, 0.55, -0.4], [sd] * 3, [0.0] * 3, 3, 128).tolist() == [False] * 3
     mean = np.array([1.0, 0.55, -0.3])
-    batched = tables.holm(np.stack([mean, mean[::-1]]), np.full((2, 3), sd), np.zeros((2, 3)), 3, 128)
+    batched = ablations.holm(np.stack([mean, mean[::-1]]), np.full((2, 3), sd), np.zeros((2, 3)), 3, 128)
     assert batched.tolist() == [[True, True, False], [False, True, True]]
 
 
@@ -82,14 +83,14 @@ def test_the_family_is_every_comparison_of_the_table_once_and_variants_take_thei
     parts = {part: delta(0.01, 0.0004, 0.0001) for part in MEASURED_COMPONENTS}
     parts["pruned init"] = delta(0.3, 0.001, 0.0001)
     variants = {name: delta(0.01, 0.0004, 0.0001) for name in VARIANTS[1:]}
-    tested = tables.family(parts, variants)
+    tested = ablations.family(parts, variants)
     assert sorted(tested) == sorted([*MEASURED_COMPONENTS, "no_feedback_no_target_acts"])
     assert parts["pruned init"].resolved  # alone
-    shown = tables.verdicts(parts, variants)
+    shown = ablations.verdicts(parts, variants)
     assert set(shown) == set(parts) | set(variants) and not any(shown.values())
     parts["pruned init"] = delta(0.6, 0.001, 0.0001)
     variants["random_init"] = delta(-0.6, 0.001, 0.0001)
-    shown = tables.verdicts(parts, variants)
+    shown = ablations.verdicts(parts, variants)
     assert shown["pruned init"] and shown["random_init"] and sum(shown.values()) == 2
     assert {frozenset(COMPONENTS["pruned init"])} == {frozenset(("random_init", "spire"))}
 
@@ -129,7 +130,7 @@ def cell(scenario: str, sd: float) -> dict:
     stats = [seeds_interval(lin[a][0] - lin[b][0], lin[a][1] - lin[b][1]) for a, b in pairs.values()]
     mean, ci, seeds_var, contexts_var = (np.stack([s[i].numpy() for s in stats], -1) for i in range(4))
     null = np.array([not set(pair) & large for pair in pairs.values()])
-    holm = tables.holm(mean, seeds_var, contexts_var, SEEDS, CONTEXTS)
+    holm = ablations.holm(mean, seeds_var, contexts_var, SEEDS, CONTEXTS)
     alone = np.abs(mean) > ci
     return {"names": list(pairs), "null": null, "holm": holm, "alone": alone,
             "family_null": {"holm": float(holm[:, null].any(-1).mean()), "alone": float(alone[:, null].any(-1).mean())},

@@ -13,6 +13,7 @@ from spirelib import cli
 from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import (
     Acceptance,
     Table,
@@ -215,6 +216,19 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
     assert "    SGLang cannot hold it" not in printed and json.loads((out / "magicdec" / "sglang-adaptive.json").read_text(
         ))["1"] == {"candidate_steps": [0]}
     assert not (out / "vanilla" / "sglang-adaptive.json").exists()  # STANDALONE would ignore it
+
+
+def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
+    from spirelib.decoding.drafts import vanilla_draft_config
+    series = Series.from_dict({})
+    taus = {"vanilla": 2.0, "spire": 3.0}
+    scenarios = deploy.series_scenarios(series, taus, 300.0, "src")
+    paper, trained = scenarios["paper shapes"], scenarios["trained shapes"]
+    assert (paper.taus, paper.k, paper.hoi, paper.label) == (taus, series.k, 300.0, "paper shapes, src")
+    assert paper.target == Scenario.paper().target
+    assert trained == Scenario.trained(series.target, vanilla_draft_config(series.target), series.spire.num_layers,
+                                       series.spire.window, taus, k=series.k, hoi=300.0,
+                                       label=f"trained shapes (window {series.spire.window}), src")
 
 
 def test_the_served_shapes_are_the_papers_for_a_series_trained_from_scratch_and_k_says_where_it_is_capped(

@@ -4,11 +4,15 @@ k, 09's CPU schedule against the measured cells."""
 import numpy as np
 import pytest
 
+from spirelib.measure import cells as measured_cells
 from spirelib.modeling import costs as cost_model
-from spirelib.modeling import profiled
+from spirelib.modeling import profiled, scenarios
+from spirelib.modeling import recorded as run_record
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import Acceptance, Range, Schedule, profiled_table, schedule
-from spirelib.workbook.plots.explorer import Scenario
+from spirelib.workbook.narrative import measured as measured_words
+from spirelib.workbook.narrative import perf as perf_words
 from spirelib.workbook.tables import costs, measured, perf
 
 TAU_04 = {"04_measure_tau": {"tau": {"spire": {"64": {"mean": 3.5, "ci95": 0.2}}, "vanilla": {"64": {"mean": 2.4,
@@ -18,26 +22,26 @@ TAU_04 = {"04_measure_tau": {"tau": {"spire": {"64": {"mean": 3.5, "ci95": 0.2}}
 
 
 def test_06_reads_04s_acceptance_with_its_interval_or_falls_back_to_the_taus_it_shows():
-    recorded = perf.schedule_acceptance(TAU_04, {"spire": 3.5, "vanilla": 2.4}, 4, 512)
+    recorded = run_record.acceptance_or_taus(TAU_04, {"spire": 3.5, "vanilla": 2.4}, 4, 512)
     assert recorded["spire"] == Acceptance(3.5, 0.2, 4, (0.9, 0.8, 0.7, 0.6))
     assert recorded["vanilla"] == Acceptance(2.4, 0.1, 4)
-    paper = perf.schedule_acceptance({}, {"spire": 3.401, "magicdec": 3.891}, 4, 512)
+    paper = run_record.acceptance_or_taus({}, {"spire": 3.401, "magicdec": 3.891}, 4, 512)
     assert paper == {"spire": Acceptance(3.401, 0.0, 4), "magicdec": Acceptance(3.891, 0.0, 4)}
 
 
 def test_06_shows_each_methods_scheduled_k_at_the_winner_maps_batch_sizes():
     scenario = Scenario.paper()
     alpha = float(alpha_from_tau(3.401, 4))
-    long = perf.schedules_at(scenario, {"spire": Acceptance(3.401, 0.0, 4)}, 8192, 128)
+    long = scenarios.schedules_at(scenario, {"spire": Acceptance(3.401, 0.0, 4)}, 8192, 128)
     for b in (1, 16, 128):
         assert long["spire"].k_at(b) == best_k("spire", alpha, b, 8192, "seqax-67m", "spire-draft", k_max=8)[0]
-    schedules = perf.schedules_at(scenario, {"spire": Acceptance(3.401, 0.0, 4)}, 512, 128)
+    schedules = scenarios.schedules_at(scenario, {"spire": Acceptance(3.401, 0.0, 4)}, 512, 128)
     grid = {"B": [1, 16, 128], "L": [256, 512], "winners": [["ad", "spire"], ["spire", "magicdec"], ["ad", "ad"]]}
     rows = perf.schedule_rows(schedules, grid, 512)
     assert [r["winner"] for r in rows] == ["SPIRe", "MagicDec", "AD"]
     assert [r["SPIRe"] for r in rows] == [schedules["spire"].k_at(b) for b in (1, 16, 128)]
     assert {r["winner"] for r in perf.schedule_rows(schedules, grid, 1000)} == {"-"}
-    assert perf.schedule_sentence(schedules, 512).startswith("- **SPIRe** at L = 512: B 1-")
+    assert perf_words.schedule_sentence(schedules, 512).startswith("- **SPIRe** at L = 512: B 1-")
 
 
 def test_08_prices_each_method_at_its_scheduled_k():
@@ -68,7 +72,7 @@ def test_09_checks_the_schedules_prediction_against_the_best_measured_cells_inte
                                                                    (4, "SPIRe: 1.50x", False)]
     assert rows[1]["scheduled"] == "off (AD)" and rows[1]["interval"] == "1.00..1.00"
     assert rows[0]["scheduled"] == "SPIRe k=4: 1.25x"
-    sentence = measured.schedule_check_sentence(rows)
+    sentence = measured_words.schedule_check_sentence(rows)
     assert "at 2 of 3 measured (B, L) cells" in sentence and "not at (B = 4, L = 32)" in sentence
     speculating_where_ad_won = measured.schedule_check_rows(cells, {(2, 32): ("spire", 4, 1.05)})
     assert speculating_where_ad_won[0]["lands"] is False
@@ -86,12 +90,12 @@ def test_09_chooses_per_cell_the_method_whose_schedule_predicts_the_most():
               "vanilla": profiled.DraftShape("vanilla", ModelShape(1, 32, 2, 2, 8, 64))}
     cells = [cell("spire", 1, 64, 0.8, 0.5, 1.1, tau=4.5), cell("vanilla", 1, 64, 0.5, 0.3, 0.7, tau=2.8),
              cell("spire", 2, 64, 0.9, 0.5, 1.3, tau=4.5), cell("vanilla", 2, 64, 0.6, 0.3, 0.9, tau=2.8)]
-    acceptance = measured.schedule_acceptance({}, cells, 4)
+    acceptance = run_record.acceptance_or_cells({}, cells, 4)
     assert acceptance[64] == {"spire": Acceptance(4.5, 0.0, 4), "vanilla": Acceptance(2.8, 0.0, 4)}
-    assert measured.schedule_acceptance({"04_measure_tau": {"tau": {"spire": {"64": {"mean": 4.4, "ci95": 0.3}},
+    assert run_record.acceptance_or_cells({"04_measure_tau": {"tau": {"spire": {"64": {"mean": 4.4, "ci95": 0.3}},
                                                                   "vanilla": {"64": {"mean": 2.7, "ci95": 0.2}}}}},
                                         cells, 4)[64]["spire"] == Acceptance(4.4, 0.3, 4)
-    choices = measured.scheduled_choices(cells, COST, shapes, acceptance, target, 256, 64, bytes_per_value=4,
+    choices = measured_cells.scheduled_choices(cells, COST, shapes, acceptance, target, 256, 64, bytes_per_value=4,
                                          error=0.1)
     for B in (1, 2):
         options = []
@@ -103,7 +107,7 @@ def test_09_chooses_per_cell_the_method_whose_schedule_predicts_the_most():
         predicted, method, k = max(options)
         assert k > 0 and choices[(B, 64)] == (method, k, predicted)
     hopeless = {64: {"spire": Acceptance(1.02, 0.0, 4), "vanilla": Acceptance(1.01, 0.0, 4)}}
-    off = measured.scheduled_choices(cells, COST, shapes, hopeless, target, 256, 64, bytes_per_value=4, error=0.1)
+    off = measured_cells.scheduled_choices(cells, COST, shapes, hopeless, target, 256, 64, bytes_per_value=4, error=0.1)
     assert set(off.values()) == {("ad", 0, 1.0)}
 
 

@@ -143,18 +143,20 @@ def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
 
 def ablation_run(seeds: int) -> tuple[dict, list[str]]:
     """05's recorded results and its lead, as notebook 05 computes them, for differences over `seeds`."""
+    from spirelib.measure import ablations
     from spirelib.measure.tau import DeltaTau
+    from spirelib.workbook.narrative import ablations as words
     from spirelib.workbook.tables import ablations as tables
 
     per_seed = (-0.034, -0.054)[:seeds]
     deltas = {"target activations": DeltaTau(sum(per_seed) / seeds, 0.02, per_seed, 128),
               "feedback": DeltaTau(0.01, 0.3, (0.01,) * seeds, 128)}
     shown = {"target activations": True, "feedback": False}
-    ranked = tables.ranking([("sparse KV", 0.76), ("feedback", 0.01), ("target activations", -0.08)], deltas, shown)
+    ranked = ablations.ranking([("sparse KV", 0.76), ("feedback", 0.01), ("target activations", -0.08)], deltas, shown)
     stats = {"spire": DeltaTau(3.0, 0.1, (3.0,) * seeds, 128)}
     recorded = tables.ablation_results(stats, ranked, {}, deltas, shown, list(range(seeds)), False, {"scale": "tiny"})
     taus = recorded["component_delta_tau"]
-    return {"05_ablations": recorded}, tables.lead(ranked, 100, 100, interval=recorded["interval"], taus=taus)
+    return {"05_ablations": recorded}, words.lead(ranked, 100, 100, interval=recorded["interval"], taus=taus)
 
 
 def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from spirelib.measure import ablations
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import tau_from_per_position
+from spirelib.workbook.narrative import ablations as words
 from spirelib.workbook.tables import ablations as tables
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -24,9 +26,9 @@ COUNTS = {0: {"spire": counts([2, 2, 1], [2, 1, -1]), "hard_target": counts([0, 
 
 
 def test_budget_note():
-    assert tables.budget_note(100, 100, 3, 2, 5.0) == ("**Budget.** Each variant trains on 100 tokens per seed, "
+    assert words.budget_note(100, 100, 3, 2, 5.0) == ("**Budget.** Each variant trains on 100 tokens per seed, "
                                                        "the main SPIRe draft's budget.")
-    note = tables.budget_note(1_000, 4_000, 3, 2, 12.0)
+    note = words.budget_note(1_000, 4_000, 3, 2, 12.0)
     assert "25% of the main SPIRe draft's 4,000 (notebook 03): 3 variants x 2 seeds" in note
     assert "would take 24x this notebook's training time (12 s here" in note
 
@@ -38,7 +40,7 @@ def test_variant_counts_pair_every_variant_and_seed():
     target = Transformer(CFG).double().eval()
     draft = SimpleNamespace(model=SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval())
     contexts = torch.randint(0, CFG.vocab_size, (3, 8), generator=torch.Generator().manual_seed(2))
-    out = tables.variant_counts(target, {0: {"a": draft, "b": draft}, 1: {"a": draft}}, contexts, 8,
+    out = ablations.variant_counts(target, {0: {"a": draft, "b": draft}, 1: {"a": draft}}, contexts, 8,
                                 TauProtocol(k=3, new_tokens=5), 1.0, progress=False)
     assert list(out) == [0, 1] and list(out[0]) == ["a", "b"] and list(out[1]) == ["a"]
     assert torch.equal(out[0]["a"].accepted, out[0]["b"].accepted)  # the same draft sees the same streams
@@ -46,7 +48,7 @@ def test_variant_counts_pair_every_variant_and_seed():
 
 
 def test_paired_deltas_over_seeds_and_measured_pairs_only():
-    deltas = tables.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire"), "x": ("no_feedback", "spire")})
+    deltas = ablations.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire"), "x": ("no_feedback", "spire")})
     assert list(deltas) == ["hard_target"]
     assert deltas["hard_target"] == delta_tau([COUNTS[0]["hard_target"], COUNTS[1]["hard_target"]],
                                               [COUNTS[0]["spire"], COUNTS[1]["spire"]])
@@ -56,15 +58,15 @@ def test_paired_deltas_over_seeds_and_measured_pairs_only():
 def test_seed_taus_and_interval_note_say_what_the_intervals_are_about():
     from spirelib.measure.tau import tau_over_seeds
 
-    taus = tables.seed_taus(COUNTS)
+    taus = ablations.seed_taus(COUNTS)
     assert list(taus) == ["spire", "hard_target"]
     assert taus["spire"] == tau_over_seeds([COUNTS[0]["spire"], COUNTS[1]["spire"]])
-    deltas = tables.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire")})
+    deltas = ablations.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire")})
     assert tables.interval_note(deltas, 6) == {
         "scope": "training", "about": "training randomness (2 seeds, target fixed)", "seeds": 2, "n_contexts": 2,
         "df_seeds": 1, "df_contexts": 1, "target": "fixed",
         "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6}}
-    one = tables.paired_deltas({0: COUNTS[0]}, {"hard_target": ("hard_target", "spire")})
+    one = ablations.paired_deltas({0: COUNTS[0]}, {"hard_target": ("hard_target", "spire")})
     assert tables.interval_note(one, 1)["scope"] == "draft" and tables.interval_note(one, 1)["df_seeds"] is None
     assert tables.interval_note({}, 0) is None
 
@@ -73,13 +75,13 @@ def test_ranking_takes_the_family_wise_verdicts_over_seeds_and_with_one_seed_wha
     """A part whose own interval excludes 0 but which the family does not resolve gets no rank."""
     ours = [("sparse KV", 0.7), ("feedback", 0.2), ("distillation", -0.1)]
     two = {"feedback": DeltaTau(0.2, 0.05, (0.18, 0.22), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.05, -0.15), 64)}
-    rows = tables.ranking(ours, two, {"feedback": True, "distillation": False})
+    rows = ablations.ranking(ours, two, {"feedback": True, "distillation": False})
     assert two["distillation"].resolved  # alone
     assert [(r["part"], r["effect"], r["rank"], r["scope"]) for r in rows] == [
         ("sparse KV", "helps", 1, "training"), ("feedback", "helps", 2, "training"),
         ("distillation", "not resolved", None, "training")]
     one = {"feedback": DeltaTau(0.2, 0.05, (0.2,), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.1,), 64)}
-    rows = tables.ranking(ours, one, {"feedback": True, "distillation": True})
+    rows = ablations.ranking(ours, one, {"feedback": True, "distillation": True})
     assert [(r["part"], r["effect"], r["resolved"], r["scope"]) for r in rows] == [
         ("sparse KV", "helps", True, "draft"), ("feedback", "helps", False, "draft"),
         ("distillation", "harmful", False, "draft")]  # shows for the one trained draft; never resolved
@@ -91,7 +93,7 @@ def test_predicted_taus_average_the_seeds():
 
     variants = {0: {"spire": trained(0.9, 0.8), "hard_target": trained(0.5, 0.5)},
                 1: {"spire": trained(0.7, 0.6), "hard_target": trained(0.5, 0.5)}}
-    out = tables.predicted_taus(variants, k=2)
+    out = ablations.predicted_taus(variants, k=2)
     assert list(out) == ["spire", "hard_target"]
     assert out["spire"] == pytest.approx((tau_from_per_position([0.9, 0.8]) + tau_from_per_position([0.7, 0.6])) / 2)
     assert out["hard_target"] == pytest.approx(1 + 0.5 + 0.25)
@@ -140,33 +142,33 @@ def test_importance_rows():
 
 
 def test_check_variants_names_the_unknown_ones():
-    tables.check_variants(["spire", "random_init"])
+    ablations.check_variants(["spire", "random_init"])
     with pytest.raises(ValueError, match=r"unknown ablations \['nope'\]; choose from"):
-        tables.check_variants(["spire", "nope"])
+        ablations.check_variants(["spire", "nope"])
 
 
 def test_scale_note_states_shapes_budget_and_protocol():
     base = SimpleNamespace(num_layers=2, window=16)
     series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0)
-    assert tables.scale_note("target 8x64", base, 12345, [0, 1], 64, 8, series) == (
+    assert words.scale_note("target 8x64", base, 12345, [0, 1], 64, 8, series) == (
         "target 8x64; every variant 2 layers, window 16, 12,345 training tokens per seed, seeds [0, 1]; "
         "tau at L = 64, n = 8 contexts, k = 4, G = 8, T = 1")
 
 
 def test_paper_deltas_only_for_the_variants_the_paper_reports():
     from spirelib.modeling.perfmodel import PAPER_ABLATION_TAU as paper
-    assert tables.paper_deltas(["random_init", "mine"]) == {"random_init": paper["random_init"] - paper["spire"]}
+    assert ablations.paper_deltas(["random_init", "mine"]) == {"random_init": paper["random_init"] - paper["spire"]}
 
 
 def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
     from spirelib.modeling.ablations import importance, variant_multipliers
     from spirelib.modeling.perfmodel import PAPER_ABLATION_TAU, PAPER_HOI
     taus = {"spire": 3.0, "random_init": 2.0, "no_feedback": 2.5}
-    assert tables.headline_importance(taus, 4) == importance(
+    assert ablations.headline_importance(taus, 4) == importance(
         variant_multipliers(taus, 64, 512, "seqax-67m", "spire-draft", k=4, hoi=PAPER_HOI))
     paper_taus = {n: t for n, t in PAPER_ABLATION_TAU.items() if n != "no_sparse_kv"}
-    assert tables.paper_importance(4) == dict(tables.headline_importance(paper_taus, 4))
-    assert "sparse KV" in tables.paper_importance(4)  # the cost model's part, from SPIRe's own tau
+    assert ablations.paper_importance(4) == dict(ablations.headline_importance(paper_taus, 4))
+    assert "sparse KV" in ablations.paper_importance(4)  # the cost model's part, from SPIRe's own tau
 
 
 def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved():
@@ -174,7 +176,7 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
               {"part": "distillation", "multiplier_lost": 0.1, "resolved": True, "effect": "helps"},
               {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful"},
               {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
-    assert tables.order_sentence(ranked) == (
+    assert words.order_sentence(ranked) == (
         "2 of 4 parts help at this scale (a measured part only when resolved): sparse KV (modeled, no interval, "
         "+0.40x) > distillation (+0.10x), in the paper's order. Resolved as harmful here, removing it raises tau: "
         "target activations (-0.08x; the paper ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
@@ -185,7 +187,7 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
     variants = {"no_feedback_no_target_acts": {"mean": 0.044, "ci95": 0.039, "family_excludes_zero": True},
                 "hard_target": {"mean": -0.2, "ci95": 0.1, "family_excludes_zero": True},  # a part's: said there
                 "no_feedback": {"mean": 0.05, "ci95": 0.04, "family_excludes_zero": False}}
-    assert tables.order_sentence(ranked, two, taus, variants) == (
+    assert words.order_sentence(ranked, two, taus, variants) == (
         "Over training randomness (2 seeds per variant, the target fixed; family-wise over the table's 6 comparisons, "
         "Holm at 5%): 2 of 4 parts help at this scale (a measured part only when resolved): sparse KV (modeled, no "
         "interval, +0.40x) > distillation (+0.200 ± 0.100 tau, +0.10x), in the paper's order. Resolved as harmful "
@@ -194,7 +196,7 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
         "against SPIRe: no feedback, no target activations above SPIRe (+0.044 ± 0.039 tau). Each ± is that "
         "difference's own 95% interval, uncorrected.")
     one = {**two, "scope": "draft", "seeds": 1, "df_seeds": None}
-    text = tables.order_sentence([{**r, "scope": "draft"} for r in ranked], one, taus)
+    text = words.order_sentence([{**r, "scope": "draft"} for r in ranked], one, taus)
     assert text == (
         "For one trained draft per variant (one seed, the target fixed; not over training randomness; family-wise "
         "over the table's 6 comparisons, Holm at 5%): 2 of 4 parts help this trained draft (a measured part only "
@@ -205,30 +207,30 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
         "uncorrected.")
     assert "resolved" not in text  # one seed never speaks of resolved
     ranked[:2] = ranked[1::-1]
-    assert ", not in the paper's order." in tables.order_sentence(ranked)
+    assert ", not in the paper's order." in words.order_sentence(ranked)
     legacy = [{"part": "sparse KV", "multiplier_lost": 0.4}, {"part": "feedback", "multiplier_lost": 0.1,
                                                               "resolved": False}]  # recorded before "effect"
-    assert tables.order_sentence(legacy).startswith("1 of 2 parts help at this scale (a measured part only when "
+    assert words.order_sentence(legacy).startswith("1 of 2 parts help at this scale (a measured part only when "
                                                     "resolved): sparse KV")
 
 
 def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_the_degrees_of_freedom():
     two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
-    text = tables.interval_sentence(two)
+    text = words.interval_sentence(two)
     assert text.startswith("**Over training randomness.** Each variant was trained at 2 seeds. A seed is a draft's "
                            "training seed: it draws the draft's training windows")
     assert "The target (notebook 02's), the contexts and the decoding streams are held fixed" in text
     assert "the seeds' spread (1 degree of freedom: t = 12.7, so only large effects" in text
     assert "the noise of the 128 contexts that all seeds share (127 degrees of freedom)" in text
     assert "docs/method.md §10" in text
-    three = tables.interval_sentence({**two, "seeds": 3, "df_seeds": 2})
+    three = words.interval_sentence({**two, "seeds": 3, "df_seeds": 2})
     assert "the seeds' spread (2 degrees of freedom) and" in three and "12.7" not in three
-    one = tables.interval_sentence({**two, "scope": "draft", "seeds": 1, "df_seeds": None})
+    one = words.interval_sentence({**two, "scope": "draft", "seeds": 1, "df_seeds": None})
     assert one.startswith("**One trained draft per variant.** With one training seed, every difference is about the "
                           "two trained drafts that seed gave.")
     assert "covers only the noise of the 128 contexts (Student's t, 127 degrees of freedom), not training" in one
     assert "nothing here is resolved in that sense" in one and "held fixed" in one
-    assert tables.interval_sentence(None) == ""
+    assert words.interval_sentence(None) == ""
 
 
 def test_ablation_results_and_protocol_keep_the_results_keys():
@@ -261,16 +263,16 @@ def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
     metrics = [{"kind": "train", "tokens": 5, "alpha": 0.9},
                {"kind": "val", "tokens": 10, "alpha": 0.30, "hard_ce": 6.0},
                {"kind": "val", "tokens": 20, "alpha": 0.40, "hard_ce": 5.0}]
-    with_it = tables.learning_curve(metrics, {"alpha": 0.10, "hard_ce": 9.6})
+    with_it = ablations.learning_curve(metrics, {"alpha": 0.10, "hard_ce": 9.6})
     assert with_it == [(0, 0.10), (10, 0.30), (20, 0.40)]
-    assert tables.learning_curve(metrics, None, "hard_ce") == [(10, 6.0), (20, 5.0)]
+    assert ablations.learning_curve(metrics, None, "hard_ce") == [(10, 6.0), (20, 5.0)]
     without = [(0, 0.16), (10, 0.35), (20, 0.38)]
-    assert tables.pays_from(with_it, without) == 20
-    assert tables.pays_from(without, with_it) is None  # below at the last evaluation
-    assert tables.pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
-    assert tables.pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
-    assert tables.pays_from([(0, 0.3), (10, 0.9470004)], [(0, 0.1), (10, 0.947)]) is None  # a tie at 3 decimals
-    text = tables.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
+    assert ablations.pays_from(with_it, without) == 20
+    assert ablations.pays_from(without, with_it) is None  # below at the last evaluation
+    assert ablations.pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
+    assert ablations.pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
+    assert ablations.pays_from([(0, 0.3), (10, 0.9470004)], [(0, 0.1), (10, 0.947)]) is None  # a tie at 3 decimals
+    text = words.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
                                  {"target activations": ("no_feedback", "no_feedback_no_target_acts"),
                                   "feedback": ("spire", "no_feedback"), "pruned init": ("spire", "random_init")})
     assert text == ("On the learning curves of validation alpha (evaluations at 0, 10, 20 training tokens): target "
@@ -280,38 +282,38 @@ def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
                     "unchanged).")
     behind = {"no_feedback": [(0, 0.10), (10, 0.30)], "no_feedback_no_target_acts": [(0, 0.13), (10, 0.31)]}
     pair = {"target activations": ("no_feedback", "no_feedback_no_target_acts")}
-    assert tables.curve_sentence(behind, pair).endswith("(alpha with it minus without: -0.030 → -0.010, narrowing).")
+    assert words.curve_sentence(behind, pair).endswith("(alpha with it minus without: -0.030 → -0.010, narrowing).")
     tied_first = {"no_feedback": [(0, 0.1), (10, 0.30), (20, 0.40)],
                   "no_feedback_no_target_acts": [(0, 0.1), (10, 0.33), (20, 0.403)]}
-    assert tables.curve_sentence(tied_first, pair).endswith("+0.000 → -0.030 → -0.003, narrowing).")
+    assert words.curve_sentence(tied_first, pair).endswith("+0.000 → -0.030 → -0.003, narrowing).")
 
 
 def test_step_0_says_whether_the_pruned_init_starts_below_random_weights():
     initial = {"spire": {"alpha": 0.105, "hard_ce": 9.60}, "random_init": {"alpha": 0.196, "hard_ce": 8.33}}
-    text = tables.step0_sentence(initial, 4096)
+    text = words.step0_sentence(initial, 4096)
     assert text.startswith("At step 0, before training, on the trainer's validation windows: SPIRe alpha 0.105 "
                            "(CE 9.60); random init alpha 0.196 (CE 8.33); a uniform guess has CE ln 4096 = 8.32.")
     assert "The pruned init starts below random weights (SPIRe)" in text
     initial["spire"]["alpha"] = 0.3
-    assert text != tables.step0_sentence(initial, 4096) and "starts above" in tables.step0_sentence(initial, 4096)
+    assert text != words.step0_sentence(initial, 4096) and "starts above" in words.step0_sentence(initial, 4096)
 
 
 def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_target_activations_hurt():
     ranked = [{"part": "sparse KV", "multiplier_lost": 0.7, "resolved": True, "effect": "helps", "rank": 1},
               {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful",
                "rank": None}]
-    paragraphs = tables.lead(ranked, 204_800, 1_228_800, "step 0 ...", "curves ...")
+    paragraphs = words.lead(ranked, 204_800, 1_228_800, "step 0 ...", "curves ...")
     assert paragraphs[0].startswith("1 of 2 parts help at this scale (a measured part only when resolved)")
     assert paragraphs[1].startswith("The variants trained on 204,800 tokens per seed, 17% of the main SPIRe draft's "
                                     "1,228,800")
-    assert paragraphs[2:4] == ["step 0 ...", "curves ..."] and paragraphs[4] == tables.PATH_CHECK
+    assert paragraphs[2:4] == ["step 0 ...", "curves ..."] and paragraphs[4] == words.PATH_CHECK
     ranked[1]["effect"] = "helps"
-    assert tables.PATH_CHECK not in tables.lead(ranked, 1_228_800, 1_228_800)
-    assert tables.lead(ranked, 1_228_800, 1_228_800)[1].endswith("the main SPIRe draft's budget.")
+    assert words.PATH_CHECK not in words.lead(ranked, 1_228_800, 1_228_800)
+    assert words.lead(ranked, 1_228_800, 1_228_800)[1].endswith("the main SPIRe draft's budget.")
     interval = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
-    paragraphs = tables.lead(ranked, 1_228_800, 1_228_800, interval=interval)
-    assert paragraphs[0] == tables.order_sentence(ranked, interval)  # the index's claim says it in these words
-    assert paragraphs[1] == tables.interval_sentence(interval) and paragraphs[2].startswith("The variants trained")
+    paragraphs = words.lead(ranked, 1_228_800, 1_228_800, interval=interval)
+    assert paragraphs[0] == words.order_sentence(ranked, interval)  # the index's claim says it in these words
+    assert paragraphs[1] == words.interval_sentence(interval) and paragraphs[2].startswith("The variants trained")
 
 
 def test_05s_figure_says_with_one_seed_that_its_bars_are_about_one_trained_draft_each():

@@ -29,7 +29,7 @@ def test_acceptance_rows_one_per_method_and_length():
 
 
 def test_04_leads_with_the_order_the_difference_to_the_paper_and_the_trend_over_l():
-    from spirelib.workbook.tables.decoding import lead
+    from spirelib.workbook.narrative.decoding import lead
 
     paper = {256: {"vanilla": 2.6, "magicdec": 3.9, "spire": 3.43}, 512: {"vanilla": 2.65, "magicdec": 3.89,
                                                                          "spire": 3.40},
@@ -54,7 +54,7 @@ def test_04_leads_with_the_order_the_difference_to_the_paper_and_the_trend_over_
 
 
 def test_04_says_when_a_trend_over_l_is_within_the_noise():
-    from spirelib.workbook.tables.decoding import lead
+    from spirelib.workbook.narrative.decoding import lead
 
     paper = {256: {"magicdec": 4.0, "spire": 3.43}, 960: {"magicdec": 3.79, "spire": 3.38}}
     taus = {"magicdec": {256: 4.431, 960: 4.275}, "spire": {256: 3.918, 960: 3.947}}

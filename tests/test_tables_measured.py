@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from spirelib.measure import cells as measured_cells
 from spirelib.measure.wallclock import (
     DecodeTiming,
     flops_per_token,
@@ -16,7 +17,8 @@ from spirelib.measure.wallclock import (
 from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig
-from spirelib.modeling import profiled
+from spirelib.modeling import profiled, winners
+from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
 
 TARGET = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -38,16 +40,16 @@ TIMINGS = [timing("ad", [0.02, 0.01], rounds=16), timing("vanilla", [0.008, 0.00
 def test_profile_summary_names_every_term_and_the_fit_and_held_out_errors():
     rows = [{"error": 0.1, "role": "fitted"}, {"error": -0.3, "role": "fitted"}, {"error": 0.05, "role": "fitted"},
             {"error": -0.2, "role": "held out"}]
-    text = tables.profile_summary(COST, rows)
+    text = words.profile_summary(COST, rows)
     assert text.startswith("fitted in the loop: (20 us + 0 ns per token, + 0 us past one token) per layer + 0.0 ns per key")
     assert "max(matmul FLOPs / 10.0 GFLOP/s, bytes / 10.0 GB/s) (both calibrated, pinned)" in text
     assert text.endswith("fitted rounds: median error 10.0%, worst 30.0%; held out rounds: median error 20.0%, "
                          "worst 20.0%.")
     fitted = dataclasses.replace(COST, drafts={"spire": profiled.DraftOverhead(5e-5, -2e-9)})
-    assert "each method's own code per round: SPIRe +50 us -2 ns per row." in tables.profile_summary(fitted, rows)
+    assert "each method's own code per round: SPIRe +50 us -2 ns per row." in words.profile_summary(fitted, rows)
     paced = dataclasses.replace(COST, paces={(1, 256): 1.1, (64, 256): 0.85, (16, 960): 1.0})
     assert ("each fitted cell its own pace, a factor on every method's sections there that cancels in a speedup "
-            "(held-out cells at 1): 0.85 (B = 64, L = 256) to 1.10 (B = 1, L = 256).") in tables.profile_summary(paced, rows)
+            "(held-out cells at 1): 0.85 (B = 64, L = 256) to 1.10 (B = 1, L = 256).") in words.profile_summary(paced, rows)
 
 
 def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_saw_it():
@@ -65,14 +67,14 @@ def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_sa
 
 
 def test_the_timed_cells_are_the_grid_and_the_held_out_cells_beyond_it():
-    assert tables.timing_cells([1, 16], [256, 960], [[16, 2048]]) == [(1, 256), (16, 256), (1, 960), (16, 960),
+    assert measured_cells.timing_cells([1, 16], [256, 960], [[16, 2048]]) == [(1, 256), (16, 256), (1, 960), (16, 960),
                                                                       (16, 2048)]
-    assert tables.grid_problems([1, 16], [256, 960], [[16, 2048]]) == []
-    (why,) = tables.grid_problems([1, 16], [256], [[16, 2048]])
+    assert measured_cells.grid_problems([1, 16], [256, 960], [[16, 2048]]) == []
+    (why,) = measured_cells.grid_problems([1, 16], [256], [[16, 2048]])
     assert "the cells left to fit, [(1, 256), (16, 256)], must be three or more" in why
-    assert tables.grid_problems([1, 16], [256, 960], []) == [
+    assert measured_cells.grid_problems([1, 16], [256, 960], []) == [
         "held_out is empty: the profiled model would be judged only on the cells it was fitted to"]
-    assert len(tables.grid_problems([1], [256, 960], [[1, 960]])) == 1  # one B left
+    assert len(measured_cells.grid_problems([1], [256, 960], [[1, 960]])) == 1  # one B left
 
 
 def test_timing_rows():
@@ -95,7 +97,7 @@ def test_speedup_cells_add_the_profiled_model():
     drafts = {"vanilla": DRAFT, "spire": DRAFT}
     shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
     kw = dict(peak_flops=1e10, bandwidth=1e10, bytes_per_value=4, k=4)
-    cells = tables.speedup_cells(TIMINGS, TARGET, drafts, shapes, COST, sparse={"spire": SPIRE.sparse},
+    cells = measured_cells.speedup_cells(TIMINGS, TARGET, drafts, shapes, COST, sparse={"spire": SPIRE.sparse},
                                  held_out=[[2, 16]], **kw)
     added = ("profiled_speedup", "profiled_error", "held_out", "role", "ci")
     assert [{k: v for k, v in c.items() if k not in added} for c in cells] == modeled_speedups(
@@ -138,16 +140,16 @@ def cell(method, B, L, measured, profiled_speedup, error=0.1, held_out=False, ha
 CELLS = [cell("spire", 1, 32, 0.8, 0.72, error=0.5), cell("vanilla", 4, 64, 1.2, 1.56, error=-0.1, held_out=True)]
 
 
-def test_summarize():
-    s = tables.summarize(CELLS, [{"ratio": 2.0}, {"ratio": 4.0}, {"ratio": 9.0}])
+def test_summarize_cells():
+    s = measured_cells.summarize_cells(CELLS, [{"ratio": 2.0}, {"ratio": 4.0}, {"ratio": 9.0}])
     assert s["worst"] is CELLS[0] and s["best"] is CELLS[1] and s["worst_profiled"] is CELLS[1]
     assert s["overhead"] == 4.0 and s["losing"] == [CELLS[0]]
     assert s["median_error"] == pytest.approx(0.3) and s["profiled"] == profiled_verdict(CELLS)
 
 
 def test_conclusion():
-    summary = tables.summarize(CELLS, [{"ratio": 4.0}])
-    paper, clock = tables.conclusion(summary, 2, COST, 12.5)
+    summary = measured_cells.summarize_cells(CELLS, [{"ratio": 4.0}])
+    paper, clock = words.conclusion(summary, 2, COST, 12.5)
     assert paper.startswith("At this scale the paper's model's error ranges from -10% (vanilla SD, B = 4, L = 64) "
                             "to +50%")
     assert "Fixed per-pass costs dominate" in paper
@@ -155,20 +157,21 @@ def test_conclusion():
     assert clock.startswith("**Speculative decoding was slower than AD in 1 of 2 measured cells**: "
                             "SPIRe at B = 1, L = 32 (0.80x). Every measured speedup has a 95% CI within +/-4.0% of it.")
     assert "pays 20 us per layer in launches and a 30 us draw" in clock
-    assert "Passes are close" in tables.conclusion(tables.summarize(CELLS, [{"ratio": 2.0}]), 2, COST, 1.0)[0]
+    summary = measured_cells.summarize_cells(CELLS, [{"ratio": 2.0}])
+    assert "Passes are close" in words.conclusion(summary, 2, COST, 1.0)[0]
 
 
 def test_machine_sentence_states_peak_bandwidth_hoi_and_dtype():
     machine = {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "saved_to": "/x.json"}
-    assert tables.machine_sentence(machine, "torch.float32", 4) == (
+    assert words.machine_sentence(machine, "torch.float32", 4) == (
         "fp32 matmul peak 300.0 GFLOP/s, memory bandwidth 100.0 GB/s -> HOI 3.0 FLOP/byte (the paper's H100 FP8 "
         "figure: 600); models in torch.float32, 4 bytes per value; saved as the hardware table's \"this machine, "
         "measured\" entry (x.json)")
-    assert tables.machine_sentence({"peak_flops": 1e9, "precision": "bf16", "bandwidth": 1e9}, "f", 2).startswith(
+    assert words.machine_sentence({"peak_flops": 1e9, "precision": "bf16", "bandwidth": 1e9}, "f", 2).startswith(
         "bf16 matmul peak 1.0 GFLOP/s")
-    assert tables.machine_sentence({"peak_flops": 1e9, "precision": "tf32", "bandwidth": 1e9}, "f", 2).endswith(
+    assert words.machine_sentence({"peak_flops": 1e9, "precision": "tf32", "bandwidth": 1e9}, "f", 2).endswith(
         "not saved")
-    saved = tables.machine_sentence({**machine, "saved_to": "/tmp/abc123/cache/this_machine.json"}, "f", 2)
+    saved = words.machine_sentence({**machine, "saved_to": "/tmp/abc123/cache/this_machine.json"}, "f", 2)
     assert "/tmp" not in saved and "(this_machine.json)" in saved  # no path of the machine in a report
 
 
@@ -198,8 +201,8 @@ CLOCK = [clock_cell("spire", 1, 256, 1.32, 1.5), clock_cell("magicdec", 1, 256, 
 
 
 def test_09_leads_with_where_sd_won_and_where_it_lost():
-    assert tables.cell_winners(CLOCK) == ([["spire", "ad"], ["spire", "magicdec"]], [1, 16], [256, 960])
-    assert tables.both_sides(CLOCK) == (
+    assert winners.cell_winners(CLOCK) == ([["spire", "ad"], ["spire", "magicdec"]], [1, 16], [256, 960])
+    assert words.both_sides(CLOCK) == (
         "**Where speculative decoding won** (resolved: the winner's 95% CI clear of every other method's and of AD's): "
         "in 3 of 4 (B, L) cells: SPIRe in 2 (1.05-1.32x), MagicDec in 1 "
         "(1.20x). Per cell: AD wins at L = 960 for B = 1; MagicDec wins at L = 960 for B = 16; SPIRe everywhere else. "
@@ -207,13 +210,13 @@ def test_09_leads_with_where_sd_won_and_where_it_lost():
         "in 3 of 4 cells (0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
     close = [clock_cell("spire", 16, 256, 1.02, 1.2) if (c["method"], c["B"], c["L"]) == ("spire", 16, 256) else c
              for c in CLOCK]  # 0.98-1.06: its CI overlaps AD's
-    text = tables.both_sides(close)
+    text = words.both_sides(close)
     assert "in 2 of 4 (B, L) cells: SPIRe in 1 (1.32x), MagicDec in 1 (1.20x)" in text
     assert "No winner is resolved at B = 16, L = 256 (SPIRe leads)" in text
 
 
 def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_picks_the_wrong_winner():
-    text = tables.profiled_sides(CLOCK)
+    text = words.profiled_sides(CLOCK)
     # errors: +13.6, +11.1, +14.3, -5.3, +12.5, +14.3, +18.2 (held out), -8.3% (held out)
     assert text.startswith("**The profiled model overpredicts the speedup by 8.8% on average** (mean signed error "
                            "+8.8%; too high in 6 of 8 cells, too low in 2); its median error is 13.1%. ")
@@ -222,27 +225,27 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
     assert "It picks the wrong winner at B = 16, L = 960 (it picks SPIRe, the clock MagicDec). " in text
     assert text.endswith("Every cell it predicts at 1.1x or more measured a gain.")
     right = [{**c, "profiled_speedup": c["measured_speedup"], "profiled_error": 0.0} for c in CLOCK]
-    assert "It picks the measured winner in every cell." in tables.profiled_sides(right)
+    assert "It picks the measured winner in every cell." in words.profiled_sides(right)
     overlapping = [*CLOCK[:7], clock_cell("magicdec", 16, 960, 1.12, 1.1)]  # 1.12 (1.08-1.16) against SPIRe's 1.10
-    assert "It picks the measured winner in every cell where one is resolved." in tables.profiled_sides(overlapping)
+    assert "It picks the measured winner in every cell where one is resolved." in words.profiled_sides(overlapping)
     wrong = [*CLOCK[:5], clock_cell("magicdec", 1, 960, 0.7, 1.15), *CLOCK[6:]]
-    assert tables.profiled_sides(wrong).endswith(
+    assert words.profiled_sides(wrong).endswith(
         "It calls MagicDec at B = 1, L = 960 a gain (1.15x) that measured a loss (0.70x).")
-    paragraphs = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8, COST,
-                                   2.0, CLOCK)
+    summary = measured_cells.summarize_cells([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}])
+    paragraphs = words.conclusion(summary, 8, COST, 2.0, CLOCK)
     assert paragraphs[0].startswith("**Where speculative decoding won** (resolved") and paragraphs[1] == text
     assert paragraphs[2].startswith("**Profiling your own GPU:**") and "within 18%" in paragraphs[2]
     assert "pace" not in paragraphs[2]  # no paces fitted: nothing to say of them
-    paced = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}]), 8,
-                              dataclasses.replace(COST, paces={(1, 256): 0.8, (64, 256): 1.3}), 2.0, CLOCK)[2]
+    paced = words.conclusion(summary, 8, dataclasses.replace(COST, paces={(1, 256): 0.8, (64, 256): 1.3}), 2.0,
+                             CLOCK)[2]
     assert paced.endswith("It predicts speedups, not seconds: every method at a cell shares that cell's pace, which "
                           "cancels in a speedup but is unknown at a cell the fit did not see (the fitted cells' ranged "
                           "from 0.80 (B = 1, L = 256) to 1.30 (B = 64, L = 256)), so read tokens/s there from a timed "
                           "run.")
     assert "Every measured speedup has a 95% CI within +/-4.0% of it. Where" in paragraphs[-1]
     wide = [*CLOCK[:7], {**CLOCK[7], "ci_low": 1.2 * 0.9, "ci_high": 1.2 * 1.1}]
-    clock = tables.conclusion(tables.summarize([{**c, "error": 0.1} for c in wide], [{"ratio": 4.0}]), 8, COST, 2.0,
-                              wide)[-1]
+    clock = words.conclusion(measured_cells.summarize_cells([{**c, "error": 0.1} for c in wide], [{"ratio": 4.0}]), 8,
+                             COST, 2.0, wide)[-1]
     assert ("Every measured speedup has a 95% CI within +/-10.0% of it (7 of 8 within the +/-5% asked for: a "
             "speedup varies with the contexts each run draws, through their rounds, and with this machine's noise") in clock
 
@@ -256,14 +259,14 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     cells = [{**cell(m, 16, L, x, x), "modeled_speedup": 1.5}
              for m, L, x in (("spire", 2048, 1.59), ("magicdec", 2048, 1.2), ("spire", 960, 1.3),
                              ("magicdec", 960, 0.9))]
-    marked = tables.mark_past_training(cells, 1024, 64)
+    marked = measured_cells.mark_past_training(cells, 1024, 64)
     assert [c["past_training"] for c in marked] == [True, True, False, False]
-    assert not any(c["past_training"] for c in tables.mark_past_training(cells, None, 64))
-    assert tables.mark_past_training([{"L": 1000}], 1024, 64)[0]["past_training"]  # its generated tokens run past
-    assert "The cells at L = 2048 run past the target's training windows" in tables.both_sides(marked)
+    assert not any(c["past_training"] for c in measured_cells.mark_past_training(cells, None, 64))
+    assert measured_cells.mark_past_training([{"L": 1000}], 1024, 64)[0]["past_training"]  # its generated tokens: past
+    assert "The cells at L = 2048 run past the target's training windows" in words.both_sides(marked)
     trained = SimpleNamespace(summary={}, train_config=SimpleNamespace(seq_len=1024))
-    assert tables.trained_length(trained) == 1024
-    assert tables.trained_length(SimpleNamespace(summary={"imported_from": "/m"}, train_config=None)) is None
+    assert measured_cells.trained_length(trained) == 1024
+    assert measured_cells.trained_length(SimpleNamespace(summary={"imported_from": "/m"}, train_config=None)) is None
     results = {"09_measured_vs_modeled": {"cells": marked, "target_trained_length": 1024}}
     note = "L = 2048; past the 1,024-token windows the target was trained on"
     assert note in findings.measured_vs_modeled({}, results)

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from spirelib.modeling import perfmodel as pm
+from spirelib.modeling import scenarios
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.workbook.plots.explorer import Scenario
+from spirelib.modeling.scenarios import Scenario
+from spirelib.workbook.narrative import perf as words
 from spirelib.workbook.tables import perf as tables
 
 PAPER = Scenario.paper()
@@ -57,7 +59,7 @@ def test_ablation_rows_best_first():
 
 
 def test_multipliers_over_generation_per_length():
-    out = tables.multipliers_over_generation(PAPER, 64, [64, 512], 32)  # method -> (2,)
+    out = scenarios.multipliers_over_generation(PAPER, 64, [64, 512], 32)  # method -> (2,)
     assert out["spire"].shape == (2,)
     assert out["spire"][1] == pm.throughput_multiplier_over_generation("spire", PAPER.taus["spire"], 64, 512, 32,
                                                                        "seqax-67m", "spire-draft")
@@ -87,12 +89,12 @@ def test_best_k_rows_quote_the_best_depth_and_the_scenario_k():
 
 def test_best_k_maps_search_the_measured_depth_or_the_cap():
     taus = {"spire": PAPER.taus["spire"], "vanilla": PAPER.taus["vanilla"]}
-    best, caps = tables.best_k_maps(PAPER, taus, {"spire": [0.9, 0.8, 0.7]}, B[:, None], L[None, :])
+    best, caps = scenarios.best_k_maps(PAPER, taus, {"spire": [0.9, 0.8, 0.7]}, B[:, None], L[None, :])
     assert caps == {"spire": 3, "vanilla": 8}
     assert best["spire"].shape == (len(B), len(L)) and best["spire"].max() <= 3
     expected, _ = best_k("vanilla", float(alpha_from_tau(taus["vanilla"], 4)), 16, 512, "seqax-67m", "vanilla-draft")
     assert best["vanilla"][4, 4] == expected
-    assert tables.best_k_maps(PAPER, taus, {}, 64, 512, default_cap=12)[1]["spire"] == 12
+    assert scenarios.best_k_maps(PAPER, taus, {}, 64, 512, default_cap=12)[1]["spire"] == 12
 
 
 def test_window_name():
@@ -124,15 +126,15 @@ def test_cell_index():
 
 
 def test_taus_used_are_the_measured_ones_or_the_paper_table():
-    taus, per_position, at, source = tables.taus_used(None)
+    taus, per_position, at, source = scenarios.taus_used(None)
     assert taus == pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT] and per_position == {} and at is None
     assert source.startswith("the paper's Table 1 taus at L = 512")
-    assert tables.taus_used(({"spire": 3.0}, {"spire": [0.9]}, 64)) == (
+    assert scenarios.taus_used(({"spire": 3.0}, {"spire": [0.9]}, 64)) == (
         {"spire": 3.0}, {"spire": [0.9]}, 64, "taus measured in this run by notebook 04 at L = 64")
 
 
 def test_paper_ablation_multipliers_price_every_variant_as_spire():
-    out = tables.paper_ablation_multipliers(dataclasses.replace(PAPER, hoi=30.0, overlap=False), 64, 512)
+    out = scenarios.paper_ablation_multipliers(dataclasses.replace(PAPER, hoi=30.0, overlap=False), 64, 512)
     assert list(out) == list(pm.PAPER_ABLATION_TAU)
     assert out["hard_target"] == pm.throughput_multiplier("spire", pm.PAPER_ABLATION_TAU["hard_target"], 64, 512,
                                                           "seqax-67m", "spire-draft", hoi=30.0, overlap=False)
@@ -165,12 +167,12 @@ def test_headline_quotes_the_paper_only_on_its_cell_and_records_both_results():
 
 
 def test_settings_line_names_f_k_and_the_taus():
-    line = tables.settings_line(dataclasses.replace(PAPER, overlap=False), 960)
+    line = words.settings_line(dataclasses.replace(PAPER, overlap=False), 960)
     assert line.startswith("HOI = 600 FLOP/byte, f = sum, k = 4, tau from L = 960: {")
 
 
 def test_dense_scenario_drops_the_window_and_vanilla():
-    dense = tables.dense_scenario(PAPER)
+    dense = scenarios.dense_scenario(PAPER)
     assert dense.window_factor is None and list(dense.taus) == ["magicdec", "spire"]
     assert float(dense.multipliers(64, 512)["spire"]) < float(PAPER.multipliers(64, 512)["spire"])
 
@@ -178,13 +180,13 @@ def test_dense_scenario_drops_the_window_and_vanilla():
 def test_min_max_and_no_sparse_sentence():
     spread = tables.min_max(np.array([1.5, 0.25, 1.0]))
     assert spread == {"min": 0.25, "max": 1.5}
-    assert tables.no_sparse_sentence(spread) == "SPIRe without sparse KV at B = 64, L = 8..1M: min 0.2500x, max 1.5000x"
+    assert words.no_sparse_sentence(spread) == "SPIRe without sparse KV at B = 64, L = 8..1M: min 0.2500x, max 1.5000x"
 
 
 def test_ablation_curves_use_display_names():
-    curves = tables.ablation_curves(PAPER, 64, L)
+    curves = scenarios.ablation_curves(PAPER, 64, L)
     assert "spire" in curves and "random init" in curves and "no sparse kv" in curves
-    assert np.allclose(curves["random init"], tables.paper_ablation_multipliers(PAPER, 64, L)["random_init"])
+    assert np.allclose(curves["random init"], scenarios.paper_ablation_multipliers(PAPER, 64, L)["random_init"])
 
 
 def test_device_bars_pick_one_cell():
@@ -196,7 +198,7 @@ def test_device_bars_pick_one_cell():
 
 
 def test_alpha_sentence_and_best_k_columns():
-    assert tables.alpha_sentence({"spire": 0.8, "vanilla": 0.51234}) == \
+    assert words.alpha_sentence({"spire": 0.8, "vanilla": 0.51234}) == \
         "Implied i.i.d. acceptance: SPIRe alpha = 0.800, vanilla SD alpha = 0.512"
     assert tables.best_k_columns(["spire"]) == {"L": "L (B = 64)", "spire": "SPIRe"}
 
@@ -204,7 +206,7 @@ def test_alpha_sentence_and_best_k_columns():
 def test_mixed_columns_change_sentences_and_flat_change():
     assert list(tables.mixed_columns(["spire"])) == ["window", "spread", "mean", "spire"]
     change = {"L/8": {"spire": 0.0123, "vanilla": 0.0}, "64": {"spire": 0.5}}
-    assert tables.mixed_change_sentences(change).split("\n") == [
+    assert words.mixed_change_sentences(change).split("\n") == [
         "window L/8: largest change vs a uniform batch of the same mean: SPIRe 1.23%, vanilla SD 0.00%",
         "window 64: largest change vs a uniform batch of the same mean: SPIRe 50.00%"]
     assert tables.flat_change(change) == {"L/8:spire": 0.0123, "L/8:vanilla": 0.0, "64:spire": 0.5}
@@ -213,7 +215,7 @@ def test_mixed_columns_change_sentences_and_flat_change():
 def test_spire_over_magicdec_and_its_sentence():
     summary = tables.spire_over_magicdec({"spire": 3.0, "magicdec": 2.0}, np.array([[1.0, 2.0], [0.5, 1.25]]))
     assert summary == {"at_highlight": 1.5, "grid_min": 0.5, "grid_max": 2.0}
-    assert tables.margin_sentence((64, 512), summary) == \
+    assert words.spire_over_magicdec_sentence((64, 512), summary) == \
         "SPIRe / MagicDec at (B, L) = (64, 512): 1.500; over the grid 0.500 .. 2.000"
 
 
@@ -240,22 +242,8 @@ def test_taus_rows_put_the_paper_tau_beside_each_method():
     assert np.isnan(rows[1]["paper"]) and list(tables.TAUS_COLUMNS) == ["method", "tau", "paper"]
 
 
-def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
-    from spirelib.decoding.drafts import vanilla_draft_config
-    from spirelib.training.series import Series
-    series = Series.from_dict({})
-    taus = {"vanilla": 2.0, "spire": 3.0}
-    scenarios = tables.series_scenarios(series, taus, 300.0, "src")
-    paper, trained = scenarios["paper shapes"], scenarios["trained shapes"]
-    assert (paper.taus, paper.k, paper.hoi, paper.label) == (taus, series.k, 300.0, "paper shapes, src")
-    assert paper.target == PAPER.target
-    assert trained == Scenario.trained(series.target, vanilla_draft_config(series.target), series.spire.num_layers,
-                                       series.spire.window, taus, k=series.k, hoi=300.0,
-                                       label=f"trained shapes (window {series.spire.window}), src")
-
-
 def test_mixed_scenarios_keep_the_shapes_and_name_the_spread():
-    mixed = tables.mixed_scenarios({"p": PAPER}, 1.0, 7)["p"]
+    mixed = scenarios.mixed_scenarios({"p": PAPER}, 1.0, 7)["p"]
     assert (mixed.length_spread, mixed.seed, mixed.target) == (1.0, 7, PAPER.target)
     assert mixed.label == PAPER.label + ", mixed lengths (sigma 1)"
 
@@ -264,20 +252,20 @@ def test_winner_grid_multipliers_at_winners_and_answer_rows():
     grid = {"vanilla": np.array([[0.5, 2.0]]), "spire": np.array([[0.9, 1.5]])}
     assert tables.winner_grid(np.array([1]), np.array([8, 16]), grid) == {"B": [1], "L": [8, 16],
                                                                           "winners": [["ad", "vanilla"]]}
-    at = tables.multipliers_at({"p": PAPER}, 64, 512)
+    at = scenarios.multipliers_at({"p": PAPER}, 64, 512)
     assert at == {"p": {m: float(v) for m, v in PAPER.multipliers(64, 512).items()}}
-    assert tables.winners({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 3.0, "y": 2.0}}) == {"a": "y", "b": "x"}
+    assert scenarios.scenario_winners({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 3.0, "y": 2.0}}) == {"a": "y", "b": "x"}
     assert tables.answer_rows({"a": {"x": 1.0, "y": 2.0}}) == [{"scale": "a", "x": 1.0, "y": 2.0, "best": "y"}]
-    assert tables.answer_heading(8, 64) == "**The answer at B = 8, L = 64** (modeled throughput multiplier over AD):"
+    assert words.answer_heading(8, 64) == "**The answer at B = 8, L = 64** (modeled throughput multiplier over AD):"
 
 
 def test_searched_depths_and_capped_note():
-    assert tables.searched_depths({"spire": 4, "vanilla": 8}) == "SPIRe k <= 4, vanilla SD k <= 8"
+    assert words.searched_depths({"spire": 4, "vanilla": 8}) == "SPIRe k <= 4, vanilla SD k <= 8"
     best, caps = {"spire": np.array([[2, 4]]), "vanilla": np.array([[3, 5]])}, {"spire": 4, "vanilla": 8}
-    note = tables.capped_note(best, caps)
+    note = words.capped_note(best, caps)
     assert note.startswith("**Capped search:**") and "where SPIRe shows its cap" in note and note.endswith("still.")
-    assert tables.capped_note(best, caps, 7).endswith("finds k = 7 for SPIRe at (64, 512)).")
-    assert tables.capped_note(best, {"spire": 5, "vanilla": 8}) is None
+    assert words.capped_note(best, caps, 7).endswith("finds k = 7 for SPIRe at (64, 512)).")
+    assert words.capped_note(best, {"spire": 5, "vanilla": 8}) is None
 
 
 def test_explorer_results_name_the_source_and_the_best_k_on_the_grid_only():
@@ -325,20 +313,20 @@ def test_extrapolation_headline_quotes_the_paper_on_its_cell_only():
 def test_memory_sentence_in_gigabytes():
     shape = pm.PRESETS["llama3-70b"]
     kv = 64 * 65536 * pm.kv_values_per_token(shape) / 1e9
-    assert tables.memory_sentence("llama3-70b", 64, 65536) == (
+    assert words.memory_sentence("llama3-70b", 64, 65536) == (
         f"B = 64, L = 65536: target KV cache {kv:,.0f} GB, body weights {pm.body_params(shape) / 1e9:,.0f} GB "
         "(at 1 byte per value)")
 
 
 def test_implied_alphas_give_back_the_taus():
-    alphas = tables.implied_alphas(PAPER)
+    alphas = scenarios.implied_alphas(PAPER)
     assert list(alphas) == list(PAPER.taus)
     for m, alpha in alphas.items():
         assert (1 - alpha ** (PAPER.k + 1)) / (1 - alpha) == pytest.approx(PAPER.taus[m])
 
 
 def test_spire_best_k_is_best_k_with_spire_alone():
-    grid = tables.spire_best_k(PAPER, B, L, cap=12)
+    grid = scenarios.spire_best_k(PAPER, B, L, cap=12)
     assert grid.shape == (len(B), len(L))
     alpha = alpha_from_tau(PAPER.taus["spire"], PAPER.k)
     expected, _ = best_k("spire", alpha, 64, 512, PAPER.target, PAPER.drafts["spire"], k_max=12,
@@ -350,20 +338,20 @@ def test_01_leads_with_the_papers_arithmetic_and_where_the_winner_flips():
     paper = Scenario.paper("seqax-67m", 512, k=4, hoi=600.0, overlap=True)
     multipliers, _, _ = tables.headline(paper, 64, 512, 512)
     stated = pm.PAPER_MULTIPLIERS["seqax-67m"]
-    arithmetic, where = tables.lead(paper, multipliers, stated, 64, 512, 2 ** np.arange(0, 8), 2 ** np.arange(5, 14))
+    arithmetic, where = words.lead(paper, multipliers, stated, 64, 512, 2 ** np.arange(0, 8), 2 ** np.arange(5, 14))
     assert arithmetic.startswith("**The paper's arithmetic, redone:** with the paper's shapes and tau (HOI 600, "
                                  "f = max, k = 4) the model gives, at B = 64, L = 512: SPIRe 2.78x, MagicDec 2.05x, "
                                  "vanilla SD 1.36x.")
     assert arithmetic.endswith("The paper states 2.78x, 2.05x, 1.36x: the same to its two decimals.")
     assert where.startswith("**Which draft, where (Figure 4, modeled):** vanilla SD wins at ")
     assert "; SPIRe everywhere else." in where
-    off = tables.lead(paper, {**multipliers, "vanilla": 1.40}, stated, 64, 512, [64], [512])[0]
+    off = words.lead(paper, {**multipliers, "vanilla": 1.40}, stated, 64, 512, [64], [512])[0]
     assert off.endswith("different for vanilla SD.")
-    assert tables.lead(paper, multipliers, None, 8, 64, [8], [64])[0].endswith("states no multipliers for this cell.")
+    assert words.lead(paper, multipliers, None, 8, 64, [8], [64])[0].endswith("states no multipliers for this cell.")
 
 
 def test_06_says_where_the_winner_flips_per_scenario():
     grid = {"spire": np.array([[2.0, 1.5], [2.0, 1.2]]), "magicdec": np.array([[1.0, 1.6], [1.0, 1.1]])}
     grids = {"trained shapes": tables.winner_grid([1, 16], [256, 960], grid)}
-    assert tables.where_sentences(grids, {"trained shapes": "the trained shapes"}) == (
+    assert words.where_sentences(grids, {"trained shapes": "the trained shapes"}) == (
         "- **the trained shapes:** MagicDec wins at L = 960 for B = 1; SPIRe everywhere else.")

@@ -9,6 +9,7 @@ import pytest
 from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.costs import flop_params
 from spirelib.training.tokenizer import BytesTokenizer
+from spirelib.workbook.narrative import training as words
 from spirelib.workbook.tables import training as tables
 
 CFG = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -30,7 +31,7 @@ def test_data_note_counts_each_split():
     val = SimpleNamespace(num_tokens=200, lengths=np.array([50]))
     data = SimpleNamespace(num_documents=(12, 3), tokenizer=BytesTokenizer(), dataset=SimpleNamespace(
         train=train, val=val, vocab_size=256, checksum="0123456789abcdef"))
-    note = tables.data_note(data, TRAINED, 260)
+    note = words.data_note(data, TRAINED, 260)
     assert "| train | 12 | 1,000 | 70 |\n| validation | 3 | 200 | 50 |" in note
     assert note.endswith("tokenizer **bytes** with 256 ids (model vocabulary 260). Each document is followed by "
                          "`\\x00` (id 0); no BOS token precedes it. Dataset checksum `0123456789ab`.")
@@ -38,50 +39,50 @@ def test_data_note_counts_each_split():
 
 def test_special_tokens_sentence_names_the_bos_and_eos_around_each_document():
     llama3 = SimpleNamespace(bos_id=128000, bos_token="<|begin_of_text|>", eos_id=128001, eos_token="<|end_of_text|>")
-    assert tables.special_tokens_sentence(llama3) == (
+    assert words.special_tokens_sentence(llama3) == (
         "Each document is preceded by `<|begin_of_text|>` (id 128000) and followed by `<|end_of_text|>` (id 128001).")
     smollm2 = SimpleNamespace(bos_id=None, bos_token=None, eos_id=0, eos_token="<|endoftext|>")
-    assert tables.special_tokens_sentence(smollm2) == (
+    assert words.special_tokens_sentence(smollm2) == (
         "Each document is followed by `<|endoftext|>` (id 0); no BOS token precedes it.")
 
 
 def test_scale_line_and_model_note_trained_and_imported():
-    assert tables.scale_line(CFG, TRAINED, 2_500_000) == \
+    assert words.scale_line(CFG, TRAINED, 2_500_000) == \
         f"2 layers, d_model 32, {CFG.num_params() / 1e6:.2f}M params, 2.50M tokens of tiny"
-    assert tables.scale_line(CFG, IMPORTED, 0).endswith("params, imported from /models/llama")
-    trained = tables.model_note(CFG, TRAIN_CFG, TRAINED, 10, 2560)
+    assert words.scale_line(CFG, IMPORTED, 0).endswith("params, imported from /models/llama")
+    trained = words.model_note(CFG, TRAIN_CFG, TRAINED, 10, 2560)
     assert f"| 2 | 32 | 2 x 2 | 8 | 64 | 256 | {CFG.body_params():,} | {CFG.num_params():,} |" in trained
     assert f"**2,560 tokens**, {2560 / CFG.num_params():.2f} tokens per parameter (paper: 20)" in trained
     assert "warm-up 10% of steps, cosine to 0.1x" in trained
-    imported = tables.model_note(CFG, TRAIN_CFG, IMPORTED, 0, 0)
+    imported = words.model_note(CFG, TRAIN_CFG, IMPORTED, 0, 0)
     assert "**Imported** from `/models/llama`" in imported and "**Budget:**" not in imported
     assert f"hold {1 - CFG.body_params() / CFG.num_params():.0%} of its parameters" in imported
 
 
 def test_trained_sentence_says_where_the_target_came_from():
-    assert tables.trained_sentence(run(), None) == (
+    assert words.trained_sentence(run(), None) == (
         "Trained the target (target-abc): validation loss 2.000 nats/token (perplexity 7.4) on cpu, "
         "12,346 training tokens/s")
-    assert tables.trained_sentence(run(reused=True), None).startswith("Loaded the cached target (target-abc)")
-    assert tables.trained_sentence(run(reused=True), IMPORTED.imported).startswith(
-        "Imported the target (final.safetensors)") and "training tokens/s" not in tables.trained_sentence(
+    assert words.trained_sentence(run(reused=True), None).startswith("Loaded the cached target (target-abc)")
+    assert words.trained_sentence(run(reused=True), IMPORTED.imported).startswith(
+        "Imported the target (final.safetensors)") and "training tokens/s" not in words.trained_sentence(
         run(), IMPORTED.imported)
 
 
 def test_mfu_sentence_for_each_case():
     speed = {"mfu": 0.25, "run_mfu": 0.2, "peak_flops": 2e11, "device": "cpu"}
-    assert tables.mfu_sentence(SUMMARY, speed, CFG, None) == (
+    assert words.mfu_sentence(SUMMARY, speed, CFG, None) == (
         f"steady state: 12,346 tokens/s x 6 x {flop_params(CFG):,} FLOP-params / 200 GFLOP/s peak = MFU 25.0%; "
         "the run's wall clock: 10,000 tokens/s, MFU 20.0%")
-    assert tables.mfu_sentence(SUMMARY, {**speed, "run_mfu": None}, CFG, None).endswith(
+    assert words.mfu_sentence(SUMMARY, {**speed, "run_mfu": None}, CFG, None).endswith(
         "not recorded by this cached checkpoint")
-    assert tables.mfu_sentence(SUMMARY, {**speed, "mfu": None, "device": "cuda:0"}, CFG, None) == \
+    assert words.mfu_sentence(SUMMARY, {**speed, "mfu": None, "device": "cuda:0"}, CFG, None) == \
         "trained on cuda:0, which is not present here: no MFU"
-    assert tables.mfu_sentence(SUMMARY, speed, CFG, IMPORTED.imported) == "imported, not trained here: no training MFU"
+    assert words.mfu_sentence(SUMMARY, speed, CFG, IMPORTED.imported) == "imported, not trained here: no training MFU"
 
 
 def test_sample_text_decodes_prompt_target_and_actual():
-    assert tables.sample_text(0, lambda t: "".join(t), ["a", "b"], ["c"], ["d"]) == \
+    assert words.sample_text(0, lambda t: "".join(t), ["a", "b"], ["c"], ["d"]) == \
         "--- sample 1\nPROMPT: 'ab'\nTARGET: 'c'\nACTUAL: 'd'"
 
 
@@ -108,7 +109,7 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
                                "fraction": 123_000 / 500_000_000},
                "vanilla draft": {"tokens": 1_638_400, "body_params": 131_072, "paper_tokens": 2_621_440,
                                  "fraction": 0.625}}
-    text = tables.budget_sentence(budgets)
+    text = words.budget_sentence(budgets)
     assert text.startswith("Training budgets: the SPIRe draft trained on 123,000 tokens, 0.025% of the paper's 20 x N "
                            "= 500,000,000 (N = 25,000,000 body parameters); the vanilla draft trained on 1,638,400 "
                            "tokens, 62% of the paper's")
@@ -119,7 +120,7 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
     assert clause == ("; drafts trained on 0.025% (SPIRe draft) and 62% (vanilla draft) of the paper's 20 x N tokens: "
                       "about that budget for the SPIRe draft, not about the method")
     budgets["SPIRe draft"]["fraction"] = 0.5
-    assert tables.budget_sentence(budgets).endswith("that share of the paper's budget.")
+    assert words.budget_sentence(budgets).endswith("that share of the paper's budget.")
     assert findings.budget_clause({}) == ""
 
 
@@ -149,7 +150,7 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     h100 = plan.HARDWARE["h100-sxm"].peak_flops["bf16"] * plan.GPU_MFU
     assert vanilla["paper_seconds"]["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
     assert spire["paper_seconds"]["h100-sxm"] > vanilla["paper_seconds"]["h100-sxm"]  # the frozen target's forward
-    text = tables.budget_sentence(budgets)
+    text = words.budget_sentence(budgets)
     assert f"that budget would take {plan.duration(paper / 500.0)} on this machine at its measured speed, " in text
     assert f"{plan.duration(spire['paper_seconds']['h100-sxm'])} on h100-sxm" in text and "(modeled at 40% MFU)" in text
     imported = tables.draft_budgets(trained(float("nan")), trained(500.0, spire="s"), CFG)["vanilla draft"]

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from spirelib.modeling.methods import label
 from spirelib.workbook import findings
+from spirelib.workbook.narrative.winners import pow2
 from spirelib.workbook.progress import plain_text
-from spirelib.workbook.tables.winners import pow2
 
 SHOWN = 12  # changed claims printed at most; the rest are in run.json's claims_changed
 

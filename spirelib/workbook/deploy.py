@@ -28,6 +28,8 @@ from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.modeling.methods import label
+from spirelib.modeling.recorded import DeployError, recorded_acceptance
+from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import (
     Acceptance,
     Table,
@@ -47,18 +49,15 @@ CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06
 MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
 SWITCH_SPAN = (64, 8192)  # the growth of one request whose switches of k schedule.yaml counts
 
-class DeployError(ValueError):
-    """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
-
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """What a schedule is made from: per method its acceptance, the scenario's shapes and cost
-    settings (`plots.explorer.Scenario`, k ignored), the device, the context mix and the grid."""
+    settings (`modeling.scenarios.Scenario`, k ignored), the device, the context mix and the grid."""
 
     acceptance: dict[str, Acceptance]
     tau_context: int
-    scenario: object  # plots.explorer.Scenario (its taus unused)
+    scenario: Scenario  # its taus unused
     device: str
     hardware: Hardware
     dtype: str
@@ -99,28 +98,6 @@ class Inputs:
 
 # ---------------------------------------------------------------------------- reading a run
 
-def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptance], int]:
-    """Notebook 04's tau (mean, 95% CI) and per-position acceptance per method at the recorded
-    context nearest `context`, and that context."""
-    recorded = results.get("04_measure_tau", {})
-    taus = recorded.get("tau")
-    if not taus:
-        raise DeployError("the run recorded no tau (notebook 04): run the series, or `spire run --only 04` "
-                          "after the drafts are trained, then deploy")
-    depth = int(recorded.get("tau_protocol", {}).get("k", 4))
-    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
-    L = min(lengths, key=lambda length: (abs(length - context), length))
-    per_position = recorded.get("per_position_acceptance", {})
-    out = {}
-    for method, by_l in taus.items():
-        if str(L) not in by_l:
-            continue
-        p = per_position.get(method, {}).get(str(L), {}).get("p") or ()
-        out[method] = Acceptance(float(by_l[str(L)]["mean"]), float(by_l[str(L)]["ci95"]), depth,
-                                 tuple(float(v) for v in p) if len(p) == depth else ())
-    return out, L
-
-
 def resolve_hardware(name: str | None, dtype: str | None, peak_flops: float | None, bandwidth: float | None,
                      table: dict[str, Hardware] | None = None) -> tuple[Hardware, str]:
     """A device of the hardware table by `name`, or one given as `peak_flops` (for `dtype`) and
@@ -148,12 +125,27 @@ def resolve_hardware(name: str | None, dtype: str | None, peak_flops: float | No
     return device, dtype
 
 
+def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, Scenario]:
+    """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
+    shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
+    series' k and `hoi`; `source` names where the taus come from in each label."""
+    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a series' scenarios are made
+
+    spire = series.spire
+    return {
+        "paper shapes": dataclasses.replace(Scenario.paper(), taus=taus, k=series.k, hoi=hoi,
+                                            label=f"paper shapes, {source}"),
+        "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
+                                           spire.window, taus, k=series.k, hoi=hoi,
+                                           label=f"trained shapes (window {spire.window}), {source}"),
+    }
+
+
 def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
-    """The scenario of the run's series (`tables.perf.series_scenarios`) at `shapes` on the device,
+    """The scenario of the run's series (`series_scenarios`) at `shapes` on the device,
     and the shapes it is: "served" is the imported target's (its trained shapes) when the series
     imports one, else the paper's (a series trained from scratch is a CPU-sized stand-in)."""
     from spirelib.training.series import Series  # torch: only when a schedule is made
-    from spirelib.workbook.tables.perf import series_scenarios
 
     series = Series.from_dict(run.get("params", {}).get("series", {}))
     if shapes == "served":

@@ -7,7 +7,7 @@ Sections whose notebook did not run (or recorded nothing) are left out, so a par
 
 The first screen (`verdict`) is one line of scale (target, training tokens, perplexity, corpus,
 machine) and the winner over (B, L) as a small map per way of answering, each with a sentence
-saying where the winner flips (`tables.winners.where_sentence`): (1) the paper's shapes with the
+saying where the winner flips (`narrative.winners.where_sentence`): (1) the paper's shapes with the
 paper's tau (01), (2) the paper's shapes with this run's tau (06), (3) the shapes trained here
 with this run's tau at HOI 600 (06), (4) this machine, measured at the cells 09 timed (named at
 their real B and L), and the profiled model of it at the same cells. `claims` then separates the
@@ -24,16 +24,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from spirelib.measure.ablations import effect_of
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.modeling.methods import color, label
-from spirelib.workbook.tables import ablations as ablation_tables
-from spirelib.workbook.tables.training import SMALL_BUDGET, budget_sentence, percent
-from spirelib.workbook.tables.winners import AD, by_cell, unresolved_cells, where_sentence
-from spirelib.workbook.tables.winners import grid_counts as _grid_counts
-from spirelib.workbook.tables.winners import pow2 as _pow2
-from spirelib.workbook.tables.winners import span as _span
-from spirelib.workbook.tables.winners import winner as _winner
+from spirelib.modeling.winners import AD, by_cell, unresolved_cells
+from spirelib.modeling.winners import grid_counts as _grid_counts
+from spirelib.modeling.winners import winner as _winner
+from spirelib.workbook.narrative import ablations as ablation_narrative
+from spirelib.workbook.narrative.training import SMALL_BUDGET, budget_sentence, percent
+from spirelib.workbook.narrative.winners import pow2 as _pow2
+from spirelib.workbook.narrative.winners import span as _span
+from spirelib.workbook.narrative.winners import where_sentence
 
 # The grid "over the grid" refers to when a notebook recorded none (06's grid).
 GRID_B = [int(b) for b in 2 ** np.arange(0, 8)]  # 1 .. 128
@@ -506,9 +508,9 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
 
 
 def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """05's ranking split by what this run resolves (`tables.ablations.effect_of`): (parts that
+    """05's ranking split by what this run resolves (`measure.ablations.effect_of`): (parts that
     help, ranked; parts resolved as harmful; parts not resolved)."""
-    return tuple([r for r in ranked if ablation_tables.effect_of(r) == effect]
+    return tuple([r for r in ranked if effect_of(r) == effect]
                  for effect in ("helps", "harmful", "not resolved"))
 
 
@@ -536,7 +538,7 @@ def ablation_source(run: dict, results: dict) -> str:
 
 
 def _claim_ablations(run: dict, results: dict) -> list[Claim]:
-    """05's importance of SPIRe's parts in 05's own words (`tables.ablations.order_sentence`, as
+    """05's importance of SPIRe's parts in 05's own words (`narrative.ablations.order_sentence`, as
     its lead says it): over training randomness with the target fixed, or, with one seed, about
     one trained draft per variant, which cannot reproduce a claim about training this way; what is
     resolved is resolved family-wise (method §10), in either direction, a variant against SPIRe
@@ -548,7 +550,7 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     helps, harmful, unresolved = ablation_effects(ranked)
     interval = recorded.get("interval")
     text = ("Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): "
-            + ablation_tables.order_sentence(ranked, interval, recorded.get("component_delta_tau"),
+            + ablation_narrative.order_sentence(ranked, interval, recorded.get("component_delta_tau"),
                                              recorded.get("delta_tau")))
     ours = [r["part"] for r in helps]
     ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
@@ -561,7 +563,7 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
 
 def past_note(recorded: dict, cell: dict) -> str:
     """What a measured cell of 09 (`recorded`: its results) carries next to its figure when its
-    contexts ran past the target's training windows (`tables.measured.mark_past_training`)."""
+    contexts ran past the target's training windows (`measure.cells.mark_past_training`)."""
     if not cell.get("past_training"):
         return ""
     trained = recorded.get("target_trained_length")
@@ -696,7 +698,7 @@ def table1(run: dict, results: dict) -> str | None:
 def ablation_ranking(run: dict, results: dict) -> str | None:
     """Notebook 05's parts of SPIRe: the ones resolved as helping, ranked, next to the paper's
     rank; the ones resolved as harmful and the unresolved ones without a rank; with one seed, the
-    same about one trained draft per variant (`tables.ablations.EFFECT_WORDS`)."""
+    same about one trained draft per variant (`narrative.ablations.EFFECT_WORDS`)."""
     recorded = results.get("05_ablations", {})
     ranked = recorded.get("importance")
     if not ranked:
@@ -713,7 +715,7 @@ def ablation_ranking(run: dict, results: dict) -> str | None:
               escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
              for effect, group in zip(labels, (harmful, unresolved)) for r in group]
     scale = recorded.get("ablation_protocol", {}).get("scale", "")
-    about = ablation_tables.scope_phrase(interval).rstrip(": ")
+    about = ablation_narrative.scope_phrase(interval).rstrip(": ")
     source = ablation_source(run, results)
     return ("<h3>Which part of SPIRe matters most (ablations)</h3>"
             + (f"<p>{escape(about)}.</p>" if about else "")

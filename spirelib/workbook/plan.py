@@ -73,6 +73,7 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure import calibrate
+from spirelib.measure.cells import timing_cells
 from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import expected_rounds
@@ -85,7 +86,6 @@ from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, r
 from spirelib.training.data import FlatDocs
 from spirelib.training.objectives import SpireObjective
 from spirelib.training.train import TrainConfig, evaluate, lm_objective, resolve_device, train
-from spirelib.workbook.tables.measured import timing_cells
 
 #: A notebook's fixed cost on this machine: kernel start, imports, HTML export with its static
 #: figures (01, which computes nothing heavy, took 5-6 s in every run of 2026-12-02).

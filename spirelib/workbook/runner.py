@@ -46,6 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spirelib.measure import cells as measured_cells
 from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
@@ -53,7 +54,6 @@ from spirelib.training.params import ParamsError, load_params, problem_report, s
 from spirelib.training.train import resolve_device
 from spirelib.workbook import claims, deploy, findings, progress, results
 from spirelib.workbook import plan as work
-from spirelib.workbook.tables import measured
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 SERIES_PARAMETER = "series"  # the notebook parameter that receives the params file's series section
@@ -87,7 +87,7 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
 # Checks of a notebook's parameters taken together (its injections over its defaults): the
 # problems, in words, that `prepare` reports before any notebook runs.
 NOTEBOOK_CHECKS: dict[str, Any] = {
-    "09_measured_vs_modeled": lambda p: measured.timing_problems(
+    "09_measured_vs_modeled": lambda p: measured_cells.timing_problems(
         p["timing_batches"], p["timing_contexts"], p["held_out"], p["interleave"],
         bool(p["series"].get("compile_decoding", False))),
 }

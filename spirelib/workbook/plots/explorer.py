@@ -1,9 +1,6 @@
 """Explore the throughput model interactively (method §2): which draft wins at which (B, L)?
 
-`Scenario` says what is compared: target and draft shapes, each method's tau, the hardware
-intensity, the sparse window and (optionally) a per-request length distribution. The paper's
-scenario is `Scenario.paper()`; notebooks that measure their own taus on their own shapes
-and machine build their own. Two views of a scenario:
+A `Scenario` (`modeling.scenarios`) says what is compared. Two views of a scenario:
 
 - `LiveExplorer(scenario).widget`: an ipywidgets panel that redraws live in JupyterLab;
 - `slider_figure(scenario)`: a plotly figure with a batch-size slider, interactive in HTML.
@@ -21,10 +18,10 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, clear_output, display
 
 from spirelib.frontend import live_frontend
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware
+from spirelib.modeling.hardware import Hardware
 from spirelib.modeling.methods import color as _color
 from spirelib.modeling.methods import label as _label
+from spirelib.modeling.scenarios import Scenario
 from spirelib.workbook.plots.perf import TM_TITLE, pow2_label, title_layout
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
@@ -43,74 +40,6 @@ def _on_grid(value: int, grid, default: int, name: str) -> int:
     if default not in grid:
         raise ValueError(f"{name} {value} is not one of {list(grid)}, nor is the default {default}")
     return default
-
-
-@dataclasses.dataclass(frozen=True)
-class Scenario:
-    """Shapes, taus and cost-model settings to compare methods under (method §2)."""
-
-    target: pm.ModelShape | str
-    drafts: Mapping[str, pm.ModelShape | str]  # method -> draft shape (MagicDec needs none)
-    taus: Mapping[str, float]  # method -> tau at depth k; the methods shown
-    k: int = 4
-    hoi: float = pm.PAPER_HOI
-    overlap: bool = True
-    window_factor: int | None = 8
-    window: int | None = None  # fixed sparse window in tokens (overrides window_factor)
-    length_spread: float = 0.0  # > 0: each batch's lengths ~ LengthDistribution(L, spread)
-    length_kind: str = "lognormal"
-    seed: int = 0
-    bytes_per_value: float = 1.0  # per weight and per KV value (paper: 1, FP8)
-    label: str = "paper shapes, paper taus"
-
-    @classmethod
-    def paper(cls, target: str = "seqax-67m", tau_context: int = pm.PAPER_TAU_CONTEXT, **overrides) -> Scenario:
-        """The paper's comparison: its target, drafts and Table 1 taus (HOI 600, k 4)."""
-        drafts = {m: pm.PRESETS[name] for m, name in pm.PAPER_DRAFTS[target].items()}
-        return cls(pm.PRESETS[target], drafts, dict(pm.PAPER_TAU[tau_context]), label=f"{target}, paper taus",
-                   **overrides)
-
-    @classmethod
-    def trained(cls, target, vanilla, spire_layers: int, window: int, taus: Mapping[str, float],
-                **overrides) -> Scenario:
-        """The trained series' comparison: its target and vanilla draft (`ModelConfig`s) and the
-        SPIRe draft as the target's first `spire_layers` layers (method §3.1's pruned init) reading a
-        fixed sparse `window` of tokens."""
-        drafts = {"vanilla": vanilla.shape(), "spire": dataclasses.replace(target, num_layers=spire_layers).shape()}
-        return cls(target.shape(), drafts, taus, window_factor=None, window=window, **overrides)
-
-    def with_hardware(self, hardware: Hardware, dtype: str) -> Scenario:
-        """The same comparison on `hardware` computing in `dtype`, weights and KV stored in it too."""
-        return dataclasses.replace(self, hoi=hardware.hoi(dtype), bytes_per_value=float(BYTES_PER_VALUE[dtype]))
-
-    def model_kwargs(self) -> dict:
-        """The cost-model settings of `perfmodel.throughput_multiplier` (method §2) this scenario fixes."""
-        return dict(k=self.k, hoi=self.hoi, overlap=self.overlap, window_factor=self.window_factor, window=self.window,
-                    bytes_per_weight=self.bytes_per_value, bytes_per_kv=self.bytes_per_value)
-
-    def multipliers(self, B, L) -> dict[str, np.ndarray]:
-        """Throughput multiplier per method at the broadcast (B, L) points (L = mean when spread > 0)."""
-        out = {}
-        kwargs = self.model_kwargs()
-        for method, tau in self.taus.items():
-            draft = self.drafts.get(method)
-            if self.length_spread == 0:
-                out[method] = np.asarray(pm.throughput_multiplier(method, tau, B, L, self.target, draft, **kwargs))
-                continue
-            batch, context = np.broadcast_arrays(np.asarray(B), np.asarray(L))
-            values = [pm.throughput_multiplier(method, tau, int(b), self._lengths(float(l)), self.target, draft,
-                                               **kwargs) for b, l in zip(batch.ravel(), context.ravel())]
-            out[method] = np.reshape(values, batch.shape)
-        return out
-
-    def mixed_and_uniform(self, B: int, lengths: pm.RequestLengths) -> dict[str, tuple[float, float]]:
-        """Per method, TM of a batch of B requests with `lengths` and TM of a uniform batch of
-        their mean length (`perfmodel.mixed_and_uniform`)."""
-        return {m: pm.mixed_and_uniform(m, tau, B, lengths, self.target, self.drafts.get(m), **self.model_kwargs())
-                for m, tau in self.taus.items()}
-
-    def _lengths(self, mean: float) -> pm.LengthDistribution:
-        return pm.LengthDistribution(mean, spread=self.length_spread, kind=self.length_kind, seed=self.seed)
 
 
 def slider_figure(scenario: Scenario, *, batch_sizes=DEFAULT_BATCHES[:8], contexts=DEFAULT_CONTEXTS[:11],

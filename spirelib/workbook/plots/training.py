@@ -103,7 +103,7 @@ def draft_training_figure(runs: Mapping[str, list[dict]], k: int, scale: str = "
 
 def learning_curves_figure(curves: Mapping[str, Mapping[str, list[tuple[int, float]]]], scale: str = "") -> go.Figure:
     """Small multiples of learning curves, one panel per quantity (`curves`: panel title -> run ->
-    [(training tokens, value)], e.g. from `tables.ablations.learning_curve`), one line per run in
+    [(training tokens, value)], e.g. from `measure.ablations.learning_curve`), one line per run in
     its method colour (`methods.color`) in every panel, one legend entry per run."""
     panels = list(curves)
     fig = make_subplots(rows=1, cols=len(panels), horizontal_spacing=0.1, subplot_titles=panels)

@@ -1,9 +1,10 @@
-"""Tables of the paper's throughput model (method §2) as notebooks 01 and 06 show them: the taus
-used, the shapes, the headline cell, verification's critical context, the ablations, the
+"""Tables of the paper's throughput model (method §2) as notebooks 01, 06 and 07 show them: the
+taus used, the shapes, the headline cell, verification's critical context, the ablations, the
 G-aware model, the overlap rule, devices, the best draft depth, mixed-length batches and the
-cells whose winner they change.
+cells whose winner they change, the answer per scenario, the schedules beside the winner map,
+and 07's roles and extrapolated headline; with the results each notebook records.
 
-A `Scenario` (`plots.explorer`) says what is compared; multipliers are TM = tau / dt.
+A `Scenario` (`modeling.scenarios`) says what is compared; multipliers are TM = tau / dt.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import dataclasses
 import numpy as np
 
 from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.ablations import variant_multipliers
-from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.acceptance import best_k
 from spirelib.modeling.hardware import operating_points
 from spirelib.modeling.methods import label as method_label
-from spirelib.modeling.schedule import Acceptance, Schedule, modeled_table, schedule
-from spirelib.workbook.plots.explorer import Scenario
-from spirelib.workbook.tables.winners import where_sentence, winner
+from spirelib.modeling.scenarios import Scenario, depth_free, scenario_winners, stated_on_cell
+from spirelib.modeling.schedule import Schedule
 
 SHAPE_COLUMNS = {"name": "model", "num_layers": "layers", "d_model": "d_model", "n_q_per_kv": "q per kv",
                  "n_kv": "kv heads", "d_head": "d_head", "d_ff": "d_ff", "body": "body params",
@@ -30,17 +29,6 @@ CRITICAL_COLUMNS = {"target": "target", "grid": "L_crit (power-of-two grid)",
                     "exact": "exact crossover 2Nk/(x HOI)"}
 ABLATION_COLUMNS = {"ablation": "variant", "tau": "tau (paper)", "tm": "TM at B = 64, L = 512"}
 MIXED_COLUMNS = {"window": "draft window", "spread": "sigma", "mean": "batch mean L"}  # + one per method
-
-
-def taus_used(measured) -> tuple[dict, dict, int | None, str]:
-    """The taus a comparison uses: those measured in the run (`measured`: `tau.recorded_taus`'s
-    (taus, per-position acceptance, L)) or, without them (None), the paper's Table 1 at its L;
-    with the phrase that names their source. Returns (taus, per_position, L or None, source)."""
-    if measured is None:
-        return (dict(pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT]), {}, None,
-                f"the paper's Table 1 taus at L = {pm.PAPER_TAU_CONTEXT} (no taus were measured in this run)")
-    taus, per_position, L = measured
-    return taus, per_position, L, f"taus measured in this run by notebook 04 at L = {L}"
 
 
 def shape_rows(presets=pm.PRESETS) -> list[dict]:
@@ -64,14 +52,6 @@ def critical_length_rows(targets, hoi: float, k: int) -> list[dict]:
              "exact": pm.critical_context_length(name, hoi, k, exact=True)} for name in targets]
 
 
-def paper_ablation_multipliers(scenario: Scenario, B: int, L) -> dict:
-    """SPIRe's modeled TM (method §2) with each of the paper's ablation taus (method §3.8,
-    `perfmodel.PAPER_ABLATION_TAU`) under the scenario's shapes and settings, "no_sparse_kv"
-    with a dense draft cache (`ablations.variant_multipliers`); floats, or (len(L),) arrays."""
-    return variant_multipliers(pm.PAPER_ABLATION_TAU, B, L, scenario.target, scenario.drafts["spire"],
-                               **scenario.model_kwargs())
-
-
 def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:
     """Per method, TM at (B, L) with the scenario's overlap rule f and with the other one
     (method §2: max of compute and memory time, or their sum); `overlap_columns` names them."""
@@ -90,14 +70,6 @@ def ablation_rows(multipliers: dict, taus: dict) -> list[dict]:
     """The ablations (method §3.8) ranked by modeled TM, best first: variant, its tau, its TM."""
     return [{"ablation": name.replace("_", " "), "tau": taus[name], "tm": tm}
             for name, tm in sorted(multipliers.items(), key=lambda kv: -kv[1])]
-
-
-def multipliers_over_generation(scenario: Scenario, B: int, L_values, G: int) -> dict[str, np.ndarray]:
-    """The G-aware TM (method §2's model priced over the G generated tokens, the cache growing)
-    per method of `scenario`, (len(L_values),) at batch B."""
-    return {m: np.array([pm.throughput_multiplier_over_generation(m, tau, B, L, G, scenario.target,
-                                                                  scenario.drafts.get(m), **scenario.model_kwargs())
-                         for L in L_values]) for m, tau in scenario.taus.items()}
 
 
 def relative_change_rows(L_values, relative: dict, *, first: str, header: str) -> list[dict]:
@@ -136,32 +108,10 @@ def best_k_rows(scenario: Scenario, alphas: dict, B: int, L_values, k_max: int) 
         row = {"L": L}
         for m, alpha in alphas.items():
             k_best, tm_best = best_k(m, alpha, B, L, scenario.target, scenario.drafts.get(m), k_max=k_max,
-                                     **_depth_free(scenario))
+                                     **depth_free(scenario))
             row[m] = f"k={k_best}: {tm_best:.2f}x (k={scenario.k}: {float(at_k[m]):.2f}x)"
         rows.append(row)
     return rows
-
-
-def best_k_maps(scenario: Scenario, taus: dict, per_position: dict, B, L, default_cap: int = 8):
-    """Per method, the best draft depth at every broadcast (B, L) cell, and the deepest k searched.
-
-    A method with measured per-position acceptance (`per_position[method]`, (k,)) is searched
-    up to its measured depth; otherwise i.i.d. alpha from its tau at the scenario's k, up to
-    `default_cap`. Returns ({method: k grid}, {method: cap}).
-    """
-    best, caps = {}, {}
-    for method, tau in taus.items():
-        acceptance = per_position.get(method)
-        acceptance = np.asarray(acceptance) if acceptance else float(alpha_from_tau(tau, scenario.k))
-        caps[method] = len(acceptance) if np.ndim(acceptance) == 1 else default_cap  # best_k's k_max
-        best[method], _ = best_k(method, acceptance, B, L, scenario.target, scenario.drafts.get(method),
-                                 k_max=caps[method], **_depth_free(scenario))
-    return best, caps
-
-
-def _depth_free(scenario: Scenario) -> dict:
-    """The scenario's cost-model settings without its k (`acceptance.best_k` varies k)."""
-    return {key: value for key, value in scenario.model_kwargs().items() if key != "k"}
 
 
 def window_name(scenario: Scenario) -> str:
@@ -208,7 +158,7 @@ def cell_index(B, L, b: int, l: int) -> tuple[int, int] | None:
     return int(np.flatnonzero(B == b)[0]), int(np.flatnonzero(L == l)[0])
 
 
-# Notebook 01's cells: what they show and record, and the sentences that state it.
+# Notebook 01's cells: what they show and record.
 
 def headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "seqax-67m"
              ) -> tuple[dict, list[dict], dict]:
@@ -223,51 +173,14 @@ def headline(scenario: Scenario, B: int, L: int, tau_context: int, target: str =
     return multipliers, headline_rows(scenario.taus, multipliers, stated), results
 
 
-def stated_on_cell(scenario: Scenario, B: int, L: int, tau_context: int, target: str = "seqax-67m") -> dict | None:
-    """The paper's stated multipliers (`perfmodel.PAPER_MULTIPLIERS`) where (B, L) and the settings
-    are the paper's own cell (its B, L, HOI 600, f = max and Table 1 at L = 512), else None."""
-    stated = pm.PAPER_MULTIPLIERS[target]
-    on_cell = (B, L, scenario.hoi, scenario.overlap, tau_context) == (stated["B"], stated["L"], 600.0, True, 512)
-    return stated if on_cell else None
-
-
-def settings_line(scenario: Scenario, tau_context: int) -> str:
-    """The cost-model settings a notebook runs under: HOI, the overlap rule f, k and the taus
-    (Table 1 at `tau_context`)."""
-    return (f"HOI = {scenario.hoi:g} FLOP/byte, f = {'max' if scenario.overlap else 'sum'}, k = {scenario.k}, "
-            f"tau from L = {tau_context}: {scenario.taus}")
-
-
-def dense_scenario(scenario: Scenario) -> Scenario:
-    """The scenario without the sparse draft KV cache (Klen = L, method §2): the drafts whose cache
-    the window bounds, MagicDec and SPIRe."""
-    return dataclasses.replace(scenario, window_factor=None, taus={m: scenario.taus[m] for m in ("magicdec", "spire")})
-
-
 def min_max(values) -> dict[str, float]:
     """{"min", "max"} of `values` as floats."""
     return {"min": float(np.min(values)), "max": float(np.max(values))}
 
 
-def no_sparse_sentence(spread: dict, B: int = 64) -> str:
-    """What SPIRe's TM without the sparse KV cache spans (`min_max`) at batch B over L = 8..1M."""
-    return f"SPIRe without sparse KV at B = {B}, L = 8..1M: min {spread['min']:.4f}x, max {spread['max']:.4f}x"
-
-
-def ablation_curves(scenario: Scenario, B: int, L) -> dict:
-    """`paper_ablation_multipliers` keyed by the names a figure shows ("random init"; "spire" stays)."""
-    return {(name if name == "spire" else name.replace("_", " ")): tm
-            for name, tm in paper_ablation_multipliers(scenario, B, L).items()}
-
-
 def device_bars(rows: list[dict], methods, cell) -> dict[str, dict]:
     """Per device of `device_rows`, each method's TM at the (B, L) `cell` (a bar chart's groups)."""
     return {r["device"]: {m: r[f"{m}@{cell}"] for m in methods} for r in rows}
-
-
-def alpha_sentence(alphas: dict) -> str:
-    """The i.i.d. acceptance rates implied by the taus (method §2's tau(k) inverted)."""
-    return "Implied i.i.d. acceptance: " + ", ".join(f"{method_label(m)} alpha = {a:.3f}" for m, a in alphas.items())
 
 
 def best_k_columns(methods, B: int = 64) -> dict[str, str]:
@@ -278,13 +191,6 @@ def best_k_columns(methods, B: int = 64) -> dict[str, str]:
 def mixed_columns(methods) -> dict[str, str]:
     """The headers of `mixed_length_rows`: MIXED_COLUMNS and one "TM (vs uniform)" per method."""
     return {**MIXED_COLUMNS, **{m: f"{method_label(m)} TM (vs uniform)" for m in methods}}
-
-
-def mixed_change_sentences(change: dict) -> str:
-    """One line per draft window of `mixed_length_rows`'s change: the largest change per method."""
-    return "\n".join(f"window {window}: largest change vs a uniform batch of the same mean: "
-                     + ", ".join(f"{method_label(m)} {100 * v:.2f}%" for m, v in by_method.items())
-                     for window, by_method in change.items())
 
 
 def flat_change(change: dict) -> dict[str, float]:
@@ -298,13 +204,7 @@ def spire_over_magicdec(multipliers: dict, margin) -> dict[str, float]:
             "grid_min": float(np.min(margin)), "grid_max": float(np.max(margin))}
 
 
-def margin_sentence(cell, summary: dict) -> str:
-    """`spire_over_magicdec`'s numbers in one line, the headline cell (B, L) named."""
-    return (f"SPIRe / MagicDec at (B, L) = {tuple(cell)}: {summary['at_highlight']:.3f}; "
-            f"over the grid {summary['grid_min']:.3f} .. {summary['grid_max']:.3f}")
-
-
-# Notebook 06's cells: the series' scenarios, the answer at the highlighted cell, what it records.
+# Notebook 06's cells: the answer at the highlighted cell, the schedules, what it records.
 
 TAUS_COLUMNS = {"method": "method", "tau": "tau used here", "paper": "paper (L = 512)"}
 
@@ -315,72 +215,16 @@ def taus_rows(taus: dict) -> list[dict]:
     return [{"method": m, "tau": t, "paper": paper.get(m, np.nan)} for m, t in taus.items()]
 
 
-def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, Scenario]:
-    """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
-    shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
-    series' k and `hoi`; `source` names where the taus come from in each label."""
-    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only notebooks with a series need it
-
-    spire = series.spire
-    return {
-        "paper shapes": dataclasses.replace(Scenario.paper(), taus=taus, k=series.k, hoi=hoi,
-                                            label=f"paper shapes, {source}"),
-        "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
-                                           spire.window, taus, k=series.k, hoi=hoi,
-                                           label=f"trained shapes (window {spire.window}), {source}"),
-    }
-
-
-def mixed_scenarios(scenarios: dict[str, Scenario], spread: float, seed: int) -> dict[str, Scenario]:
-    """Each scenario with mixed-length batches (log-length sigma `spread`, sampled with `seed`), labelled so."""
-    return {name: dataclasses.replace(s, length_spread=spread, seed=seed,
-                                      label=s.label + f", mixed lengths (sigma {spread:g})")
-            for name, s in scenarios.items()}
-
-
 def winner_grid(B, L, grid: dict) -> dict:
     """The best method per (B, L) cell (`perfmodel.best_method`, "ad" where no draft gains) as results.json holds it."""
     return {"B": np.asarray(B).tolist(), "L": np.asarray(L).tolist(),
             "winners": pm.best_method(grid, baseline=1.0).tolist()}
 
 
-def multipliers_at(scenarios: dict[str, Scenario], B: int, L: int) -> dict[str, dict[str, float]]:
-    """Per scenario, each method's TM at (B, L) as floats."""
-    return {name: {m: float(tm) for m, tm in s.multipliers(B, L).items()} for name, s in scenarios.items()}
-
-
-def winners(at: dict[str, dict[str, float]]) -> dict[str, str]:
-    """Per scenario of `multipliers_at`, the method with the highest TM."""
-    return {name: max(values, key=values.get) for name, values in at.items()}
-
-
-def answer_heading(B: int, L: int) -> str:
-    """The heading of the answer table at (B, L)."""
-    return f"**The answer at B = {B}, L = {L}** (modeled throughput multiplier over AD):"
-
-
 def answer_rows(at: dict[str, dict[str, float]]) -> list[dict]:
     """One row per scenario of `multipliers_at`: each method's TM and the best method."""
-    best = winners(at)
+    best = scenario_winners(at)
     return [{"scale": name, **values, "best": best[name]} for name, values in at.items()]
-
-
-def searched_depths(caps: dict[str, int]) -> str:
-    """How deep `best_k_maps` searched per method ("SPIRe k <= 4, ...")."""
-    return ", ".join(f"{method_label(m)} k <= {c}" for m, c in caps.items())
-
-
-def capped_note(best: dict, caps: dict[str, int], deeper: int | None = None) -> str | None:
-    """A note for the methods whose best-k map reaches its search cap somewhere (a deeper draft
-    may be better still), quoting notebook 01's best k for SPIRe at (64, 512) (`deeper`) when
-    known; None when no map reaches its cap."""
-    capped = [method_label(m) for m in best if int(np.max(best[m])) == caps[m]]
-    if not capped:
-        return None
-    return (f"**Capped search:** measured acceptance reaches only the measured depth, so the map stops "
-            f"there; where {', '.join(capped)} shows its cap a deeper draft may be better still"
-            + (f" (notebook 01, with i.i.d. acceptance up to k = 12 and the paper's tau, finds k = {deeper} "
-               "for SPIRe at (64, 512))." if deeper else "."))
 
 
 def explorer_results(taus: dict, measured_at: int | None, cell, at: dict, changes: list[dict], best: dict,
@@ -391,33 +235,11 @@ def explorer_results(taus: dict, measured_at: int | None, cell, at: dict, change
     results = {"taus_used": {"source": "paper" if measured_at is None else "measured", "context_length": measured_at,
                              "taus": taus},
                "multipliers_at_highlight": {"B": cell[0], "L": cell[1], **at},
-               "winner_at_highlight": winners(at),
+               "winner_at_highlight": scenario_winners(at),
                "winner_changes_mixed_lengths": changes}
     if index is not None:
         results["best_k_at_highlight"] = {m: int(ks[index]) for m, ks in best.items()}
     return results
-
-
-def schedule_acceptance(run: dict, taus: dict, k: int, context: int) -> dict[str, Acceptance]:
-    """The acceptance a deployment schedule reads: notebook 04's tau with its CI and per-position
-    curve at the recorded context nearest `context` when the run has them
-    (`deploy.recorded_acceptance`), else `taus` (the paper's) at depth k with no interval."""
-    from spirelib.workbook.deploy import DeployError, recorded_acceptance
-
-    try:
-        recorded, _ = recorded_acceptance(run, context)
-    except DeployError:
-        return {m: Acceptance(float(t), 0.0, k) for m, t in taus.items()}
-    return {m: a for m, a in recorded.items() if m in taus}
-
-
-def schedules_at(scenario: Scenario, acceptance: dict[str, Acceptance], L: int, max_batch: int) -> dict[str, Schedule]:
-    """Per method the deployment schedule (`modeling.schedule`, docs/deploy.md) over B =
-    1..max_batch at context L under the scenario's shapes and cost settings (its k ignored: the
-    schedule picks k per B)."""
-    B = np.arange(1, max_batch + 1)
-    return {m: schedule(modeled_table(m, a, B, L, scenario.target, scenario.drafts.get(m), **_depth_free(scenario)),
-                        max_batch=max_batch) for m, a in acceptance.items()}
 
 
 def schedule_rows(schedules: dict[str, Schedule], grid: dict, L: int) -> list[dict]:
@@ -426,11 +248,6 @@ def schedule_rows(schedules: dict[str, Schedule], grid: dict, L: int) -> list[di
     j = grid["L"].index(L) if L in grid["L"] else None
     return [{"B": b, "winner": "-" if j is None else method_label(grid["winners"][i][j]),
              **{method_label(m): s.k_at(b) for m, s in schedules.items()}} for i, b in enumerate(grid["B"])]
-
-
-def schedule_sentence(schedules: dict[str, Schedule], L: int) -> str:
-    """The schedules' ranges at L in words, one method a line."""
-    return "\n".join(f"- **{method_label(m)}** at L = {L}: {s.describe()}" for m, s in schedules.items())
 
 
 # Notebook 07's cells: Llama 3 70B with the paper's drafts (method §2, "Extrapolation").
@@ -467,58 +284,3 @@ def extrapolation_headline(scenario: Scenario, B: int, L: int, tau_context: int,
              "paper": stated.get(m, "not stated") if on_paper_cell else "(other cell)"} for m, v in multipliers.items()]
     return rows, {"headline_70b": multipliers,
                   "headline_70b_cell": {"B": B, "L": L, "hoi": scenario.hoi, "overlap": scenario.overlap}}
-
-
-def memory_sentence(target: str, B: int, L: int) -> str:
-    """The target's KV cache for B rows of L tokens beside its body weights, in GB at one byte per value."""
-    shape = pm.PRESETS[target]
-    kv_bytes, weight_bytes = B * L * pm.kv_values_per_token(shape), pm.body_params(shape)
-    return (f"B = {B}, L = {L}: target KV cache {kv_bytes / 1e9:,.0f} GB, body weights "
-            f"{weight_bytes / 1e9:,.0f} GB (at 1 byte per value)")
-
-
-def implied_alphas(scenario: Scenario) -> dict[str, float]:
-    """Per method the i.i.d. acceptance rate alpha its tau implies at the scenario's k (method §2:
-    tau(k) = (1 - alpha^(k+1)) / (1 - alpha), inverted)."""
-    return {m: alpha_from_tau(tau, scenario.k) for m, tau in scenario.taus.items()}
-
-
-def spire_best_k(scenario: Scenario, B, L, cap: int) -> np.ndarray:
-    """SPIRe's best draft depth on the grid B x L ((len(B), len(L))), i.i.d. alpha from its tau,
-    searched up to `cap` (`best_k_maps`)."""
-    B, L = np.asarray(B), np.asarray(L)
-    best, _ = best_k_maps(scenario, {"spire": scenario.taus["spire"]}, {}, B[:, None], L[None, :], default_cap=cap)
-    return best["spire"]
-
-
-def lead(scenario: Scenario, multipliers: dict, stated: dict | None, B: int, L: int, grid_B, grid_L,
-         grid_name: str = "Figure 4") -> list[str]:
-    """01's conclusion in words, before its evidence (Markdown paragraphs): the modeled multipliers
-    at (B, L) against the paper's stated ones (`stated`, only on the paper's own cell: then "the
-    same to the paper's two decimals" or which differ), and where the winner flips over the
-    grid (`winners.where_sentence`; `grid_name` names it: 01's Figure 4, 07's Figure 6 heat maps)."""
-    methods = [m for m in ("spire", "magicdec", "vanilla") if m in multipliers]
-    values = ", ".join(f"{method_label(m)} {multipliers[m]:.2f}x" for m in methods)
-    text = (f"**The paper's arithmetic, redone:** with the paper's shapes and tau (HOI {scenario.hoi:g}, "
-            f"f = {'max' if scenario.overlap else 'sum'}, k = {scenario.k}) the model gives, at B = {B}, L = {L}: "
-            f"{values}.")
-    if stated:
-        differ = [m for m in methods if m in stated and round(multipliers[m], 2) != stated[m]]
-        text += (" The paper states " + ", ".join(f"{stated[m]:.2f}x" for m in methods if m in stated) + ": "
-                 + ("the same to its two decimals." if not differ else
-                    "different for " + ", ".join(method_label(m) for m in differ) + "."))
-    else:
-        text += " The paper states no multipliers for this cell."
-    grids = scenario.multipliers(np.asarray(grid_B)[:, None], np.asarray(grid_L)[None, :])
-    winners = [[winner({m: float(g[i, j]) for m, g in grids.items()}) for j in range(len(grid_L))]
-               for i in range(len(grid_B))]
-    where = (f"**Which draft, where ({grid_name}, modeled):** {where_sentence(winners, list(grid_B), list(grid_L))} "
-             "This checks the model, not drafts trained here; notebook 06 answers with this run's tau.")
-    return [text, where]
-
-
-def where_sentences(grids: dict[str, dict], labels: dict[str, str]) -> str:
-    """Per scenario's `winner_grid`, where the winner flips (`winners.where_sentence`), one
-    Markdown line each under the scenario's label (`labels[name]`)."""
-    return "\n".join(f"- **{labels.get(name, name)}:** {where_sentence(g['winners'], g['B'], g['L'])}"
-                     for name, g in grids.items())

@@ -1,11 +1,11 @@
-"""Winners over a (B, L) grid and where they flip, in words: shared by the run index
-(`findings`) and the notebooks' conclusions (09's measured cells, 06's modeled grids)."""
+"""Where the winner flips over a (B, L) grid, in words (`where_sentence`: "MagicDec wins at L ≥
+2K for B ≥ 16; SPIRe everywhere else"), with a grid's values in short (`pow2`, `span`): for the
+run index and the notebooks' conclusions. The winners themselves come from `modeling.winners`."""
 
 from __future__ import annotations
 
 from spirelib.modeling.methods import label
-
-AD = "ad"
+from spirelib.modeling.winners import grid_counts
 
 
 def pow2(value: int) -> str:
@@ -20,54 +20,6 @@ def pow2(value: int) -> str:
 def span(values: list[int]) -> str:
     """A grid axis in short: "32..8K", or its values when there are at most two."""
     return f"{pow2(min(values))}..{pow2(max(values))}" if len(values) > 2 else ", ".join(map(pow2, values))
-
-
-def winner(values: dict[str, float]) -> str:
-    """The method with the highest multiplier, or "ad" when none beats autoregressive decoding."""
-    best = max(values, key=values.get)
-    return best if values[best] >= 1.0 else AD
-
-
-def by_cell(cells: list[dict], key: str) -> dict[tuple[int, int], dict[str, float]]:
-    """Cell records (method, B, L and speedups, as 09 keeps them) grouped per (B, L): {method:
-    its `key` speedup}; records without that speedup are left out."""
-    out: dict[tuple[int, int], dict[str, float]] = {}
-    for c in cells:
-        if c.get(key) is not None:
-            out.setdefault((int(c["B"]), int(c["L"])), {})[c["method"]] = float(c[key])
-    return out
-
-
-def resolved(values: dict[str, float], lows: dict[str, float], highs: dict[str, float]) -> bool:
-    """Whether a cell's winner on the clock is resolved (method §8's intervals): the winner's 95% CI
-    (`lows`..`highs` per method, as 09 records each speedup's) lies above every other method's and
-    above AD's (a speedup of 1); where no method beats AD, every method's CI lies below 1. A
-    method without a recorded interval leaves the cell unresolved."""
-    if any(m not in lows or m not in highs for m in values):
-        return False
-    win = winner(values)
-    if win == AD:
-        return all(highs[m] < 1.0 for m in values)
-    return lows[win] > 1.0 and all(highs[m] < lows[win] for m in values if m != win)
-
-
-def unresolved_cells(cells: list[dict], B: list[int], L: list[int]) -> set[tuple[int, int]]:
-    """Grid indices (i, j) of the measured cells at (B[i], L[j]) (09's records, with "ci_low" and
-    "ci_high" per speedup) whose winner is not `resolved`."""
-    values, lows, highs = (by_cell(cells, key) for key in ("measured_speedup", "ci_low", "ci_high"))
-    return {(i, j) for i, b in enumerate(B) for j, length in enumerate(L)
-            if (b, length) in values and not resolved(values[b, length], lows.get((b, length), {}),
-                                                     highs.get((b, length), {}))}
-
-
-def grid_counts(winners: list[list[str]]) -> dict[str, int]:
-    """Cells won per method ("-": a cell without a result, not counted), most first."""
-    counts: dict[str, int] = {}
-    for row in winners:
-        for w in row:
-            if w != "-":
-                counts[w] = counts.get(w, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _range(values: list[int], lo: int, hi: int, name: str, grid: list[int]) -> str:

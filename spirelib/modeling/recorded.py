@@ -1,0 +1,64 @@
+"""The acceptance a finished run recorded, as deployment schedules read it (docs/deploy.md):
+notebook 04's tau, its 95% CI and per-position acceptance per method at the recorded context
+nearest the one asked for (`recorded_acceptance`); where the run recorded none, the taus a
+notebook was given (06, `acceptance_or_taus`) or the mean tau of its own timed cells (09,
+`acceptance_or_cells`). `DeployError` says what a run or an option lacks. `spire deploy` and
+the notebooks' tables both read these, so they sit below both.
+"""
+
+from __future__ import annotations
+
+from spirelib.modeling.schedule import Acceptance
+
+
+class DeployError(ValueError):
+    """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
+
+
+def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptance], int]:
+    """Notebook 04's tau (mean, 95% CI) and per-position acceptance per method at the recorded
+    context nearest `context`, and that context."""
+    recorded = results.get("04_measure_tau", {})
+    taus = recorded.get("tau")
+    if not taus:
+        raise DeployError("the run recorded no tau (notebook 04): run the series, or `spire run --only 04` "
+                          "after the drafts are trained, then deploy")
+    depth = int(recorded.get("tau_protocol", {}).get("k", 4))
+    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
+    L = min(lengths, key=lambda length: (abs(length - context), length))
+    per_position = recorded.get("per_position_acceptance", {})
+    out = {}
+    for method, by_l in taus.items():
+        if str(L) not in by_l:
+            continue
+        p = per_position.get(method, {}).get(str(L), {}).get("p") or ()
+        out[method] = Acceptance(float(by_l[str(L)]["mean"]), float(by_l[str(L)]["ci95"]), depth,
+                                 tuple(float(v) for v in p) if len(p) == depth else ())
+    return out, L
+
+
+def acceptance_or_taus(run: dict, taus: dict, k: int, context: int) -> dict[str, Acceptance]:
+    """The acceptance a deployment schedule reads: notebook 04's tau with its CI and per-position
+    curve at the recorded context nearest `context` when the run has them
+    (`recorded_acceptance`), else `taus` (the paper's) at depth k with no interval."""
+    try:
+        recorded, _ = recorded_acceptance(run, context)
+    except DeployError:
+        return {m: Acceptance(float(t), 0.0, k) for m, t in taus.items()}
+    return {m: a for m, a in recorded.items() if m in taus}
+
+
+def acceptance_or_cells(run: dict, cells: list[dict], k: int) -> dict[int, dict]:
+    """Per measured L, per timed method the acceptance its schedule reads: notebook 04's tau, CI
+    and per-position curve when the run recorded them at that L (`recorded_acceptance`),
+    else the cells' own mean tau at depth k (i.i.d., no interval)."""
+    out = {}
+    for L in sorted({int(c["L"]) for c in cells}):
+        methods = {c["method"]: float(c["tau"]) for c in cells if int(c["L"]) == L}
+        try:
+            recorded, at = recorded_acceptance(run, L)
+        except DeployError:
+            recorded, at = {}, None
+        out[L] = ({m: recorded[m] for m in methods} if at == L and set(methods) <= set(recorded) else
+                  {m: Acceptance(min(tau, k + 1.0), 0.0, k) for m, tau in methods.items()})
+    return out
