@@ -13,7 +13,6 @@ import numpy as np
 from spirelib.modeling.perfmodel import ModelShape, body_params, positive, resolve_shape, scalar_or_array
 
 PAPER_SERVING_UNITS = 10.0
-PAPER_SPIRE_TRAINING_UNITS = 0.25
 
 
 def training_flops(params, tokens, *, flops_per_param_token: float = 6.0):

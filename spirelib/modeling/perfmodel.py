@@ -86,7 +86,6 @@ PAPER_TAU: dict[int, dict[str, float]] = {
     512: {"vanilla": 2.647, "magicdec": 3.891, "spire": 3.401},
     256: {"vanilla": 2.637, "magicdec": 4.005, "spire": 3.427},
 }
-PAPER_TAU_CI95 = 0.004
 PAPER_TAU_CONTEXT = 512  # every modeled figure uses the L = 512 taus at every L
 
 # SPIRe ablations at L = 512 (method §2). "no_sparse_kv" keeps SPIRe's tau and sets Klen = L.
