@@ -7,43 +7,10 @@ A model is trained by the first selected notebook that needs it, unless a finish
 its identity is already in the cache (then it costs nothing: "cached").
 
 Seconds on this machine come from a quick calibration of the real code at the run's own shapes
-(`Probe`): a few steps of the real trainer for every training recipe (target, vanilla draft, SPIRe
-draft; compiled where the recipe compiles, so the first step carries the compilation), validation
-windows of each objective, a checkpoint save, and a few rounds of every method's real decoding loop
-at every (B, L) the run decodes, after a real prefill. Models are random (a model's speed does not
-depend on its weights); an imported target is built from its config.json, no weight is read.
-
-A timing made while other work shares the machine is wrong, and a cached one stays wrong, so every
-figure is checked before it is kept (`Probe`, `Speed`):
-- against its own repeats: the timed steps or rounds of one probe; a probe whose median sample is
-  more than `TOLERANCE` slower than its fastest is noisy;
-- against the machine's own calibration made in the same call (`measure.calibrate.quick`, seconds
-  after), compared with the best this machine has shown: a matmul rate more than `TOLERANCE` below
-  its best says the machine is busy now. Only the matmul rate judges (`BUSY_SIGNAL`): work that
-  competes for these cores slows it first, while the copy bandwidth also drops for a while after a
-  large model's probe on an idle machine (at SmolLM2-135M shapes it read 44-77% of its best), which
-  is no reason to refuse a figure. The bandwidth is kept beside it, for the reader.
-A noisy or busy probe is retaken (`PROBE_ATTEMPTS` in all); if it stays so, the plan uses its
-fastest take, says the machine is busy, and caches nothing. A cached figure made while the machine
-ran more than `TOLERANCE` slower than it runs now is contradicted, and retaken.
-
-Figures are cached per shape and machine (cache_dir()/plan), so a second plan costs a calibration
-only; `spire run --recalibrate` measures everything again. Every `spire run` then writes what it
-measured back (`learn`): each trained model's step times (its checkpoint's summary) replace the
-probe's, and each notebook's measured seconds, its training apart, become its pace against the
-plan (`NotebookPace`), which the next plan of the same notebook with the same parameters on this
-machine applies. The plan says which figures came from a run and which from a probe.
-
-What no probe can see is assumed and named. The decoding rounds: with no tau measured yet (no draft
-exists, or none was measured here), each is priced over a range of tau, from the paper's taus at
-L = 512 (method §5) down to 1, every round yielding one token (`acceptance.expected_rounds`: a batch
-runs until its slowest row is done); 04's and 09's times are then ranges. 09's cells run until
-their time is up (`cell_seconds`), as its wide CIs at B >= 16 make them.
-
-Seconds on the GPUs of the hardware table (`modeling.hardware.HARDWARE`) are a model, not a
-measurement: FLOPs over the bf16 dense peak at `GPU_MFU` for training, the roofline max(FLOPs /
-peak, bytes / bandwidth) at `GPU_ROOFLINE_FRACTION` for decoding, plus the fixed cost of each
-notebook. No GPU timing goes into them.
+(`Probe`), every figure checked before it is kept and cached per shape and machine; every run then
+writes what it measured back (`learn`). What no probe can see is assumed and named (decoding's tau
+before one is measured: `_decode_item`). Seconds on the GPUs of the hardware table
+(`modeling.hardware.HARDWARE`) are a model, not a measurement (`_gpu`).
 """
 
 from __future__ import annotations
@@ -106,7 +73,10 @@ PROBE_FORMAT = 2  # bumped when what a probe measures changes: older cached prob
 #: later measurement (a ratio above 1 + TOLERANCE either way).
 TOLERANCE = 0.3
 #: The calibration figure that says whether the machine is busy, and whether a cached figure was
-#: made on a slower machine than now (module docstring: the bandwidth misreads an idle machine).
+#: made on a slower machine than now. Only the matmul rate judges: work that competes for these
+#: cores slows it first, while the copy bandwidth also drops for a while after a large model's probe
+#: on an idle machine (at SmolLM2-135M shapes it read 44-77% of its best), which is no reason to
+#: refuse a figure. The bandwidth is kept beside it, for the reader.
 BUSY_SIGNAL = "peak_flops"
 PROBE_ATTEMPTS = 3  # takes of a noisy or busy probe before the plan gives up caching it
 
@@ -115,10 +85,10 @@ PROBE_ATTEMPTS = 3  # takes of a noisy or busy probe before the plan gives up ca
 class Item:
     """One piece of a notebook's work: `seconds` predicted on this machine, `gpu_seconds` per
     device of the hardware table (modeled). `seconds_at_tau_1`: decoding's seconds if every round
-    yields one token (tau 1), where the plan prices a range of tau (module docstring), the other end
-    of the range from `seconds`; None where the figure is one number. `source`: where the seconds come from ("probe", "run", "assumed").
-    `learn`: what `learn` reads back after the run (a trained model: its probe's figure file, its
-    checkpoint, whether its first step compiles)."""
+    yields one token (tau 1), where the plan prices a range of tau (`_decode_item`), the other end
+    of the range from `seconds`; None where the figure is one number. `source`: where the seconds
+    come from ("probe", "run", "assumed"). `learn`: what `learn` reads back after the run (a
+    trained model: its probe's figure file, its checkpoint, whether its first step compiles)."""
 
     notebook: str
     what: str
@@ -356,10 +326,27 @@ class Speed:
 
 
 class Probe:
-    """Times the real code at a run's shapes (module docstring), each measurement checked
-    (`Speed`, `_noisy`) and cached under cache_dir()/plan by what it timed and on which machine.
-    `seconds` is what this probe spent measuring (cached measurements cost nothing); `busy` the
-    probes this call could not cache, `replaced` the cached figures it retook."""
+    """Times the real code at a run's shapes, each measurement checked (`Speed`, `_noisy`) and
+    cached under cache_dir()/plan by what it timed and on which machine. `seconds` is what this
+    probe spent measuring (cached measurements cost nothing); `busy` the probes this call could not
+    cache, `replaced` the cached figures it retook.
+
+    What it times: a few steps of the real trainer for every training recipe (target, vanilla
+    draft, SPIRe draft; compiled where the recipe compiles, so the first step carries the
+    compilation), validation windows of each objective, a checkpoint save, and a few rounds of
+    every method's real decoding loop at every (B, L) the run decodes, after a real prefill.
+    Models are random (a model's speed does not depend on its weights); an imported target is
+    built from its config.json, no weight is read.
+
+    A timing made while other work shares the machine is wrong, and a cached one stays wrong, so
+    every figure is checked before it is kept: against its own repeats (the timed steps or rounds
+    of one probe; a probe whose median sample is more than `TOLERANCE` slower than its fastest is
+    noisy) and against the machine's own calibration made in the same call, seconds after (`Speed`:
+    busy). A noisy or busy probe is retaken (`PROBE_ATTEMPTS` in all); if it stays so, the plan uses
+    its fastest take, says the machine is busy, and caches nothing. A cached figure made while the
+    machine ran more than `TOLERANCE` slower than it runs now is contradicted, and retaken. A second
+    plan of the same shapes costs a calibration only; `spire run --recalibrate` measures everything
+    again."""
 
     def __init__(self, device: torch.device | None, dtype: torch.dtype = torch.float32, recalibrate: bool = False):
         """`device` None: the run's device is not on this machine (a GPU run planned on a laptop);
@@ -532,7 +519,9 @@ class Probe:
 
 
 def _gpu(flops: float, moved: float, *, training: bool) -> dict[str, float]:
-    """Modeled seconds per device of the hardware table (module docstring)."""
+    """Modeled seconds per device of the hardware table: FLOPs over the bf16 dense peak at `GPU_MFU`
+    for training, the roofline max(FLOPs / peak, bytes / bandwidth) at `GPU_ROOFLINE_FRACTION` for
+    decoding (a notebook's fixed cost is added per item, `_fixed`). No GPU timing goes into them."""
     out = {}
     for name, hw in HARDWARE.items():
         peak = hw.peak_flops.get(GPU_DTYPE, max(hw.peak_flops.values()))
@@ -602,8 +591,10 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
     every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
     window) of the target's cache; each method's rounds at its tau in `taus` (default the paper's).
-    `ranged`: no tau is measured, so the seconds are a range, to `seconds_at_tau_1` at tau 1 (every
-    round yields one token: G rounds)."""
+    `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
+    range, from the paper's taus at L = 512 (method §5) to `seconds_at_tau_1` at tau 1 (every round
+    yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
+    until its slowest row is done)."""
     taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
     seconds = high = probe["prefill_s"]
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
@@ -760,6 +751,8 @@ def _ablation_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
 
 
 def _timing_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
+    """09's work: its models, the calibration and the profiled fit, and every cell's runs; a cell is
+    assumed to run until its time is up (`cell_seconds`), as its wide CIs at B >= 16 make it."""
     items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
     items.append(_fixed(nb, "calibration and the profiled fit", CALIBRATION_SECONDS))
     methods = p["timing_methods"]
@@ -867,9 +860,10 @@ def learn(plan: Plan, record: dict, run: str) -> list[str]:
     plan: each model `plan` trained, its checkpoint's steady step time (and its first step, where
     that compiled) in place of the probe's figure; each notebook that finished, its seconds less
     its models' training (their checkpoints' wall time), under the notebook's identity on this
-    machine (`_notebook_figure`). A run's figure replaces an earlier one; the lines returned name
-    those it contradicts by more than `TOLERANCE` (the plan's own figure for a notebook). `run`:
-    the output folder, kept with each figure."""
+    machine (`_notebook_figure`), its pace against the plan, which the next plan of the same
+    notebook with the same parameters on this machine applies. A run's figure replaces an earlier
+    one; the lines returned name those it contradicts by more than `TOLERANCE` (the plan's own
+    figure for a notebook). `run`: the output folder, kept with each figure."""
     lines, trained = [], {}
     for i in plan.items:
         entry = record["notebooks"].get(i.notebook, {})
