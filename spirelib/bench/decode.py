@@ -1,37 +1,15 @@
 """`spire bench decode`: batched decoding throughput, AD vs SD with each draft.
 
-For every context length L and batch size B: one target prefill of B random contexts
-(timed once, shared by every method, as in the tau protocol), then, best of `--repeats`,
-G new tokens per row by autoregressive decoding (AD) and by speculative decoding with
-each draft. Reported per method: generated tokens/s of the decode phase (B x G / decode
-time, prefill excluded), the time of one round (one token step for AD), tau, and the
-split of decode time between draft, verify and bookkeeping (sampling, rejection,
-rollback, gathers; `speculative.SectionTimer`). Goal: bookkeeping under 10% at B = 64.
+At every context length L and batch size B: one target prefill of B random contexts, shared by
+every method, then G new tokens per row by autoregressive decoding (AD) and by speculative
+decoding with each draft, best of `--repeats` (`run_case`): tokens/s, time per round, tau and the
+split between draft, verify and bookkeeping. Goal: bookkeeping under 10% at B = 64. Weights are
+random (speed does not depend on them), so tau, and with it SD's tokens/s, is not a trained
+model's: per-round time is what carries over, and tokens/s = tau / round.
 
-Weights are random (speed does not depend on them), so tau, and with it SD's tokens/s,
-is not a trained model's: per-round time is what carries over, and tokens/s = tau / round.
-The vanilla draft has the method §4 shape (`vanilla_draft_config`); the SPIRe draft is pruned
-from the target (2 layers, sink 1 + window 64); MagicDec reads sink 1 + window 64.
-
-Timings are wall clock; on a machine shared with other jobs, best-of-n is the fair figure.
-
-`--roofline` times every forward kind alone (the AD step, verification, each draft's step) and
-each method's whole round as the engine runs it (draft passes, verification and bookkeeping
-together), eager and with `--compile` compiled, each against the roofline of this machine's
-calibrated peak and bandwidth (weights and KV read once a forward): measured / roofline and the
-fraction of the roofline reached.
-
-Before anything runs, the caches the timed runs hold at their largest cell (a target cache per
-method under `--interleave rounds`, the drafts' caches, the weights) are checked against the
-memory free on the device; runs that do not fit are refused, naming `--interleave runs` where that
-fits.
-
-`--profiled` judges the profiled cost model (`spirelib.modeling.profiled`) on this run as
-notebook 09 does: fresh random contexts every run, runs added while a speedup's 95% CI is wider
-than +/-5% (within a time budget per cell), the model fitted to the rounds timed at every cell
-but the held-out ones (`--held-out`, default the largest B at the longest L) with its peak and
-bandwidth pinned to a calibration made now, then every cell's measured speedup (and CI) against
-the model's, its median, signed and held-out errors.
+`--roofline` times every forward kind and each method's whole round against this machine's
+roofline (`roofline_rows`); `--profiled` judges the profiled cost model as notebook 09 does
+(`profiled_rows`). Runs that would not fit the free memory are refused first (`memory_problems`).
 
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
@@ -68,7 +46,9 @@ TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts t
 def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> tuple[dict, dict]:
     """A draft factory per SD method (AD needs none), and the draft model built for each (None:
     MagicDec has none), in the target's dtype and on its device, so that the factories decode
-    these very models (`drafts.in_dtype` copies none) and compiling them compiles what decodes."""
+    these very models (`drafts.in_dtype` copies none) and compiling them compiles what decodes.
+    The vanilla draft has the method §4 shape (`vanilla_draft_config`); the SPIRe draft is pruned
+    from the target (2 layers, sink 1 + window); MagicDec reads sink 1 + window of the target's cache."""
     torch.manual_seed(1)
     param = next(target.parameters())
     models = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(param).eval(),
@@ -102,7 +82,12 @@ def time_case(target: Transformer, factories: dict, methods: list[str], cells: l
 
 def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
              k: int, temperature: float, repeats: int, interleave: str = "rounds") -> list[dict]:
-    """Every method at one (B, L), best of `repeats`: rows of results."""
+    """Every method at one (B, L), best of `repeats`: rows of results. Per method: generated
+    tokens/s of the decode phase (B x G / decode time, prefill excluded), the time of one round
+    (one token step for AD), tau, the shared prefill's seconds (timed once, as in the tau
+    protocol) and the split of decode time between draft, verify and bookkeeping (sampling,
+    rejection, rollback, gathers; `speculative.SectionTimer`). Timings are wall clock; on a
+    machine shared with other jobs, best-of-n is the fair figure."""
     timings = time_case(target, factories, methods, [(batch, context)], new_tokens, k, temperature, repeats,
                         interleave=interleave)
     rows = []
@@ -256,7 +241,10 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
 def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, peak_flops: float,
                   bandwidth: float, repeats: int = 20, compiled: bool = False, temperature: float = 1.0,
                   methods: list[str] = TIMED) -> list[dict]:
-    """`forward_rows` and `round_rows` (every method of `methods`) at (B, L). Each round row also
+    """`forward_rows` and `round_rows` (every method of `methods`) at (B, L): every forward kind
+    alone (the AD step, verification, each draft's step) and each method's whole round as the
+    engine runs it (draft passes, verification and bookkeeping together), each against the roofline
+    of this machine's calibrated peak and bandwidth (`roofline`). Each round row also
     gets `forwards_ms`, the sum of its forwards' measured ms (the vanilla draft's 2-token first
     pass counted as a step): a round's time beyond it is bookkeeping and host work.
     `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`)."""
@@ -275,9 +263,12 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
 
 def profiled_rows(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
                   held_out: list[tuple[int, int]], args: argparse.Namespace) -> tuple:
-    """Time every (B, L) of `cells` (09's protocol: CI +/-5% within `--cell-seconds`), calibrate
-    this machine, fit the profiled model to every cell but `held_out`, and compare: (the fitted
-    `profiled.ProfiledCost`, `wallclock.profiled_cells`, `wallclock.profiled_verdict`)."""
+    """Time every (B, L) of `cells` as notebook 09 does (fresh random contexts every run, runs added
+    while a speedup's 95% CI is wider than +/-5%, within `--cell-seconds` per cell), calibrate this
+    machine, fit the profiled model to every cell but `held_out` (default: the largest B at the
+    longest L) with its peak and bandwidth pinned to that calibration, and compare every cell's
+    measured speedup (and CI) with the model's: (the fitted `profiled.ProfiledCost`,
+    `wallclock.profiled_cells`, `wallclock.profiled_verdict`: median, signed and held-out errors)."""
     from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
     timings = time_case(target, factories, methods, cells, args.new_tokens, args.k, args.temperature, args.repeats,
@@ -387,7 +378,8 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
 
 def memory_problems(args: argparse.Namespace, cells: list[tuple[int, int]]) -> list[str]:
     """Why the timed runs would not fit the memory free on `--device` (`hf.available_bytes`; empty:
-    they fit, or it is unknown): at the cell that holds most (`held_bytes`), with what fits instead."""
+    they fit, or it is unknown): at the cell that holds most (`held_bytes`), with what fits instead
+    (`--interleave runs`, one target cache). Checked before anything runs."""
     free = available_bytes(torch.device(args.device))
     if free is None:
         return []

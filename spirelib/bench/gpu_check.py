@@ -1,33 +1,12 @@
 """`spire bench gpu-check` (`make gpu-check`): the acceptance check of a GPU machine, one table.
 
 What the CPU test suite cannot show, measured on the GPU in one run (under 8 minutes on one
-H100-class GPU):
-
-- series: the smoke series (`params/smoke.yaml`) run end to end with `device: cuda`, every
-  notebook and report (a subprocess: `spire run`, in a fresh cache folder, so every model trains on
-  this GPU rather than being reused from a CPU run's cache; stopped after `SERIES_TIMEOUT_S`);
-- cuda graphs: compiled decoding (`Transformer.compile_decoding`) of AD and of SD with every draft,
-  greedy and sampled: greedy tokens equal eager's, sampled generations complete (torch raises on a
-  read of a graph output its next replay overwrote), no CUDA graph skipped by inductor (a skip means
-  the graphs do not replay), the steady-state ms per AD step and SD round, eager against compiled,
-  and the host's work a step or round (`bench rounds`: graph replays and eager ops);
-- bf16 target: a bf16 target trains an fp32 SPIRe draft for a few steps (weights, gradients and
-  AdamW's moments in fp32, the loss falling), then decodes it greedily, equal to the target's
-  own greedy tokens up to a near-tie (`greedy_mismatch`: bf16 rounding may flip an argmax whose
-  top two logits are within `TIE_LOGITS` of each other; any other difference fails);
-- training MFU: `bench train` at the paper's target shape (8 x 512, V 50,304), compiled, bf16
-  autocast, against the bf16 matmul peak measured in the same run;
-- memory: a SPIRe draft's sharded training step (`training.simulate`, one rank) run for real on
-  the GPU, its peak (`torch.cuda.max_memory_allocated`) against the same step simulated with fake
-  tensors: they must agree within `MEMORY_TOLERANCE`, or the simulated tables of
-  docs/scaling-out.md are not to be trusted;
-- roofline: `bench decode --roofline` forwards and whole rounds at the paper's target shape, B in
-  {1, 64}, L = 512, eager; then compiled AD and SD rounds (every draft, greedy) at B 64 x L 2048 and
-  8192: each as a fraction of the roofline of this GPU's measured peak and bandwidth;
-- peer: `bench peer`'s compiled mode (ours compiled against transformers' static cache +
-  torch.compile) on the paper's target in bf16 at B 1 and 64 x L 512 and 2048;
-- profiled: `bench decode --profiled` at a small grid: the profiled cost model fitted on this GPU,
-  its error at a held-out cell beyond the grid.
+H100-class GPU), a row each (`CHECKS`): the smoke series end to end on the GPU (`_series`);
+compiled decoding under CUDA graphs against eager (`_cuda_graphs`); a bf16 target training and
+decoding with an fp32 SPIRe draft (`_bf16_target`); training MFU at the paper's target shape
+(`_mfu`); a sharded training step's real peak memory against its simulation (`_memory`); and the
+decoding benchmarks at the paper's shapes: the roofline, transformers as a peer and the profiled
+cost model (`_roofline`, `_peer`, `_profiled`).
 
 The rows that time decoding stop starting new cells once their budget (`BUDGETS_S`) is spent and
 name the cells left untimed. Each row says ok, FAIL (and why) or skipped (a row that cannot run
@@ -99,6 +78,9 @@ def problems(args: argparse.Namespace) -> list[str]:
 # ---------------------------------------------------------------------------- the checks
 
 def _series(args) -> str:
+    """The smoke series (`params/smoke.yaml`) run end to end with `device: cuda`, every notebook and
+    report: a subprocess (`spire run`) in a fresh cache folder, so every model trains on this GPU
+    rather than being reused from a CPU run's cache, stopped after `SERIES_TIMEOUT_S`."""
     import os
 
     from spirelib.paths import project_root
@@ -211,6 +193,10 @@ def _cuda_graphs(args) -> str:
 
 
 def _bf16_target(args) -> str:
+    """A bf16 target trains an fp32 SPIRe draft for a few steps (weights, gradients and AdamW's
+    moments in fp32, the loss falling), then decodes it greedily, equal to the target's own greedy
+    tokens up to a near-tie (`greedy_mismatch`: bf16 rounding may flip an argmax whose top two
+    logits are within `TIE_LOGITS` of each other; any other difference fails)."""
     from spirelib.decoding.drafts import draft_factory
     from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
     from spirelib.model.spire import SpireConfig, SpireDraftModel
@@ -248,6 +234,8 @@ def _bf16_target(args) -> str:
 
 
 def _mfu(args) -> str:
+    """`bench train` at the paper's target shape (8 x 512, V 50,304), compiled, bf16 autocast,
+    against the bf16 matmul peak measured in the same run."""
     from spirelib.bench.train import TARGETS, measure
     from spirelib.measure.calibrate import matmul_peak
     from spirelib.modeling.costs import flop_params, training_flops
@@ -375,6 +363,10 @@ def _profiled(args) -> str:
 
 
 def _memory(args) -> str:
+    """A SPIRe draft's sharded training step (`training.simulate`, one rank) run for real on the GPU,
+    its peak (`torch.cuda.max_memory_allocated`) against the same step simulated with fake tensors:
+    they must agree within `MEMORY_TOLERANCE`, or the simulated tables of docs/scaling-out.md are
+    not to be trusted."""
     from spirelib.model.spire import SpireConfig
     from spirelib.model.transformer import ModelConfig
     from spirelib.training.simulate import Case, peak, simulate

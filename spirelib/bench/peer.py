@@ -1,33 +1,14 @@
 """`spire bench peer`: our decoding engine against Hugging Face transformers on the same weights.
 
 The target (random weights of the default series' shape unless told otherwise) is exported as a
-Hugging Face Llama checkpoint (`training.hf.save_model`) and loaded by `transformers`, so both
-sides decode the very same weights. Greedy decoding (temperature 0), G new tokens per row, at
-every (B, L) cell, in three modes:
-
-- `eager`: our `autoregressive_generate` against transformers' `generate` (its dynamic cache);
-- `compiled`: our `Transformer.compile_decoding()` against `generate` with
-  `cache_implementation="static"` and the model's forward under `torch.compile(dynamic=False)`
-  (prefill and decode steps compiled, static shapes: what transformers documents for speed);
-- `assisted` (B = 1 only): our speculative decoding with the vanilla draft (method §4 shape,
-  k drafts a round) against assisted generation with the same draft exported too, k assistant
-  tokens a round (constant schedule, no confidence cut: the same rounds as ours).
-
-Per side, cell and mode: the whole generation (G tokens), the prefill (a generation of 1 token:
-both sides then take the first token from the prefill's logits or one forward more, as their
-code does) and the decode step, (whole - prefill) / (G - 1). Sides and modes take turns within
-every repeat (order rotated), fresh random contexts each repeat; reported are medians, the
-spread (lowest and highest of the per-repeat ratios) and ours / transformers as a speed ratio
-(transformers' time over ours: above 1, ours is faster). Greedy tokens of both sides are
-compared at every cell and mode; any row that differs is reported and the exit status is 1.
-
-`--device cuda --dtype bf16` runs both sides on a GPU in bf16 (the weights cast before the export,
-so both still hold the very same values); every timed call waits for the device's kernels
-(`torch.cuda.synchronize`) before the clock is read. On a GPU, transformers' `generate` with the
-static cache also compiles its decoding call itself (`CompileConfig`: CUDA graphs); ours replays
-its own graphs. Below fp32, two engines' kernels round differently, so a greedy row may take the
-runner-up where the top two logits are within `gpu_check.TIE_LOGITS`: such rows are counted as
-ties (`rows_tied`), not differences; in fp32 any different token counts.
+Hugging Face Llama checkpoint and loaded by `transformers`, so both sides decode the very same
+weights (`Peer`). Greedy decoding (temperature 0), G new tokens per row, at every (B, L) cell, in
+three modes (`Peer.sides`): eager, compiled, and assisted (B = 1 only). Per side, cell and mode:
+the whole generation, the prefill and the decode step (`Times`), the sides taking turns over fresh
+contexts (`time_cell`), ours / transformers as a speed ratio (`ratio_row`: above 1, ours is
+faster). Greedy tokens of both sides are compared at every cell and mode; a row that differs
+beyond a near-tie (`differing_rows`) is reported and the exit status is 1. `--device cuda --dtype
+bf16` runs both sides on a GPU in bf16.
 
 transformers is optional: `pip install 'transformers>=4.56'` (in the `test` extra) to run this.
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
@@ -76,7 +57,9 @@ class Side:
 
 @dataclass
 class Times:
-    """Seconds per repeat of one side at one cell and mode."""
+    """Seconds per repeat of one side at one cell and mode: the whole generation (G tokens) and the
+    prefill (a generation of 1 token: both sides then take the first token from the prefill's
+    logits or one forward more, as their code does)."""
 
     whole: list[float] = field(default_factory=list)
     prefill: list[float] = field(default_factory=list)
@@ -93,7 +76,13 @@ class Peer:
     (eager and one whose forward is compiled), the vanilla draft beside each for `assisted`.
     `target` and `draft` (on the CPU, in the dtype both sides decode in) are exported first, then
     every model moves to `device`. `tie`: how close the top two logits of a near-tie are (0 in
-    fp32: every different token counts)."""
+    fp32: every different token counts).
+
+    In bf16 the weights are cast before the export, so both sides still hold the very same values.
+    On a GPU, transformers' `generate` with the static cache also compiles its decoding call itself
+    (`CompileConfig`: CUDA graphs); ours replays its own graphs. Below fp32, two engines' kernels
+    round differently, so a greedy row may take the runner-up where the top two logits are within
+    `gpu_check.TIE_LOGITS`: such rows are counted as ties, not differences."""
 
     def __init__(self, target: Transformer, draft: Transformer, folder: Path, k: int, device: str = "cpu"):
         transformers = import_transformers()
@@ -125,7 +114,14 @@ class Peer:
         config.assistant_confidence_threshold = 0.0
 
     def sides(self, mode: str) -> tuple[Side, Side]:
-        """(ours, transformers') greedy generators for `mode`."""
+        """(ours, transformers') greedy generators for `mode`:
+        - "eager": our `autoregressive_generate` against transformers' `generate` (its dynamic cache);
+        - "compiled": our `Transformer.compile_decoding()` against `generate` with
+          `cache_implementation="static"` and the model's forward under `torch.compile(dynamic=False)`
+          (prefill and decode steps compiled, static shapes: what transformers documents for speed);
+        - "assisted" (B = 1 only): our speculative decoding with the vanilla draft (method §4 shape,
+          k drafts a round) against assisted generation with the same draft exported too, k
+          assistant tokens a round (constant schedule, no confidence cut: the same rounds as ours)."""
         k, ours, theirs = self.k, self.ours, self.theirs
 
         def hf(model, **options):

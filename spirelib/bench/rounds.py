@@ -4,16 +4,11 @@ On a GPU a round's time has a floor set by the host: each op dispatched outside 
 is a kernel launched one by one (several microseconds of Python and driver each), each graph replay
 one launch, and each host sync a wait for the device. A steady-state AD step and an SD round of
 every method (vanilla, MagicDec, SPIRe) are profiled once each, after a few rounds to warm the
-graphs, and their top-level events counted: compiled regions (`Torch-Compiled Region`: a replay
-under CUDA graphs), aten ops outside them that launch kernels (views, which only make metadata, and
-the compiled regions' own ops are apart), and the ops that make the host wait (`.item()`, `bool()`
-of a tensor, `nonzero`, ...).
-
-What a round could cost (method §3.5, our goal): an AD step one replay and at most 3 eager ops; an
-SD round at most k + 1 replays and 10 eager ops. The round's bookkeeping that still runs eagerly
-(rejection sampling, drawing the draft tokens, rollback, the drafts' catching up) is what the
-counts name. `--device cpu` measures the same counts as a GPU would see (the ops are the same);
-tests/test_round_ops.py guards them through a CUDA-graph stand-in.
+graphs (`steady_state_counts`), their top-level events counted (`count`) and judged against a
+goal (`goal`); the round's bookkeeping that still runs eagerly (rejection sampling, drawing the
+draft tokens, rollback, the drafts' catching up) is what the counts name. `--device cpu` measures
+the same counts as a GPU would see (the ops are the same); tests/test_round_ops.py guards them
+through a CUDA-graph stand-in.
 """
 
 from __future__ import annotations
@@ -39,8 +34,10 @@ def _is_view(name: str) -> bool:
 
 
 def count(step) -> dict:
-    """Profile `step()` once: graph replays, eager ops (kernels launched outside graphs, by name),
-    views and host syncs among the top-level events."""
+    """Profile `step()` once: graph replays (`Torch-Compiled Region`: a replay under CUDA graphs), eager
+    ops (aten ops outside them that launch kernels, by name), views (which only make metadata: apart)
+    and host syncs (`SYNC_OPS`: `.item()`, `bool()` of a tensor, `nonzero`, ...) among the top-level
+    events."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     replays, views, ops, syncs = 0, 0, Counter(), 0
@@ -88,7 +85,8 @@ def steady_state_counts(target, draft_models: dict, *, batch: int, context: int,
 
 
 def goal(row: dict, k: int) -> bool:
-    """Whether a row meets the round's goal (module docstring)."""
+    """Whether a row meets what a round could cost (method §3.5, our goal): an AD step one replay and
+    at most 3 eager ops; an SD round at most k + 1 replays and 10 eager ops."""
     if row["method"] == "ad":
         return row["replays"] <= 1 and row["eager_ops"] <= 3
     return row["replays"] <= k + 1 and row["eager_ops"] <= 10

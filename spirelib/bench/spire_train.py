@@ -1,22 +1,9 @@
 """`spire bench spire-train`: SPIRe draft training throughput (method §3.6).
 
-Measures, on one training batch of the chosen shapes, forward + backward time of
-- k-pass: `SpireDraftModel.k_pass_logits` (all blocks of a sequence in k passes),
-- ordinary: a plain `Transformer` of the same shape (n_d layers, the target's width) over
-  the same T tokens, the cost k-pass training should stay close to (goal: ratio >= 0.9),
-- naive: the same draft trained block by block, k one-query passes per block (T sequential
-  passes per sequence), what training would cost without the k-pass formulation,
-and, separately, the frozen target's forward that supplies activations and distributions.
-Tokens/s count the training positions (B x T). The loss of those three is a stand-in (mean
-logsumexp), the same for every variant, so only the model's forward/backward is compared.
-
-Where a real training step's time goes, the trainer's own objective (`spire.SpireObjective`) is
-timed whole ("objective": the teacher's forward, the draft's k passes, MixedLoss fused with both
-unembeddings, backward) and in its parts: "teacher" (the target's residual stream, no grad),
-"draft passes" (the k passes forward and backward, no unembedding) and "heads and loss"
-(`losses.head_draft_losses`: both unembeddings, the loss and its gradient, chunked). Each
-position's logits come from one pass only (the pass that predicts it), so a step runs each
-unembedding once per position, not k times. `--hf-config config.json` takes the target's shapes
+On one training batch of the chosen shapes, the forward + backward time of k-pass training against
+an ordinary transformer of the draft's shape (goal: ratio >= 0.9) and against training block by
+block, and a real training step of the trainer's own objective, whole and in its parts (`run`).
+Tokens/s count the training positions (B x T). `--hf-config config.json` takes the target's shapes
 from a Hugging Face config (no weights are read), e.g. a 135M Llama with its 49,152-token vocabulary.
 
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
@@ -44,6 +31,22 @@ ROWS = ("target_forward", "k_pass", "ordinary", "naive", "objective", "teacher",
 
 def run(target_cfg: ModelConfig, spire_cfg: SpireConfig, batch: int, seq_len: int, k: int, repeats: int,
         naive_blocks: int, device: str = "cpu") -> dict:
+    """Forward + backward time (`ROWS`) on one training batch of
+    - k-pass: `SpireDraftModel.k_pass_logits` (all blocks of a sequence in k passes),
+    - ordinary: a plain `Transformer` of the same shape (n_d layers, the target's width) over the
+      same T tokens, the cost k-pass training should stay close to,
+    - naive: the same draft trained block by block, k one-query passes per block (T sequential
+      passes per sequence; the first `naive_blocks` blocks, scaled), what training would cost
+      without the k-pass formulation,
+    and, separately, the frozen target's forward that supplies activations and distributions. The
+    loss of those three is a stand-in (mean logsumexp), the same for every variant, so only the
+    model's forward/backward is compared. Then the trainer's own objective (`SpireObjective`),
+    whole ("objective": the teacher's forward, the draft's k passes, MixedLoss fused with both
+    unembeddings, backward) and in its parts: "teacher" (the target's residual stream, no grad),
+    "draft passes" (the k passes forward and backward, no unembedding) and "heads and loss"
+    (`losses.head_draft_losses`: both unembeddings, the loss and its gradient, chunked). Each
+    position's logits come from one pass only (the pass that predicts it), so a step runs each
+    unembedding once per position, not k times."""
     torch.manual_seed(0)
     target = Transformer(target_cfg).to(device).eval()
     draft = SpireDraftModel.from_target(target, spire_cfg)
