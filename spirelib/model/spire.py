@@ -9,14 +9,10 @@ into keys/values with its own K/V weights (after its attention norm, exactly as 
 layer would from its input). Queries see the sink and the window of positions before them
 (method §3.4, 9), never their own position: its memory is only made after the pass.
 
-Two ways to compute the same thing:
-- `step` (inference, method §3.5): one position per row, memory in a `SinkWindowKVCache`.
-- `k_pass_logits` (training, method §3.6): every block of k positions of a sequence at once,
-  in k passes, pass j computing the j-th position of all blocks; the context before a block
-  is target memory, the block's earlier positions are the feedback memory of passes < j.
-  Test: tests/test_spire.py checks both agree to fp32 precision.
-
-Ablations (method §3.8) are `SpireConfig` flags; see `ABLATIONS`.
+The same computation two ways, which tests/test_spire.py checks agree to fp32 precision: `step`
+(inference, method §3.5), one position per row, and `k_pass_logits` (training, method §3.6),
+every block of k positions of a sequence at once, in k passes. Ablations (method §3.8) are
+`SpireConfig` flags; see `ABLATIONS`.
 """
 
 from __future__ import annotations
@@ -204,7 +200,8 @@ class SpireDraftModel(nn.Module):
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
         """One draft pass: tokens (B,) at positions (B,) -> next-token logits (B, V); stores
-        this position's memory (feedback mixture, or each layer's input without feedback).
+        this position's memory (feedback mixture, or each layer's input without feedback) in
+        `cache`, a `SinkWindowKVCache`.
 
         The cache's bookkeeping (which slot the position takes, the rows' lengths) comes first,
         inside the pass's graph, in place (`SinkWindowKVCache.register`). With feedback the
@@ -234,7 +231,9 @@ class SpireDraftModel(nn.Module):
 
     def k_pass_logits(self, tokens: torch.Tensor, memory: torch.Tensor, k: int,
                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft logits for every block position of a sequence, teacher-forced.
+        """Draft logits for every block position of a sequence, teacher-forced, in k passes: pass j
+        computes the j-th position of all blocks; the context before a block is target memory, the
+        block's earlier positions are the feedback memory of passes < j.
 
         tokens (B, T), memory (n_d, B, T, d_model): the frozen target's residual stream at
         `memory_layers` on the same tokens. Returns logits (B, n_blocks, k, V) and their positions (n_blocks, k); the
