@@ -347,7 +347,7 @@ def profiled_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int]], list
 
 
 def cache_bytes(cfg, batch: int, slots: int, value_bytes: int) -> int:
-    """Bytes of a KV cache of `slots` positions a row (`kvcache._KVCache`: keys and values of every
+    """Bytes of a KV cache of `slots` positions a row (`kvcache.KVCache`: keys and values of every
     layer, the positions' int64 bookkeeping, one more trash slot, the rows' int64 lengths)."""
     per_slot = 2 * cfg.num_layers * cfg.n_kv * cfg.d_head * value_bytes + 8
     return batch * (slots + 1) * per_slot + 8 * batch

@@ -1,27 +1,15 @@
-"""KV caches for batched decoding with ragged rows, and the attention visibility rule.
-
-Two caches share one mechanism (method §2 "Klen", 3.4, 4):
+"""KV caches for batched decoding with ragged rows, and the attention visibility rule (method §2
+"Klen", 3.4, 4). Every cache shares one mechanism (`KVCache`):
 
 - `DenseKVCache`: slot = position; holds every position up to `capacity`.
 - `SinkWindowKVCache` (StreamingLLM): `sink` first positions plus a ring over the most
   recent ones, `sink + window + slack` slots in all, so its memory never grows with the
-  context. `slack` must cover the most positions one forward writes (k + 1 for a verify
-  pass) so that writes never evict a key a query of the same forward still needs.
+  context; `rope_mode="cache"` emulates MagicDec's positions-in-cache.
+- `SelectedKVCache`: the entries a draft chose from a dense cache, refilled every round.
 
-Both store, per slot, the position of the key it holds (`key_positions`, -1 = empty), and
+Each stores, per slot, the position of the key it holds (`key_positions`, -1 = empty), and
 visibility is decided from positions alone (`visibility`), so ragged rows, rollback and
-eviction need no special cases. Every forward calls `prepare(positions)` once, which
-records where the new keys go, then each layer `write`s its keys/values and reads them
-back with `layer_kv`. A compiled forward runs `prepare` in two parts: `plan` on the host
-before its graph (what only the host decides), `register` inside it; the bookkeeping
-tensors are updated in place at fixed addresses, so that a CUDA graph replays them and
-keeps no output of its own in the cache. Rollback only resets `lengths`: rejected entries stay in place,
-are invisible to every query before their position, and are overwritten by the next
-write at the same positions (writes always continue at `lengths`, per row).
-
-Keys are stored already rotated by their original position. `rope_mode="cache"` makes
-the sink+window cache emulate positions-in-cache, as MagicDec/StreamingLLM implement it:
-the sink keys are re-rotated so that they sit directly before the window.
+eviction need no special cases.
 """
 
 from __future__ import annotations
@@ -67,11 +55,22 @@ def visibility(
     return visible[:, None]  # (B, 1, T, S)
 
 
-class _KVCache:
-    """Storage and bookkeeping shared by both caches: one trailing "trash" slot receives
+class KVCache:
+    """Storage and bookkeeping shared by every cache: one trailing "trash" slot receives
     writes of positions that are not kept (padding of ragged inputs, evicted prefill); no read
     covers it (it never holds a visible key, and at a capacity of 2^n one slot more would cost
-    attention kernels that work in blocks of keys a whole block more)."""
+    attention kernels that work in blocks of keys a whole block more).
+
+    Every forward calls `prepare(positions)` once, which records where the new keys go, then each
+    layer `write`s its keys/values and reads them back with `layer_kv`. A compiled forward runs
+    `prepare` in two parts: `plan` on the host before its graph (what only the host decides),
+    `register` inside it; the bookkeeping tensors are updated in place at fixed addresses, so that
+    a CUDA graph replays them and keeps no output of its own in the cache. Rollback only resets
+    `lengths`: rejected entries stay in place, are invisible to every query before their position,
+    and are overwritten by the next write at the same positions (writes always continue at
+    `lengths`, per row). Keys are stored already rotated by their original position.
+    `slack` (of a cache with a ring) must cover the most positions one forward writes (k + 1 for a
+    verify pass) so that writes never evict a key a query of the same forward still needs."""
 
     sparse: SinkWindow | None = None
 
@@ -84,7 +83,7 @@ class _KVCache:
         self.lengths = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) positions 0..len-1 valid
         self._rows = torch.arange(batch, device=device)[:, None]  # (B, 1)
         self.trash = slots
-        for t in _KVCache.static_tensors(self):  # a compiled forward writes them in place: CUDA graphs keep their addresses
+        for t in KVCache.static_tensors(self):  # a compiled forward writes them in place: CUDA graphs keep their addresses
             torch._dynamo.mark_static_address(t)
 
     def static_tensors(self) -> list[torch.Tensor]:
@@ -188,7 +187,7 @@ def reuse(owner, key, build):
     return cache
 
 
-class DenseKVCache(_KVCache):
+class DenseKVCache(KVCache):
     """Every position 0..capacity-1 of every row. With `sparse`, reads see only sink + window
     (the slow, obviously correct way to run sparse attention; a reference in tests).
 
@@ -283,7 +282,7 @@ class DenseKVCache(_KVCache):
         return visibility(q_pos, self.key_positions[:, : self._read], self.sparse, include_self)
 
 
-class SinkWindowKVCache(_KVCache):
+class SinkWindowKVCache(KVCache):
     """StreamingLLM cache: `sink` first positions plus a ring of `window + slack` recent ones.
 
     `rope_mode="original"` keeps original-text positions (SPIRe, method §3.4);
@@ -341,7 +340,7 @@ class SinkWindowKVCache(_KVCache):
                        source.v[layer][self._rows, :, src].transpose(1, 2))
 
 
-class SelectedKVCache(_KVCache):
+class SelectedKVCache(KVCache):
     """A drafting cache refilled every round with entries a draft chose from a dense cache, each
     layer and KV head its own (`fill`: the verification-guided draft, `decoding.guided`), plus a
     ring of `slack` slots for the draft's own tokens. Keys keep their original rotation. Every

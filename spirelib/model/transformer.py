@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spirelib.model.cross_entropy import linear_cross_entropy
-from spirelib.model.kvcache import DenseKVCache, SinkWindow, _KVCache, reuse, visibility
+from spirelib.model.kvcache import DenseKVCache, KVCache, SinkWindow, reuse, visibility
 from spirelib.model.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
 from spirelib.modeling.perfmodel import ModelShape, body_params
 
@@ -196,7 +196,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor | None, cache: _KVCache | None = None,
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor | None, cache: KVCache | None = None,
                 layer: int = 0, slots: torch.Tensor | None = None, q_pos: torch.Tensor | None = None) -> torch.Tensor:
         q, k, v = self.attn.qkv(self.attn_norm(x), rope)
         if cache is not None:
@@ -306,7 +306,7 @@ class Transformer(nn.Module):
     def rope(self, positions: torch.Tensor):
         return rope_rotation(positions, self.cfg.d_head, self.cfg.rope_base, self.cfg.rope_scaling)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None, *,
                 valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
         """Next-token logits (B, T, V) for tokens (B, T) at positions (B, T) (default 0..T-1).
 
@@ -319,7 +319,7 @@ class Transformer(nn.Module):
         return self._blocks(tokens, positions, cache, valid, sparse, keep=(self.cfg.num_layers,), readout="logits")[-1]
 
     def last_logits(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                    cache: _KVCache | None = None, *, valid: torch.Tensor | None = None,
+                    cache: KVCache | None = None, *, valid: torch.Tensor | None = None,
                     last: torch.Tensor | None = None, greedy: bool = False) -> torch.Tensor:
         """Next-token logits (B, V) of one token per row, the one at index `last` (B,) (default
         T - 1, the last), or with `greedy` their argmax (B,), the greedy next tokens (arguments
@@ -328,7 +328,7 @@ class Transformer(nn.Module):
         return self._blocks(tokens, positions, cache, valid, None, keep=(self.cfg.num_layers,),
                             readout="greedy" if greedy else "next", last=last)[-1]
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: _KVCache | None = None, *,
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None, *,
                valid: torch.Tensor | None = None, sparse: SinkWindow | None = None) -> torch.Tensor:
         """The last block's output (B, T, d_model), before the final norm (arguments as `forward`).
         A prefill that only fills the cache calls this: (B, T, V) logits would cost a third of
@@ -336,7 +336,7 @@ class Transformer(nn.Module):
         return self._blocks(tokens, positions, cache, valid, sparse, keep=(self.cfg.num_layers,))[-1]
 
     def residual_stream(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                        cache: _KVCache | None = None, *, valid: torch.Tensor | None = None,
+                        cache: KVCache | None = None, *, valid: torch.Tensor | None = None,
                         sparse: SinkWindow | None = None, layers: tuple[int, ...] | None = None) -> torch.Tensor:
         """The residual stream at `layers` (0: the embedding, i: after block i; default all
         n_layers + 1), stacked (len(layers), B, T, d_model) in the order given (arguments as
