@@ -171,6 +171,13 @@ def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
     assert "sparse KV" in ablations.paper_importance(4)  # the cost model's part, from SPIRe's own tau
 
 
+def test_a_ranking_rows_effect_and_the_older_rows_without_one():
+    assert ablations.effect_of({"effect": "harmful", "multiplier_lost": 0.5}) == "harmful"
+    assert ablations.effect_of({"multiplier_lost": 0.5}) == "helps"  # recorded before "effect": resolved by default
+    assert ablations.effect_of({"multiplier_lost": -0.1, "resolved": True}) == "harmful"
+    assert ablations.effect_of({"multiplier_lost": 0.5, "resolved": False}) == "not resolved"
+
+
 def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved():
     ranked = [{"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True, "effect": "helps"},
               {"part": "distillation", "multiplier_lost": 0.1, "resolved": True, "effect": "helps"},

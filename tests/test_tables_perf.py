@@ -177,6 +177,23 @@ def test_dense_scenario_drops_the_window_and_vanilla():
     assert float(dense.multipliers(64, 512)["spire"]) < float(PAPER.multipliers(64, 512)["spire"])
 
 
+def test_the_papers_stated_multipliers_only_on_its_own_cell_and_settings():
+    assert scenarios.stated_on_cell(PAPER, 64, 512, 512) is pm.PAPER_MULTIPLIERS["seqax-67m"]
+    big = Scenario.paper("llama3-70b")
+    assert scenarios.stated_on_cell(big, 64, 65536, 512, "llama3-70b") is pm.PAPER_MULTIPLIERS["llama3-70b"]
+    for scenario, cell, tau_context in ((PAPER, (64, 1024), 512), (PAPER, (64, 512), 960),
+                                        (dataclasses.replace(PAPER, overlap=False), (64, 512), 512),
+                                        (dataclasses.replace(PAPER, hoi=300.0), (64, 512), 512)):
+        assert scenarios.stated_on_cell(scenario, *cell, tau_context) is None
+
+
+def test_depth_free_settings_are_the_scenarios_without_its_k():
+    on = dataclasses.replace(PAPER, k=6, hoi=300.0, window=64)
+    free = scenarios.depth_free(on)
+    assert "k" not in free and free == {key: v for key, v in on.model_kwargs().items() if key != "k"}
+    assert best_k("spire", 0.8, 64, 512, on.target, on.drafts["spire"], k_max=8, **free)[0] >= 1  # k left to vary
+
+
 def test_min_max_and_no_sparse_sentence():
     spread = tables.min_max(np.array([1.5, 0.25, 1.0]))
     assert spread == {"min": 0.25, "max": 1.5}

@@ -1,0 +1,28 @@
+"""What a finished run recorded of acceptance, as the schedules read it (`modeling.recorded`):
+notebook 04's tau, CI and per-position curve at the recorded context nearest the one asked for,
+and the refusal when the run recorded none."""
+
+import pytest
+
+from spirelib.modeling.recorded import DeployError, recorded_acceptance
+from spirelib.modeling.schedule import Acceptance
+
+RUN = {"04_measure_tau": {
+    "tau_protocol": {"k": 3},
+    "tau": {"spire": {"64": {"mean": 3.1, "ci95": 0.2}, "256": {"mean": 3.3, "ci95": 0.1}},
+            "vanilla": {"64": {"mean": 2.2, "ci95": 0.3}}},
+    "per_position_acceptance": {"spire": {"256": {"p": [0.9, 0.8, 0.7]}}, "vanilla": {"64": {"p": [0.6, 0.5]}}}}}
+
+
+def test_the_nearest_recorded_context_with_its_interval_and_a_curve_only_at_the_protocols_depth():
+    at_256, L = recorded_acceptance(RUN, 1000)
+    assert L == 256 and at_256 == {"spire": Acceptance(3.3, 0.1, 3, (0.9, 0.8, 0.7))}  # vanilla has no L = 256
+    at_64, L = recorded_acceptance(RUN, 160)  # as far from 64 as from 256: the shorter one
+    assert L == 64
+    assert at_64 == {"spire": Acceptance(3.1, 0.2, 3), "vanilla": Acceptance(2.2, 0.3, 3)}  # 2 values at k = 3: none
+
+
+def test_a_run_without_taus_is_refused_with_what_to_run():
+    for run in ({}, {"04_measure_tau": {}}, {"04_measure_tau": {"tau": {}}}):
+        with pytest.raises(DeployError, match="notebook 04"):
+            recorded_acceptance(run, 512)
