@@ -20,7 +20,9 @@ WORKER = textwrap.dedent("""
     from safetensors.torch import save_file
     from spirelib.training.data import FlatDocs
     from spirelib.model.transformer import ModelConfig, Transformer
-    from spirelib.training.train import TrainConfig, lm_objective, train
+    from spirelib.training.config import TrainConfig
+    from spirelib.training.objectives import lm_objective
+    from spirelib.training.train import train
 
     torch.set_num_threads(1)
     out = sys.argv[1]
@@ -71,7 +73,8 @@ SPIRE_WORKER = textwrap.dedent("""
     from spirelib.model.transformer import ModelConfig, Transformer
     from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
     from spirelib.training.objectives import SpireObjective
-    from spirelib.training.train import TrainConfig, train
+    from spirelib.training.config import TrainConfig
+    from spirelib.training.train import train
 
     torch.set_num_threads(1)
     out, micro = sys.argv[1], int(sys.argv[2])

@@ -10,8 +10,9 @@ from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.training.objectives import SpireObjective
-from spirelib.training.train import TrainConfig, lm_objective, make_optimizer
+from spirelib.training.config import TrainConfig
+from spirelib.training.objectives import SpireObjective, lm_objective
+from spirelib.training.train import make_optimizer
 
 CFG = ModelConfig(vocab_size=64, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 

@@ -44,7 +44,9 @@ WORKER = textwrap.dedent("""
     from spirelib.training import checkpoint, fsdp
     from spirelib.training.checkpoint import load_checkpoint
     from spirelib.training.data import FlatDocs
-    from spirelib.training.train import TrainConfig, _ObjectiveStep, init_distributed, lm_objective, train
+    from spirelib.training.config import TrainConfig
+    from spirelib.training.objectives import ObjectiveModule, lm_objective
+    from spirelib.training.train import init_distributed, train
 
     torch.set_num_threads(1)
     VARIANTS = ("spire", "no_feedback", "no_feedback_no_target_acts")
@@ -119,7 +121,7 @@ WORKER = textwrap.dedent("""
     # feedback (a parameter without gradient) and no target activations (the blocks' forward)
     def sharded_draft(cfg, objective):  # as the sharded trainer builds it: on the meta device, then each rank's shards
         draft = SpireDraftModel.from_target(target, cfg, device="meta")
-        step = fsdp.shard_units(_ObjectiveStep(draft, objective), list(draft.blocks), fsdp.device_mesh(cpu, world), cpu)
+        step = fsdp.shard_units(ObjectiveModule(draft, objective), list(draft.blocks), fsdp.device_mesh(cpu, world), cpu)
         draft.to_empty(device=cpu)
         fsdp.init_spire_draft(draft, target)
         return draft, step
@@ -217,7 +219,7 @@ WORKER = textwrap.dedent("""
     small_obj = objective(small)
     results["one_block.stream"] = small.residual_stream(batch[:, :-1]).contiguous()
     if sharded:
-        step = fsdp.shard_units(_ObjectiveStep(small_draft, small_obj), list(small_draft.blocks),
+        step = fsdp.shard_units(ObjectiveModule(small_draft, small_obj), list(small_draft.blocks),
                                 fsdp.device_mesh(cpu, world), cpu)
         loss, _ = step(batch[rank::world])
     else:

@@ -13,8 +13,10 @@ import torch
 
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training import train as train_module
+from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
-from spirelib.training.train import TrainConfig, lm_objective, train
+from spirelib.training.objectives import lm_objective
+from spirelib.training.train import train
 
 LAG = 0.25  # seconds the simulated device still needs when the host asks it to drain
 

@@ -9,8 +9,10 @@ import torch
 from spirelib.decoding.speculative import autoregressive_generate
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training.checkpoint import CheckpointError, config_hash, read_meta
+from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
-from spirelib.training.train import TrainConfig, TrainingDiverged, lm_objective, read_metrics, train
+from spirelib.training.objectives import lm_objective
+from spirelib.training.train import TrainingDiverged, read_metrics, train
 
 V = 32
 CFG = ModelConfig(vocab_size=V, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
@@ -209,7 +211,7 @@ def test_generate_with_the_kv_cache_matches_greedy_decoding_by_full_forwards():
 
 @pytest.mark.parametrize("chunk", [5, 1000])
 def test_fused_cross_entropy_matches_logits_then_cross_entropy(chunk):
-    from spirelib.model.transformer import _LinearCrossEntropy
+    from spirelib.model.cross_entropy import _LinearCrossEntropy
 
     torch.manual_seed(0)
     h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)

@@ -69,9 +69,10 @@ def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window
     from spirelib.decoding.drafts import vanilla_draft_config
     from spirelib.model.spire import SpireConfig, SpireDraftModel
     from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.training.config import TrainConfig
     from spirelib.training.losses import draft_losses
-    from spirelib.training.objectives import SpireObjective
-    from spirelib.training.train import TrainConfig, lm_objective, make_optimizer
+    from spirelib.training.objectives import SpireObjective, lm_objective
+    from spirelib.training.train import make_optimizer
 
     torch.manual_seed(0)
     target_cfg = ModelConfig(vocab_size=vocab, **(shape or PAPER_TARGET))

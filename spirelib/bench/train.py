@@ -32,8 +32,10 @@ from spirelib.measure.calibrate import matmul_peak
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.modeling.perfmodel import PRESETS
+from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
-from spirelib.training.train import TrainConfig, lm_objective, train
+from spirelib.training.objectives import lm_objective
+from spirelib.training.train import train
 
 # The default CPU target (params/default.yaml: series.target + vocab_size).
 DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)

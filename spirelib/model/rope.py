@@ -59,6 +59,12 @@ def _cached_frequencies(d_head: int, base: float, scaling: tuple | None, device:
     return rope_frequencies(d_head, base, scaling, device)
 
 
+def clear_frequency_cache() -> None:
+    """Forget the frequencies `rope_rotation` cached: tensors made under a `FakeTensorMode` (the memory
+    simulation, `training.simulate`) must not outlive it."""
+    _cached_frequencies.cache_clear()
+
+
 def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """Rotate `x` (B, H, T, d_head) by `rotation` (`rope_rotation`: complex, or (cos, sin)
     pairs); computed in fp32 or wider."""

@@ -1,29 +1,14 @@
 """Checkpoints: safetensors tensors plus JSON metadata, keyed by a config hash. No pickle.
 
-A checkpoint is a folder:
-
-    model.safetensors       the model's state_dict
-    optimizer.safetensors   optimizer tensors ("state.<param index>.<name>"); the rest
-                            (param_groups, scalars) lives in meta.json
-    rng.safetensors         torch CPU (and CUDA) generator states
-    meta.json               {"format", "identity", "config_hash", "step", "finished",
-                             "summary", "optimizer", "files": {name: {"size", "chunk", "sha256":
-                             [the sha256 of each `chunk` bytes]}}} (format 2; format 1, still
-                             read: "files": {name: sha256})
-
-`identity` is the full JSON-able description of what was trained (model config, training
-config, data checksum, objective, and whatever the caller adds, e.g. a target checkpoint's
-hash); `config_hash(identity)` is its sha256. Saving is atomic (write a sibling folder,
-then swap), so a crash never leaves a half-written checkpoint; `read_meta` verifies every
-file's sha256 and refuses a corrupt checkpoint, `check_identity` refuses one trained for a
-different identity, naming the fields that differ.
-
-A distributed run's ranks share the checkpoint's long work, on a process group of their own
-(`checkpoint_group`) whose timeout (`CHECKPOINT_TIMEOUT`) covers rank 0 writing a sharded model's
-gathered state (231 GB at 70B: minutes) while the others wait. The files are hashed in chunks of
-`DIGEST_CHUNK` bytes, each rank its share, when written and when verified (`read_meta`), the
-results combined; a sharded run resuming reads only its rows of each tensor (`Rows`,
-`fsdp.load_local_state`).
+A checkpoint is a folder: model.safetensors (the model's state_dict), optimizer.safetensors (the
+optimizer's tensors, `optimizer_tensors`), rng.safetensors (the generators' states) and meta.json
+(`save_checkpoint`). `identity` is the full JSON-able description of what was trained (model
+config, training config, data checksum, objective, and whatever the caller adds, e.g. a target
+checkpoint's hash); `config_hash(identity)` is its sha256. Saving is atomic (write a sibling folder,
+then swap), so a crash never leaves a half-written checkpoint; `read_meta` verifies every file's
+sha256 and refuses a corrupt checkpoint, `check_identity` refuses one trained for a different
+identity, naming the fields that differ. A distributed run's ranks share the long work
+(`checkpoint_group`); a sharded run resuming reads only its rows of each tensor (`Rows`).
 """
 
 from __future__ import annotations
@@ -86,7 +71,13 @@ def diff_identities(saved: dict, requested: dict) -> list[str]:
 
 def checkpoint_group():
     """A gloo process group over all ranks for checkpoints' collectives, its timeout
-    `CHECKPOINT_TIMEOUT`; None outside a distributed run. Collective: every rank calls it."""
+    `CHECKPOINT_TIMEOUT`; None outside a distributed run. Collective: every rank calls it.
+
+    A distributed run's ranks share the checkpoint's long work on it, its timeout covering rank 0
+    writing a sharded model's gathered state (231 GB at 70B: minutes) while the others wait. The
+    files are hashed in chunks of `DIGEST_CHUNK` bytes, each rank its share, when written and when
+    verified (`read_meta`), the results combined; a sharded run resuming reads only its rows of each
+    tensor (`Rows`, `fsdp.load_local_state`)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     return dist.new_group(backend="gloo", timeout=CHECKPOINT_TIMEOUT)
@@ -142,7 +133,10 @@ def _chunks(files: dict) -> list[tuple[str, int, int | None, str]]:
             for name, entry in files.items() for i, digest in enumerate(entry["sha256"])]
 
 
-def _optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+def optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An `optimizer.state_dict()` as a checkpoint stores it: its tensors ({"state.<param index>.<name>":
+    tensor}, optimizer.safetensors) and the rest (meta.json's "optimizer": the param groups and the
+    scalars); `optimizer_state_dict` is the inverse."""
     tensors, scalars = {}, {}
     for idx, state in sd["state"].items():
         for name, value in state.items():
@@ -242,11 +236,16 @@ def _same(value: torch.Tensor, first: dict[str, torch.Tensor]) -> str | None:
 def save_checkpoint(path: Path, model: torch.nn.Module, identity: dict, *, step: int, finished: bool,
                     optimizer: torch.optim.Optimizer | None = None, summary: dict | None = None,
                     state: dict | None = None, optimizer_state: dict | None = None, group=None) -> None:
-    """Write a checkpoint folder atomically (the previous one stays valid until the swap). `state` and
-    `optimizer_state` replace `model.state_dict()` and `optimizer.state_dict()` (a sharded model's,
-    gathered whole: `fsdp.full_state`). Under `group` (`checkpoint_group`) every rank calls it: rank 0
-    writes the files (the others' arguments are not read), every rank hashes its share of them, rank 0
-    writes meta.json and swaps; it returns on every rank once the checkpoint is in place."""
+    """Write a checkpoint folder atomically (the previous one stays valid until the swap):
+    model.safetensors, optimizer.safetensors (`optimizer_tensors`: "state.<param index>.<name>"; the
+    rest, param_groups and scalars, lives in meta.json), rng.safetensors (torch CPU and CUDA generator
+    states) and meta.json ({"format", "identity", "config_hash", "step", "finished", "summary",
+    "optimizer", "files": {name: {"size", "chunk", "sha256": [the sha256 of each `chunk` bytes]}}}:
+    format 2; format 1, still read: "files": {name: sha256}). `state` and `optimizer_state` replace
+    `model.state_dict()` and `optimizer.state_dict()` (a sharded model's, gathered whole:
+    `fsdp.full_state`). Under `group` (`checkpoint_group`) every rank calls it: rank 0 writes the
+    files (the others' arguments are not read), every rank hashes its share of them, rank 0 writes
+    meta.json and swaps; it returns on every rank once the checkpoint is in place."""
     path = Path(path)
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     writer = group is None or dist.get_rank(group) == 0
@@ -262,7 +261,7 @@ def save_checkpoint(path: Path, model: torch.nn.Module, identity: dict, *, step:
             meta["tied"] = tied
         if optimizer is not None or optimizer_state is not None:
             sd = optimizer.state_dict() if optimizer_state is None else optimizer_state
-            tensors, meta["optimizer"] = _optimizer_tensors(sd)
+            tensors, meta["optimizer"] = optimizer_tensors(sd)
             save_file(tensors, tmp / "optimizer.safetensors")
         save_file(rng_state(), tmp / "rng.safetensors")
         names = [sorted(f.name for f in tmp.glob("*.safetensors"))]

@@ -1,32 +1,17 @@
-"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the frozen target and the trained model.
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) for the frozen target and the trained model, and the
+meta-device copies a model too large for one device is built and gathered through.
 
-Under ``parallel: fsdp`` and torchrun, no rank holds a whole target or a whole optimizer state:
-
-- The frozen target is sharded block by block (`fully_shard(block)`, then the root), on a
-  1-D mesh over all ranks (`device_mesh`: always an explicit mesh, pytorch#132471); its
-  `residual_stream` is registered as a forward method, so a call gathers one block at a time
-  and frees it again. Built on the meta device and filled tensor by tensor
-  (`load_sharded`, `hf.load_model_sharded`): each rank reads only what it keeps.
-- The teacher head of MixedLoss (the final norm and unembedding, method §3.7) is a replicated
-  frozen copy (`teacher_head`), so the loss never touches a sharded target parameter.
-- The trained model is sharded block by block too (`shard_units`), with the trainer's
-  objective wrapper as the root: the objective runs inside the root's forward, whatever
-  methods of the model it calls. SPIRe's k-pass (method §3.6) calls the draft's blocks through
-  `BLOCK_METHODS` rather than `forward`, once per block per pass (k times a forward): each is
-  registered as a forward method, so every call gathers that block alone (a 70B target's
-  quarter-depth draft is 19B parameters: it cannot be gathered whole). On GPU the compute is bf16
-  (`MixedPrecisionPolicy`, fp32 reduction), the master weights fp32. The SPIRe draft is built on
-  the meta device and each rank's shards filled from the sharded target's (`init_spire_draft`):
-  no rank holds it whole, nothing is gathered.
-- Gloo's ReduceOp.AVG under FSDP2 sums (pytorch#162338): every sharded module uses
-  `set_force_sum_reduction_for_comms(True)` (FSDP2 divides by the world size itself).
-- Checkpoints are full state dicts, gathered with CPU offload (`full_state`) and written by
-  rank 0 in the single-process format, so the saved model loads in one process (and in the
-  HF export) as any other; a resume reads each rank's rows of every tensor into the sharded
-  model and optimizer (`load_local_state`), no rank the whole state.
+Under ``parallel: fsdp`` and torchrun no rank holds a whole target, a whole trained model or a whole
+optimizer state: the frozen target and the trained model are sharded block by block on one 1-D mesh
+(`shard_frozen_target`, `shard_units`), built on the meta device and filled with each rank's rows
+(`load_sharded`, `init_spire_draft`); the loss's teacher head is a replicated copy (`teacher_head`).
+Checkpoints keep the single-process format: gathered whole on rank 0's host (`full_state`), read back
+by rows (`load_local_state`); the trained model is gathered on the host at the end (`gather_plain`).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -60,10 +45,17 @@ def mixed_precision(device: torch.device, compute: torch.dtype | None = None):
 
 def shard_units(root: nn.Module, units, mesh, device: torch.device, frozen: bool = False,
                 compute: torch.dtype | None = None) -> nn.Module:
-    """`fully_shard` each of `units` (modules inside `root`), then `root`; force-sum reductions
-    (pytorch#162338). A frozen module keeps its dtype (no mixed precision); a trained one computes
-    in `compute` (`mixed_precision`; the simulation asks for the GPU's bf16 on the CPU). The units'
-    `BLOCK_METHODS` are forward methods: each call gathers the unit's parameters."""
+    """`fully_shard` each of `units` (modules inside `root`), then `root`. A frozen module keeps its
+    dtype (no mixed precision); a trained one computes in `compute` (`mixed_precision`; the simulation
+    asks for the GPU's bf16 on the CPU), its master weights fp32.
+
+    The trained model's root is the trainer's objective wrapper (`objectives.ObjectiveModule`), so the
+    objective runs inside the root's forward, whatever methods of the model it calls. SPIRe's k-pass
+    (method §3.6) calls the draft's blocks through `BLOCK_METHODS` rather than `forward`, once per block
+    per pass (k times a forward): each is registered as a forward method, so every call gathers that
+    block alone (a 70B target's quarter-depth draft is 19B parameters: it cannot be gathered whole).
+    Every sharded module forces sum reductions (`set_force_sum_reduction_for_comms`; FSDP2 divides by
+    the world size itself): gloo's ReduceOp.AVG under FSDP2 sums (pytorch#162338)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     policy = None if frozen else mixed_precision(device, compute)
@@ -159,6 +151,12 @@ def init_spire_draft(draft: nn.Module, target: nn.Module) -> None:
         local_parameter(draft, "mix").zero_()
 
 
+def block_units(model: nn.Module) -> list[nn.Module]:
+    """The modules a trained model is sharded by, one by one inside the root (`shard_units`): its blocks
+    (a `Transformer`'s, a `spire.SpireDraftModel`'s), none for a model without `blocks`."""
+    return list(model.blocks) if isinstance(getattr(model, "blocks", None), nn.ModuleList) else []
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor gathered whole (collective: every rank calls it), or `t` itself."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -199,7 +197,8 @@ def teacher_head(target: nn.Module) -> tuple[nn.Module, torch.Tensor]:
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model state, optimizer state) of a sharded model, gathered whole on rank 0's CPU (empty
     dicts elsewhere); the optimizer state in `optimizer.state_dict()`'s single-process layout
-    (parameters numbered in group order), which `checkpoint.save_checkpoint` writes."""
+    (parameters numbered in group order), which `checkpoint.save_checkpoint` writes: the saved model
+    loads in one process (and in the HF export) as any other."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -271,3 +270,42 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, rows, m
         tensors[key] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                                           stride=p.stride()) if hasattr(p, "to_local") else local
     optimizer.load_state_dict(optimizer_state_dict(tensors, meta))
+
+
+# ------------------------------------------------------------------ the meta device
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """`model` copied with every parameter on the meta device (no weight is copied; ties kept): the
+    skeleton a sharded model is gathered into (`gather_plain`)."""
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            for p in model.parameters()}
+    return copy.deepcopy(model, memo)
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Give a model built on the meta device storage on `device` (values undefined until filled)."""
+    model.to_empty(device=device)
+    retie(model)
+
+
+def retie(model: nn.Module) -> None:
+    """Tie again what `model`'s modules tie (`Transformer.tie`), after their Parameters were replaced."""
+    for module in model.modules():
+        if hasattr(module, "tie"):
+            module.tie()
+
+
+def gather_plain(model: nn.Module, skeleton: nn.Module) -> nn.Module:
+    """A sharded trained model as a plain module on every rank: gathered into `skeleton` (its unsharded
+    copy on the meta device, `meta_copy`; collective) on the host, one tensor at a time, so no device
+    ever holds the whole model (a 70B target's SPIRe draft is 77 GB in fp32)."""
+    names = {name for name, _ in skeleton.named_parameters()}
+    for name, p in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        whole = full_tensor(p.detach()).cpu()
+        skeleton.get_submodule(owner)._parameters[leaf] = nn.Parameter(whole, requires_grad=p.requires_grad)
+        names.discard(name)
+    if names:
+        raise ValueError(f"parameters of the plain model missing from the sharded one: {sorted(names)[:5]}")
+    retie(skeleton)  # a tied Parameter was replaced once, by its first name
+    return skeleton

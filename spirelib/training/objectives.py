@@ -1,16 +1,51 @@
-"""What the trainer minimises, `objective(model, batch) -> (loss, metrics)`: SPIRe's k-pass
-objective against the frozen target (method §3.6-3.7, `SpireObjective`). A plain language model's
-is its own loss (`Transformer.loss`)."""
+"""What the trainer minimises, `objective(model, batch) -> (loss, metrics)` (`Objective`): a language
+model's next-token cross-entropy (`lm_objective`) and SPIRe's k-pass objective against the frozen
+target (method §3.6-3.7, `SpireObjective`); `ObjectiveModule` runs one as a module's forward, for
+the DDP and FSDP wrappers."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from spirelib.model.transformer import Transformer
 from spirelib.training.losses import head_draft_losses
+
+#: ``objective(model, batch) -> (loss, metrics)``. `batch` is a LongTensor (B, T+1) of token windows
+#: on the training device (B is this rank's share of `TrainConfig.batch_size`, or `micro_batch_size`
+#: windows of it when set, T = `seq_len`). `loss` is a scalar tensor to minimize, the mean over the
+#: batch's windows (micro-batches of a step are equal in size, so the mean of their losses and the sum
+#: of their gradients / their count are those of the whole batch); `metrics` a dict of extra scalars
+#: to log (floats or 0-dim tensors, means over the batch likewise; averaged over a step's
+#: micro-batches, each logging interval and the validation set). `model` is always the plain module
+#: (call any of its methods): under DDP and FSDP the trainer wraps the objective call itself
+#: (`ObjectiveModule`), so gradients are reduced whatever the objective computes. Frozen helpers (a
+#: target) are captured by the objective (a closure or a callable object) and must live on the same
+#: device; bf16 autocast (GPU only) is active around the call.
+Objective = Callable[[nn.Module, torch.Tensor], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+def lm_objective(model: nn.Module, batch: torch.Tensor):
+    """Next-token cross-entropy (HardTargetLoss, method §3.7) of a `Transformer` on windows (B, T+1),
+    fused with the unembedding (`Transformer.loss`)."""
+    return model.loss(batch[:, :-1], batch[:, 1:]), {}
+
+
+class ObjectiveModule(nn.Module):
+    """`objective(model, batch)` as a module's forward, so that DDP, which all-reduces the
+    gradients of what runs inside its forward, wraps the whole objective (and FSDP2 shards the model
+    with this as its root): objectives call any method of the plain model. `forward(batch, objective)`
+    runs another objective on the same model (the evaluation's)."""
+
+    def __init__(self, model: nn.Module, objective: Objective):
+        super().__init__()
+        self.model, self.objective = model, objective
+
+    def forward(self, batch: torch.Tensor, objective: Objective | None = None):
+        return (objective or self.objective)(self.model, batch)
 
 
 class SpireObjective:
@@ -42,10 +77,8 @@ class SpireObjective:
     def compiled(self) -> SpireObjective:
         """This objective with the frozen target's forward and the loss's per-chunk arithmetic
         (`head_draft_losses(compiled=True)`) compiled, one static graph per shape; the draft's k
-        passes stay eager. Measured through the trainer on a 2-core CPU (docs/benchmarks.md): a step
-        1.22x faster at 4 x 1,024 and 1.05x at 4 x 640, for 14-17 s of compilation from a cold
-        cache; the whole step compiled is about 1.5x faster, but for ~2 min, most of it the
-        draft's k passes (~70 s for a fifth of their time). The results equal eager up to rounding."""
+        passes stay eager (what compiling each part gains, and what it takes, measured through the
+        trainer: docs/benchmarks.md). The results equal eager up to rounding."""
         other = copy.copy(self)
         other._teacher = torch.compile(self.target.residual_stream, dynamic=False)
         other._compiled = True

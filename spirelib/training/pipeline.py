@@ -28,16 +28,15 @@ from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.training.checkpoint import config_hash
+from spirelib.training.config import TrainConfig
 from spirelib.training.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
-from spirelib.training.objectives import SpireObjective
+from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.tokenizer import build_tokenizer, tokenize
 from spirelib.training.train import (
-    TrainConfig,
     TrainResult,
     evaluate,
     full_identity,
     init_distributed,
-    lm_objective,
     resolve_device,
     run_dir_for,
     train,

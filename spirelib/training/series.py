@@ -59,10 +59,10 @@ from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig, ablation
 from spirelib.model.transformer import ModelConfig
 from spirelib.training import pipeline
+from spirelib.training.config import TrainConfig, from_dict_checked
 from spirelib.training.data import CORPORA, resolve_path
 from spirelib.training.fsdp import PARALLEL
 from spirelib.training.tokenizer import TOKENIZERS
-from spirelib.training.train import TrainConfig, from_dict_checked
 
 #: The smoke defaults of the nested configs, in params form (seconds-long; the tests run them).
 SMOKE = {

@@ -1,40 +1,18 @@
-"""One rank's memory and communication of a sharded training run,
-traced through the real code with fake tensors on a fake process group (`spire bench memory --simulate`).
+"""One rank's memory and communication of a sharded training run, traced through the trainer's own
+code with fake tensors on a fake process group (`spire bench memory --simulate`); no GPU runs here.
 
-No GPU runs here. Every tensor is a `FakeTensorMode` tensor (shapes, dtypes and storages, no
-data), the process group is torch's fake one at the run's real world size (this process is
-rank 0; collectives return at once), and the trainer's own code runs on it: `fsdp.shard_units`
-/ `fsdp.shard_frozen_target` as `train` and `pipeline.trained_spire_draft` call them, the step
-(`train._accumulate`: the objective's forward and backward, micro-batch by micro-batch; then
-`train._update`: clipping, AdamW), the checkpoint gather (`fsdp.full_state`), a resume from that
-checkpoint (`fsdp.load_local_state`) and the gather of the trained model at the end of a run
-(`train._plain`). `FSDPMemTracker`
-(torch.distributed._tools.fsdp2_mem_tracker) counts the live bytes of every storage by kind
-(sharded and unsharded parameters and gradients, all-gather and reduce-scatter buffers,
-activations, optimizer state); each phase is its own tracker session, so its peak is that
-phase's. `CommDebugMode` counts the collectives; `_CommBytes` adds their buffer sizes.
-
-The GPU's numerics are what is simulated: the frozen target in bf16, the trained model's fp32
-master weights under FSDP2's bf16 `MixedPrecisionPolicy` with fp32 reduction
-(`fsdp.mixed_precision`). The fake device is the CPU, so autocast (CUDA only) is off: the few
-ops outside the sharded blocks that autocast would run in bf16 (the loss's chunks) are counted
-in fp32, a slight overestimate. Not counted: the CUDA context, NCCL's buffers and the caching
-allocator's fragmentation (a few GB on a real GPU).
-
-The step traced is a steady-state one: AdamW's moments are allocated beforehand, as every step
-after the first finds them. Host
-memory: `build` is what building the trained model takes: a language model is built whole on each
-rank's host before sharding; the SPIRe draft is built on the meta device and each rank's shards
-filled from the sharded target's (`fsdp.init_spire_draft`), traced (its shards, on the device; its
-collectives in `comms["build"]`); `save` what rank 0 gathers (model and AdamW state, traced),
-`resume` what each rank reads back of that checkpoint (`fsdp.load_local_state` run on the saved
-tensors' shapes, its reads counted: its rows of each).
+The run is built and stepped by the trainer's public pieces (`train.build_train_state`,
+`train.train_step`), so that a change to the trainer changes what is simulated; then come the
+checkpoint gather (`fsdp.full_state`), a resume (`fsdp.load_local_state`) and the end-of-run gather
+(`train.TrainState.plain_model`). `FSDPMemTracker` counts the live bytes of every storage by kind,
+one tracker session a phase; `_CommBytes` counts the collectives and their buffer sizes. What is
+counted and what is not: `simulate`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -52,7 +30,7 @@ class Case:
     name: str
     kind: str
     target: object  # model.transformer.ModelConfig
-    train: object  # training.train.TrainConfig
+    train: object  # training.config.TrainConfig
     world: int
     spire: object | None = None  # model.spire.SpireConfig
     #: Micro-batches of a step traced (at most): they are alike, so the second shows the steady state
@@ -172,7 +150,30 @@ def _bytes(tensors) -> int:
 
 
 def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
-    """Trace `case` (see the module docstring) in this process; returns {"case", "world", "params",
+    """Trace `case` in this process. Every tensor is a `FakeTensorMode` tensor (shapes, dtypes and
+    storages, no data), the process group is torch's fake one at the run's real world size (this
+    process is rank 0; collectives return at once); the frozen target and the trained model are sharded
+    as `train` and `pipeline.trained_spire_draft` shard them. `FSDPMemTracker`
+    (torch.distributed._tools.fsdp2_mem_tracker) counts the live bytes of every storage by kind (sharded
+    and unsharded parameters and gradients, all-gather and reduce-scatter buffers, activations,
+    optimizer state); each phase is its own tracker session, so its peak is that phase's.
+
+    The GPU's numerics are what is simulated: the frozen target in bf16, the trained model's fp32
+    master weights under FSDP2's bf16 `MixedPrecisionPolicy` with fp32 reduction
+    (`fsdp.mixed_precision`). The fake device is the CPU, so autocast (CUDA only) is off: the few
+    ops outside the sharded blocks that autocast would run in bf16 (the loss's chunks) are counted
+    in fp32, a slight overestimate. Not counted: the CUDA context, NCCL's buffers and the caching
+    allocator's fragmentation (a few GB on a real GPU).
+
+    The step traced is a steady-state one: AdamW's moments are allocated beforehand, as every step
+    after the first finds them. Host memory: `build` is what building the trained model takes: a
+    language model is built whole on each rank's host before sharding; the SPIRe draft is built on
+    the meta device and each rank's shards filled from the sharded target's (`fsdp.init_spire_draft`),
+    traced (its shards, on the device; its collectives in `comms["build"]`); `save` what rank 0
+    gathers (model and AdamW state, traced), `resume` what each rank reads back of that checkpoint
+    (`fsdp.load_local_state` run on the saved tensors' shapes, its reads counted: its rows of each).
+
+    Returns {"case", "world", "params",
     "phases": {phase: {"peak_bytes", kind: bytes, ...}}, "comms": {"counts": {kind: n},
     "bytes": {kind: bytes}, "forward": {"counts", "bytes"} of the forwards alone} of one whole step,
     "host": {"build", "save", "resume"} bytes}.
@@ -184,22 +185,13 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from spirelib.decoding.drafts import vanilla_draft_config
-    from spirelib.model.rope import _cached_frequencies
+    from spirelib.model.rope import clear_frequency_cache
     from spirelib.model.spire import SpireDraftModel
     from spirelib.model.transformer import Transformer
     from spirelib.training import fsdp
-    from spirelib.training.checkpoint import _optimizer_tensors
-    from spirelib.training.objectives import SpireObjective
-    from spirelib.training.train import (
-        _accumulate,
-        _meta_copy,
-        _ObjectiveStep,
-        _plain,
-        _update,
-        fsdp_units,
-        lm_objective,
-        make_optimizer,
-    )
+    from spirelib.training.checkpoint import optimizer_tensors
+    from spirelib.training.objectives import SpireObjective, lm_objective
+    from spirelib.training.train import build_train_state, train_step
 
     if dist.is_initialized():
         raise RuntimeError("simulate needs its own (fake) process group; run it where none is initialized")
@@ -208,10 +200,10 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     micro, n_micro = cfg.micro_batches(case.world)
     traced = min(n_micro, case.max_micro_batches)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case.world)
-    _cached_frequencies.cache_clear()  # RoPE's cached frequencies: fake tensors of this run, then of none
+    clear_frequency_cache()  # RoPE's cached frequencies: fake tensors of this run, then of none
     try:
         mesh = fsdp.device_mesh(dev, case.world)  # real tensors: the mesh reads its ranks back
-        frozen = None
+        frozen = initialize = None
         with FakeTensorMode() if fake else contextlib.nullcontext():
             with torch.device("meta"):  # built on the meta device, sharded, then materialized (`to_empty`)
                 if case.kind == "spire":  # an imported target (bf16), the draft pruned from it
@@ -223,54 +215,51 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
                 frozen.to_empty(device=dev)
                 objective = SpireObjective(frozen, fsdp.teacher_head(frozen))
                 model = SpireDraftModel.from_target(frozen, case.spire, device="meta")
+
+                def initialize(draft):
+                    fsdp.init_spire_draft(draft, frozen)
             else:
                 objective = lm_objective
                 built = _bytes(model.parameters())  # a language model is built whole on each rank's host
-            skeleton = _meta_copy(model)
-            root = fsdp.shard_units(_ObjectiveStep(model, objective), fsdp_units(model), mesh, dev,
-                                    compute=torch.bfloat16)
             building, build_tracker = _CommBytes(), MemTracker()
             if frozen is not None:  # the target's shards exist before: what the build reads of them is no new storage
                 build_tracker.track_external(frozen)
-            with building, build_tracker:  # the draft: its shards filled from the target's
+            with building, build_tracker:  # sharded as `train` shards it, then its shards filled (the draft's from the target's)
                 existing = build_tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
-                model.to_empty(device=dev)
-                if frozen is not None:
-                    fsdp.init_spire_draft(model, frozen)
+                state = build_train_state(model, objective, cfg, dev, case.world, sharded=True, initialize=initialize,
+                                          mesh=mesh, compute=torch.bfloat16)
             if frozen is not None:
                 built = build_tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0) - existing
-            opt = make_optimizer(model, cfg)
-            params = [p for p in model.parameters() if p.requires_grad]
+            opt = state.optimizer
             batch = torch.randint(0, case.target.vocab_size, (micro * traced, cfg.seq_len + 1), device=dev)
-            for p in params:  # AdamW's moments exist from the second step on: allocated as that step finds them
+            for p in state.params:  # AdamW's moments exist from the second step on: allocated as that step finds them
                 p.grad = torch.zeros_like(p)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            tracker = _tracker(root, opt)
+            tracker = _tracker(state.wrapper, opt)
             if frozen is not None:  # outside the tracked root: its shards and the teacher head, tracked as inputs
                 tracker.track_inputs((list(frozen.parameters()), list(objective.head_norm.parameters()),
                                       objective.head_weight))
             tracker.track_inputs((batch,))
-            phases = {}
+            phases, counted = {}, {}
 
-            def step_objective(windows):  # the trainer's call of the root, one micro-batch a call
-                tracker.reset_mod_stats()  # the tracker refuses a second root forward otherwise; peaks are kept
-                return root(windows)
-
-            def phase(name, fn):
-                with tracker:
-                    result = fn()
+            @contextlib.contextmanager
+            def phase(name):  # one tracker session (its peak: the phase's) and the phase's collectives
+                counted[name] = _CommBytes()
+                with counted[name], tracker:
+                    yield
                 snap = tracker.get_tracker_snapshot("peak").get(dev, {})
                 phases[name] = {"peak_bytes": snap.get("Total", 0),
                                 **{getattr(k, "value", k): v for k, v in snap.items() if k != "Total"}}
-                return result
 
-            opt.zero_grad(set_to_none=True)
-            passes, update = _CommBytes(), _CommBytes()
-            with passes:
-                loss, _ = phase("forward+backward", lambda: _accumulate(step_objective, None, batch, micro, traced, dev))
-            with update:
-                phase("optimizer", lambda: _update(opt, params, loss, cfg, case.world))
+            def step_objective(windows):  # the root, one micro-batch a call
+                tracker.reset_mod_stats()  # the tracker refuses a second root forward otherwise; peaks are kept
+                return state.wrapper(windows)
+
+            # The trainer's step on `traced` micro-batches (any learning rate traces alike); its outputs, (loss,
+            # grad norm, metrics) on the device, stay held through the later phases, as the trainer holds them.
+            outputs = train_step(replace(state, step_objective=step_objective), batch, cfg.lr, phase)
+            passes, update = counted["forward+backward"], counted["optimizer"]
             scale = n_micro / traced
             comms = {what: {kind: round(getattr(passes, what).get(kind, 0) * scale) + getattr(update, what).get(kind, 0)
                             for kind in {*getattr(passes, what), *getattr(update, what)}} for what in ("counts", "bytes")}
@@ -278,23 +267,27 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
                                 for what in ("counts", "bytes")}
             comms["build"] = {"counts": building.counts, "bytes": building.bytes}
             before_save = tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
-            state, optim_state = phase("save", lambda: fsdp.full_state(model, opt))
-            gathered = _bytes(state.values()) + _bytes(t for s in optim_state["state"].values()
-                                                       for t in s.values() if isinstance(t, torch.Tensor))
-            optim_tensors, rest = _optimizer_tensors(optim_state)  # the checkpoint's files, as saved
-            saved = _UnwrittenRows({"model.safetensors": state, "optimizer.safetensors": optim_tensors})
-            del state, optim_state, optim_tensors
+            with phase("save"):  # what `train.save_state` gathers
+                model_state, optim_state = fsdp.full_state(state.model, opt)
+            gathered = _bytes(model_state.values()) + _bytes(t for s in optim_state["state"].values()
+                                                             for t in s.values() if isinstance(t, torch.Tensor))
+            optim_tensors, rest = optimizer_tensors(optim_state)  # the checkpoint's files, as saved
+            saved = _UnwrittenRows({"model.safetensors": model_state, "optimizer.safetensors": optim_tensors})
+            del model_state, optim_state, optim_tensors
             opt.zero_grad(set_to_none=True)
             opt.state.clear()  # a resumed run's optimizer starts empty
-            phase("resume", lambda: fsdp.load_local_state(model, opt, saved, {"optimizer": rest}))
-            phase("end of run", lambda: _plain(model, skeleton))
+            with phase("resume"):  # what `train.resume` reads of a sharded run's checkpoint
+                fsdp.load_local_state(state.model, opt, saved, {"optimizer": rest})
+            with phase("end of run"):
+                state.plain_model()
+            del outputs
             return {"case": case.name, "kind": case.kind, "world": case.world, "micro_batch": micro,
                     "micro_batches": n_micro, "micro_batches_traced": traced,
-                    "params": sum(p.numel() for p in skeleton.parameters()), "phases": phases, "comms": comms,
+                    "params": sum(p.numel() for p in state.skeleton.parameters()), "phases": phases, "comms": comms,
                     "host": {"build": built, "save": gathered, "save_peak_increase": phases["save"]["peak_bytes"]
                              - before_save, "resume": saved.read_bytes}}
     finally:
-        _cached_frequencies.cache_clear()
+        clear_frequency_cache()
         dist.destroy_process_group()
 
 
@@ -317,8 +310,8 @@ def params_cases(worlds=(8, 16)) -> list[Case]:
     from spirelib.model.transformer import ModelConfig
     from spirelib.modeling.perfmodel import PRESETS
     from spirelib.paths import project_root
+    from spirelib.training.config import TrainConfig
     from spirelib.training.params import load_params
-    from spirelib.training.train import TrainConfig
 
     def llama3(name):
         return ModelConfig(vocab_size=LLAMA3_VOCAB, **vars(PRESETS[name]))

@@ -1,85 +1,28 @@
-"""A generic, resumable, distributed-ready training loop (method §6: AdamW, warmup + cosine).
+"""The trainer (method §6: AdamW, warmup + cosine): any `nn.Module` against any objective
+(`objectives.Objective`), resumable exactly, in one process or several (DDP, or FSDP2: `fsdp`).
 
-The trainer optimizes any `nn.Module` against any objective; the target, the vanilla draft
-(next-token cross-entropy, `lm_objective`) and the SPIRe draft (k-pass forward with a
-frozen target, MixedLoss) all train through `train`.
+`train` orchestrates public pieces that the memory simulation (`simulate`) runs too, so that what it
+traces is the trainer's own code:
 
-API
----
-``objective(model, batch) -> (loss, metrics)``
-    `batch` is a LongTensor (B, T+1) of token windows on the training device (B is this
-    rank's share of `TrainConfig.batch_size`, or `micro_batch_size` windows of it when set,
-    T = `seq_len`). Return a scalar loss tensor to minimize, the mean over the batch's
-    windows (micro-batches of a step are equal in size, so the mean of their losses and
-    the sum of their gradients / their count are those of the whole batch), and a dict of
-    extra scalars to log (floats or 0-dim tensors, means over the batch likewise; averaged
-    over a step's micro-batches, each logging interval and the validation set). `model` is always the plain module
-    (call any of its methods): under DDP the trainer wraps the objective call itself, so
-    gradients are all-reduced whatever the objective computes. Frozen helpers (a target) are
-    captured by the objective (a closure or a callable object), and must live on the same
-    device; bf16 autocast (GPU only) is active around the call.
-    ``eval_objective`` (default: `objective`) is called the same way on validation windows,
-    under ``torch.no_grad()`` with the plain module in eval mode.
+- `build_train_state`: the model placed or sharded, AdamW, the weights resumed (`resume`) or
+  initialized, the objective wrapped for the step: a `TrainState`;
+- `train_step`: one optimizer step on a rank's batch (`forward_backward` in micro-batches, then
+  `optimizer_step`); `evaluate`: the validation loss; `save_state`: a checkpoint.
 
-``train(model, objective, train_docs, cfg, run_dir=..., identity=..., val_docs=...) -> TrainResult``
-    Batches are `data.WindowSampler` windows: a pure function of (cfg.seed, step), each rank
-    taking its slice, so resuming and scaling out change nothing. Checkpoints go to
-    ``run_dir/checkpoint`` every `cfg.checkpoint_every` steps and at the end; the metrics log
-    to ``run_dir/metrics.jsonl`` (one JSON object per line: ``{"kind": "train", "step",
-    "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", ...objective metrics}``
-    every `log_every` steps, ``{"kind": "val", "step", "tokens", "val_loss", ...}`` every
-    `eval_every` steps and at the end). `identity` says what is trained (model config,
-    dataset checksum, objective, and anything else that should force retraining when it
-    changes, e.g. the frozen target's config hash); the trainer adds ``"train":
-    cfg.identity()``. A finished checkpoint with the same identity is reused (no training),
-    an unfinished one is resumed exactly, a different or corrupt one is refused
-    (`checkpoint.CheckpointError`, naming the differing fields). A non-finite loss or
-    gradient stops the run with `TrainingDiverged` (the step, a hint) and keeps the last
-    good checkpoint. `stop_at=s` ends the session after step s with a checkpoint
-    (resumable), as an interruption would.
-
-``run_dir_for(name, full_identity(cfg, identity))`` is the conventional cache folder
-``cache_dir()/models/<name>-<hash>``; `spirelib.training.pipeline` builds identities and run folders
-for the workbook. A draft trained against a frozen target, for example::
-
-    target = Series.from_dict(params).trained_target()  # cached; target.model on the device
-    frozen = target.model.eval().requires_grad_(False)
-
-    def objective(draft, batch):                           # batch (B, T+1)
-        with torch.no_grad():
-            p = torch.softmax(frozen(batch[:, :-1]), -1)   # the target's next-token distributions
-        q = torch.log_softmax(draft(batch[:, :-1]), -1)
-        return -(p * q).sum(-1).mean(), {}                 # distillation cross-entropy
-
-    identity = {"kind": "distilled-draft", "draft": draft_cfg.to_dict(), "target": target.config_hash,
-                "data": target.data.dataset.checksum}
-    result = train(draft, objective, target.data.dataset.train, cfg, identity=identity,
-                   run_dir=run_dir_for("distilled", full_identity(cfg, identity)),
-                   val_docs=target.data.dataset.val, device=device)
-
-(`pipeline.trained_spire_draft` is this with SPIRe's k-pass objective, `spire.SpireObjective`.)
-
-Distributed: launched under ``torchrun`` (WORLD_SIZE > 1) the trainer initializes the
-process group itself (gloo on CPU, nccl on GPU), wraps the model in DDP (``parallel="ddp"``)
-or shards it with FSDP2 (``parallel="fsdp"``, `spirelib.training.fsdp`: parameters, gradients
-and AdamW state split over the ranks; checkpoints gathered whole, in the same format), and
-rank 0 writes checkpoints and logs; every rank ends with identical (whole) weights. Device "auto" is cuda when
-available (each rank its LOCAL_RANK) else cpu; on GPU, bf16 autocast and TF32 matmuls; on
-CPU, plain fp32.
+The target, the vanilla draft (`objectives.lm_objective`) and the SPIRe draft (`objectives.SpireObjective`)
+all train through `train`; `pipeline` builds their identities and run folders for the workbook.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import json
 import math
 import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -89,7 +32,7 @@ from torch import nn
 
 from spirelib.frontend import progress_bar
 from spirelib.paths import cache_dir
-from spirelib.training import fsdp as fsdp_
+from spirelib.training import fsdp
 from spirelib.training.allocator import keep_freed_memory
 from spirelib.training.checkpoint import (
     Rows,
@@ -102,121 +45,9 @@ from spirelib.training.checkpoint import (
     read_meta,
     save_checkpoint,
 )
+from spirelib.training.config import TrainConfig
 from spirelib.training.data import WindowSampler, validation_windows
-
-Objective = Callable[[nn.Module, torch.Tensor], "tuple[torch.Tensor, dict[str, float]]"]
-
-
-def from_dict_checked(cls, d: dict, what: str):
-    """Build dataclass `cls` from `d`, refusing unknown keys and wrongly typed values with a
-    message that names the field and the allowed ones (before any compute)."""
-    if not isinstance(d, dict):
-        raise TypeError(f"{what} must be a mapping of {cls.__name__} fields, got {type(d).__name__}")
-    allowed = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(d) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown {what} field(s) {unknown}; allowed: {sorted(allowed)}")
-    for name, value in d.items():
-        kind = allowed[name].type if isinstance(allowed[name].type, str) else allowed[name].type.__name__
-        ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-              "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-              "bool": isinstance(value, bool), "str": isinstance(value, str)}.get(kind, True)
-        if not ok:
-            raise TypeError(f"{what}.{name} must be {kind}, got {value!r}")
-    return cls(**{k: float(v) if allowed[k].type in ("float", float) else v for k, v in d.items()})
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimizer, schedule and budget. Budget: exactly one of `steps` and `tokens_per_param`
-    (method §6 trains every model on 20 x N tokens, N counting embeddings)."""
-
-    batch_size: int = 8  # windows per optimizer step, over all ranks
-    seq_len: int = 128  # tokens per window (windows hold seq_len + 1 for the shifted targets)
-    steps: int = 0
-    tokens_per_param: float = 0.0
-    lr: float = 3e-3  # peak
-    min_lr_ratio: float = 0.1  # cosine decays to min_lr_ratio * lr
-    warmup_fraction: float = 0.05  # of all steps, linear from lr / warmup
-    weight_decay: float = 0.1  # on matrices (embeddings included), not on norm gains
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
-    eval_every: int = 0  # steps between validation losses; 0 = only at the end
-    eval_windows: int = 32  # validation windows of seq_len + 1 tokens
-    checkpoint_every: int = 100  # steps between checkpoints (and at the end)
-    log_every: int = 10
-    compile: bool = False  # torch.compile the objective (model and loss together; or its `compiled()` parts)
-    seed: int = 0
-    # Windows per forward/backward: each rank's share of the batch runs in micro-batches whose
-    # gradients accumulate before the one optimizer step; 0 = the rank's whole share at once.
-    micro_batch_size: int = 0
-
-    # Fields that change how a run is executed or observed, not what it computes. The
-    # micro-batch size is one: the step's loss and gradient are the mean over the same
-    # batch whatever it is (only float summation order differs, as with the world size,
-    # which no identity holds either), so a run may resume, or a finished model be reused,
-    # on a machine that needs a different one.
-    OPERATIONAL = ("checkpoint_every", "log_every", "compile", "micro_batch_size")
-
-    def __post_init__(self):
-        if (self.steps > 0) == (self.tokens_per_param > 0):
-            raise ValueError(f"set exactly one budget: steps > 0 or tokens_per_param > 0 "
-                             f"(got steps={self.steps}, tokens_per_param={self.tokens_per_param})")
-        for name in ("batch_size", "seq_len", "eval_windows", "checkpoint_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.warmup_fraction < 1:
-            raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, 0 <= warmup_fraction < 1: {self}")
-        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
-            raise ValueError(f"TrainConfig.micro_batch_size must be 0 (the whole batch) or divide batch_size "
-                             f"({self.batch_size}), got {self.micro_batch_size}")
-
-    def micro_batches(self, world: int = 1) -> tuple[int, int]:
-        """(windows per micro-batch, micro-batches per step) on each of `world` ranks."""
-        if self.batch_size % world:
-            raise ValueError(f"TrainConfig.batch_size {self.batch_size} does not split over {world} ranks")
-        per_rank = self.batch_size // world
-        micro = self.micro_batch_size or per_rank
-        if per_rank % micro:
-            raise ValueError(f"TrainConfig.micro_batch_size {micro} must divide the per-rank batch "
-                             f"{per_rank} (batch_size {self.batch_size} over {world} ranks)")
-        return micro, per_rank // micro
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        return from_dict_checked(cls, d, "TrainConfig")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def identity(self) -> dict:
-        """What determines the trained weights (the operational fields left out; every field
-        added since, `micro_batch_size`, is operational, so config hashes stay what they were)."""
-        return {k: v for k, v in self.to_dict().items() if k not in self.OPERATIONAL}
-
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
-
-    def total_steps(self, num_params: int) -> int:
-        if self.steps:
-            return self.steps
-        return max(1, math.ceil(self.tokens_per_param * num_params / self.tokens_per_step()))
-
-    def lr_at(self, step: int, total: int) -> float:
-        """Linear warmup over the first warmup_fraction of steps, then cosine to min_lr_ratio."""
-        warmup = round(self.warmup_fraction * total)
-        if step < warmup:
-            return self.lr * (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - 1 - warmup))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def lm_objective(model: nn.Module, batch: torch.Tensor):
-    """Next-token cross-entropy (HardTargetLoss, method §3.7) of a `Transformer` on windows (B, T+1),
-    fused with the unembedding (`Transformer.loss`)."""
-    return model.loss(batch[:, :-1], batch[:, 1:]), {}
+from spirelib.training.objectives import Objective, ObjectiveModule
 
 
 class TrainingDiverged(RuntimeError):
@@ -236,17 +67,32 @@ class TrainResult:
         return self.meta["summary"]
 
 
-class _ObjectiveStep(nn.Module):
-    """`objective(model, batch)` as a module's forward, so that DDP, which all-reduces the
-    gradients of what runs inside its forward, wraps the whole objective: objectives call any
-    method of the plain model."""
+@dataclass
+class TrainState:
+    """A session's model ready to step (`build_train_state`): what `train_step`, `evaluate` and
+    `save_state` work on, in `train` and in the memory simulation alike."""
 
-    def __init__(self, model: nn.Module, objective: Objective):
-        super().__init__()
-        self.model, self.objective = model, objective
+    model: nn.Module  # the plain module trained (under FSDP sharded in place: its parameters are DTensors)
+    optimizer: torch.optim.Optimizer
+    cfg: TrainConfig
+    world: int  # ranks sharing each step
+    micro: int  # windows per micro-batch on this rank (`TrainConfig.micro_batches`)
+    # A micro-batch (b, T+1) -> (loss, metrics), as a step calls it: the objective bound to the model,
+    # or `wrapper`; compiled whole under `TrainConfig.compile` (unless the objective compiles itself).
+    step_objective: Callable[[torch.Tensor], tuple[torch.Tensor, dict]]
+    wrapper: nn.Module | None = None  # the DDP or FSDP2 module around an `ObjectiveModule`; None in one process
+    skeleton: nn.Module | None = None  # sharded: the model's unsharded copy on the meta device (`fsdp.meta_copy`)
+    start: int = 0  # the step this session starts at: a resumed checkpoint's, else 0
+    params: list[nn.Parameter] = field(default_factory=list)  # the trained ones (requires_grad)
 
-    def forward(self, batch: torch.Tensor, objective: Objective | None = None):
-        return (objective or self.objective)(self.model, batch)
+    @property
+    def sharded(self) -> bool:
+        return self.skeleton is not None
+
+    def plain_model(self) -> nn.Module:
+        """The trained model as a plain module on every rank: a sharded one gathered whole on the host
+        (`fsdp.gather_plain`, collective), or the model itself."""
+        return self.model if self.skeleton is None else fsdp.gather_plain(self.model, self.skeleton)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -356,16 +202,112 @@ def evaluate(model: nn.Module, objective: Objective, windows: torch.Tensor, batc
     return _mean_metrics(sums, len(windows))
 
 
-def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: int,
-                device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-    """Forward and backward of one rank's batch (b, T+1) in `n_micro` micro-batches of `micro`
-    windows; the gradients add up to those of the mean loss over the whole batch (each
-    micro-batch's mean loss is scaled by 1 / n_micro). Under DDP only the last backward
-    all-reduces. Under FSDP every backward reduce-scatters, so the gradients accumulate sharded
-    (as torchtitan does): with gradient sync off FSDP2 would keep every parameter's whole
-    gradient on every rank until the last micro-batch, the model's full size in fp32 reduce dtype
-    (77 GB a rank for a 70B target's 19B-parameter draft). Returns the batch's mean loss
-    (detached) and metrics (means over micro-batches), left on the device: nothing here waits for it."""
+def build_train_state(model: nn.Module, objective: Objective, cfg: TrainConfig, device: torch.device,
+                      world: int, *, sharded: bool = False, compile_whole: bool = False,
+                      resume_from: tuple[Path, dict, dict] | None = None,
+                      initialize: Callable[[nn.Module], None] | None = None,
+                      mesh=None, compute: torch.dtype | None = None) -> TrainState:
+    """`model` ready to be trained by `objective` on `device`, one of `world` ranks:
+
+    - placed: with `sharded`, FSDP2 shards it block by block (`fsdp.shard_units`, the objective's
+      `ObjectiveModule` the root; on `mesh`, default `fsdp.device_mesh`; computing in `compute`,
+      default `fsdp.mixed_precision`'s) and a model built on the meta device gets storage for this
+      rank's shards only (the whole model is never on the device); otherwise it moves to `device`
+      whole (materialized there if built on the meta device);
+    - AdamW (`make_optimizer`);
+    - its weights: resumed from `resume_from` = (checkpoint folder, its verified meta.json, the run's
+      identity) (`resume`), or `initialize(model)` run (when given) and the generator seeded with
+      `cfg.seed`;
+    - the objective as a step calls it: under several ranks and not sharded, inside DDP (after the
+      weights, which DDP broadcasts from rank 0); with `compile_whole`, `torch.compile`d whole.
+    """
+    micro, _ = cfg.micro_batches(world)  # a batch that does not split over the ranks: refused here
+    skeleton = wrapper = None
+    on_meta = any(p.is_meta for p in model.parameters())
+    if sharded:
+        skeleton = fsdp.meta_copy(model)  # the plain module returned at the end
+        wrapper = fsdp.shard_units(ObjectiveModule(model, objective), fsdp.block_units(model),
+                                   mesh if mesh is not None else fsdp.device_mesh(device, world), device,
+                                   compute=compute)
+        if on_meta:  # this rank's shards get storage (FSDP2: materialized after sharding)
+            model.to_empty(device=device)
+    elif on_meta:
+        fsdp.materialize(model, device)
+    else:
+        model.to(device)
+    state = TrainState(model, make_optimizer(model, cfg), cfg, world, micro,
+                       partial(objective, model), wrapper, skeleton)
+    if resume_from is not None:
+        state.start = resume(state, *resume_from)
+    else:
+        if initialize is not None:
+            initialize(model)
+        torch.manual_seed(cfg.seed)
+    if sharded:
+        state.step_objective = wrapper
+    elif world > 1:
+        # find_unused_parameters: a variant may leave parameters out of its graph (the SPIRe
+        # draft's feedback mixture without feedback); the check is one graph traversal a step
+        # (DDP warns once where none is unused). static_graph would skip it, but fails with
+        # no_sync's micro-batches (torch 2.x: reducer assertion).
+        state.step_objective = state.wrapper = nn.parallel.DistributedDataParallel(
+            ObjectiveModule(model, objective), device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=True)
+    if compile_whole:
+        # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
+        # step is as fast as with real-valued RoPE, and eager is faster (spirelib.model.rope).
+        warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
+        state.step_objective = torch.compile(state.step_objective)
+    state.params = [p for p in model.parameters() if p.requires_grad]
+    return state
+
+
+def resume(state: TrainState, path: Path, meta: dict, identity: dict) -> int:
+    """Load checkpoint `path` (`meta`: its verified meta.json) into `state`: the weights, AdamW's
+    state and the generators', exactly; each rank of a sharded run reads its rows of every tensor
+    (`fsdp.load_local_state`), no rank the whole state. Returns the step to continue from."""
+    if state.sharded:
+        fsdp.load_local_state(state.model, state.optimizer, Rows(path), meta)
+        load_rng_state(path)
+    else:
+        load_checkpoint(path, state.model, identity, optimizer=state.optimizer, restore_rng=True, meta=meta)
+    return meta["step"]
+
+
+def _untraced(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def train_step(state: TrainState, batch: torch.Tensor, lr: float,
+               phase: Callable[[str], contextlib.AbstractContextManager] = _untraced,
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor | float]]:
+    """One optimizer step on this rank's batch (b, T+1) at learning rate `lr`: the gradients reset,
+    `forward_backward` in micro-batches of `state.micro` windows, then `optimizer_step`. Returns
+    (loss, grad norm, metrics), left on the device: nothing here waits for it. `phase(name)` is entered
+    around each part, "forward+backward" and "optimizer" (the memory simulation traces each apart)."""
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    state.optimizer.zero_grad(set_to_none=True)
+    with phase("forward+backward"):
+        loss, metrics = forward_backward(state, batch)
+    with phase("optimizer"):
+        loss, grad_norm = optimizer_step(state, loss)
+    return loss, grad_norm, metrics
+
+
+def forward_backward(state: TrainState, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """Forward and backward of one rank's batch (b, T+1) in micro-batches of `state.micro` windows;
+    the gradients add up to those of the mean loss over the whole batch (each micro-batch's mean loss
+    is scaled by 1 / their number). Under DDP only the last backward all-reduces. Under FSDP every
+    backward reduce-scatters, so the gradients accumulate sharded (as torchtitan does): with gradient
+    sync off FSDP2 would keep every parameter's whole gradient on every rank until the last
+    micro-batch, the model's full size in fp32 reduce dtype (77 GB a rank for a 70B target's
+    19B-parameter draft). Returns the batch's mean loss (detached) and metrics (means over
+    micro-batches), left on the device: nothing here waits for it."""
+    micro = state.micro
+    n_micro = len(batch) // micro
+    ddp = state.wrapper if isinstance(state.wrapper, nn.parallel.DistributedDataParallel) else None
+    step_objective, device = state.step_objective, batch.device
     total = None
     sums: dict[str, torch.Tensor | float] = {}
     for m in range(n_micro):
@@ -382,17 +324,40 @@ def _accumulate(step_objective, ddp, batch: torch.Tensor, micro: int, n_micro: i
     return total / n_micro, _mean_metrics(sums, n_micro)
 
 
-def _update(opt: torch.optim.Optimizer, params: list, loss_value: torch.Tensor, cfg: TrainConfig,
-            world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The optimizer's part of a step, after `_accumulate`: clip the gradients (their global norm,
-    gathered over shards), average the loss over ranks, AdamW's step. Returns (loss, grad norm),
-    on the device."""
-    grad_norm = fsdp_.clip_grad_norm(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-    if world > 1:
+def optimizer_step(state: TrainState, loss_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimizer's part of a step, after `forward_backward`: clip the gradients (their global norm,
+    gathered over shards), average the loss over ranks, AdamW's step. Returns (loss, grad norm), on
+    the device."""
+    grad_clip = state.cfg.grad_clip
+    grad_norm = fsdp.clip_grad_norm(state.params, grad_clip if grad_clip > 0 else math.inf)
+    if state.world > 1:
         dist.all_reduce(loss_value)
-        loss_value = loss_value / world
-    opt.step()
+        loss_value = loss_value / state.world
+    state.optimizer.step()
     return loss_value, grad_norm
+
+
+def save_state(state: TrainState, path: Path, identity: dict, *, step: int, finished: bool,
+               summary: dict | None = None, group=None) -> None:
+    """Checkpoint `state` at `path` (`checkpoint.save_checkpoint`; every rank calls it): a sharded model
+    and its AdamW state gathered whole on rank 0's host (`fsdp.full_state`), written in the
+    single-process format."""
+    model_state = optimizer_state = None
+    if state.sharded:
+        model_state, optimizer_state = fsdp.full_state(state.model, state.optimizer)
+    save_checkpoint(path, state.model, identity, step=step, finished=finished, optimizer=state.optimizer,
+                    summary=summary, state=model_state, optimizer_state=optimizer_state, group=group)
+
+
+def _reused(model: nn.Module, path: Path, meta: dict, device: torch.device, sharded: bool) -> nn.Module:
+    """A finished checkpoint's weights in `model`, in eval mode: on `device`, or for a sharded run on
+    the host (a whole 70B draft fits no GPU)."""
+    if any(p.is_meta for p in model.parameters()):
+        fsdp.materialize(model, torch.device("cpu") if sharded else device)
+    elif not sharded:
+        model.to(device)
+    load_checkpoint(path, model, meta=meta)
+    return (model if sharded else model.to(device)).eval()
 
 
 def _drain(device: torch.device) -> None:
@@ -476,14 +441,58 @@ def train(
     parallel: str = "ddp",
     initialize: Callable[[nn.Module], None] | None = None,
 ) -> TrainResult:
-    """Train `model` on windows of `train_docs` (see the module docstring). `budget_params`
-    is N for `tokens_per_param` (default: all trainable parameters, embeddings included).
-    `parallel` ("ddp" or "fsdp") says how several ranks share the work; one process ignores it.
-    `initialize(model)` fills the model's parameters when training starts fresh, once they have
-    storage on the device (sharded: this rank's shards); a model built on the meta device needs one
-    (a sharded SPIRe draft, filled from its target's shards: `fsdp.init_spire_draft`)."""
-    if parallel not in fsdp_.PARALLEL:
-        raise ValueError(f"parallel must be one of {fsdp_.PARALLEL}, got {parallel!r}")
+    """Train `model` on windows of `train_docs` against `objective` (`objectives.Objective`);
+    ``eval_objective`` (default: `objective`) is called the same way on validation windows of
+    `val_docs`, under ``torch.no_grad()`` with the plain module in eval mode.
+
+    Batches are `data.WindowSampler` windows: a pure function of (cfg.seed, step), each rank taking
+    its slice, so resuming and scaling out change nothing. Checkpoints go to ``run_dir/checkpoint``
+    every `cfg.checkpoint_every` steps and at the end; the metrics log to ``run_dir/metrics.jsonl``
+    (one JSON object per line: ``{"kind": "train", "step", "tokens", "loss", "lr", "grad_norm",
+    "tokens_per_s", "elapsed_s", ...objective metrics}`` every `log_every` steps, ``{"kind": "val",
+    "step", "tokens", "val_loss", ...}`` every `eval_every` steps and at the end). `identity` says
+    what is trained (model config, dataset checksum, objective, and anything else that should force
+    retraining when it changes, e.g. the frozen target's config hash); the trainer adds ``"train":
+    cfg.identity()``. A finished checkpoint with the same identity is reused (no training), an
+    unfinished one is resumed exactly, a different or corrupt one is refused
+    (`checkpoint.CheckpointError`, naming the differing fields). A non-finite loss or gradient stops
+    the run with `TrainingDiverged` (the step, a hint) and keeps the last good checkpoint.
+    `stop_at=s` ends the session after step s with a checkpoint (resumable), as an interruption
+    would. `budget_params` is N for `tokens_per_param` (default: all trainable parameters,
+    embeddings included).
+
+    Distributed: launched under ``torchrun`` (WORLD_SIZE > 1) the trainer initializes the process
+    group itself (gloo on CPU, nccl on GPU), wraps the model in DDP (``parallel="ddp"``) or shards it
+    with FSDP2 (``parallel="fsdp"``: parameters, gradients and AdamW state split over the ranks;
+    checkpoints gathered whole, in the same format); `parallel` is ignored in one process. Rank 0
+    writes checkpoints and logs; every rank ends with identical (whole) weights. Device "auto" is
+    cuda when available (each rank its LOCAL_RANK) else cpu; on GPU, bf16 autocast and TF32 matmuls;
+    on CPU, plain fp32. `initialize(model)` fills the model's parameters when training starts fresh,
+    once they have storage on the device (sharded: this rank's shards); a model built on the meta
+    device needs one (a sharded SPIRe draft, filled from its target's shards: `fsdp.init_spire_draft`).
+
+    ``run_dir_for(name, full_identity(cfg, identity))`` is the conventional cache folder
+    ``cache_dir()/models/<name>-<hash>``. A draft trained against a frozen target, for example::
+
+        target = Series.from_dict(params).trained_target()  # cached; target.model on the device
+        frozen = target.model.eval().requires_grad_(False)
+
+        def objective(draft, batch):                           # batch (B, T+1)
+            with torch.no_grad():
+                p = torch.softmax(frozen(batch[:, :-1]), -1)   # the target's next-token distributions
+            q = torch.log_softmax(draft(batch[:, :-1]), -1)
+            return -(p * q).sum(-1).mean(), {}                 # distillation cross-entropy
+
+        identity = {"kind": "distilled-draft", "draft": draft_cfg.to_dict(), "target": target.config_hash,
+                    "data": target.data.dataset.checksum}
+        result = train(draft, objective, target.data.dataset.train, cfg, identity=identity,
+                       run_dir=run_dir_for("distilled", full_identity(cfg, identity)),
+                       val_docs=target.data.dataset.val, device=device)
+
+    (`pipeline.trained_spire_draft` is this with SPIRe's k-pass objective, `objectives.SpireObjective`.)
+    """
+    if parallel not in fsdp.PARALLEL:
+        raise ValueError(f"parallel must be one of {fsdp.PARALLEL}, got {parallel!r}")
     dev = resolve_device(device)
     if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise RuntimeError(f"{dev} has no bf16: training computes under bf16 autocast (fp32 weights, so no loss "
@@ -495,21 +504,8 @@ def train(
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoint"
     sharded = parallel == "fsdp" and world > 1
-    on_meta = any(p.is_meta for p in model.parameters())
-    if on_meta and initialize is None:
+    if initialize is None and any(p.is_meta for p in model.parameters()):
         raise ValueError("a model built on the meta device has no weights: pass train(initialize=...) to fill them")
-    if not sharded and on_meta:
-        _materialize(model, dev)
-    elif not sharded:
-        model.to(dev)
-    # else: fully_shard moves one block at a time to the device (the whole model never is there)
-    # An objective that knows which of its parts compiling speeds up compiles those itself
-    # (`compiled()`, e.g. spire.SpireObjective's); any other is compiled whole, below.
-    compiles_itself = cfg.compile and not sharded and hasattr(objective, "compiled")
-    if compiles_itself:
-        objective = objective.compiled()
-    eval_objective = eval_objective or objective
-    units = fsdp_units(model)
     if budget_params is None:
         budget_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = cfg.total_steps(budget_params)
@@ -520,55 +516,22 @@ def train(
         meta = read_meta(found, ckpt_group)  # each rank hashes its share of the files
         check_identity(found, meta, ident)
         if meta["finished"]:
-            if sharded and on_meta:
-                _materialize(model, torch.device("cpu"))
-            load_checkpoint(found, model, meta=meta)  # sharded: it stays on the host (a whole 70B draft fits no GPU)
-            return TrainResult((model if sharded else model.to(dev)).eval(), found, meta,
+            return TrainResult(_reused(model, found, meta, dev, sharded), found, meta,
                                read_metrics(run_dir / "metrics.jsonl"), reused=True)
 
-    start = 0
-    fsdp = skeleton = None
-    if sharded:
-        skeleton = _meta_copy(model)  # the plain module returned at the end
-        fsdp = fsdp_.shard_units(_ObjectiveStep(model, objective), units, fsdp_.device_mesh(dev, world), dev)
-        if on_meta:  # this rank's shards get storage (FSDP2: materialized after sharding)
-            model.to_empty(device=dev)
-    opt = make_optimizer(model, cfg)
-    if meta is not None:
-        start = meta["step"]
-    if meta is not None and sharded:  # each rank reads its rows of the weights and moments
-        fsdp_.load_local_state(model, opt, Rows(found), meta)
-        load_rng_state(found)
-    elif meta is not None:
-        load_checkpoint(found, model, ident, optimizer=opt, restore_rng=True, meta=meta)
-    if meta is None:
-        if initialize is not None:
-            initialize(model)
-        torch.manual_seed(cfg.seed)
+    # An objective that knows which of its parts compiling speeds up compiles those itself
+    # (`compiled()`, e.g. objectives.SpireObjective's); any other is compiled whole.
+    compiles_itself = cfg.compile and not sharded and hasattr(objective, "compiled")
+    if compiles_itself:
+        objective = objective.compiled()
+    eval_objective = eval_objective or objective
+    state = build_train_state(model, objective, cfg, dev, world, sharded=sharded,
+                              compile_whole=cfg.compile and not compiles_itself, initialize=initialize,
+                              resume_from=None if meta is None else (found, meta, ident))
+    start = state.start
     log = _MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
-
-    step_objective = partial(objective, model)
-    ddp = None
-    if sharded:
-        step_objective = fsdp
-    elif world > 1:
-        # find_unused_parameters: a variant may leave parameters out of its graph (the SPIRe
-        # draft's feedback mixture without feedback); the check is one graph traversal a step
-        # (DDP warns once where none is unused). static_graph would skip it, but fails with
-        # no_sync's micro-batches (torch 2.x: reducer assertion).
-        step_objective = ddp = nn.parallel.DistributedDataParallel(
-            _ObjectiveStep(model, objective), device_ids=[dev.index] if dev.type == "cuda" else None,
-            find_unused_parameters=True)
-    if cfg.compile and not compiles_itself:
-        # Inductor leaves RoPE's complex multiply to eager and warns; measured, the compiled
-        # step is as fast as with real-valued RoPE, and eager is faster (spirelib.model.rope).
-        warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
-        step_objective = torch.compile(step_objective)
     sampler = WindowSampler(train_docs, cfg.batch_size, cfg.seq_len + 1, cfg.seed)
     val = validation_windows(val_docs, cfg.eval_windows, cfg.seq_len + 1, cfg.seed) if val_docs is not None else None
-    micro, n_micro = cfg.micro_batches(world)
-    per_rank = micro * n_micro
-    params = [p for p in model.parameters() if p.requires_grad]
 
     # The first step whose loss or gradient norm was not finite (-1: none), kept on the device and
     # looked at only where the host waits anyway (a log line, an evaluation, a checkpoint), so a
@@ -590,18 +553,14 @@ def train(
         )
 
     def save(step: int, finished: bool, summary: dict | None = None) -> None:
-        state = optimizer_state = None
-        if sharded:  # every rank gathers; rank 0 writes the whole model in the single-process format
-            state, optimizer_state = fsdp_.full_state(model, opt)
-        save_checkpoint(ckpt_dir, model, ident, step=step, finished=finished, optimizer=opt, summary=summary,
-                        state=state, optimizer_state=optimizer_state, group=ckpt_group)
+        save_state(state, ckpt_dir, ident, step=step, finished=finished, summary=summary, group=ckpt_group)
 
     def run_eval(step: int) -> dict:
         if sharded:
-            result = evaluate(fsdp, lambda step_module, b: step_module(b, eval_objective), val, micro, dev, rank, world,
-                              lockstep=True)
+            result = evaluate(state.wrapper, lambda step_module, b: step_module(b, eval_objective), val, state.micro,
+                              dev, rank, world, lockstep=True)
         else:
-            result = evaluate(model, eval_objective, val, micro, dev, rank, world)
+            result = evaluate(model, eval_objective, val, state.micro, dev, rank, world)
         log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
         return result
 
@@ -618,12 +577,7 @@ def train(
     for step, batch in zip(range(start, total), batches):
         clock.start()
         lr = cfg.lr_at(step, total)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = batch.to(dev, non_blocking=True)  # (B/world, T+1)
-        opt.zero_grad(set_to_none=True)
-        loss_value, metrics = _accumulate(step_objective, ddp, batch, micro, n_micro, dev)
-        loss_value, grad_norm = _update(opt, params, loss_value, cfg, world)
+        loss_value, grad_norm, metrics = train_step(state, batch.to(dev, non_blocking=True), lr)  # (B/world, T+1)
         finite = torch.isfinite(loss_value) & torch.isfinite(grad_norm)
         nonfinite = torch.where(~finite & (nonfinite < 0), step, nonfinite)
         clock.stepped()
@@ -650,7 +604,7 @@ def train(
             check_finite(lr)
             save(done, finished=False)
             bar.close()
-            return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir, verify=False),
+            return TrainResult(state.plain_model().eval(), ckpt_dir, read_meta(ckpt_dir, verify=False),
                                log.entries, reused=False)
         if done % cfg.checkpoint_every == 0 and done != total:
             clock.pause()
@@ -662,7 +616,7 @@ def train(
     if val is not None:
         last_val = run_eval(total)
     clock.pause()
-    tokens_per_s = (per_rank * world * cfg.seq_len * clock.timed_steps / clock.timed_s if clock.timed_steps
+    tokens_per_s = (cfg.tokens_per_step() * clock.timed_steps / clock.timed_s if clock.timed_steps
                     else float("nan"))
     run_s = time.perf_counter() - t_start  # this session's wall clock: compilation, evaluation, checkpoints included
     summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": float(last_loss),
@@ -670,49 +624,5 @@ def train(
                "first_step_s": clock.first_step_s, "budget_params": budget_params,
                "world_size": world, "device": str(dev), **last_val}
     save(total, finished=True, summary=summary)
-    return TrainResult(_plain(model, skeleton).eval(), ckpt_dir, read_meta(ckpt_dir, verify=False), log.entries,
+    return TrainResult(state.plain_model().eval(), ckpt_dir, read_meta(ckpt_dir, verify=False), log.entries,
                        reused=False)
-
-
-def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP shards one by one inside the root (`fsdp.shard_units`): the model's blocks
-    (a `Transformer`'s, a `spire.SpireDraftModel`'s), none for a model without `blocks`."""
-    return list(model.blocks) if isinstance(getattr(model, "blocks", None), nn.ModuleList) else []
-
-
-def _meta_copy(model: nn.Module) -> nn.Module:
-    """`model` copied with every parameter on the meta device (no weight is copied; ties kept)."""
-    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-            for p in model.parameters()}
-    return copy.deepcopy(model, memo)
-
-
-def _plain(model: nn.Module, skeleton: nn.Module | None) -> nn.Module:
-    """The trained model as a plain module on every rank: a sharded one gathered into `skeleton`
-    (its unsharded copy on the meta device; collective) on the host, one tensor at a time, so no
-    device ever holds the whole model (a 70B target's SPIRe draft is 77 GB in fp32); or `model` itself."""
-    if skeleton is None:
-        return model
-    names = {name for name, _ in skeleton.named_parameters()}
-    for name, p in model.named_parameters():
-        owner, _, leaf = name.rpartition(".")
-        whole = fsdp_.full_tensor(p.detach()).cpu()
-        skeleton.get_submodule(owner)._parameters[leaf] = nn.Parameter(whole, requires_grad=p.requires_grad)
-        names.discard(name)
-    if names:
-        raise ValueError(f"parameters of the plain model missing from the sharded one: {sorted(names)[:5]}")
-    _tie(skeleton)  # a tied Parameter was replaced once, by its first name
-    return skeleton
-
-
-def _tie(model: nn.Module) -> None:
-    """Tie again what `model`'s modules tie (`Transformer.tie`), after their Parameters were replaced."""
-    for module in model.modules():
-        if hasattr(module, "tie"):
-            module.tie()
-
-
-def _materialize(model: nn.Module, device: torch.device) -> None:
-    """Give a model built on the meta device storage on `device` (values undefined until filled)."""
-    model.to_empty(device=device)
-    _tie(model)

@@ -50,9 +50,10 @@ from spirelib.modeling.profiled import forward_work
 from spirelib.paths import cache_dir
 from spirelib.training import pipeline
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
+from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
-from spirelib.training.objectives import SpireObjective
-from spirelib.training.train import TrainConfig, evaluate, lm_objective, resolve_device, train
+from spirelib.training.objectives import SpireObjective, lm_objective
+from spirelib.training.train import evaluate, resolve_device, train
 
 #: A notebook's fixed cost on this machine: kernel start, imports, HTML export with its static
 #: figures (01, which computes nothing heavy, took 5-6 s in every run of 2026-12-02).
