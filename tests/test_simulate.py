@@ -7,7 +7,8 @@ Small shapes, seconds: the same code `spire bench memory --simulate` runs at 70B
 - the checkpoint gather holds the whole weights and both AdamW moments (rank 0), the gather of
   the trained model at the end of a run one copy of the weights, never two;
 - the SPIRe draft's run (frozen sharded target, k-pass) traces, and its collectives are counted;
-- the k-pass gathers each draft block once per pass: k times a micro-batch's forward, k in its backward.
+- the k-pass gathers each draft block once per pass: k times a micro-batch's forward, k in its backward;
+- the run is built and stepped by the trainer's own public pieces, not a copy of them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch
 
 from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig
+from spirelib.training.config import TrainConfig
 from spirelib.training.simulate import Case, peak, simulate
-from spirelib.training.train import TrainConfig
 
 SHAPE = ModelConfig(vocab_size=256, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 TRAIN = TrainConfig(batch_size=4, seq_len=16, steps=1, micro_batch_size=1)  # 2 micro-batches a rank
@@ -107,6 +108,28 @@ def test_the_k_pass_gathers_each_draft_block_once_per_pass():
     assert (forward[1] - forward[0]) / micro == spire.k  # at most k + 1, the goal
     assert (total[1] - total[0] - (forward[1] - forward[0])) / micro == spire.k
     assert forward[0] > micro * (shape.num_layers + spire.k)  # the target's blocks too: the count is the forward's
+
+
+def test_the_simulation_builds_and_steps_through_the_trainers_own_pieces(monkeypatch):
+    """The run is built and stepped by the trainer's public pieces (`train.build_train_state`,
+    `train.train_step`), not by a copy of them: a change to the trainer's step changes the simulation."""
+    from spirelib.training import train
+
+    calls = []
+
+    def counting(name):
+        real = getattr(train, name)
+
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return counted
+
+    for name in ("build_train_state", "train_step"):
+        monkeypatch.setattr(train, name, counting(name))
+    r = simulate(Case("toy target", "target", SHAPE, TRAIN, 2))
+    assert calls == ["build_train_state", "train_step"]
+    assert r["phases"]["forward+backward"]["peak_bytes"] > 0 and r["phases"]["optimizer"]["peak_bytes"] > 0
 
 
 def test_a_batch_that_does_not_split_is_refused_before_any_compute():
