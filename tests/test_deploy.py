@@ -25,7 +25,7 @@ from spirelib.modeling.schedule import (
     schedule,
 )
 from spirelib.training.series import Series
-from spirelib.workbook import deploy, runner
+from spirelib.workbook import deploy, report, runner
 
 
 def table(tm, spread=0.01):
@@ -378,10 +378,10 @@ def test_a_run_writes_its_schedules_and_the_index_links_every_file_written(run_d
         assert all((run_dir / entry["folder"] / method / f).is_file() for f in made["files"])
         doc = yaml.safe_load((run_dir / entry["folder"] / method / "schedule.yaml").read_text())
         assert made["ranges"] == ", ".join(f"B {r['batch'][0]}-{r['batch'][1]}: k={r['k']}" for r in doc["schedule"])
-    page = deploy.index_section({"deploy": written}, {})
+    page = report.schedules_section({"deploy": written}, {})
     assert page.count("<a href=") == sum(len(m["files"]) for m in entry["methods"].values())
     assert "deploy/h100-sxm-fp8/spire/vllm.json" in page and "SPIRe" in page
-    assert deploy.index_section({}, {}) == ""
+    assert report.schedules_section({}, {}) == ""
     (run_dir / "results.json").write_text("{}")
     assert "recorded no tau" in deploy.write_run(run_dir)["h100-sxm-fp8"]["skipped"]
 

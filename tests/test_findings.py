@@ -5,7 +5,8 @@ import html
 import re
 
 from spirelib.workbook import findings
-from spirelib.workbook.findings import findings_section, verdict_section
+from spirelib.workbook.findings import Part, plain
+from spirelib.workbook.report import findings_section, verdict_section
 
 RUN = {"notebooks": {"01_performance_model": {"html": "01_performance_model.html"},
                      "04_measure_tau": {"html": "04_measure_tau.html"},
@@ -70,18 +71,22 @@ def test_verdict_answers_four_ways_at_the_cell_and_over_the_grid():
 def test_claims_separate_the_papers_arithmetic_from_what_this_scale_reproduces():
     found = findings.claims(RUN, RESULTS)
     arithmetic, done, not_done = found["arithmetic"], found["reproduced"], found["not reproduced"]
-    assert [c.html.startswith("Multipliers at B = 64, L = 512") for c in arithmetic] == [True]
+    assert [plain(c.text).startswith("Multipliers at B = 64, L = 512") for c in arithmetic] == [True]
     (_, ok, text, key), = arithmetic
     assert key == "arithmetic:multipliers"
-    assert not ok and "vanilla SD 1.40x (paper 1.36x; differs at the second decimal: 1.4000)" in text
-    assert any("SPIRe is the best draft" in t and "SPIRe 2.60x" in t for _, _, t, _ in done)
-    assert any("faster in 1 of 4 measured cells</a> (1 resolved: 95% CI above 1)" in t for _, _, t, _ in not_done)
-    assert any("Order of tau" in t and "SPIRe 3.20, MagicDec 2.90" in t for _, _, t, _ in not_done)  # paper: MagicDec first
-    assert any("Importance" in t for _, _, t, _ in done)
-    assert not any("Multipliers at B = 64" in t for _, _, t, _ in done + not_done)
-    plain = text_of(findings.reproduced_section(RUN, RESULTS))
-    assert "The paper's arithmetic, checked (0 of 1 agree)" in plain and "differs: Multipliers" in plain
-    assert "Reproduced at this scale (2)" in plain and "Not reproduced at this scale (3)" in plain
+    assert not ok and "vanilla SD 1.40x (paper 1.36x; differs at the second decimal: 1.4000)" in plain(text)
+    assert any("SPIRe is the best draft" in plain(t) and "SPIRe 2.60x" in plain(t) for _, _, t, _ in done)
+    assert any(Part("faster in 1 of 4 measured cells", href="09_measured_vs_modeled.html") in t
+               and "cells (1 resolved: 95% CI above 1)" in plain(t) for _, _, t, _ in not_done)
+    assert any("Order of tau" in plain(t) and "SPIRe 3.20, MagicDec 2.90" in plain(t)
+               for _, _, t, _ in not_done)  # paper: MagicDec first
+    assert any("Importance" in plain(t) for _, _, t, _ in done)
+    assert not any("Multipliers at B = 64" in plain(t) for _, _, t, _ in done + not_done)
+    page = verdict_section(RUN, RESULTS)
+    assert "faster in 1 of 4 measured cells</a> (1 resolved: 95% CI above 1)" in page
+    words = text_of(page)
+    assert "The paper's arithmetic, checked (0 of 1 agree)" in words and "differs: Multipliers" in words
+    assert "Reproduced at this scale (2)" in words and "Not reproduced at this scale (3)" in words
 
 
 def test_a_cost_number_off_at_the_second_decimal_says_why_or_is_not_a_match():
@@ -89,7 +94,7 @@ def test_a_cost_number_off_at_the_second_decimal_says_why_or_is_not_a_match():
               "b": {"paper": 6.40, "from_rounded_tm": 6.4012, "from_full_tm": 6.3991},
               "c": {"paper": 6.20, "from_rounded_tm": 6.2149, "from_full_tm": 6.2139}}
     out = findings._claim_costs({}, {"08_cost_analysis": {"paper_cost_check": checks}})
-    (_, ok_a, a, _), (_, ok_b, b, _), (_, ok_c, c, _) = out
+    (_, ok_a, a, _), (_, ok_b, b, _), (_, ok_c, c, _) = ((kind, ok, plain(t), key) for kind, ok, t, key in out)
     assert ok_a and "5.13 (paper 5.12: the paper rounded its multipliers to two decimals first" in a
     assert ok_b and "6.40 (paper 6.40)" in b and "rounded" not in b
     assert not ok_c and c.endswith("differs")
@@ -118,12 +123,14 @@ def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such()
         "09_measured_vs_modeled": {"cells": [
             {"method": "spire", "B": 1, "L": 256, "measured_speedup": 0.9, "modeled_speedup": 1.8,
              "profiled_speedup": 1.0, "profiled_error": 0.111}]}}
-    (kind, good, text, _), = _claim_ablations({}, results)
+    (kind, good, claim, _), = _claim_ablations({}, results)
+    words = plain(claim)
     assert kind == "reproduced" and not good
-    assert "sparse KV (modeled, no interval, +0.76x)" in text and "Not resolved at this scale (no rank): feedback" in text
-    assert "feedback (+0.01x)" not in text
+    assert "sparse KV (modeled, no interval, +0.76x)" in words
+    assert "Not resolved at this scale (no rank): feedback" in words
+    assert "feedback (+0.01x)" not in words
     claims = _claim_measured({}, results)
-    assert any("profiled cost model" in t and "median error 11% over all 1 cells" in t and not ok
+    assert any("profiled cost model" in plain(t) and "median error 11% over all 1 cells" in plain(t) and not ok
                for _, ok, t, _ in claims)
 
 
@@ -134,9 +141,10 @@ def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
                         "effect": "harmful"}],
         "component_delta_tau": {"target activations": {"mean": -0.131, "ci95": 0.053, "resolved": True}}}}
     (_, ok, claim, _), = findings._claim_ablations({}, results)
+    claim = plain(claim)
     assert not ok and "harmful here, removing it raises tau: target activations (-0.131 ± 0.053 tau, -0.08x;" in claim
     assert "own 95% interval, uncorrected" in claim and "sparse KV (modeled, no interval, +0.76x)" in claim
-    details = text(findings.ablation_ranking({}, results))
+    details = text(findings_section({}, results))
     assert "harmful here target activations (-0.08x) -0.131 ± 0.053 tau 2" in details
     assert "1 sparse KV (+0.76x)" in details
 
@@ -166,8 +174,8 @@ def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():
     for seeds in (2, 1):
         results, lead = ablation_run(seeds)
         (_, ok, claim, _), = findings._claim_ablations({}, results)
-        assert html.escape(lead[0], quote=True) in claim and not ok, (seeds, claim, lead[0])
-        details = text(findings.ablation_ranking({}, results))
+        assert lead[0] in plain(claim) and not ok, (seeds, claim, lead[0])
+        details = text(findings_section({}, results))
         if seeds == 2:
             assert lead[0].startswith("Over training randomness (2 seeds per variant, the target fixed; family-wise "
                                       "over the table's 2 comparisons, Holm at 5%): 1 of 3 parts help at this scale "
@@ -199,9 +207,9 @@ def test_the_index_names_the_run_its_ablation_claim_comes_from():
                                           "started": "2026-12-02T19:04:11+00:00", "html": "05_ablations.html"}}}
     source = "(05 run with params/ablations-full.yaml on 2026-12-02, 3 seeds x 1.23M training tokens per variant)"
     (_, _, claim, _), = findings._claim_ablations(run, results)
-    assert claim.endswith(source) and source in findings.ablation_ranking(run, results)
+    assert plain(claim).endswith(source) and source in findings_section(run, results)
     del run["notebooks"]["05_ablations"]["params_file"]
-    assert "(05 run with params/default.yaml on 2026-12-02" in findings._claim_ablations(run, results)[0][2]
+    assert "(05 run with params/default.yaml on 2026-12-02" in plain(findings._claim_ablations(run, results)[0][2])
 
 
 def test_where_the_winner_flips_in_one_sentence():
@@ -229,15 +237,15 @@ def test_first_screen_has_the_scale_and_a_map_per_answer_with_measured_cells_at_
                                   "tau_protocol": {"k": 4, "target": {"num_layers": 8, "d_model": 64}}}}
     results["09_measured_vs_modeled"] = {**RESULTS["09_measured_vs_modeled"], "cells": [
         {**c, "profiled_speedup": p} for c, p in zip(RESULTS["09_measured_vs_modeled"]["cells"], (1.1, 1.3, 0.4, 0.5))]}
-    html = findings.verdict(run, results)
-    plain = text(html)
+    html = verdict_section(run, results)
+    words = text(html)
     assert ("Scale: target 8 layers x d_model 64 (1.05M body parameters; the paper's: 67.1M); trained on 2.46M "
-            "tokens of sotu; validation perplexity 54.6; timed on cpu.") in plain
+            "tokens of sotu; validation perplexity 54.6; timed on cpu.") in words
     partial = {"02_train_target": results["02_train_target"]}  # 04 and 09 not run yet: the params' shape
     line = findings.scale_line({"params": {"series": {"target": {"num_layers": 4, "d_model": 32}}}}, partial)
-    assert text(line).strip() == (
-        "Scale: target 4 layers x d_model 32 (1.05M body parameters; the paper's: 67.1M); trained on 2.46M tokens; "
-        "validation perplexity 54.6; run on cpu.")
+    assert line == (
+        "target 4 layers x d_model 32 (1.05M body parameters; the paper's: 67.1M); trained on 2.46M tokens; "
+        "validation perplexity 54.6; run on cpu")
     maps = findings.decision_maps(run, results)
     assert [m["title"] for m in maps] == [
         "the paper's shapes and tau (HOI 600)", "the paper's shapes, this run's tau (HOI 600)",
@@ -271,10 +279,9 @@ def test_a_measured_winner_whose_interval_overlaps_is_marked_and_not_counted():
         "leads), B = 64, L = 256 (SPIRe leads): the leader's 95% CI overlaps another method's or AD's.")
     assert measured["differs"] == set() and "picks the measured winner in every cell where one is resolved" in (
         profiled["where"])
-    page = findings.verdict({}, results)
+    page = verdict_section({}, results)
     assert page.count("opacity:0.4") == 2 and ">S?</td>" in page and "no winner resolved" in page
-    table = text(findings.answers_table({}, results))
-    assert "SPIRe 1 of 3 cells, 2 with no winner resolved" in table
+    assert "SPIRe 1 of 3 cells, 2 with no winner resolved" in text(page)
 
 
 def test_a_staircase_is_described_cell_row_by_row_and_scattered_cells_as_such():
@@ -301,20 +308,32 @@ def test_claims_built_on_a_trained_drafts_tau_state_its_budget():
     budgets = {"SPIRe draft": {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
                                "fraction": 0.000246}}
     results = {**RESULTS, "03_train_drafts": {"draft_budgets": budgets}}
-    clause = "drafts trained on 0.025% (SPIRe draft) of the paper&#x27;s 20 x N tokens: about that budget"
+    clause = "drafts trained on 0.025% (SPIRe draft) of the paper's 20 x N tokens: about that budget"
     (_, _, tau, _), = findings._claim_tau(RUN, results)
     (_, _, best, _), = findings._claim_highlight_winner(RUN, results)
-    assert clause in tau and clause in best
-    assert "Training budgets: the SPIRe draft trained on 123,000 tokens" in text(findings.table1(RUN, results))
-    assert "20 x N" not in findings._claim_tau(RUN, RESULTS)[0][2]
+    assert clause in plain(tau) and clause in plain(best)
+    assert "Training budgets: the SPIRe draft trained on 123,000 tokens" in text(findings_section(RUN, results))
+    assert "20 x N" not in plain(findings._claim_tau(RUN, RESULTS)[0][2])
 
 
 def test_the_index_spells_out_its_abbreviations_once_and_the_profiled_models_goals():
-    plain = text(findings.verdict(RUN, RESULTS))
+    words = text(verdict_section(RUN, RESULTS))
     for term in ("AD: autoregressive decoding", "SD: speculative decoding", "TM: throughput multiplier",
                  "HOI: hardware operational intensity", "tau: tokens per round", "20 x N: the paper's training budget"):
-        assert plain.count(term) == 1, term
+        assert words.count(term) == 1, term
     cells = [{**c, "profiled_speedup": 1.0, "profiled_error": 0.05} for c in RESULTS["09_measured_vs_modeled"]["cells"]]
     claims = findings._claim_measured({}, {"09_measured_vs_modeled": {"cells": cells}})
-    profiled = next(t for _, _, t, _ in claims if "profiled cost model" in t)
+    profiled = next(plain(t) for _, _, t, _ in claims if "profiled cost model" in plain(t))
     assert "the goals it is held to: a median error of at most 10%, a mean signed error within +/-5%" in profiled
+
+
+def test_the_terminal_ends_with_the_indexs_verdict_sentence_in_its_words():
+    """`spire run` prints the verdict from the same data the index renders (`findings.plain`), not
+    from its HTML: the words are the page's, the page marks the winners."""
+    page = verdict_section(RUN, RESULTS)
+    lead = re.search(r"<p class='verdict'>(.*?)</p>", page).group(1)
+    terminal = plain(findings.verdict_lead(RESULTS, findings.verdict_rows(RUN, RESULTS)))
+    assert terminal == html.unescape(re.sub(r"<[^>]+>", "", lead)).strip()
+    assert terminal.startswith("At B = 64, L = 512 (modeled): SPIRe wins with the paper's shapes and tau") and (
+        "<b>SPIRe</b> wins" in lead)
+    assert terminal.endswith("Measured on this machine, SD was slower than AD in 3 of 4 measured (method, B, L) cells.")

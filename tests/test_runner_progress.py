@@ -116,4 +116,3 @@ def test_the_summary_lists_this_runs_notebooks_against_the_plan_then_the_verdict
     assert lines[3].split() == ["03_c", "skipped", "-", "-"]
     assert lines[4].split() == ["the", "run", "90", "s", "58", "-", "78", "s"]  # 00_earlier is not this run's
     assert lines[5] == "verdict: SPIRe wins & more."
-    assert progress.plain_text("At B = 64: <b>SPIRe</b> wins &amp; more.") == "At B = 64: SPIRe wins & more."

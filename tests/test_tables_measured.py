@@ -278,5 +278,5 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     assert measured_cells.trained_length(SimpleNamespace(summary={"imported_from": "/m"}, train_config=None)) is None
     results = {"09_measured_vs_modeled": {"cells": marked, "target_trained_length": 1024}}
     note = "L = 2048; past the 1,024-token windows the target was trained on"
-    assert note in findings.measured_vs_modeled({}, results)
-    assert any(note in t for _, _, t, _ in findings._claim_measured({}, results))
+    assert note in findings.plain(findings.measured_vs_modeled({}, results)["text"])
+    assert any(note in findings.plain(t) for _, _, t, _ in findings._claim_measured({}, results))

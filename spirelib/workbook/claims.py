@@ -28,16 +28,14 @@ from __future__ import annotations
 from spirelib.modeling.methods import label
 from spirelib.workbook import findings
 from spirelib.workbook.narrative.winners import pow2
-from spirelib.workbook.progress import plain_text
 
 SHOWN = 12  # changed claims printed at most; the rest are in run.json's claims_changed
 
 
-def _statement(text: str) -> tuple[str, str]:
-    """A claim of `findings.claims` (HTML) as (its statement, its evidence): plain text split at its
-    first ": ", the index's form "Statement (how): evidence"."""
-    plain = plain_text(text)
-    statement, _, evidence = plain.partition(": ")
+def _statement(claim: findings.Claim) -> tuple[str, str]:
+    """A claim of `findings.claims` as (its statement, its evidence): its words (`findings.plain`)
+    split at their first ": ", the index's form "Statement (how): evidence"."""
+    statement, _, evidence = findings.plain(claim.text).partition(": ")
     return statement, evidence
 
 
@@ -47,7 +45,7 @@ def record(run: dict, results: dict) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for kind, found in findings.claims(run, results).items():
         for c in found:
-            statement, evidence = _statement(c.html)
+            statement, evidence = _statement(c)
             verdict = ("agrees" if c.ok else "differs") if kind == findings.ARITHMETIC else kind
             out[c.key] = {"claim": statement, "verdict": verdict, "evidence": evidence}
     for m in findings.decision_maps(run, results):

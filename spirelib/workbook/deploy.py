@@ -524,28 +524,20 @@ def write_run(out_dir: Path) -> dict:
     return written
 
 
-def index_section(run: dict, results: dict) -> str:
-    """The index's links to the run's schedules (run.json's "deploy", `write_run`), one row per
-    device and method with its ranges; "" when the run wrote none."""
-    from html import escape
-
+def index_rows(run: dict) -> list[dict]:
+    """The run's schedules (run.json's "deploy", `write_run`) as its index lists them: a row per
+    device and method with its batch ranges and the files written (each linked by its path in the
+    run's folder), and per device that wrote none a row saying why ("skipped")."""
     rows = []
     for name, entry in (run.get("deploy") or {}).items():
         if "skipped" in entry:
-            rows.append(f"<tr><td>{escape(name)}</td><td colspan='3'>not written: {escape(entry['skipped'])}</td></tr>")
+            rows.append({"device": name, "skipped": entry["skipped"]})
             continue
         for method, written in entry["methods"].items():
-            folder = f"{entry['folder']}/{method}"
-            links = " ".join(f"<a href='{escape(folder)}/{f}'>{escape(f)}</a>" for f in written["files"])
-            rows.append(f"<tr><td>{escape(entry['device'])}, L = {entry['context']}</td><td>{escape(label(method))}</td>"
-                        f"<td>{escape(written['ranges'])}</td><td>{links}</td></tr>")
-    if not rows:
-        return ""
-    return ("<h2>Serving schedules</h2>\n<p>Per draft the k that maximizes the modeled throughput multiplier per "
-            "batch size (0: speculation off), in the forms vLLM, TensorRT-LLM and SGLang take "
-            "(<code>spire deploy</code>, docs/deploy.md; no engine file where speculation is off everywhere, or the "
-            f"engine cannot express the schedule: schedule.yaml says which).</p>\n<p>{escape(engines.SERVING)}</p>\n<table><tr><th>device</th><th>draft</th><th>batch ranges</th>"
-            "<th>files</th></tr>\n" + "\n".join(rows) + "\n</table>")
+            rows.append({"device": f"{entry['device']}, L = {entry['context']}", "skipped": None,
+                         "draft": label(method), "ranges": written["ranges"],
+                         "files": [{"href": f"{entry['folder']}/{method}/{f}", "name": f} for f in written["files"]]})
+    return rows
 
 
 # ---------------------------------------------------------------------------- command line
@@ -577,7 +569,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="of the speedup a switch of k must beat (e.g. 0.14; default 0)")
     parser.add_argument("--model", default="paper", choices=MODELS, metavar="MODEL",
                         help="paper (default, on --hardware) or profiled (09's, this machine)")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="default: <run>/deploy/<hardware>-<dtype>")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="default: RUN/deploy/HARDWARE-DTYPE")
     parser.add_argument("--explain", type=Path, metavar="FILE",
                         help="what --engine does with this file, B by B")
     parser.add_argument("--engine", choices=EXPLAIN_ENGINES, metavar="ENGINE",
@@ -622,7 +614,7 @@ def command(args: argparse.Namespace) -> int:
             print(_explain(args))
             return 0
         if args.run_dir is None:
-            raise DeployError("give a finished run (outputs/<run>), or --explain FILE --engine NAME")
+            raise DeployError("give a finished run (outputs/RUN), or --explain FILE --engine NAME")
         run_dir = run_folder(args.run_dir)
         inp = inputs(run_dir, hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,

@@ -1,26 +1,26 @@
 """The run index's lead: which draft wins where, at what scale, and what this run checked of the paper.
 
 Built from the results the notebooks recorded (results.json) and the paper's numbers
-(`perfmodel`, `ablations`; docs/method.md §2); numbers link to the report of the notebook that made them.
-Sections whose notebook did not run (or recorded nothing) are left out, so a partial run
-(`--only`) still gets an honest index.
+(`perfmodel`, `ablations`; docs/method.md §2) as data, not HTML: sentences are `Text`, runs of
+plain text (`Part`) that link the report of the notebook that made a number; `report` renders them
+with its templates, `plain` gives the terminal and the claims' record the same words. Sections
+whose notebook did not run (or recorded nothing) are left out, so a partial run (`--only`) still
+gets an honest index.
 
 The first screen (`verdict`) is one line of scale (target, training tokens, perplexity, corpus,
 machine) and the winner over (B, L) as a small map per way of answering, each with a sentence
-saying where the winner flips (`narrative.winners.where_sentence`): (1) the paper's shapes with the
-paper's tau (01), (2) the paper's shapes with this run's tau (06), (3) the shapes trained here
-with this run's tau at HOI 600 (06), (4) this machine, measured at the cells 09 timed (named at
-their real B and L), and the profiled model of it at the same cells. `claims` then separates the
-paper's arithmetic (its own numbers run through this model) from what this run reproduced, or
-did not, at its own scale (modeled with this run's tau, or measured).
+saying where the winner flips (`narrative.winners.where_sentence`): the paper's shapes and tau
+(01), this run's tau at the paper's and at the trained shapes (06), this machine measured at the
+cells 09 timed and its profiled model (09). `claims` then separates the paper's arithmetic (its
+own numbers run through this model) from what this run reproduced, or did not, at its own scale.
 """
 
 from __future__ import annotations
 
-import html
+import dataclasses
 import statistics
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,20 +42,34 @@ GRID_B = [int(b) for b in 2 ** np.arange(0, 8)]  # 1 .. 128
 GRID_L = [int(L) for L in 2 ** np.arange(5, 14)]  # 32 .. 8K
 
 
-def escape(value: Any) -> str:
-    """`value` as text safe inside HTML (attributes included)."""
-    return html.escape(str(value), quote=True)
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A run of a sentence: its words, the page it links (the report of the notebook that made its
+    number) or how the index marks it ("strong", or "aside": smaller, grey); the terminal and the
+    claims' record read the words alone (`plain`)."""
+
+    text: str
+    href: str | None = None
+    mark: str | None = None
 
 
-def _link(run: dict, stem: str, text: str) -> str:
+Text = tuple[Part, ...]  # a sentence, or a table's cell, as the index shows it
+
+
+def plain(text: Text) -> str:
+    """A `Text` as plain words: the terminal's verdict, the claims' statements and evidence."""
+    return "".join(part.text for part in text).strip()
+
+
+def _text(*parts: str | Part) -> Text:
+    """A `Text` of `parts`, each a Part or plain words (empty ones left out)."""
+    return tuple(p if isinstance(p, Part) else Part(p) for p in parts if p)
+
+
+def _link(run: dict, stem: str, text: str) -> Part:
+    """`text` linking the report of notebook `stem`, plain where the run has no report of it."""
     page = run.get("notebooks", {}).get(stem, {}).get("html")
-    return f"<a href='{escape(page)}'>{text}</a>" if page else text
-
-
-def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
-    head = "".join(f"<th>{h}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table{f' class={cls!r}' if cls else ''}><tr>{head}</tr>{body}</table>"
+    return Part(text, href=page or None)
 
 
 def _count(n: float) -> str:
@@ -106,16 +120,15 @@ def scale_line(run: dict, results: dict) -> str | None:
         parts.append(f"timed on {f['device']}" + (f", {threads} thread{plural}" if threads else ""))
     elif "trained_on" in f:
         parts.append(f"run on {f['trained_on']}")
-    return ("<p class='scale-line'><b>Scale:</b> " + escape("; ".join(parts)) + ".</p>") if parts else None
+    return "; ".join(parts) if parts else None
 
 
-def _map_html(winners: list[list[str]], B: list[int], L: list[int], values=None,
-              differs: set[tuple[int, int]] = frozenset(), unresolved: set[tuple[int, int]] = frozenset()) -> str:
-    """A small heat map of the winner per cell: B down (largest on top), L across, the winner's
-    colour and initial in each cell, its multiplier in the tooltip; cells in `differs` outlined;
-    cells in `unresolved` (a measured winner whose 95% CI overlaps another's or AD's) faded, with
-    "?" after the initial and the reason in the tooltip."""
-    head = "<tr><th class='corner'>B \\ L</th>" + "".join(f"<th>{_pow2(l)}</th>" for l in L) + "</tr>"
+def map_cells(winners: list[list[str]], B: list[int], L: list[int], values=None,
+              differs: set[tuple[int, int]] = frozenset(), unresolved: set[tuple[int, int]] = frozenset()) -> dict:
+    """A small heat map of the winner per cell: the L of its columns, and its rows with B down
+    (largest on top), each cell with the winner's colour and initial, its multiplier in the tooltip;
+    cells in `differs` outlined; cells in `unresolved` (a measured winner whose 95% CI overlaps
+    another's or AD's) faded, with "?" after the initial and the reason in the tooltip."""
     rows = []
     for i in reversed(range(len(B))):
         cells = []
@@ -124,15 +137,14 @@ def _map_html(winners: list[list[str]], B: list[int], L: list[int], values=None,
             tip = f"B = {B[i]}, L = {L[j]}: {label(w) if w != '-' else 'not measured'}"
             if values and values[i][j] is not None:
                 tip += f" ({'best draft ' if w == AD else ''}{values[i][j]:.2f}x)"
-            mark = " class='differs'" if (i, j) in differs else ""
-            style = f"background:{color(w)}" if w != "-" else "background:#fff"
-            initial = _initial(w)
-            if (i, j) in unresolved:
+            initial, faded = _initial(w), (i, j) in unresolved
+            if faded:
                 tip += "; not resolved: its 95% CI overlaps another method's or AD's"
-                style, initial = style + ";opacity:0.4", initial + "?"
-            cells.append(f"<td{mark} style='{style}' title='{escape(tip)}'>{escape(initial)}</td>")
-        rows.append(f"<tr><th>{_pow2(B[i])}</th>" + "".join(cells) + "</tr>")
-    return f"<table class='map'>{head}{''.join(rows)}</table>"
+                initial += "?"
+            cells.append(dict(initial=initial, color=color(w) if w != "-" else "#fff", tip=tip,
+                              differs=(i, j) in differs, faded=faded))
+        rows.append(dict(B=_pow2(B[i]), cells=cells))
+    return dict(L=[_pow2(l) for l in L], rows=rows)
 
 
 def _initial(method: str) -> str:
@@ -141,24 +153,24 @@ def _initial(method: str) -> str:
 
 # ---------------------------------------------------------------------------- the verdict
 
-def _cell_text(values: dict[str, float]) -> str:
+def _cell_text(values: dict[str, float]) -> Text:
     win = _winner(values)
     others = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]) if m != win)
-    head = f"<b>{escape(label(win))}</b>" + (f" {values[win]:.2f}x" if win != AD else "")
-    return head + (f" <span class='aside'>({others})</span>" if others else "")
+    return _text(Part(label(win), mark="strong"), f" {values[win]:.2f}x" if win != AD else "",
+                 *((" ", Part(f"({others})", mark="aside")) if others else ()))
 
 
 def _grid_text(winners: list[list[str]], B: list[int], L: list[int],
-               unresolved: set[tuple[int, int]] = frozenset()) -> str:
+               unresolved: set[tuple[int, int]] = frozenset()) -> Text:
     """The cells each method wins, counting only resolved wins where `unresolved` names the others."""
     total = sum(w != "-" for row in winners for w in row)
     counts = _grid_counts([["-" if (i, j) in unresolved else w for j, w in enumerate(row)]
                            for i, row in enumerate(winners)])
-    parts = [f"<b>{escape(label(m))}</b> {n}" if i == 0 else f"{escape(label(m))} {n}"
-             for i, (m, n) in enumerate(counts.items())]
+    parts = [part for i, (m, n) in enumerate(counts.items())
+             for part in ((Part(label(m), mark="strong"), f" {n}") if i == 0 else (f", {label(m)} {n}",))]
     open_cells = f", {len(unresolved)} with no winner resolved" if unresolved else ""
-    return (f"{', '.join(parts) or 'none'} of {total} cells{open_cells} "
-            f"<span class='aside'>(B = {_span(B)}, L = {_span(L)})</span>")
+    return _text(*(parts or ["none"]), f" of {total} cells{open_cells} ",
+                 Part(f"(B = {_span(B)}, L = {_span(L)})", mark="aside"))
 
 
 def _modeled_winners(taus: dict[str, float], *, k: int = 4, hoi: float = perfmodel.PAPER_HOI,
@@ -300,22 +312,17 @@ def decision_maps(run: dict, results: dict, rows: list[dict] | None = None) -> l
     return maps
 
 
-def _legend(maps: list[dict]) -> str:
+def _legend(maps: list[dict]) -> dict:
+    """The maps' key: each winner shown (its initial, colour and name), whether any cell is
+    outlined (the profiled model disagrees) or faded (not resolved)."""
     seen: list[str] = []
     for m in maps:
         for row in m["grid"][0]:
             for w in row:
                 if w != "-" and w not in seen:
                     seen.append(w)
-    keys = "".join(f"<span class='key' style='background:{color(w)}'>{escape(_initial(w))}</span> "
-                   f"{escape(label(w))} " for w in seen)
-    outlined = any(m["differs"] for m in maps)
-    faded = any(m["unresolved"] for m in maps)
-    return (f"<p class='legend'>Winner per cell: {keys}"
-            + ("; outlined: the profiled model picks another winner than the clock" if outlined else "")
-            + ("; faded, with \"?\": no winner resolved (the leader's 95% CI overlaps another method's or AD's, a "
-               "speedup of 1)" if faded else "")
-            + ". B grows upwards, L to the right; hover a cell for its multiplier.</p>")
+    return dict(winners=[dict(initial=_initial(w), color=color(w), label=label(w)) for w in seen],
+                outlined=any(m["differs"] for m in maps), faded=any(m["unresolved"] for m in maps))
 
 
 #: The index's abbreviations, spelled out once under its first screen's verdict.
@@ -327,60 +334,58 @@ ABBREVIATIONS = ("AD: autoregressive decoding, the target alone, one token per f
                  "the paper's training budget, 20 tokens per parameter.")
 
 
-def verdict(run: dict, results: dict) -> str | None:
-    """The index's first screen: the scale in one line, the winner over (B, L) as a small map for
-    every way of answering (the paper's shapes and tau; this run's tau at the paper's shapes and
-    at the shapes trained here, HOI 600; this machine, measured and profiled) with a sentence on
-    where the winner flips, and the answers at the highlighted cell."""
+def verdict(run: dict, results: dict) -> dict | None:
+    """The index's first screen: the scale in one line (`scale_line`), the winner over (B, L) as a
+    small map (`map_cells`) for every way of answering (the paper's shapes and tau; this run's tau
+    at the paper's shapes and at the shapes trained here, HOI 600; this machine, measured and
+    profiled), each titled with a link to its notebook and with a sentence on where the winner
+    flips, the maps' key, the verdict's sentence (`verdict_lead`) and the abbreviations."""
     rows = verdict_rows(run, results)
     if not rows:
         return None
     maps = decision_maps(run, results, rows)
-    figures = "".join(
-        f"<figure class='map'><figcaption>{_link(run, m['stem'], escape(m['title']))}</figcaption>"
-        + _map_html(*m["grid"], values=m["values"], differs=m["differs"], unresolved=m["unresolved"])
-        + f"<p class='where'>{escape(m['where'])}</p></figure>" for m in maps)
-    scale = scale_line(run, results) or ""
-    return ("<h2 id='verdict'>Which draft, where</h2>" + scale
-            + (f"<div class='maps'>{figures}</div>" + _legend(maps) if maps else "")
-            + f"<p class='verdict'>{verdict_lead(results, rows)}</p><p class='aside'>{escape(ABBREVIATIONS)}</p>")
+    return dict(scale=scale_line(run, results),
+                maps=[dict(title=_text(_link(run, m["stem"], m["title"])), where=m["where"],
+                           **map_cells(*m["grid"], values=m["values"], differs=m["differs"],
+                                       unresolved=m["unresolved"]))
+                      for m in maps],
+                legend=_legend(maps), lead=verdict_lead(results, rows), abbreviations=ABBREVIATIONS)
 
 
-def verdict_lead(results: dict, rows: list[dict]) -> str:
-    """The verdict's one sentence (HTML) over `verdict_rows`: who wins at the highlighted cell by
-    every modeled way of answering, and in how many measured cells SD was slower than AD. The
-    index shows it under its maps; `spire run` ends with it."""
+def verdict_lead(results: dict, rows: list[dict]) -> Text:
+    """The verdict's one sentence over `verdict_rows`: who wins at the highlighted cell by every
+    modeled way of answering, and in how many measured cells SD was slower than AD. The index
+    shows it under its maps; `spire run` ends with its words (`plain`)."""
     modeled = [r for r in rows if r["stem"] != "09_measured_vs_modeled"]
-    lead = ""
+    lead: list[str | Part] = []
     if modeled:
         first = modeled[0]
         by_winner: dict[str, list[str]] = {}
         for r in modeled:
             by_winner.setdefault(_winner(r["at"]), []).append(r["short"])
-        lead = f"At B = {first['B']}, L = {_pow2(first['L'])} (modeled): " + "; ".join(
-            f"<b>{escape(label(w))}</b> wins {' and '.join(ways)}" for w, ways in by_winner.items()) + "."
+        lead.append(f"At B = {first['B']}, L = {_pow2(first['L'])} (modeled): ")
+        for i, (w, ways) in enumerate(by_winner.items()):
+            lead += ["; " if i else "", Part(label(w), mark="strong"), f" wins {' and '.join(ways)}"]
+        lead.append(".")
     slower, total = slower_than_ad(results)
     if total:
-        lead += (f" <b>Measured on this machine, SD was slower than AD in {slower} of {total} measured "
-                 "(method, B, L) cells.</b>")
-    return lead.strip()
+        lead += [" " if lead else "", Part(f"Measured on this machine, SD was slower than AD in {slower} of {total} "
+                                           "measured (method, B, L) cells.", mark="strong")]
+    return _text(*lead)
 
 
-def answers_table(run: dict, results: dict) -> str | None:
-    """Each way of answering, its winner at the highlighted cell (the measured one at the nearest
-    cell it timed, named as such), the cells each method wins, and what the answer is good for."""
+def answers(run: dict, results: dict) -> list[list[Text | str]]:
+    """A row per way of answering: its name (linking its notebook), its winner at the highlighted
+    cell (the measured one at the nearest cell it timed, named as such), the cells each method
+    wins, and what the answer is good for."""
     table = []
     for r in verdict_rows(run, results):
-        at = f"B = {r['B']}, L = {_pow2(r['L'])}: " + _cell_text(r["at"]) + (
-            f" <span class='aside'>({escape(r['note'])})</span>" if r.get("note") else "")
+        at = _text(f"B = {r['B']}, L = {_pow2(r['L'])}: ", *_cell_text(r["at"]),
+                   *((" ", Part(f"({r['note']})", mark="aside")) if r.get("note") else ()))
         grid = (_grid_text(*r["grid"], r.get("unresolved", set())) if r.get("grid") else
-                "<span class='aside'>(no grid recorded)</span>")
-        table.append([_link(run, r["stem"], escape(r["way"])), at, grid, escape(r["trust"])])
-    if not table:
-        return None
-    return ("<h3>What each answer is good for</h3>"
-            + _table(["answer from", "winner at the highlighted cell", "winner over the grid (cells won)",
-                      "what it is good for"], table, cls="verdict"))
+                _text(Part("(no grid recorded)", mark="aside")))
+        table.append([_text(_link(run, r["stem"], r["way"])), at, grid, r["trust"]])
+    return table
 
 
 # ---------------------------------------------------------------------------- reproduced or not
@@ -392,11 +397,12 @@ class Claim(NamedTuple):
     """One of the paper's claims as this run checked it. `kind` ARITHMETIC: the paper's own numbers
     run through this workbook's model (`ok`: the same to the paper's two decimals, or explained);
     REPRODUCED: a claim about drafts, checked at this run's scale (modeled with this run's tau, or
-    measured), agrees or not. `html`: the claim with its numbers; `key`: a name for it that no
-    rewording changes, by which runs' claims are compared (`spirelib.workbook.claims`)."""
+    measured), agrees or not. `text`: the claim with its numbers, "Statement (how): evidence";
+    `key`: a name for it that no rewording changes, by which runs' claims are compared
+    (`spirelib.workbook.claims`)."""
     kind: str
     ok: bool
-    html: str
+    text: Text
     key: str
 
 
@@ -419,8 +425,8 @@ def _claim_headline(run: dict, results: dict) -> list[Claim]:
         return []
     paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
     ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got])
-    return [Claim(ARITHMETIC, ok, "Multipliers at B = 64, L = 512, the paper's shapes and tau: "
-                  + _link(run, "01_performance_model", escape(numbers)), "arithmetic:multipliers")]
+    return [Claim(ARITHMETIC, ok, _text("Multipliers at B = 64, L = 512, the paper's shapes and tau: ",
+                                        _link(run, "01_performance_model", numbers)), "arithmetic:multipliers")]
 
 
 def _claim_70b(run: dict, results: dict) -> list[Claim]:
@@ -429,8 +435,8 @@ def _claim_70b(run: dict, results: dict) -> list[Claim]:
         return []
     paper = perfmodel.PAPER_MULTIPLIERS["llama3-70b"]
     ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got and m in paper])
-    return [Claim(ARITHMETIC, ok, f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: "
-                  + _link(run, "07_llama3_70b_extrapolation", escape(numbers)), "arithmetic:llama3-70b")]
+    return [Claim(ARITHMETIC, ok, _text(f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: ",
+                                        _link(run, "07_llama3_70b_extrapolation", numbers)), "arithmetic:llama3-70b")]
 
 
 def _claim_costs(run: dict, results: dict) -> list[Claim]:
@@ -448,8 +454,8 @@ def _claim_costs(run: dict, results: dict) -> list[Claim]:
                         f"from the rounded multipliers {rounded:.2f})"), True
         else:
             text, ok = f"{full:.2f} (paper {paper:.2f}; {rounded:.2f} from rounded multipliers): differs", False
-        out.append(Claim(ARITHMETIC, ok, f"Serving savings, {escape(quantity)} (target-training units): "
-                         + _link(run, "08_cost_analysis", escape(text)), f"arithmetic:savings:{quantity}"))
+        out.append(Claim(ARITHMETIC, ok, _text(f"Serving savings, {quantity} (target-training units): ",
+                                               _link(run, "08_cost_analysis", text)), f"arithmetic:savings:{quantity}"))
     return out
 
 
@@ -488,9 +494,9 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     here = ", ".join(f"{label(m)} {taus[m][str(at)]['mean']:.2f}" for m in order)
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
     ours = [m for m in order if m in paper_at]
-    return [Claim(REPRODUCED, ours == paper_order, f"Order of tau across drafts (measured): here at L = {at} "
-                  + _link(run, "04_measure_tau", escape(here)) + f"; paper at L = 512: {escape(paper)}"
-                  + escape(budget_clause(results)), "tau-order")]
+    return [Claim(REPRODUCED, ours == paper_order,
+                  _text(f"Order of tau across drafts (measured): here at L = {at} ", _link(run, "04_measure_tau", here),
+                        f"; paper at L = 512: {paper}{budget_clause(results)}"), "tau-order")]
 
 
 def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
@@ -501,9 +507,9 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
     values = at["paper shapes"]
     win = _winner(values)
     numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
-    return [Claim(REPRODUCED, win == "spire", f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} "
-                  "(modeled with this run's tau at the paper's shapes): "
-                  + _link(run, "06_speedup_explorer", escape(numbers)) + escape(budget_clause(results)),
+    return [Claim(REPRODUCED, win == "spire",
+                  _text(f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} (modeled with this run's tau "
+                        "at the paper's shapes): ", _link(run, "06_speedup_explorer", numbers), budget_clause(results)),
                   "spire-best-at-highlight")]
 
 
@@ -556,9 +562,8 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
           and (interval or {}).get("scope") != "draft")
     source = ablation_source(run, results)
-    return [Claim(REPRODUCED, ok, _link(run, "05_ablations", escape(text)) + " Paper: "
-                  + escape(" > ".join(PAPER_IMPORTANCE_ORDER)) + (f" {escape(source)}" if source else ""),
-                  "importance-order")]
+    paper = " Paper: " + " > ".join(PAPER_IMPORTANCE_ORDER) + (f" {source}" if source else "")
+    return [Claim(REPRODUCED, ok, _text(_link(run, "05_ablations", text), paper), "importance-order")]
 
 
 def past_note(recorded: dict, cell: dict) -> str:
@@ -581,28 +586,31 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
     errors = [abs(c["modeled_speedup"] / c["measured_speedup"] - 1) for c in cells]
     profiled = [abs(c["profiled_error"]) for c in cells if "profiled_error" in c]
     claims = [
-        Claim(REPRODUCED, slower == 0, "Speculative decoding is faster than AD on the clock (measured): "
-         + _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells")
-         + f" ({sum(c.get('ci_low', 0.0) > 1.0 for c in cells)} resolved: 95% CI above 1)"
-         + f" (best {best['measured_speedup']:.2f}x, {escape(label(best['method']))} at B = {best['B']}, "
-           f"L = {best['L']}{past_note(recorded, best)})", "sd-faster-measured"),
-        Claim(REPRODUCED, statistics.median(errors) <= 0.25, "The paper's throughput model predicts measured speedups: "
-              + _link(run, "09_measured_vs_modeled", f"median error {statistics.median(errors):.0%} over all {total} "
-                                                     "cells") + f", at most {max(errors):.0%}", "paper-model-predicts"),
+        Claim(REPRODUCED, slower == 0, _text(
+            "Speculative decoding is faster than AD on the clock (measured): ",
+            _link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells"),
+            f" ({sum(c.get('ci_low', 0.0) > 1.0 for c in cells)} resolved: 95% CI above 1)"
+            f" (best {best['measured_speedup']:.2f}x, {label(best['method'])} at B = {best['B']}, "
+            f"L = {best['L']}{past_note(recorded, best)})"), "sd-faster-measured"),
+        Claim(REPRODUCED, statistics.median(errors) <= 0.25, _text(
+            "The paper's throughput model predicts measured speedups: ",
+            _link(run, "09_measured_vs_modeled",
+                  f"median error {statistics.median(errors):.0%} over all {total} cells"),
+            f", at most {max(errors):.0%}"), "paper-model-predicts"),
     ]
     if profiled:
         model = recorded.get("profiled_model", {})
         held, bias = model.get("held_out_max_error"), model.get("mean_signed_error", 0.0)
         ok = statistics.median(profiled) <= 0.10 and abs(bias) <= 0.05 and (held is None or held <= 0.15)
-        claims.append(Claim(REPRODUCED, ok,
-                       "The profiled cost model of this machine predicts them (not a claim of the paper's): "
-                       + _link(run, "09_measured_vs_modeled",
-                               f"median error {statistics.median(profiled):.0%} over all {len(profiled)} cells")
-                       + f", mean signed error {bias:+.0%}"
-                       + (f", at most {held:.0%} on the cells it was not fitted to" if held is not None else "")
-                       + " (fitted to these runs' rounds at the other cells; the goals it is held to: a median error "
-                         "of at most 10%, a mean signed error within +/-5% and at most 15% on the cells it was not "
-                         "fitted to)", "profiled-model-predicts"))
+        claims.append(Claim(REPRODUCED, ok, _text(
+            "The profiled cost model of this machine predicts them (not a claim of the paper's): ",
+            _link(run, "09_measured_vs_modeled",
+                  f"median error {statistics.median(profiled):.0%} over all {len(profiled)} cells"),
+            f", mean signed error {bias:+.0%}"
+            + (f", at most {held:.0%} on the cells it was not fitted to" if held is not None else "")
+            + " (fitted to these runs' rounds at the other cells; the goals it is held to: a median error "
+              "of at most 10%, a mean signed error within +/-5% and at most 15% on the cells it was not "
+              "fitted to)"), "profiled-model-predicts"))
     return claims
 
 
@@ -612,8 +620,8 @@ CLAIMS: list[Callable[[dict, dict], list[Claim]]] = [_claim_headline, _claim_70b
 
 def claims(run: dict, results: dict) -> dict[str, list[Claim]]:
     """The paper's claims this run checked, in three lists: ARITHMETIC (the paper's own numbers
-    run through this model: (agrees, HTML)), REPRODUCED and NOT_REPRODUCED at this scale (modeled
-    with this run's tau, or measured)."""
+    run through this model; `Claim.ok`: agrees), REPRODUCED and NOT_REPRODUCED at this scale
+    (modeled with this run's tau, or measured)."""
     out: dict[str, list[Claim]] = {ARITHMETIC: [], REPRODUCED: [], NOT_REPRODUCED: []}
     for check in CLAIMS:
         for c in check(run, results):
@@ -621,49 +629,23 @@ def claims(run: dict, results: dict) -> dict[str, list[Claim]]:
     return out
 
 
-def reproduced_section(run: dict, results: dict) -> str | None:
-    found = claims(run, results)
-    if not any(found.values()):
-        return None
-
-    def items(lines, marks=False):
-        if not lines:
-            return "<p>none</p>"
-        return "<ul>" + "".join(f"<li>{('<b>agrees</b>: ' if c.ok else '<b>differs</b>: ') if marks else ''}{c.html}"
-                                "</li>" for c in lines) + "</ul>"
-
-    arithmetic = found[ARITHMETIC]
-    agree = sum(c.ok for c in arithmetic)
-    return ("<div class='claims'>"
-            f"<div><h3>The paper's arithmetic, checked ({agree} of {len(arithmetic)} agree)</h3>"
-            "<p class='aside'>the paper's own numbers run through this workbook's model</p>"
-            f"{items(arithmetic, marks=True)}</div>"
-            f"<div><h3>Reproduced at this scale ({len(found[REPRODUCED])})</h3>"
-            "<p class='aside'>modeled with this run's tau, or measured</p>"
-            f"{items(found[REPRODUCED])}</div>"
-            f"<div><h3>Not reproduced at this scale ({len(found[NOT_REPRODUCED])})</h3>"
-            "<p class='aside'>modeled with this run's tau, or measured</p>"
-            f"{items(found[NOT_REPRODUCED])}</div></div>")
-
-
 # ---------------------------------------------------------------------------- details
 
-def headline(run: dict, results: dict) -> str | None:
-    """Notebook 01's modeled multipliers at (64, 512) against the paper's."""
+def headline(run: dict, results: dict) -> dict | None:
+    """Notebook 01's modeled multipliers at (64, 512) against the paper's: a row per method (its
+    name, this run's multiplier linking 01, the paper's, whether they are the same to rounding)."""
     got = results.get("01_performance_model", {}).get("headline")
     if not got:
         return None
     paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
-    rows = [[label(m), _link(run, "01_performance_model", f"{got[m]:.2f}x"), f"{paper[m]:.2f}x",
-             "yes" if round(got[m], 2) == paper[m] else "no"] for m in perfmodel.MODELED_METHODS if m in got]
-    return ("<h3>Modeled throughput at B = 64, L = 512 (paper shapes, paper taus)</h3>"
-            "<p class='scale'>This re-does the paper's arithmetic on the paper's tau: it checks the model, "
-            "not the drafts trained here.</p>"
-            + _table(["method", "this run", "paper", "same to rounding"], rows))
+    return dict(rows=[[label(m), _text(_link(run, "01_performance_model", f"{got[m]:.2f}x")), f"{paper[m]:.2f}x",
+                       "yes" if round(got[m], 2) == paper[m] else "no"]
+                      for m in perfmodel.MODELED_METHODS if m in got])
 
 
-def table1(run: dict, results: dict) -> str | None:
-    """Notebook 04's tau per method and L (95% CI) next to the paper's Table 1."""
+def table1(run: dict, results: dict) -> dict | None:
+    """Notebook 04's tau per method and L (95% CI) next to the paper's Table 1: the table, the
+    order of the drafts at the L nearest 512 against the paper's, 03's budgets and 04's scale."""
     recorded = results.get("04_measure_tau", {})
     taus = recorded.get("tau")
     if not taus:
@@ -673,10 +655,11 @@ def table1(run: dict, results: dict) -> str | None:
     methods += [(m, label(m)) for m in taus if m not in perfmodel.MODELED_METHODS]
     rows = []
     for L in lengths:
-        row = [str(L)]
+        row: list[Text | str] = [str(L)]
         for m, _ in methods:
             cell = taus[m].get(str(L))
-            row.append(_link(run, "04_measure_tau", f"{cell['mean']:.3f} ± {cell['ci95']:.3f}") if cell else "-")
+            row.append(_text(_link(run, "04_measure_tau", f"{cell['mean']:.3f} ± {cell['ci95']:.3f}"))
+                       if cell else "-")
         paper = perfmodel.PAPER_TAU.get(L)
         row += [f"{paper[m]:.3f}" if paper and m in paper else "-" for m, _ in methods]
         rows.append(row)
@@ -684,21 +667,18 @@ def table1(run: dict, results: dict) -> str | None:
               + [f"{name} (paper)" for _, name in methods])
     at, order, paper_order = _tau_order(results)
     paper_order_all = [m for m in order if m in perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]]
-    scale = recorded.get("tau_protocol", {}).get("scale", "")
-    return ("<h3>tau per method and context length (Table 1 analog)</h3>"
-            + _table(header, rows)
-            + f"<p>Order at L = {at}: {escape(' > '.join(label(m) for m in order))}; paper's order at L = 512: "
-            f"{escape(' > '.join(label(m) for m in paper_order))} "
-            f"({'the same' if paper_order_all == paper_order else 'different'}).</p>"
-            + (f"<p>{escape(budget_sentence(budgets))}</p>"
-               if (budgets := results.get("03_train_drafts", {}).get("draft_budgets")) else "")
-            + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
+    budgets = results.get("03_train_drafts", {}).get("draft_budgets")
+    return dict(header=header, rows=rows, at=at, order=" > ".join(label(m) for m in order),
+                paper_order=" > ".join(label(m) for m in paper_order), same=paper_order_all == paper_order,
+                budgets=budget_sentence(budgets) if budgets else "",
+                scale=recorded.get("tau_protocol", {}).get("scale", ""))
 
 
-def ablation_ranking(run: dict, results: dict) -> str | None:
+def ablation_ranking(run: dict, results: dict) -> dict | None:
     """Notebook 05's parts of SPIRe: the ones resolved as helping, ranked, next to the paper's
-    rank; the ones resolved as harmful and the unresolved ones without a rank; with one seed, the
-    same about one trained draft per variant (`narrative.ablations.EFFECT_WORDS`)."""
+    rank; the ones resolved as harmful and the unresolved ones without a rank; with one seed
+    (`draft`), the same about one trained draft per variant (`narrative.ablations.EFFECT_WORDS`).
+    Also what the interval is over (`about`), which run 05's figures come from and 05's scale."""
     recorded = results.get("05_ablations", {})
     ranked = recorded.get("importance")
     if not ranked:
@@ -706,28 +686,23 @@ def ablation_ranking(run: dict, results: dict) -> str | None:
     interval = recorded.get("interval")
     draft = (interval or {}).get("scope") == "draft"
     helps, harmful, unresolved = ablation_effects(ranked)
-    rows = [[str(i + 1), _link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)"),
-             escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
-            for i, r in enumerate(helps)]
+
+    def row(effect: str, r: dict) -> list[Text | str]:
+        return [effect, _text(_link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)")),
+                _tau_effect(recorded, r["part"]), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
+
     labels = (("hurts this trained draft", "within the contexts' noise") if draft else
               ("harmful here", "not resolved"))
-    rows += [[effect, _link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)"),
-              escape(_tau_effect(recorded, r["part"])), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
-             for effect, group in zip(labels, (harmful, unresolved)) for r in group]
-    scale = recorded.get("ablation_protocol", {}).get("scale", "")
-    about = ablation_narrative.scope_phrase(interval).rstrip(": ")
-    source = ablation_source(run, results)
-    return ("<h3>Which part of SPIRe matters most (ablations)</h3>"
-            + (f"<p>{escape(about)}.</p>" if about else "")
-            + (f"<p>{escape(source)}</p>" if source else "")
-            + _table(["rank (only parts that help this trained draft)" if draft else
-                      "rank (only parts resolved as helping, family-wise)", "this run (multiplier lost without it)",
-                      "tau with it minus without (its own 95% CI, uncorrected)", "paper's rank"], rows)
-            + (f"<p class='scale'>Scale: {escape(scale)}</p>" if scale else ""))
+    rows = [row(str(i + 1), r) for i, r in enumerate(helps)]
+    rows += [row(effect, r) for effect, group in zip(labels, (harmful, unresolved)) for r in group]
+    return dict(draft=draft, about=ablation_narrative.scope_phrase(interval).rstrip(": "),
+                source=ablation_source(run, results), rows=rows,
+                scale=recorded.get("ablation_protocol", {}).get("scale", ""))
 
 
-def measured_vs_modeled(run: dict, results: dict) -> str | None:
-    """Notebook 09's speedups on the clock against the throughput model."""
+def measured_vs_modeled(run: dict, results: dict) -> dict | None:
+    """Notebook 09's speedups on the clock against the throughput model: one sentence linking 09,
+    and 09's scale."""
     recorded = results.get("09_measured_vs_modeled", {})
     cells = recorded.get("cells")
     if not cells:
@@ -739,33 +714,15 @@ def measured_vs_modeled(run: dict, results: dict) -> str | None:
     machine = recorded.get("machine", {})
     text = (f"SD was slower than AD in {slower} of {total} measured cells. "
             f"Over all {total} cells the paper's model is off by {statistics.median(errors):.0%} (median) and at most "
-            f"{max(errors):.0%} ({escape(label(worst['method']))} at B = {worst['B']}, L = {worst['L']}: modeled "
+            f"{max(errors):.0%} ({label(worst['method'])} at B = {worst['B']}, L = {worst['L']}: modeled "
             f"{worst['modeled_speedup']:.2f}x, measured {worst['measured_speedup']:.2f}x). The fastest measured "
-            f"speedup is {best['measured_speedup']:.2f}x ({escape(label(best['method']))}, B = {best['B']}, "
+            f"speedup is {best['measured_speedup']:.2f}x ({label(best['method'])}, B = {best['B']}, "
             f"L = {best['L']}{past_note(recorded, best)}). "
             f"Calibrated HOI {recorded.get('hoi', float('nan')):.1f} FLOP/byte")
     if machine.get("ad_step_overhead"):
         text += f"; an AD step takes {times(machine['ad_step_overhead'])} its modeled time"
-    return ("<h3>The model against the clock</h3><p>"
-            + _link(run, "09_measured_vs_modeled", text) + ".</p>"
-            + (f"<p class='scale'>Scale: {escape(machine.get('scale', ''))}</p>" if machine.get("scale") else ""))
+    return dict(text=_text(_link(run, "09_measured_vs_modeled", text)), scale=machine.get("scale", ""))
 
 
+#: The details behind the verdict, in the index's order; each renders with the template of its name.
 DETAILS = [headline, table1, ablation_ranking, measured_vs_modeled]
-FINDINGS = DETAILS  # kept for callers of the earlier name
-
-
-def verdict_section(run: dict, results: dict) -> str:
-    """The index's first section: the decision maps, then what this run checked of the paper's
-    claims (`reproduced_section`), then what each answer is good for."""
-    parts = [verdict(run, results), reproduced_section(run, results), answers_table(run, results)]
-    return "\n".join(part for part in parts if part)
-
-
-def findings_section(run: dict, results: dict) -> str:
-    """The details behind the verdict: every finding whose notebook recorded its results."""
-    parts = [part for finding in DETAILS if (part := finding(run, results))]
-    if not parts:
-        return ""
-    return ("<h2>Details</h2><p>The numbers behind the verdict, computed by the notebooks linked from every "
-            "number.</p>\n" + "\n".join(parts))

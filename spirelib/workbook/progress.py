@@ -17,10 +17,8 @@ rate alone.
 
 from __future__ import annotations
 
-import html
 import json
 import math
-import re
 import shutil
 import threading
 import time
@@ -34,7 +32,8 @@ PLAIN_INTERVAL_S = 30.0  # without a terminal, at most one progress line this of
 
 
 def clock(seconds: float) -> str:
-    """Seconds as m:ss, or h:mm:ss from an hour."""
+    """Seconds as m:ss, or h:mm:ss from an hour. Not tqdm's `format_interval`: that truncates and
+    pads the minutes ("00:59" for 59.6 s, where this line says "1:00")."""
     s = max(0, round(seconds))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
@@ -131,11 +130,6 @@ class Watch:
         else:
             return
         self.stream.flush()
-
-
-def plain_text(markup: str) -> str:
-    """HTML (the index's verdict sentence) as terminal text: tags dropped, entities resolved."""
-    return html.unescape(re.sub(r"<[^>]+>", "", markup)).strip()
 
 
 def summary(record: dict, stems: list[str], out_dir: Path, verdict: str | None) -> str:

@@ -18,9 +18,10 @@ MathJax (from a CDN) is loaded only by reports whose markdown has LaTeX: online 
 offline it shows as TeX source.
 
 `write_index` builds `index.html` from the run's `run.json` and `results.json`; its content
-is the list `INDEX_SECTIONS` of small functions, each rendering one section: the verdict and
-what was (not) reproduced first, then the reports, the details, the parameters (folded) and a
-link to the raw results.json.
+is the list `INDEX_SECTIONS` of small functions, each rendering one section from data
+(`findings`, `deploy`) with a Jinja2 template of templates/ (autoescaped): the verdict and what
+was (not) reproduced first, then the reports, the details, the parameters (folded) and a link to
+the raw results.json.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import atexit
 import base64
 import contextlib
 import copy
-import html
 import json
 import os
 import re
@@ -42,40 +42,36 @@ import nbformat
 import plotly.io as pio
 import plotly.offline
 import yaml
-from jinja2 import DictLoader
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 from nbconvert import HTMLExporter
 
-from spirelib.workbook.deploy import index_section as schedules_section
-from spirelib.workbook.findings import escape, findings_section, verdict_section
+from spirelib.modeling.engines import SERVING
+from spirelib.workbook import deploy, findings
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 PLOTLY_JS = "plotly.min.js"
 
-_TEMPLATE = """\
-{%- extends 'index.html.j2' -%}
-{%- block html_head_js -%}
-{%- if resources.plotly_js -%}<script src="{{ resources.plotly_js }}"></script>{%- endif -%}
-{%- endblock html_head_js -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}
-{%- if resources.has_math -%}{{ super() }}{%- endif -%}
-{%- endblock html_head_js_mathjax -%}
-{%- block extra_css -%}
-<style>
-.jp-InputArea-editor pre, .jp-RenderedText pre, .jp-OutputArea-output pre, .highlight pre {
-  white-space: pre-wrap; overflow-wrap: anywhere; }
-.jp-RenderedMarkdown table { display: block; overflow-x: auto; }
-.plotly-fallback { border: 1px dashed #999; color: #555; padding: 0.6em 1em; margin: 0.4em 0; }
-</style>
-{%- endblock extra_css -%}
-{%- block footer_js -%}
-<script>if (window.Plotly) { document.querySelectorAll('.plotly-fallback').forEach(e => e.remove()); }</script>
-{%- endblock footer_js -%}
-"""
+REPORT_TEMPLATE = "spire_report.j2"  # templates/nbconvert/: nbconvert's lab template, our head and CSS
 PARAMETERS_TAG, INJECTED_TAG = "parameters", "injected-parameters"
 CONCLUSION_TAG = "conclusion"  # cells whose text output a report shows first, under its title
 PNG_SIZE = (960, 540)  # default size of a static figure; a figure's own layout height wins
+
+
+TEMPLATES = Environment(loader=PackageLoader("spirelib.workbook", "templates"), autoescape=select_autoescape(["html"]),
+                        undefined=StrictUndefined)
+# What the templates format with (Python's format specs, json.dumps) and the JSON types they tell apart
+# (macros.html's `value`) as Python does
+TEMPLATES.filters.update(fmt=format, json=json.dumps)
+TEMPLATES.tests.update(dict=lambda v: isinstance(v, dict), list=lambda v: isinstance(v, list),
+                       container=lambda v: isinstance(v, (dict, list)),
+                       json_literal=lambda v: isinstance(v, (bool, int)) or v is None)
+
+
+def render(template: str, **context) -> str:
+    """The HTML of templates/`template` (autoescaped) with `context`."""
+    return TEMPLATES.get_template(template).render(**context)
 
 
 # ---------------------------------------------------------------------------- notebook reports
@@ -148,9 +144,7 @@ def figure_html(figure: dict) -> str:
     figure = dict(figure)
     config = figure.pop("config", None)
     title = figure_title(figure)
-    fallback = (f"<div class='plotly-fallback'>Figure{': ' + html.escape(title) if title else ''}. "
-                f"It is drawn by plotly.js, which did not load: keep <code>{PLOTLY_JS}</code> next to this "
-                "report (the run writes it there), or open the notebook in JupyterLab.</div>")
+    fallback = render("plotly_fallback.html", title=title, plotly_js=PLOTLY_JS)
     return fallback + pio.to_html(figure, config=config, include_plotlyjs=False, full_html=False, validate=False)
 
 
@@ -172,8 +166,8 @@ def export_html(notebook: Path, html_path: Path, note: str | None = None) -> Pat
     nb, figures = offline_outputs(executed)
     if note:
         nb.cells.append(nbformat.v4.new_markdown_cell(note))
-    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"spire_report.j2": _TEMPLATE})],
-                            template_file="spire_report.j2")
+    exporter = HTMLExporter(template_name="lab", template_file=REPORT_TEMPLATE,
+                            extra_loaders=[PackageLoader("spirelib.workbook", "templates/nbconvert")])
     resources = {"metadata": {"name": Path(notebook).stem}, "plotly_js": PLOTLY_JS if figures else "",
                  "has_math": has_math(nb)}
     body, _ = exporter.from_notebook_node(nb, resources=resources)
@@ -268,70 +262,49 @@ def write_index(out_dir: Path, sections: list[Callable[[dict, dict], str]] | Non
 
 def render_index(run: dict, results: dict, sections: list[Callable[[dict, dict], str]]) -> str:
     """The index page: a header, then each section function's HTML in order."""
-    title = f"spire-workbook run: {html.escape(str(run.get('params_file', '?')))}"
-    body = "\n".join(section(run, results) for section in sections)
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<style>{_CSS}</style></head>\n<body><h1>{title}</h1>\n"
-            f"<p>status <b class='{escape(run.get('status'))}'>{escape(run.get('status'))}</b>; "
-            f"started {escape(run.get('started'))}, finished {escape(run.get('finished') or '-')}</p>\n"
-            f"{body}\n</body></html>\n")
+    body = Markup("\n".join(section(run, results) for section in sections))
+    return render("run_index.html", run=run, body=body) + "\n"
 
 
-def reports_section(run: dict, results: dict) -> str:
-    """One row per notebook: link to its report, status, elapsed time, error if any."""
-    rows = []
-    for stem, nb in run.get("notebooks", {}).items():
-        link = f"<a href='{escape(nb['html'])}'>{escape(stem)}</a>" if nb.get("html") else escape(stem)
-        seconds = f"{nb['seconds']:.1f} s" if nb.get("seconds") is not None else ""
-        planned = f"{nb['planned_s']:.0f} s" if nb.get("planned_s") is not None else ""
-        rows.append(f"<tr><td>{link}</td><td class='{escape(nb.get('status'))}'>{escape(nb.get('status'))}</td>"
-                    f"<td class='num'>{seconds}</td><td class='num'>{planned}</td>"
-                    f"<td>{escape(nb.get('error') or '')}</td></tr>")
-    return ("<h2>Reports</h2>\n<table><tr><th>notebook</th><th>status</th><th>time</th><th>plan</th>"
-            "<th>error</th></tr>\n"
-            + "\n".join(rows) + "\n</table>")
-
-
-def parameters_section(run: dict, results: dict) -> str:
-    """The params file as loaded, and what was injected into each notebook (folded)."""
-    rows = "\n".join(f"<tr><td>{escape(stem)}</td><td>{render_value(nb.get('parameters', {}))}</td></tr>"
-                     for stem, nb in run.get("notebooks", {}).items())
-    params = yaml.safe_dump(run.get("params", {}), sort_keys=False)
-    return (f"<h2>Parameters</h2>\n<details><summary>from <code>{escape(run.get('params_file'))}</code> "
-            f"(click to show)</summary>\n<pre>{escape(params)}</pre>\n<h3>Injected per notebook</h3>\n"
-            f"<table><tr><th>notebook</th><th>parameters (others: the notebook's defaults)</th></tr>\n{rows}\n"
-            "</table></details>")
+def verdict_section(run: dict, results: dict) -> str:
+    """The index's first section: the decision maps (`findings.verdict`), then what this run checked
+    of the paper's claims (`findings.claims`), then what each answer is good for (`findings.answers`)."""
+    found = findings.claims(run, results)
+    return render("verdict.html", verdict=findings.verdict(run, results),
+                  claims=found if any(found.values()) else None, answers=findings.answers(run, results)).strip()
 
 
 def changed_claims_section(run: dict, results: dict) -> str:
     """The claims whose verdict changed since the previous run in this folder on the same params and
     machine (`spirelib.workbook.claims`), each before and after with its evidence now; a line saying
     the verdicts held, or why the runs were not compared."""
-    compared = run.get("claims_compared") or {}
-    changed = run.get("claims_changed")
-    if not compared:
-        return ""
-    if changed is None:
-        return f"<p class='aside'>Claims not compared with an earlier run: {escape(compared.get('why_not'))}.</p>"
-    since = escape(compared.get("with"))
-    if not changed:
-        return f"<p class='aside'>Every verdict is the same as in the run of {since} in this folder.</p>"
-    rows = "".join(f"<tr><td>{escape(c['claim'])}</td><td>{escape(c['before'] or '(not made)')}</td>"
-                   f"<td><b>{escape(c['after'] or '(not made)')}</b></td><td>{escape(c['evidence'])}</td></tr>"
-                   for c in changed)
-    return (f"<h2 id='changed'>Changed since the run of {since}</h2>\n<p>{len(changed)} of this run's verdicts differ "
-            "from the previous run in this folder, on the same params and machine: asked again, the workbook "
-            "answered these differently.</p>\n<table><tr><th>claim</th><th>before</th><th>now</th>"
-            f"<th>evidence now</th></tr>{rows}</table>")
+    return render("changed_claims.html", compared=run.get("claims_compared") or {}, changed=run.get("claims_changed"))
+
+
+def schedules_section(run: dict, results: dict) -> str:
+    """The index's links to the run's serving schedules (`deploy.index_rows`); "" when it wrote none."""
+    return render("schedules.html", rows=deploy.index_rows(run), serving=SERVING)
+
+
+def reports_section(run: dict, results: dict) -> str:
+    """One row per notebook: link to its report, status, elapsed time, error if any."""
+    return render("reports.html", notebooks=run.get("notebooks", {}))
+
+
+def findings_section(run: dict, results: dict) -> str:
+    """The details behind the verdict: every finding of `findings.DETAILS` whose notebook recorded its results."""
+    details = [(detail.__name__, found) for detail in findings.DETAILS if (found := detail(run, results))]
+    return render("details.html", details=details).strip()
+
+
+def parameters_section(run: dict, results: dict) -> str:
+    """The params file as loaded, and what was injected into each notebook (folded)."""
+    return render("parameters.html", run=run, params=yaml.safe_dump(run.get("params", {}), sort_keys=False))
 
 
 def results_section(run: dict, results: dict) -> str:
     """A link to every result recorded with `spirelib.workbook.results.record` (results.json), and what it holds."""
-    counts = ", ".join(f"{escape(stem)} ({len(values)})" for stem, values in results.items() if values)
-    return ("<h2>Raw results</h2>\n<p>Every value the notebooks recorded, per notebook: "
-            "<a href='results.json'>results.json</a>" + (f" &mdash; {counts}" if counts else " (none recorded)")
-            + ".</p>")
+    return render("raw_results.html", counts=[f"{stem} ({len(values)})" for stem, values in results.items() if values])
 
 
 INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, changed_claims_section, schedules_section,
@@ -340,56 +313,9 @@ INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, changed_cl
 
 
 def render_value(value: Any, max_items: int = 12) -> str:
-    """Readable HTML for a JSON value: dicts as key/value tables, short lists inline."""
-    if isinstance(value, dict):
-        if not value:
-            return "<i>(none)</i>"
-        rows = "".join(f"<tr><th>{escape(k)}</th><td>{render_value(v, max_items)}</td></tr>" for k, v in value.items())
-        return f"<table class='kv'>{rows}</table>"
-    if isinstance(value, list):
-        if len(value) <= max_items and all(not isinstance(v, (dict, list)) for v in value):
-            return "[" + ", ".join(render_value(v) for v in value) + "]"
-        shown = escape(json.dumps(value, indent=1)[:20000])
-        return f"<details><summary>list of {len(value)}</summary><pre>{shown}</pre></details>"
-    if isinstance(value, float):
-        return f"<span class='num'>{value:.6g}</span>"
-    if isinstance(value, (bool, int)) or value is None:
-        return f"<span class='num'>{escape(json.dumps(value))}</span>"
-    return escape(value)
+    """Readable HTML for a JSON value: dicts as key/value tables, short lists inline (templates/macros.html)."""
+    return TEMPLATES.get_template("macros.html").module.value(value, max_items)
 
 
 def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 84em; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0; }
-th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-table.kv th { background: #f6f6f6; font-weight: normal; font-family: monospace; }
-.num { font-family: monospace; }
-.ok { color: #17702c; } .failed, .interrupted { color: #b00020; font-weight: bold; }
-.pending, .running, .skipped { color: #777; }
-.scale, .aside { color: #555; font-size: 0.9em; }
-h1 { font-size: 1.5em; margin-bottom: 0.2em; }
-p.verdict { font-size: 1.1em; background: #f3f6fb; border-left: 4px solid #2166ac; padding: 0.5em 0.8em; }
-table.verdict { width: 100%; table-layout: fixed; }
-table.verdict th:nth-child(1) { width: 18%; } table.verdict th:nth-child(2) { width: 28%; }
-table.verdict th:nth-child(3) { width: 22%; } table.verdict td:nth-child(4) { font-size: 0.9em; color: #333; }
-p.scale-line { margin: 0.3em 0 0.6em; }
-.maps { display: flex; flex-wrap: wrap; gap: 0.8em 1.4em; align-items: flex-start; }
-figure.map { margin: 0; max-width: 15em; } figure.map figcaption { font-weight: bold; font-size: 0.9em; }
-table.map { border-collapse: separate; border-spacing: 1px; margin: 0.2em 0; font-size: 0.72em; }
-table.map th { border: none; padding: 0 0.25em; color: #555; font-weight: normal; text-align: right;
-  white-space: nowrap; }
-table.map td { border: 2px solid transparent; padding: 0; width: 1.9em; height: 1.35em; text-align: center;
-  color: #fff; font-weight: bold; }
-table.map td.differs { border-color: #000; }
-p.where { font-size: 0.85em; margin: 0.2em 0; }
-p.legend { font-size: 0.85em; color: #444; margin: 0.4em 0; }
-span.key { display: inline-block; min-width: 1.6em; text-align: center; color: #fff; font-weight: bold;
-  font-size: 0.85em; }
-.claims { display: flex; gap: 2em; } .claims > div { flex: 1; }
-.claims h3 { margin: 0.5em 0 0.2em; } .claims ul { margin: 0; padding-left: 1.2em; } .claims li { margin: 0.2em 0; }
-pre { white-space: pre-wrap; }
-"""

@@ -443,7 +443,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     else:
         print(f"claims: not compared ({why_not})")
     rows = findings.verdict_rows(record, merged)
-    verdict = progress.plain_text(findings.verdict_lead(merged, rows)) if rows else None
+    verdict = findings.plain(findings.verdict_lead(merged, rows)) if rows else None
     print(progress.summary(record, [nb.stem for nb in selected], out_dir, verdict or None))
     print(f"reports: {index}")
     return 0 if status == "ok" else (130 if status == "interrupted" else 1)
@@ -461,7 +461,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--corpus-path", help="replaces the series' corpus_path (e.g. a LongCrawl64 fixture)")
     if command == "run":
         parser.add_argument("--out", type=Path,
-                            help="output folder (default: outputs/<params file stem>, or <stem>-dry-run)")
+                            help="output folder (default: outputs/STEM, or outputs/STEM-dry-run; STEM: the params "
+                                 "file's stem)")
         parser.add_argument("--plan", action="store_true",
                             help="print what the run will cost (work, FLOPs, predicted time here and on GPUs); "
                                  "run nothing")
