@@ -64,8 +64,8 @@ def diff_identities(saved: dict, requested: dict) -> list[str]:
     a, b = _flatten(saved), _flatten(requested)
     lines = []
     for key in sorted(set(a) | set(b)):
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            lines.append(f"{key}: {a.get(key, '<absent>')!r} (checkpoint) != {b.get(key, '<absent>')!r} (requested)")
+        if a.get(key, "(absent)") != b.get(key, "(absent)"):
+            lines.append(f"{key}: {a.get(key, '(absent)')!r} (checkpoint) != {b.get(key, '(absent)')!r} (requested)")
     return lines
 
 
