@@ -5,7 +5,7 @@
 #             TORCH_SPEC   torch requirement installed first, explicitly (torch==2.13.0)
 #             TORCH_PIP_ARGS  extra pip args for torch, e.g. --index-url https://download.pytorch.org/whl/<cuda tag>
 #             PARAMS       params file for `make run`                   (params/default.yaml)
-#             PYTEST_ARGS  extra pytest arguments for `make test`, e.g. "-x -q tests/test_workbook.py"
+#             PYTEST_ARGS  extra pytest arguments for `make test`, e.g. "-x -q tests/workbook/test_runner.py"
 # The venv is reinstalled only when pyproject.toml changes (stamp file); to change torch, rm -r .venv.
 
 PYTHON ?= python3

@@ -7,7 +7,7 @@ Opens the run's index.html in Debian's chromium through playwright (the test ext
 playwright; no browser is downloaded) and photographs the page from its title to the end of the
 verdict section, at 1200 pixels wide. The picture names the run it shows in a PNG text chunk
 ("Source": the params file, when the run started and on which machine, from its run.json), so a
-picture not made from a run by this script is told apart (tests/test_report_browser.py)."""
+picture not made from a run by this script is told apart (tests/system/test_report_browser.py)."""
 
 from __future__ import annotations
 

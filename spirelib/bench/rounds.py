@@ -7,7 +7,7 @@ every method (vanilla, MagicDec, SPIRe) are profiled once each, after a few roun
 graphs (`steady_state_counts`), their top-level events counted (`count`) and judged against a
 goal (`goal`); the round's bookkeeping that still runs eagerly (rejection sampling, drawing the
 draft tokens, rollback, the drafts' catching up) is what the counts name. `--device cpu` measures
-the same counts as a GPU would see (the ops are the same); tests/test_round_ops.py guards them
+the same counts as a GPU would see (the ops are the same); tests/decoding/test_round_ops.py guards them
 through a CUDA-graph stand-in.
 """
 
@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from spirelib.bench import add_model_arguments, device_problems, model_config, positive
 
-#: aten ops that make the host wait for the device (`tests/host_syncs.py` counts the same on the CPU).
+#: aten ops that make the host wait for the device (`tests/support/host_syncs.py` counts the same on the CPU).
 SYNC_OPS = {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "masked_select", "unique", "_unique2"}
 COMPILED_REGION = "Torch-Compiled Region"
 METHODS = ("vanilla", "magicdec", "spire")

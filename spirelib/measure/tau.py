@@ -235,7 +235,7 @@ def seeds_interval(values: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor,
     ci95, seeds_var, contexts_var), each (...): mean = mean_s values; seeds_var = var_s(values)
     / S (0 with one seed); contexts_var = var_i(mean_s z) / n; ci95 = sqrt(t_{S-1}^2 seeds_var
     + t_{n-1}^2 contexts_var), each term with its own t (NaN where n < 2): Banerjee's conservative
-    combination, which covers whichever term dominates (tests/test_tau_calibration.py; the
+    combination, which covers whichever term dominates (tests/measure/test_tau_calibration.py; the
     alternatives it rejects: method §10)."""
     values, z = values.double(), z.double()
     S, n = z.shape[-2], z.shape[-1]

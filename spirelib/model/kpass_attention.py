@@ -8,7 +8,7 @@ Here the bands of C = window // k consecutive blocks, which overlap, share one g
 span of (C - 1) k + window positions: a query scores about 2 x window keys instead of T,
 and each span is gathered once per layer per training step and reused by every pass. One
 softmax runs over the three groups together, so this is exactly the attention inference
-computes (tests/test_spire.py compares the two).
+computes (tests/model/test_spire.py compares the two).
 """
 
 from __future__ import annotations

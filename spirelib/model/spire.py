@@ -9,7 +9,7 @@ into keys/values with its own K/V weights (after its attention norm, exactly as 
 layer would from its input). Queries see the sink and the window of positions before them
 (method §3.4, 9), never their own position: its memory is only made after the pass.
 
-The same computation two ways, which tests/test_spire.py checks agree to fp32 precision: `step`
+The same computation two ways, which tests/model/test_spire.py checks agree to fp32 precision: `step`
 (inference, method §3.5), one position per row, and `k_pass_logits` (training, method §3.6),
 every block of k positions of a sequence at once, in k passes. Ablations (method §3.8) are
 `SpireConfig` flags; see `ABLATIONS`.

@@ -10,7 +10,7 @@ w * CE(p, q) - (1 - w) * alpha. SPIRe uses w = 0.5; w = 1 is pure distillation.
 in one chunked pass over the vocabulary; training uses `head_draft_losses`, the same fused with
 the draft's and the target's unembeddings, so that no (positions, V) tensor beyond one chunk of
 rows exists (at the paper's batch, 64 x 1024 x 50,304 fp32 logits are 13 GB each).
-tests/test_spire.py checks both against the plain definitions, value and gradients.
+tests/model/test_spire.py checks both against the plain definitions, value and gradients.
 """
 
 from __future__ import annotations

@@ -199,10 +199,10 @@ def step0_sentence(initial: dict[str, dict], vocab_size: int) -> str:
     return text
 
 
-PATH_CHECK = ("A defect in the target-activation path is ruled out by tests, not assumed: tests/test_spire.py checks "
-              "that k-pass training computes what step-by-step inference computes, and that the keys and values the "
-              "draft stores for every verified position, round after round in the engine, are those the target layer "
-              "it was pruned from stored at that position (no layer or position off by one).")
+PATH_CHECK = ("A defect in the target-activation path is ruled out by tests, not assumed: tests/model/test_spire.py "
+              "checks that k-pass training computes what step-by-step inference computes, and that the keys and values "
+              "the draft stores for every verified position, round after round in the engine, are those the target "
+              "layer it was pruned from stored at that position (no layer or position off by one).")
 
 
 def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", curves: str = "",

@@ -235,7 +235,7 @@ WORKER = textwrap.dedent("""
         dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # gloo's teardown at interpreter exit aborts now and then (tests/test_ddp.py)
+    os._exit(0)  # gloo's teardown at interpreter exit aborts now and then (tests/training/test_ddp.py)
 """)
 
 
@@ -254,7 +254,7 @@ def runs(tmp_path_factory):
         hf.save_model(model, tmp / "hf" / kind)
     script = tmp / "worker.py"
     script.write_text(WORKER)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                               str(script), str(tmp), str(tmp / "hf")], env=env, capture_output=True, text=True,
                              timeout=180, check=False)
@@ -442,7 +442,7 @@ def test_llama3_70b_example_dry_runs_sharded_under_torchrun_and_loads_in_one_pro
     from spirelib.training.params import load_params
     from spirelib.training.series import Series, dry_run
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     params = load_params(root / "params" / "llama3-70b.yaml")
     assert params["series"]["parallel"] == "fsdp" and params["series"]["spire"]["num_layers"] == 20
     _tiny_hf_target(tmp_path / "target", num_layers=8)

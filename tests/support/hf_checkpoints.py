@@ -9,7 +9,7 @@ its acceptance rates are a random model's.
 
 As a script, to time a series on a real model's shapes (`params/hf-example.yaml`):
 
-    .venv/bin/python tests/hf_checkpoints.py tests/fixtures/hf_configs/smollm2-135m.json models/target
+    .venv/bin/python tests/support/hf_checkpoints.py tests/fixtures/hf_configs/smollm2-135m.json models/target
 """
 
 from __future__ import annotations

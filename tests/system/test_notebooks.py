@@ -17,7 +17,7 @@ from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 from spirelib import cli
 from spirelib.workbook import runner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 SERIES = runner.discover(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from test_engine_drafts import check_rounds_against_fresh_drafts, contexts_and_lengths, random_target
+from test_drafts import check_rounds_against_fresh_drafts, contexts_and_lengths, random_target
 from test_speculative import chi_square_pvalue, exact_two_token_distribution, peaky_model
 
 from spirelib.decoding.drafts import draft_factory

@@ -204,7 +204,7 @@ WORKER = textwrap.dedent("""
 def test_sharding_over_two_processes_equals_one_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     two, one = ranks_and_reference(script, [str(tmp_path / "two.json")], [str(tmp_path / "one.json")], env, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]

@@ -1,6 +1,6 @@
 """`spire deploy`: the schedule (best k per batch size, off where AD wins, merges within the
 noise or the switching cost), its refusals, each engine's file read back the way the engine reads
-it (`modeling.engines`' lookup models, tests/test_engines.py) and `--explain`'s reading."""
+it (`modeling.engines`' lookup models, tests/modeling/test_engines.py) and `--explain`'s reading."""
 
 import json
 from pathlib import Path
@@ -387,7 +387,7 @@ def test_a_run_writes_its_schedules_and_the_index_links_every_file_written(run_d
 
 
 def test_spire_run_writes_the_schedules_after_a_notebook_they_read(tmp_path, monkeypatch):
-    fixtures = Path(__file__).parent / "fixtures"
+    fixtures = Path(__file__).parents[1] / "fixtures"
     monkeypatch.setattr(deploy, "write_run", lambda out_dir: {"h100-sxm-fp8": {"skipped": f"stub for {out_dir.name}"}})
     monkeypatch.setattr(deploy, "READS", ("01_record",))
     execute, _ = runner.notebook_stack()

@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 
 from spirelib.workbook import runner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ALL_NOTEBOOKS = NOTEBOOKS + sorted((ROOT / "tests" / "fixtures").rglob("*.ipynb"))
 CONDA_NAMES = {"torch": "pytorch", "kaleido": "python-kaleido"}  # PyPI name -> conda-forge name, where they differ

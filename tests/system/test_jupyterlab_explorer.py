@@ -26,7 +26,7 @@ from spirelib.frontend import HEADLESS_ENV
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.hardware import BYTES_PER_VALUE, HARDWARE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = NEEDS_BROWSER
 
 DEVICE, DTYPE = "h100-sxm", "bf16"

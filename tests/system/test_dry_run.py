@@ -23,7 +23,7 @@ from spirelib.training import series as series_config
 from spirelib.training.series import Series
 from spirelib.workbook import runner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PAPER = ROOT / "params" / "paper.yaml"
 VOCAB = 50304

@@ -38,7 +38,7 @@ PROBE = textwrap.dedent("""
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt and mallinfo2 are glibc's")
 def test_a_steps_buffers_come_from_the_heap_and_stay_there_once_freed():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, cwd=root,
                            env={**os.environ, "PYTHONPATH": str(root)})
     assert probe.returncode == 0, probe.stderr[-2000:]

@@ -2,7 +2,7 @@
 of one ablation table (`measure.ablations.holm`, `family`, `verdicts`), checked by hand on
 small families and calibrated by simulating 05's design at its budget.
 
-The simulation is tests/test_tau_calibration.py's, at 05's budget (params/default.yaml: 3 seeds,
+The simulation is tests/measure/test_tau_calibration.py's, at 05's budget (params/default.yaml: 3 seeds,
 128 contexts, k = 4, G = 64): the six variants of 05 each trained at every seed, each trained
 draft with its own acceptance alpha + e (e ~ N(0, sd^2): what training randomness does to it),
 every variant and seed decoding the same contexts with the same draws (common random numbers);

@@ -20,7 +20,7 @@ from spirelib.training.series import Series
 from spirelib.training.train import TrainConfig
 from spirelib.workbook import plan, report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "params" / "smoke.yaml"
 TINY = ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
 TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}

@@ -515,7 +515,7 @@ def test_separate_query_and_key_value_projections_use_the_biases(qwen2):
 def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
     """rope_mode="cache" at a query past original_max_position_embeddings: with one layer, a
     query over sink + window scores as the compacted sequence at positions 0..n-1 does (cf.
-    test_model); the sink keys are re-rotated by the distance they move, in scaled frequencies."""
+    test_transformer); the sink keys are re-rotated by the distance they move, in scaled frequencies."""
     from dataclasses import replace
 
     from spirelib.model.kvcache import SinkWindowKVCache

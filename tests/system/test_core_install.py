@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOT_CORE = ("papermill", "jupyter_client", "jupyter_core", "nbclient", "nbconvert", "nbformat", "ipykernel",
             "ipywidgets", "IPython", "plotly", "kaleido", "jupyterlab", "transformers")  # the extras' packages
 BLOCKER = f"""
@@ -56,7 +56,7 @@ def test_train_bench_check_and_deploy_start_without_the_notebook_extra(core_env,
         proc = spire(core_env, *command)
         assert proc.returncode == 0 and proc.stdout.startswith("usage: spire"), proc.stderr[-2000:]
     # Every row but the smoke series (notebooks: the extra), compiled decoding and the profiled model (a
-    # minute of cold compilation, and a fit, here; tests/test_compiled.py and tests/test_gpu_check.py run
+    # minute of cold compilation, and a fit, here; tests/decoding/test_compiled.py and tests/bench/test_gpu_check.py run
     # them with the extras installed). The peer row needs transformers (the test extra): it says so.
     check = spire(core_env, "bench", "gpu-check", "--device", "cpu", "--quick", "--steps", "4",
                   "--skip", "series", "cuda-graphs", "profiled")

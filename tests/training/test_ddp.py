@@ -50,7 +50,7 @@ WORKER = textwrap.dedent("""
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     ddp, single = ranks_and_reference(script, [str(tmp_path / "ddp")], [str(tmp_path / "one")], env, timeout=120)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert single.returncode == 0, single.stderr[-3000:]
@@ -118,7 +118,7 @@ def test_spire_draft_trains_on_two_cpu_ranks_as_on_one(tmp_path):
     once; the no_feedback variant, whose mixing logits get no gradient, trains as well."""
     script = tmp_path / "worker.py"
     script.write_text(SPIRE_WORKER)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     ddp, single = ranks_and_reference(script, [str(tmp_path / "ddp"), "1", *SPIRE_VARIANTS],
                                       [str(tmp_path / "one"), "0", *SPIRE_VARIANTS], env, timeout=180)
     assert ddp.returncode == 0, ddp.stderr[-3000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "spirelib"
+PACKAGE = Path(__file__).resolve().parents[2] / "spirelib"
 
 #: Layer of each top-level part of spirelib (docs/ARCHITECTURE.md, "Layers"). Parts of equal rank
 #: sit beside each other and may not import each other (the workbook and the benchmarks).

@@ -158,7 +158,7 @@ def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
         "notebooks": {"02_train_target": {"num_samples": 1, "prompt_tokens": 8, "sample_tokens": 8},
                       "04_measure_tau": {"context_lengths": [16], "n_contexts": 4, "decode_batch_size": 4}}}))
     out = tmp_path / "out"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert cli.main(["run", "--params", str(params), "--notebooks", str(root / "notebooks"), "--only",
                           "02,03,04", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())

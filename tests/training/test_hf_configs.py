@@ -18,7 +18,7 @@ from test_hf import TOL, V, hf_logits, randomized, tokens  # noqa: E402
 
 from spirelib.training import hf  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 LLAMA31_8B = (8.0, 1.0, 4.0, 8192.0)  # rope_scaling: factor, low_freq_factor, high_freq_factor, original context
 LLAMA32 = (32.0, 1.0, 4.0, 8192.0)
 

@@ -121,7 +121,7 @@ def test_a_checkpoint_tokenizer_starts_documents_with_its_bos_and_separates_them
 
 @pytest.mark.parametrize("bos", [None, "<|begin_of_text|>"])
 def test_a_random_checkpoint_of_a_published_config_loads_with_its_conventions(tmp_path, bos):
-    """tests/hf_checkpoints.py (what times the example on a real model's shapes): a published config,
+    """tests/support/hf_checkpoints.py (what times the example on a real model's shapes): a published config,
     shrunk, saved by transformers with random weights and a tokenizer, loads as the series loads it."""
     import json
 
@@ -129,7 +129,7 @@ def test_a_random_checkpoint_of_a_published_config_loads_with_its_conventions(tm
 
     from spirelib.training import hf
 
-    config = json.loads((Path(__file__).parent / "fixtures" / "hf_configs" / "smollm2-135m.json").read_text())
+    config = json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs" / "smollm2-135m.json").read_text())
     config.update(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, vocab_size=320)
     folder = random_checkpoint(config, tmp_path, TEXTS, bos=bos)

@@ -15,7 +15,7 @@ import torch
 
 from spirelib import bench, cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCREEN = 50  # lines of --help that fit one terminal screen
 
 

@@ -18,7 +18,7 @@ from terminal import terminal_output
 from spirelib import cli
 from spirelib.workbook import execute, progress, results, runner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 SERIES = FIXTURES / "notebooks"
 
@@ -245,7 +245,7 @@ def test_run_executes_in_order_injects_params_and_merges_results(fixture_run):
     rc, out, printed = fixture_run
     assert rc == 1  # 03_fail fails on purpose
     lines = printed.splitlines()
-    assert lines[0].startswith("plan: 4 notebooks")  # the plan comes first (tests/test_plan.py)
+    assert lines[0].startswith("plan: 4 notebooks")  # the plan comes first (tests/workbook/test_plan.py)
     lines = [line for line in lines if line.startswith("[")]
     assert lines[0].startswith("[1/4] 01_record ok in ") and lines[0].endswith(" s (plan 8 s)")
     assert lines[1].startswith("[2/4] 02_consume ok in ")
