@@ -366,18 +366,3 @@ def measure_tau(
 def summarize(counts: Mapping[str, Mapping[int, AcceptCounts]]) -> dict[str, dict[int, TauStats]]:
     """TauStats for every method and context length."""
     return {name: {L: c.stats() for L, c in by_length.items()} for name, by_length in counts.items()}
-
-
-def recorded_taus(run: Mapping, context_length: int):
-    """Notebook 04's measurements in a run's results (`results.run_results()`): tau per method
-    and per-position acceptance at the recorded context length nearest `context_length`, and
-    that length. None when the run has no recorded taus (a notebook run on its own)."""
-    recorded = run.get("04_measure_tau", {})
-    taus = recorded.get("tau")
-    if not taus:
-        return None
-    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
-    L = min(lengths, key=lambda length: (abs(length - context_length), length))
-    per_position = recorded.get("per_position_acceptance", {})
-    return ({m: by_l[str(L)]["mean"] for m, by_l in taus.items() if str(L) in by_l},
-            {m: by_l[str(L)]["p"] for m, by_l in per_position.items() if str(L) in by_l}, L)

@@ -1,8 +1,8 @@
 """The acceptance a finished run recorded, as deployment schedules read it (docs/deploy.md):
 notebook 04's tau, its 95% CI and per-position acceptance per method at the recorded context
-nearest the one asked for (`recorded_acceptance`); where the run recorded none, the taus a
-notebook was given (06, `acceptance_or_taus`) or the mean tau of its own timed cells (09,
-`acceptance_or_cells`). `DeployError` says what a run or an option lacks. `spire deploy` and
+nearest the one asked for (`recorded_acceptance`; the means alone, as the notebooks' comparisons
+read them: `recorded_taus`); where the run recorded none, the taus a notebook was given (06,
+`acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`). `DeployError` says what a run or an option lacks. `spire deploy` and
 the notebooks' tables both read these, so they sit below both.
 """
 
@@ -15,17 +15,40 @@ class DeployError(ValueError):
     """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
 
 
-def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptance], int]:
-    """Notebook 04's tau (mean, 95% CI) and per-position acceptance per method at the recorded
-    context nearest `context`, and that context."""
+def nearest_record(results: dict, context: int) -> tuple[dict, int] | None:
+    """Notebook 04's record in a run's results and its measured context nearest `context` (the
+    shorter on a tie); None when the run recorded no tau (a notebook run on its own)."""
     recorded = results.get("04_measure_tau", {})
     taus = recorded.get("tau")
     if not taus:
+        return None
+    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
+    return recorded, min(lengths, key=lambda length: (abs(length - context), length))
+
+
+def recorded_taus(results: dict, context: int) -> tuple[dict[str, float], dict[str, list], int] | None:
+    """Notebook 04's mean tau and per-position acceptance per method at the recorded context
+    nearest `context`, and that context, as the notebooks' comparisons read them
+    (`scenarios.taus_used`); None when the run recorded no tau."""
+    found = nearest_record(results, context)
+    if found is None:
+        return None
+    recorded, L = found
+    per_position = recorded.get("per_position_acceptance", {})
+    return ({m: by_l[str(L)]["mean"] for m, by_l in recorded["tau"].items() if str(L) in by_l},
+            {m: by_l[str(L)]["p"] for m, by_l in per_position.items() if str(L) in by_l}, L)
+
+
+def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptance], int]:
+    """Notebook 04's tau (mean, 95% CI) and per-position acceptance per method at the recorded
+    context nearest `context`, and that context."""
+    found = nearest_record(results, context)
+    if found is None:
         raise DeployError("the run recorded no tau (notebook 04): run the series, or `spire run --only 04` "
                           "after the drafts are trained, then deploy")
+    recorded, L = found
+    taus = recorded["tau"]
     depth = int(recorded.get("tau_protocol", {}).get("k", 4))
-    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
-    L = min(lengths, key=lambda length: (abs(length - context), length))
     per_position = recorded.get("per_position_acceptance", {})
     out = {}
     for method, by_l in taus.items():

@@ -92,7 +92,7 @@ class Scenario:
 
 
 def taus_used(measured) -> tuple[dict, dict, int | None, str]:
-    """The taus a comparison uses: those measured in the run (`measured`: `tau.recorded_taus`'s
+    """The taus a comparison uses: those measured in the run (`measured`: `recorded.recorded_taus`'s
     (taus, per-position acceptance, L)) or, without them (None), the paper's Table 1 at its L;
     with the phrase that names their source. Returns (taus, per_position, L or None, source)."""
     if measured is None:

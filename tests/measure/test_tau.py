@@ -238,18 +238,6 @@ def test_spire_is_registered_and_measurable():
     assert stats.n_contexts == 3 and 1 <= stats.mean <= 4
 
 
-def test_recorded_taus_picks_the_nearest_measured_context_length():
-    from spirelib.measure.tau import recorded_taus
-
-    run = {"04_measure_tau": {
-        "tau": {"spire": {"256": {"mean": 3.1}, "960": {"mean": 2.9}}, "vanilla": {"256": {"mean": 2.5}}},
-        "per_position_acceptance": {"spire": {"256": {"p": [0.9, 0.8]}}}}}
-    taus, per_position, L = recorded_taus(run, 512)
-    assert L == 256 and taus == {"spire": 3.1, "vanilla": 2.5} and per_position == {"spire": [0.9, 0.8]}
-    assert recorded_taus(run, 900)[2] == 960 and recorded_taus(run, 900)[0] == {"spire": 2.9}
-    assert recorded_taus({}, 512) is None
-
-
 def common_rows(alphas, n, k, G, seed):
     """`stopped_rows` for several acceptance rates from the same uniform draws (common random
     numbers: what measure_tau gives two drafts decoding the same batches)."""

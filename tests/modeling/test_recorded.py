@@ -4,7 +4,7 @@ and the refusal when the run recorded none."""
 
 import pytest
 
-from spirelib.modeling.recorded import DeployError, recorded_acceptance
+from spirelib.modeling.recorded import DeployError, recorded_acceptance, recorded_taus
 from spirelib.modeling.schedule import Acceptance
 
 RUN = {"04_measure_tau": {
@@ -26,3 +26,13 @@ def test_a_run_without_taus_is_refused_with_what_to_run():
     for run in ({}, {"04_measure_tau": {}}, {"04_measure_tau": {"tau": {}}}):
         with pytest.raises(DeployError, match="notebook 04"):
             recorded_acceptance(run, 512)
+
+
+def test_recorded_taus_picks_the_nearest_measured_context_length():
+    run = {"04_measure_tau": {
+        "tau": {"spire": {"256": {"mean": 3.1}, "960": {"mean": 2.9}}, "vanilla": {"256": {"mean": 2.5}}},
+        "per_position_acceptance": {"spire": {"256": {"p": [0.9, 0.8]}}}}}
+    taus, per_position, L = recorded_taus(run, 512)
+    assert L == 256 and taus == {"spire": 3.1, "vanilla": 2.5} and per_position == {"spire": [0.9, 0.8]}
+    assert recorded_taus(run, 900)[2] == 960 and recorded_taus(run, 900)[0] == {"spire": 2.9}
+    assert recorded_taus({}, 512) is None
