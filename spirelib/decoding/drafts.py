@@ -1,5 +1,6 @@
-"""The baseline drafts (method §4): a small separately trained model (vanilla SD), and the
-target drafting for itself over a sink + window of its own cache (MagicDec).
+"""The paper's drafts (method §4): a small separately trained model (vanilla SD), the
+target drafting for itself over a sink + window of its own cache (MagicDec), and SPIRe's
+draft model (`model.spire`) driven as one (`SpireDraft`).
 
 Both implement `speculative.Draft`. Their k draft passes are sequential one-token
 forwards; sampling uses the engine's temperature so that q is the distribution the
@@ -7,8 +8,9 @@ draft tokens were actually drawn from (what makes rejection sampling lossless).
 
 The registry of drafting methods lives here too: a method is a name and a builder
 (`register_method`), and `draft_factory` makes the per-batch draft factories the tau
-measurement and the wall-clock timing use. "vanilla" and "magicdec" are registered below,
-"spire" by `spirelib.model.spire`; a new draft plugs in the same way.
+measurement and the wall-clock timing use. "vanilla", "magicdec" and "spire" are registered
+here, "guided" and "lookup" in their own modules (`decoding/__init__` imports them); a new
+draft plugs in the same way.
 """
 
 from __future__ import annotations

@@ -112,3 +112,41 @@ def test_the_check_sees_upward_and_sideways_imports(tmp_path):
         "spirelib/decoding/y.py:1 (decoding) imports spirelib.measure (measure), a layer above its own"]
     assert violations(fake / "workbook" / "z.py", fake) == [
         "spirelib/workbook/z.py:1 (workbook) imports spirelib.bench.decode (bench), a layer beside its own"]
+
+
+def named_modules(architecture: str) -> dict[str, set[str]]:
+    """The names docs/ARCHITECTURE.md's "Modules" section gives each folder: a bold heading names a
+    folder (`modeling/`; none: spirelib's top), each line under it opens with the backticked names
+    it describes (`train`, `spire_train`: ...; a subfolder as `tables/`)."""
+    section = architecture.split("## Modules", 1)[1].split("\n## ", 1)[0]
+    named, folder = {}, ""
+    for line in section.splitlines():
+        if line.startswith("**"):
+            heading = line.split("**")[1]
+            folder = heading.split("`")[1].rstrip("/") if "`" in heading else ""
+        elif line.startswith("- "):
+            head = line[2:].split(": ", 1)[0]
+            named.setdefault(folder, set()).update(head.split("`")[1::2])
+    return named
+
+
+def unnamed_modules(named: dict[str, set[str]], package: Path = PACKAGE) -> list[str]:
+    """spirelib's modules (packages' __init__ apart) that the map names nowhere: a module is
+    named by its stem under its folder's heading, or by its subfolder (`tables/`)."""
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            continue
+        folder, rest = (parts[0], parts[1:]) if len(parts) > 1 else ("", parts)
+        if rest[0] not in named.get(folder, set()) and f"{rest[0]}/" not in named.get(folder, set()):
+            missing.append("/".join(parts))
+    return missing
+
+
+def test_the_map_names_every_module_in_one_line():
+    text = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    named = named_modules(text)
+    assert unnamed_modules(named) == [], "add a line for each to docs/ARCHITECTURE.md, 'Modules'"
+    modules = text.split("## Modules", 1)[1].split("\n## ", 1)[0]
+    assert all(len(line) <= 120 for line in modules.splitlines()), "one short line per module"
