@@ -3,40 +3,13 @@
 The paper's model (`perfmodel`) charges a forward max(2 N FLOPs, weight + KV bytes x HOI) and
 nothing else; at CPU scale that misses most of the clock (kernel launches, elementwise kernels,
 attention FLOPs, the unembedding, sampling, 4-byte values). This model, in the spirit of
-operator-profiled simulators such as Vidur (MLSys 2024), keeps the physical form
-
-    forward seconds = per_layer_s x layers + per_token_layer_s x tokens x layers
-                      + [tokens > 1] x multi_token_layer_s x layers
-                      + per_key_s x rows x keys x layers + attention FLOPs / attention_flops_per_s
-                      + max(matmul FLOPs / flops_per_s, bytes / bytes_per_s)
-
-with FLOPs and bytes from `forward_work` (body matmuls, attention over the keys read, the
-unembedding; weights and KV at their dtype). A forward of one token in all (B x T = 1: an AD
-step or a draft pass at B = 1) multiplies matrices by a vector, and a BLAS does that faster per
-linear than the matrix-matrix kernels of two tokens or more (docs/benchmarks.md); what the
-multi-token kernels cost per layer beyond it is their own coefficient, so that the B = 1 cells'
-AD steps are not priced at the setup cost of the verification's kernels. Attention costs per key each row reads (a CPU's
-attention kernel pays per (row, head) block and key, whatever the queries) and per FLOP (its
-queries' scores). The roofline term's peak and bandwidth are this
-machine's calibration (`measure.calibrate`), pinned, never fitted: only the overheads are fitted,
-so that they cannot trade against the rates. A forward's fixed cost is charged per layer (its
-kernels' launches): one target is timed, so a constant per forward and one per layer cannot be
-told apart, and what a draft's forwards cost beyond that goes to its method's overhead.
-
-Speculative decoding generates G tokens per row in `acceptance.expected_rounds` rounds: a
-batch decodes in lockstep until its slowest row is done, so at B = 64 it runs about 30% more
-rounds than G / tau. A speculative round (`round_seconds`) is the draft's k passes, each followed by a draw from
-(B, V) probabilities (`ProfiledCost.sampling`), the target verifying k + 1 tokens, the round's
-bookkeeping (`speculative.Rows.settle`: rejection sampling over (B, k + 1, V), the emitted
-tokens, the rollback), the draft's accept of the verified positions, and the method's own code
-beyond all of these (its Python, MagicDec's ring, SPIRe's memory and the target-stream capture):
-its `DraftOverhead`, round_s + round_per_row_s x B. An AD step is one target forward and one draw.
-
-`fit` fits every overhead to the engine's own sections timed inside real decoding rounds
-(`LoopTiming`, from `wallclock.time_cells`' `SectionTimer` split into draft, verify and
-bookkeeping), where the cost is paid: caches are as a round leaves them, not warm as in an
-isolated call. Every decode-time forward over a dense cache reads its whole capacity
-(`kvcache.DenseKVCache`: static shapes, no host sync), and the model prices it so.
+operator-profiled simulators such as Vidur (MLSys 2024), keeps the roofline's physical form and
+adds those costs as a few coefficients (`ProfiledCost`): the roofline's peak and bandwidth are
+this machine's calibration, pinned; only the overheads are fitted (`fit`), to the engine's own
+sections timed inside real decoding rounds, so that they cannot trade against the rates. An AD
+step is one target forward and one draw (`ad_step_seconds`); a speculative round is the draft's
+passes, verification, bookkeeping and the method's own overhead (`round_seconds`), and a batch
+decodes in lockstep until its slowest row is done (`acceptance.expected_rounds`).
 
 Numpy only, like the paper's model.
 """
@@ -108,7 +81,18 @@ class ProfiledCost:
     bytes_per_s) (`seconds`); a draw from (B, V) probabilities sampling_s +
     sampling_per_logit_s x B V; a round's bookkeeping bookkeeping_s + bookkeeping_per_logit_s x
     B (k + 1) V; each method's round its `DraftOverhead` on top. flops_per_s and bytes_per_s are
-    the calibrated machine's."""
+    the calibrated machine's.
+
+    FLOPs and bytes come from `forward_work` (body matmuls, attention over the keys read, the
+    unembedding; weights and KV at their dtype). A forward of one token in all (B x T = 1: an AD
+    step or a draft pass at B = 1) multiplies matrices by a vector, which a BLAS does faster per
+    linear than the matrix-matrix kernels of two tokens or more (docs/benchmarks.md); what those
+    cost per layer beyond it is multi_token_layer_s, so that the B = 1 cells' AD steps are not
+    priced at the setup cost of verification's kernels. Attention costs per key each row reads
+    (a CPU's attention kernel pays per (row, head) block and key, whatever the queries) and per
+    FLOP (its queries' scores). A forward's fixed cost is charged per layer (its kernels'
+    launches): one target is timed, so a constant per forward and one per layer cannot be told
+    apart, and what a draft's forwards cost beyond that goes to its method's overhead."""
 
     flops_per_s: float
     bytes_per_s: float
@@ -238,9 +222,12 @@ def verify_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batc
 
 def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int, k: int,
                   dense_keys: int, bytes_per_value: float = 4.0, overhead: bool = True) -> float:
-    """One speculative round: the draft's k passes (`propose_seconds`), the target verifying
-    k + 1 tokens (`verify_seconds`), the bookkeeping, the draft's `accept` (`accept_seconds`) and,
-    with `overhead`, the method's fitted `DraftOverhead`. Forwards over a dense cache read
+    """One speculative round: the draft's k passes (`propose_seconds`, each followed by a draw from
+    (B, V) probabilities), the target verifying k + 1 tokens (`verify_seconds`), the bookkeeping
+    (`speculative.Rows.settle`: rejection sampling over (B, k + 1, V), the emitted tokens, the
+    rollback), the draft's `accept` (`accept_seconds`) and, with `overhead`, the method's own code
+    beyond all of these (its Python, MagicDec's ring, SPIRe's memory and the target-stream
+    capture): its fitted `DraftOverhead`, round_s + round_per_row_s x B. Forwards over a dense cache read
     `dense_keys` (`sd_keys`)."""
     return (propose_seconds(cost, draft, target, vocab_size, batch, k, dense_keys, bytes_per_value)
             + verify_seconds(cost, target, vocab_size, batch, k, dense_keys, bytes_per_value)
@@ -318,7 +305,10 @@ def fit_problems(timings: list[LoopTiming], drafts: dict[str, DraftShape]) -> li
 def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, drafts: dict[str, DraftShape], k: int,
         peak_flops: float, bandwidth: float, bytes_per_value: float = 4.0) -> ProfiledCost:
     """The coefficients that explain decoding sections timed in the loop, with the roofline's
-    peak FLOP/s and bandwidth pinned to this machine's calibration. Every stage is a
+    peak FLOP/s and bandwidth pinned to this machine's calibration. The sections are the engine's
+    own, timed inside real decoding rounds (`LoopTiming`, from `wallclock.time_cells`'
+    `SectionTimer`: draft, verify, bookkeeping), where the cost is paid: caches as a round leaves
+    them, not warm as in an isolated call. Every stage is a
     least-squares fit in relative error (each timing counts alike), non-negative but for the
     methods' overheads:
 
