@@ -2,7 +2,7 @@
 target drafting for itself over a sink + window of its own cache (MagicDec), and SPIRe's
 draft model (`model.spire`) driven as one (`SpireDraft`).
 
-Both implement `speculative.Draft`. Their k draft passes are sequential one-token
+All three implement `speculative.Draft`. Their k draft passes are sequential one-token
 forwards; sampling uses the engine's temperature so that q is the distribution the
 draft tokens were actually drawn from (what makes rejection sampling lossless).
 
