@@ -95,6 +95,16 @@ def test_the_hand_built_residual_stream_is_the_models():
         torch.testing.assert_close(target.head(stream[-1]), target(tokens), rtol=1e-12, atol=1e-12)
 
 
+def assert_rows_as_if_alone(run, contexts: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Each row of `run(contexts, lengths)` (a generation) emits and accepts what it does decoded
+    alone, unpadded: ragged rows share a batch without seeing each other."""
+    batch = run(contexts, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        alone = run(contexts[b : b + 1, :n], None)
+        assert torch.equal(batch.tokens[b], alone.tokens[0]), f"row {b}"
+        assert torch.equal(batch.accepted[b][batch.accepted[b] >= 0], alone.accepted[0]), f"row {b}"
+
+
 def contexts_and_lengths(B: int, L: int, seed: int, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded contexts (B, L); the padding is random tokens, so it cannot pass for real."""
     contexts = torch.randint(0, CFG.vocab_size, (B, L), generator=torch.Generator().manual_seed(seed))

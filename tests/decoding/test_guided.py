@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from test_drafts import CFG, contexts_and_lengths, random_target
+from test_drafts import CFG, assert_rows_as_if_alone, contexts_and_lengths, random_target
 from test_speculative import chi_square_pvalue, exact_two_token_distribution, peaky_model
 
 from spirelib.decoding.drafts import draft_factory
@@ -141,11 +141,7 @@ def test_ragged_rows_decode_greedily_as_if_alone():
     def run(c, n):
         return speculative_generate(target, GuidedDraft(target, 1, 3, 3, temperature=0.0), c, 18, k=4,
                                     temperature=0.0, lengths=n)
-    batch = run(contexts, lengths)
-    for b, n in enumerate(lengths.tolist()):
-        alone = run(contexts[b : b + 1, :n], None)
-        assert torch.equal(batch.tokens[b], alone.tokens[0]), f"row {b}"
-        assert torch.equal(batch.accepted[b][batch.accepted[b] >= 0], alone.accepted[0]), f"row {b}"
+    assert_rows_as_if_alone(run, contexts, lengths)
 
 
 def test_a_shared_prefill_without_scores_is_refused_and_the_registry_builds_it():

@@ -10,7 +10,12 @@ import random
 
 import pytest
 import torch
-from test_drafts import check_rounds_against_fresh_drafts, contexts_and_lengths, random_target
+from test_drafts import (
+    assert_rows_as_if_alone,
+    check_rounds_against_fresh_drafts,
+    contexts_and_lengths,
+    random_target,
+)
 from test_speculative import chi_square_pvalue, exact_two_token_distribution, peaky_model
 
 from spirelib.decoding.drafts import draft_factory
@@ -115,11 +120,7 @@ def test_ragged_rows_decode_greedily_as_if_alone():
     contexts = repetitive(4, 16, 6, target.cfg.vocab_size)
     lengths = torch.tensor([16, 5, 11, 2])
     run = lambda c, n: speculative_generate(target, lookup(target), c, 18, k=4, temperature=0.0, lengths=n)  # noqa: E731
-    batch = run(contexts, lengths)
-    for b, n in enumerate(lengths.tolist()):
-        alone = run(contexts[b : b + 1, :n], None)
-        assert torch.equal(batch.tokens[b], alone.tokens[0]), f"row {b}"
-        assert torch.equal(batch.accepted[b][batch.accepted[b] >= 0], alone.accepted[0]), f"row {b}"
+    assert_rows_as_if_alone(run, contexts, lengths)
 
 
 def test_the_registry_builds_it_and_refuses_bad_n():
