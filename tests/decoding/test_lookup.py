@@ -5,7 +5,6 @@ distribution (chi-square, several temperatures), each row decodes as if alone.""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -16,7 +15,7 @@ from test_drafts import (
     contexts_and_lengths,
     random_target,
 )
-from test_speculative import chi_square_pvalue, exact_two_token_distribution, peaky_model
+from test_speculative import assert_two_token_law, peaky_model
 
 from spirelib.decoding.drafts import draft_factory
 from spirelib.decoding.lookup import LookupDraft, propose_lookup
@@ -107,12 +106,7 @@ def test_sampled_speculative_decoding_with_lookup_matches_the_target_distributio
     sd = speculative_generate(target, LookupDraft(6, 1, 3), context.expand(n, -1), 2, k=3, temperature=temperature,
                               generator=gen)
     assert (sd.accepted[:, 0] > 0).float().mean() > 0.05, "the check needs accepted proposals"
-    joint = exact_two_token_distribution(target, context, temperature).flatten()
-    counts = torch.bincount(sd.tokens[:, 0] * cfg.vocab_size + sd.tokens[:, 1], minlength=cfg.vocab_size ** 2)
-    assert chi_square_pvalue(counts, joint) > 1e-3
-    assert math.isclose(float(joint.sum()), 1.0, rel_tol=1e-9)
-    if temperature != 1.0:  # the check has power: the T = 1 distribution is rejected
-        assert chi_square_pvalue(counts, exact_two_token_distribution(target, context).flatten()) < 1e-6
+    assert_two_token_law(target, context, sd.tokens, temperature)
 
 
 def test_ragged_rows_decode_greedily_as_if_alone():

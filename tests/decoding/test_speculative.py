@@ -162,6 +162,19 @@ def exact_two_token_distribution(target, context, temperature=1.0):
     return p1[:, None] * p2
 
 
+def assert_two_token_law(target, context, tokens, temperature) -> None:
+    """The first two tokens generated after `context`, one sample per row of `tokens` (n, >= 2),
+    follow the target's exact two-token distribution at `temperature` (chi-square); at T != 1 the
+    T = 1 distribution is rejected, so the check has power."""
+    vocab = target.cfg.vocab_size
+    joint = exact_two_token_distribution(target, context, temperature).flatten()
+    counts = torch.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab ** 2)
+    assert chi_square_pvalue(counts, joint) > 1e-3
+    assert math.isclose(float(joint.sum()), 1.0, rel_tol=1e-9)
+    if temperature != 1.0:
+        assert chi_square_pvalue(counts, exact_two_token_distribution(target, context).flatten()) < 1e-6
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
 @pytest.mark.parametrize("name", ["vanilla-small", "magicdec"])
 def test_sampled_speculative_decoding_matches_the_target_distribution(name, temperature):
@@ -177,12 +190,7 @@ def test_sampled_speculative_decoding_matches_the_target_distribution(name, temp
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1])
     n = 20_000
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
-    joint = exact_two_token_distribution(target, context, temperature).flatten()
-    counts = torch.bincount(sd.tokens[:, 0] * cfg.vocab_size + sd.tokens[:, 1], minlength=cfg.vocab_size ** 2)
-    assert chi_square_pvalue(counts, joint) > 1e-3
-    assert math.isclose(float(joint.sum()), 1.0, rel_tol=1e-9)
-    if temperature != 1.0:  # the check has power: the T = 1 distribution is rejected
-        assert chi_square_pvalue(counts, exact_two_token_distribution(target, context).flatten()) < 1e-6
+    assert_two_token_law(target, context, sd.tokens, temperature)
 
 
 def test_one_prefill_serves_several_generations():
