@@ -10,7 +10,8 @@ State between rounds, per row: the target's cache holds positions 0..n-1 and the
 token at position n (emitted, not yet run through the target). After prefill of all but
 the last context token, the last context token is pending.
 
-The draft protocol (`Draft`) is what the engine sees of vanilla, MagicDec and SPIRe drafts.
+The draft protocol (`Draft`) is what the engine sees of every draft: vanilla, MagicDec, SPIRe,
+the verification-guided draft and prompt lookup.
 Every target pass hands the draft a `TargetPass` with what the target already computed
 for the newly verified positions, so no draft needs a target pass of its own.
 """

@@ -2,9 +2,10 @@
 SPIRe variant at every training seed decodes the same contexts with the same random streams
 (`variant_counts`), so its difference to SPIRe is paired (`paired_deltas`, `seed_taus`); which
 differences are resolved, family-wise over every comparison one table reports (Holm's
-step-down, `verdicts`), and the ranking of SPIRe's parts they support; the tau each variant's
-training predicted; the modeled multiplier each part is worth at the paper's headline cell
-with our taus and with the paper's; and where on the learning curves a part starts to pay."""
+step-down, `verdicts`; `resolved_family` for any family, 04's KV-budget sweep too), and the
+ranking of SPIRe's parts they support; the tau each variant's training predicted; the modeled
+multiplier each part is worth at the paper's headline cell with our taus and with the paper's;
+and where on the learning curves a part starts to pay."""
 
 from __future__ import annotations
 
@@ -99,14 +100,20 @@ def verdicts(component_deltas: dict, deltas: dict, level: float = FAMILY_LEVEL) 
     of the table, a variant taking the verdict of the part it differs from SPIRe by. Over two seeds
     or more, resolved over training randomness; with one seed, that the difference shows for that
     seed's trained drafts beyond the contexts' noise (never resolved over training, method §10)."""
-    tested = family(component_deltas, deltas)
+    shown = resolved_family(family(component_deltas, deltas), level)
+    pair_of = {frozenset(COMPONENTS[part]): part for part in component_deltas}
+    return {**shown, **{name: shown[pair_of.get(frozenset((name, "spire")), name)] for name in deltas}}
+
+
+def resolved_family(tested: dict[str, DeltaTau], level: float = FAMILY_LEVEL) -> dict[str, bool]:
+    """Name -> whether its difference is resolved, `holm` over all of `tested` (paired differences
+    measured at the same seeds and contexts) as one family: 05's tables (`verdicts`) and 04's
+    KV-budget sweep, one comparison per budget."""
     if not tested:
         return {}
     ds = list(tested.values())
-    shown = dict(zip(tested, holm([d.mean for d in ds], [d.seeds_var for d in ds], [d.contexts_var for d in ds],
-                                  ds[0].seeds, ds[0].n_contexts, level).tolist()))
-    pair_of = {frozenset(COMPONENTS[part]): part for part in component_deltas}
-    return {**shown, **{name: shown[pair_of.get(frozenset((name, "spire")), name)] for name in deltas}}
+    return dict(zip(tested, holm([d.mean for d in ds], [d.seeds_var for d in ds], [d.contexts_var for d in ds],
+                                 ds[0].seeds, ds[0].n_contexts, level).tolist()))
 
 
 def ranking(ours: list[tuple[str, float]], component_deltas: dict, shown: dict[str, bool]) -> list[dict]:

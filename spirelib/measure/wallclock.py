@@ -302,15 +302,23 @@ def loop_timings(timings: list[DecodeTiming]) -> list[profiled.LoopTiming]:
     return out
 
 
-def profiled_draft_shapes(vanilla, spire_layers, spire, ring: SinkWindow) -> dict[str, profiled.DraftShape]:
+def profiled_draft_shapes(vanilla, spire_layers, spire, ring: SinkWindow,
+                          guided: Mapping[str, int] | None = None) -> dict[str, profiled.DraftShape]:
     """What the profiled model needs of each timed draft: the vanilla draft's shape (its
-    `ModelConfig`), MagicDec's ring of sink + window + 1 keys over the target's own layers, and
-    the SPIRe draft's layer stack (`spire_layers`) reading its sink + window with target-activation
-    memory in every layer when `spire` (its `SpireConfig`) has it (method §3.3)."""
-    return {"vanilla": profiled.DraftShape("vanilla", vanilla.shape()),
-            "magicdec": profiled.DraftShape("magicdec", None, keys=ring.sink + ring.window + 1),
-            "spire": profiled.DraftShape("spire", spire_layers.shape(), keys=spire.sink + spire.window,
-                                         memory_layers=spire.num_layers if spire.target_activations else 0)}
+    `ModelConfig`), MagicDec's ring of sink + window + 1 keys over the target's own layers, the
+    SPIRe draft's layer stack (`spire_layers`) reading its sink + window with target-activation
+    memory in every layer when `spire` (its `SpireConfig`) has it (method §3.3), prompt lookup,
+    which runs no draft pass, and, given its options (`guided`: sink, window and top,
+    `Series.guided_options`), the guided draft's selected entries over the target's layers with
+    its verification scoring every key."""
+    shapes = {"vanilla": profiled.DraftShape("vanilla", vanilla.shape()),
+              "magicdec": profiled.DraftShape("magicdec", None, keys=ring.sink + ring.window + 1),
+              "spire": profiled.DraftShape("spire", spire_layers.shape(), keys=spire.sink + spire.window,
+                                           memory_layers=spire.num_layers if spire.target_activations else 0),
+              "lookup": profiled.DraftShape("lookup", None, keys=0)}
+    if guided is not None:
+        shapes["guided"] = profiled.DraftShape("guided", None, keys=sum(guided.values()) + 1, scores=True)
+    return shapes
 
 
 def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,

@@ -78,11 +78,16 @@ def acceptance_rate(tau, k: int = 4):
 
 
 def tau_from_per_position(per_position):
-    """tau = 1 + sum_j prod_{i<=j} p_i from per-position acceptance p of shape (..., k)."""
+    """tau = 1 + sum_j prod_{i<=j} p_i from per-position acceptance p of shape (..., k). A position
+    never reached (nan, `per_position_from_counts`) is allowed after one that accepted nothing: its
+    product is 0 whatever it is."""
     p = np.asarray(per_position, dtype=float)
-    if p.ndim == 0 or p.shape[-1] == 0 or not np.all((p >= 0) & (p <= 1)):
+    q = np.nan_to_num(p, nan=0.0)
+    before = np.cumprod(np.concatenate((np.ones_like(q[..., :1]), q[..., :-1]), axis=-1), axis=-1) if p.ndim else q
+    ok = ((p >= 0) & (p <= 1)) | (np.isnan(p) & (before == 0))
+    if p.ndim == 0 or p.shape[-1] == 0 or not np.all(ok):
         raise ValueError(f"per_position must be probabilities of shape (..., k), got {per_position!r}")
-    return scalar_or_array(1 + np.cumprod(p, axis=-1).sum(axis=-1))
+    return scalar_or_array(1 + np.cumprod(q, axis=-1).sum(axis=-1))
 
 
 def _counts(counts) -> np.ndarray:

@@ -149,15 +149,17 @@ class ProfiledCost:
 
 @dataclass(frozen=True)
 class DraftShape:
-    """What the profiled model needs of a draft method: its layer stack's shape (None:
-    MagicDec, the target itself), the keys one of its passes reads (None: the whole context,
-    a dense cache), and how many layers write memory from the target's verified positions
-    (SPIRe's target-activation memory, method §3.3)."""
+    """What the profiled model needs of a draft method: its layer stack's shape (None: the
+    target itself, MagicDec's and the guided draft's), the keys one of its passes reads (None:
+    the whole context, a dense cache; 0: no pass at all, prompt lookup's), how many layers write
+    memory from the target's verified positions (SPIRe's target-activation memory, method §3.3),
+    and whether the verification also scores every key for it (`scores`, the guided draft)."""
 
     method: str
     shape: ModelShape | None
     keys: int | None = None
     memory_layers: int = 0
+    scores: bool = False  # the verification records its attention scores for the draft (the guided draft)
 
 
 def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, context: int,
@@ -187,6 +189,8 @@ def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, v
     first pass runs two tokens (the one before the pending one again, `drafts.VanillaDraft`);
     a SPIRe pass also projects its feedback memory (one K/V projection per layer). A pass over
     a dense cache reads `dense_keys` (its capacity); a sparse draft its sink + window."""
+    if draft.keys == 0:  # prompt lookup: no forward, no draw; its matching is its fitted overhead
+        return 0.0
     shape = draft.shape if draft.shape is not None else target
     keys = dense_keys if draft.keys is None else min(dense_keys, draft.keys)
     memory = _memory_weights(draft, shape)
@@ -215,9 +219,16 @@ def _memory_weights(draft: DraftShape, shape: ModelShape) -> int:
 
 
 def verify_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, k: int, dense_keys: int,
-                   bytes_per_value: float = 4.0) -> float:
-    """The target's forward over the pending token and the k drafted ones, reading `dense_keys`."""
-    return cost.seconds(forward_work(target, vocab_size, batch, k + 1, dense_keys, bytes_per_value=bytes_per_value))
+                   bytes_per_value: float = 4.0, scores: bool = False) -> float:
+    """The target's forward over the pending token and the k drafted ones, reading `dense_keys`;
+    with `scores` (the guided draft, method §2) its queries score every key once more and the keys
+    are read again: half the attention's FLOPs (q.k of q.k and p.v) and the keys' bytes."""
+    w = forward_work(target, vocab_size, batch, k + 1, dense_keys, bytes_per_value=bytes_per_value)
+    if scores:
+        key_bytes = w.key_reads * target.n_kv * target.d_head * bytes_per_value
+        w = dataclasses.replace(w, flops=w.flops + w.attention_flops / 2, bytes=w.bytes + key_bytes,
+                                attention_flops=1.5 * w.attention_flops)
+    return cost.seconds(w)
 
 
 def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int, k: int,
@@ -230,7 +241,7 @@ def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, voc
     capture): its fitted `DraftOverhead`, round_s + round_per_row_s x B. Forwards over a dense cache read
     `dense_keys` (`sd_keys`)."""
     return (propose_seconds(cost, draft, target, vocab_size, batch, k, dense_keys, bytes_per_value)
-            + verify_seconds(cost, target, vocab_size, batch, k, dense_keys, bytes_per_value)
+            + verify_seconds(cost, target, vocab_size, batch, k, dense_keys, bytes_per_value, draft.scores)
             + cost.bookkeeping(batch, k, vocab_size) + accept_seconds(cost, draft, target, batch, k, bytes_per_value)
             + (cost.draft(draft.method).seconds(batch) if overhead else 0.0))
 
@@ -372,7 +383,8 @@ def _coefficients(timings: list[LoopTiming], *, target: ModelShape, vocab_size: 
                               bytes_per_value=bytes_per_value), t.verify_s) for t in timings if t.method == "ad"]
     forwards += [(forward_work(target, vocab_size, t.batch, k + 1, sd_keys(t.context, t.new_tokens, k),
                                bytes_per_value=bytes_per_value), t.verify_s)
-                 for t in timings if t.method != "ad" and not drafts[t.method].memory_layers]
+                 for t in timings if t.method != "ad" and not drafts[t.method].memory_layers
+                 and not drafts[t.method].scores]  # a verification that also writes memory or scores is not plain
     seconds = np.array([s for _, s in forwards])
     a = np.array([[w.layers, w.tokens * w.layers, w.key_reads, w.attention_flops, w.layers * (w.tokens > 1)]
                   for w, _ in forwards], dtype=float)

@@ -57,6 +57,16 @@ class Scenario:
         drafts = {"vanilla": vanilla.shape(), "spire": dataclasses.replace(target, num_layers=spire_layers).shape()}
         return cls(target.shape(), drafts, taus, window_factor=None, window=window, **overrides)
 
+    def with_one_pass(self, tau: float) -> Scenario:
+        """This comparison with a one-pass drafter added (method §2, "Beyond the paper's three": all k
+        drafts in one forward, as DFlash and P-EAGLE draft) of SPIRe's draft shape at a stated `tau`:
+        a parameter of the question "where would such a drafter beat SPIRe?", not a measurement."""
+        if not 1 <= tau <= self.k + 1:
+            raise ValueError(f"a one-pass drafter's tau at k = {self.k} lies in [1, {self.k + 1}], got {tau}")
+        return dataclasses.replace(self, taus={**self.taus, "one_pass": float(tau)},
+                                   drafts={**self.drafts, "one_pass": self.drafts["spire"]},
+                                   label=f"{self.label}; one-pass drafter at a stated tau of {tau:g}")
+
     def with_hardware(self, hardware: Hardware, dtype: str) -> Scenario:
         """The same comparison on `hardware` computing in `dtype`, weights and KV stored in it too."""
         return dataclasses.replace(self, hoi=hardware.hoi(dtype), bytes_per_value=float(BYTES_PER_VALUE[dtype]))

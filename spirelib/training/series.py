@@ -281,11 +281,31 @@ class Series:
         return {m: draft_factory(m, self.trained_target().model, model(m), temperature=self.temperature,
                                  **options.get(m, {})) for m in methods}
 
-    def guided_options(self) -> dict:
-        """The verification-guided draft's budget, MagicDec's (method §4): its sink, and MagicDec's
-        window split into a recent window and the entries chosen by attention, half each."""
-        window = self.magicdec.window
-        return {"sink": self.magicdec.sink, "window": window - window // 2, "top": window // 2}
+    def guided_options(self, keys: int | None = None) -> dict:
+        """The verification-guided draft's options at a KV budget of `keys` entries per layer and KV
+        head (default MagicDec's sink + window, method §4): MagicDec's sink, the rest split into a
+        recent window and the entries chosen by attention, half each."""
+        sink = self.magicdec.sink
+        rest = self.magicdec.window if keys is None else keys - sink
+        if rest < 2:
+            raise ValueError(f"a KV budget of {keys} leaves {rest} entries past the sink of {sink}: the guided draft "
+                             "needs at least a window of 1 and 1 chosen entry; give a budget of at least sink + 2")
+        return {"sink": sink, "window": rest - rest // 2, "top": rest // 2}
+
+    def budget_factories(self, budgets) -> dict:
+        """The KV-budget sweep (method §4): MagicDec and the guided draft each reading `b` entries per
+        layer and KV head for every b in `budgets` (MagicDec: its sink and a window of b - sink; the
+        guided draft: `guided_options(b)`), as draft factories named "magicdec@b" and "guided@b"."""
+        from spirelib.decoding.drafts import draft_factory
+
+        target = self.trained_target().model
+        factories = {}
+        for b in budgets:
+            guided = self.guided_options(b)  # checks the budget first
+            magicdec = {**dataclasses.asdict(self.magicdec), "window": b - self.magicdec.sink}
+            factories[f"magicdec@{b}"] = draft_factory("magicdec", target, temperature=self.temperature, **magicdec)
+            factories[f"guided@{b}"] = draft_factory("guided", target, temperature=self.temperature, **guided)
+        return factories
 
 
 # ---------------------------------------------------------------------------- validation

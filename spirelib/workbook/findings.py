@@ -653,9 +653,12 @@ def table1(run: dict, results: dict) -> dict | None:
     lengths = sorted({int(L) for by_l in taus.values() for L in by_l}, reverse=True)
     methods = [(m, label(m)) for m in perfmodel.MODELED_METHODS if m in taus]
     methods += [(m, label(m)) for m in taus if m not in perfmodel.MODELED_METHODS]
+    protocol = recorded.get("tau_protocol", {})
+    trained_on, G = protocol.get("trained_on"), protocol.get("new_tokens", 0)
     rows = []
     for L in lengths:
-        row: list[Text | str] = [str(L)]
+        past = trained_on and L + G > trained_on  # said next to the figure (04 puts the target's loss beside it)
+        row: list[Text | str] = [f"{L} (past the {trained_on:,}-token training windows)" if past else str(L)]
         for m, _ in methods:
             cell = taus[m].get(str(L))
             row.append(_text(_link(run, "04_measure_tau", f"{cell['mean']:.3f} ± {cell['ci95']:.3f}"))

@@ -108,6 +108,13 @@ class Item:
     def at_tau_1(self) -> float:
         return self.seconds if self.seconds_at_tau_1 is None else self.seconds_at_tau_1
 
+    def times(self, n: int) -> Item:
+        """The same work done `n` times over (04's KV-budget sweep: one decoding per budget)."""
+        high = None if self.seconds_at_tau_1 is None else n * self.seconds_at_tau_1
+        gpu = {name: n * t for name, t in self.gpu_seconds.items()}
+        return dataclasses.replace(self, seconds=n * self.seconds, flops=n * self.flops, bytes=n * self.bytes,
+                                   contexts=n * self.contexts, gpu_seconds=gpu, seconds_at_tau_1=high)
+
 
 @dataclass
 class Plan:
@@ -471,11 +478,13 @@ class Probe:
                              f"evaluation ({cfg.num_layers} x {cfg.d_model}, T {seq_len})")
                 or {"eval_window_s": math.nan})
 
-    def decoding(self, cfg: ModelConfig, spire: SpireConfig, magicdec: dict, methods: list[str], batch: int,
-                 context: int, new_tokens: int, k: int, temperature: float) -> dict:
+    def decoding(self, cfg: ModelConfig, spire: SpireConfig, magicdec: dict, guided: dict, methods: list[str],
+                 batch: int, context: int, new_tokens: int, k: int, temperature: float) -> dict:
         """{"prefill_s", "ad_step_s", "round_s": {method: s}} at (B, L) = (`batch`, `context`): one
-        real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round."""
-        key = {"model": cfg.to_dict(), "spire": spire.to_dict(), "magicdec": magicdec, "methods": sorted(methods),
+        real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round
+        (MagicDec and the guided draft with the series' options, `magicdec` and `guided`)."""
+        key = {"model": cfg.to_dict(), "spire": spire.to_dict(), "magicdec": magicdec, "guided": guided,
+               "methods": sorted(methods),
                "batch": batch, "context": context, "new_tokens": new_tokens, "k": k, "temperature": temperature}
 
         # enough tokens that no row can finish before the timed rounds (a round emits at most k + 1)
@@ -485,7 +494,7 @@ class Probe:
             target = self._target(cfg)
             models = {"vanilla": Transformer(vanilla_draft_config(cfg)) if "vanilla" in methods else None,
                       "spire": SpireDraftModel.from_target(target, spire) if "spire" in methods else None}
-            options = {"magicdec": magicdec}
+            options = {"magicdec": magicdec, "guided": guided}
             factories = {m: draft_factory(m, target, None if models.get(m) is None else models[m].to(self.device),
                                           temperature=temperature, **options.get(m, {})) for m in methods}
             contexts = torch.randint(0, cfg.vocab_size, (batch, context), device=self.device)
@@ -588,22 +597,23 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
 def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire: SpireConfig, methods: list[str],
                  runs: int, batch: int, context: int, new_tokens: int, k: int, *, ad: bool = False,
                  contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None,
-                 ranged: bool = False) -> Item:
+                 ranged: bool = False, prefills: int = 1) -> Item:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
     every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
-    window) of the target's cache; each method's rounds at its tau in `taus` (default the paper's).
+    window) of the target's cache, the guided draft over as many; each method's rounds at its tau in
+    `taus` (default the paper's; tau 1 for a method neither has, its slowest).
     `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
     range, from the paper's taus at L = 512 (method §5) to `seconds_at_tau_1` at tau 1 (every round
     yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
     until its slowest row is done)."""
     taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
-    seconds = high = probe["prefill_s"]
+    seconds = high = prefills * probe["prefill_s"]
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
-    flops, moved = pre.flops, pre.bytes
+    flops, moved = prefills * pre.flops, prefills * pre.bytes
     keys = context + new_tokens // 2
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
     for m in methods:
-        rounds = expected_rounds(taus[m], k, new_tokens, batch)
+        rounds = expected_rounds(taus.get(m, 1.0), k, new_tokens, batch)  # a method no tau is known for: tau 1
         seconds += rounds * probe["round_s"][m]
         high += expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
         if m == "vanilla":
@@ -611,7 +621,9 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire:
         elif m == "spire":
             step = forward_work(dataclasses.replace(cfg, num_layers=spire.num_layers).shape(), cfg.vocab_size, batch,
                                 1, spire.sink + spire.window)
-        else:
+        elif m == "lookup":  # no model drafts: the round is its verification
+            step = dataclasses.replace(verify, flops=0.0, bytes=0.0)
+        else:  # MagicDec and the guided draft: the target over their sink + window (+ chosen) entries
             step = forward_work(cfg.shape(), cfg.vocab_size, batch, 1, min(keys, magicdec_keys))
         flops += rounds * (verify.flops + k * step.flops)
         moved += rounds * (verify.bytes + k * step.bytes)
@@ -638,14 +650,15 @@ class _Models:
             series.target, series.target_training, series.data(), series.imported)
 
     def decode(self, notebook: str, what: str, methods, batch: int, context: int, runs: int, *, ad: bool = False,
-               contexts: int | None = None) -> Item:
+               contexts: int | None = None, prefills: int = 1) -> Item:
         """`runs` batches decoded at (B, L) = (`batch`, `context`) with `methods` (and AD with `ad`),
-        timed by a probe of the series' decoding at that cell."""
+        timed by a probe of the series' decoding at that cell; `prefills` full-context target passes per
+        batch (04's second: the target's loss on the continuation)."""
         s = self.series
-        probe = self.probe.decoding(self.target_cfg, s.spire, dataclasses.asdict(s.magicdec), list(methods), batch,
-                                    context, s.new_tokens, s.k, s.temperature)
+        probe = self.probe.decoding(self.target_cfg, s.spire, dataclasses.asdict(s.magicdec), s.guided_options(),
+                                    list(methods), batch, context, s.new_tokens, s.k, s.temperature)
         return _decode_item(notebook, what, probe, self.target_cfg, s.spire, list(methods), runs, batch, context,
-                            s.new_tokens, s.k, ad=ad, contexts=contexts,
+                            s.new_tokens, s.k, ad=ad, contexts=contexts, prefills=prefills,
                             magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus, ranged=self.ranged)
 
     def needs(self, name: str) -> bool:
@@ -723,8 +736,19 @@ def _tau_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
     items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
     B, methods = p["decode_batch_size"], p["methods"]
     runs = -(-p["n_contexts"] // B)  # batches per L
-    return items + [models.decode(nb, f"tau of {', '.join(methods)} at L = {L}", methods, B, L, runs,
-                                  contexts=p["n_contexts"]) for L in p["context_lengths"]]
+    trained_on, G = models.series.target_training.seq_len, models.series.new_tokens
+    items += [models.decode(nb, f"tau of {', '.join(methods)} and the target's loss at L = {L}"
+                            + (f" (past the {trained_on}-token training windows)" if L + G > trained_on else ""),
+                            methods, B, L, runs, contexts=p["n_contexts"], prefills=2)
+              for L in p["context_lengths"]]
+    budgets = p.get("kv_budgets") or []
+    if budgets:  # MagicDec and the guided draft at each budget, priced at the series' own budget
+        within = [L for L in p["context_lengths"] if L + G <= trained_on]
+        L = p.get("kv_budget_context") or (max(within) if within else min(p["context_lengths"]))
+        sweep = models.decode(nb, f"KV-budget sweep: MagicDec and guided at {len(budgets)} budgets, L = {L}",
+                              ["magicdec", "guided"], B, L, runs, contexts=p["n_contexts"])
+        items.append(sweep.times(len(budgets)))
+    return items
 
 
 def _ablation_notebook(models: _Models, nb: str, p: dict) -> list[Item]:

@@ -100,3 +100,10 @@ def test_best_k_from_a_per_position_curve_searches_its_measured_depths():
 def test_bad_inputs_raise_value_errors_naming_them(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_a_position_never_reached_counts_nothing_after_one_that_accepted_nothing():
+    assert tau_from_per_position([0.0, float("nan"), float("nan")]) == 1.0
+    assert tau_from_per_position([[0.5, 0.0, float("nan")], [1.0, 0.5, 0.5]]).tolist() == [1.5, 2.75]
+    with pytest.raises(ValueError, match="per_position"):
+        tau_from_per_position([0.5, float("nan")])  # reached with probability 0.5: nan is no probability

@@ -220,3 +220,45 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
     errors = [profiled.modeled_sections(cost, t, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3) / t.round_s - 1
               for t in loops]
     assert statistics.median(abs(e) for e in errors) < 0.3  # timing noise, not a wrong model
+
+
+GUIDED = profiled.DraftShape("guided", None, keys=66, scores=True)
+LOOKUP = profiled.DraftShape("lookup", None, keys=0)
+
+
+def test_the_guided_draft_pays_its_scoring_in_the_verification_and_prompt_lookup_runs_no_draft_pass():
+    cost = profiled.ProfiledCost(1e11, 1e10, per_layer_s=1e-5, per_token_layer_s=1e-7, per_key_s=1e-9,
+                                 attention_flops_per_s=5e10, bookkeeping_s=3e-5, sampling_s=2e-5)
+    w = profiled.forward_work(TARGET, 100, 8, 5, 105)
+    keys_again = 8 * 105 * 4 * 2 * 8 * 4.0  # B x keys x layers x n_kv x d_head, 4 bytes each
+    scored = dataclasses.replace(w, flops=w.flops + w.attention_flops / 2, attention_flops=1.5 * w.attention_flops,
+                                 bytes=w.bytes + keys_again)
+    assert profiled.verify_seconds(cost, TARGET, 100, 8, 4, 105, scores=True) == pytest.approx(cost.seconds(scored))
+    assert cost.seconds(scored) > cost.seconds(w)
+    passes = 4 * (cost.seconds(profiled.forward_work(TARGET, 100, 8, 1, 66)) + 2e-5)
+    assert profiled.round_seconds(cost, GUIDED, TARGET, 100, 8, 4, 105) == pytest.approx(
+        passes + cost.seconds(scored) + 3e-5)
+    assert profiled.round_seconds(cost, LOOKUP, TARGET, 100, 8, 4, 105) == pytest.approx(cost.seconds(w) + 3e-5)
+
+
+def test_the_fit_leaves_the_guided_drafts_scoring_verification_out_of_the_forward_coefficients():
+    drafts = {**DRAFTS, "guided": GUIDED, "lookup": LOOKUP}
+    true = dataclasses.replace(TRUE, drafts={**TRUE.drafts, "guided": profiled.DraftOverhead(2e-4, 1e-6),
+                                             "lookup": profiled.DraftOverhead(5e-5, 2e-7)})
+
+    def timing(method, B, L, G=64, k=4, V=100):
+        if method not in ("guided", "lookup"):
+            return loop(true, method, B, L)
+        keys = profiled.sd_keys(L, G, k)
+        verify = profiled.verify_seconds(true, TARGET, V, B, k, keys, scores=drafts[method].scores)
+        book = true.bookkeeping(B, k, V)
+        total = profiled.round_seconds(true, drafts[method], TARGET, V, B, k, keys)
+        return profiled.LoopTiming(method, B, L, G, total - verify - book, verify, book)
+
+    timings = [timing(m, B, L) for B, L in GRID for m in ("ad", *drafts)]
+    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
+    for name in COEFFICIENTS:
+        assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name
+    for method in ("guided", "lookup"):
+        assert got.draft(method).round_s == pytest.approx(true.draft(method).round_s, rel=1e-6)
+        assert got.draft(method).round_per_row_s == pytest.approx(true.draft(method).round_per_row_s, rel=1e-6)

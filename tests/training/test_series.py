@@ -144,7 +144,7 @@ def test_an_imported_target_gives_the_target_and_the_vocabulary(tmp_path):
 
 
 def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
-    """02 evaluates the imported target, 03 trains both drafts for it, 04 measures all three taus."""
+    """02 evaluates the imported target, 03 trains both drafts for it, 04 measures every method's tau."""
     from pathlib import Path
 
     monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
@@ -164,7 +164,7 @@ def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["02_train_target"]["target"]["imported_from"] == str(folder)
     assert results["02_train_target"]["target"]["embedding_params"] == 2 * 320 * 64 + 64
-    assert set(results["04_measure_tau"]["tau"]) == {"vanilla", "magicdec", "spire"}
+    assert set(results["04_measure_tau"]["tau"]) == {"vanilla", "magicdec", "spire", "guided", "lookup"}
 
 
 def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch):
@@ -181,3 +181,20 @@ def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch)
         model.blocks[0].mlp.w_down.weight.add_(1e-3)
     save_file(hf.hf_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
     assert hf.checkpoint_digest(folder) != before  # same shapes and config, other weights: drafts retrain
+
+
+def test_the_guided_draft_splits_a_kv_budget_like_magicdecs_and_the_sweep_names_each_budget(monkeypatch):
+    s = Series.from_dict({**SMALL, "magicdec": {"sink": 1, "window": 64}})
+    assert s.guided_options() == {"sink": 1, "window": 32, "top": 32}  # MagicDec's 65 entries
+    assert s.guided_options(16) == {"sink": 1, "window": 8, "top": 7}
+    assert sum(s.guided_options(257).values()) == 257
+    with pytest.raises(ValueError, match="a KV budget of 2 leaves 1 entries past the sink of 1"):
+        s.guided_options(2)
+    built = []
+    monkeypatch.setattr("spirelib.decoding.drafts.draft_factory",
+                        lambda method, target, model=None, **options: built.append((method, options)) or method)
+    monkeypatch.setattr(Series, "trained_target", lambda self: type("T", (), {"model": None})())
+    factories = s.budget_factories([16, 64])
+    assert list(factories) == ["magicdec@16", "guided@16", "magicdec@64", "guided@64"]
+    assert built[0] == ("magicdec", {"temperature": 1.0, "sink": 1, "window": 15, "rope_mode": "cache"})
+    assert built[1] == ("guided", {"temperature": 1.0, "sink": 1, "window": 8, "top": 7})

@@ -337,3 +337,13 @@ def test_the_terminal_ends_with_the_indexs_verdict_sentence_in_its_words():
     assert terminal.startswith("At B = 64, L = 512 (modeled): SPIRe wins with the paper's shapes and tau") and (
         "<b>SPIRe</b> wins" in lead)
     assert terminal.endswith("Measured on this machine, SD was slower than AD in 3 of 4 measured (method, B, L) cells.")
+
+
+def test_the_index_says_next_to_a_tau_when_its_length_ran_past_the_training_windows():
+    recorded = {m: {**by_l, "2048": {"mean": 2.0, "ci95": 0.1, "n_contexts": 10}}
+                for m, by_l in RESULTS["04_measure_tau"]["tau"].items()}
+    results = {**RESULTS, "04_measure_tau": {"tau": recorded, "tau_protocol": {"scale": "tiny models", "k": 4,
+                                                                               "new_tokens": 64, "trained_on": 1024}}}
+    rows = findings.table1(RUN, results)["rows"]
+    assert [r[0] for r in rows] == ["2048 (past the 1,024-token training windows)", "512"]
+    assert "past the" not in findings.table1(RUN, RESULTS)["rows"][0][0]  # a run that did not record it says nothing

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "params" / "smoke.yaml"
 TINY = ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
 TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}
-DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05}}
+DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05,
+                                                             "guided": 0.3, "lookup": 0.02}}
 
 
 def quiet(monkeypatch, speed: float = 1.0):
@@ -127,8 +128,9 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
     longer = probe.training("lm", TINY, TrainConfig(batch_size=2, seq_len=32, steps=50, eval_windows=2))
     assert probe.seconds > spent and longer != first
     decoded = probe.decoding(TINY, SpireConfig(num_layers=1, window=8), {"sink": 1, "window": 8},
-                             ["vanilla", "magicdec", "spire"], 2, 16, 8, 2, 1.0)
-    assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire"} and decoded["prefill_s"] > 0
+                             {"sink": 1, "window": 4, "top": 4}, ["vanilla", "magicdec", "spire", "guided", "lookup"],
+                             2, 16, 8, 2, 1.0)
+    assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup"} and decoded["prefill_s"] > 0
 
 
 def test_run_plan_prints_every_notebooks_work_and_gpu_times_and_runs_nothing(fake_probes, tmp_path):
@@ -171,7 +173,7 @@ def test_a_replan_decodes_at_the_taus_the_last_run_of_the_same_series_measured(f
     low = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.2})
     tau = next(i for i in low.items if i.what.startswith("tau")).seconds
     rounds = expected_rounds(1.2, 4, 64, 2)  # the smoke series: k = 4, G = 64
-    assert tau == pytest.approx(2 * (DECODING["prefill_s"] + rounds * DECODING["round_s"]["vanilla"]))
+    assert tau == pytest.approx(2 * (2 * DECODING["prefill_s"] + rounds * DECODING["round_s"]["vanilla"]))
     assert tau > next(i for i in paper.items if i.what.startswith("tau")).seconds
     assert "last run measured (04): vanilla 1.2" in low.render() and "range of tau" in paper.render()
     # where the last run's taus come from: its 04 record, averaged over L, for the same series only
@@ -364,7 +366,8 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     made = plan.make_plan(["04_measure_tau", "09_measured_vs_modeled"], params, {})
     tau = next(i for i in made.items if i.what.startswith("tau"))
     G = 64  # the smoke series' new_tokens
-    assert tau.seconds_at_tau_1 == pytest.approx(2 * (DECODING["prefill_s"] + G * (0.1 + 0.05)))
+    # two full-context target passes per batch: the shared prefill and the target's loss on the continuation
+    assert tau.seconds_at_tau_1 == pytest.approx(2 * (2 * DECODING["prefill_s"] + G * (0.1 + 0.05)))
     assert tau.seconds < tau.seconds_at_tau_1
     timed = next(i for i in made.items if i.what.startswith("time AD"))
     one = DECODING["prefill_s"] + G * DECODING["ad_step_s"]
@@ -380,3 +383,36 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     assert nine["seconds_at_tau_1"] == pytest.approx(plan.NOTEBOOK_SECONDS + plan.CALIBRATION_SECONDS + runs_high * high)
     measured = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.5, "spire": 2.0})
     assert all(i.seconds_at_tau_1 is None for i in measured.items) and " - " not in measured.span("04_measure_tau")
+
+
+def test_the_guided_draft_and_prompt_lookup_are_priced_at_tau_1_until_measured_and_lookup_drafts_for_free():
+    """No paper tau exists for the two drafts past the paper, so before a run measures one the plan
+    prices them at tau 1 (every round yields one token, their slowest); prompt lookup's rounds carry
+    no draft pass, so its work is the verification alone."""
+    spire = SpireConfig(num_layers=1)
+    guided = plan._decode_item("04", "tau", DECODING, TINY, spire, ["guided"], 1, 4, 32, 16, 4)
+    assert guided.seconds == pytest.approx(3.0 + expected_rounds(1.0, 4, 16, 4) * 0.3)
+    lookup = plan._decode_item("04", "tau", DECODING, TINY, spire, ["lookup"], 1, 4, 32, 16, 4)
+    magicdec = plan._decode_item("04", "tau", DECODING, TINY, spire, ["magicdec"], 1, 4, 32, 16, 4,
+                                 taus={"magicdec": 1.0})
+    verify = plan.forward_work(TINY.shape(), TINY.vocab_size, 4, 5, 32 + 8)
+    rounds = expected_rounds(1.0, 4, 16, 4)
+    assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * plan.forward_work(
+        TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 65)).flops)
+    assert lookup.flops > rounds * verify.flops
+
+
+def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budget_sweep(fake_probes):
+    params = {"04_measure_tau": {"methods": ["magicdec", "guided", "lookup"], "context_lengths": [16, 256],
+                                 "n_contexts": 4, "decode_batch_size": 2, "kv_budgets": [8, 16, 32],
+                                 "kv_budget_context": 0}}
+    made = plan.make_plan(["04_measure_tau"], params, {})
+    taus = [i for i in made.items if i.what.startswith("tau")]
+    assert [("past the" in i.what) for i in taus] == [False, True]  # the smoke target trains on 256 tokens: 256 + 64
+    assert all("the target's loss" in i.what for i in taus)
+    sweep = next(i for i in made.items if i.what.startswith("KV-budget sweep"))
+    assert "3 budgets, L = 16" in sweep.what  # the longest L within the training windows
+    one = plan._Models(Series(), plan.Probe(None), {}, True).decode("04_measure_tau", "", ["magicdec", "guided"], 2,
+                                                                    16, 2, contexts=4)
+    assert sweep.seconds == pytest.approx(3 * one.seconds) and sweep.flops == pytest.approx(3 * one.flops)
+    assert sweep.seconds_at_tau_1 == pytest.approx(3 * one.seconds_at_tau_1)

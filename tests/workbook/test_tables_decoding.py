@@ -71,3 +71,46 @@ def test_04_says_when_a_trend_over_l_is_within_the_noise():
     assert "Every method's tau rises with L here" in lead(taus, paper, ci95)[-1]
     ci95["spire"] = {256: 0.05, 960: 0.05}
     assert "Every method's tau rises" not in lead(taus, paper, ci95)[-1]  # SPIRe's rise is within the noise
+
+
+def test_length_rows_put_the_targets_own_loss_beside_each_tau_and_say_which_lengths_passed_training():
+    from spirelib.measure.context_loss import LossStats
+    from spirelib.workbook.tables.decoding import length_rows
+
+    losses = {32: LossStats(3.1, 0.05, 6), 64: LossStats(3.4, 0.07, 6)}
+    rows = length_rows(STATS, losses, trained_on=100, new_tokens=40)
+    assert [r["within the training windows"] for r in rows] == ["yes", "no (1.0x)"]  # 72 fits, 104 does not
+    assert rows[1] == {"L": 64, "L + G": 104, "within the training windows": "no (1.0x)",
+                       "target's loss (nats/token)": "3.400 ± 0.070", "vanilla SD": "2.000 ± 0.050", "SPIRe": ""}
+    assert table1_rows(STATS, key="KV budget")[0]["KV budget"] == 64
+
+
+def test_past_training_says_who_gives_out_first_the_target_or_a_draft():
+    from spirelib.workbook.narrative.decoding import past_training
+
+    taus = {"magicdec": {512: 2.4, 2048: 2.0}, "spire": {512: 2.5, 2048: 2.45}}
+    ci = {"magicdec": {512: 0.05, 2048: 0.05}, "spire": {512: 0.05, 2048: 0.05}}
+    held = past_training(taus, ci, {512: 3.0, 2048: 3.02}, {512: 0.05, 2048: 0.05}, 1024, 64)
+    assert "at L = 2,048, L + G = 2,112 positions, 2.1x those windows" in held
+    assert "from 3.000 to 3.020 nats (+0.020 ± 0.071, not resolved)" in held
+    assert "MagicDec 2.40 to 2.00 (-0.400 ± 0.071)" in held and "SPIRe 2.50 to 2.45 (-0.050 ± 0.071, not resolved)" in held
+    assert held.endswith("while MagicDec gives out first: tau falls where the target does not.")
+    rises = past_training(taus, ci, {512: 3.0, 2048: 3.5}, {512: 0.05, 2048: 0.05}, 1024, 64)
+    assert "The target itself gives out past its windows" in rises and rises.endswith("MagicDec falls with it.")
+    calm = past_training({"spire": taus["spire"]}, ci, {512: 3.0, 2048: 3.02}, {512: 0.05, 2048: 0.05}, 1024, 64)
+    assert calm.endswith("Neither gives out at this length: no draft's tau falls and the target's loss does not "
+                         "rise beyond the noise.")
+    assert past_training(taus, ci, {512: 3.0}, {512: 0.05}, 1024, 64) is None  # nothing measured past the windows
+
+
+def test_the_kv_budget_sweep_counts_only_budgets_resolved_together():
+    from spirelib.workbook.narrative.decoding import kv_budget_sentence
+
+    deltas = {16: (0.3, 0.1), 64: (0.05, 0.1), 256: (-0.01, 0.02)}
+    words = kv_budget_sentence(deltas, {16: True, 64: False, 256: False}, 960)
+    assert "16: +0.300 ± 0.100 (resolved); 64: +0.050 ± 0.100; 256: -0.010 ± 0.020." in words
+    assert words.endswith("buys acceptance at budgets 16; elsewhere the difference is not resolved.")
+    assert kv_budget_sentence(deltas, dict.fromkeys(deltas, False), 960).endswith(
+        "No budget resolves a difference between the two at this scale.")
+    assert "MagicDec's fixed window accepts more at budgets 256." in kv_budget_sentence(
+        deltas, {16: False, 64: False, 256: True}, 960)

@@ -372,3 +372,18 @@ def test_06_says_where_the_winner_flips_per_scenario():
     grids = {"trained shapes": tables.winner_grid([1, 16], [256, 960], grid)}
     assert words.where_sentences(grids, {"trained shapes": "the trained shapes"}) == (
         "- **the trained shapes:** MagicDec wins at L = 960 for B = 1; SPIRe everywhere else.")
+
+
+def test_06_says_where_a_one_pass_drafter_of_a_stated_tau_would_beat_spire():
+    import numpy as np
+
+    from spirelib.workbook.narrative.perf import one_pass_sentence
+
+    grid = {"spire": np.array([[2.0, 1.5], [1.2, 0.9]]), "one_pass": np.array([[2.5, 1.4], [1.3, 0.8]]),
+            "magicdec": np.array([[2.6, 1.0], [1.0, 0.5]])}
+    words = one_pass_sentence(grid, 3.0, 3.4)
+    assert words.startswith("**A one-pass drafter at a stated tau of 3** (a parameter of the question, not a "
+                            "measurement")
+    assert "would beat SPIRe at its tau of 3.40 in 2 of 4 cells of the map and be the best method in 1." in words
+    assert one_pass_sentence({**grid, "one_pass": grid["spire"] - 1}, 2.0, 3.4).endswith(
+        "SPIRe's acceptance is worth more than one pass instead of k everywhere on the map.")

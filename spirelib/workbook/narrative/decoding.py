@@ -1,5 +1,6 @@
 """The words of notebook 04, measured acceptance (method §5, 8): its conclusion against the
-paper's Table 1 (`lead`) and what the ± intervals cover."""
+paper's Table 1 (`lead`), what the ± intervals cover, acceptance past the training windows beside
+the target's own loss (`past_training`) and the KV-budget sweep (`kv_budget_sentence`)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,79 @@ def lead(taus: Mapping[str, Mapping[int, float]], paper: Mapping[int, Mapping[st
             cause = " Every method's tau falls with L here."
         out.append("**Over L:** " + "; ".join(trends) + "." + cause)
     return out
+
+
+def _change(a: float, b: float, ci_a: float, ci_b: float) -> tuple[float, float, bool]:
+    """b - a, its 95% half-width (the two intervals combined: contexts drawn apart per L) and whether
+    it is resolved (the change exceeds the half-width)."""
+    both = float(np.hypot(ci_a, ci_b))
+    return b - a, both, abs(b - a) > both
+
+
+def past_training(taus: Mapping[str, Mapping[int, float]], ci95: Mapping[str, Mapping[int, float]],
+                  loss: Mapping[int, float], loss_ci95: Mapping[int, float], trained_on: int,
+                  new_tokens: int) -> str | None:
+    """04's words on acceptance past the training length (method §5): from the longest L whose L + G
+    fits the `trained_on`-token training windows to the longest L measured past them, the target's
+    loss on the continuation and each method's tau, each change with its interval; then who gives
+    out first, the target (its loss rises, resolved) or a draft (its tau falls while the target's
+    loss does not rise). None when no L lies on both sides."""
+    within = [L for L in loss if L + new_tokens <= trained_on]
+    past = [L for L in loss if L + new_tokens > trained_on]
+    if not within or not past:
+        return None
+    a, b = max(within), max(past)
+    d, half, resolved = _change(loss[a], loss[b], loss_ci95[a], loss_ci95[b])
+    target_rises = resolved and d > 0
+    parts, fallen = [], []
+    for m in taus:
+        if a not in taus[m] or b not in taus[m]:
+            continue
+        dm, hm, rm = _change(taus[m][a], taus[m][b], ci95[m][a], ci95[m][b])
+        if rm and dm < 0:
+            fallen.append(method_label(m))
+        parts.append(f"{method_label(m)} {taus[m][a]:.2f} to {taus[m][b]:.2f} ({dm:+.3f} ± {hm:.3f}"
+                     + ("" if rm else ", not resolved") + ")")
+    text = (f"**Past the training windows:** the target and the drafts trained on {trained_on:,}-token windows; "
+            f"at L = {b:,}, L + G = {b + new_tokens:,} positions, {(b + new_tokens) / trained_on:.1f}x those windows. "
+            f"From L = {a:,} to {b:,} the target's own loss on the continuation goes from {loss[a]:.3f} to "
+            f"{loss[b]:.3f} nats ({d:+.3f} ± {half:.3f}" + ("" if resolved else ", not resolved") + "); tau: "
+            + "; ".join(parts) + ". ")
+    s = "s" if len(fallen) == 1 else ""
+    if target_rises:
+        text += ("The target itself gives out past its windows (its loss rises beyond the noise), so a draft's tau "
+                 "there is measured against a weaker target: "
+                 + (f"{', '.join(fallen)} fall{s} with it." if fallen else "no draft's tau falls."))
+    elif fallen:
+        text += (f"The target holds (its loss does not rise beyond the noise) while {', '.join(fallen)} give{s} out "
+                 "first: tau falls where the target does not.")
+    else:
+        text += ("Neither gives out at this length: no draft's tau falls and the target's loss does not rise beyond "
+                 "the noise.")
+    return text
+
+
+def kv_budget_sentence(deltas: Mapping[int, tuple[float, float]], resolved: Mapping[int, bool], L: int) -> str:
+    """04's words on the KV-budget sweep (method §4): the guided draft's tau minus MagicDec's at each
+    budget (`deltas`: budget -> (mean, 95% half-width), paired by context and random stream), which
+    of them are resolved family-wise over the budgets (`resolved`, Holm), and what that says."""
+    budgets = sorted(deltas)
+    cells = [f"{b}: {deltas[b][0]:+.3f} ± {deltas[b][1]:.3f}" + (" (resolved)" if resolved[b] else "")
+             for b in budgets]
+    better = [b for b in budgets if resolved[b] and deltas[b][0] > 0]
+    worse = [b for b in budgets if resolved[b] and deltas[b][0] < 0]
+    text = (f"**KV budget at L = {L:,}** (entries per layer and KV head; the guided draft's tau minus MagicDec's, "
+            "paired on the same contexts and random streams, resolved family-wise over the budgets by Holm's "
+            "step-down, uncorrected intervals shown): " + "; ".join(cells) + ". ")
+    if better and not worse:
+        text += ("Choosing entries by the verification's attention buys acceptance at budgets "
+                 + ", ".join(map(str, better)))
+        text += "; elsewhere the difference is not resolved." if len(better) < len(budgets) else "."
+    elif worse and not better:
+        text += f"MagicDec's fixed window accepts more at budgets {', '.join(map(str, worse))}."
+    elif better and worse:
+        text += (f"The guided draft accepts more at budgets {', '.join(map(str, better))} and MagicDec at "
+                 f"{', '.join(map(str, worse))}.")
+    else:
+        text += "No budget resolves a difference between the two at this scale."
+    return text

@@ -111,3 +111,20 @@ def where_sentences(grids: dict[str, dict], labels: dict[str, str]) -> str:
     Markdown line each under the scenario's label (`labels[name]`)."""
     return "\n".join(f"- **{labels.get(name, name)}:** {where_sentence(g['winners'], g['B'], g['L'])}"
                      for name, g in grids.items())
+
+
+def one_pass_sentence(grid: dict, tau: float, spire_tau: float) -> str:
+    """06's words on a one-pass drafter (method §2, "Beyond the paper's three"): in how many (B, L)
+    cells of `grid` (method -> TM over the map, the paper's shapes with a one-pass drafter of SPIRe's
+    draft shape at the stated `tau`) it would beat SPIRe (at `spire_tau`) and be the best method."""
+    beats = np.asarray(grid["one_pass"]) > np.asarray(grid["spire"])
+    best = pm.best_method(grid, baseline=1.0) == "one_pass"
+    text = (f"**A one-pass drafter at a stated tau of {tau:g}** (a parameter of the question, not a measurement: "
+            f"SPIRe's draft shape proposing all k tokens in one forward, as DFlash and P-EAGLE do) would beat SPIRe "
+            f"at its tau of {spire_tau:.2f} in {int(beats.sum())} of {beats.size} cells of the map and be the best "
+            f"method in {int(best.sum())}. ")
+    if beats.all():
+        return text + "At that tau one pass instead of k buys more than SPIRe's acceptance anywhere on the map."
+    if not beats.any():
+        return text + "At that tau SPIRe's acceptance is worth more than one pass instead of k everywhere on the map."
+    return text + "The cells where it wins are those where the k sequential draft passes weigh most in a round."

@@ -1,5 +1,6 @@
 """Plotly figures of measured acceptance (method §5, 8): tau per method and context length next
-to the paper's Table 1, and per-position acceptance (the tables: `tables.decoding`).
+to the paper's Table 1 (or per KV budget), the target's own loss past its training windows, and
+per-position acceptance (the tables: `tables.decoding`).
 
 Builders take `tau.TauStats` per method and context length ({method: {L: TauStats}}) and
 compute nothing but what they plot (intervals included). `scale` is a short note of the
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from spirelib.measure.context_loss import LossStats
 from spirelib.measure.tau import TauStats
 from spirelib.modeling.methods import color as method_color
 from spirelib.modeling.methods import label as method_label
@@ -22,9 +24,12 @@ from spirelib.workbook.plots.perf import SUBPLOT_TOP, scale_title, title_layout
 Stats = Mapping[str, Mapping[int, TauStats]]
 
 
-def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None, scale: str = "") -> go.Figure:
+def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = None, scale: str = "", *,
+               trained_to: int | None = None, x_title: str = "context length L") -> go.Figure:
     """tau (95% CI) against context length per method; beside it, the paper's Table 1
-    (paper[L][method]) on its own context lengths, since ours may be scaled down."""
+    (paper[L][method]) on its own context lengths, since ours may be scaled down. `trained_to`: the
+    longest L whose L + G fits the training windows, marked. The x axis may be another integer
+    (`x_title`), e.g. the KV budget of 04's sweep ({method: {budget: TauStats}})."""
     panels = 2 if paper else 1
     fig = make_subplots(rows=1, cols=panels, shared_yaxes=True, horizontal_spacing=0.06,
                         subplot_titles=("measured here", "paper, Table 1")[:panels])
@@ -35,7 +40,8 @@ def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = N
             legendgroup=method, line=dict(color=method_color(method, i)),
             error_y=dict(type="data", array=[by_length[L].ci95 for L in lengths], visible=True),
             customdata=[[by_length[L].n_contexts] for L in lengths],
-            hovertemplate="L = %{x}<br>tau = %{y:.3f} ± %{error_y.array:.3f}<br>%{customdata[0]} contexts<extra></extra>",
+            hovertemplate=f"{x_title.split()[-1]} = " + "%{x}<br>tau = %{y:.3f} ± %{error_y.array:.3f}<br>"
+                          "%{customdata[0]} contexts<extra></extra>",
         ), row=1, col=1)
         if paper and all(method in paper[L] for L in paper):
             paper_lengths = sorted(paper)
@@ -44,11 +50,40 @@ def tau_figure(stats: Stats, paper: Mapping[int, Mapping[str, float]] | None = N
                 name=f"{method_label(method)} (paper)", legendgroup=method, showlegend=False,
                 line=dict(color=method_color(method, i), dash="dash"), marker=dict(symbol="circle-open", size=9),
             ), row=1, col=2)
-    fig.update_xaxes(title_text="context length L", type="log")
+    if trained_to is not None:
+        mark_training(fig, trained_to)
+    fig.update_xaxes(title_text=x_title, type="log")
     fig.update_yaxes(title_text="tau (tokens per round, bonus included)", col=1)
     fig.update_layout(**title_layout(scale_title("tau = E[tokens per round]", scale), top=SUBPLOT_TOP),
                       template="plotly_white",
                       legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def mark_training(fig: go.Figure, trained_to: int) -> None:
+    """A dotted line at `trained_to` on the first panel: to its right L + G runs past the windows the
+    target and drafts were trained on."""
+    fig.add_vline(x=trained_to, line=dict(color="#7f7f7f", dash="dot"), row=1, col=1,
+                  annotation_text="past the training windows →", annotation_position="top right")
+
+
+def target_loss_figure(losses: Mapping[int, LossStats], trained_to: int, scale: str = "") -> go.Figure:
+    """The target's loss on the G tokens after a context of L tokens (95% CI over contexts) against
+    L, the training windows' end marked as in `tau_figure`: does the target itself give out there?"""
+    lengths = sorted(losses)
+    fig = make_subplots(rows=1, cols=1)
+    fig.add_trace(go.Scatter(
+        x=lengths, y=[losses[L].mean for L in lengths], mode="lines+markers", name=method_label("target"),
+        line=dict(color=method_color("target")),
+        error_y=dict(type="data", array=[losses[L].ci95 for L in lengths], visible=True),
+        customdata=[[losses[L].n_contexts] for L in lengths],
+        hovertemplate="L = %{x}<br>loss = %{y:.3f} ± %{error_y.array:.3f} nats<br>%{customdata[0]} contexts"
+                      "<extra></extra>"), row=1, col=1)
+    mark_training(fig, trained_to)
+    fig.update_xaxes(title_text="context length L", type="log")
+    fig.update_yaxes(title_text="target's loss on the continuation (nats/token)")
+    fig.update_layout(**title_layout(scale_title("The target past its training windows", scale)),
+                      template="plotly_white")
     return fig
 
 

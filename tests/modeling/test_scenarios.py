@@ -1,0 +1,26 @@
+"""Scenarios of the throughput model (method §2): what a one-pass drafter of a stated tau adds."""
+
+import numpy as np
+import pytest
+
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.scenarios import Scenario
+
+
+def test_a_one_pass_drafter_is_priced_at_spires_draft_shape_and_its_stated_tau():
+    paper = Scenario.paper()
+    one = paper.with_one_pass(3.0)
+    assert one.taus == {**paper.taus, "one_pass": 3.0} and one.drafts["one_pass"] == paper.drafts["spire"]
+    assert "stated tau of 3" in one.label and paper.taus.keys() == pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT].keys()
+    B, L = np.array([[1], [64]]), np.array([[256, 4096]])
+    got = one.multipliers(B, L)
+    expected = pm.throughput_multiplier("one_pass", 3.0, B, L, paper.target, paper.drafts["spire"],
+                                        **paper.model_kwargs())
+    np.testing.assert_allclose(got["one_pass"], expected)
+    np.testing.assert_allclose(got["spire"], paper.multipliers(B, L)["spire"])
+    # at SPIRe's own tau one pass instead of k is never slower
+    same = paper.with_one_pass(paper.taus["spire"]).multipliers(B, L)
+    assert np.all(same["one_pass"] >= same["spire"])
+    for bad in (0.5, 5.5):
+        with pytest.raises(ValueError, match=r"lies in \[1, 5\]"):
+            paper.with_one_pass(bad)
