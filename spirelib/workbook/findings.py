@@ -148,7 +148,9 @@ def map_cells(winners: list[list[str]], B: list[int], L: list[int], values=None,
 
 
 def _initial(method: str) -> str:
-    return {"spire": "S", "magicdec": "M", "vanilla": "V", AD: "AD", "-": ""}.get(method, label(method)[:2])
+    """A method's letters in a winner map (an unknown one: its label's first two letters)."""
+    return {"spire": "S", "magicdec": "M", "vanilla": "V", "guided": "G", "lookup": "P", "one_pass": "1", AD: "AD",
+            "-": ""}.get(method, label(method)[:2])
 
 
 # ---------------------------------------------------------------------------- the verdict

@@ -347,3 +347,8 @@ def test_the_index_says_next_to_a_tau_when_its_length_ran_past_the_training_wind
     rows = findings.table1(RUN, results)["rows"]
     assert [r[0] for r in rows] == ["2048 (past the 1,024-token training windows)", "512"]
     assert "past the" not in findings.table1(RUN, RESULTS)["rows"][0][0]  # a run that did not record it says nothing
+
+
+def test_every_drafting_method_has_its_own_letter_in_a_winner_map():
+    got = findings.map_cells([["guided", "lookup", "one_pass", "spire", "ad"]], [64], [256, 512, 960, 2048, 4096])
+    assert [c["initial"] for c in got["rows"][0]["cells"]] == ["G", "P", "1", "S", "AD"]
