@@ -55,6 +55,13 @@ def continuation_losses(model: Transformer, contexts: torch.Tensor, continuation
     return torch.stack(out).cpu()
 
 
+def sweep_length(context_lengths, new_tokens: int, trained_on: int, chosen: int = 0) -> int:
+    """The context length of 04's KV-budget sweep: `chosen` if given, else the longest L whose L + G
+    fits the `trained_on`-token training windows, else the shortest L."""
+    within = [L for L in context_lengths if L + new_tokens <= trained_on]
+    return chosen or (max(within) if within else min(context_lengths))
+
+
 def loss_stats(losses: torch.Tensor) -> LossStats:
     """Mean and 95% t-interval of per-context losses (n,)."""
     n = losses.numel()

@@ -46,6 +46,7 @@ from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
+from spirelib.measure.context_loss import sweep_length
 from spirelib.modeling.profiled import forward_work
 from spirelib.paths import cache_dir
 from spirelib.training import pipeline
@@ -743,8 +744,7 @@ def _tau_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
               for L in p["context_lengths"]]
     budgets = p.get("kv_budgets") or []
     if budgets:  # MagicDec and the guided draft at each budget, priced at the series' own budget
-        within = [L for L in p["context_lengths"] if L + G <= trained_on]
-        L = p.get("kv_budget_context") or (max(within) if within else min(p["context_lengths"]))
+        L = sweep_length(p["context_lengths"], G, trained_on, p.get("kv_budget_context") or 0)
         sweep = models.decode(nb, f"KV-budget sweep: MagicDec and guided at {len(budgets)} budgets, L = {L}",
                               ["magicdec", "guided"], B, L, runs, contexts=p["n_contexts"])
         items.append(sweep.times(len(budgets)))

@@ -45,3 +45,11 @@ def test_mismatched_inputs_are_refused():
         continuation_losses(model, torch.zeros(3, 4, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="batch_size"):
         continuation_losses(model, torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), 0)
+
+
+def test_the_sweep_runs_at_the_chosen_length_or_the_longest_within_the_training_windows():
+    from spirelib.measure.context_loss import sweep_length
+
+    assert sweep_length([256, 960, 2048], 64, 1024) == 960
+    assert sweep_length([256, 960, 2048], 64, 1024, chosen=512) == 512
+    assert sweep_length([2048, 4096], 64, 1024) == 2048  # none fits: the shortest

@@ -395,11 +395,9 @@ def test_the_guided_draft_and_prompt_lookup_are_priced_at_tau_1_until_measured_a
     lookup = plan._decode_item("04", "tau", DECODING, TINY, spire, ["lookup"], 1, 4, 32, 16, 4)
     magicdec = plan._decode_item("04", "tau", DECODING, TINY, spire, ["magicdec"], 1, 4, 32, 16, 4,
                                  taus={"magicdec": 1.0})
-    verify = plan.forward_work(TINY.shape(), TINY.vocab_size, 4, 5, 32 + 8)
     rounds = expected_rounds(1.0, 4, 16, 4)
     assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * plan.forward_work(
         TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 65)).flops)
-    assert lookup.flops > rounds * verify.flops
 
 
 def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budget_sweep(fake_probes):
