@@ -57,6 +57,15 @@ class Scenario:
         drafts = {"vanilla": vanilla.shape(), "spire": dataclasses.replace(target, num_layers=spire_layers).shape()}
         return cls(target.shape(), drafts, taus, window_factor=None, window=window, **overrides)
 
+    def with_taus(self, taus: Mapping[str, float], label: str) -> Scenario:
+        """The same shapes and settings with other taus (`taus`: method -> tau, e.g. every method a run
+        measured: the verification-guided draft and prompt lookup draft with no shape of their own),
+        under `label`. A method that drafts with a model this comparison has no shape for is refused."""
+        missing = [m for m in taus if m not in pm.SELF_DRAFTS and m not in self.drafts]
+        if missing:
+            raise ValueError(f"{self.label} has no draft shape for {', '.join(missing)}: give its shape in `drafts`")
+        return dataclasses.replace(self, taus=dict(taus), label=label)
+
     def with_one_pass(self, tau: float) -> Scenario:
         """This comparison with a one-pass drafter added (method §2, "Beyond the paper's three": all k
         drafts in one forward, as DFlash and P-EAGLE draft) of SPIRe's draft shape at a stated `tau`:

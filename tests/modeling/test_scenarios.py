@@ -24,3 +24,20 @@ def test_a_one_pass_drafter_is_priced_at_spires_draft_shape_and_its_stated_tau()
     for bad in (0.5, 5.5):
         with pytest.raises(ValueError, match=r"lies in \[1, 5\]"):
             paper.with_one_pass(bad)
+
+
+def test_a_runs_taus_price_every_measured_method_at_the_comparisons_shapes():
+    big = Scenario.paper("llama3-70b")
+    taus = {"vanilla": 2.5, "magicdec": 4.3, "spire": 3.7, "guided": 4.3, "lookup": 1.03}
+    ours = big.with_taus(taus, "llama3-70b, this run's taus")
+    assert ours.taus == taus and ours.label == "llama3-70b, this run's taus" and ours.drafts == big.drafts
+    B, L = np.array([[1], [64]]), np.array([[4096, 65536]])
+    got = ours.multipliers(B, L)
+    for method in ("guided", "lookup", "spire"):  # self-drafts with no shape; SPIRe with the 70B's preset
+        expected = pm.throughput_multiplier(method, taus[method], B, L, big.target, big.drafts.get(method),
+                                            **big.model_kwargs())
+        np.testing.assert_allclose(got[method], expected)
+    # the same budget at the same tau: the guided draft's scoring makes it dearer than MagicDec, never cheaper
+    assert np.all(got["guided"] < got["magicdec"])
+    with pytest.raises(ValueError, match="no draft shape for one_pass"):
+        big.with_taus({"one_pass": 3.0}, "x")
