@@ -76,6 +76,16 @@ class Scenario:
                                    drafts={**self.drafts, "one_pass": self.drafts["spire"]},
                                    label=f"{self.label}; one-pass drafter at a stated tau of {tau:g}")
 
+    def tau_to_match(self, method: str, B, L, rival: str | None = None) -> np.ndarray:
+        """The tau `method` needs at the broadcast (B, L) points for its TM to equal `rival`'s at the
+        rival's tau here (None: to equal AD, TM 1). TM = tau / dt with dt independent of tau (method
+        §2), so the answer is TM_rival * dt_method: a question the model answers for a method no one has
+        measured (the guided draft, prompt lookup at the paper's shapes). Above k + 1 no draft reaches it."""
+        dt = 1.0 / dataclasses.replace(self, taus={method: 1.0}).multipliers(B, L)[method]  # TM at tau 1 is 1 / dt
+        if rival is None:
+            return dt
+        return dataclasses.replace(self, taus={rival: self.taus[rival]}).multipliers(B, L)[rival] * dt
+
     def with_hardware(self, hardware: Hardware, dtype: str) -> Scenario:
         """The same comparison on `hardware` computing in `dtype`, weights and KV stored in it too."""
         return dataclasses.replace(self, hoi=hardware.hoi(dtype), bytes_per_value=float(BYTES_PER_VALUE[dtype]))

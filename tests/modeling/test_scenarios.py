@@ -41,3 +41,17 @@ def test_a_runs_taus_price_every_measured_method_at_the_comparisons_shapes():
     assert np.all(got["guided"] < got["magicdec"])
     with pytest.raises(ValueError, match="no draft shape for one_pass"):
         big.with_taus({"one_pass": 3.0}, "x")
+
+
+def test_the_tau_a_method_needs_to_match_a_rival_is_the_rivals_multiplier_times_its_round_time():
+    paper = Scenario.paper()
+    B, L = np.array([[1], [64]]), np.array([[256, 4096]])
+    spire = paper.multipliers(B, L)["spire"]
+    for method in ("guided", "lookup", "vanilla"):
+        dt = pm.iteration_time_multiplier(method, B, L, paper.target, paper.drafts.get(method), **paper.model_kwargs())
+        np.testing.assert_allclose(paper.tau_to_match(method, B, L, "spire"), spire * dt, rtol=1e-12)
+        np.testing.assert_allclose(paper.tau_to_match(method, B, L), dt, rtol=1e-12)  # against AD: TM 1
+    # at its own tau SPIRe needs exactly that tau to match itself
+    np.testing.assert_allclose(paper.tau_to_match("spire", B, L, "spire"), paper.taus["spire"], rtol=1e-12)
+    # prompt lookup drafts for free, so it needs less tau than any draft that runs a forward
+    assert np.all(paper.tau_to_match("lookup", B, L, "spire") < paper.tau_to_match("guided", B, L, "spire"))

@@ -63,6 +63,13 @@ def test_slice_figure_takes_a_y_range():
     assert slice_figure(L, {"spire": np.ones(len(L))}, title="t", y_range=(-0.5, 0.7)).layout.yaxis.range == (-0.5, 0.7)
 
 
+def test_slice_figure_hovers_a_multiplier_with_x_and_a_tau_without():
+    tm = slice_figure(L, {"spire": np.ones(len(L))}, title="t").data[0].hovertemplate
+    assert tm.endswith(": %{y:.3f}x<extra></extra>")
+    tau = slice_figure(L, {"guided": np.ones(len(L))}, title="t", unit="").data[0].hovertemplate
+    assert tau.endswith(": %{y:.3f}<extra></extra>")
+
+
 def test_slider_figure_shows_one_batch_at_a_time():
     fig = slider_figure(Scenario.paper(), batch_sizes=B, contexts=L)
     assert len(fig.data) == len(B) * 3

@@ -387,3 +387,21 @@ def test_06_says_where_a_one_pass_drafter_of_a_stated_tau_would_beat_spire():
     assert "would beat SPIRe at its tau of 3.40 in 2 of 4 cells of the map and be the best method in 1." in words
     assert one_pass_sentence({**grid, "one_pass": grid["spire"] - 1}, 2.0, 3.4).endswith(
         "SPIRe's acceptance is worth more than one pass instead of k everywhere on the map.")
+
+
+def test_01_says_the_tau_the_guided_draft_and_prompt_lookup_would_need_and_whether_a_round_can_yield_it():
+    rows = tables.tau_needed_rows(PAPER, ("guided", "lookup"), 64, 512)
+    assert [r["method"] for r in rows] == ["guided sparse", "prompt lookup"]
+    for r, method in zip(rows, ("guided", "lookup")):
+        assert r["ad"] == pytest.approx(float(PAPER.tau_to_match(method, 64, 512)))
+        for rival in ("magicdec", "spire"):
+            assert r[rival] == pytest.approx(float(PAPER.tau_to_match(method, 64, 512, rival)))
+        assert set(r) == set(tables.TAU_NEEDED_COLUMNS)
+    rows = [{"method": "guided sparse", "ad": 2.34, "magicdec": 4.8, "spire": 6.5},
+            {"method": "prompt lookup", "ad": 1.0, "magicdec": 2.05, "spire": 2.78}]
+    assert words.tau_needed_sentence(rows, 64, 512, 4) == (
+        "At B = 64, L = 512 (modeled, the paper's shapes and SPIRe's paper tau): guided sparse would need tau 6.50 "
+        "to equal SPIRe, out of reach at k = 4 (a round yields at most 5) and 2.34 to beat AD; prompt lookup would "
+        "need tau 2.78 to equal SPIRe and 1.00 to beat AD.")
+    # exactly k + 1 is within reach: a round of k accepted drafts and the bonus token
+    assert "out of reach" not in words.tau_needed_sentence([{**rows[1], "spire": 5.0}], 64, 512, 4)

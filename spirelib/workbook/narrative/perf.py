@@ -44,6 +44,16 @@ def spire_over_magicdec_sentence(cell, summary: dict) -> str:
             f"over the grid {summary['grid_min']:.3f} .. {summary['grid_max']:.3f}")
 
 
+def tau_needed_sentence(rows: list[dict], B: int, L: int, k: int) -> str:
+    """`tau_needed_rows` in words: per method the tau it needs at (B, L) to equal SPIRe and to beat AD,
+    and whether a round of k drafts can yield it at all (at most k + 1 tokens)."""
+    def reach(tau: float) -> str:
+        return "" if tau <= k + 1 else f", out of reach at k = {k} (a round yields at most {k + 1})"
+    parts = [f"{r['method']} would need tau {r['spire']:.2f} to equal SPIRe{reach(r['spire'])} and "
+             f"{r['ad']:.2f} to beat AD{reach(r['ad'])}" for r in rows]
+    return f"At B = {B}, L = {L} (modeled, the paper's shapes and SPIRe's paper tau): " + "; ".join(parts) + "."
+
+
 def answer_heading(B: int, L: int) -> str:
     """The heading of the answer table at (B, L)."""
     return f"**The answer at B = {B}, L = {L}** (modeled throughput multiplier over AD):"

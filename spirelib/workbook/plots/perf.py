@@ -69,8 +69,9 @@ def _log2_ticks(values) -> dict:
 def slice_figure(x, series: dict, *, title: str, x_title: str = "context length L (tokens)",
                  y_title: str = TM_TITLE, highlight_x=None, baseline: float | None = 1.0,
                  baseline_label: str = "autoregressive", x_axis: str = "pow2", dashed: dict | None = None,
-                 y_range: tuple[float, float] | None = None) -> go.Figure:
-    """Lines of `series` (label or method -> values over x) (paper Figures 1, 5, 6).
+                 y_range: tuple[float, float] | None = None, unit: str = "x") -> go.Figure:
+    """Lines of `series` (label or method -> values over x) (paper Figures 1, 5, 6); `unit` follows
+    each value on hover ("x" for a multiplier, "" for a tau).
 
     x_axis: "pow2" (log axis ticked at the x values, 1K/1M labels), "log" or "linear".
     dashed: more lines (label -> values), the i-th dashed in the colour of the i-th of `series`
@@ -84,7 +85,7 @@ def slice_figure(x, series: dict, *, title: str, x_title: str = "context length 
     lines += [(key, values, dict(color=c, dash="dash")) for (key, values), c in zip((dashed or {}).items(), colors)]
     for key, values, line in lines:
         fig.add_trace(go.Scatter(x=x, y=np.asarray(values), name=_label(key), mode="lines+markers", line=line,
-                                 hovertemplate=f"{_label(key)}<br>%{{x}}: %{{y:.3f}}x<extra></extra>"))
+                                 hovertemplate=f"{_label(key)}<br>%{{x}}: %{{y:.3f}}{unit}<extra></extra>"))
     if baseline is not None:
         fig.add_hline(y=baseline, line=dict(color="gray", dash="dot"), annotation_text=baseline_label,
                       annotation_position="bottom right")

@@ -60,6 +60,19 @@ def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:
     return [{"method": method_label(m), "ours": float(ours[m]), "other": float(other[m])} for m in scenario.taus]
 
 
+TAU_NEEDED_COLUMNS = {"method": "method", "ad": "tau to beat AD (= its round time dt, in AD steps)",
+                      "magicdec": "tau to equal MagicDec", "spire": "tau to equal SPIRe"}
+
+
+def tau_needed_rows(scenario: Scenario, methods, B: int, L: int) -> list[dict]:
+    """Per method (one the paper did not measure, e.g. the guided draft and prompt lookup) the tau it
+    needs at (B, L) to beat AD and to equal MagicDec and SPIRe at the scenario's taus
+    (`Scenario.tau_to_match`, method §2)."""
+    return [{"method": method_label(m), "ad": float(scenario.tau_to_match(m, B, L)),
+             **{rival: float(scenario.tau_to_match(m, B, L, rival)) for rival in ("magicdec", "spire")}}
+            for m in methods]
+
+
 def overlap_columns(scenario: Scenario, B: int, L: int) -> dict[str, str]:
     """The headers of `overlap_rows`: the first column says which f the scenario uses."""
     first, second = ("max", "sum") if scenario.overlap else ("sum", "max")
