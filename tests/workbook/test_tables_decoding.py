@@ -101,6 +101,10 @@ def test_past_training_says_who_gives_out_first_the_target_or_a_draft():
     assert calm.endswith("Neither gives out at this length: no draft's tau falls and the target's loss does not "
                          "rise beyond the noise.")
     assert past_training(taus, ci, {512: 3.0}, {512: 0.05}, 1024, 64) is None  # nothing measured past the windows
+    three = {**taus, "guided": {512: 2.4, 2048: 2.1}, "spire": {512: 2.5, 2048: 2.2}}
+    ci3 = {**ci, "guided": ci["magicdec"]}
+    assert past_training(three, ci3, {512: 3.0, 2048: 3.02}, {512: 0.05, 2048: 0.05}, 1024, 64).endswith(
+        "while MagicDec, SPIRe and guided sparse give out first: tau falls where the target does not.")
 
 
 def test_the_kv_budget_sweep_counts_only_budgets_resolved_together():

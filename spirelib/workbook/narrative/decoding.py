@@ -101,6 +101,11 @@ def _change(a: float, b: float, ci_a: float, ci_b: float) -> tuple[float, float,
     return b - a, both, abs(b - a) > both
 
 
+def _and(names: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def past_training(taus: Mapping[str, Mapping[int, float]], ci95: Mapping[str, Mapping[int, float]],
                   loss: Mapping[int, float], loss_ci95: Mapping[int, float], trained_on: int,
                   new_tokens: int) -> str | None:
@@ -134,9 +139,9 @@ def past_training(taus: Mapping[str, Mapping[int, float]], ci95: Mapping[str, Ma
     if target_rises:
         text += ("The target itself gives out past its windows (its loss rises beyond the noise), so a draft's tau "
                  "there is measured against a weaker target: "
-                 + (f"{', '.join(fallen)} fall{s} with it." if fallen else "no draft's tau falls."))
+                 + (f"{_and(fallen)} fall{s} with it." if fallen else "no draft's tau falls."))
     elif fallen:
-        text += (f"The target holds (its loss does not rise beyond the noise) while {', '.join(fallen)} give{s} out "
+        text += (f"The target holds (its loss does not rise beyond the noise) while {_and(fallen)} give{s} out "
                  "first: tau falls where the target does not.")
     else:
         text += ("Neither gives out at this length: no draft's tau falls and the target's loss does not rise beyond "
