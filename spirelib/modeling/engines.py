@@ -18,9 +18,12 @@ from spirelib.modeling.schedule import OFF, Schedule, Table, expressed_cost
 
 SERVING = ("Which drafts an engine can serve: a vanilla draft (a small model of the target's family, "
            "training/hf) through each engine's draft-model method (vLLM method \"draft_model\", TensorRT-LLM "
-           "DraftTargetDecodingConfig, SGLang --speculative-algorithm STANDALONE). MagicDec (a sink + window "
-           "self-draft) and SPIRe (a draft that reads the target's activations) need an engine that implements "
-           "them, and none does today: their files are the schedule such an implementation would take.")
+           "DraftTargetDecodingConfig, SGLang --speculative-algorithm STANDALONE), and prompt lookup through each "
+           "engine's n-gram drafting (vLLM method \"ngram\", TensorRT-LLM NGramDecodingConfig, SGLang NGRAM), its "
+           "keys in the file. MagicDec (a sink + window self-draft), the verification-guided draft (the target "
+           "reading sink, window and the entries its last verification attended to most) and SPIRe (a draft that "
+           "reads the target's activations) need an engine that implements them, and none does today: their files "
+           "are the schedule such an implementation would take.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +62,7 @@ ENGINES = {
 }
 
 ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")  # the only algorithms whose adaptive path reads the config
-SGLANG_ALGORITHM = {"vanilla": "STANDALONE"}  # per method its SGLang algorithm; none serves MagicDec or SPIRe
+SGLANG_ALGORITHM = {"vanilla": "STANDALONE", "lookup": "NGRAM"}  # none serves MagicDec, the guided draft or SPIRe
 # SGLang's captured decode batch sizes when --cuda-graph-bs is not given: an assumption, not read from a
 # release; pass your server's list (`spire deploy --cuda-graph-bs`).
 CUDA_GRAPH_BS = (1, 2, 4, 8, 12, *range(16, 257, 8))
@@ -69,20 +72,39 @@ def _ks(s: Schedule) -> set[int]:
     return {r.k for r in s.ranges}
 
 
+def ngram_keys(engine: str, ngram: tuple[int, int]) -> dict:
+    """Prompt lookup's keys for `engine` ("vllm" or "trtllm") beside the schedule's, at its n-gram
+    lengths `ngram` = (shortest, longest) tried: vLLM's method and lengths; TensorRT-LLM's decoding
+    type and longest n-gram (it tries shorter ones down to 1, the oldest match first, as ours
+    does) with a pool per request (ours reads only the request's own tokens)."""
+    shortest, longest = ngram
+    if engine == "vllm":
+        return {"method": "ngram", "prompt_lookup_min": shortest, "prompt_lookup_max": longest}
+    return {"decoding_type": "NGram", "max_matching_ngram_size": longest, "is_public_pool": False}
+
+
+def static(s: Schedule, table: Table) -> Schedule:
+    """`s` served at one k >= 1 everywhere: the k that loses least on `table`."""
+    statics = [dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=k) for r in s.ranges))
+               for k in sorted(_ks(s) - {OFF})]
+    return min(statics, key=lambda e: expressed_cost(table, e))
+
+
 # ---------------------------------------------------------------------------- vLLM
 
-def vllm_config(s: Schedule) -> dict | None:
+def vllm_config(s: Schedule, ngram: tuple[int, int] | None = None) -> dict | None:
     """vLLM's `speculative_config` keys: one k anywhere -> only the static `num_speculative_tokens`
     (the dynamic key alone turns dynamic speculation on, and with it PIECEWISE CUDA graphs); else
     that maximum and the inclusive [lo, hi, k] entries of `num_speculative_tokens_per_batch_size`,
-    the first from 1. None when speculation is off everywhere."""
+    the first from 1; with `ngram` (prompt lookup's n-gram lengths) method "ngram" and its lengths
+    first. None when speculation is off everywhere."""
     top = max(_ks(s))
     if top == OFF:
         return None
+    keys = {**(ngram_keys("vllm", ngram) if ngram else {}), "num_speculative_tokens": top}
     if len(_ks(s)) == 1:
-        return {"num_speculative_tokens": top}
-    return {"num_speculative_tokens": top,
-            "num_speculative_tokens_per_batch_size": [[r.lo, r.hi, r.k] for r in s.ranges]}
+        return keys
+    return {**keys, "num_speculative_tokens_per_batch_size": [[r.lo, r.hi, r.k] for r in s.ranges]}
 
 
 def vllm_k(config: dict, batch: int) -> int:
@@ -100,11 +122,16 @@ def vllm_k(config: dict, batch: int) -> int:
     return min(config["num_speculative_tokens"], k)
 
 
+VLLM_NGRAM = ("method", "prompt_lookup_min", "prompt_lookup_max")  # vLLM's n-gram keys (`ngram_keys`)
+
+
 def vllm_problems(config: dict) -> list[str]:
     """What vLLM's validation refuses in `config`, in short (3-item entries)."""
     found = [] if config.get("num_speculative_tokens", 0) > 0 else ["num_speculative_tokens must be > 0"]
-    unknown = set(config) - {"num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+    unknown = set(config) - {"num_speculative_tokens", "num_speculative_tokens_per_batch_size", *VLLM_NGRAM}
     found += [f"{key}: not a key of the release (its config forbids extra fields)" for key in sorted(unknown)]
+    if config.get("prompt_lookup_min", 1) > config.get("prompt_lookup_max", config.get("prompt_lookup_min", 1)):
+        found.append("prompt_lookup_min must be <= prompt_lookup_max")
     entries = config.get("num_speculative_tokens_per_batch_size")
     if entries is None:
         return found
@@ -120,10 +147,11 @@ def vllm_problems(config: dict) -> list[str]:
     return found
 
 
-def vllm_context_config(by_context: dict[int, Schedule]) -> dict | None:
+def vllm_context_config(by_context: dict[int, Schedule], ngram: tuple[int, int] | None = None) -> dict | None:
     """The open PR's (batch x context) form: 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, k] entries on a
     rectangular grid, context ranges contiguous from 1, the last open-ended; a context bucket
-    (L_prev, L] takes the k of its upper end L. None when speculation is off everywhere."""
+    (L_prev, L] takes the k of its upper end L; prompt lookup's keys first with `ngram`, as
+    `vllm_config`. None when speculation is off everywhere."""
     lengths = sorted(by_context)
     top = max(r.k for s in by_context.values() for r in s.ranges)
     if top == OFF:
@@ -132,7 +160,8 @@ def vllm_context_config(by_context: dict[int, Schedule]) -> dict | None:
     ends = [b - 1 for b in starts[1:]] + [max(s.ranges[-1].hi for s in by_context.values())]
     entries = [[lo, hi, 1 if j == 0 else lengths[j - 1] + 1, L, by_context[L].k_at(lo)]
                for lo, hi in zip(starts, ends) for j, L in enumerate(lengths)]
-    return {"num_speculative_tokens": top, "speculative_token_schedule": entries, "ctx_agg": "mean"}
+    return {**(ngram_keys("vllm", ngram) if ngram else {}), "num_speculative_tokens": top,
+            "speculative_token_schedule": entries, "ctx_agg": "mean"}
 
 
 def vllm_context_k(config: dict, batch: int, context: int) -> int:
@@ -148,13 +177,21 @@ def vllm_context_k(config: dict, batch: int, context: int) -> int:
 
 # ---------------------------------------------------------------------------- TensorRT-LLM
 
-def trtllm_config(s: Schedule, table: Table) -> tuple[dict | None, Schedule]:
+def trtllm_config(s: Schedule, table: Table, ngram: tuple[int, int] | None = None) -> tuple[dict | None, Schedule]:
     """TensorRT-LLM's keys and the schedule they hold. Its `draft_len_schedule` maps inclusive
     upper batch sizes to k, off above the largest key; its smallest key must map to
     `max_draft_len` and no k may exceed it, so every range deeper than the first is clamped to the
     first's k, or the first raised to the deepest, whichever loses less on `table`; trailing k = 0
     ranges are implicit. One k everywhere -> only the static `max_draft_len`. None when that
-    leaves speculation off at B = 1 (max_draft_len must be > 0)."""
+    leaves speculation off at B = 1 (max_draft_len must be > 0). With `ngram` (prompt lookup's
+    n-gram lengths): NGramDecodingConfig's keys at the one static k that loses least (`static`),
+    since the algorithms its dynamic draft length reaches (TensorRT-LLM PR #12262) do not name
+    NGram; None when speculation is off everywhere."""
+    if ngram is not None:
+        if max(_ks(s)) == OFF:
+            return None, s
+        held = static(s, table)
+        return {**ngram_keys("trtllm", ngram), "max_draft_len": held.ranges[0].k}, held
     deepest = max(_ks(s))
     clamped = dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=min(r.k, s.ranges[0].k))
                                                   for r in s.ranges))
@@ -221,13 +258,13 @@ def sglang_config(s: Schedule, table: Table, algorithm: str | None) -> tuple[dic
     if len(_ks(s)) > 1 and (algorithm is None or algorithm in ADAPTIVE_ALGORITHMS):
         expressed, config, steps = s, {str(r.lo): {"candidate_steps": [r.k]} for r in s.ranges}, max(_ks(s))
     else:
-        statics = [dataclasses.replace(s, ranges=tuple(dataclasses.replace(r, k=k) for r in s.ranges))
-                   for k in sorted(_ks(s) - {OFF})]
-        expressed, config = min(statics, key=lambda e: expressed_cost(table, e)), None
+        expressed, config = static(s, table), None
         steps = expressed.ranges[0].k
     args = {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1}
     if algorithm is not None:
         args = {"speculative_algorithm": algorithm, **args}
+    if algorithm == "NGRAM":  # its top-k is its BFS breadth: one branch, a chain of `steps` drafts, as measured
+        args["speculative_ngram_max_bfs_breadth"] = 1
     if config is not None:
         args["speculative_adaptive"] = True
     return config, args, expressed

@@ -135,3 +135,28 @@ def test_vllm_context_form_of_the_open_pr_reads_each_bucket_at_its_upper_end():
     for b in range(1, 17):
         assert engines.vllm_context_k(config, b, 100) == engines.vllm_context_k(config, b, 256) == low.k_at(b)
         assert engines.vllm_context_k(config, b, 257) == engines.vllm_context_k(config, b, 10**6) == high.k_at(b)
+
+
+# ---------------------------------------------------------------------------- prompt lookup's n-gram drafting
+
+def test_prompt_lookup_files_carry_each_engines_ngram_keys_and_hold_what_its_ngram_path_takes():
+    t = stepped(MAX, [4, 9, 17, 33])
+    vllm = engines.vllm_config(SCHEDULE, (1, 5))  # vLLM's config takes the per-batch-size key with method ngram
+    ngram = {k: vllm[k] for k in engines.VLLM_NGRAM}
+    assert ngram == {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 5}
+    assert engines.vllm_problems(vllm) == [] and "num_speculative_tokens_per_batch_size" in vllm
+    assert [engines.vllm_k(vllm, b) for b in range(1, MAX + 1)] == [SCHEDULE.k_at(b) for b in range(1, MAX + 1)]
+    assert engines.vllm_problems({**vllm, "prompt_lookup_min": 6})  # vLLM refuses min > max
+    assert "method" not in engines.vllm_config(SCHEDULE)  # a draft model's file stays the schedule's keys only
+    context = engines.vllm_context_config({256: SCHEDULE}, (1, 5))
+    assert context["method"] == "ngram" and engines.vllm_context_k(context, 5, 100) == SCHEDULE.k_at(5)
+    trt, held = engines.trtllm_config(SCHEDULE, t, (1, 5))  # NGram: one static k, the one that loses least
+    assert trt == {"decoding_type": "NGram", "max_matching_ngram_size": 5, "is_public_pool": False,
+                   "max_draft_len": held.ranges[0].k} and len({r.k for r in held.ranges}) == 1
+    assert held == engines.static(SCHEDULE, t) and engines.trtllm_problems(trt) == []
+    assert {engines.trtllm_k(trt, b) for b in range(1, 4 * MAX)} == {held.ranges[0].k}
+    config, args, expressed = engines.sglang_config(SCHEDULE, t, engines.SGLANG_ALGORITHM["lookup"])
+    assert config is None and args["speculative_algorithm"] == "NGRAM" and expressed == held  # NGRAM: not adaptive
+    assert args["speculative_ngram_max_bfs_breadth"] == 1 and engines.sglang_problems(config, args) == []
+    off = schedule(table([[0.5] * 8]))
+    assert engines.trtllm_config(off, table([[0.5] * 8]), (1, 5))[0] is None
