@@ -1,7 +1,8 @@
 """`spire deploy`: a finished run's answer in the forms serving engines take (docs/deploy.md).
 
 From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-position acceptance) and
-`run.json` (the series' shapes, notebook 06's context), for each measured draft and MagicDec: a
+`run.json` (the series' shapes, notebook 06's context), for every drafting method the run measured
+that the model prices (`PRICED`: the paper's three, the verification-guided draft and prompt lookup): a
 batch-size -> k schedule (`modeling.schedule`) on a device of the hardware table, or one given as
 peak FLOP/s and bandwidth, at the params file's context mix (a fixed L, or 06's mixed-length
 batches), and one per context of a grid. Written as our YAML (the intervals, the merges, the
@@ -48,6 +49,9 @@ MODELS = ("paper", "profiled")
 CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
 MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
 SWITCH_SPAN = (64, 8192)  # the growth of one request whose switches of k schedule.yaml counts
+#: The methods a schedule is made for: every one notebook 04 measures and both models price (a one-pass
+#: drafter is a stated tau of notebook 06, never measured).
+PRICED = (*pm.MODELED_METHODS, "guided", "lookup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +160,12 @@ def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
 
 def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
-    prices: the series' target, each draft's `profiled.DraftShape` (as 09 builds them), the
-    vocabulary, G, the bytes per value and the model's median |error| against the clock; and the
-    calibrated machine as a Hardware entry with its dtype."""
+    prices: the series' target, each draft's `profiled.DraftShape` (09's own,
+    `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
+    median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
     from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a schedule is made
+    from spirelib.measure.wallclock import profiled_draft_shapes
+    from spirelib.model.kvcache import SinkWindow
     from spirelib.training.series import Series
 
     recorded = results.get("09_measured_vs_modeled", {})
@@ -171,11 +177,9 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
                                  drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
     series = Series.from_dict(run.get("params", {}).get("series", {}))
     target, spire = series.target, series.spire
-    drafts = {"vanilla": profiled.DraftShape("vanilla", vanilla_draft_config(target).shape()),
-              "magicdec": profiled.DraftShape("magicdec", None, keys=series.magicdec.sink + series.magicdec.window + 1),
-              "spire": profiled.DraftShape("spire", dataclasses.replace(target, num_layers=spire.num_layers).shape(),
-                                           keys=spire.sink + spire.window,
-                                           memory_layers=spire.num_layers if spire.target_activations else 0)}
+    drafts = profiled_draft_shapes(vanilla_draft_config(target),
+                                   dataclasses.replace(target, num_layers=spire.num_layers), spire,
+                                   SinkWindow(series.magicdec.sink, series.magicdec.window), series.guided_options())
     value_bytes = int(machine["bytes_per_value"])
     dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
     device = Hardware("this-machine", {dtype: float(machine["peak_flops"])}, float(machine["bandwidth"]),
@@ -237,8 +241,8 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
             raise DeployError(f"--draft {', '.join(unknown)}: no such draft in this run; it measured "
                               f"{', '.join(acceptance)} at L = {tau_context}")
         acceptance = {m: acceptance[m] for m in methods}
-    unmodeled = [m for m in acceptance if m not in pm.MODELED_METHODS]
-    acceptance = {m: a for m, a in acceptance.items() if m in pm.MODELED_METHODS}
+    unmodeled = [m for m in acceptance if m not in PRICED]
+    acceptance = {m: a for m, a in acceptance.items() if m in PRICED}
     if not acceptance:
         raise DeployError(f"the run measured only {', '.join(unmodeled)}, which the throughput model does not price")
     if fitted is not None and spread > 0:
@@ -252,6 +256,14 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
 
 
 # ---------------------------------------------------------------------------- writing
+
+def ngram_lengths() -> tuple[int, int]:
+    """The n-gram lengths (shortest, longest) the workbook's prompt lookup tries, which its engine
+    keys carry (`engines.ngram_keys`)."""
+    from spirelib.decoding.lookup import MAX_N, MIN_N  # torch: only when a schedule is made
+
+    return MIN_N, MAX_N
+
 
 def method_schedules(inp: Inputs, method: str) -> dict:
     """One method's schedule at the context mix, its per-context schedules, each engine's form
@@ -268,27 +280,39 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                                        "after": context_switches(long_runs, b, *SWITCH_SPAN)}
                               for b in sorted({1, 8, 64, inp.max_batch}) if b <= inp.max_batch}}
     capped = bool(inp.acceptance[method].per_position) and any(r.k == int(table.ks[-1]) for r in main.ranges)
-    trt, trt_expressed = engines.trtllm_config(main, table)
+    ngram = ngram_lengths() if method == "lookup" else None
+    trt, trt_expressed = engines.trtllm_config(main, table, ngram)
     algorithm = engines.SGLANG_ALGORITHM.get(method)
     sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)
-    configs = {"vllm": engines.vllm_config(main), "vllm_pr48944": engines.vllm_context_config(long_runs),
-               "trtllm": trt, "sglang": sglang}
+    configs = {"vllm": engines.vllm_config(main, ngram),
+               "vllm_pr48944": engines.vllm_context_config(long_runs, ngram), "trtllm": trt, "sglang": sglang}
     expressed = {"vllm": main, "trtllm": trt_expressed, "sglang": sglang_expressed}
     notes = {
         "vllm": "batch only: the schedule at the context mix (per context L its largest loss: collapsed_cost)"
                 + ("" if configs["vllm"] is None or "num_speculative_tokens_per_batch_size" in configs["vllm"] else
-                   "; one k: the static key only, dynamic speculation stays off"),
+                   "; one k: the static key only, dynamic speculation stays off")
+                + ("" if ngram is None or configs["vllm"] is None or "num_speculative_tokens_per_batch_size" not in
+                   configs["vllm"] else "; method ngram: the release takes the per-batch-size key with any method, "
+                   "its docs tested it with EAGLE, EAGLE-3 and DFlash only, and the n-gram proposer keeping its "
+                   "startup k was raised in PR #32374's review: check your release's k per batch size in its "
+                   "metrics"),
         "vllm_pr48944": "per (batch, context) bucket, a context bucket at the k of its upper end, no k lasting "
                         f"fewer than {inp.min_context_run} tokens of a request's growth (context_switches); loads "
                         "only on a vLLM built from the open PR #48944",
-        "trtllm": "batch only, as vllm" if trt else
-                  "off at B = 1: TensorRT-LLM's max_draft_len must be > 0; not written",
+        "trtllm": ("NGramDecodingConfig at one static k: the algorithms dynamic draft length reaches "
+                   "(TensorRT-LLM PR #12262) do not name NGram" if ngram is not None else "batch only, as vllm")
+                  if trt else "off at B = 1: TensorRT-LLM's max_draft_len must be > 0; not written",
         "sglang": "batch only, as vllm; speculative_num_steps is the deepest k, never 0 (a slot may hold 0)" + (
             f"; {algorithm} ignores the adaptive config: served static" if algorithm not in
             (None, *engines.ADAPTIVE_ALGORITHMS) else "") + (
             "; one k: static server arguments only, no adaptive file" if sglang is None and sglang_args
-            and algorithm in (None, *engines.ADAPTIVE_ALGORITHMS) else ""),
+            and algorithm in (None, *engines.ADAPTIVE_ALGORITHMS) else "") + (
+            "; NGRAM drafts from its own cache of recent n-grams at its default match lengths (their keys changed in "
+            "SGLang PR #21225); one BFS branch makes its drafts a chain, as measured" if algorithm == "NGRAM" else ""),
     }
+    if ngram is not None and configs["vllm"] is not None:
+        notes["vllm"] += (f"; method ngram at the workbook's n-gram lengths {ngram[0]}-{ngram[1]} (where none recurs "
+                          "vLLM drafts nothing, the workbook's lookup its last token)")
     for name, held in expressed.items():
         if configs[name] is not None and held != main:
             notes[name] += (f"; holds k = {[r.k for r in held.ranges]} over the ranges (largest loss "
@@ -596,7 +620,7 @@ def _explain(args: argparse.Namespace) -> str:
     inp = method = None
     if args.run_dir is not None:
         if not args.draft or len(args.draft) != 1:
-            raise DeployError("--explain with a RUN compares one draft: give --draft NAME (vanilla, magicdec, spire)")
+            raise DeployError(f"--explain with a RUN compares one draft: give --draft NAME ({', '.join(PRICED)})")
         inp = inputs(run_folder(args.run_dir), hardware=args.hardware, dtype=args.dtype, peak_flops=args.peak_flops,
                      bandwidth=args.bandwidth, context=args.context, length_spread=args.length_spread,
                      max_batch=args.max_batch, switching_cost=args.switching_cost, contexts=args.contexts,

@@ -2,6 +2,7 @@
 noise or the switching cost), its refusals, each engine's file read back the way the engine reads
 it (`modeling.engines`' lookup models, tests/modeling/test_engines.py) and `--explain`'s reading."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -218,6 +219,44 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
     assert not (out / "vanilla" / "sglang-adaptive.json").exists()  # STANDALONE would ignore it
 
 
+GUIDED_AND_LOOKUP = {"guided": {"512": {"mean": 3.0, "ci95": 0.05, "n_contexts": 10}},
+                     "lookup": {"512": {"mean": 1.6, "ci95": 0.03, "n_contexts": 10}}}
+
+
+def test_deploy_prices_the_guided_draft_and_prompt_lookup_with_lookups_ngram_keys_in_each_engine_file(
+        run_dir, tmp_path, capsys):
+    results = json.loads((run_dir / "results.json").read_text())
+    results["04_measure_tau"]["tau"].update(GUIDED_AND_LOOKUP)
+    (run_dir / "results.json").write_text(json.dumps(results))
+    out = tmp_path / "out"
+    assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm", "--shapes", "paper", "--max-batch", "64",
+                     "--contexts", "512", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "guided sparse: B 1-" in printed and "prompt lookup: B 1-" in printed
+    inp = deploy.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=64, contexts=(512,))
+    assert list(inp.acceptance) == ["spire", "vanilla", "magicdec", "guided", "lookup"]
+    for method in ("guided", "lookup"):
+        doc = yaml.safe_load((out / method / "schedule.yaml").read_text())
+        s = schedule(inp.table(method), max_batch=64)
+        assert [r["k"] for r in doc["schedule"]] == [r.k for r in s.ranges] and doc["inputs"]["tau"] == inp.acceptance[
+            method].tau
+    lengths = deploy.ngram_lengths()
+    vllm = json.loads((out / "lookup" / "vllm.json").read_text())
+    assert {k: vllm[k] for k in engines.VLLM_NGRAM} == {"method": "ngram", "prompt_lookup_min": lengths[0],
+                                                        "prompt_lookup_max": lengths[1]}
+    assert engines.vllm_problems(vllm) == [] and "method" not in json.loads((out / "guided" / "vllm.json").read_text())
+    trt = yaml.safe_load((out / "lookup" / "trtllm.yaml").read_text())["speculative_config"]
+    assert trt["decoding_type"] == "NGram" and trt["max_matching_ngram_size"] == lengths[1]
+    assert "draft_len_schedule" not in trt and engines.trtllm_problems(trt) == []
+    lookup = yaml.safe_load((out / "lookup" / "schedule.yaml").read_text())
+    args = lookup["sglang_server_args"]
+    assert args["speculative_algorithm"] == "NGRAM" and args["speculative_ngram_max_bfs_breadth"] == 1
+    assert not (out / "lookup" / "sglang-adaptive.json").exists()  # NGRAM ignores the adaptive config
+    assert "NGRAM drafts from its own cache" in lookup["engines"]["sglang"]["note"]
+    guided = yaml.safe_load((out / "guided" / "schedule.yaml").read_text())
+    assert "speculative_algorithm" not in guided["sglang_server_args"]  # no engine implements it: none named
+
+
 def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
     from spirelib.decoding.drafts import vanilla_draft_config
     series = Series.from_dict({})
@@ -367,6 +406,33 @@ def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run
     deploy.write(inp, tmp_path / "cpu")
     doc = yaml.safe_load((tmp_path / "cpu" / "spire" / "schedule.yaml").read_text())
     assert "profiled cost model" in doc["inputs"]["model"] and doc["inputs"]["hardware"] == "this-machine"
+
+
+def test_the_profiled_model_prices_every_measured_draft_at_notebook_09s_own_shapes(run_dir, monkeypatch):
+    from spirelib.measure import wallclock
+    from spirelib.model.kvcache import SinkWindow
+    results = json.loads((run_dir / "results.json").read_text())
+    results["04_measure_tau"]["tau"].update(GUIDED_AND_LOOKUP)
+    results["09_measured_vs_modeled"] = {
+        "profiled_model": {**COST.to_dict(), "median_error": 0.1, "held_out_max_error": 0.5},
+        "machine": {"peak_flops": 2e10, "precision": "fp32", "bandwidth": 5e9, "bytes_per_value": 4, "device": "cpu"}}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    shared = wallclock.profiled_draft_shapes
+    calls = []
+    monkeypatch.setattr(wallclock, "profiled_draft_shapes", lambda *a, **k: calls.append(shared(*a, **k)) or calls[-1])
+    inp = deploy.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64)
+    assert set(inp.acceptance) == {"spire", "vanilla", "magicdec", "guided", "lookup"}
+    assert len(calls) == 1 and inp.profiled["drafts"] is calls[0]  # 09's shapes, the very object, none of its own
+    series = Series.from_dict({})
+    from spirelib.decoding.drafts import vanilla_draft_config
+    assert calls[0] == shared(vanilla_draft_config(series.target), dataclasses.replace(
+        series.target, num_layers=series.spire.num_layers), series.spire,
+        SinkWindow(series.magicdec.sink, series.magicdec.window), series.guided_options())
+    assert calls[0]["guided"].scores and calls[0]["lookup"].keys == 0
+    for method in ("guided", "lookup"):
+        expected = profiled_table(COST, calls[0][method], inp.acceptance[method], np.arange(1, 5), 64,
+                                  inp.profiled["target"], 256, 64, bytes_per_value=4, error=0.1)
+        assert np.allclose(inp.table(method).tm, expected.tm)
 
 
 def test_a_run_writes_its_schedules_and_the_index_links_every_file_written(run_dir):
