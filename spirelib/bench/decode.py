@@ -20,12 +20,14 @@ import argparse
 import json
 import statistics
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
 from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive
 from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
-from spirelib.decoding.speculative import autoregressive_rounds, speculative_capacity, speculative_rounds
+from spirelib.decoding.guided import GuidedDraft, budget_options
+from spirelib.decoding.speculative import TargetPass, autoregressive_rounds, speculative_capacity, speculative_rounds
 from spirelib.measure.wallclock import (
     loop_timings,
     profiled_cells,
@@ -40,22 +42,43 @@ from spirelib.model.transformer import Transformer
 from spirelib.modeling import profiled
 from spirelib.training.hf import available_bytes
 
-TIMED = ("ad", "vanilla", "magicdec", "spire")  # AD and the registered drafts this benchmark builds
+TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup")  # AD and the registered drafts this benchmark builds
+
+
+class Forward(NamedTuple):
+    """A forward kind of `forward_shapes`: its model's `ModelConfig`, the new tokens a row, the keys
+    a row reads, and whether its queries also score every key (the guided draft's verification)."""
+
+    cfg: object
+    new: int
+    keys: int
+    scores: bool = False
+
+
+def draft_options(window: int) -> dict[str, dict]:
+    """Each sparse draft's options at a `window` (sink 1): MagicDec's ring, and the guided draft's
+    budget of as many entries (`guided.budget_options`); the other drafts take none."""
+    return {"magicdec": {"window": window}, "guided": budget_options(1 + window)}
+
+
+def draft_models(target: Transformer, methods, window: int) -> dict:
+    """The draft model of each SD method in `methods` (None: MagicDec, the guided draft and prompt
+    lookup have none), in the target's dtype and on its device: the vanilla draft in the method §4
+    shape (`vanilla_draft_config`), the SPIRe draft pruned from the target (2 layers, sink 1 +
+    window). Random weights from seed 1: the same models every call."""
+    torch.manual_seed(1)
+    param = next(target.parameters())
+    build = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(param).eval(),
+             "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param).eval()}
+    return {m: build[m]() if m in build else None for m in methods if m != "ad"}
 
 
 def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> tuple[dict, dict]:
-    """A draft factory per SD method (AD needs none), and the draft model built for each (None:
-    MagicDec has none), in the target's dtype and on its device, so that the factories decode
-    these very models (`drafts.in_dtype` copies none) and compiling them compiles what decodes.
-    The vanilla draft has the method §4 shape (`vanilla_draft_config`); the SPIRe draft is pruned
-    from the target (2 layers, sink 1 + window); MagicDec reads sink 1 + window of the target's cache."""
-    torch.manual_seed(1)
-    param = next(target.parameters())
-    models = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(param).eval(),
-              "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param).eval(),
-              "magicdec": lambda: None}
-    options = {"magicdec": {"window": window}}
-    built = {m: models[m]() for m in methods if m != "ad"}
+    """A draft factory per SD method (AD needs none) and the draft model built for each
+    (`draft_models`), so that the factories decode these very models (`drafts.in_dtype` copies
+    none) and compiling them compiles what decodes; the sparse drafts take `draft_options`."""
+    built = draft_models(target, methods, window)
+    options = draft_options(window)
     factories = {m: draft_factory(m, target, model, temperature=temperature, **options.get(m, {}))
                  for m, model in built.items()}
     return factories, built
@@ -99,27 +122,33 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     return rows
 
 
-def forward_shapes(cfgs: dict, context: int, k: int, window: int) -> dict[str, tuple]:
-    """Forward kind -> (its model's `ModelConfig`, new tokens a row, keys a row reads) at context L:
-    the AD step (1 token over L + 1 keys), verification (k + 1 tokens), the vanilla draft's step,
-    MagicDec's step (the target over sink 1 + window, and itself) and SPIRe's step (its body over
-    sink 1 + window). `cfgs`: "target", "vanilla" and "spire" (SPIRe's body) -> `ModelConfig`."""
+def forward_shapes(cfgs: dict, context: int, k: int, window: int) -> dict[str, Forward]:
+    """Forward kind -> `Forward` at context L: the AD step (1 token over L + 1 keys), verification
+    (k + 1 tokens), the same scoring every key for the guided draft, the vanilla draft's step,
+    MagicDec's step (the target over sink 1 + window, and itself), the guided draft's (the target
+    over its chosen entries, the same budget, and itself) and SPIRe's step (its body over sink 1 +
+    window). `cfgs`: "target", "vanilla" and "spire" (SPIRe's body) -> `ModelConfig`."""
     sparse = min(context, 1 + window)
-    return {"AD step": (cfgs["target"], 1, context + 1),
-            f"verify ({k + 1} tokens)": (cfgs["target"], k + 1, context + k + 1),
-            "vanilla step": (cfgs["vanilla"], 1, context + 1),
-            "MagicDec step": (cfgs["target"], 1, sparse + 1),
-            "SPIRe step": (cfgs["spire"], 1, sparse)}
+    return {"AD step": Forward(cfgs["target"], 1, context + 1),
+            f"verify ({k + 1} tokens)": Forward(cfgs["target"], k + 1, context + k + 1),
+            f"verify ({k + 1}) + scores": Forward(cfgs["target"], k + 1, context + k + 1, scores=True),
+            "vanilla step": Forward(cfgs["vanilla"], 1, context + 1),
+            "MagicDec step": Forward(cfgs["target"], 1, sparse + 1),
+            "guided step": Forward(cfgs["target"], 1, sparse + 1),
+            "SPIRe step": Forward(cfgs["spire"], 1, sparse)}
 
 
 def round_forwards(method: str, kinds: dict[str, tuple], k: int) -> list[tuple[str, int]]:
     """The forwards of one round of `method` as (kind of `forward_shapes`, new tokens a row): AD's
-    step; a draft's k passes (the vanilla draft's first runs 2 tokens, `drafts.VanillaDraft`), then
-    the target verifying k + 1 tokens."""
+    step; a draft's k passes (the vanilla draft's first runs 2 tokens, `drafts.VanillaDraft`; prompt
+    lookup runs none), then the target verifying k + 1 tokens (for the guided draft, scoring every key)."""
     if method == "ad":
         return [("AD step", 1)]
-    step = {"vanilla": "vanilla step", "magicdec": "MagicDec step", "spire": "SPIRe step"}[method]
-    verify = next(kind for kind in kinds if kind.startswith("verify"))
+    verify = next(kind for kind, f in kinds.items() if f.new == k + 1 and f.scores == (method == "guided"))
+    if method == "lookup":
+        return [(verify, k + 1)]
+    step = {"vanilla": "vanilla step", "magicdec": "MagicDec step", "guided": "guided step",
+            "spire": "SPIRe step"}[method]
     return [(step, 2 if method == "vanilla" and j == 0 else 1) for j in range(k)] + [(verify, k + 1)]
 
 
@@ -127,11 +156,14 @@ def roofline(kinds: dict[str, tuple], forwards: list[tuple[str, int]], batch: in
              peak_flops: float, bandwidth: float) -> tuple[float, float, float]:
     """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B: per forward
     `profiled.forward_work` (body, attention over its keys, unembedding; weights and KV at their
-    dtype, read once) and max(FLOPs / peak, bytes / bandwidth), summed over the forwards."""
+    dtype, read once; with the guided draft's scoring, `profiled.scored`) and max(FLOPs / peak,
+    bytes / bandwidth), summed over the forwards."""
     flops = moved = ms = 0.0
     for kind, new in forwards:
-        cfg, _, keys = kinds[kind]
-        work = profiled.forward_work(cfg.shape(), cfg.vocab_size, batch, new, keys, bytes_per_value=value_bytes)
+        f = kinds[kind]
+        work = profiled.forward_work(f.cfg.shape(), f.cfg.vocab_size, batch, new, f.keys, bytes_per_value=value_bytes)
+        if f.scores:
+            work = profiled.scored(work, f.cfg.shape(), value_bytes)
         flops, moved = flops + work.flops, moved + work.bytes
         ms += 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
     return flops / 1e9, moved / 1e6, ms
@@ -160,7 +192,8 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
                  peak_flops: float, bandwidth: float, repeats: int, compiled: bool) -> list[dict]:
     """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone
     (`wallclock.repeat_seconds`: one untimed call first, which compiles under `compiled`), its cache
-    rolled back before every call. `models`: `build_methods`' vanilla and SPIRe draft models."""
+    rolled back before every call. `models`: `build_methods`' vanilla and SPIRe draft models. The
+    guided draft's step reads the entries it chose from the prefill's scores (`GuidedDraft.begin`)."""
     cfg, param = target.cfg, next(target.parameters())
     dev, value_bytes = param.device, param.element_size()
     vanilla, spire = models["vanilla"], models["spire"]
@@ -174,6 +207,12 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
 
     lengths = torch.full((batch,), context, device=dev)  # (B,)
     target_cache, vanilla_cache = dense(target), dense(vanilla)
+    scored_cache = target.new_cache(batch, context + k + 1, scored=k + 1)  # records the last k + 1 queries' scores
+    target.hidden(tokens[:, :context], cache=scored_cache)
+    guided = GuidedDraft(target, **budget_options(1 + window))
+    prefilled = torch.arange(context, device=dev).expand(batch, context)  # (B, L)
+    guided.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
+                            scored_cache, None), k)
     ring = SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, SinkWindow(1, window), k + 1,
                              rope_mode="cache", rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
     ring.ingest(target_cache, torch.arange(context, device=dev).expand(batch, context))
@@ -185,14 +224,17 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
         "AD step": (lambda: target(tokens[:, context:context + 1], pos, target_cache), target_cache),
         f"verify ({k + 1} tokens)": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
                                                     target_cache), target_cache),
+        f"verify ({k + 1}) + scores": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
+                                                      scored_cache), scored_cache),
         "vanilla step": (lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache), vanilla_cache),
         "MagicDec step": (lambda: target(tokens[:, context:context + 1], pos, ring), ring),
+        "guided step": (lambda: target(tokens[:, context:context + 1], pos, guided.cache), guided.cache),
         "SPIRe step": (lambda: spire.step(tokens[:, context], lengths, memory), memory),
     }
     rows = []
     for kind, (call, cache) in calls.items():
         seconds = repeat_seconds(call, repeats, before=lambda cache=cache: cache.rollback(lengths), device=dev)
-        work = roofline(kinds, [(kind, kinds[kind][1])], batch, value_bytes, peak_flops=peak_flops,
+        work = roofline(kinds, [(kind, kinds[kind].new)], batch, value_bytes, peak_flops=peak_flops,
                         bandwidth=bandwidth)
         rows.append(roofline_row(kind, batch, context, seconds, work, compiled))
     return rows
@@ -276,7 +318,7 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
     spire = SpireConfig(window=args.window)
     shapes = profiled_draft_shapes(vanilla_draft_config(target.cfg), replace(target.cfg, num_layers=spire.num_layers),
-                                   spire, SinkWindow(spire.sink, spire.window))
+                                   spire, SinkWindow(spire.sink, spire.window), budget_options(1 + spire.window))
     value_bytes = next(target.parameters()).element_size()
     seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
     cost = profiled.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
@@ -320,7 +362,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--methods", nargs="+", choices=TIMED, default=list(TIMED))
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
+    parser.add_argument("--window", type=int, default=64, help="sparse window (sink 1): MagicDec, SPIRe, guided")
     add_model_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (after one warm-up); best is kept")
     parser.add_argument("--threads", type=int, default=None)
@@ -358,18 +400,21 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
     """What one run of `wallclock.time_cells` at (B, L) holds at once, by part, in bytes: the weights,
     the target's caches (one per method interleaved by "rounds", each on its own copy of the
     prefill; one by "runs"), the drafts' caches (the vanilla draft's dense one, MagicDec's and
-    SPIRe's sink + window rings) and the residual-stream entries the prefill keeps for SPIRe.
+    SPIRe's sink + window rings, the guided draft's chosen entries and the scores it reads) and the
+    residual-stream entries the prefill keeps for SPIRe.
     Activations are not counted: a forward's are freed before the next."""
     capacity = speculative_capacity(context, new_tokens, k)
     spire = SpireConfig(window=window)
     drafts = model_cfgs(cfg, window)
-    ring = spire.sink + window + k + 1  # `SinkWindowKVCache`: sink + window + slack
+    ring = spire.sink + window + k + 1  # `SinkWindowKVCache`: sink + window + slack; `SelectedKVCache` alike
+    scores = 4 * cfg.num_layers * batch * cfg.n_kv * capacity  # the guided draft's fp32 scores in the target cache
     copies = len(methods) if interleave == "rounds" else 1
     return {"weights": value_bytes * (cfg.num_params() + sum(drafts[m].num_params() for m in ("vanilla", "spire")
                                                              if m in methods)),
             f"target caches ({copies})": copies * cache_bytes(cfg, batch, capacity, value_bytes),
             "draft caches": sum({"vanilla": cache_bytes(drafts["vanilla"], batch, capacity, value_bytes),
                                  "magicdec": cache_bytes(cfg, batch, ring, value_bytes),
+                                 "guided": cache_bytes(cfg, batch, ring, value_bytes) + scores,
                                  "spire": cache_bytes(drafts["spire"], batch, ring, value_bytes)}.get(m, 0)
                                 for m in methods),
             "kept residual stream": ("spire" in methods) * spire.num_layers * batch * (context - 1) * cfg.d_model

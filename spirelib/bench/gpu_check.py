@@ -144,15 +144,13 @@ def _cuda_graphs(args) -> str:
     and eager ops of a steady-state AD step and SD round)."""
     from torch._dynamo.utils import counters
 
-    from spirelib.bench.rounds import steady_state_counts
-    from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+    from spirelib.bench.decode import compile_all, draft_models, draft_options
+    from spirelib.bench.rounds import METHODS, steady_state_counts
+    from spirelib.decoding.drafts import draft_factory
     from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
-    from spirelib.model.transformer import Transformer
 
     target = _toy_target(args)
-    models = {"vanilla": Transformer(vanilla_draft_config(target.cfg)).to(args.device).eval(),
-              "spire": SpireDraftModel.from_target(target, SpireConfig(window=16)).eval(), "magicdec": None}
+    models, options = draft_models(target, METHODS, 16), draft_options(16)
     contexts = torch.randint(0, target.cfg.vocab_size, (8, 64), device=args.device)
 
     def decode(method, temperature):
@@ -162,7 +160,7 @@ def _cuda_graphs(args) -> str:
             out = autoregressive_generate(target, contexts, 32, temperature=temperature, generator=gen)
         else:
             draft = draft_factory(method, target, models[method], temperature=temperature,
-                                  **({"window": 16} if method == "magicdec" else {}))(gen)
+                                  **options.get(method, {}))(gen)
             out = speculative_generate(target, draft, contexts, 32, k=4, temperature=temperature, generator=gen)
         if torch.device(args.device).type == "cuda":
             torch.cuda.synchronize(args.device)
@@ -171,8 +169,7 @@ def _cuda_graphs(args) -> str:
 
     methods = ("ad", *models)
     eager = {m: decode(m, 0.0) for m in methods}
-    for model in (target, models["vanilla"], models["spire"]):
-        model.compile_decoding()
+    compile_all(target, models, True)
     skips = counters["inductor"]["cudagraph_skips"]
     compiled = {m: [decode(m, 0.0) for _ in range(3)][-1] for m in methods}  # the last: graphs recorded, replaying
     sampled = {m: [decode(m, 1.0) for _ in range(3)][-1][0] for m in methods}

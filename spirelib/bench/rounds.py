@@ -3,8 +3,8 @@
 On a GPU a round's time has a floor set by the host: each op dispatched outside a compiled graph
 is a kernel launched one by one (several microseconds of Python and driver each), each graph replay
 one launch, and each host sync a wait for the device. A steady-state AD step and an SD round of
-every method (vanilla, MagicDec, SPIRe) are profiled once each, after a few rounds to warm the
-graphs (`steady_state_counts`), their top-level events counted (`count`) and judged against a
+every method (vanilla, MagicDec, SPIRe, the guided draft, prompt lookup) are profiled once each,
+after a few rounds to warm the graphs (`steady_state_counts`), their top-level events counted (`count`) and judged against a
 goal (`goal`); the round's bookkeeping that still runs eagerly (rejection sampling, drawing the
 draft tokens, rollback, the drafts' catching up) is what the counts name. `--device cpu` measures
 the same counts as a GPU would see (the ops are the same); tests/decoding/test_round_ops.py guards them
@@ -20,11 +20,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from spirelib.bench import add_model_arguments, device_problems, model_config, positive
+from spirelib.bench.decode import TIMED, compile_all, draft_models, draft_options
 
 #: aten ops that make the host wait for the device (`tests/support/host_syncs.py` counts the same on the CPU).
 SYNC_OPS = {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "masked_select", "unique", "_unique2"}
 COMPILED_REGION = "Torch-Compiled Region"
-METHODS = ("vanilla", "magicdec", "spire")
+METHODS = tuple(m for m in TIMED if m != "ad")
 
 
 def _is_view(name: str) -> bool:
@@ -57,11 +58,11 @@ def count(step) -> dict:
     return {"replays": replays, "eager_ops": sum(ops.values()), "views": views, "syncs": syncs, "ops": ops}
 
 
-def steady_state_counts(target, draft_models: dict, *, batch: int, context: int, k: int, temperature: float,
+def steady_state_counts(target, models: dict, *, batch: int, context: int, k: int, temperature: float,
                         window: int = 64, warmup: int = 3) -> list[dict]:
     """Counts (`count`) of one AD step and one SD round per method in `draft_models` ({method: its
-    trained model or None}), each after `warmup` rounds of its own generation (graphs compiled and
-    recorded by then)."""
+    trained model or None, `decode.draft_models`; the sparse drafts at `window`, `decode.draft_options`),
+    each after `warmup` rounds of its own generation (graphs compiled and recorded by then)."""
     from spirelib.decoding.drafts import draft_factory
     from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 
@@ -69,13 +70,13 @@ def steady_state_counts(target, draft_models: dict, *, batch: int, context: int,
     contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=device)
     new_tokens = (warmup + 2) * (k + 1)  # no row can finish before the counted round
     rows = []
-    for method in ("ad", *draft_models):
+    for method in ("ad", *models):
         gen = torch.Generator(device).manual_seed(0)
         if method == "ad":
             rounds = autoregressive_rounds(target, contexts, new_tokens, temperature=temperature, generator=gen)
         else:
-            options = {"window": window} if method == "magicdec" else {}
-            draft = draft_factory(method, target, draft_models[method], temperature=temperature, **options)(gen)
+            options = draft_options(window).get(method, {})
+            draft = draft_factory(method, target, models[method], temperature=temperature, **options)(gen)
             rounds = speculative_rounds(target, draft, contexts, new_tokens, k, temperature=temperature, generator=gen)
         for _ in range(warmup):
             next(rounds)
@@ -98,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=64, help="L tokens of context per row")
     parser.add_argument("-k", type=int, default=4, help="draft tokens a round")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--window", type=int, default=64, help="sparse window of MagicDec and SPIRe (sink 1)")
+    parser.add_argument("--window", type=int, default=64, help="sparse window (sink 1): MagicDec, SPIRe, guided")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--eager", action="store_true", help="count eager decoding (default: compiled)")
     parser.add_argument("--device", default="cpu")
@@ -114,18 +115,13 @@ def problems(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from spirelib.decoding.drafts import vanilla_draft_config
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
     from spirelib.model.transformer import Transformer
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     target = Transformer(model_config(args)).to(device=args.device, dtype=dtype).eval()
-    models = {"vanilla": Transformer(vanilla_draft_config(target.cfg)).to(device=args.device, dtype=dtype).eval(),
-              "spire": SpireDraftModel.from_target(target, SpireConfig(window=args.window)).to(dtype).eval(),
-              "magicdec": None}
-    for model in (target, models["vanilla"], models["spire"]):
-        model.compile_decoding(not args.eager)
-    rows = steady_state_counts(target, {m: models[m] for m in args.methods}, batch=args.batch, context=args.context,
+    models = draft_models(target, args.methods, args.window)
+    compile_all(target, models, not args.eager)
+    rows = steady_state_counts(target, models, batch=args.batch, context=args.context,
                                k=args.k, temperature=args.temperature, window=args.window)
     mode = "eager" if args.eager else "compiled"
     print(f"host work per round, {mode}, {args.device} {args.dtype}, B {args.batch} x L {args.context}, k {args.k}, "

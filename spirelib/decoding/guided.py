@@ -22,6 +22,17 @@ from spirelib.model.kvcache import SelectedKVCache, reuse
 from spirelib.model.transformer import Transformer
 
 
+def budget_options(entries: int, sink: int = 1) -> dict[str, int]:
+    """The draft's options at a KV budget of `entries` per layer and KV head (method §4; MagicDec's
+    sink + window for a like-for-like comparison): the sink, and the rest split into a recent window
+    and the entries chosen by attention, half each (the window takes an odd one)."""
+    rest = entries - sink
+    if rest < 2:
+        raise ValueError(f"a KV budget of {entries} leaves {rest} entries past the sink of {sink}: the guided draft "
+                         "needs at least a window of 1 and 1 chosen entry; give a budget of at least sink + 2")
+    return {"sink": sink, "window": rest - rest // 2, "top": rest // 2}
+
+
 def select(scores: torch.Tensor, lengths: torch.Tensor, sink: int, window: int, top: int
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries a draft reads, from one layer's scores (B, n_kv, C) of a cache whose rows hold

@@ -218,17 +218,20 @@ def _memory_weights(draft: DraftShape, shape: ModelShape) -> int:
     return draft.memory_layers * 2 * shape.n_kv * shape.d_head * shape.d_model
 
 
+def scored(work: ForwardWork, target: ModelShape, bytes_per_value: float = 4.0) -> ForwardWork:
+    """A forward's `work` when its queries also score every key for the guided draft (method §2): the
+    scoring adds half the attention's FLOPs (q.k of q.k and p.v) and one more read of the keys."""
+    key_bytes = work.key_reads * target.n_kv * target.d_head * bytes_per_value
+    return dataclasses.replace(work, flops=work.flops + work.attention_flops / 2, bytes=work.bytes + key_bytes,
+                               attention_flops=1.5 * work.attention_flops)
+
+
 def verify_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, k: int, dense_keys: int,
                    bytes_per_value: float = 4.0, scores: bool = False) -> float:
     """The target's forward over the pending token and the k drafted ones, reading `dense_keys`;
-    with `scores` (the guided draft, method §2) its queries score every key once more and the keys
-    are read again: half the attention's FLOPs (q.k of q.k and p.v) and the keys' bytes."""
+    with `scores` (the guided draft) its queries score every key once more (`scored`)."""
     w = forward_work(target, vocab_size, batch, k + 1, dense_keys, bytes_per_value=bytes_per_value)
-    if scores:
-        key_bytes = w.key_reads * target.n_kv * target.d_head * bytes_per_value
-        w = dataclasses.replace(w, flops=w.flops + w.attention_flops / 2, bytes=w.bytes + key_bytes,
-                                attention_flops=1.5 * w.attention_flops)
-    return cost.seconds(w)
+    return cost.seconds(scored(w, target, bytes_per_value) if scores else w)
 
 
 def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int, k: int,

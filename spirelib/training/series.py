@@ -284,13 +284,11 @@ class Series:
     def guided_options(self, keys: int | None = None) -> dict:
         """The verification-guided draft's options at a KV budget of `keys` entries per layer and KV
         head (default MagicDec's sink + window, method §4): MagicDec's sink, the rest split into a
-        recent window and the entries chosen by attention, half each."""
+        recent window and the entries chosen by attention, half each (`guided.budget_options`)."""
+        from spirelib.decoding.guided import budget_options
+
         sink = self.magicdec.sink
-        rest = self.magicdec.window if keys is None else keys - sink
-        if rest < 2:
-            raise ValueError(f"a KV budget of {keys} leaves {rest} entries past the sink of {sink}: the guided draft "
-                             "needs at least a window of 1 and 1 chosen entry; give a budget of at least sink + 2")
-        return {"sink": sink, "window": rest - rest // 2, "top": rest // 2}
+        return budget_options(sink + self.magicdec.window if keys is None else keys, sink)
 
     def budget_factories(self, budgets) -> dict:
         """The KV-budget sweep (method §4): MagicDec and the guided draft each reading `b` entries per

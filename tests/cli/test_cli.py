@@ -101,12 +101,11 @@ def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell(monkey
     assert code == 0, err
     report = json.loads(out)
     cells = {(c["B"], c["L"], c["method"]): c for c in report["cells"]}
-    assert set(cells) == {(B, L, m) for B, L in ((1, 16), (2, 16), (1, 24), (2, 24), (2, 32))
-                          for m in ("vanilla", "magicdec", "spire")}
-    assert [key for key, c in cells.items() if c["held_out"]] == [(2, 32, m) for m in ("vanilla", "magicdec", "spire")]
+    methods = ("vanilla", "magicdec", "spire", "guided", "lookup")
+    assert set(cells) == {(B, L, m) for B, L in ((1, 16), (2, 16), (1, 24), (2, 24), (2, 32)) for m in methods}
+    assert [key for key, c in cells.items() if c["held_out"]] == [(2, 32, m) for m in methods]
     assert all(c["runs"] == 2 and c["profiled_speedup"] > 0 for c in cells.values())
-    assert report["verdict"]["held_out_max_error"] == max(abs(cells[2, 32, m]["profiled_error"])
-                                                          for m in ("vanilla", "magicdec", "spire"))
+    assert report["verdict"]["held_out_max_error"] == max(abs(cells[2, 32, m]["profiled_error"]) for m in methods)
 
 
 def test_bench_spire_train_times_a_real_step_and_its_parts_at_a_hugging_face_configs_shapes(tmp_path):
@@ -157,14 +156,20 @@ def test_bench_decode_roofline_gives_every_forward_and_every_whole_round(monkeyp
                           "--temperature", "0", *DECODE_TOY])
     assert code == 0, err
     rows = {r["kind"]: r for r in json.loads(out)}
-    assert list(rows) == ["AD step", "verify (4 tokens)", "vanilla step", "MagicDec step", "SPIRe step",
-                          "ad round", "vanilla round", "magicdec round", "spire round"]
+    assert list(rows) == ["AD step", "verify (4 tokens)", "verify (4) + scores", "vanilla step", "MagicDec step",
+                          "guided step", "SPIRe step", "ad round", "vanilla round", "magicdec round", "spire round",
+                          "guided round", "lookup round"]
     roof = {kind: r["roofline_ms"] for kind, r in rows.items()}
     assert roof["ad round"] == pytest.approx(roof["AD step"])
-    for method, step in (("magicdec", "MagicDec step"), ("spire", "SPIRe step")):  # k = 3 passes + verify
-        assert roof[f"{method} round"] == pytest.approx(3 * roof[step] + roof["verify (4 tokens)"])
-        assert rows[f"{method} round"]["forwards_ms"] == pytest.approx(3 * rows[step]["ms"] + rows["verify (4 tokens)"]["ms"])
+    for method, step, verify in (("magicdec", "MagicDec step", "verify (4 tokens)"),
+                                 ("spire", "SPIRe step", "verify (4 tokens)"),
+                                 ("guided", "guided step", "verify (4) + scores")):  # k = 3 passes + verify
+        assert roof[f"{method} round"] == pytest.approx(3 * roof[step] + roof[verify])
+        assert rows[f"{method} round"]["forwards_ms"] == pytest.approx(3 * rows[step]["ms"] + rows[verify]["ms"])
     assert roof["vanilla round"] > 3 * roof["vanilla step"] + roof["verify (4 tokens)"]  # its first pass: 2 tokens
+    assert roof["lookup round"] == pytest.approx(roof["verify (4 tokens)"])  # no draft pass
+    assert roof["verify (4) + scores"] > roof["verify (4 tokens)"]  # the scoring's FLOPs and key reads
+    assert rows["guided step"]["gflop"] == rows["MagicDec step"]["gflop"]  # the same budget of entries
     assert all(r["ms"] > 0 and r["fraction"] == pytest.approx(r["roofline_ms"] / r["ms"]) for r in rows.values())
 
 
@@ -183,7 +188,7 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
     monkeypatch.setattr(decode, "available_bytes", lambda device: (rounds + runs) // 2)
     code, _, err = run(argv)
     assert code == 2 and "--profiled: at B 2 x L 24 the timed runs hold" in err
-    assert f"target caches (4) {4 * decode.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
+    assert f"target caches (6) {6 * decode.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
     assert "--interleave runs (one target cache) holds" in err and "which fits" in err
     assert decode.problems(cli.parser().parse_args([*argv, "--interleave", "runs"])) == []
     monkeypatch.setattr(decode, "available_bytes", lambda device: runs - 1)
@@ -195,7 +200,7 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
 
 def test_held_bytes_prices_the_caches_decoding_allocates():
     from spirelib.bench import decode
-    from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
+    from spirelib.model.kvcache import SelectedKVCache, SinkWindow, SinkWindowKVCache
     from spirelib.model.transformer import ModelConfig, Transformer
 
     cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
@@ -207,6 +212,12 @@ def test_held_bytes_prices_the_caches_decoding_allocates():
     parts = decode.held_bytes(cfg, ["ad", "vanilla"], 3, 24, 6, 3, 4, "rounds")
     assert parts["weights"] == 4 * sum(p.numel() for m in (model, Transformer(decode.vanilla_draft_config(cfg)))
                                        for p in m.parameters())
+    # the guided draft: its chosen entries and ring (sink 1 + window 4 entries, k + 1 = 4 slots) and the
+    # scores its verification records in the target's cache (capacity L + G + 2k = 36)
+    selected = SelectedKVCache(2, 3, 2, 16, 1 + 4, 4)
+    scores = sum(t.nbytes for t in model.new_cache(3, 36, scored=4).scores)
+    guided = decode.held_bytes(cfg, ["guided"], 3, 24, 6, 3, 4, "rounds")["draft caches"]
+    assert guided == pytest.approx(sum(t.nbytes for t in selected.static_tensors()) + scores, abs=64)
 
 
 def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
