@@ -138,7 +138,7 @@ def forward_shapes(cfgs: dict, context: int, k: int, window: int) -> dict[str, F
             "SPIRe step": Forward(cfgs["spire"], 1, sparse)}
 
 
-def round_forwards(method: str, kinds: dict[str, tuple], k: int) -> list[tuple[str, int]]:
+def round_forwards(method: str, kinds: dict[str, Forward], k: int) -> list[tuple[str, int]]:
     """The forwards of one round of `method` as (kind of `forward_shapes`, new tokens a row): AD's
     step; a draft's k passes (the vanilla draft's first runs 2 tokens, `drafts.VanillaDraft`; prompt
     lookup runs none), then the target verifying k + 1 tokens (for the guided draft, scoring every key)."""
@@ -152,7 +152,7 @@ def round_forwards(method: str, kinds: dict[str, tuple], k: int) -> list[tuple[s
     return [(step, 2 if method == "vanilla" and j == 0 else 1) for j in range(k)] + [(verify, k + 1)]
 
 
-def roofline(kinds: dict[str, tuple], forwards: list[tuple[str, int]], batch: int, value_bytes: int, *,
+def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int, *,
              peak_flops: float, bandwidth: float) -> tuple[float, float, float]:
     """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B: per forward
     `profiled.forward_work` (body, attention over its keys, unembedding; weights and KV at their

@@ -137,8 +137,8 @@ def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, S
 
     spire = series.spire
     return {
-        "paper shapes": dataclasses.replace(Scenario.paper(), taus=taus, k=series.k, hoi=hoi,
-                                            label=f"paper shapes, {source}"),
+        "paper shapes": dataclasses.replace(Scenario.paper(), k=series.k, hoi=hoi).with_taus(
+            taus, f"paper shapes, {source}"),
         "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
                                            spire.window, taus, k=series.k, hoi=hoi,
                                            label=f"trained shapes (window {spire.window}), {source}"),
