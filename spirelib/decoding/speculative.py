@@ -136,18 +136,21 @@ class Prefill:
 
     One prefill serves several generations over the same contexts (e.g. every method of a
     tau measurement): decoding writes only positions after the context and starts by
-    rolling the cache back to `verified.lengths`, so the context's keys stay intact.
+    rolling the cache back to `verified.lengths`, so the context's keys stay intact; a
+    generation whose draft reads the attention starts from the prefill's own (`scores`), not
+    from the last verification of the generation before it.
     """
 
     cache: DenseKVCache
     verified: TargetPass
     pending: torch.Tensor  # (B,)
+    scores: tuple[torch.Tensor, ...] = ()  # per layer (B, n_kv, capacity): the attention the prefill recorded
 
     def copy(self) -> Prefill:
         """The same prefill over a copy of its cache: generations that run at the same time
         (interleaved round by round) each need their own."""
         cache = self.cache.copy()
-        return Prefill(cache, dataclasses.replace(self.verified, cache=cache), self.pending)
+        return Prefill(cache, dataclasses.replace(self.verified, cache=cache), self.pending, self.scores)
 
 
 def scored_queries(draft, k: int) -> int:
@@ -185,14 +188,14 @@ def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor |
             target.hidden(contexts[:, :-1], positions, cache, valid=valid)  # fills the cache; no logits
     pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
     verified = TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, stream, tuple(layers))
-    return Prefill(cache, verified, pending)
+    return Prefill(cache, verified, pending, tuple(s.clone() for s in cache.scores))
 
 
 def _reuse(prefilled: Prefill, capacity: int, layers: tuple[int, ...], scored: int = 0
            ) -> tuple[DenseKVCache, torch.Tensor]:
-    """The prefill's cache rolled back to the end of the contexts, recording the attention of
-    `scored` queries per row from now on (none for a generation whose draft reads none), and the
-    pending tokens."""
+    """The prefill's cache rolled back to the end of the contexts, with the attention the prefill
+    recorded if the generation reads it, recording that of `scored` queries per row from now on
+    (none for a generation whose draft reads none), and the pending tokens."""
     if prefilled.cache.capacity < capacity:
         raise ValueError(f"the prefill's cache holds {prefilled.cache.capacity} positions per row; "
                          f"this generation needs {capacity}: prefill with capacity={capacity}")
@@ -202,6 +205,9 @@ def _reuse(prefilled: Prefill, capacity: int, layers: tuple[int, ...], scored: i
         raise ValueError(f"this draft reads the verification's attention: prefill with scored={scored}")
     prefilled.cache.rollback(prefilled.verified.lengths)
     prefilled.cache.scored = scored if prefilled.cache.scores else 0
+    if prefilled.cache.scored:
+        for now, recorded in zip(prefilled.cache.scores, prefilled.scores):
+            now.copy_(recorded)
     return prefilled.cache, prefilled.pending
 
 

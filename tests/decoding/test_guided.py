@@ -159,3 +159,24 @@ def test_a_copied_prefill_records_into_scores_of_its_own():
     twin = shared.copy()
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(shared.cache.scores, twin.cache.scores))
     assert all(torch.equal(a, b) for a, b in zip(shared.cache.scores, twin.cache.scores))
+
+
+def test_one_prefill_serves_guided_generations_one_after_another():
+    """The KV-budget sweep runs guided drafts of several budgets over one prefill: each must start
+    from the prefill's own recorded attention, not from the last verification of the draft before
+    it, so each equals a generation with its own prefill, random stream for random stream."""
+    target = random_target()
+    contexts, lengths = contexts_and_lengths(3, 24, 2, [24, 15, 20])
+    k, G = 4, 12
+    shared = prefill(target, contexts, lengths, capacity=24 + G + 2 * k, scored=k + 1)
+
+    def run(top, prefilled):
+        gen = torch.Generator().manual_seed(3)
+        draft = GuidedDraft(target, 1, 2, top, temperature=1.0, generator=gen)
+        return speculative_generate(target, draft, contexts, G, k=k, lengths=lengths, generator=gen,
+                                    prefilled=prefilled)
+
+    run(5, shared)  # an earlier method of the sweep, its verifications recorded into the shared cache
+    alone, after = run(2, None), run(2, shared)
+    assert torch.equal(after.tokens, alone.tokens)
+    assert torch.equal(after.accepted, alone.accepted)
