@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from spirelib.decoding.drafts import draft_factory
-from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, t_quantile, tau_over_seeds
+from spirelib.measure.intervals import t_quantile
+from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, tau_over_seeds
 from spirelib.model.spire import ABLATIONS
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import COMPONENTS, TRAINING, importance, resolved_ranking, variant_multipliers
@@ -28,7 +29,8 @@ def variant_counts(target, variants: dict, contexts, context_length: int, protoc
     for seed, by_name in variants.items():
         factories = {name: draft_factory("spire", target, v.model, temperature=temperature)
                      for name, v in by_name.items()}
-        measured = measure_tau(target, factories, {context_length: contexts}, protocol, progress=progress)
+        measured = measure_tau(target, factories, {context_length: contexts}, protocol,
+                               progress=progress).counts
         counts[seed] = {name: by_length[context_length] for name, by_length in measured.items()}
     return counts
 

@@ -5,7 +5,9 @@ runs past the windows they were trained on.
 
 The unit is the context, as for tau: each context's mean cross-entropy over its G continuation
 tokens, then the mean over contexts with a Student's t interval. The logits of one context's G
-positions exist at a time, never a batch's (tokens x vocabulary).
+positions exist at a time, never a batch's (tokens x vocabulary). The loss is read from the
+target prefill the tau measurement shares between its methods (`tau.measure_tau` with
+`continuations`): G more positions over that cache, not a second pass over the L + G window.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from spirelib.measure.tau import t_quantile
+from spirelib.decoding.speculative import Prefill
+from spirelib.measure.intervals import t_quantile
 from spirelib.model.transformer import Transformer
 
 
@@ -33,25 +36,29 @@ class LossStats:
 
 
 @torch.no_grad()
-def continuation_losses(model: Transformer, contexts: torch.Tensor, continuations: torch.Tensor,
-                        batch_size: int) -> torch.Tensor:
-    """Each context's mean next-token cross-entropy over its continuation: contexts (n, L) and
-    continuations (n, G) -> (n,) float64. Position L - 1 + j predicts continuation token j; the
-    target reads the whole window at once (no cache), as in training."""
-    if contexts.shape[0] != continuations.shape[0] or contexts.shape[1] < 1 or continuations.shape[1] < 1:
-        raise ValueError(f"need n contexts (n, L >= 1) and their continuations (n, G >= 1), got "
-                         f"{tuple(contexts.shape)} and {tuple(continuations.shape)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    device = next(model.parameters()).device
-    L, out = contexts.shape[1], []
-    for i in range(0, contexts.shape[0], batch_size):
-        window = torch.cat((contexts[i : i + batch_size], continuations[i : i + batch_size]), 1).to(device)  # (b, L+G)
-        hidden = model.hidden(window[:, :-1])[:, L - 1 :]  # (b, G, d_model): the positions predicting the continuation
-        targets = window[:, L:]  # (b, G)
-        for h, t in zip(hidden, targets):  # one context's (G, V) logits at a time
-            logits = model.head(h)  # (G, V), the loss in at least fp32
-            out.append(F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), t).double())
+def prefilled_losses(target: Transformer, prefilled: Prefill, continuations: torch.Tensor) -> torch.Tensor:
+    """Each row's mean next-token cross-entropy over its continuation (B, G) -> (B,) float64,
+    read from the target's `prefill` of the contexts (all but their last token): one G-token
+    forward over the prefill's cache runs each context's last token and the first G - 1
+    continuation tokens, position L - 1 + j predicting continuation token j. That is what a
+    verification of G - 1 drafts costs, where reading the window L + G afresh would cost a
+    second prefill. Like a generation, it writes only positions after the contexts
+    (`speculative.Prefill`), so it may run before or after the generations that share the prefill."""
+    B, G = continuations.shape
+    cache, lengths = prefilled.cache, prefilled.verified.lengths  # (B,) each row's pending position
+    if B != prefilled.pending.shape[0] or G < 1:
+        raise ValueError(f"need one continuation (G >= 1 tokens) per prefilled row ({prefilled.pending.shape[0]}), "
+                         f"got {tuple(continuations.shape)}")
+    if prefilled.verified.tokens.shape[1] + G > cache.capacity:
+        raise ValueError(f"the prefill's cache holds {cache.capacity} positions per row; the continuation needs "
+                         f"{prefilled.verified.tokens.shape[1] + G}: prefill with a larger capacity")
+    tokens = torch.cat((prefilled.pending[:, None], continuations[:, :-1].to(lengths.device)), 1)  # (B, G)
+    positions = lengths[:, None] + torch.arange(G, device=lengths.device)  # (B, G)
+    hidden = target.hidden(tokens, positions, cache)  # (B, G, d_model)
+    out = []
+    for h, t in zip(hidden, continuations.to(hidden.device)):  # one row's (G, V) logits at a time
+        logits = target.head(h)  # (G, V), the loss in at least fp32
+        out.append(F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), t).double())
     return torch.stack(out).cpu()
 
 

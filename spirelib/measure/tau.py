@@ -11,11 +11,11 @@ interval of method §10 (`seeds_interval`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,8 @@ from spirelib.decoding.speculative import (
     speculative_generate,
 )
 from spirelib.frontend import progress_bar
+from spirelib.measure.context_loss import prefilled_losses
+from spirelib.measure.intervals import t_quantile
 from spirelib.model.transformer import Transformer
 from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts
 
@@ -50,16 +52,6 @@ class TauProtocol:
 
 
 # ---------------------------------------------------------------------------- metrics
-
-
-@functools.cache
-def t_quantile(p: float, dof: int) -> float:
-    """Quantile of Student's t distribution with `dof` degrees of freedom (0.5 < p < 1), scipy's."""
-    if not 0.5 < p < 1 or dof < 1:
-        raise ValueError(f"t_quantile needs 0.5 < p < 1 and dof >= 1, got p={p}, dof={dof}")
-    from scipy.stats import t  # here, not at the top: importing scipy.stats is slow and only intervals need it
-
-    return float(t.ppf(p, dof))
 
 
 @dataclass(frozen=True)
@@ -317,6 +309,13 @@ class _Prefixed:
         return self.timer(f"{self.prefix}/{name}")
 
 
+class Measured(NamedTuple):
+    """What `measure_tau` measured."""
+
+    counts: dict[str, dict[int, AcceptCounts]]  # {method: {L: AcceptCounts}}
+    losses: dict[int, torch.Tensor]  # {L: (n,) the target's loss on each context's continuation}; {} if not asked
+
+
 def measure_tau(
     target: Transformer,
     methods: Mapping[str, DraftFactory],
@@ -324,14 +323,16 @@ def measure_tau(
     protocol: TauProtocol = TauProtocol(),
     timer: SectionTimer | None = None,
     progress: bool = False,
-) -> dict[str, dict[int, AcceptCounts]]:
-    """Accept counts of every method at every context length: {method: {L: AcceptCounts}}.
+    continuations: Mapping[int, torch.Tensor] | None = None,
+) -> Measured:
+    """Accept counts of every method at every context length, and the target's loss on each
+    context's continuation if `continuations` maps L to (n, G') tokens (`context_loss.prefilled_losses`).
 
     `contexts` maps L to the (n, L) token contexts every method decodes from (drawn once from the
     validation split, with a fixed seed, by the data layer). A `timer`
-    accumulates "prefill" (the shared target prefill) and "<method>/<section>" seconds.
+    accumulates "prefill" (the shared target prefill), "target loss" and "<method>/<section>" seconds.
     Contexts run in batches of `protocol.batch_size` rows; the target's prefill of a batch is
-    shared by every method. Under `torchrun` (any backend; gloo on CPU) every process measures the
+    shared by every method and by the loss. Under `torchrun` (any backend; gloo on CPU) every process measures the
     batches b with b % world_size == rank and the results are gathered, in batch order, on every
     process; each batch's generator depends on (seed, L, batch) alone, so the result equals a
     single process's.
@@ -347,9 +348,14 @@ def measure_tau(
         for name, factory in methods.items():
             gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b))
             drafts[name] = (factory(gen), gen)
+        G = max(protocol.new_tokens, continuations[L].shape[1] if continuations else 0)
         with timer("prefill") if timer else contextlib.nullcontext():
-            shared = prefill(target, rows, capacity=speculative_capacity(L, protocol.new_tokens, protocol.k),
+            shared = prefill(target, rows, capacity=speculative_capacity(L, G, protocol.k),
                              **prefill_needs((d for d, _ in drafts.values()), protocol.k))
+        if continuations:
+            with timer("target loss") if timer else contextlib.nullcontext():
+                mine["target loss", L, b] = prefilled_losses(
+                    target, shared, continuations[L][b * protocol.batch_size : (b + 1) * protocol.batch_size])
         for name, (draft, gen) in drafts.items():
             out = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
                                        temperature=protocol.temperature, generator=gen, prefilled=shared,
@@ -359,8 +365,10 @@ def measure_tau(
         shards = [None] * world
         dist.all_gather_object(shards, mine)
         mine = {key: value for shard in shards for key, value in shard.items()}
-    return {name: {L: AcceptCounts(_pad_cat([mine[name, L_, b] for L_, b in jobs if L_ == L]), protocol.k)
-                   for L in contexts} for name in methods}
+    def batches(name: str, L: int) -> list[torch.Tensor]:
+        return [mine[name, L_, b] for L_, b in jobs if L_ == L]
+    return Measured({name: {L: AcceptCounts(_pad_cat(batches(name, L)), protocol.k) for L in contexts} for name in methods},
+                    {L: torch.cat(batches("target loss", L)) for L in contexts} if continuations else {})
 
 
 def summarize(counts: Mapping[str, Mapping[int, AcceptCounts]]) -> dict[str, dict[int, TauStats]]:

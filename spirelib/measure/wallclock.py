@@ -36,7 +36,7 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.frontend import feed
-from spirelib.measure.tau import t_quantile
+from spirelib.measure.intervals import t_quantile
 from spirelib.model.kvcache import SinkWindow
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling import perfmodel, profiled

@@ -598,8 +598,10 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
 def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire: SpireConfig, methods: list[str],
                  runs: int, batch: int, context: int, new_tokens: int, k: int, *, ad: bool = False,
                  contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None,
-                 ranged: bool = False, prefills: int = 1) -> Item:
+                 ranged: bool = False, loss: bool = False) -> Item:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
+    with `loss` the target's loss on the continuation read from it (04: `new_tokens` positions over
+    its cache, priced at the prefill's measured seconds per FLOP), then
     every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
     window) of the target's cache, the guided draft over as many; each method's rounds at its tau in
     `taus` (default the paper's; tau 1 for a method neither has, its slowest).
@@ -608,9 +610,13 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire:
     yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
     until its slowest row is done)."""
     taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
-    seconds = high = prefills * probe["prefill_s"]
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
-    flops, moved = prefills * pre.flops, prefills * pre.bytes
+    seconds, flops, moved = probe["prefill_s"], pre.flops, pre.bytes
+    if loss:
+        read = forward_work(cfg.shape(), cfg.vocab_size, batch, new_tokens, context + new_tokens // 2)
+        seconds += probe["prefill_s"] * read.flops / pre.flops
+        flops, moved = flops + read.flops, moved + read.bytes
+    high = seconds
     keys = context + new_tokens // 2
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
     for m in methods:
@@ -651,15 +657,15 @@ class _Models:
             series.target, series.target_training, series.data(), series.imported)
 
     def decode(self, notebook: str, what: str, methods, batch: int, context: int, runs: int, *, ad: bool = False,
-               contexts: int | None = None, prefills: int = 1) -> Item:
+               contexts: int | None = None, loss: bool = False) -> Item:
         """`runs` batches decoded at (B, L) = (`batch`, `context`) with `methods` (and AD with `ad`),
-        timed by a probe of the series' decoding at that cell; `prefills` full-context target passes per
-        batch (04's second: the target's loss on the continuation)."""
+        timed by a probe of the series' decoding at that cell; with `loss`, the target's loss on the
+        continuation read from each batch's prefill (04)."""
         s = self.series
         probe = self.probe.decoding(self.target_cfg, s.spire, dataclasses.asdict(s.magicdec), s.guided_options(),
                                     list(methods), batch, context, s.new_tokens, s.k, s.temperature)
         return _decode_item(notebook, what, probe, self.target_cfg, s.spire, list(methods), runs, batch, context,
-                            s.new_tokens, s.k, ad=ad, contexts=contexts, prefills=prefills,
+                            s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss,
                             magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus, ranged=self.ranged)
 
     def needs(self, name: str) -> bool:
@@ -740,7 +746,7 @@ def _tau_notebook(models: _Models, nb: str, p: dict) -> list[Item]:
     trained_on, G = models.series.target_training.seq_len, models.series.new_tokens
     items += [models.decode(nb, f"tau of {', '.join(methods)} and the target's loss at L = {L}"
                             + (f" (past the {trained_on}-token training windows)" if L + G > trained_on else ""),
-                            methods, B, L, runs, contexts=p["n_contexts"], prefills=2)
+                            methods, B, L, runs, contexts=p["n_contexts"], loss=True)
               for L in p["context_lengths"]]
     budgets = p.get("kv_budgets") or []
     if budgets:  # MagicDec and the guided draft at each budget, priced at the series' own budget

@@ -135,7 +135,7 @@ def test_the_tau_protocol_counts_equal_eager(models):
     def tau():
         factories = {name: (lambda gen, name=name: drafts(models, 1.0, gen)[name])
                      for name in drafts(models, 1.0, None)}
-        return measure_tau(target, factories, contexts, protocol)
+        return measure_tau(target, factories, contexts, protocol).counts
 
     eager = tau()
     pooled, _ = through_pool(models, tau)

@@ -25,7 +25,8 @@ from conftest import ROOT
 from test_tau_calibration import ROUNDS, G, K, alpha_clip, decode
 
 from spirelib.measure import ablations
-from spirelib.measure.tau import DeltaTau, linearize, seeds_interval, t_quantile
+from spirelib.measure.intervals import t_quantile
+from spirelib.measure.tau import DeltaTau, linearize, seeds_interval
 from spirelib.modeling.ablations import COMPONENTS, MEASURED_COMPONENTS
 from spirelib.modeling.acceptance import tau_from_alpha
 

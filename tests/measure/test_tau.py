@@ -12,7 +12,8 @@ import torch
 from torchrun import ranks_and_reference
 
 from spirelib.decoding.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
-from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize, t_quantile
+from spirelib.measure.intervals import t_quantile
+from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize
 from spirelib.model.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -130,7 +131,7 @@ def test_a_draft_identical_to_the_target_accepts_everything():
                "magicdec": draft_factory("magicdec", target, temperature=1.0, window=window),
                "spire": draft_factory("spire", target, pruned_whole, temperature=1.0),
                "unrelated": draft_factory("vanilla", target, other, temperature=1.0)}
-    stats = summarize(measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2)))
+    stats = summarize(measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2)).counts)
     assert stats["unrelated"][L].acceptance_rate < 0.5
     for name in ("vanilla", "magicdec", "spire"):
         s = stats[name][L]
@@ -145,7 +146,7 @@ def test_same_contexts_and_seed_give_the_same_result_and_every_context_gets_g_to
     methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
                "magicdec": draft_factory("magicdec", target, temperature=1.0, sink=1, window=3)}
     protocol = TauProtocol(k=k, new_tokens=G, batch_size=2, seed=3)
-    a, b = measure_tau(target, methods, contexts, protocol), measure_tau(target, methods, contexts, protocol)
+    a, b = measure_tau(target, methods, contexts, protocol).counts, measure_tau(target, methods, contexts, protocol).counts
     for name in methods:
         for L in contexts:
             counts = a[name][L].accepted
@@ -154,7 +155,7 @@ def test_same_contexts_and_seed_give_the_same_result_and_every_context_gets_g_to
             tokens = torch.where(counts >= 0, counts + 1, 0).sum(1)
             last = counts.gather(1, ((counts >= 0).sum(1) - 1)[:, None]).squeeze(1)
             assert (tokens >= G).all() and (tokens - last - 1 < G).all(), "a context stops once it has G tokens"
-    other = measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2, seed=4))
+    other = measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2, seed=4)).counts
     assert not torch.equal(other["vanilla"][6].accepted, a["vanilla"][6].accepted)
 
 
@@ -170,7 +171,7 @@ def test_registry_takes_new_methods_and_rejects_bad_requests():
     try:
         factory = draft_factory("test-greedy-draft", target, small, temperature=1.0)
         contexts = {7: torch.randint(0, CFG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(2))}
-        stats = summarize(measure_tau(target, {"test-greedy-draft": factory}, contexts, TauProtocol(new_tokens=6)))
+        stats = summarize(measure_tau(target, {"test-greedy-draft": factory}, contexts, TauProtocol(new_tokens=6)).counts)
         assert 1 <= stats["test-greedy-draft"][7].mean <= 5
     finally:
         del DRAFT_METHODS["test-greedy-draft"]
@@ -193,7 +194,7 @@ WORKER = textwrap.dedent("""
     contexts = {L: torch.randint(0, 29, (7, L), generator=torch.Generator().manual_seed(L)) for L in (8, 13)}
     methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
                "magicdec": draft_factory("magicdec", target, temperature=1.0, window=4)}
-    counts = measure_tau(target, methods, contexts, TauProtocol(k=3, new_tokens=9, batch_size=2, seed=5))
+    counts = measure_tau(target, methods, contexts, TauProtocol(k=3, new_tokens=9, batch_size=2, seed=5)).counts
     if not dist.is_initialized() or dist.get_rank() == 0:
         json.dump({f"{m}/{L}": c.accepted.tolist() for m, by_l in counts.items() for L, c in by_l.items()}, open(sys.argv[1], "w"))
     if dist.is_initialized():
@@ -233,7 +234,7 @@ def test_spire_is_registered_and_measurable():
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval()
     contexts = {8: torch.randint(0, CFG.vocab_size, (3, 8), generator=torch.Generator().manual_seed(2))}
     counts = measure_tau(target, {"spire": draft_factory("spire", target, spire, temperature=1.0)}, contexts,
-                         TauProtocol(k=3, new_tokens=7))
+                         TauProtocol(k=3, new_tokens=7)).counts
     stats = counts["spire"][8].stats()
     assert stats.n_contexts == 3 and 1 <= stats.mean <= 4
 

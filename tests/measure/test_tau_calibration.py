@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 import torch
 
+from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import (
     AcceptCounts,
     DeltaTau,
     delta_tau,
     linearize,
     seeds_interval,
-    t_quantile,
     tau_over_seeds,
 )
 from spirelib.modeling.acceptance import tau_from_alpha

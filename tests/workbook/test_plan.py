@@ -173,7 +173,7 @@ def test_a_replan_decodes_at_the_taus_the_last_run_of_the_same_series_measured(f
     low = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.2})
     tau = next(i for i in low.items if i.what.startswith("tau")).seconds
     rounds = expected_rounds(1.2, 4, 64, 2)  # the smoke series: k = 4, G = 64
-    assert tau == pytest.approx(2 * (2 * DECODING["prefill_s"] + rounds * DECODING["round_s"]["vanilla"]))
+    assert tau == pytest.approx(2 * (prefill_and_loss_seconds(2, 16, 64) + rounds * DECODING["round_s"]["vanilla"]))
     assert tau > next(i for i in paper.items if i.what.startswith("tau")).seconds
     assert "last run measured (04): vanilla 1.2" in low.render() and "range of tau" in paper.render()
     # where the last run's taus come from: its 04 record, averaged over L, for the same series only
@@ -355,6 +355,16 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     assert kept["seconds"] == pytest.approx(8.0) and machine.takes == 0
 
 
+def prefill_and_loss_seconds(B: int, L: int, G: int) -> float:
+    """04's per-batch seconds besides the rounds: the shared prefill, then the target's loss on the
+    continuation read from its cache (G more positions), priced at the prefill's seconds per FLOP."""
+    cfg = Series().target
+    pre = plan.forward_work(cfg.shape(), cfg.vocab_size, B, L, L // 2, logits=False)
+    read = plan.forward_work(cfg.shape(), cfg.vocab_size, B, G, L + G // 2)
+    assert read.flops > pre.flops / 10  # a term the test would see go missing
+    return DECODING["prefill_s"] * (1 + read.flops / pre.flops)
+
+
 def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau_down_to_1(fake_probes):
     """04 and 09 as ranges: the paper's taus at one end, tau 1 (G rounds a batch) at the other; 09's
     cells fit fewer runs into cell_seconds at tau 1, so its range is narrow. With measured taus the
@@ -366,8 +376,7 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     made = plan.make_plan(["04_measure_tau", "09_measured_vs_modeled"], params, {})
     tau = next(i for i in made.items if i.what.startswith("tau"))
     G = 64  # the smoke series' new_tokens
-    # two full-context target passes per batch: the shared prefill and the target's loss on the continuation
-    assert tau.seconds_at_tau_1 == pytest.approx(2 * (2 * DECODING["prefill_s"] + G * (0.1 + 0.05)))
+    assert tau.seconds_at_tau_1 == pytest.approx(2 * (prefill_and_loss_seconds(2, 16, G) + G * (0.1 + 0.05)))
     assert tau.seconds < tau.seconds_at_tau_1
     timed = next(i for i in made.items if i.what.startswith("time AD"))
     one = DECODING["prefill_s"] + G * DECODING["ad_step_s"]
