@@ -262,7 +262,7 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
         contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)
         if method == "ad":  # the prefill gives the first token, then one round a token
             return autoregressive_rounds(target, contexts, count + 1, temperature=temperature, generator=generator)
-        return speculative_rounds(target, factories[method](generator), contexts, count * (k + 1), k=k,
+        return speculative_rounds(target, factories[method](), contexts, count * (k + 1), k=k,
                                   temperature=temperature, generator=generator)  # a round emits <= k + 1 tokens
 
     rows = []

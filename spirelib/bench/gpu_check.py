@@ -160,7 +160,7 @@ def _cuda_graphs(args) -> str:
             out = autoregressive_generate(target, contexts, 32, temperature=temperature, generator=gen)
         else:
             draft = draft_factory(method, target, models[method], temperature=temperature,
-                                  **options.get(method, {}))(gen)
+                                  **options.get(method, {}))()
             out = speculative_generate(target, draft, contexts, 32, k=4, temperature=temperature, generator=gen)
         if torch.device(args.device).type == "cuda":
             torch.cuda.synchronize(args.device)
@@ -220,7 +220,7 @@ def _bf16_target(args) -> str:
     if not losses[-1] < losses[0]:
         raise RuntimeError(f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}")
     contexts = batch[:, :64]
-    sd = speculative_generate(target, draft_factory("spire", target, draft, temperature=0.0)(None), contexts, 32,
+    sd = speculative_generate(target, draft_factory("spire", target, draft, temperature=0.0)(), contexts, 32,
                               k=4, temperature=0.0)
     ad = autoregressive_generate(target, contexts, 32, temperature=0.0)
     mismatch = greedy_mismatch(target, contexts, sd.tokens, ad.tokens)

@@ -24,19 +24,20 @@ import torch
 
 from spirelib.decoding.sampling import draw
 from spirelib.decoding.speculative import Draft, TargetPass
-from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse
+from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse, static_buffer
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
 
 
 def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,
-                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample k tokens autoregressively: `first_logits` (B, V) predict position+1; `step(tokens (B,),
-    positions (B,))` runs one draft pass and returns the next logits (B, V)."""
+                 u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample k tokens autoregressively from uniforms u (B, k, W) (None at T = 0): `first_logits`
+    (B, V) predict position+1; `step(tokens (B,), positions (B,))` runs one draft pass and returns
+    the next logits (B, V)."""
     tokens, probs = [], []
     logits = first_logits
     for j in range(k):
-        token, q = draw(logits, temperature, generator)  # (B,), (B, V)
+        token, q = draw(logits, temperature, None if u is None else u[:, j])  # (B,), (B, V)
         tokens.append(token)
         probs.append(q)
         if j < k - 1:
@@ -74,29 +75,33 @@ class VanillaDraft:
 
     target_layers: tuple[int, ...] = ()  # reads no target activations
 
-    def __init__(self, model: Transformer, temperature: float = 1.0, generator: torch.Generator | None = None,
-                 sparse: SinkWindow | None = None):
+    def __init__(self, model: Transformer, temperature: float = 1.0, sparse: SinkWindow | None = None):
         self.model = model
         self.temperature = temperature
-        self.generator = generator
         self.sparse = sparse  # attend to sink + window only (a sparse draft trained that way)
+        self.key = ("vanilla", id(model), sparse)
 
     def begin(self, verified: TargetPass, k: int) -> None:
-        self.cache = self.model.new_cache(verified.tokens.shape[0], verified.cache.capacity, self.sparse)
+        B = verified.tokens.shape[0]
+        self.cache = self.model.new_cache(B, verified.cache.capacity, self.sparse)
         self.model.hidden(verified.tokens, verified.positions, self.cache, valid=verified.valid)  # fills the cache
-        self.previous = _last_verified(verified, None)
+        self.previous = static_buffer(self.model, ("previous", B), (B,), torch.long, verified.tokens.device)
+        self.previous.copy_(_last_verified(verified, None))  # (B,) the token before the pending one
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [*self.cache.static_tensors(), self.previous, *self.model.parameters()]
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
 
-    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int, u: torch.Tensor | None):
         self.cache.rollback(positions - 1)
         pair = torch.stack([self.previous, pending], dim=1)  # (B, 2)
         first = self.model(pair, torch.stack([positions - 1, positions], dim=1), self.cache)[:, -1]
-        return draft_tokens(self._step, first, positions, k, self.temperature, self.generator)
+        return draft_tokens(self._step, first, positions, k, self.temperature, u)
 
     def accept(self, verified: TargetPass) -> None:
-        self.previous = _last_verified(verified, self.previous)
+        self.previous.copy_(_last_verified(verified, self.previous))
 
 
 class MagicDecDraft:
@@ -108,12 +113,12 @@ class MagicDecDraft:
     target_layers: tuple[int, ...] = ()  # reads the target's cache, not its activations
 
     def __init__(self, target: Transformer, sparse: SinkWindow = SinkWindow(1, 64), rope_mode: str = "cache",
-                 temperature: float = 1.0, generator: torch.Generator | None = None):
+                 temperature: float = 1.0):
         self.model = target
         self.sparse = sparse
         self.rope_mode = rope_mode
         self.temperature = temperature
-        self.generator = generator
+        self.key = ("magicdec", id(target), sparse, rope_mode)
 
     def begin(self, verified: TargetPass, k: int) -> None:
         cfg = self.model.cfg
@@ -128,11 +133,14 @@ class MagicDecDraft:
         self.cache = reuse(self.model, key, build) if self.model.compiled_decoding else build()
         self.accept(verified)
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        return self.cache.static_tensors()  # the target's weights are the engine's already
+
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
 
-    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
-        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int, u: torch.Tensor | None):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, u)
 
     def accept(self, verified: TargetPass) -> None:
         self.cache.ingest(verified.cache, verified.positions, verified.valid)
@@ -141,14 +149,14 @@ class MagicDecDraft:
 
 # ---------------------------------------------------------------------------- the method registry
 
-DraftFactory = Callable[[torch.Generator], Draft]
-"""Builds a fresh draft that samples with the given generator (one per batch)."""
+DraftFactory = Callable[[], Draft]
+"""Builds a fresh draft (one per batch; the engine hands it its uniforms every round)."""
 
 
 @dataclass(frozen=True)
 class DraftMethod:
-    """A named way to draft: `build(target, model, temperature=, generator=, **options)`
-    returns a Draft; `model` is the method's trained draft model (None if it has none)."""
+    """A named way to draft: `build(target, model, temperature=, **options)` returns a Draft;
+    `model` is the method's trained draft model (None if it has none)."""
 
     name: str
     build: Callable[..., Draft]
@@ -159,8 +167,7 @@ DRAFT_METHODS: dict[str, DraftMethod] = {}
 
 
 def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
-    """Make `name` measurable: `build(target, model, *, temperature, generator, **options)`
-    returns a fresh Draft."""
+    """Make `name` measurable: `build(target, model, *, temperature, **options)` returns a fresh Draft."""
     DRAFT_METHODS[name] = DraftMethod(name, build, needs_model)
 
 
@@ -175,12 +182,12 @@ def draft_factory(method: str, target: Transformer, model: torch.nn.Module | Non
     if spec.needs_model and model is None:
         raise ValueError(f"method {method!r} needs its trained draft model")
     try:  # an unknown option fails here, before any decoding
-        inspect.signature(spec.build).bind(target, model, temperature=temperature, generator=None, **options)
+        inspect.signature(spec.build).bind(target, model, temperature=temperature, **options)
     except TypeError as e:
         raise ValueError(f"method {method!r}: {e}") from None
     if model is not None:
         model = in_dtype(model, dtype or next(target.parameters()).dtype)
-    return lambda generator: spec.build(target, model, temperature=temperature, generator=generator, **options)
+    return lambda: spec.build(target, model, temperature=temperature, **options)
 
 
 def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -202,12 +209,12 @@ def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return twin
 
 
-def _vanilla(target, model, *, temperature, generator):
-    return VanillaDraft(model, temperature=temperature, generator=generator)
+def _vanilla(target, model, *, temperature):
+    return VanillaDraft(model, temperature=temperature)
 
 
-def _magicdec(target, model, *, temperature, generator, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
-    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature, generator=generator)
+def _magicdec(target, model, *, temperature, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
+    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature)
 
 
 register_method("vanilla", _vanilla, needs_model=True)
@@ -219,21 +226,24 @@ class SpireDraft:
     verification, memory for the verified positions comes from the target activations that
     pass already computed; its cache stays sink + window (+ k + 1) sized."""
 
-    def __init__(self, model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+    def __init__(self, model: SpireDraftModel, temperature: float = 1.0):
         self.model = model
         self.target_layers = model.memory_layers
         self.temperature = temperature
-        self.generator = generator
+        self.key = ("spire", id(model))
 
     def begin(self, verified: TargetPass, k: int) -> None:
         self.cache = self.model.new_cache(verified.tokens.shape[0], slack=k + 1)
         self.accept(verified)
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [*self.cache.static_tensors(), *self.model.parameters()]
+
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model.step(tokens, positions, self.cache)
 
-    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
-        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int, u: torch.Tensor | None):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, u)
 
     def accept(self, verified: TargetPass) -> None:
         self.model.write_target_memory(self.cache, verified.stream(self.target_layers), verified.positions,
@@ -241,16 +251,16 @@ class SpireDraft:
         self.cache.rollback(verified.lengths)
 
 
-def spire_draft(model: SpireDraftModel, temperature: float = 1.0, generator: torch.Generator | None = None):
+def spire_draft(model: SpireDraftModel, temperature: float = 1.0):
     """The engine-facing draft for a trained model. Without target activations the draft is an
     ordinary pruned transformer reading its own sink + window cache."""
     if model.cfg.target_activations:
-        return SpireDraft(model, temperature, generator)
-    return VanillaDraft(model.body, temperature, generator, sparse=model.cfg.sparse)
+        return SpireDraft(model, temperature)
+    return VanillaDraft(model.body, temperature, sparse=model.cfg.sparse)
 
 
-def _spire(target, model, *, temperature, generator):
-    return spire_draft(model, temperature=temperature, generator=generator)
+def _spire(target, model, *, temperature):
+    return spire_draft(model, temperature=temperature)
 
 
 register_method("spire", _spire, needs_model=True)

@@ -62,12 +62,12 @@ class GuidedDraft:
     target_layers: tuple[int, ...] = ()  # reads the target's cache and its attention, not its activations
     reads_scores = True
 
-    def __init__(self, target: Transformer, sink: int = 1, window: int = 32, top: int = 32, temperature: float = 1.0,
-                 generator: torch.Generator | None = None):
+    def __init__(self, target: Transformer, sink: int = 1, window: int = 32, top: int = 32, temperature: float = 1.0):
         if sink < 0 or window < 1 or top < 1:
             raise ValueError(f"the guided draft needs sink >= 0, window >= 1 and top >= 1, got {sink}, {window}, {top}")
         self.model, self.sink, self.window, self.top = target, sink, window, top
-        self.temperature, self.generator = temperature, generator
+        self.temperature = temperature
+        self.key = ("guided", id(target), sink, window, top)
 
     def begin(self, verified: TargetPass, k: int) -> None:
         cfg, param = self.model.cfg, next(self.model.parameters())
@@ -80,11 +80,14 @@ class GuidedDraft:
         self.cache = reuse(self.model, key, build) if self.model.compiled_decoding else build()
         self.accept(verified)
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        return self.cache.static_tensors()  # the target's weights and scores are the engine's already
+
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
 
-    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
-        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, self.generator)
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int, u: torch.Tensor | None):
+        return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, u)
 
     def accept(self, verified: TargetPass) -> None:
         source = verified.cache
@@ -93,8 +96,8 @@ class GuidedDraft:
         self.cache.fill(source, [index for index, _ in chosen], chosen[0][1])
 
 
-def _guided(target, model, *, temperature, generator, sink: int = 1, window: int = 32, top: int = 32):
-    return GuidedDraft(target, sink, window, top, temperature=temperature, generator=generator)
+def _guided(target, model, *, temperature, sink: int = 1, window: int = 32, top: int = 32):
+    return GuidedDraft(target, sink, window, top, temperature=temperature)
 
 
 register_method("guided", _guided, needs_model=False)

@@ -18,6 +18,8 @@ import torch
 from spirelib.decoding.drafts import register_method
 from spirelib.decoding.sampling import one_hot
 from spirelib.decoding.speculative import TargetPass
+from spirelib.model.kvcache import static_buffer
+from spirelib.model.transformer import Transformer
 
 #: n-gram lengths tried, longest first. vLLM's default is 5 to 5; a floor should be generous, and a
 #: proposal costs nothing but the verification the round runs anyway, so short n-grams are tried too.
@@ -67,23 +69,29 @@ class LookupDraft:
 
     target_layers: tuple[int, ...] = ()  # reads no target activations
 
-    def __init__(self, vocab_size: int, min_n: int = MIN_N, max_n: int = MAX_N):
+    def __init__(self, target: Transformer, min_n: int = MIN_N, max_n: int = MAX_N):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n {min_n}, max_n {max_n}")
-        self.vocab_size, self.min_n, self.max_n = vocab_size, min_n, max_n
+        self.target, self.vocab_size, self.min_n, self.max_n = target, target.cfg.vocab_size, min_n, max_n
+        self.key = ("lookup", min_n, max_n)
 
     def begin(self, verified: TargetPass, k: int) -> None:
         B, capacity = verified.tokens.shape[0], verified.cache.capacity
         # One trailing column takes the writes that are not kept (padding), as the caches' trash slot.
-        self.history = torch.zeros(B, capacity + 1, dtype=torch.long, device=verified.tokens.device)  # (B, C+1)
+        self.history = static_buffer(self.target, ("lookup", B, capacity), (B, capacity + 1), torch.long,
+                                     verified.tokens.device)  # (B, C+1), kept by a compiled target
+        self.history.zero_()
         self.accept(verified)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [self.history]
 
     def _write(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
         """Tokens (B, T) at positions (B, T) where `valid` (the rest into the trash column)."""
         trash = self.history.shape[1] - 1
         self.history.scatter_(1, torch.where(valid & (positions < trash), positions, trash), tokens)
 
-    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int):
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int, u: torch.Tensor | None):
         self._write(pending[:, None], positions[:, None], torch.ones_like(positions[:, None], dtype=torch.bool))
         tokens = propose_lookup(self.history[:, :-1], positions + 1, k, self.min_n, self.max_n)  # (B, k)
         return tokens, one_hot(tokens, self.vocab_size)  # (B, k), (B, k, V): q is the proposal itself
@@ -92,8 +100,8 @@ class LookupDraft:
         self._write(verified.tokens, verified.positions, verified.valid)
 
 
-def _lookup(target, model, *, temperature, generator, min_n: int = MIN_N, max_n: int = MAX_N):
-    return LookupDraft(target.cfg.vocab_size, min_n, max_n)
+def _lookup(target, model, *, temperature, min_n: int = MIN_N, max_n: int = MAX_N):
+    return LookupDraft(target, min_n, max_n)
 
 
 register_method("lookup", _lookup, needs_model=False)

@@ -21,14 +21,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from spirelib.decoding.sampling import probabilities, sample, verify
-from spirelib.model.kvcache import DenseKVCache
+from spirelib.decoding.graphs import GRAPHS, LateFlag, addresses
+from spirelib.decoding.sampling import Noise, probabilities, sample, verify
+from spirelib.model.kvcache import DenseKVCache, reuse
 from spirelib.model.transformer import Transformer
 
 
@@ -56,20 +57,28 @@ class TargetPass:
 
 
 class Draft(Protocol):
-    """What the engine needs of a draft model."""
+    """What the engine needs of a draft model. `propose` and `accept` run inside a round, which
+    under compiled decoding replays as one graph (`graphs`): they update the draft's state in
+    place (`static_tensors`, kept at fixed addresses), never replace it, and ask the device nothing."""
 
     target_layers: tuple[int, ...]  # residual-stream entries of the target the draft reads (SPIRe); () for none
+    key: tuple  # what its rounds' Python decides (kind, model, options): names its graph with its state's addresses
     # A draft that reads which keys the verification attended to (`DenseKVCache.record_scores`, the
     # verification-guided draft) sets `reads_scores = True`; the engine reads it with getattr (default False).
 
     def begin(self, verified: TargetPass, k: int) -> None:
         """Start on fresh contexts; `verified` is the target's prefill pass."""
 
-    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft k tokens after the pending tokens (B,) at positions (B,): tokens (B, k), probs (B, k, V)."""
+    def propose(self, pending: torch.Tensor, positions: torch.Tensor, k: int,
+                u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft k tokens after the pending tokens (B,) at positions (B,), drawing from uniforms u
+        (B, k, W) (None at temperature 0): tokens (B, k), probs (B, k, V)."""
 
     def accept(self, verified: TargetPass) -> None:
         """Learn which positions were verified; roll back to `verified.lengths`."""
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor of its own that a round reads or writes (its caches' and buffers')."""
 
 
 @dataclass
@@ -168,16 +177,17 @@ def prefill_needs(drafts, k: int) -> dict:
 
 
 def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor | None = None, *,
-            capacity: int, layers: tuple[int, ...] = (), scored: int = 0) -> Prefill:
+            capacity: int, layers: tuple[int, ...] = (), scored: int = 0, slot: tuple | None = None) -> Prefill:
     """Run all but the last token of every context (B, L) (right-padded to L when `lengths`
     (B,) is given) through a fresh target cache of `capacity` positions per row, keeping the
     residual-stream entries `layers` (what the drafts read: `Draft.target_layers`), no others,
-    and the attention of the last `scored` queries per row if > 0 (`prefill_needs`)."""
+    and the attention of the last `scored` queries per row if > 0 (`prefill_needs`). `slot`: the
+    generation whose own cache this is, under compiled decoding (`Transformer.new_cache`)."""
     B, L = contexts.shape
     lengths = _context_lengths(contexts, lengths)
     if int(lengths.min()) < 2:  # once per prefill, not per round
         raise ValueError("every context needs at least 2 tokens")
-    cache = target.new_cache(B, capacity, scored=scored)
+    cache = target.new_cache(B, capacity, scored=scored, slot=slot)
     positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
     valid = positions < (lengths - 1)[:, None]
     stream = None
@@ -191,24 +201,28 @@ def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor |
     return Prefill(cache, verified, pending, tuple(s.clone() for s in cache.scores))
 
 
-def _reuse(prefilled: Prefill, capacity: int, layers: tuple[int, ...], scored: int = 0
-           ) -> tuple[DenseKVCache, torch.Tensor]:
-    """The prefill's cache rolled back to the end of the contexts, with the attention the prefill
-    recorded if the generation reads it, recording that of `scored` queries per row from now on
-    (none for a generation whose draft reads none), and the pending tokens."""
-    if prefilled.cache.capacity < capacity:
-        raise ValueError(f"the prefill's cache holds {prefilled.cache.capacity} positions per row; "
+def _stage(prefilled: Prefill, capacity: int, layers: tuple[int, ...], scored: int = 0,
+           own: DenseKVCache | None = None) -> DenseKVCache:
+    """The cache a generation decodes in, after `prefilled`'s contexts: the prefill's own, or a
+    copy of it into `own` (a generation whose rounds replay as graphs keeps its cache for the
+    process: `Transformer.new_cache(slot=)`), rolled back to the end of the contexts, with the
+    attention the prefill recorded if the generation reads it, recording that of `scored` queries
+    per row from now on (none for a generation whose draft reads none)."""
+    source = prefilled.cache
+    if source.capacity < capacity:
+        raise ValueError(f"the prefill's cache holds {source.capacity} positions per row; "
                          f"this generation needs {capacity}: prefill with capacity={capacity}")
     if not set(layers) <= set(prefilled.verified.layer_ids):
         raise ValueError(f"this draft reads the target's residual-stream entries {layers}: prefill with layers={layers}")
-    if scored > prefilled.cache.scored and not prefilled.cache.scores:
+    if scored > source.scored and not source.scores:
         raise ValueError(f"this draft reads the verification's attention: prefill with scored={scored}")
-    prefilled.cache.rollback(prefilled.verified.lengths)
-    prefilled.cache.scored = scored if prefilled.cache.scores else 0
-    if prefilled.cache.scored:
-        for now, recorded in zip(prefilled.cache.scores, prefilled.scores):
+    cache = source if own is None or own is source else own.load(source)
+    cache.rollback(prefilled.verified.lengths)
+    cache.scored = scored if cache.scores else 0
+    if cache.scored:
+        for now, recorded in zip(cache.scores, prefilled.scores):
             now.copy_(recorded)
-    return prefilled.cache, prefilled.pending
+    return cache
 
 
 def speculative_capacity(context_length: int, max_new_tokens: int, k: int) -> int:
@@ -225,35 +239,56 @@ def _context_lengths(contexts: torch.Tensor, lengths: torch.Tensor | None) -> to
 
 @dataclass
 class Rows:
-    """What speculative decoding keeps per row between rounds: the output so far, how many
-    tokens each row has produced, which rows still decode, the pending tokens, and every
-    round's accepted count."""
+    """What decoding keeps per row between rounds, in place at fixed addresses (a round replayed as
+    a graph reads and writes them there): the output so far, how many tokens each row has
+    produced, which rows still decode, the pending tokens, every round's accepted count, and how
+    many rounds have run. AD keeps the same with k = 0 (one token a step)."""
 
     out: torch.Tensor  # (B, G + k + 1) generated tokens, room for one overshooting round
     produced: torch.Tensor  # (B,)
     active: torch.Tensor  # (B,) bool
     pending: torch.Tensor  # (B,) emitted, not yet run through the target
+    accepted: torch.Tensor  # (B, G + 1) accepted drafts per round, -1 for a finished row or a round not run
+    step: torch.Tensor  # () rounds run so far
+    finished: torch.Tensor  # () bool: no row is active any more
     offsets: torch.Tensor  # (k + 1,) 0..k
     max_new_tokens: int
-    rounds: list[torch.Tensor]  # per round (B,): accepted drafts, -1 for a finished row
 
     @classmethod
-    def start(cls, pending: torch.Tensor, max_new_tokens: int, k: int) -> Rows:
-        B, dev = pending.shape[0], pending.device
-        return cls(torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev),
-                   torch.zeros(B, dtype=torch.long, device=dev), torch.ones(B, dtype=torch.bool, device=dev),
-                   pending, torch.arange(k + 1, device=dev), max_new_tokens, [])
+    def start(cls, batch: int, max_new_tokens: int, k: int, device) -> Rows:
+        rows = cls(torch.zeros(batch, max_new_tokens + k + 1, dtype=torch.long, device=device),
+                   torch.zeros(batch, dtype=torch.long, device=device), torch.ones(batch, dtype=torch.bool, device=device),
+                   torch.zeros(batch, dtype=torch.long, device=device),
+                   torch.full((batch, max_new_tokens + 1), -1, dtype=torch.long, device=device),
+                   torch.zeros((), dtype=torch.long, device=device), torch.zeros((), dtype=torch.bool, device=device),
+                   torch.arange(k + 1, device=device), max_new_tokens)
+        for t in rows.static_tensors():
+            torch._dynamo.mark_static_address(t)
+        return rows
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [self.out, self.produced, self.active, self.pending, self.accepted, self.step, self.finished]
+
+    def reset(self) -> None:
+        """Fresh rows, for the next generation of the same shape (`kvcache.reuse`)."""
+        self.out.zero_()
+        self.produced.zero_()
+        self.active.fill_(True)
+        self.accepted.fill_(-1)
+        self.step.zero_()
+        self.finished.zero_()
 
     def settle(self, cache: DenseKVCache, tokens: torch.Tensor, positions: torch.Tensor, layers: torch.Tensor | None,
-               q: torch.Tensor, logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+               q: torch.Tensor, logits: torch.Tensor, temperature: float, u: torch.Tensor | None,
                eos_token: int | None = None, layer_ids: tuple[int, ...] = ()) -> TargetPass:
         """A round's bookkeeping after the target scored `tokens` (B, k+1) (the pending token and
         k drafts) at `positions` (B, k+1) into `logits` (B, k+1, V): rejection sampling against
-        the draft's probabilities q (B, k, V), the emitted tokens, the cache rolled back per row
-        to the verified positions, the next pending tokens. Returns what was verified."""
-        G, offsets, active = self.max_new_tokens, self.offsets, self.active
+        the draft's probabilities q (B, k, V) from the uniforms u (B, 2, W), the emitted tokens,
+        the cache rolled back per row to the verified positions, the next pending tokens, all in
+        place. Returns what was verified."""
+        G, offsets, active = self.max_new_tokens, self.offsets, self.active.clone()
         drafts, n = tokens[:, 1:], positions[:, 0]
-        n_acc, next_token = verify(drafts, q, logits, temperature, generator)
+        n_acc, next_token = verify(drafts, q, logits, temperature, u)
         n_acc = torch.where(active, n_acc, 0)
         emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n_acc[:, None], next_token[:, None])  # (B, k+1)
         keep = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
@@ -263,17 +298,32 @@ class Rows:
             ended = eos.any(1)
         slots = (self.produced[:, None] + offsets).clamp(max=G + offsets.shape[0] - 1)
         self.out.scatter_(1, slots, torch.where(keep, emitted, self.out.gather(1, slots)))
-        self.rounds.append(torch.where(active, n_acc, -1))
+        column = self.step.clamp(max=self.accepted.shape[1] - 1).view(1)
+        self.accepted.index_copy_(1, column, torch.where(active, n_acc, -1)[:, None])
         self.produced += keep.sum(1)
         new_lengths = torch.where(active, n + n_acc + 1, n)
         cache.rollback(new_lengths)
-        self.pending = torch.where(active, next_token, self.pending)
+        self.pending.copy_(torch.where(active, next_token, self.pending))
         verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache,
                               layers, layer_ids)
-        self.active = active & (self.produced < G)
-        if eos_token is not None:
-            self.active &= ~ended
+        still = active & (self.produced < G)
+        self.active.copy_(still & ~ended if eos_token is not None else still)
+        self.finished.copy_(~self.active.any())
+        self.step += 1
         return verified
+
+    def emit(self, token: torch.Tensor) -> None:
+        """An AD step's token (B,) for every row: written at `step`, pending next."""
+        self.out.index_copy_(1, self.step.view(1), token[:, None])
+        self.pending.copy_(token)
+        self.step += 1
+
+    def accepted_counts(self) -> torch.Tensor:
+        """Every round's accepted count (B, R) up to the last round any row was active in (rounds
+        run after every row had finished, which the late stop check allows, are dropped): one
+        host sync, once per generation."""
+        ran = (self.accepted >= 0).any(0)  # (G + 1,)
+        return self.accepted[:, : int(ran.nonzero().max()) + 1 if bool(ran.any()) else 0].clone()
 
 
 def finish(rounds: Iterator[None]) -> Generation:
@@ -295,6 +345,109 @@ def speculative_generate(target: Transformer, draft: Draft, contexts: torch.Tens
     return finish(speculative_rounds(target, draft, contexts, max_new_tokens, k, **options))
 
 
+@dataclass
+class _Generation:
+    """A generation's static state, pinned for the process under compiled decoding (the same
+    buffers every generation of its shape and method, so its round's graph replays): the target's
+    cache, the rows and the uniforms; `key` names its graph (`graphs.RoundGraphs.run`)."""
+
+    cache: DenseKVCache
+    rows: Rows
+    noise: Noise
+    key: tuple = ()
+
+
+def _pinned(target: Transformer, slot: tuple, batch: int, steps: int, k: int, temperature: float,
+            device) -> tuple[Rows, Noise]:
+    """The rows and uniforms of a generation in `slot` (one per method), reused under compiled
+    decoding (`kvcache.reuse`), new otherwise."""
+    V = target.cfg.vocab_size
+
+    def rows():
+        return Rows.start(batch, steps, k, device)
+
+    def noise():
+        made = Noise(steps + 1, batch, k + 2 if k else 1, V, temperature, device)
+        if made.buffer is not None:
+            torch._dynamo.mark_static_address(made.buffer)
+        return made
+    if not target.compiled_decoding:
+        return rows(), noise()
+    return (reuse(target, ("rows", slot, batch, steps, k), rows),
+            reuse(target, ("noise", slot, batch, steps, k, temperature == 0), noise))
+
+
+def _prepared(target: Transformer, slot: tuple, contexts: torch.Tensor, lengths, prefilled: Prefill | None, *,
+              capacity: int, layers: tuple[int, ...], scored: int, steps: int, k: int, temperature: float,
+              generator: torch.Generator | None) -> tuple[_Generation, Prefill]:
+    """A generation's state after its prefill (its own, or `prefilled` staged into its cache) and
+    its uniforms drawn; with the prefill it started from, its cache replaced by the generation's."""
+    B, device = contexts.shape[0], contexts.device
+    own = None
+    if prefilled is None:  # into the generation's own cache
+        prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=layers, scored=scored, slot=slot)
+    elif target.compiled_decoding:  # copied into it
+        own = target.new_cache(B, prefilled.cache.capacity, scored=scored, slot=slot)
+    cache = _stage(prefilled, capacity, layers, scored, own)
+    rows, noise = _pinned(target, slot, B, steps, k, temperature, device)
+    rows.reset()
+    rows.pending.copy_(prefilled.pending)
+    noise.draw(generator)
+    state = _Generation(cache, rows, noise)
+    return state, dataclasses.replace(prefilled, verified=dataclasses.replace(prefilled.verified, cache=cache))
+
+
+def _sd_round(target: Transformer, draft: Draft, state: _Generation, k: int, temperature: float,
+              eos_token: int | None, wanted: tuple[int, ...], timer) -> None:
+    """One speculative round over `state`, in place (method §1, 3.5): the draft proposes k tokens,
+    the target scores the pending token and them in one forward, rejection sampling accepts a
+    prefix per row, the caches roll back, the draft catches up. No host sync and no new state, so
+    that it replays as one graph."""
+    cache, rows = state.cache, state.rows
+    last = target.cfg.num_layers  # the logits' entry
+    stream_ids = wanted if last in wanted else (*wanted, last)
+    u = state.noise.at(rows.step)  # (B, k + 2, W) or None: this round's uniforms
+    n = cache.lengths.clone()  # (B,) position of the pending token
+    with timer("draft"):
+        drafts, q = draft.propose(rows.pending, n, k, None if u is None else u[:, :k])  # (B, k), (B, k, V)
+    with timer("verify"):
+        tokens = torch.cat([rows.pending[:, None], drafts], dim=1)  # (B, k+1)
+        positions = n[:, None] + rows.offsets
+        if wanted:
+            layers = target.residual_stream(tokens, positions, cache, layers=stream_ids)  # (n_ids, B, k+1, d)
+            logits = target.head(layers[stream_ids.index(last)])  # (B, k+1, V)
+        else:
+            layers, logits = None, target(tokens, positions, cache)
+    with timer("bookkeeping"):
+        verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature,
+                               None if u is None else u[:, k:], eos_token, stream_ids if wanted else ())
+    with timer("draft"):
+        draft.accept(verified)
+
+
+def _rounds(target: Transformer, state: _Generation, fn, args: tuple, timer) -> Callable[[], None]:
+    """A callable that runs one round `fn(*args, timer)`: as a replayed graph (`graphs.GRAPHS`)
+    where the target decodes through compiled graphs, timed whole on a device that captures it."""
+    device = state.rows.out.device
+    if not target.compiled_decoding:
+        return lambda: fn(*args, timer)
+    if not GRAPHS.captures(device):
+        return lambda: GRAPHS.run(state.key, fn, *args, timer, device=device)
+
+    def replay():
+        with timer("round"):
+            GRAPHS.run(state.key, fn, *args, _no_timer, device=device)
+    return replay
+
+
+def _graph_key(target: Transformer, state: _Generation, kind: tuple, tensors) -> tuple:
+    """What a generation's round graph depends on: `kind` (what its Python decided) and the
+    addresses of every tensor it reads or writes (the models' weights, the caches, the rows, the uniforms)."""
+    noise = [] if state.noise.buffer is None else [state.noise.buffer]
+    return (kind, addresses([*target.parameters(), *state.cache.static_tensors(), *state.rows.static_tensors(),
+                             *noise, *tensors]))
+
+
 @torch.no_grad()
 def speculative_rounds(
     target: Transformer,
@@ -311,48 +464,34 @@ def speculative_rounds(
 ) -> Iterator[None]:
     """`speculative_generate` a round at a time: the iterator pauses after every round and
     returns the `Generation` when done (`finish`), so that a caller can interleave generations
-    round by round (`wallclock.time_cells`)."""
+    round by round (`wallclock.time_cells`). `generator` draws the generation's uniforms, all of
+    them before its first round (`sampling.Noise`). Under compiled decoding a round is one graph
+    replay (`graphs`) and its state the generation's own for the process (one per method and shape)."""
     timer = timer or _no_timer
     G = max_new_tokens
     wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads
     scored = scored_queries(draft, k)  # and the verification's attention, if it reads that
-    last = target.cfg.num_layers  # the logits' entry
-    stream_ids = wanted if last in wanted else (*wanted, last)
+    slot = ("sd", *draft.key)
     with timer("prefill"):
-        capacity = speculative_capacity(contexts.shape[1], G, k)
-        if prefilled is None:
-            prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=wanted, scored=scored)
-        cache, pending = _reuse(prefilled, capacity, wanted, scored)
-        draft.begin(prefilled.verified, k)
-    rows = Rows.start(pending, G, k)
+        state, started = _prepared(target, slot, contexts, lengths, prefilled,
+                                   capacity=speculative_capacity(contexts.shape[1], G, k), layers=wanted,
+                                   scored=scored, steps=G, k=k, temperature=temperature, generator=generator)
+        draft.begin(started.verified, k)
+    if target.compiled_decoding:
+        state.key = _graph_key(target, state, (slot, k, G, temperature, eos_token), draft.static_tensors())
+    round_ = _rounds(target, state, _sd_round, (target, draft, state, k, temperature, eos_token, wanted), timer)
     # A round emits at most k + 1 tokens per row, so no row is done before round ceil(G / (k + 1))
     # (an end-of-text token aside: finished rows are frozen, so rounds past their end change
-    # nothing). Only from then on does the loop ask whether a row is still active: the one host
-    # sync of a round, and none before.
-    certain = -(-G // (k + 1))
-    while len(rows.rounds) < certain or bool(rows.active.any()):
-        n = cache.lengths  # (B,) position of the pending token (a view: the verification updates it)
-        with timer("draft"):
-            drafts, q = draft.propose(rows.pending, n, k)  # (B, k), (B, k, V)
-        with timer("verify"):
-            tokens = torch.cat([rows.pending[:, None], drafts], dim=1)  # (B, k+1)
-            positions = n[:, None] + rows.offsets
-            if wanted:
-                layers = target.residual_stream(tokens, positions, cache, layers=stream_ids)  # (n_ids, B, k+1, d)
-                logits = target.head(layers[stream_ids.index(last)])  # (B, k+1, V)
-            else:
-                layers, logits = None, target(tokens, positions, cache)
-        with timer("bookkeeping"):
-            verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature, generator, eos_token,
-                                   stream_ids if wanted else ())
-        with timer("draft"):
-            draft.accept(verified)
+    # nothing). From then on the loop reads whether any row is still active one round late
+    # (`LateFlag`): a round never waits for the device.
+    certain, flag, ran = -(-G // (k + 1)), LateFlag(contexts.device), 0
+    while ran < certain or not flag.previous():
+        round_()
+        ran += 1
+        flag.post(state.rows.finished)
         yield
-    cache.check()
-    accepted = torch.stack(rows.rounds, dim=1)  # (B, R)
-    if eos_token is not None:  # rounds run after every row had ended (before the loop looked) are dropped
-        accepted = accepted[:, : int((accepted >= 0).any(0).nonzero().max()) + 1]
-    return Generation(rows.out[:, :G], accepted)
+    state.cache.check()
+    return Generation(state.rows.out[:, :G].clone(), state.rows.accepted_counts())
 
 
 def autoregressive_generate(target: Transformer, contexts: torch.Tensor, max_new_tokens: int,
@@ -362,6 +501,19 @@ def autoregressive_generate(target: Transformer, contexts: torch.Tensor, max_new
     target's `prefill` of these same contexts (all but their last tokens), to share it; then G
     forwards. Options: those of `autoregressive_rounds`."""
     return finish(autoregressive_rounds(target, contexts, max_new_tokens, **options))
+
+
+def _ad_step(target: Transformer, state: _Generation, temperature: float, timer) -> None:
+    """One AD step over `state`, in place: the pending tokens' forward, its token drawn (at
+    temperature 0 the argmax, inside the forward's graph), written and pending next."""
+    cache, rows = state.cache, state.rows
+    with timer("verify"):
+        out = target.last_logits(rows.pending[:, None], cache.lengths[:, None].clone(), cache,
+                                 greedy=temperature == 0)  # (B,) | (B, V)
+    with timer("bookkeeping"):
+        if temperature != 0:
+            out = sample(probabilities(out, temperature), state.noise.at(rows.step)[:, 0])
+        rows.emit(out)
 
 
 @torch.no_grad()
@@ -376,41 +528,35 @@ def autoregressive_rounds(
     prefilled: Prefill | None = None,
 ) -> Iterator[None]:
     """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`).
-    At temperature 0 a step's forward ends in the argmax (inside its compiled graph, under
-    compiled decoding); otherwise it returns the logits, sampled here. Each step's token is copied
-    into the generation's own buffer, which the next step reads: under CUDA graphs a replay's
-    output lives in the graphs' pool until the next replay, of any graph, overwrites it."""
+    Without `prefilled` the first token comes from the prefill's logits over the whole contexts;
+    then one forward a token, each step one graph replay under compiled decoding (`graphs`), its
+    token sampled inside it from uniforms drawn ahead (`sampling.Noise`)."""
     timer = timer or _no_timer
-    greedy = temperature == 0
-    B = contexts.shape[0]
-    tokens = torch.empty(B, max_new_tokens, dtype=torch.long, device=contexts.device)  # (B, G)
-
-    def emit(out: torch.Tensor) -> torch.Tensor:  # a forward's `last_logits` -> the next tokens (B,)
-        return out if greedy else sample(probabilities(out, temperature), generator)
-
-    first = 0  # the next token to emit
+    B, L = contexts.shape
+    slot = ("ad",)
     with timer("prefill"):
-        capacity = contexts.shape[1] + max_new_tokens
+        capacity = L + max_new_tokens
+        first = 0  # tokens emitted before the first step
         if prefilled is None:  # the whole contexts, the first new token read from the prefill's logits
-            L = contexts.shape[1]
             lengths = _context_lengths(contexts, lengths)
-            cache = target.new_cache(B, capacity)
+            cache = target.new_cache(B, capacity, slot=slot)
             positions = torch.arange(L, device=contexts.device).expand(B, L)
-            tokens[:, 0] = emit(target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],
-                                                   last=lengths - 1, greedy=greedy))
-            pending, first = tokens[:, :1], 1  # (B, 1)
+            out = target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],
+                                     last=lengths - 1, greedy=temperature == 0)  # (B,) | (B, V)
+            rows, noise = _pinned(target, slot, B, max_new_tokens, 0, temperature, contexts.device)
+            rows.reset()
+            noise.draw(generator)
+            state = _Generation(cache, rows, noise)
+            rows.emit(out if temperature == 0 else sample(probabilities(out, temperature), noise.at(rows.step)[:, 0]))
+            first = 1
         else:
-            cache, pending = _reuse(prefilled, capacity, ())
-            pending = pending[:, None]  # (B, 1)
-        # Every step's position, decided once: a step's forward updates cache.lengths in place.
-        positions = cache.lengths[:, None] + torch.arange(max_new_tokens - first, device=contexts.device)  # (B, G')
-    for j in range(first, max_new_tokens):
-        with timer("verify"):
-            out = target.last_logits(pending, positions[:, j - first : j - first + 1], cache,
-                                     greedy=greedy)  # (B,) | (B, V)
-        with timer("bookkeeping"):
-            tokens[:, j] = emit(out)
-            pending = tokens[:, j : j + 1]  # (B, 1)
+            state, _ = _prepared(target, slot, contexts, lengths, prefilled, capacity=capacity, layers=(), scored=0,
+                                 steps=max_new_tokens, k=0, temperature=temperature, generator=generator)
+    if target.compiled_decoding:
+        state.key = _graph_key(target, state, (slot, max_new_tokens, temperature), [])
+    step = _rounds(target, state, _ad_step, (target, state, temperature), timer)
+    for _ in range(first, max_new_tokens):
+        step()
         yield
-    cache.check()
-    return Generation(tokens)
+    state.cache.check()
+    return Generation(state.rows.out[:, :max_new_tokens].clone())

@@ -8,6 +8,7 @@ cell (`scheduled_choices`, docs/deploy.md). From wallclock's and profiled's outp
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from spirelib.measure.wallclock import (
     DecodeTiming,
@@ -43,11 +44,21 @@ def grid_problems(batches, contexts, held_out) -> list[str]:
     return out
 
 
-def timing_problems(batches, contexts, held_out, interleave: str, compiled: bool) -> list[str]:
+def graphed_rounds(compile_decoding: bool, device: str) -> bool:
+    """Whether a series on `device` ("auto", "cpu", "cuda[:N]") with `compile_decoding` replays its
+    decoding rounds as CUDA graphs (`decoding.graphs`)."""
+    return compile_decoding and (device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()))
+
+
+def timing_problems(batches, contexts, held_out, interleave: str, graphed: bool) -> list[str]:
     """What 09's timing parameters taken together cannot do (empty: nothing): the grid
-    (`grid_problems`) and the interleaving (`wallclock.interleave_problems`; `compiled`: the
-    series decodes through compiled graphs). Checked before any compute."""
-    return grid_problems(batches, contexts, held_out) + interleave_problems(interleave, compiled)
+    (`grid_problems`), the interleaving (`wallclock.interleave_problems`), and, with `graphed`
+    (the series decodes through compiled graphs on a GPU, each round one CUDA graph timed whole),
+    the profiled model's fit, which needs each round's draft, verify and bookkeeping apart.
+    Checked before any compute."""
+    graphs = ["09 fits the profiled model to each round's draft, verify and bookkeeping, and a round replayed as "
+              "one CUDA graph is timed whole: decode eagerly for 09 (series compile_decoding: false)"] if graphed else []
+    return grid_problems(batches, contexts, held_out) + interleave_problems(interleave) + graphs
 
 
 def split_held_out(timings: list[DecodeTiming], held_out) -> tuple[list[DecodeTiming], list[DecodeTiming]]:

@@ -347,7 +347,7 @@ def measure_tau(
         drafts = {}
         for name, factory in methods.items():
             gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b))
-            drafts[name] = (factory(gen), gen)
+            drafts[name] = (factory(), gen)
         G = max(protocol.new_tokens, continuations[L].shape[1] if continuations else 0)
         with timer("prefill") if timer else contextlib.nullcontext():
             shared = prefill(target, rows, capacity=speculative_capacity(L, G, protocol.k),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.speculative import (
     Generation,
     SectionTimer,
@@ -41,7 +42,9 @@ from spirelib.model.kvcache import SinkWindow
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling import perfmodel, profiled
 
-DECODE_SECTIONS = ("draft", "verify", "bookkeeping")
+#: The sections of a decoding loop (`speculative.SectionTimer`); "round" is a round replayed as one
+#: CUDA graph, timed whole (no split inside a graph).
+DECODE_SECTIONS = ("draft", "verify", "bookkeeping", "round")
 
 
 @dataclass
@@ -58,6 +61,7 @@ class DecodeTiming:
     sections: list[dict[str, float]]  # seconds per section of each run
     prefill_s: float  # the shared target prefill (once)
     compiled: bool = False  # decoded through compiled graphs (`Transformer.compile_decoding`: static reads)
+    retaken: int = 0  # runs not kept because a round's graph was recorded while they were timed
 
     @property
     def tokens_per_s(self) -> list[float]:
@@ -73,14 +77,14 @@ class DecodeTiming:
         return {s: self.sections[run].get(s, 0.0) / self.seconds[run] for s in DECODE_SECTIONS}
 
 
-def time_decoding(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
+def time_decoding(target: Transformer, factories: Mapping[str, Callable[[], object]],
                   contexts: torch.Tensor | Callable[[int], torch.Tensor], new_tokens: int, **options
                   ) -> list[DecodeTiming]:
     """AD and SD with every draft factory at one (B, L): one timing each (`time_cells` of one cell)."""
     return time_cells(target, factories, [contexts], new_tokens, **options)
 
 
-def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Generator], object]],
+def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]],
                cells: Sequence[torch.Tensor | Callable[[int], torch.Tensor]], new_tokens: int, *, k: int = 4,
                temperature: float = 1.0, repeats: int = 3, include_ad: bool = True, max_repeats: int | None = None,
                ci: float = 0.05, max_seconds: float = float("inf"), interleave: str = "rounds") -> list[DecodeTiming]:
@@ -96,7 +100,10 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
     methods together, docs/benchmarks.md: the fit prices absolute seconds across cells).
     After `repeats` kept runs, a cell gets more, up to `max_repeats` (default: none added) and
     while it has taken less than `max_seconds`, as long as some method's 95% CI of its speedup
-    over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few.
+    over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few. A run during
+    which a round's CUDA graph was recorded (`graphs.GRAPHS.watch`: a sync and a capture inside
+    the timed region) is not kept but taken again, up to `repeats` more times a cell, and counted
+    (`DecodeTiming.retaken`); a cell that still records raises rather than average recordings in.
 
     `interleave`: how a run's methods share the machine's time.
     - "rounds" (the default): every method decodes from its own copy of the prefill, and the
@@ -104,26 +111,35 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
       step), so all of them progress through the same spans of wall time. A shared machine's
       slow spells (longer than a round, shorter than a run) then slow every method alike and
       cancel in the speedup (docs/benchmarks.md). It holds one target cache per method.
+      Under compiled decoding every generation decodes in a cache of its own anyway (kept for
+      the process, so its round's graph replays), into which the prefill is copied.
     - "runs": the methods one after another on the shared prefill: one cache, for when the
-      copies do not fit, and what a target decoding through compiled graphs needs (its CUDA
-      graphs replay over the one cache per shape it keeps)."""
-    problems = interleave_problems(interleave, target.compiled_decoding)
+      copies do not fit."""
+    problems = interleave_problems(interleave)
     if problems:
         raise ValueError("; ".join(problems))
     device = next(target.parameters()).device
-    needs = prefill_needs((factory(torch.Generator(device)) for factory in factories.values()), k)
+    needs = prefill_needs((factory() for factory in factories.values()), k)
     methods = (["ad"] if include_ad else []) + list(factories)
     limit = max(repeats, max_repeats or repeats)
     timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
     runs, spent, done = [0] * len(cells), [0.0] * len(cells), [False] * len(cells)
+    retaken = [0] * len(cells)
     while not all(done):
         for c, contexts in enumerate(cells):
             if done[c]:
                 continue
             start = time.perf_counter()
             batch = (contexts(runs[c]) if callable(contexts) else contexts).to(device)
-            _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c], interleave, needs,
-                      timed[c] if runs[c] else None)  # run 0 warms up
+            kept = _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c] + retaken[c],
+                             interleave, needs, timed[c] if runs[c] else None)  # run 0 warms up
+            if not kept:
+                retaken[c] += 1
+                if retaken[c] > repeats:
+                    raise RuntimeError(f"round graphs were recorded in {retaken[c]} timed runs at (B, L) = "
+                                       f"{tuple(batch.shape)}: the generations' buffers move between runs, so the "
+                                       "timings would hold recordings; keep them (kvcache.reuse) or decode eagerly")
+                continue
             runs[c] += 1
             seconds = time.perf_counter() - start
             spent[c] += seconds
@@ -132,14 +148,18 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[torch.Gene
             # cells done of all (how many runs a cell gets is known only once it has them)
             feed("time AD and SD", sum(done), len(cells), unit="cell", postfix=f"(B, L) = {tuple(batch.shape)}, "
                  f"run {runs[c] - 1} of at most {limit}", tokens_per_s=len(methods) * batch.shape[0] * new_tokens / seconds)
+    for cell, again in zip(timed, retaken):
+        for timing in cell.values():
+            timing.retaken = again
     return [t for cell in timed for t in cell.values()]
 
 
 def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch: torch.Tensor, new_tokens: int,
               k: int, temperature: float, run: int, interleave: str, needs: dict,
-              timings: dict[str, DecodeTiming] | None) -> None:
+              timings: dict[str, DecodeTiming] | None) -> bool:
     """One run of a cell: one shared prefill, every method decoding after it (`interleave`),
-    each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept)."""
+    each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept).
+    Whether it was kept: a run during which a round's graph was recorded is not."""
     device = batch.device
     B, L = batch.shape
     timer = SectionTimer(device)  # on a GPU the prefill's own time, from CUDA events
@@ -148,12 +168,17 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
     sections = {m: SectionTimer(device) for m in methods}
     decodes = {}
     for i, method in enumerate(methods):
+        own = interleave == "runs" or i == 0 or target.compiled_decoding  # a compiled generation copies it anyway
         options = {"temperature": temperature, "generator": torch.Generator(device).manual_seed(run),
-                   "timer": sections[method], "prefilled": shared if interleave == "runs" or i == 0 else shared.copy()}
+                   "timer": sections[method], "prefilled": shared if own else shared.copy()}
         decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
-                           speculative_rounds(target, factories[method](options["generator"]), batch, new_tokens, k=k,
+                           speculative_rounds(target, factories[method](), batch, new_tokens, k=k,
                                               **options))
-    outs = {m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else _lockstep(decodes, sections)
+    with GRAPHS.watch() as recorded:
+        outs = ({m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else
+                _lockstep(decodes, sections))
+    if timings is not None and recorded[0]:
+        return False
     for method in methods if timings is not None else ():
         timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
                                                           timer.seconds["prefill"], target.compiled_decoding))
@@ -166,16 +191,13 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
             rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())
         timing.rounds.append(rounds)
         timing.taus.append(tau)
+    return True
 
 
-def interleave_problems(interleave: str, compiled: bool) -> list[str]:
-    """Why `time_cells` cannot interleave so (empty: it can); `compiled`: the target decodes
-    through compiled graphs."""
+def interleave_problems(interleave: str) -> list[str]:
+    """Why `time_cells` cannot interleave so (empty: it can)."""
     if interleave not in ("rounds", "runs"):
         return [f"interleave is 'rounds' or 'runs', not {interleave!r}"]
-    if interleave == "rounds" and compiled:
-        return [("decoding through compiled graphs keeps one cache per shape, so its methods cannot decode "
-                 "round by round on copies of the prefill: interleave 'runs'")]
     return []
 
 
@@ -292,9 +314,13 @@ def repeat_seconds(fn, repeats: int, before=None, device=None) -> list[float]:
 
 def loop_timings(timings: list[DecodeTiming]) -> list[profiled.LoopTiming]:
     """What the profiled model is fitted to (`profiled.fit`): every timing's sections per round
-    (AD: per step), each averaged over its runs."""
+    (AD: per step), each averaged over its runs. Rounds replayed as one CUDA graph have no split
+    between draft, verify and bookkeeping: refused."""
     out = []
     for t in timings:
+        if any(run.get("round") for run in t.sections):
+            raise ValueError(f"{t.method} at (B, L) = ({t.batch}, {t.context}) decoded through round graphs, timed "
+                             "whole: the profiled model is fitted to eager sections (decode without compile_decoding)")
         per_round = {s: statistics.fmean(run.get(s, 0.0) / r for run, r in zip(t.sections, t.rounds))
                      for s in DECODE_SECTIONS}
         out.append(profiled.LoopTiming(t.method, t.batch, t.context, t.new_tokens, per_round["draft"],

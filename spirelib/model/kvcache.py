@@ -167,24 +167,36 @@ class KVCache:
         return twin
 
 
-POOL = 2  # caches of distinct shapes a compiled model keeps (`reuse`)
-
-
 def reuse(owner, key, build):
-    """The cache `owner` (a model decoding through compiled graphs) last built for `key`, emptied,
-    or a new one from `build()`. CUDA graphs replay over the buffers they recorded, so a compiled
-    model keeps its cache per shape (the last `POOL` shapes) instead of allocating one per batch:
-    its previous cache of that shape must no longer be in use."""
+    """The state `owner` (a model decoding through compiled graphs) built for `key`, emptied (its
+    `reset`, where it has one), or a new one from `build()`. A round replayed as a graph reads and
+    writes the buffers it was recorded over, so a compiled model keeps its caches, and a
+    generation's rows and uniforms, per key for the whole process (`graphs.RoundGraphs`: a new
+    buffer would record a new graph); the key names the generation they serve (`slot`) wherever
+    two may decode at once. The previous user of a key must be done with it."""
     pool = owner.__dict__.setdefault("_cache_pool", {})
-    cache = pool.pop(key, None)
-    if cache is None:
-        cache = build()
-    else:
-        cache.reset()
-    pool[key] = cache  # the most recent last
-    while len(pool) > POOL:
-        pool.pop(next(iter(pool)))
-    return cache
+    state = pool.get(key)
+    if state is None:
+        state = pool[key] = build()
+    elif hasattr(state, "reset"):
+        state.reset()
+    return state
+
+
+def static_buffer(owner, key, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """A buffer a decoding round updates in place (a draft's own state): kept per `key` by `owner`
+    (a `Transformer`) while it decodes through compiled graphs (`reuse`), new otherwise; a static
+    address either way, as a graph's in-place writes must be."""
+    def build():
+        t = torch.zeros(shape, dtype=dtype, device=device)
+        torch._dynamo.mark_static_address(t)
+        return t
+    return reuse(owner, key, build) if owner.compiled_decoding else build()
+
+
+def release(owner) -> None:
+    """Drop every cache and buffer `owner` keeps (`reuse`): between benchmarks of other shapes."""
+    owner.__dict__.pop("_cache_pool", None)
 
 
 class DenseKVCache(KVCache):
@@ -254,6 +266,15 @@ class DenseKVCache(KVCache):
         super().reset()
         self._written, self._read, self._causal = False, self.capacity, False
         self._overflow.zero_()
+
+    def load(self, source: DenseKVCache) -> DenseKVCache:
+        """This cache, holding `source`'s entries, copied in place (a generation's own cache, at
+        the addresses its graphs replay over, after a prefill it shares); `source`'s shape."""
+        for mine, theirs in zip([*self.k, *self.v, self.key_positions, self.lengths, self._overflow],
+                                [*source.k, *source.v, source.key_positions, source.lengths, source._overflow]):
+            mine.copy_(theirs)
+        self._written, self._read, self._causal = True, self.capacity, False
+        return self
 
     def check(self) -> None:
         """Raise if any forward since the cache was made wrote past its capacity (a host sync)."""

@@ -237,13 +237,14 @@ def compile_for_decoding(fn, device: torch.device):
     shape (never dynamic ones: a graph symbolic in B or S, which dynamo would otherwise make at
     the second shape it sees, runs its kernels without the shape's constants, measurably slower
     at every cell but the first); on CPU C++ kernels called from C++ (the Python wrapper would
-    cost about as much as the kernels at B = 1), on CUDA replayed as CUDA graphs."""
+    cost about as much as the kernels at B = 1), on CUDA Triton kernels that a decoding round's
+    graph captures whole (`decoding.graphs`: one graph a round, not one a forward)."""
     # Every model's graphs count against one code object's limit (the default 8 recompiles): the
     # target's, the drafts' and the profiling pass's shapes (prefills and steps of a whole grid),
     # kinds (dense, ring) and outputs.
     for limit in ("recompile_limit", "accumulated_recompile_limit"):
         setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 512))
-    options = {"mode": "reduce-overhead"} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
+    options = {} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
     return torch.compile(fn, fullgraph=True, dynamic=False, **options)
 
 
@@ -349,18 +350,19 @@ class Transformer(nn.Module):
         kept = dict(zip(entries, self._blocks(tokens, positions, cache, valid, sparse, keep=entries)))
         return torch.stack([kept[i] for i in keep])
 
-    def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None, scored: int = 0) -> DenseKVCache:
+    def new_cache(self, batch: int, capacity: int, sparse: SinkWindow | None = None, scored: int = 0,
+                  slot: tuple | None = None) -> DenseKVCache:
         """A dense KV cache for this model on its device and dtype, applying its sliding window if
         any (or reading only `sparse`'s sink + window), recording the attention of `scored` queries
-        per row if > 0 (`DenseKVCache.record_scores`). Under compiled decoding the model reuses its
-        cache of the same shape (`kvcache.reuse`: one live cache per shape)."""
+        per row if > 0 (`DenseKVCache.record_scores`). Under compiled decoding the model keeps its
+        cache of the same shape and `slot` (the generation it serves) for the process (`kvcache.reuse`)."""
         param = next(self.parameters())
         c = self.cfg
 
         def build():
             return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
                                 scored=scored, device=param.device, dtype=param.dtype)
-        key = ("dense", batch, capacity, sparse, scored)
+        key = ("dense", batch, capacity, sparse, scored, slot)
         return reuse(self, key, build) if self.compiled_decoding else build()
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

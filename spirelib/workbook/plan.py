@@ -499,7 +499,7 @@ class Probe:
             factories = {m: draft_factory(m, target, None if models.get(m) is None else models[m].to(self.device),
                                           temperature=temperature, **options.get(m, {})) for m in methods}
             contexts = torch.randint(0, cfg.vocab_size, (batch, context), device=self.device)
-            drafts = {m: f(torch.Generator(self.device).manual_seed(0)) for m, f in factories.items()}
+            drafts = {m: f() for m, f in factories.items()}
             needs = prefill_needs(drafts.values(), k)
             start = time.perf_counter()
             shared = prefill(target, contexts, capacity=speculative_capacity(context, G, k), **needs)

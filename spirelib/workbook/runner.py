@@ -89,7 +89,8 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
 NOTEBOOK_CHECKS: dict[str, Any] = {
     "09_measured_vs_modeled": lambda p: measured_cells.timing_problems(
         p["timing_batches"], p["timing_contexts"], p["held_out"], p["interleave"],
-        bool(p["series"].get("compile_decoding", False))),
+        measured_cells.graphed_rounds(bool(p["series"].get("compile_decoding", False)),
+                                      str(p["series"].get("device", "auto")))),
 }
 DRY_RUN_SUFFIX = "-dry-run"  # outputs/<params file stem>-dry-run
 FIXTURE_FOLDER = "longcrawl64-fixture"  # under a dry run's output folder

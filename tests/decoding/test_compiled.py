@@ -56,7 +56,7 @@ def test_compiled_speculative_sampling_follows_the_target_distribution():
     spire.compile_decoding()
     gen = torch.Generator().manual_seed(11)
     n = 20_000
-    sd = speculative_generate(target, SpireDraft(spire, temperature=1.0, generator=gen), context.expand(n, -1), 2, k=3,
+    sd = speculative_generate(target, SpireDraft(spire, temperature=1.0), context.expand(n, -1), 2, k=3,
                               temperature=1.0, generator=gen)
     counts = torch.bincount(sd.tokens[:, 0] * cfg.vocab_size + sd.tokens[:, 1], minlength=cfg.vocab_size ** 2)
     assert chi_square_pvalue(counts, joint) > 1e-3

@@ -68,7 +68,7 @@ def test_greedy_decoding_with_a_bf16_target_and_fp32_drafts_is_the_targets_own(m
     contexts = torch.randint(0, CFG.vocab_size, (3, 12), generator=torch.Generator().manual_seed(3))
     ad = autoregressive_generate(target, contexts, 16, temperature=0.0)
     for dtype in (None, torch.float32):  # the target's dtype (the default), or an explicit decode dtype
-        draft = draft_factory(method, target, model, temperature=0.0, dtype=dtype, **options)(torch.Generator())
+        draft = draft_factory(method, target, model, temperature=0.0, dtype=dtype, **options)()
         decodes_in = next((draft.model.body if method == "spire" else draft.model).parameters()).dtype
         assert decodes_in == (dtype or torch.bfloat16) or method == "magicdec"
         sd = speculative_generate(target, draft, contexts, 16, k=3, temperature=0.0)

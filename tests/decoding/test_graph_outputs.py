@@ -1,8 +1,9 @@
-"""Compiled decoding under CUDA graphs' output rule (`graph_pool.GraphPool`): every output a
-replay returns is garbage after the next replay, of any graph. Through that stand-in, AD (greedy
-and sampled), speculative decoding with every draft (its prefill, draft passes and verification),
-a prefill shared by several generations, generations interleaved round by round, and the tau
-protocol all equal eager decoding, token for token and count for count."""
+"""Compiled decoding under CUDA graphs' rules (`graph_pool.GraphPool`): every output a replay
+returns is garbage after the next replay, of any graph, and a replay writes in place only static
+addresses. Through that stand-in, where each speculative round and each AD step is one replay,
+AD (greedy and sampled), speculative decoding with every draft over ragged rows, a prefill shared
+by several generations, generations interleaved round by round, and the tau protocol all equal
+eager decoding, token for token and count for count, at 8 target layers and k = 4."""
 
 from __future__ import annotations
 
@@ -29,12 +30,13 @@ from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig
 
-G, K = 12, 3
+G, K = 12, 4
+TARGET = ModelConfig(vocab_size=CFG.vocab_size, num_layers=8, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
 
 
 @pytest.fixture(scope="module")
 def models():
-    target = peaky_model(std=0.15)  # sampled tokens vary: an overwritten distribution shows
+    target = peaky_model(TARGET, std=0.15)  # sampled tokens vary: an overwritten distribution shows
     small = peaky_model(ModelConfig(vocab_size=CFG.vocab_size, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2,
                                     d_head=8, d_ff=32), seed=5, std=0.15)
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=K)).eval()
@@ -43,15 +45,15 @@ def models():
     return {"target": target, "small": small, "spire": spire, "plain": plain}
 
 
-def drafts(models, temperature, generator):
-    """Every kind of draft the engine decodes with, sampling at `temperature` from `generator`."""
+def drafts(models, temperature):
+    """Every kind of draft the engine decodes with, sampling at `temperature`."""
     target = models["target"]
-    return {"vanilla": VanillaDraft(models["small"], temperature, generator),
-            "magicdec": MagicDecDraft(target, SinkWindow(1, 6), temperature=temperature, generator=generator),
-            "spire": SpireDraft(models["spire"], temperature, generator),
-            "spire, no target activations": spire_draft(models["plain"], temperature, generator),
-            "guided": GuidedDraft(target, 1, 3, 3, temperature=temperature, generator=generator),
-            "lookup": LookupDraft(CFG.vocab_size)}
+    return {"vanilla": VanillaDraft(models["small"], temperature),
+            "magicdec": MagicDecDraft(target, SinkWindow(1, 6), temperature=temperature),
+            "spire": SpireDraft(models["spire"], temperature),
+            "spire, no target activations": spire_draft(models["plain"], temperature),
+            "guided": GuidedDraft(target, 1, 3, 3, temperature=temperature),
+            "lookup": LookupDraft(target)}
 
 
 CONTEXTS = torch.randint(0, CFG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(3))
@@ -66,9 +68,8 @@ def decode_all(models, temperature):
     ad = autoregressive_generate(models["target"], CONTEXTS, G, temperature=temperature, lengths=LENGTHS,
                                  generator=gen)
     out["ad"] = (ad.tokens, None)
-    for i, (name, _) in enumerate(drafts(models, temperature, None).items()):
+    for i, (name, draft) in enumerate(drafts(models, temperature).items()):
         gen = torch.Generator().manual_seed(10 + i)
-        draft = drafts(models, temperature, gen)[name]
         sd = speculative_generate(models["target"], draft, CONTEXTS, G, k=K, temperature=temperature,
                                   lengths=LENGTHS, generator=gen)
         out[name] = (sd.tokens, sd.accepted)
@@ -100,16 +101,14 @@ def test_a_shared_prefill_and_generations_interleaved_round_by_round_equal_eager
         """AD and SD with every draft over one prefill's copies, a round of each in turn (as
         wallclock times them), sampled."""
         capacity = speculative_capacity(CONTEXTS.shape[1], G, K)
-        every = drafts(models, 1.0, None)
+        every = drafts(models, 1.0)
         shared = prefill(target, CONTEXTS, LENGTHS, capacity=capacity, **prefill_needs(every.values(), K))
         gens = {name: torch.Generator().manual_seed(20 + i) for i, name in enumerate(["ad", *every])}
-        made = drafts(models, 1.0, None)
+        made = drafts(models, 1.0)
         runs = {"ad": autoregressive_rounds(target, CONTEXTS, G, temperature=1.0, generator=gens["ad"],
                                             prefilled=shared.copy())}
         for name in every:
-            draft = made[name]
-            draft.generator = gens[name]
-            runs[name] = speculative_rounds(target, draft, CONTEXTS, G, K, temperature=1.0, generator=gens[name],
+            runs[name] = speculative_rounds(target, made[name], CONTEXTS, G, K, temperature=1.0, generator=gens[name],
                                             prefilled=shared.copy())
         done = {}
         while runs:
@@ -133,8 +132,7 @@ def test_the_tau_protocol_counts_equal_eager(models):
     contexts = {16: torch.randint(0, CFG.vocab_size, (5, 16), generator=torch.Generator().manual_seed(8))}
 
     def tau():
-        factories = {name: (lambda gen, name=name: drafts(models, 1.0, gen)[name])
-                     for name in drafts(models, 1.0, None)}
+        factories = {name: (lambda name=name: drafts(models, 1.0)[name]) for name in drafts(models, 1.0)}
         return measure_tau(target, factories, contexts, protocol).counts
 
     eager = tau()

@@ -3,7 +3,7 @@ sampling, no rejection sampling; the same tokens as the cache-free argmax of the
 
 import pytest
 import torch
-from test_speculative import CFG, drafts_for, peaky_model, random_dists
+from test_speculative import CFG, drafts_for, peaky_model, random_dists, uniforms
 
 from spirelib.decoding import drafts, sampling, speculative
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
@@ -51,6 +51,6 @@ def test_greedy_verification_is_rejection_sampling_at_one_hot_targets():
     drafts = torch.where(torch.rand(B, k, generator=gen) < 0.7, best[:, :k], torch.randint(0, V, (B, k), generator=gen))
     q = random_dists(B, k, V, gen)  # any draft distribution: greedy verification never reads it
     n_acc, nxt = sampling.verify(drafts, q, logits, 0.0)
-    ref_acc, ref_next = sampling.rejection_sample(drafts, q, sampling.probabilities(logits, 0.0), gen)
+    ref_acc, ref_next = sampling.rejection_sample(drafts, q, sampling.probabilities(logits, 0.0), uniforms(gen, B, 2, V=V))
     assert torch.equal(n_acc, ref_acc) and torch.equal(nxt, ref_next)
     assert 0 < n_acc.float().mean() < k, "the test needs ragged acceptance"

@@ -125,7 +125,7 @@ def test_sampled_speculative_decoding_with_the_guided_draft_matches_the_target_d
     gen = torch.Generator().manual_seed(12)
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1, 4, 2, 0, 5])
     n = 20_000
-    draft = GuidedDraft(target, 1, 2, 2, temperature=temperature, generator=gen)
+    draft = GuidedDraft(target, 1, 2, 2, temperature=temperature)
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
     assert (sd.accepted[:, 0] > 0).float().mean() > 0.05, "the check needs accepted proposals"
     assert_two_token_law(target, context, sd.tokens, temperature)
@@ -144,7 +144,7 @@ def test_a_shared_prefill_without_scores_is_refused_and_the_registry_builds_it()
     target = random_target()
     contexts, _ = contexts_and_lengths(2, 10, 1, [10, 10])
     plain = prefill(target, contexts, capacity=30)
-    draft = draft_factory("guided", target, temperature=0.0, window=3, top=2)(None)
+    draft = draft_factory("guided", target, temperature=0.0, window=3, top=2)()
     assert (draft.sink, draft.window, draft.top) == (1, 3, 2)
     with pytest.raises(ValueError, match="prefill with scored=5"):
         speculative_generate(target, draft, contexts, 5, k=4, temperature=0.0, prefilled=plain)
@@ -172,7 +172,7 @@ def test_one_prefill_serves_guided_generations_one_after_another():
 
     def run(top, prefilled):
         gen = torch.Generator().manual_seed(3)
-        draft = GuidedDraft(target, 1, 2, top, temperature=1.0, generator=gen)
+        draft = GuidedDraft(target, 1, 2, top, temperature=1.0)
         return speculative_generate(target, draft, contexts, G, k=k, lengths=lengths, generator=gen,
                                     prefilled=prefilled)
 

@@ -61,7 +61,7 @@ def test_a_repeating_text_is_proposed_in_full():
 
 
 def lookup(target):
-    return LookupDraft(vocab_size=target.cfg.vocab_size, min_n=1, max_n=3)
+    return LookupDraft(target, min_n=1, max_n=3)
 
 
 def repetitive(B: int, L: int, seed: int, V: int) -> torch.Tensor:
@@ -89,7 +89,7 @@ def test_greedy_speculative_decoding_with_lookup_equals_autoregressive():
 def test_every_round_proposes_what_a_fresh_lookup_over_the_accepted_prefix_proposes(temperature):
     target = random_target()
     contexts, lengths = contexts_and_lengths(4, 11, 1, [11, 6, 9, 3])
-    accepted = check_rounds_against_fresh_drafts(target, lambda g: lookup(target), contexts, lengths, 24, 4,
+    accepted = check_rounds_against_fresh_drafts(target, lambda: lookup(target), contexts, lengths, 24, 4,
                                                  temperature)
     assert (accepted >= 0).any()
 
@@ -103,7 +103,7 @@ def test_sampled_speculative_decoding_with_lookup_matches_the_target_distributio
     gen = torch.Generator().manual_seed(11)
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1, 4, 2])
     n = 20_000
-    sd = speculative_generate(target, LookupDraft(6, 1, 3), context.expand(n, -1), 2, k=3, temperature=temperature,
+    sd = speculative_generate(target, LookupDraft(target, 1, 3), context.expand(n, -1), 2, k=3, temperature=temperature,
                               generator=gen)
     assert (sd.accepted[:, 0] > 0).float().mean() > 0.05, "the check needs accepted proposals"
     assert_two_token_law(target, context, sd.tokens, temperature)
@@ -119,7 +119,7 @@ def test_ragged_rows_decode_greedily_as_if_alone():
 
 def test_the_registry_builds_it_and_refuses_bad_n():
     target = random_target()
-    draft = draft_factory("lookup", target, temperature=1.0, min_n=2, max_n=4)(None)
+    draft = draft_factory("lookup", target, temperature=1.0, min_n=2, max_n=4)()
     assert (draft.min_n, draft.max_n, draft.vocab_size) == (2, 4, target.cfg.vocab_size)
     with pytest.raises(ValueError, match="1 <= min_n <= max_n"):
-        draft_factory("lookup", target, temperature=1.0, min_n=3, max_n=2)(None)
+        draft_factory("lookup", target, temperature=1.0, min_n=3, max_n=2)()

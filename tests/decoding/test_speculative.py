@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
-from spirelib.decoding.sampling import rejection_sample, sample
+from spirelib.decoding.sampling import rejection_sample, sample, uniform_width
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
 from spirelib.model.kvcache import SinkWindow
 from spirelib.model.transformer import ModelConfig, Transformer
@@ -27,6 +27,11 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
 
 
+def uniforms(gen, *shape, V):
+    """Uniforms (*shape, W) for a draw over V tokens (`sampling.uniform_width`) or up to 8 acceptances."""
+    return torch.rand(*shape, max(uniform_width(V), 8), generator=gen)
+
+
 def random_dists(rows, k, V, gen, sharp=2.0):
     return torch.softmax(sharp * torch.randn(rows, k, V, generator=gen, dtype=torch.float64), -1).float()
 
@@ -35,19 +40,20 @@ def emitted_first_two(sampler, p, q, gen, n):
     """Sample n rounds for fixed (p, q); return the first emitted token and, for rounds that
     accepted the first draft, the second emitted token."""
     P, Q = p.expand(n, -1, -1), q.expand(n, -1, -1)
-    drafts = sample(Q, gen)  # (n, k)
-    n_acc, nxt = sampler(drafts, Q, P, gen)
+    V = p.shape[-1]
+    drafts = sample(Q, uniforms(gen, *Q.shape[:2], V=V))  # (n, k)
+    n_acc, nxt = sampler(drafts, Q, P, uniforms(gen, n, 2, V=V))
     first = torch.where(n_acc >= 1, drafts[:, 0], nxt)
     second = torch.where(n_acc >= 2, drafts[:, 1], nxt)[n_acc >= 1]
     return first, second
 
 
-def naive_rejection_sample(drafts, q, p, gen):
+def naive_rejection_sample(drafts, q, p, u):
     """Rejection without the correction step: resample from p at the first rejection (biased)."""
     B, k = drafts.shape
     ratio = p[:, :k].gather(2, drafts[..., None]).squeeze(-1) / q.gather(2, drafts[..., None]).squeeze(-1)
-    n_acc = (torch.rand(B, k, generator=gen) < ratio).long().cumprod(1).sum(1)
-    return n_acc, sample(p[torch.arange(B), n_acc], gen)
+    n_acc = (u[:, 0, :k] < ratio).long().cumprod(1).sum(1)
+    return n_acc, sample(p[torch.arange(B), n_acc], u[:, 1])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -73,9 +79,11 @@ def test_greedy_rejection_accepts_exactly_the_argmax_prefix():
     target = torch.nn.functional.one_hot(torch.tensor([[3, 1, 4, 5]]), V).float()  # (1, k+1, V)
     drafts = torch.tensor([[3, 1, 2]])
     q = torch.nn.functional.one_hot(drafts, V).float()
-    n_acc, nxt = rejection_sample(drafts, q, target, torch.Generator().manual_seed(0))
+    u = uniforms(torch.Generator().manual_seed(0), 1, 2, V=V)
+    n_acc, nxt = rejection_sample(drafts, q, target, u)
     assert n_acc.tolist() == [2] and nxt.tolist() == [4]
-    n_acc, nxt = rejection_sample(torch.tensor([[3, 1, 4]]), torch.nn.functional.one_hot(torch.tensor([[3, 1, 4]]), V).float(), target)
+    n_acc, nxt = rejection_sample(torch.tensor([[3, 1, 4]]), torch.nn.functional.one_hot(torch.tensor([[3, 1, 4]]), V).float(),
+                                  target, u)
     assert n_acc.tolist() == [3] and nxt.tolist() == [5]  # bonus token
 
 
@@ -130,7 +138,7 @@ def test_rows_stop_independently_and_accept_counts_add_up():
     B, L, G, k = 6, 8, 17, 3
     contexts = torch.randint(0, CFG.vocab_size, (B, L), generator=torch.Generator().manual_seed(4))
     gen = torch.Generator().manual_seed(0)
-    sd = speculative_generate(target, VanillaDraft(perturbed(target, 0.5, 2), temperature=1.0, generator=gen), contexts, G,
+    sd = speculative_generate(target, VanillaDraft(perturbed(target, 0.5, 2), temperature=1.0), contexts, G,
                               k=k, temperature=1.0, generator=gen)
     assert sd.tokens.shape == (B, G)
     for row in sd.accepted:
@@ -146,7 +154,8 @@ def test_end_of_text_stops_a_row():
     row = free.tokens[0].tolist()
     step = next(i for i in range(2, 30) if row[i] not in row[:i])  # row 0 first emits this token here
     eos = row[step]
-    sd = speculative_generate(target, MagicDecDraft(target, SinkWindow(1, 4)), contexts, 30, k=3, temperature=0.0, eos_token=eos)
+    sd = speculative_generate(target, MagicDecDraft(target, SinkWindow(1, 4), temperature=0.0), contexts, 30, k=3,
+                              temperature=0.0, eos_token=eos)
     rounds = (sd.accepted[0] >= 0).sum()
     assert int((sd.accepted[0, :rounds] + 1).sum()) < 30
     assert torch.equal(sd.tokens[0, : step + 1], free.tokens[0, : step + 1])
@@ -185,8 +194,8 @@ def test_sampled_speculative_decoding_matches_the_target_distribution(name, temp
     target = peaky_model(cfg, std=0.15)
     small = ModelConfig(vocab_size=6, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
     gen = torch.Generator().manual_seed(11)
-    draft = {"vanilla-small": VanillaDraft(peaky_model(small, 7, std=0.15), temperature=temperature, generator=gen),
-             "magicdec": MagicDecDraft(target, SinkWindow(1, 3), temperature=temperature, generator=gen)}[name]
+    draft = {"vanilla-small": VanillaDraft(peaky_model(small, 7, std=0.15), temperature=temperature),
+             "magicdec": MagicDecDraft(target, SinkWindow(1, 3), temperature=temperature)}[name]
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1])
     n = 20_000
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
@@ -206,7 +215,6 @@ def test_one_prefill_serves_several_generations():
         for prefilled in (shared, None):
             gen = torch.Generator().manual_seed(7)
             draft = make(1.0)
-            draft.generator = gen
             runs.append(speculative_generate(target, draft, contexts, G, k=k, lengths=lengths, generator=gen, prefilled=prefilled))
         assert torch.equal(runs[0].tokens, runs[1].tokens), name
         assert torch.equal(runs[0].accepted, runs[1].accepted), name
@@ -220,11 +228,12 @@ def test_sample_follows_unnormalized_weights_and_never_draws_a_zero():
     V, n = 37, 60_000  # 6 blocks of 7 tokens, the last one padded
     w = 3 * torch.rand(V, generator=gen)
     w[[0, 5, 36]] = 0
-    draws = sample(w.expand(n, V), gen)
+    draws = sample(w.expand(n, V), uniforms(gen, n, V=V))
     assert chi_square_pvalue(torch.bincount(draws, minlength=V), w / w.sum()) > 1e-3
     assert not torch.isin(draws, torch.tensor([0, 5, 36])).any()
     hot = torch.randint(0, V, (n,), generator=gen)
-    assert torch.equal(sample(torch.nn.functional.one_hot(hot, V).float(), gen), hot)
+    assert torch.equal(sample(torch.nn.functional.one_hot(hot, V).float(), uniforms(gen, n, V=V)), hot)
     skewed = w.clone()
     skewed[1] *= 1.2  # a 20% error in one token's weight must be caught
-    assert chi_square_pvalue(torch.bincount(sample(skewed.expand(n, V), gen), minlength=V), w / w.sum()) < 1e-6
+    assert chi_square_pvalue(torch.bincount(sample(skewed.expand(n, V), uniforms(gen, n, V=V)), minlength=V),
+                             w / w.sum()) < 1e-6

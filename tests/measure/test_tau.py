@@ -167,7 +167,7 @@ def test_registry_takes_new_methods_and_rejects_bad_requests():
         draft_factory("vanilla", target, temperature=1.0)
     with pytest.raises(ValueError, match="magicdec.*windw"):
         draft_factory("magicdec", target, temperature=1.0, windw=8)
-    register_method("test-greedy-draft", lambda t, m, *, temperature, generator: VanillaDraft(m, 0.0, generator), needs_model=True)
+    register_method("test-greedy-draft", lambda t, m, *, temperature: VanillaDraft(m, 0.0), needs_model=True)
     try:
         factory = draft_factory("test-greedy-draft", target, small, temperature=1.0)
         contexts = {7: torch.randint(0, CFG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(2))}

@@ -2,12 +2,14 @@
 method on its own copy of the prefill) or run by run on the shared prefill; between cells, run
 by run."""
 
+import contextlib
 import json
 
 import pytest
 import torch
 
 from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
 from spirelib.measure.wallclock import _lockstep, time_cells, time_decoding
 from spirelib.model.spire import SpireConfig, SpireDraftModel
@@ -53,7 +55,7 @@ def test_a_prefill_copy_is_independent_of_its_source(models):
     before = [t.clone() for t in shared.cache.k]
     copy = shared.copy()
     gen = torch.Generator().manual_seed(0)
-    finish(speculative_rounds(target, factories["spire"](gen), contexts, 10, k=3, generator=gen, prefilled=copy))
+    finish(speculative_rounds(target, factories["spire"](), contexts, 10, k=3, generator=gen, prefilled=copy))
     assert all(torch.equal(a, b) for a, b in zip(before, shared.cache.k))
     assert not all(torch.equal(a, b) for a, b in zip(before, copy.cache.k))
 
@@ -82,12 +84,28 @@ def test_time_decoding_refuses_what_it_cannot_interleave(models):
     contexts = torch.randint(0, 64, (1, 16))
     with pytest.raises(ValueError, match="'rounds' or 'runs'"):
         time_decoding(target, factories, contexts, 4, interleave="methods")
-    target.compile_decoding()
-    try:
-        with pytest.raises(ValueError, match="one cache per shape.*interleave 'runs'"):
-            time_decoding(target, factories, contexts, 4)
-    finally:
-        target.compile_decoding(False)
+
+
+def test_a_run_during_which_a_round_graph_was_recorded_is_taken_again(models, monkeypatch):
+    """A timed run whose rounds recorded a CUDA graph (a sync and a capture inside the timing) is
+    not kept: the cell runs again, and says how often; one that records every time is refused."""
+    target, factories = models
+    contexts = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    recorded = iter([0, 1, 0, 0])  # the warm-up, then a kept run that recorded, then two clean ones
+
+    @contextlib.contextmanager
+    def watch():
+        yield [next(recorded, 0)]
+    monkeypatch.setattr(GRAPHS, "watch", watch)
+    timings = time_decoding(target, {"spire": factories["spire"]}, contexts, 4, k=3, repeats=2)
+    assert all(len(t.seconds) == 2 and t.retaken == 1 for t in timings), [(t.method, t.retaken) for t in timings]
+
+    @contextlib.contextmanager
+    def always():
+        yield [1]
+    monkeypatch.setattr(GRAPHS, "watch", always)
+    with pytest.raises(RuntimeError, match="recorded in 3 timed runs"):
+        time_decoding(target, {"spire": factories["spire"]}, contexts, 4, k=3, repeats=2)
 
 
 def test_cells_take_turns_run_by_run(models, tmp_path, monkeypatch):

@@ -7,9 +7,11 @@ run" where it can tell). A consumer must finish with an output, or copy what it 
 next replay. The CPU's compiled graphs allocate fresh outputs, so no CPU run shows such a bug.
 
 `GraphPool.install(models)` replaces each model's compiled forward (`Transformer._compiled`,
-`SpireDraftModel._compiled_step`) with its eager code, run as a "replay": before it runs, every
-output any earlier replay returned is overwritten with garbage (NaN, or an out-of-range token id),
-as a pool reused by the next replay would be. A decoding path that reads an output after the next
+`SpireDraftModel._compiled_step`) and the engine's captured rounds (`decoding.graphs.GRAPHS.run`:
+a whole speculative round or AD step) with their eager code, run as a "replay": before it runs,
+every output any earlier replay returned is overwritten with garbage (NaN, or an out-of-range
+token id), as a pool reused by the next replay would be. A forward inside a round is part of the
+round's graph, not a replay of its own. A decoding path that reads an output after the next
 replay, or feeds one into it, then computes from garbage and no longer equals eager decoding. A
 tensor a replay leaves on an input object (a cache's attribute replaced, not updated in place) is
 such an output too; a tensor it updates in place must be a static address (a cache's own, marked
@@ -25,8 +27,10 @@ import contextlib
 from collections import Counter
 
 import torch
+from host_syncs import SYNC_OPS
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from spirelib.decoding.graphs import GRAPHS
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 
@@ -42,17 +46,25 @@ def _tensors(out):
 
 
 def _held(args) -> dict[tuple[int, str], torch.Tensor]:
-    """The tensors among `args` and held by the objects among them (a cache's attributes and lists
-    of tensors), by (argument, name): what a replay reads, and may write in place or replace."""
+    """The tensors among `args` and held by the objects among them, and by the objects those hold
+    (a round's draft, its caches, the rows; attributes and lists of tensors), by (argument, name):
+    what a replay reads, and may write in place or replace."""
     held = {}
+
+    def visit(i, obj, name, seen):
+        if isinstance(obj, torch.Tensor):
+            held[i, name] = obj
+        elif isinstance(obj, list):
+            for j, item in enumerate(obj):
+                if isinstance(item, torch.Tensor):
+                    held[i, f"{name}[{j}]"] = item
+        elif hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module) and id(obj) not in seen:
+            seen.add(id(obj))
+            for attr, value in vars(obj).items():
+                visit(i, value, f"{type(obj).__name__}.{attr}", seen)
+
     for i, arg in enumerate(args):
-        if isinstance(arg, torch.Tensor):
-            held[i, f"argument {i}"] = arg
-        elif hasattr(arg, "__dict__") and not isinstance(arg, torch.nn.Module):
-            for name, value in vars(arg).items():
-                for j, t in enumerate(value if isinstance(value, list) else [value]):
-                    if isinstance(t, torch.Tensor):
-                        held[i, f"{type(arg).__name__}.{name}" + (f"[{j}]" if isinstance(value, list) else "")] = t
+        visit(i, arg, f"argument {i}", set())
     return held
 
 
@@ -82,6 +94,8 @@ class GraphPool:
 
     def replay(self, fn):
         def run(*args, **kwargs):
+            if self.inside:  # a forward inside a captured round: part of the round's graph
+                return fn(*args, **kwargs)
             self.overwrite()
             self.replays += 1
             held = _held(args)  # the tensors the inputs hold before the replay
@@ -100,7 +114,8 @@ class GraphPool:
         return run
 
     def install(self, *models) -> GraphPool:
-        """Decode `models` (targets and SPIRe drafts; None is skipped) through this pool."""
+        """Decode `models` (targets and SPIRe drafts; None is skipped) and the engine's rounds through this pool."""
+        GRAPHS.run = lambda key, fn, *args, device: self.replay(fn)(*args)
         for model in models:
             if isinstance(model, SpireDraftModel):
                 model._compiled_step = self.replay(model._step)
@@ -113,6 +128,7 @@ class GraphPool:
 
     @staticmethod
     def uninstall(*models) -> None:
+        vars(GRAPHS).pop("run", None)
         for model in models:
             if isinstance(model, SpireDraftModel):
                 model._compiled_step = model.body._compiled = None
@@ -122,7 +138,8 @@ class GraphPool:
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched outside `pool`'s replays: `ops` (kernels a GPU would
-    launch one by one from the host) and `views` (metadata only), per op name in `names`."""
+    launch one by one from the host) and `views` (metadata only), per op name in `names`; and the
+    host syncs inside them (`syncs_inside`, per op: a CUDA graph's capture fails on one)."""
 
     def __init__(self, pool: GraphPool):
         super().__init__()
@@ -130,8 +147,11 @@ class OpCounter(TorchDispatchMode):
         self.ops = 0
         self.views = 0
         self.names: Counter = Counter()
+        self.syncs_inside: Counter = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.pool.inside and func.overloadpacket.__name__ in SYNC_OPS:
+            self.syncs_inside[func.overloadpacket.__name__] += 1
         if not self.pool.inside:
             if func.is_view or func.overloadpacket.__name__ in ("detach", "lift_fresh"):
                 self.views += 1

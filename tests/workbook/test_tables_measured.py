@@ -78,9 +78,10 @@ def test_the_timed_cells_are_the_grid_and_the_held_out_cells_beyond_it():
 
 
 def test_timing_problems_join_the_grids_and_the_interleavings_and_held_out_cells_split_off():
-    assert measured_cells.timing_problems([1, 16], [256, 960], [[16, 2048]], "rounds", compiled=False) == []
-    problems = measured_cells.timing_problems([1, 16], [256, 960], [], "rounds", compiled=True)
-    assert len(problems) == 2 and problems[0].startswith("held_out is empty") and "interleave 'runs'" in problems[1]
+    assert measured_cells.timing_problems([1, 16], [256, 960], [[16, 2048]], "rounds", graphed=False) == []
+    problems = measured_cells.timing_problems([1, 16], [256, 960], [], "together", graphed=True)
+    assert len(problems) == 3 and problems[0].startswith("held_out is empty") and "'rounds' or 'runs'" in problems[1]
+    assert "timed whole" in problems[2]
     beyond = [timing("ad", [0.04], batch=4, context=32), timing("spire", [0.02], tau=3.0, batch=4, context=32)]
     fitted, unseen = measured_cells.split_held_out([*TIMINGS, *beyond], [[4, 32]])
     assert fitted == TIMINGS and unseen == beyond
