@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from graph_pool import GraphPool
-from test_speculative import CFG, peaky_model
+from test_speculative import CFG, assert_two_token_law, peaky_model
 
 from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft, spire_draft
 from spirelib.decoding.guided import GuidedDraft
@@ -153,3 +153,32 @@ def test_the_pool_catches_an_output_kept_past_the_next_replay(models):
         assert not torch.equal(kept, copied) and torch.all(kept < 0)
     finally:
         GraphPool.uninstall(target)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_rounds_through_graphs_follow_the_target_distribution(temperature):
+    """Lossless through the graphed path: with every round one replay of the stand-in (its
+    uniforms read from the generation's buffer, drawn ahead), the first two tokens of every
+    draft's generations follow the target's exact two-token law at `temperature` (chi-square)."""
+    cfg = ModelConfig(vocab_size=6, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
+    target = peaky_model(cfg, std=0.15)
+    small = peaky_model(ModelConfig(vocab_size=6, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32),
+                        seed=7, std=0.15)
+    spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=3, k=3)).eval()
+    context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1, 4, 2])
+    made = {"vanilla": VanillaDraft(small, temperature), "spire": SpireDraft(spire, temperature),
+            "magicdec": MagicDecDraft(target, SinkWindow(1, 3), temperature=temperature),
+            "guided": GuidedDraft(target, 1, 2, 2, temperature=temperature), "lookup": LookupDraft(target)}
+    pool = GraphPool().install(target, small, spire)
+    try:
+        for i, (name, draft) in enumerate(made.items()):
+            replays = pool.replays
+            sd = speculative_generate(target, draft, context.expand(8_000, -1), 2, k=3, temperature=temperature,
+                                      generator=torch.Generator().manual_seed(30 + i))
+            rounds = sd.accepted.shape[1] + 1  # and the one the late stop check lets run
+            # the prefill, the draft's start (the vanilla draft's own prefill), then one replay a round
+            assert rounds + 1 <= pool.replays - replays <= rounds + 2, (name, pool.replays - replays, rounds)
+            assert (sd.accepted[:, 0] > 0).float().mean() > 0.05, f"{name}: the check needs accepted proposals"
+            assert_two_token_law(target, context, sd.tokens, temperature)
+    finally:
+        GraphPool.uninstall(target, small, spire)
