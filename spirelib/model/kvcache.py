@@ -19,8 +19,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 from spirelib.model.rope import apply_rope, rope_rotation
+
+#: Key slots per block of a live-length read (`DenseKVCache.live_mask`): FlexAttention's default block.
+LIVE_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -216,10 +220,14 @@ class DenseKVCache(KVCache):
     """
 
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
-                 sparse: SinkWindow | None = None, scored: int = 0, device=None, dtype=torch.float32):
+                 sparse: SinkWindow | None = None, scored: int = 0, live_reads: bool = False, device=None,
+                 dtype=torch.float32):
         super().__init__(num_layers, batch, n_kv, d_head, capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.sparse = sparse
+        # Decode-time reads through a block mask (`live_mask`): attention reads the key blocks up to
+        # the furthest query's position, not the whole capacity (a split-KV kernel on a GPU).
+        self.live_reads = live_reads
         # `scored` > 0: every forward records, per layer, how much its last `scored` queries per row
         # attend to each slot (`record_scores`), what a verification-guided draft chooses its keys by.
         self.scored = scored
@@ -297,10 +305,33 @@ class DenseKVCache(KVCache):
     def layer_kv(self, layer: int, q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer][:, :, : self._read], self.v[layer][:, :, : self._read]
 
-    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | None:
+    def mask(self, q_pos: torch.Tensor, include_self: bool = True) -> torch.Tensor | BlockMask | None:
         if self._causal and include_self and self.sparse is None:
             return None  # a prefill: causal over its own keys
+        if self.live_reads:
+            return self.live_mask(q_pos, include_self)
         return visibility(q_pos, self.key_positions[:, : self._read], self.sparse, include_self)
+
+    def live_mask(self, q_pos: torch.Tensor, include_self: bool = True) -> BlockMask:
+        """`visibility` as a FlexAttention block mask over the `_read` slots, whose kernel reads, per
+        row, only the key blocks of `LIVE_BLOCK` slots up to the row's furthest query (slot =
+        position: no later slot holds a key the row's queries see), so its work grows with the live
+        length, not the capacity, and the kernel splits the live keys across the GPU (FlexAttention's
+        decoding kernel); its shapes stay static, so a round's graph replays it at any length."""
+        B, T = q_pos.shape
+        S = self._read
+        blocks = -(-S // LIVE_BLOCK)
+        live = (q_pos.amax(1) // LIVE_BLOCK + 1).clamp(max=blocks)  # (B,) key blocks a row reads
+        counts = live.view(B, 1, 1).to(torch.int32)  # (B, 1 head, 1 query block)
+        order = torch.arange(blocks, device=q_pos.device, dtype=torch.int32).expand(B, 1, 1, blocks)
+        keys, sparse = self.key_positions, self.sparse
+
+        def visible(b, h, q, kv):  # `visibility`, one (query, key) at a time
+            k, p = keys[b, kv], q_pos[b, q]
+            seen = (k >= 0) & ((k <= p) if include_self else (k < p))
+            return seen if sparse is None else seen & ((k < sparse.sink) | (k >= p - sparse.window))
+        return BlockMask.from_kv_blocks(counts, order.contiguous(), BLOCK_SIZE=(max(T, 1), LIVE_BLOCK),
+                                        mask_mod=visible, seq_lengths=(T, S))
 
 
 class SinkWindowKVCache(KVCache):

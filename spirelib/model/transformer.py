@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from spirelib.model.cross_entropy import linear_cross_entropy
 from spirelib.model.kvcache import DenseKVCache, KVCache, SinkWindow, reuse, visibility
@@ -142,10 +143,15 @@ class Attention(nn.Module):
         k, v = F.linear(x, self.wqkv.weight[self.q_dim :], bias).chunk(2, dim=-1)
         return apply_rope(self._heads(k, self.cfg.n_kv), rope), self._heads(v, self.cfg.n_kv)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | BlockMask | None) -> torch.Tensor:
         """Softmax attention of q (B, n_q, T, d_head) over k, v (B, n_kv, S, d_head); mask (B, 1, T, S)
-        of visible keys, or None for causal attention over T == S positions. Returns (B, T, d_model)."""
-        out = scaled_dot_product_attention(q, k, v, mask)  # (B, n_q, T, d_head)
+        of visible keys, None for causal attention over T == S positions, or a FlexAttention block
+        mask that reads only the live key blocks (`DenseKVCache.live_mask`). Returns (B, T, d_model)."""
+        if isinstance(mask, BlockMask):
+            out = flex_attention(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+        else:
+            out = scaled_dot_product_attention(q, k, v, mask)  # (B, n_q, T, d_head)
         B, _, T, _ = out.shape
         return self.wo(out.transpose(1, 2).reshape(B, T, self.q_dim))
 
@@ -355,13 +361,14 @@ class Transformer(nn.Module):
         """A dense KV cache for this model on its device and dtype, applying its sliding window if
         any (or reading only `sparse`'s sink + window), recording the attention of `scored` queries
         per row if > 0 (`DenseKVCache.record_scores`). Under compiled decoding the model keeps its
-        cache of the same shape and `slot` (the generation it serves) for the process (`kvcache.reuse`)."""
+        cache of the same shape and `slot` (the generation it serves) for the process (`kvcache.reuse`).
+        With `live_reads`, decode-time attention reads only the live key blocks (`DenseKVCache.live_mask`)."""
         param = next(self.parameters())
         c = self.cfg
 
         def build():
             return DenseKVCache(c.num_layers, batch, c.n_kv, c.d_head, capacity, sparse=sparse or c.attention_window,
-                                scored=scored, device=param.device, dtype=param.dtype)
+                                scored=scored, live_reads=self.live_reads, device=param.device, dtype=param.dtype)
         key = ("dense", batch, capacity, sparse, scored, slot)
         return reuse(self, key, build) if self.compiled_decoding else build()
 
@@ -389,6 +396,10 @@ class Transformer(nn.Module):
         return self
 
     _compiled = None  # the compiled `_stream`, see `compile_decoding`
+    # Decode-time attention over a dense cache through a FlexAttention block mask that reads the live
+    # key blocks only (a split-KV kernel on a GPU, `DenseKVCache.live_mask`) instead of the whole
+    # capacity, masked (the default: the path measured so far; `bench gpu-check` times both).
+    live_reads = False
 
     @property
     def compiled_decoding(self) -> bool:
