@@ -62,6 +62,21 @@ def test_committed_notebook_has_no_outputs(path):
 
 
 @pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_notebook_is_valid_as_it_is_read(path):
+    """Every cell has its id (nbformat 4.5): reading one without warns (MissingIDFieldWarning) in
+    every run's terminal, and validating it would rewrite it."""
+    import json
+    import warnings
+
+    cells = json.loads(path.read_text())["cells"]
+    missing = [i for i, c in enumerate(cells) if "id" not in c]
+    assert not missing, f"{path.name}: cells {missing} have no id; normalize it (nbformat.validator.normalize)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbformat.validate(nbformat.read(path, as_version=4))
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
     nb = nbformat.read(path, as_version=4)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
