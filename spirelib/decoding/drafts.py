@@ -192,19 +192,12 @@ def draft_factory(method: str, target: Transformer, model: torch.nn.Module | Non
 
 def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """`model` itself if its weights are in `dtype`, else a copy in `dtype` (decoding's copy of a
-    draft trained in fp32), compiled for decoding if `model` is."""
+    draft trained in fp32), compiled for decoding if `model` is (a copy carries no compiled graph
+    and no cache of its own: `Transformer.__getstate__`, `kvcache.PINNED`)."""
     if next(model.parameters()).dtype == dtype:
         return model
-    # Compiled graphs are not copied: the copy compiles its own, for its dtype.
-    compiled = {m: {k: m.__dict__.pop(k) for k in ("_compiled", "_compiled_step", "_cache_pool") if k in m.__dict__}
-                for m in model.modules()}
-    try:
-        twin = copy.deepcopy(model)
-    finally:
-        for m, saved in compiled.items():
-            m.__dict__.update(saved)
-    twin.to(dtype)
-    if any(k in saved for saved in compiled.values() for k in ("_compiled", "_compiled_step")):
+    twin = copy.deepcopy(model).to(dtype)
+    if model.compiled_decoding:
         twin.compile_decoding()
     return twin
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -171,6 +172,11 @@ class KVCache:
         return twin
 
 
+#: What each model decoding through compiled graphs keeps for the process (`reuse`), by key; held
+#: beside the model, not on it, so a copy of the model (`drafts.in_dtype`) starts with none.
+PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def reuse(owner, key, build):
     """The state `owner` (a model decoding through compiled graphs) built for `key`, emptied (its
     `reset`, where it has one), or a new one from `build()`. A round replayed as a graph reads and
@@ -178,7 +184,7 @@ def reuse(owner, key, build):
     generation's rows and uniforms, per key for the whole process (`graphs.RoundGraphs`: a new
     buffer would record a new graph); the key names the generation they serve (`slot`) wherever
     two may decode at once. The previous user of a key must be done with it."""
-    pool = owner.__dict__.setdefault("_cache_pool", {})
+    pool = PINNED.setdefault(owner, {})
     state = pool.get(key)
     if state is None:
         state = pool[key] = build()
@@ -200,7 +206,7 @@ def static_buffer(owner, key, shape: tuple, dtype: torch.dtype, device) -> torch
 
 def release(owner) -> None:
     """Drop every cache and buffer `owner` keeps (`reuse`): between benchmarks of other shapes."""
-    owner.__dict__.pop("_cache_pool", None)
+    PINNED.pop(owner, None)
 
 
 class DenseKVCache(KVCache):

@@ -177,7 +177,7 @@ class SpireDraftModel(nn.Module):
             return SinkWindowKVCache(c.num_layers, batch, c.n_kv, c.d_head, self.cfg.sparse, slack,
                                      rope_base=c.rope_base, rope_scaling=c.rope_scaling, device=param.device,
                                      dtype=param.dtype)
-        return reuse(self, ("ring", batch, slack), build) if self._compiled_step is not None else build()
+        return reuse(self, ("ring", batch, slack), build) if self.compiled_decoding else build()
 
     def write_target_memory(self, cache: SinkWindowKVCache, memory: torch.Tensor,
                             positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
@@ -189,6 +189,17 @@ class SpireDraftModel(nn.Module):
             cache.write(i, slots, *block.memory_kv(memory[i].to(self.mix.dtype), rope))
 
     _compiled_step = None  # `_step`, compiled (`compile_decoding`)
+
+    @property
+    def compiled_decoding(self) -> bool:
+        """Whether `step` runs compiled (`compile_decoding`)."""
+        return self._compiled_step is not None
+
+    def __getstate__(self) -> dict:
+        """What a copy of the draft holds: not its compiled step (a copy compiles its own)."""
+        state = super().__getstate__()
+        state.pop("_compiled_step", None)
+        return state
 
     def compile_decoding(self, enabled: bool = True) -> SpireDraftModel:
         """Run `step` as one compiled graph (`model.compile_for_decoding`), or, with `enabled`

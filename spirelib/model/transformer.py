@@ -385,8 +385,9 @@ class Transformer(nn.Module):
     def compile_decoding(self, enabled: bool = True) -> Transformer:
         """Run every cached forward (prefills, AD steps, verification, draft passes) through one
         static compiled graph per shape and output (`compile_for_decoding`: torch.compile
-        without graph breaks; on CPU C++ kernels with a C++ wrapper, on CUDA CUDA graphs), or,
-        with `enabled` False, eagerly again: eager is the reference. Dense caches read their
+        without graph breaks; on CPU C++ kernels with a C++ wrapper, on CUDA Triton kernels that a
+        round's CUDA graph captures, `decoding.graphs`), or, with `enabled` False, eagerly again:
+        eager is the reference. Dense caches read their
         whole capacity at decode time, so that a graph serves every step; a prefill's graph
         serves every batch of its (B, L). Results equal eager up to rounding (fused kernels,
         RoPE in real arithmetic)."""
@@ -405,6 +406,13 @@ class Transformer(nn.Module):
     def compiled_decoding(self) -> bool:
         """Whether cached decode-time forwards run compiled (`compile_decoding`)."""
         return self._compiled is not None
+
+    def __getstate__(self) -> dict:
+        """What a copy (or a pickle) of the model holds: not its compiled forward, bound to this
+        model and its dtype; a copy compiles its own (`drafts.in_dtype`)."""
+        state = super().__getstate__()
+        state.pop("_compiled", None)
+        return state
 
     def _blocks(self, tokens, positions, cache, valid, sparse, keep: tuple[int, ...], readout: str | None = None,
                 last: torch.Tensor | None = None) -> list[torch.Tensor]:

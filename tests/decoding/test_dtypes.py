@@ -76,3 +76,19 @@ def test_greedy_decoding_with_a_bf16_target_and_fp32_drafts_is_the_targets_own(m
         assert (sd.accepted >= 0).sum() < 3 * 16, "every round emitted one token: the test would not see a draft"
     if model is not None:
         assert next(model.parameters()).dtype == torch.float32, "decoding copies the draft; the trained one stays fp32"
+
+
+def test_a_compiled_draft_copied_into_another_dtype_compiles_its_own_and_keeps_no_cache():
+    """`drafts.in_dtype` of a model decoding through compiled graphs: the copy is compiled too,
+    through a compiled forward of its own (bound to the copy), and starts with no pinned cache
+    (the original's, of its dtype, stays the original's)."""
+    from spirelib.decoding.drafts import in_dtype
+    from spirelib.model.transformer import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig(vocab_size=32, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8,
+                                    d_ff=32)).compile_decoding()
+    cache = model.new_cache(2, 8)
+    twin = in_dtype(model, torch.float64)
+    assert twin.compiled_decoding and twin._compiled is not model._compiled
+    assert twin.new_cache(2, 8) is not cache and twin.new_cache(2, 8).k[0].dtype == torch.float64
+    assert model.new_cache(2, 8) is cache  # the original keeps its own
