@@ -145,6 +145,8 @@ class Noise:
     def __init__(self, steps: int, batch: int, slots: int, V: int, temperature: float, device=None):
         width = max(uniform_width(V), slots)
         self.buffer = None if temperature == 0 else torch.empty(steps, batch, slots, width, device=device)
+        if self.buffer is not None:  # a round's graph reads it where it was recorded
+            torch._dynamo.mark_static_address(self.buffer)
 
     def draw(self, generator: torch.Generator | None) -> None:
         """Fresh uniforms for the whole generation, in place (the buffer keeps its address)."""

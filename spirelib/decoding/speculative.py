@@ -367,10 +367,7 @@ def _pinned(target: Transformer, slot: tuple, batch: int, steps: int, k: int, te
         return Rows.start(batch, steps, k, device)
 
     def noise():
-        made = Noise(steps + 1, batch, k + 2 if k else 1, V, temperature, device)
-        if made.buffer is not None:
-            torch._dynamo.mark_static_address(made.buffer)
-        return made
+        return Noise(steps + 1, batch, k + 2 if k else 1, V, temperature, device)
     if not target.compiled_decoding:
         return rows(), noise()
     return (reuse(target, ("rows", slot, batch, steps, k), rows),
