@@ -159,18 +159,19 @@ def test_a_notebooks_parameters_are_checked_together_over_its_defaults_before_an
     assert runner.prepare(bad, notebooks)[2]["09_measured_vs_modeled"]["held_out"] == [[16, 64]]
 
 
-def test_09_refuses_an_interleaving_its_decoding_cannot_run_before_any_compute(tmp_path):
-    """Round-by-round interleaving decodes every method on a copy of the prefill, which compiled
-    decoding (one cache per shape) cannot: refused by `plan`, as is an unknown interleaving."""
+def test_09_refuses_what_its_decoding_cannot_time_before_any_compute(tmp_path):
+    """09 fits the profiled model to each round's draft, verify and bookkeeping: rounds replayed as
+    one CUDA graph each (compiled decoding on a GPU) are timed whole, so that is refused by `plan`,
+    as is an unknown interleaving; compiled decoding on the CPU (no graphs) is not."""
     notebooks = ROOT / "notebooks"
     bad = tmp_path / "bad.yaml"
-    bad.write_text("series:\n  compile_decoding: true\n")
+    bad.write_text("series:\n  compile_decoding: true\n  device: cuda\n")
     with pytest.raises(runner.ParamsError) as e:
         runner.prepare(bad, notebooks)
-    assert ("notebooks.09_measured_vs_modeled: decoding through compiled graphs keeps one cache per shape, so its "
-            "methods cannot decode round by round on copies of the prefill: interleave 'runs'") in problems(e)
-    bad.write_text("series:\n  compile_decoding: true\nnotebooks:\n  09_measured_vs_modeled:\n    interleave: runs\n")
-    assert runner.prepare(bad, notebooks)[2]["09_measured_vs_modeled"]["interleave"] == "runs"
+    assert ("notebooks.09_measured_vs_modeled: 09 fits the profiled model to each round's draft, verify and "
+            "bookkeeping, and a round replayed as one CUDA graph is timed whole") in problems(e)
+    bad.write_text("series:\n  compile_decoding: true\n  device: cpu\n")
+    runner.prepare(bad, notebooks)  # no error
     bad.write_text("notebooks:\n  09_measured_vs_modeled:\n    interleave: round\n")
     with pytest.raises(runner.ParamsError) as e:
         runner.prepare(bad, notebooks)
