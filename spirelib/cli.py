@@ -71,7 +71,7 @@ def _train(args: argparse.Namespace) -> int:
     if world > 1:
         import torch.distributed as dist
 
-        from spirelib.training.train import init_distributed, resolve_device
+        from spirelib.training.devices import init_distributed, resolve_device
 
         if init_distributed(resolve_device(series.device))[0] == 0:
             series.data()

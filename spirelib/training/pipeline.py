@@ -30,17 +30,11 @@ from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.training.checkpoint import config_hash
 from spirelib.training.config import TrainConfig
 from spirelib.training.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
+from spirelib.training.devices import init_distributed, resolve_device
 from spirelib.training.objectives import SpireObjective, lm_objective
+from spirelib.training.step import evaluate
 from spirelib.training.tokenizer import build_tokenizer, tokenize
-from spirelib.training.train import (
-    TrainResult,
-    evaluate,
-    full_identity,
-    init_distributed,
-    resolve_device,
-    run_dir_for,
-    train,
-)
+from spirelib.training.train import TrainResult, full_identity, run_dir_for, train
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 0
@@ -102,7 +96,7 @@ def spire_identity(spire_cfg: SpireConfig, data: Data, target_hash: str) -> dict
 
 def planned_run_dirs(target_cfg: ModelConfig, target_training: TrainConfig | None, data: Data,
                      imported: Path | None = None) -> tuple[str, Path | None, Callable, Callable]:
-    """Where the recipes will keep their checkpoints, before any is trained (`spirelib.workbook.plan`):
+    """Where the recipes will keep their checkpoints, before any is trained (`spirelib.workbook.work`):
     (the target's config hash, its run folder (None for an imported target), the vanilla draft's
     folder as a function of its TrainConfig, a SPIRe draft's as a function of its SpireConfig and
     TrainConfig)."""

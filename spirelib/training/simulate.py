@@ -2,9 +2,9 @@
 code with fake tensors on a fake process group (`spire bench memory --simulate`); no GPU runs here.
 
 The run is built and stepped by the trainer's public pieces (`train.build_train_state`,
-`train.train_step`), so that a change to the trainer changes what is simulated; then come the
+`step.train_step`), so that a change to the trainer changes what is simulated; then come the
 checkpoint gather (`fsdp.full_state`), a resume (`fsdp.load_local_state`) and the end-of-run gather
-(`train.TrainState.plain_model`). `FSDPMemTracker` counts the live bytes of every storage by kind,
+(`step.TrainState.plain_model`). `FSDPMemTracker` counts the live bytes of every storage by kind,
 one tracker session a phase; `_CommBytes` counts the collectives and their buffer sizes. What is
 counted and what is not: `simulate`.
 """
@@ -191,7 +191,8 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     from spirelib.training import fsdp
     from spirelib.training.checkpoint import optimizer_tensors
     from spirelib.training.objectives import SpireObjective, lm_objective
-    from spirelib.training.train import build_train_state, train_step
+    from spirelib.training.step import train_step
+    from spirelib.training.train import build_train_state
 
     if dist.is_initialized():
         raise RuntimeError("simulate needs its own (fake) process group; run it where none is initialized")
@@ -267,7 +268,7 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
                                 for what in ("counts", "bytes")}
             comms["build"] = {"counts": building.counts, "bytes": building.bytes}
             before_save = tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
-            with phase("save"):  # what `train.save_state` gathers
+            with phase("save"):  # what `step.save_state` gathers
                 model_state, optim_state = fsdp.full_state(state.model, opt)
             gathered = _bytes(model_state.values()) + _bytes(t for s in optim_state["state"].values()
                                                              for t in s.values() if isinstance(t, torch.Tensor))
@@ -276,7 +277,7 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
             del model_state, optim_state, optim_tensors
             opt.zero_grad(set_to_none=True)
             opt.state.clear()  # a resumed run's optimizer starts empty
-            with phase("resume"):  # what `train.resume` reads of a sharded run's checkpoint
+            with phase("resume"):  # what `step.resume` reads of a sharded run's checkpoint
                 fsdp.load_local_state(state.model, opt, saved, {"optimizer": rest})
             with phase("end of run"):
                 state.plain_model()

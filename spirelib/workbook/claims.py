@@ -7,16 +7,16 @@ each claim whose verdict changed since (`changes`, `report`).
 
 A claim is a statement the index makes of the run, with a verdict that can flip, read from the
 results the notebooks recorded (results.json) through the index's own functions
-(`spirelib.workbook.findings`), so the record says what the index said. Each is kept under a key
+(`spirelib.workbook.findings`, `paper_claims`), so the record says what the index said. Each is kept under a key
 that names it and no rewording of the index changes (two versions of the workbook compare):
-- each of the paper's claims the index checks (`findings.claims`, keyed by `Claim.key`): its
+- each of the paper's claims the index checks (`paper_claims.claims`, keyed by `Claim.key`): its
   statement (the text before its evidence), verdict "reproduced" / "not reproduced" at this scale,
   or "agrees" / "differs" for the paper's own arithmetic (method §2);
 - the winner of every cell of every winner map (`findings.decision_maps`, keyed by the map's key and
   the cell), AD where no draft beats it,
   "(not resolved)" where the map marks the measured winner's 95% CI as overlapping another's or AD's
   (a winner resolved in one run and not in the next has changed its verdict);
-- each of SPIRe's parts that 05 ranks (`findings.ablation_effects`): "helps", "harmful" or
+- each of SPIRe's parts that 05 ranks (`paper_claims.ablation_effects`): "helps", "harmful" or
   "not resolved" (method §10).
 The evidence (the numbers behind a verdict) moves from run to run and is kept beside it, shown
 with a changed verdict, never compared. The changed claims are printed by `spire run` and listed
@@ -26,14 +26,14 @@ at the top of the index (`spirelib.workbook.report`).
 from __future__ import annotations
 
 from spirelib.modeling.methods import label
-from spirelib.workbook import findings
+from spirelib.workbook import findings, paper_claims
 from spirelib.workbook.narrative.winners import pow2
 
 SHOWN = 12  # changed claims printed at most; the rest are in run.json's claims_changed
 
 
-def _statement(claim: findings.Claim) -> tuple[str, str]:
-    """A claim of `findings.claims` as (its statement, its evidence): its words (`findings.plain`)
+def _statement(claim: paper_claims.Claim) -> tuple[str, str]:
+    """A claim of `paper_claims.claims` as (its statement, its evidence): its words (`findings.plain`)
     split at their first ": ", the index's form "Statement (how): evidence"."""
     statement, _, evidence = findings.plain(claim.text).partition(": ")
     return statement, evidence
@@ -43,10 +43,10 @@ def record(run: dict, results: dict) -> dict[str, dict]:
     """The claims the index makes of this run (module docstring): key -> {"claim" (its statement),
     "verdict", "evidence"}, in the index's order (the paper's claims, the winner maps, 05's parts)."""
     out: dict[str, dict] = {}
-    for kind, found in findings.claims(run, results).items():
+    for kind, found in paper_claims.claims(run, results).items():
         for c in found:
             statement, evidence = _statement(c)
-            verdict = ("agrees" if c.ok else "differs") if kind == findings.ARITHMETIC else kind
+            verdict = ("agrees" if c.ok else "differs") if kind == paper_claims.ARITHMETIC else kind
             out[c.key] = {"claim": statement, "verdict": verdict, "evidence": evidence}
     for m in findings.decision_maps(run, results):
         winners, Bs, Ls = m["grid"]
@@ -60,7 +60,7 @@ def record(run: dict, results: dict) -> dict[str, dict]:
                         "evidence": m["where"]}
     ranked = results.get("05_ablations", {}).get("importance")
     if ranked:
-        for effect, parts in zip(("helps", "harmful", "not resolved"), findings.ablation_effects(ranked)):
+        for effect, parts in zip(("helps", "harmful", "not resolved"), paper_claims.ablation_effects(ranked)):
             for r in parts:
                 out[f"part:{r['part']}"] = {"claim": f"05: {label(r['part'])}", "verdict": effect, "evidence": ""}
     return out

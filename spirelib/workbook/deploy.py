@@ -1,258 +1,36 @@
 """`spire deploy`: a finished run's answer in the forms serving engines take (docs/deploy.md).
 
-From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-position acceptance) and
-`run.json` (the series' shapes, notebook 06's context), for every drafting method the run measured
-that the model prices (`PRICED`: the paper's three, the verification-guided draft and prompt lookup): a
-batch-size -> k schedule (`modeling.schedule`) on a device of the hardware table, or one given as
-peak FLOP/s and bandwidth, at the params file's context mix (a fixed L, or 06's mixed-length
-batches), and one per context of a grid. Written as our YAML (the intervals, the merges, the
-inputs and, per engine, its release, its batch size, what it does past the last entry and what it
-could not express) and in each engine's form (`modeling.engines`: the keys of a named release,
-and vLLM's context form of an open PR in its own file). `--explain` reads an engine file back the
-way that engine would, B by B, beside the workbook's schedule.
+For every drafting method the run measured that the model prices, from what `deploy_inputs.inputs`
+reads of the run: a batch-size -> k schedule (`modeling.schedule`) at the params file's context
+mix, and one per context of a grid (`method_schedules`), written as our YAML (the intervals, the
+merges, the inputs and, per engine, its release, its batch size, what it does past the last entry
+and what it could not express) and in each engine's form (`modeling.engines`: the keys of a named
+release, and vLLM's context form of an open PR in its own file). `spire run` writes a run's own
+schedules into its folder (`write_run`); `--explain` reads an engine file back the way that engine
+would, B by B, beside the workbook's schedule (`deploy_explain`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
 import json
 import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import yaml
 
-from spirelib.modeling import engines, profiled
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
+from spirelib.modeling import engines
+from spirelib.modeling.hardware import BYTES_PER_VALUE
 from spirelib.modeling.methods import label
-from spirelib.modeling.recorded import DeployError, recorded_acceptance
-from spirelib.modeling.scenarios import Scenario
-from spirelib.modeling.schedule import (
-    Acceptance,
-    Table,
-    context_switches,
-    expressed_cost,
-    min_context_run,
-    modeled_table,
-    profiled_table,
-    schedule,
-)
+from spirelib.modeling.recorded import DeployError
+from spirelib.modeling.schedule import context_switches, expressed_cost, min_context_run
 from spirelib.paths import project_root
+from spirelib.workbook.deploy_explain import EXPLAIN_ENGINES, explain
+from spirelib.workbook.deploy_inputs import CONTEXTS, MIN_CONTEXT_RUN, MODELS, PRICED, SHAPES, Inputs, inputs
 from spirelib.workbook.results import read_json
 
-SHAPES = ("served", "trained", "paper")  # served: the imported target's (trained), else the paper's
-MODELS = ("paper", "profiled")
-CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
-MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
 SWITCH_SPAN = (64, 8192)  # the growth of one request whose switches of k schedule.yaml counts
-#: The methods a schedule is made for: every one notebook 04 measures and both models price (a one-pass
-#: drafter is a stated tau of notebook 06, never measured).
-PRICED = (*pm.MODELED_METHODS, "guided", "lookup")
-
-
-@dataclasses.dataclass(frozen=True)
-class Inputs:
-    """What a schedule is made from: per method its acceptance, the scenario's shapes and cost
-    settings (`modeling.scenarios.Scenario`, k ignored), the device, the context mix and the grid."""
-
-    acceptance: dict[str, Acceptance]
-    tau_context: int
-    scenario: Scenario  # its taus unused
-    device: str
-    hardware: Hardware
-    dtype: str
-    context: int
-    length_spread: float
-    max_batch: int
-    switching_cost: float
-    contexts: tuple[int, ...]
-    shapes: str
-    run: str
-    profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
-    graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
-    min_context_run: int = MIN_CONTEXT_RUN  # tokens: see `schedule.min_context_run`
-    min_batch_run: int = 1  # batch sizes the narrowest range spans: see `schedule.schedule`
-
-    def schedule(self, table: Table):
-        """The schedule of `table` with this deployment's switching cost and minimum run along B."""
-        return schedule(table, max_batch=self.max_batch, switching_cost=self.switching_cost,
-                        min_batch_run=self.min_batch_run)
-
-    def mix(self, context: int | None = None):
-        """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
-        L = self.context if context is None else context
-        return pm.LengthDistribution(L, self.length_spread, seed=0) if self.length_spread > 0 else L
-
-    def table(self, method: str, context: int | None = None) -> Table:
-        """`method`'s multipliers per k and B at `context` (default: the context mix)."""
-        if self.profiled is not None:
-            p = self.profiled
-            return profiled_table(p["cost"], p["drafts"][method], self.acceptance[method], np.arange(1, self.max_batch + 1),
-                                  self.context if context is None else context, p["target"], p["vocab_size"],
-                                  p["new_tokens"], bytes_per_value=p["bytes_per_value"], error=p["error"])
-        s = self.scenario
-        kwargs = {key: v for key, v in s.model_kwargs().items() if key != "k"}
-        return modeled_table(method, self.acceptance[method], np.arange(1, self.max_batch + 1), self.mix(context),
-                             s.target, s.drafts.get(method), **kwargs)
-
-
-# ---------------------------------------------------------------------------- reading a run
-
-def resolve_hardware(name: str | None, dtype: str | None, peak_flops: float | None, bandwidth: float | None,
-                     table: dict[str, Hardware] | None = None) -> tuple[Hardware, str]:
-    """A device of the hardware table by `name`, or one given as `peak_flops` (for `dtype`) and
-    `bandwidth`; the dtype defaults to the device's first of fp8, bf16, fp32."""
-    table = hardware_table() if table is None else table
-    if peak_flops is not None or bandwidth is not None:
-        if name is not None or peak_flops is None or bandwidth is None:
-            raise DeployError("give either --hardware NAME or both --peak-flops and --bandwidth (with --dtype)")
-        dtype = dtype or "bf16"
-        if dtype not in BYTES_PER_VALUE:
-            raise DeployError(f"--dtype {dtype}: unknown; known: {', '.join(sorted(BYTES_PER_VALUE))}")
-        try:
-            return Hardware("custom", {dtype: float(peak_flops)}, float(bandwidth), "given on the command line"), dtype
-        except ValueError as e:
-            raise DeployError(str(e)) from e
-    if name is None:
-        raise DeployError(f"--hardware: name a device ({', '.join(table)}) or give --peak-flops and --bandwidth")
-    if name not in table:
-        raise DeployError(f"--hardware {name}: unknown device; known: {', '.join(table)} (or give --peak-flops "
-                          "and --bandwidth for the serving dtype)")
-    device = table[name]
-    dtype = dtype or next(d for d in ("fp8", "bf16", "fp32", *device.peak_flops) if d in device.peak_flops)
-    if dtype not in device.peak_flops:
-        raise DeployError(f"--dtype {dtype}: {name} has no {dtype} peak; it has {', '.join(device.peak_flops)}")
-    return device, dtype
-
-
-def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, Scenario]:
-    """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
-    shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
-    series' k and `hoi`; `source` names where the taus come from in each label."""
-    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a series' scenarios are made
-
-    spire = series.spire
-    return {
-        "paper shapes": dataclasses.replace(Scenario.paper(), k=series.k, hoi=hoi).with_taus(
-            taus, f"paper shapes, {source}"),
-        "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
-                                           spire.window, taus, k=series.k, hoi=hoi,
-                                           label=f"trained shapes (window {spire.window}), {source}"),
-    }
-
-
-def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
-    """The scenario of the run's series (`series_scenarios`) at `shapes` on the device,
-    and the shapes it is: "served" is the imported target's (its trained shapes) when the series
-    imports one, else the paper's (a series trained from scratch is a CPU-sized stand-in)."""
-    from spirelib.training.series import Series  # torch: only when a schedule is made
-
-    series = Series.from_dict(run.get("params", {}).get("series", {}))
-    if shapes == "served":
-        shapes = "trained" if series.imported else "paper"
-    scenarios = series_scenarios(series, {}, hardware.hoi(dtype), "")
-    return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype), shapes
-
-
-def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
-    """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
-    prices: the series' target, each draft's `profiled.DraftShape` (09's own,
-    `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
-    median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
-    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a schedule is made
-    from spirelib.measure.wallclock import profiled_draft_shapes
-    from spirelib.model.kvcache import SinkWindow
-    from spirelib.training.series import Series
-
-    recorded = results.get("09_measured_vs_modeled", {})
-    model, machine = recorded.get("profiled_model"), recorded.get("machine")
-    if not model or not machine:
-        raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
-    fields = {f.name for f in dataclasses.fields(profiled.ProfiledCost)} - {"drafts", "paces"}
-    cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
-                                 drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
-    series = Series.from_dict(run.get("params", {}).get("series", {}))
-    target, spire = series.target, series.spire
-    drafts = profiled_draft_shapes(vanilla_draft_config(target),
-                                   dataclasses.replace(target, num_layers=spire.num_layers), spire,
-                                   SinkWindow(series.magicdec.sink, series.magicdec.window), series.guided_options())
-    value_bytes = int(machine["bytes_per_value"])
-    dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
-    device = Hardware("this-machine", {dtype: float(machine["peak_flops"])}, float(machine["bandwidth"]),
-                      f"notebook 09's calibration ({machine.get('device', '?')})")
-    return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
-             "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
-             "held_out_max_error": model.get("held_out_max_error")}, device, dtype)
-
-
-def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
-           bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
-           max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "served",
-           methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS,
-           min_context_run_tokens: int = MIN_CONTEXT_RUN, min_batch_run: int = 1) -> Inputs:
-    """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
-    problems = []
-    if not (run_dir / "results.json").is_file():
-        raise DeployError(f"{run_dir}: no results.json; deploy reads a finished run (spire run --params ...)")
-    if shapes not in SHAPES:
-        problems.append(f"--shapes {shapes}: choose {' or '.join(SHAPES)}")
-    if not (isinstance(max_batch, int) and max_batch >= 1):
-        problems.append(f"--max-batch {max_batch}: must be a positive integer")
-    if not (0.0 <= switching_cost < 1.0):
-        problems.append(f"--switching-cost {switching_cost}: a fraction of the speedup in [0, 1), e.g. 0.14")
-    if length_spread is not None and length_spread < 0:
-        problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
-    if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
-        problems.append(f"--contexts {contexts}: increasing positive lengths")
-    if not (isinstance(min_batch_run, int) and min_batch_run >= 1):
-        problems.append(f"--min-batch-run {min_batch_run}: batch sizes the narrowest range spans, >= 1 (1: none)")
-    if not (isinstance(min_context_run_tokens, int) and min_context_run_tokens >= 0):
-        problems.append(f"--min-context-run {min_context_run_tokens}: tokens a k must last, >= 0 (0: no minimum)")
-    if not graph_bs or any(b < 1 for b in graph_bs):
-        problems.append(f"--cuda-graph-bs {graph_bs}: your SGLang server's captured batch sizes, e.g. 1,2,4,8,16")
-    if model not in MODELS:
-        problems.append(f"--model {model}: choose {' or '.join(MODELS)}")
-    elif model == "profiled":
-        if hardware is not None or peak_flops is not None or bandwidth is not None or dtype is not None:
-            problems.append("--model profiled prices the machine notebook 09 measured: drop --hardware, --dtype, "
-                            "--peak-flops and --bandwidth")
-    else:
-        try:
-            device, dtype = resolve_hardware(hardware, dtype, peak_flops, bandwidth)
-        except DeployError as e:
-            problems.append(str(e))
-    if problems:
-        raise DeployError("; ".join(problems))
-    results, run = read_json(run_dir / "results.json"), read_json(run_dir / "run.json")
-    fitted = None
-    if model == "profiled":
-        fitted, device, dtype = profiled_inputs(results, run)
-    explorer = run.get("notebooks", {}).get("06_speedup_explorer", {}).get("parameters", {})
-    context = int(context if context is not None else explorer.get("context_length", 512))
-    spread = float(length_spread if length_spread is not None else 0.0)
-    acceptance, tau_context = recorded_acceptance(results, context)
-    if methods:
-        unknown = [m for m in methods if m not in acceptance]
-        if unknown:
-            raise DeployError(f"--draft {', '.join(unknown)}: no such draft in this run; it measured "
-                              f"{', '.join(acceptance)} at L = {tau_context}")
-        acceptance = {m: acceptance[m] for m in methods}
-    unmodeled = [m for m in acceptance if m not in PRICED]
-    acceptance = {m: a for m, a in acceptance.items() if m in PRICED}
-    if not acceptance:
-        raise DeployError(f"the run measured only {', '.join(unmodeled)}, which the throughput model does not price")
-    if fitted is not None and spread > 0:
-        raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
-    scenario, shapes = _scenario(run, shapes, device, dtype)
-    if fitted is not None:
-        shapes = "trained"  # the profiled model prices the series' own target and drafts on this machine
-    return Inputs(acceptance, tau_context, scenario, device.name, device, dtype, context,
-                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
-                  tuple(sorted(graph_bs)), min_context_run_tokens, min_batch_run)
 
 
 # ---------------------------------------------------------------------------- writing
@@ -275,7 +53,8 @@ def method_schedules(inp: Inputs, method: str) -> dict:
     collapsed = {str(L): round(expressed_cost(tables[L], main, by_context[L]), 4) for L in inp.contexts}
     long_runs = min_context_run(tables, by_context, inp.min_context_run, inp.max_batch)
     switches = {"from_to": list(SWITCH_SPAN), "min_context_run": inp.min_context_run,
-                "largest_loss": round(max(expressed_cost(tables[L], long_runs[L], by_context[L]) for L in inp.contexts), 4),
+                "largest_loss": round(max(expressed_cost(tables[L], long_runs[L], by_context[L])
+                                          for L in inp.contexts), 4),
                 "per_batch": {str(b): {"before": context_switches(by_context, b, *SWITCH_SPAN),
                                        "after": context_switches(long_runs, b, *SWITCH_SPAN)}
                               for b in sorted({1, 8, 64, inp.max_batch}) if b <= inp.max_batch}}
@@ -415,99 +194,6 @@ def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------- an engine's reading of a file
-
-EXPLAIN_ENGINES = ("vllm", "vllm_pr48944", "trtllm", "sglang")
-
-
-def load_engine_file(path: Path) -> dict:
-    """An engine file as data: YAML (.yaml, .yml; TensorRT-LLM's under `speculative_config`) or JSON."""
-    if not path.is_file():
-        raise DeployError(f"--explain {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text())
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise DeployError(f"--explain {path}: not valid YAML/JSON ({e}); give an engine file spire deploy wrote "
-                          "or one in the same form") from e
-    if not isinstance(data, dict):
-        raise DeployError(f"--explain {path}: expected a mapping of the engine's keys")
-    return data.get("speculative_config", data)
-
-
-def engine_reading(engine: str, config: dict, batches, contexts=(None,), graph_bs=engines.CUDA_GRAPH_BS,
-                   server_args: dict | None = None) -> tuple[list[str], dict]:
-    """What `engine` refuses in `config` and the k it picks per (batch, context) of `batches` x
-    `contexts` (context None where the engine reads none). SGLang reads the adaptive config with
-    an EAGLE-family algorithm at the first slot's steps unless `server_args` says otherwise."""
-    try:
-        if engine == "vllm":
-            return engines.vllm_problems(config), {(b, None): engines.vllm_k(config, b) for b in batches}
-        if engine == "vllm_pr48944":
-            return [], {(b, L): engines.vllm_context_k(config, b, L) for b in batches for L in contexts}
-        if engine == "trtllm":
-            return engines.trtllm_problems(config), {(b, None): engines.trtllm_k(config, b) for b in batches}
-        first = config[min(config, key=int)]["candidate_steps"][0]
-        args = server_args or {"speculative_algorithm": "EAGLE", "speculative_adaptive": True,
-                               "speculative_num_steps": first, "speculative_eagle_topk": 1,
-                               "speculative_num_draft_tokens": first + 1}
-        return (engines.sglang_problems(config, args),
-                {(b, None): engines.sglang_k(config, args, b, graph_bs) for b in batches})
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise DeployError(f"--engine {engine}: the file is not in that engine's form ({e!r}); see docs/deploy.md "
-                          "for each engine's keys") from e
-
-
-def explain(path: Path, engine: str, max_batch: int, contexts, inp: Inputs | None = None, method: str | None = None,
-            graph_bs=engines.CUDA_GRAPH_BS) -> str:
-    """`spire deploy --explain`: what `engine` would do with the file at `path`, B by B (runs of
-    equal k in one row; per context where it reads one), next to the workbook's scheduled k and
-    its modeled multiplier when a run's `inp` and `method` are given."""
-    if engine not in EXPLAIN_ENGINES:
-        raise DeployError(f"--engine {engine}: choose one of {', '.join(EXPLAIN_ENGINES)}")
-    info = engines.ENGINES[engine]
-    batches = range(1, max_batch + 1)
-    reads_context = engine == "vllm_pr48944"
-    problems, picked = engine_reading(engine, load_engine_file(path), batches,
-                                      tuple(contexts) if reads_context else (None,), graph_bs)
-    lines = [engines.SERVING, "", f"{info.label} ({info.release}) reading {path}:",
-             f"  its batch size: {info.batch}; past the last entry: {info.beyond}"]
-    if engine == "sglang":
-        lines.append("  read as an EAGLE-family algorithm would (STANDALONE ignores the file and runs its "
-                     "--speculative-num-steps); batches padded to the CUDA-graph sizes "
-                     f"{', '.join(map(str, graph_bs))}")
-    lines += [f"  refused: {p}" for p in problems] or ["  the engine's checks pass"]
-    ours = {}  # (B, L) -> (the workbook's k, its modeled multiplier, the multiplier at the engine's k)
-    if inp is not None:
-        for L in (tuple(contexts) if reads_context else (None,)):
-            table = inp.table(method, L)
-            s = inp.schedule(table)
-            ours.update({(b, L): (s.k_at(b), float(table.at(s.k_at(b))[0][b - 1]),
-                                  float(table.at(picked[(b, L)])[0][b - 1]) if picked[(b, L)] <= table.ks[-1] else None)
-                         for b in batches})
-        lines.append(f"  beside the workbook's schedule for {label(method)} ({inp.run} on {inp.device} {inp.dtype}, "
-                     f"{inp.shapes} shapes, L = {inp.context if not reads_context else 'per row'}); modeled "
-                     "multipliers over AD (-: the engine's k is deeper than the acceptance was measured)")
-    header = ["B", *(["L"] if reads_context else []), "engine k",
-              *(["workbook k", "modeled x", "x at engine k"] if ours else [])]
-    rows = []
-    for L in (tuple(contexts) if reads_context else (None,)):
-        for _, run in itertools.groupby(batches, key=lambda b, L=L: (picked[(b, L)], ours.get((b, L), (None,))[0])):
-            run = list(run)
-            k = picked[(run[0], L)]
-            span = f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])
-            cells = [span, *([str(L)] if reads_context else []), str(k)]
-            if ours:
-                mine = ours[(run[0], L)][0]
-                cells.append(str(mine) + ("" if mine == k else "  <- differs"))
-                for column in (1, 2):
-                    xs = [ours[(b, L)][column] for b in run if ours[(b, L)][column] is not None]
-                    cells.append(f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-")
-            rows.append(cells)
-    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in (header, *rows)]
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------------- a run's own schedules
 
 READS = ("04_measure_tau", "09_measured_vs_modeled")  # the notebooks whose results a run's schedules read
@@ -522,9 +208,9 @@ def reads_any(stems) -> bool:
 
 def write_run(out_dir: Path) -> dict:
     """The schedules a run writes into its own folder (`spire run` calls this after the last
-    notebook when it ran one of `READS`): on an H100 (fp8) at the served shapes and, when notebook 09 ran, on this machine
-    from its profiled model; what run.json keeps of them (folders, per method its ranges, or
-    why none was written)."""
+    notebook when it ran one of `READS`): on an H100 (fp8) at the served shapes and, when notebook
+    09 ran, on this machine from its profiled model; what run.json keeps of them (folders, per
+    method its ranges, or why none was written)."""
     results = read_json(out_dir / "results.json")
     measured = results.get("09_measured_vs_modeled", {}).get("cells") or []
     options = {f"{RUN_DEVICE}-fp8": {"hardware": RUN_DEVICE, "dtype": "fp8"}}
@@ -542,7 +228,8 @@ def write_run(out_dir: Path) -> dict:
         made = write(inp, out_dir / "deploy" / name)
         written[name] = {"folder": f"deploy/{name}", "device": f"{inp.device} {inp.dtype}", "context": inp.context,
                          "methods": {m: {"ranges": s["schedule"].describe(),
-                                         "files": ["schedule.yaml", *(engines.ENGINES[e].file for e, c in s["engines"].items()
+                                         "files": ["schedule.yaml", *(engines.ENGINES[e].file
+                                                                      for e, c in s["engines"].items()
                                                                       if c is not None)]}
                                      for m, s in made.items()}}
     return written

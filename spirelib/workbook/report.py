@@ -19,9 +19,9 @@ offline it shows as TeX source.
 
 `write_index` builds `index.html` from the run's `run.json` and `results.json`; its content
 is the list `INDEX_SECTIONS` of small functions, each rendering one section from data
-(`findings`, `deploy`) with a Jinja2 template of templates/ (autoescaped): the verdict and what
-was (not) reproduced first, then the reports, the details, the parameters (folded) and a link to
-the raw results.json.
+(`findings`, `paper_claims`, `details`, `deploy`) with a Jinja2 template of templates/ (autoescaped):
+the verdict and what was (not) reproduced first, then the reports, the details, the parameters
+(folded) and a link to the raw results.json.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from markupsafe import Markup
 from nbconvert import HTMLExporter
 
 from spirelib.modeling.engines import SERVING
-from spirelib.workbook import deploy, findings
+from spirelib.workbook import deploy, findings, paper_claims
+from spirelib.workbook.details import DETAILS
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -268,8 +269,8 @@ def render_index(run: dict, results: dict, sections: list[Callable[[dict, dict],
 
 def verdict_section(run: dict, results: dict) -> str:
     """The index's first section: the decision maps (`findings.verdict`), then what this run checked
-    of the paper's claims (`findings.claims`), then what each answer is good for (`findings.answers`)."""
-    found = findings.claims(run, results)
+    of the paper's claims (`paper_claims.claims`), then what each answer is good for (`findings.answers`)."""
+    found = paper_claims.claims(run, results)
     return render("verdict.html", verdict=findings.verdict(run, results),
                   claims=found if any(found.values()) else None, answers=findings.answers(run, results)).strip()
 
@@ -292,8 +293,8 @@ def reports_section(run: dict, results: dict) -> str:
 
 
 def findings_section(run: dict, results: dict) -> str:
-    """The details behind the verdict: every finding of `findings.DETAILS` whose notebook recorded its results."""
-    details = [(detail.__name__, found) for detail in findings.DETAILS if (found := detail(run, results))]
+    """The details behind the verdict: every finding of `details.DETAILS` whose notebook recorded its results."""
+    details = [(detail.__name__, found) for detail in DETAILS if (found := detail(run, results))]
     return render("details.html", details=details).strip()
 
 

@@ -50,10 +50,9 @@ from spirelib.measure import cells as measured_cells
 from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
+from spirelib.training.devices import resolve_device
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
-from spirelib.training.train import resolve_device
-from spirelib.workbook import claims, deploy, findings, progress, results
-from spirelib.workbook import plan as work
+from spirelib.workbook import claims, deploy, findings, plan, probe, progress, results
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 SERIES_PARAMETER = "series"  # the notebook parameter that receives the params file's series section
@@ -311,7 +310,7 @@ def _now() -> str:
 
 
 def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out_dir: Path | None = None,
-              recalibrate: bool = False) -> work.Plan:
+              recalibrate: bool = False) -> plan.Plan:
     """The work of running `selected` with these injections (`spirelib.workbook.plan`): each
     notebook's parameters are its defaults with the injections over them. SD rounds at the taus
     the last run into `out_dir` measured, for the same series, where it holds them; every figure
@@ -322,8 +321,8 @@ def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out
     if out_dir is not None and (out_dir / "run.json").is_file():
         earlier = results.read_json(out_dir / "run.json")
         if earlier.get("params", {}).get("series") == series:
-            taus = work.measured_taus(results.read_json(out_dir / "results.json"))
-    return work.make_plan([nb.stem for nb in selected], parameters, series, taus, recalibrate)
+            taus = plan.measured_taus(results.read_json(out_dir / "results.json"))
+    return plan.make_plan([nb.stem for nb in selected], parameters, series, taus, recalibrate)
 
 
 class MissingExtra(RuntimeError):
@@ -368,6 +367,21 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         return 0
     if log_output:  # papermill streams cell output through logging
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+    record, previous = _start_record(params_file, out_dir, only, params, dry_run, planned, selected, injected)
+    status = _run_notebooks(execute, report, selected, injected, record, out_dir, notebooks_dir, planned, log_output,
+                            kernel, cell_timeout, dry_run)
+    merged, why_not = _finish_record(record, previous, status, selected, planned, out_dir)
+    index = report.write_index(out_dir)
+    _print_closing(record, previous, why_not, merged, selected, out_dir, index)
+    return 0 if status == "ok" else (130 if status == "interrupted" else 1)
+
+
+def _start_record(params_file: Path, out_dir: Path, only: str | None, params: dict, dry_run: bool, planned,
+                  selected: list[Path], injected: dict[str, dict]) -> tuple[dict, dict]:
+    """The run's record (run.json) before any notebook runs, written: the params, the plan, every
+    selected notebook pending with its parameters and planned seconds (with `only`, over the folder's
+    existing record; else a fresh one, results.json removed); and the folder's previous record, whose
+    claims this run's are compared with (read again where kept in an older form, or not at all)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results").mkdir(exist_ok=True)
     run_file, results_file = out_dir / "run.json", out_dir / "results.json"
@@ -379,7 +393,7 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         results_file.unlink(missing_ok=True)
     record.update(params_file=str(params_file), params=params, dry_run=dry_run, started=_now(), finished=None,
                   status="running", plan=None if planned is None else planned.to_dict(),
-                  machine=planned.machine if planned else work.machine_name(resolve_device("cpu")))
+                  machine=planned.machine if planned else probe.machine_name(resolve_device("cpu")))
     record.setdefault("notebooks", {})
     for nb in selected:
         record["notebooks"][nb.stem] = {"status": "pending", "parameters": injected[nb.stem],
@@ -389,7 +403,16 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
                                                                else round(planned.seconds_at_tau_1(nb.stem), 2))}
     record["notebooks"] = dict(sorted(record["notebooks"].items()))
     results.write_json(run_file, record)
+    return record, previous
 
+
+def _run_notebooks(execute, report, selected: list[Path], injected: dict[str, dict], record: dict, out_dir: Path,
+                   notebooks_dir: Path, planned, log_output: bool, kernel: str, cell_timeout: float | None,
+                   dry_run: bool) -> str:
+    """Each selected notebook executed in turn, its progress on the terminal, its results merged into
+    results.json, its report exported and its entry of `record` written, until one does not finish
+    "ok"; that status (or "ok")."""
+    run_file, results_file = out_dir / "run.json", out_dir / "results.json"
     status = "ok"
     live = sys.stdout.isatty() and not log_output  # a person at a terminal: one line rewritten in place
     (out_dir / "progress").mkdir(exist_ok=True)
@@ -420,6 +443,16 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         results.write_json(run_file, record)
         if status != "ok":
             break
+    return status
+
+
+def _finish_record(record: dict, previous: dict, status: str, selected: list[Path], planned,
+                   out_dir: Path) -> tuple[dict, str | None]:
+    """The record completed and written after the notebooks: those not run marked skipped, the run's
+    status, its serving schedules (`deploy`), what it taught the plan (`plan.learn`), its claims and
+    those changed since `previous`. Returns (the merged results, why the claims were not compared
+    or None)."""
+    run_file, results_file = out_dir / "run.json", out_dir / "results.json"
     for entry in record["notebooks"].values():
         if entry["status"] == "pending":
             entry.update(status="skipped", error="not run: the run stopped at an earlier notebook")
@@ -427,14 +460,21 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     if deploy.reads_any(nb.stem for nb in selected):
         record["deploy"] = deploy.write_run(out_dir)
     if planned is not None:
-        record["calibration_learned"] = work.learn(planned, record, str(out_dir))
+        record["calibration_learned"] = plan.learn(planned, record, str(out_dir))
     merged = results.read_json(results_file)
     record["claims"] = claims.record(record, merged)
     why_not = claims.comparable(previous, record) if previous else "no earlier run in this folder"
     record["claims_changed"] = None if why_not else claims.changes(previous["claims"], record["claims"])
     record["claims_compared"] = {"with": previous.get("started") if previous else None, "why_not": why_not}
     results.write_json(run_file, record)
-    index = report.write_index(out_dir)
+    return merged, why_not
+
+
+def _print_closing(record: dict, previous: dict, why_not: str | None, merged: dict, selected: list[Path],
+                   out_dir: Path, index: Path) -> None:
+    """The run's last words on the terminal: what it taught the plan, which claims changed since the
+    previous run (or why none were compared), the table of its notebooks with the index's verdict,
+    and where the reports are."""
     for line in record.get("calibration_learned") or []:
         print(f"calibration: {line}")
     if record["claims_changed"]:
@@ -447,7 +487,6 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     verdict = findings.plain(findings.verdict_lead(merged, rows)) if rows else None
     print(progress.summary(record, [nb.stem for nb in selected], out_dir, verdict or None))
     print(f"reports: {index}")
-    return 0 if status == "ok" else (130 if status == "interrupted" else 1)
 
 
 # ---------------------------------------------------------------------------- command line

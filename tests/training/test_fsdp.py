@@ -46,7 +46,8 @@ WORKER = textwrap.dedent("""
     from spirelib.training.data import FlatDocs
     from spirelib.training.config import TrainConfig
     from spirelib.training.objectives import ObjectiveModule, lm_objective
-    from spirelib.training.train import init_distributed, train
+    from spirelib.training.devices import init_distributed
+    from spirelib.training.train import train
 
     torch.set_num_threads(1)
     VARIANTS = ("spire", "no_feedback", "no_feedback_no_target_acts")

@@ -112,21 +112,21 @@ def test_the_k_pass_gathers_each_draft_block_once_per_pass():
 
 def test_the_simulation_builds_and_steps_through_the_trainers_own_pieces(monkeypatch):
     """The run is built and stepped by the trainer's public pieces (`train.build_train_state`,
-    `train.train_step`), not by a copy of them: a change to the trainer's step changes the simulation."""
-    from spirelib.training import train
+    `step.train_step`), not by a copy of them: a change to the trainer's step changes the simulation."""
+    from spirelib.training import step, train
 
     calls = []
 
-    def counting(name):
-        real = getattr(train, name)
+    def counting(module, name):
+        real = getattr(module, name)
 
         def counted(*args, **kwargs):
             calls.append(name)
             return real(*args, **kwargs)
         return counted
 
-    for name in ("build_train_state", "train_step"):
-        monkeypatch.setattr(train, name, counting(name))
+    for module, name in ((train, "build_train_state"), (step, "train_step")):
+        monkeypatch.setattr(module, name, counting(module, name))
     r = simulate(Case("toy target", "target", SHAPE, TRAIN, 2))
     assert calls == ["build_train_state", "train_step"]
     assert r["phases"]["forward+backward"]["peak_bytes"] > 0 and r["phases"]["optimizer"]["peak_bytes"] > 0

@@ -1,7 +1,7 @@
 """The trainer's throughput clock reads the time only once the device has finished the steps.
 
 A GPU runs a step's kernels after `opt.step()` has returned; a clock read then stops early and
-overstates tokens/s (and MFU). `train._drain` (torch.cuda.synchronize on a GPU) is monkeypatched
+overstates tokens/s (and MFU). `metrics._drain` (torch.cuda.synchronize on a GPU) is monkeypatched
 here into a device that finishes `LAG` seconds after the host has queued the work: every figure
 must include that wait, and the drain must come only where the host waits anyway.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.training import train as train_module
+from spirelib.training import metrics
 from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
 from spirelib.training.objectives import lm_objective
@@ -30,7 +30,7 @@ def test_tokens_per_s_waits_for_the_device_and_drains_only_at_log_lines(tmp_path
 
         time.sleep(LAG)
 
-    monkeypatch.setattr(train_module, "_drain", lagging_drain)
+    monkeypatch.setattr(metrics, "_drain", lagging_drain)
     cfg = TrainConfig(batch_size=2, seq_len=8, steps=5, lr=1e-3, log_every=2, checkpoint_every=100)
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=16, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32))

@@ -11,8 +11,9 @@ from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training.checkpoint import CheckpointError, config_hash, read_meta
 from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
+from spirelib.training.metrics import read_metrics
 from spirelib.training.objectives import lm_objective
-from spirelib.training.train import TrainingDiverged, read_metrics, train
+from spirelib.training.train import TrainingDiverged, train
 
 V = 32
 CFG = ModelConfig(vocab_size=V, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)

@@ -26,7 +26,7 @@ from spirelib.modeling.schedule import (
     schedule,
 )
 from spirelib.training.series import Series
-from spirelib.workbook import deploy, report, runner
+from spirelib.workbook import deploy, deploy_inputs, report, runner
 
 
 def table(tm, spread=0.01):
@@ -175,7 +175,7 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
                      "--contexts", "256,512,1024", "--cuda-graph-bs", "1,2,4,8,16,32,64", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(engines.SERVING) and "MagicDec: B 1-" in printed
-    inp = deploy.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=128, contexts=(256, 512, 1024))
+    inp = deploy_inputs.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=128, contexts=(256, 512, 1024))
     graphs = (1, 2, 4, 8, 16, 32, 64)
     for method in ("spire", "vanilla", "magicdec"):
         doc = yaml.safe_load((out / method / "schedule.yaml").read_text())
@@ -190,7 +190,7 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
         ctx = json.loads((out / method / "vllm-context-pr48944.json").read_text())
         tables = {L: inp.table(method, L) for L in (256, 512, 1024)}
         per_l = {L: schedule(t, max_batch=128) for L, t in tables.items()}
-        long_runs = min_context_run(tables, per_l, deploy.MIN_CONTEXT_RUN, 128)
+        long_runs = min_context_run(tables, per_l, deploy_inputs.MIN_CONTEXT_RUN, 128)
         for L in (256, 512, 1024):
             assert all(engines.vllm_context_k(ctx, b, L) == long_runs[L].k_at(b) for b in range(1, 129))
         assert doc["context_switches"]["per_batch"]["1"] == {"before": context_switches(per_l, 1),
@@ -233,7 +233,7 @@ def test_deploy_prices_the_guided_draft_and_prompt_lookup_with_lookups_ngram_key
                      "--contexts", "512", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "guided sparse: B 1-" in printed and "prompt lookup: B 1-" in printed
-    inp = deploy.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=64, contexts=(512,))
+    inp = deploy_inputs.inputs(run_dir, hardware="h100-sxm", shapes="paper", max_batch=64, contexts=(512,))
     assert list(inp.acceptance) == ["spire", "vanilla", "magicdec", "guided", "lookup"]
     for method in ("guided", "lookup"):
         doc = yaml.safe_load((out / method / "schedule.yaml").read_text())
@@ -261,7 +261,7 @@ def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
     from spirelib.decoding.drafts import vanilla_draft_config
     series = Series.from_dict({})
     taus = {"vanilla": 2.0, "spire": 3.0}
-    scenarios = deploy.series_scenarios(series, taus, 300.0, "src")
+    scenarios = deploy_inputs.series_scenarios(series, taus, 300.0, "src")
     paper, trained = scenarios["paper shapes"], scenarios["trained shapes"]
     assert (paper.taus, paper.k, paper.hoi, paper.label) == (taus, series.k, 300.0, "paper shapes, src")
     assert paper.target == Scenario.paper().target
@@ -272,10 +272,10 @@ def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
 
 def test_the_served_shapes_are_the_papers_for_a_series_trained_from_scratch_and_k_says_where_it_is_capped(
         run_dir, tmp_path, capsys):
-    inp = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,))
-    assert inp.shapes == "paper" and inp.scenario.target == deploy.inputs(
+    inp = deploy_inputs.inputs(run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,))
+    assert inp.shapes == "paper" and inp.scenario.target == deploy_inputs.inputs(
         run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,), shapes="paper").scenario.target
-    assert inp.scenario.target != deploy.inputs(run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,),
+    assert inp.scenario.target != deploy_inputs.inputs(run_dir, hardware="h100-sxm", max_batch=8, contexts=(512,),
                                                  shapes="trained").scenario.target
     results = json.loads((run_dir / "results.json").read_text())
     results["04_measure_tau"]["per_position_acceptance"]["spire"]["512"]["p"] = [0.99, 0.99, 0.99, 0.99]
@@ -314,7 +314,7 @@ def test_explain_reads_a_file_as_the_engine_would_beside_the_workbooks_schedule(
     assert cli.main(["deploy", str(run_dir), "--explain", str(hand), "--engine", "trtllm", "--max-batch", "20",
                      "--hardware", "h100-sxm", "--draft", "spire"]) == 0
     printed = capsys.readouterr().out
-    inp = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=20, methods=["spire"])
+    inp = deploy_inputs.inputs(run_dir, hardware="h100-sxm", max_batch=20, methods=["spire"])
     s, t = schedule(inp.table("spire"), max_batch=20), inp.table("spire")
     first = next(line.split() for line in printed.splitlines() if line.strip().startswith("1"))
     assert first[2] == str(s.k_at(1)) and float(first[-2].split("-")[0]) == pytest.approx(t.at(s.k_at(1))[0][0], abs=0.005)
@@ -356,13 +356,13 @@ def test_refusals_name_the_problem_before_any_compute(run_dir, tmp_path, capsys)
 
 
 def test_a_device_given_as_peak_and_bandwidth_sets_the_hoi(run_dir):
-    inp = deploy.inputs(run_dir, peak_flops=1e15, bandwidth=2e12, dtype="bf16", max_batch=8, contexts=(512,))
+    inp = deploy_inputs.inputs(run_dir, peak_flops=1e15, bandwidth=2e12, dtype="bf16", max_batch=8, contexts=(512,))
     assert inp.hardware.hoi("bf16") == 500.0 and inp.scenario.hoi == 500.0 and inp.scenario.bytes_per_value == 2.0
     with pytest.raises(deploy.DeployError, match="both --peak-flops and --bandwidth"):
-        deploy.inputs(run_dir, peak_flops=1e15)
+        deploy_inputs.inputs(run_dir, peak_flops=1e15)
     with pytest.raises(deploy.DeployError, match="--min-batch-run 0: batch sizes"):
-        deploy.inputs(run_dir, hardware="h100-sxm", min_batch_run=0)
-    wide = deploy.inputs(run_dir, hardware="h100-sxm", max_batch=64, contexts=(512,), min_batch_run=64)
+        deploy_inputs.inputs(run_dir, hardware="h100-sxm", min_batch_run=0)
+    wide = deploy_inputs.inputs(run_dir, hardware="h100-sxm", max_batch=64, contexts=(512,), min_batch_run=64)
     assert len(wide.schedule(wide.table("magicdec")).ranges) == 1
 
 
@@ -387,14 +387,14 @@ def test_the_profiled_table_is_the_profiled_speedup_with_its_error_around_taus_i
 def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run_dir, tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     with pytest.raises(deploy.DeployError, match="notebook 09's profiled model"):
-        deploy.inputs(run_dir, model="profiled")
+        deploy_inputs.inputs(run_dir, model="profiled")
     results["09_measured_vs_modeled"] = {
         "profiled_model": {**COST.to_dict(), "median_error": 0.1, "held_out_max_error": 0.5},
         "machine": {"peak_flops": 2e10, "precision": "fp32", "bandwidth": 5e9, "bytes_per_value": 4, "device": "cpu"}}
     (run_dir / "results.json").write_text(json.dumps(results))
     with pytest.raises(deploy.DeployError, match="drop --hardware"):
-        deploy.inputs(run_dir, model="profiled", hardware="h100-sxm")
-    inp = deploy.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64, methods=["spire"])
+        deploy_inputs.inputs(run_dir, model="profiled", hardware="h100-sxm")
+    inp = deploy_inputs.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64, methods=["spire"])
     assert inp.device == "this-machine" and inp.dtype == "fp32" and inp.hardware.hoi("fp32") == 4.0
     draft = inp.profiled["drafts"]["spire"]
     spire = Series.from_dict({}).spire  # the series' SPIRe: its sink + window, memory in every layer
@@ -420,7 +420,7 @@ def test_the_profiled_model_prices_every_measured_draft_at_notebook_09s_own_shap
     shared = wallclock.profiled_draft_shapes
     calls = []
     monkeypatch.setattr(wallclock, "profiled_draft_shapes", lambda *a, **k: calls.append(shared(*a, **k)) or calls[-1])
-    inp = deploy.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64)
+    inp = deploy_inputs.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64)
     assert set(inp.acceptance) == {"spire", "vanilla", "magicdec", "guided", "lookup"}
     assert len(calls) == 1 and inp.profiled["drafts"] is calls[0]  # 09's shapes, the very object, none of its own
     series = Series.from_dict({})

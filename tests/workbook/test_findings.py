@@ -4,7 +4,7 @@ recorded results, each number linked to its notebook."""
 import html
 import re
 
-from spirelib.workbook import findings
+from spirelib.workbook import details, findings, paper_claims
 from spirelib.workbook.findings import Part, plain
 from spirelib.workbook.report import findings_section, verdict_section
 
@@ -69,7 +69,7 @@ def test_verdict_answers_four_ways_at_the_cell_and_over_the_grid():
 
 
 def test_claims_separate_the_papers_arithmetic_from_what_this_scale_reproduces():
-    found = findings.claims(RUN, RESULTS)
+    found = paper_claims.claims(RUN, RESULTS)
     arithmetic, done, not_done = found["arithmetic"], found["reproduced"], found["not reproduced"]
     assert [plain(c.text).startswith("Multipliers at B = 64, L = 512") for c in arithmetic] == [True]
     (_, ok, text, key), = arithmetic
@@ -93,7 +93,7 @@ def test_a_cost_number_off_at_the_second_decimal_says_why_or_is_not_a_match():
     checks = {"a": {"paper": 5.12, "from_rounded_tm": 5.1204, "from_full_tm": 5.1349},
               "b": {"paper": 6.40, "from_rounded_tm": 6.4012, "from_full_tm": 6.3991},
               "c": {"paper": 6.20, "from_rounded_tm": 6.2149, "from_full_tm": 6.2139}}
-    out = findings._claim_costs({}, {"08_cost_analysis": {"paper_cost_check": checks}})
+    out = paper_claims._claim_costs({}, {"08_cost_analysis": {"paper_cost_check": checks}})
     (_, ok_a, a, _), (_, ok_b, b, _), (_, ok_c, c, _) = ((kind, ok, plain(t), key) for kind, ok, t, key in out)
     assert ok_a and "5.13 (paper 5.12: the paper rounded its multipliers to two decimals first" in a
     assert ok_b and "6.40 (paper 6.40)" in b and "rounded" not in b
@@ -115,7 +115,7 @@ def test_no_recorded_results_means_no_verdict_and_no_details():
 
 
 def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such():
-    from spirelib.workbook.findings import _claim_ablations, _claim_measured
+    from spirelib.workbook.paper_claims import _claim_ablations, _claim_measured
 
     results = {"05_ablations": {"importance": [
         {"part": "sparse KV", "multiplier_lost": 0.76, "resolved": True, "rank": 1},
@@ -140,7 +140,7 @@ def test_a_harmful_part_is_reported_as_harmful_with_its_tau_difference():
                        {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "rank": None,
                         "effect": "harmful"}],
         "component_delta_tau": {"target activations": {"mean": -0.131, "ci95": 0.053, "resolved": True}}}}
-    (_, ok, claim, _), = findings._claim_ablations({}, results)
+    (_, ok, claim, _), = paper_claims._claim_ablations({}, results)
     claim = plain(claim)
     assert not ok and "harmful here, removing it raises tau: target activations (-0.131 ± 0.053 tau, -0.08x;" in claim
     assert "own 95% interval, uncorrected" in claim and "sparse KV (modeled, no interval, +0.76x)" in claim
@@ -173,7 +173,7 @@ def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():
     never resolved and never reproduces the paper's claim."""
     for seeds in (2, 1):
         results, lead = ablation_run(seeds)
-        (_, ok, claim, _), = findings._claim_ablations({}, results)
+        (_, ok, claim, _), = paper_claims._claim_ablations({}, results)
         assert lead[0] in plain(claim) and not ok, (seeds, claim, lead[0])
         details = text(findings_section({}, results))
         if seeds == 2:
@@ -191,9 +191,9 @@ def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():
         assert "For one trained draft" in details if seeds == 1 else "Over training randomness" in details
     helping = {"05_ablations": {"importance": [{"part": "sparse KV", "multiplier_lost": 0.76, "effect": "helps"},
                                                {"part": "feedback", "multiplier_lost": 0.2, "effect": "helps"}]}}
-    assert findings._claim_ablations({}, helping)[0][1]  # all help, in the paper's order: reproduced
+    assert paper_claims._claim_ablations({}, helping)[0][1]  # all help, in the paper's order: reproduced
     helping["05_ablations"]["interval"] = ablation_run(1)[0]["05_ablations"]["interval"]
-    assert not findings._claim_ablations({}, helping)[0][1]  # but not by one trained draft per variant
+    assert not paper_claims._claim_ablations({}, helping)[0][1]  # but not by one trained draft per variant
 
 
 def test_the_index_names_the_run_its_ablation_claim_comes_from():
@@ -206,10 +206,10 @@ def test_the_index_names_the_run_its_ablation_claim_comes_from():
            "notebooks": {"05_ablations": {"params_file": "params/ablations-full.yaml",
                                           "started": "2026-12-02T19:04:11+00:00", "html": "05_ablations.html"}}}
     source = "(05 run with params/ablations-full.yaml on 2026-12-02, 3 seeds x 1.23M training tokens per variant)"
-    (_, _, claim, _), = findings._claim_ablations(run, results)
+    (_, _, claim, _), = paper_claims._claim_ablations(run, results)
     assert plain(claim).endswith(source) and source in findings_section(run, results)
     del run["notebooks"]["05_ablations"]["params_file"]
-    assert "(05 run with params/default.yaml on 2026-12-02" in plain(findings._claim_ablations(run, results)[0][2])
+    assert "(05 run with params/default.yaml on 2026-12-02" in plain(paper_claims._claim_ablations(run, results)[0][2])
 
 
 def test_where_the_winner_flips_in_one_sentence():
@@ -309,11 +309,11 @@ def test_claims_built_on_a_trained_drafts_tau_state_its_budget():
                                "fraction": 0.000246}}
     results = {**RESULTS, "03_train_drafts": {"draft_budgets": budgets}}
     clause = "drafts trained on 0.025% (SPIRe draft) of the paper's 20 x N tokens: about that budget"
-    (_, _, tau, _), = findings._claim_tau(RUN, results)
-    (_, _, best, _), = findings._claim_highlight_winner(RUN, results)
+    (_, _, tau, _), = paper_claims._claim_tau(RUN, results)
+    (_, _, best, _), = paper_claims._claim_highlight_winner(RUN, results)
     assert clause in plain(tau) and clause in plain(best)
     assert "Training budgets: the SPIRe draft trained on 123,000 tokens" in text(findings_section(RUN, results))
-    assert "20 x N" not in plain(findings._claim_tau(RUN, RESULTS)[0][2])
+    assert "20 x N" not in plain(paper_claims._claim_tau(RUN, RESULTS)[0][2])
 
 
 def test_the_index_spells_out_its_abbreviations_once_and_the_profiled_models_goals():
@@ -322,7 +322,7 @@ def test_the_index_spells_out_its_abbreviations_once_and_the_profiled_models_goa
                  "HOI: hardware operational intensity", "tau: tokens per round", "20 x N: the paper's training budget"):
         assert words.count(term) == 1, term
     cells = [{**c, "profiled_speedup": 1.0, "profiled_error": 0.05} for c in RESULTS["09_measured_vs_modeled"]["cells"]]
-    claims = findings._claim_measured({}, {"09_measured_vs_modeled": {"cells": cells}})
+    claims = paper_claims._claim_measured({}, {"09_measured_vs_modeled": {"cells": cells}})
     profiled = next(plain(t) for _, _, t, _ in claims if "profiled cost model" in plain(t))
     assert "the goals it is held to: a median error of at most 10%, a mean signed error within +/-5%" in profiled
 
@@ -344,9 +344,9 @@ def test_the_index_says_next_to_a_tau_when_its_length_ran_past_the_training_wind
                 for m, by_l in RESULTS["04_measure_tau"]["tau"].items()}
     results = {**RESULTS, "04_measure_tau": {"tau": recorded, "tau_protocol": {"scale": "tiny models", "k": 4,
                                                                                "new_tokens": 64, "trained_on": 1024}}}
-    rows = findings.table1(RUN, results)["rows"]
+    rows = details.table1(RUN, results)["rows"]
     assert [r[0] for r in rows] == ["2048 (past the 1,024-token training windows)", "512"]
-    assert "past the" not in findings.table1(RUN, RESULTS)["rows"][0][0]  # a run that did not record it says nothing
+    assert "past the" not in details.table1(RUN, RESULTS)["rows"][0][0]  # a run that did not record it says nothing
 
 
 def test_every_drafting_method_has_its_own_letter_in_a_winner_map():

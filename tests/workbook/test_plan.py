@@ -1,4 +1,5 @@
-"""The run's plan (spirelib.workbook.plan): work and predicted seconds before any compute."""
+"""The run's plan (spirelib.workbook.plan), its work (`work`) and its probes (`probe`): work and predicted
+seconds before any compute."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
+from spirelib.modeling.profiled import forward_work
 from spirelib.training.series import Series
 from spirelib.training.train import TrainConfig
-from spirelib.workbook import plan, report
+from spirelib.workbook import plan, report, work
+from spirelib.workbook import probe as probing
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "params" / "smoke.yaml"
@@ -31,28 +34,29 @@ DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "ma
 def quiet(monkeypatch, speed: float = 1.0):
     """A machine whose quick calibration always reads the same (`speed` times a fixed rate), and whose
     probes' samples always agree: the plan's checks never fire."""
-    monkeypatch.setattr(plan.calibrate, "quick", lambda *a, **k: {"peak_flops": speed * 1e11, "bandwidth": speed * 1e10})
-    monkeypatch.setattr(plan, "_noisy", lambda samples: False)
+    monkeypatch.setattr(probing.calibrate, "quick",
+                        lambda *a, **k: {"peak_flops": speed * 1e11, "bandwidth": speed * 1e10})
+    monkeypatch.setattr(probing, "_noisy", lambda samples: False)
 
 
 @pytest.fixture
 def fake_probes(monkeypatch, tmp_path):
     """Probes that return fixed timings (no compute), and a fresh model cache."""
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(plan.Probe, "training", lambda self, *a, **k: TRAINING)
-    monkeypatch.setattr(plan.Probe, "decoding", lambda self, *a, **k: DECODING)
-    monkeypatch.setattr(plan.Probe, "evaluation", lambda self, *a, **k: {"eval_window_s": 0.25})
+    monkeypatch.setattr(probing.Probe, "training", lambda self, *a, **k: TRAINING)
+    monkeypatch.setattr(probing.Probe, "decoding", lambda self, *a, **k: DECODING)
+    monkeypatch.setattr(probing.Probe, "evaluation", lambda self, *a, **k: {"eval_window_s": 0.25})
 
 
 def test_a_training_run_costs_its_first_step_its_timed_steps_its_evaluations_and_its_saves():
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=10, eval_every=4, eval_windows=3, checkpoint_every=5)
-    item = plan._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=False)
+    item = work._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=False)
     # evaluations after steps 4, 8 and at the end (10); saves after step 5 and at the end
     assert item.seconds == pytest.approx(5.0 + 9 * 0.5 + 3 * 3 * 0.25 + 2 * 2.0)
     assert item.train_tokens == 10 * 2 * 16
-    cached = plan._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=True)
+    cached = work._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=True)
     assert cached.seconds == 0 and cached.cached and all(v == 0 for v in cached.gpu_seconds.values())
-    warm = plan._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), False, warm=True)
+    warm = work._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), False, warm=True)
     assert warm.seconds == pytest.approx(item.seconds - 5.0 + 0.5)  # a first step like the others
 
 
@@ -77,20 +81,20 @@ def test_ablation_runs_start_warm_where_an_earlier_run_of_the_notebook_compiled_
 def test_a_spire_drafts_training_flops_count_the_teacher_once_and_every_position_once_not_k_times():
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=1, eval_every=0, eval_windows=1)
     draft = ModelConfig(**{**TINY.to_dict(), "num_layers": 1})
-    spire = plan.training_work(TINY, cfg, draft, SpireConfig(num_layers=1, k=4), draft.num_params())[2]
-    alone = plan.training_work(TINY, cfg, draft, None, draft.num_params())[2]
-    teacher = plan.forward_work(TINY.shape(), TINY.vocab_size, 2, 16, 8)
+    spire = work.training_work(TINY, cfg, draft, SpireConfig(num_layers=1, k=4), draft.num_params())[2]
+    alone = work.training_work(TINY, cfg, draft, None, draft.num_params())[2]
+    teacher = forward_work(TINY.shape(), TINY.vocab_size, 2, 16, 8)
     # 1 training step and 1 evaluation window of the draft; the teacher runs on both
     assert spire - alone == pytest.approx(teacher.flops * (1 + 1 / 2))
 
 
 def test_decoding_costs_a_prefill_per_batch_and_each_methods_expected_rounds():
     methods = ["vanilla", "magicdec", "spire"]
-    item = plan._decode_item("04", "tau", DECODING, TINY, SpireConfig(num_layers=1), methods, 3, 4, 32, 16, 4,
+    item = work._decode_item("04", "tau", DECODING, TINY, SpireConfig(num_layers=1), methods, 3, 4, 32, 16, 4,
                              contexts=10)
     rounds = {m: expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT][m], 4, 16, 4) for m in methods}
     assert item.seconds == pytest.approx(3 * (3.0 + sum(rounds[m] * DECODING["round_s"][m] for m in methods)))
-    with_ad = plan._decode_item("09", "time", DECODING, TINY, SpireConfig(num_layers=1), methods, 1, 4, 32, 16, 4,
+    with_ad = work._decode_item("09", "time", DECODING, TINY, SpireConfig(num_layers=1), methods, 1, 4, 32, 16, 4,
                                 ad=True)
     assert with_ad.seconds == pytest.approx(item.seconds / 3 + 16 * 0.01)
     assert item.contexts == 10 and with_ad.contexts == 4
@@ -105,7 +109,7 @@ def test_a_model_is_trained_by_the_first_notebook_that_needs_it_and_costs_nothin
     trained = [i.what for i in made.items if i.what.startswith("train")]
     assert [i.notebook for i in made.items if i.what.startswith("train")] == ["03_train_drafts"] * 3
     assert trained[0].startswith("train the target") and not any(i.cached for i in made.items)
-    assert made.seconds("04_measure_tau") == pytest.approx(plan.NOTEBOOK_SECONDS + sum(
+    assert made.seconds("04_measure_tau") == pytest.approx(work.NOTEBOOK_SECONDS + sum(
         i.seconds for i in made.items if i.notebook == "04_measure_tau" and i.what.startswith("tau")))
     series.trained_target(progress=False)  # the smoke target, trained into this test's cache
     again = plan.make_plan(["02_train_target"], {"02_train_target": {}}, {})
@@ -118,7 +122,7 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
     import torch
 
     quiet(monkeypatch)  # a machine shared with other tests: its checks are tested apart
-    probe = plan.Probe(torch.device("cpu"))
+    probe = probing.Probe(torch.device("cpu"))
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=50, eval_windows=2)
     first = probe.training("lm", TINY, cfg)
     assert first["source"] == "probe" and first["figure"].startswith("train-lm-")
@@ -150,7 +154,7 @@ def test_each_report_and_the_index_state_the_measured_time_against_the_plan(fixt
     run = json.loads((out / "run.json").read_text())
     # a numpy notebook's fixed cost: the fixture run's cache is its own, nothing learned before it
     planned = run["plan"]["notebooks"]["01_record"]["seconds"]
-    assert planned == plan.NOTEBOOK_SECONDS
+    assert planned == work.NOTEBOOK_SECONDS
     assert {i["source"] for i in run["plan"]["items"] if i["notebook"] == "01_record"} == {"assumed"}
     assert run["notebooks"]["01_record"]["planned_s"] == round(planned, 2)
     assert run["notebooks"]["01_record"]["params_file"].endswith("fixtures/params.yaml")  # for the index's sources
@@ -200,7 +204,7 @@ class Machine:
 
     def __init__(self, monkeypatch):
         self.speed, self.slow, self.samples, self.takes = 1.0, 1.0, [0.5, 0.5, 0.5], 0
-        monkeypatch.setattr(plan.calibrate, "quick", lambda *a, **k: {"peak_flops": self.speed * 1e11,
+        monkeypatch.setattr(probing.calibrate, "quick", lambda *a, **k: {"peak_flops": self.speed * 1e11,
                                                                       "bandwidth": self.speed * 1e10})
 
     def measure(self):
@@ -212,7 +216,7 @@ def _probe(tmp_path, monkeypatch, **kw):
     import torch
 
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
-    return plan.Probe(torch.device("cpu"), **kw)
+    return probing.Probe(torch.device("cpu"), **kw)
 
 
 def test_a_probe_on_a_busy_machine_is_retaken_and_never_cached(tmp_path, monkeypatch):
@@ -225,7 +229,7 @@ def test_a_probe_on_a_busy_machine_is_retaken_and_never_cached(tmp_path, monkeyp
     machine.speed = 0.5
     busy = _probe(tmp_path, monkeypatch)
     got = busy._cached("train-lm", key, machine.measure, "LM training")
-    assert machine.takes == plan.PROBE_ATTEMPTS and got["step_s"] == 0.5
+    assert machine.takes == probing.PROBE_ATTEMPTS and got["step_s"] == 0.5
     assert not busy.path("train-lm", key).exists()
     assert busy.busy == ["LM training: matmul rate 50% of its best"]
     made = plan.Plan([], [], busy.machine, busy.seconds, [], busy.busy)
@@ -233,7 +237,7 @@ def test_a_probe_on_a_busy_machine_is_retaken_and_never_cached(tmp_path, monkeyp
     machine.speed = 1.0
     idle = _probe(tmp_path, monkeypatch)
     idle._cached("train-lm", key, machine.measure, "LM training")
-    assert machine.takes == plan.PROBE_ATTEMPTS + 1 and idle.path("train-lm", key).exists() and not idle.busy
+    assert machine.takes == probing.PROBE_ATTEMPTS + 1 and idle.path("train-lm", key).exists() and not idle.busy
 
 
 def test_a_bandwidth_drop_alone_is_not_a_busy_machine(tmp_path, monkeypatch):
@@ -243,11 +247,11 @@ def test_a_bandwidth_drop_alone_is_not_a_busy_machine(tmp_path, monkeypatch):
     machine = Machine(monkeypatch)
     key = {"shape": 135}
     _probe(tmp_path, monkeypatch).speed.measure()  # the idle machine's best
-    monkeypatch.setattr(plan.calibrate, "quick", lambda *a, **k: {"peak_flops": 1e11, "bandwidth": 0.45e10})
+    monkeypatch.setattr(probing.calibrate, "quick", lambda *a, **k: {"peak_flops": 1e11, "bandwidth": 0.45e10})
     after = _probe(tmp_path, monkeypatch)
     after._cached("decode", key, machine.measure, "decoding at 135M")
     assert machine.takes == 1 and not after.busy and after.path("decode", key).exists()
-    monkeypatch.setattr(plan.calibrate, "quick", lambda *a, **k: {"peak_flops": 1e11, "bandwidth": 1e10})
+    monkeypatch.setattr(probing.calibrate, "quick", lambda *a, **k: {"peak_flops": 1e11, "bandwidth": 1e10})
     later = _probe(tmp_path, monkeypatch)
     assert later._cached("decode", key, machine.measure, "decoding at 135M")["source"] == "probe"
     assert machine.takes == 1 and not later.replaced
@@ -260,7 +264,7 @@ def test_a_probe_slower_than_its_own_repeats_is_retaken_and_its_fastest_take_kep
     probe = _probe(tmp_path, monkeypatch)
     machine.samples, machine.slow = [0.5, 1.0, 1.0], 2.0
     first = probe._cached("decode", {"cell": 1}, machine.measure, "decoding")
-    assert machine.takes == plan.PROBE_ATTEMPTS and probe.busy and "samples at 2.00x its fastest" in probe.busy[0]
+    assert machine.takes == probing.PROBE_ATTEMPTS and probe.busy and "samples at 2.00x its fastest" in probe.busy[0]
     assert first["step_s"] == 1.0 and not probe.path("decode", {"cell": 1}).exists()
 
     takes = iter([([0.5, 1.0, 1.0], 2.0), ([0.5, 0.5, 0.6], 1.0)])
@@ -320,14 +324,14 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     machine = Machine(monkeypatch)
     probe = _probe(tmp_path, monkeypatch)
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=10)
-    monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: (dict(FIGURES), self.speed.now()))
+    monkeypatch.setattr(probing.Probe, "_measure", lambda self, measure, what: (dict(FIGURES), self.speed.now()))
     figure = probe.training("lm", TINY, cfg)
     checkpoint = tmp_path / "target"  # the run folder, as the trainer leaves it: its checkpoint's meta.json
     summary = {"steps": 10, "tokens": 320, "tokens_per_s": 16.0, "run_tokens_per_s": 10.0, "first_step_s": 5.5}
     (checkpoint / "checkpoint").mkdir(parents=True)
     (checkpoint / "checkpoint" / "meta.json").write_text(json.dumps(
         {"format": 2, "finished": True, "files": {}, "summary": summary}))
-    trained = plan._train_item("02_train_target", "train the target", figure, TINY, cfg, TINY, None,
+    trained = work._train_item("02_train_target", "train the target", figure, TINY, cfg, TINY, None,
                                TINY.num_params(), cached=False, checkpoint=checkpoint)
     assert trained.source == "probe" and trained.learn["figure"] == figure["figure"]
     params = {"01_performance_model": {}, "02_train_target": {}}
@@ -341,7 +345,7 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     lines = plan.learn(made, record, str(tmp_path / "out"))
     assert "train the target: step 2.0 s measured, 0.5 s by the probe: replaced" in lines
     assert any(line.startswith("01_performance_model: 20 s measured besides training, 8.0 s planned") for line in lines)
-    monkeypatch.setattr(plan.Probe, "_measure", lambda self, measure, what: pytest.fail("measured again"))
+    monkeypatch.setattr(probing.Probe, "_measure", lambda self, measure, what: pytest.fail("measured again"))
     again = _probe(tmp_path, monkeypatch).training("lm", TINY, cfg)
     assert again["source"] == "run" and again["step_s"] == 2.0 and again["first_step_s"] == 5.5
     assert again["eval_window_s"] == FIGURES["eval_window_s"]  # what the run did not measure stays the probe's
@@ -349,7 +353,7 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     assert next_plan.seconds("01_performance_model") == pytest.approx(20.0)
     assert {i.source for i in next_plan.items} == {"run"} and "1 from a run on this machine" in next_plan.render()
     other = plan.make_plan(["01_performance_model"], {"01_performance_model": {"hoi": 300}}, {})
-    assert other.seconds() == plan.NOTEBOOK_SECONDS and {i.source for i in other.items} == {"assumed"}
+    assert other.seconds() == work.NOTEBOOK_SECONDS and {i.source for i in other.items} == {"assumed"}
     # 02's 40 s less the target's training (320 tokens at 10 tokens/s of its whole run): 8 s besides training
     kept = json.loads((plan.cache_dir() / "plan" / made.notebook_keys["02_train_target"]).read_text())
     assert kept["seconds"] == pytest.approx(8.0) and machine.takes == 0
@@ -359,8 +363,8 @@ def prefill_and_loss_seconds(B: int, L: int, G: int) -> float:
     """04's per-batch seconds besides the rounds: the shared prefill, then the target's loss on the
     continuation read from its cache (G more positions), priced at the prefill's seconds per FLOP."""
     cfg = Series().target
-    pre = plan.forward_work(cfg.shape(), cfg.vocab_size, B, L, L // 2, logits=False)
-    read = plan.forward_work(cfg.shape(), cfg.vocab_size, B, G, L + G // 2)
+    pre = forward_work(cfg.shape(), cfg.vocab_size, B, L, L // 2, logits=False)
+    read = forward_work(cfg.shape(), cfg.vocab_size, B, G, L + G // 2)
     assert read.flops > pre.flops / 10  # a term the test would see go missing
     return DECODING["prefill_s"] * (1 + read.flops / pre.flops)
 
@@ -389,7 +393,8 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     assert " - " in span and span in made.render() and plan.time_range(150.0, 120.0) == "2.0 - 2.5 min"
     assert plan.time_range(30.0, 150.0) == "30 s - 2.5 min" and plan.time_range(30.0, 31.0) == "30 s"
     nine = made.to_dict()["notebooks"]["09_measured_vs_modeled"]
-    assert nine["seconds_at_tau_1"] == pytest.approx(plan.NOTEBOOK_SECONDS + plan.CALIBRATION_SECONDS + runs_high * high)
+    assert nine["seconds_at_tau_1"] == pytest.approx(work.NOTEBOOK_SECONDS + work.CALIBRATION_SECONDS
+                                                     + runs_high * high)
     measured = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.5, "spire": 2.0})
     assert all(i.seconds_at_tau_1 is None for i in measured.items) and " - " not in measured.span("04_measure_tau")
 
@@ -399,13 +404,13 @@ def test_the_guided_draft_and_prompt_lookup_are_priced_at_tau_1_until_measured_a
     prices them at tau 1 (every round yields one token, their slowest); prompt lookup's rounds carry
     no draft pass, so its work is the verification alone."""
     spire = SpireConfig(num_layers=1)
-    guided = plan._decode_item("04", "tau", DECODING, TINY, spire, ["guided"], 1, 4, 32, 16, 4)
+    guided = work._decode_item("04", "tau", DECODING, TINY, spire, ["guided"], 1, 4, 32, 16, 4)
     assert guided.seconds == pytest.approx(3.0 + expected_rounds(1.0, 4, 16, 4) * 0.3)
-    lookup = plan._decode_item("04", "tau", DECODING, TINY, spire, ["lookup"], 1, 4, 32, 16, 4)
-    magicdec = plan._decode_item("04", "tau", DECODING, TINY, spire, ["magicdec"], 1, 4, 32, 16, 4,
+    lookup = work._decode_item("04", "tau", DECODING, TINY, spire, ["lookup"], 1, 4, 32, 16, 4)
+    magicdec = work._decode_item("04", "tau", DECODING, TINY, spire, ["magicdec"], 1, 4, 32, 16, 4,
                                  taus={"magicdec": 1.0})
     rounds = expected_rounds(1.0, 4, 16, 4)
-    assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * plan.forward_work(
+    assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * forward_work(
         TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 65)).flops)
 
 
@@ -419,7 +424,7 @@ def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budg
     assert all("the target's loss" in i.what for i in taus)
     sweep = next(i for i in made.items if i.what.startswith("KV-budget sweep"))
     assert "3 budgets, L = 16" in sweep.what  # the longest L within the training windows
-    one = plan._Models(Series(), plan.Probe(None), {}, True).decode("04_measure_tau", "", ["magicdec", "guided"], 2,
+    one = work.Models(Series(), probing.Probe(None), {}, True).decode("04_measure_tau", "", ["magicdec", "guided"], 2,
                                                                     16, 2, contexts=4)
     assert sweep.seconds == pytest.approx(3 * one.seconds) and sweep.flops == pytest.approx(3 * one.flops)
     assert sweep.seconds_at_tau_1 == pytest.approx(3 * one.seconds_at_tau_1)

@@ -264,7 +264,7 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     """A target trained on 1,024-token windows, timed at L = 2048 (and at L = 960 with G = 64: 1,024
     positions, within; L = 1000 runs past): the 2048 cells are marked, 09's words say so beside the figure, and so
     does the index beside the fastest speedup; an imported target (length unknown) marks none."""
-    from spirelib.workbook import findings
+    from spirelib.workbook import details, findings, paper_claims
 
     cells = [{**cell(m, 16, L, x, x), "modeled_speedup": 1.5}
              for m, L, x in (("spire", 2048, 1.59), ("magicdec", 2048, 1.2), ("spire", 960, 1.3),
@@ -279,5 +279,5 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     assert measured_cells.trained_length(SimpleNamespace(summary={"imported_from": "/m"}, train_config=None)) is None
     results = {"09_measured_vs_modeled": {"cells": marked, "target_trained_length": 1024}}
     note = "L = 2048; past the 1,024-token windows the target was trained on"
-    assert note in findings.plain(findings.measured_vs_modeled({}, results)["text"])
-    assert any(note in findings.plain(t) for _, _, t, _ in findings._claim_measured({}, results))
+    assert note in findings.plain(details.measured_vs_modeled({}, results)["text"])
+    assert any(note in findings.plain(t) for _, _, t, _ in paper_claims._claim_measured({}, results))

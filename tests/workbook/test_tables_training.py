@@ -102,8 +102,8 @@ def test_target_result_keeps_the_results_keys():
 def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_small_one_is_about_the_budget():
     """A SPIRe draft of 25M body parameters trained on 123k tokens got 0.025% of the paper's 20 x N
     = 500M: its taus are worded as about that budget; the vanilla draft at 62% of its own is not.
-    The index says the same beside every claim built on a tau (`findings.budget_clause`)."""
-    from spirelib.workbook import findings
+    The index says the same beside every claim built on a tau (`paper_claims.budget_clause`)."""
+    from spirelib.workbook import paper_claims
 
     budgets = {"SPIRe draft": {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
                                "fraction": 123_000 / 500_000_000},
@@ -116,12 +116,12 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
     assert text.endswith("those of the SPIRe draft, and every claim built on them, are about this budget, not about "
                          "the method: a draft given the paper's budget could accept far more.")
     assert "vanilla draft, and every claim" not in text
-    clause = findings.budget_clause({"03_train_drafts": {"draft_budgets": budgets}})
+    clause = paper_claims.budget_clause({"03_train_drafts": {"draft_budgets": budgets}})
     assert clause == ("; drafts trained on 0.025% (SPIRe draft) and 62% (vanilla draft) of the paper's 20 x N tokens: "
                       "about that budget for the SPIRe draft, not about the method")
     budgets["SPIRe draft"]["fraction"] = 0.5
     assert words.budget_sentence(budgets).endswith("that share of the paper's budget.")
-    assert findings.budget_clause({}) == ""
+    assert paper_claims.budget_clause({}) == ""
 
 
 def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardware_tables_gpus():
@@ -129,8 +129,9 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     machine, and on each GPU of the hardware table at the plan's FLOPs per token (a SPIRe draft's
     training includes the frozen target's forward, so it costs more per token than the same body
     trained alone) and MFU; the sentence says both."""
+    from spirelib.modeling.hardware import HARDWARE
     from spirelib.training.train import TrainConfig
-    from spirelib.workbook import plan
+    from spirelib.workbook import plan, work
 
     train_cfg = TrainConfig(batch_size=4, seq_len=64, steps=10)
     draft_cfg = ModelConfig(vocab_size=256, num_layers=1, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -145,9 +146,9 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     assert spire["paper_tokens"] == paper and spire["fraction"] == 2560 / paper
     assert spire["paper_seconds"]["this machine"] == paper / 500.0 and vanilla["paper_seconds"]["this machine"] == (
         paper / 1000.0)
-    assert set(spire["paper_seconds"]) == {"this machine", *plan.HARDWARE}
-    _, tokens, flops, _ = plan.training_work(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params())
-    h100 = plan.HARDWARE["h100-sxm"].peak_flops["bf16"] * plan.GPU_MFU
+    assert set(spire["paper_seconds"]) == {"this machine", *HARDWARE}
+    _, tokens, flops, _ = work.training_work(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params())
+    h100 = HARDWARE["h100-sxm"].peak_flops["bf16"] * work.GPU_MFU
     assert vanilla["paper_seconds"]["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
     assert spire["paper_seconds"]["h100-sxm"] > vanilla["paper_seconds"]["h100-sxm"]  # the frozen target's forward
     text = words.budget_sentence(budgets)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from spirelib.modeling.costs import flop_params
-from spirelib.workbook import plan
+from spirelib.workbook import plan, work
 
 
 def data_note(data, series, vocab_size: int) -> str:
@@ -138,4 +138,4 @@ def _costs(seconds: dict[str, float]) -> str:
     here = (f"{plan.duration(seconds['this machine'])} on this machine at its measured speed, "
             if "this machine" in seconds else "")
     gpus = ", ".join(f"{plan.duration(t)} on {name}" for name, t in seconds.items() if name != "this machine")
-    return f"{here}{gpus} (modeled at {plan.GPU_MFU:.0%} MFU)"
+    return f"{here}{gpus} (modeled at {work.GPU_MFU:.0%} MFU)"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 from spirelib.modeling.costs import budget_fraction, chinchilla_tokens, measured_training_units
-from spirelib.workbook import plan
+from spirelib.modeling.hardware import HARDWARE
+from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, training_work
 
 
 def target_result(run, cfg, speed: dict, imported) -> dict:
@@ -54,12 +55,12 @@ def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, dict]:
 def paper_budget_seconds(trained, spire, target_cfg, paper_tokens: int) -> dict[str, float]:
     """What training `trained` (a draft, `spire` its SpireConfig or None) on `paper_tokens` would
     take: on this machine at the training tokens/s it measured ("this machine"; absent when not
-    measured), and on each GPU of the hardware table as the plan models it (`plan.training_work`'s
-    FLOPs per token of this training, over the bf16 peak at `plan.GPU_MFU`)."""
-    _, tokens, flops, _ = plan.training_work(target_cfg, trained.train_config, trained.layers_config, spire,
-                                             trained.layers_config.body_params())
+    measured), and on each GPU of the hardware table as the plan models it (`work.training_work`'s
+    FLOPs per token of this training, over the bf16 peak at `work.GPU_MFU`)."""
+    _, tokens, flops, _ = training_work(target_cfg, trained.train_config, trained.layers_config, spire,
+                                        trained.layers_config.body_params())
     work = flops / tokens * paper_tokens
-    out = {name: work / (hw.peak_flops.get(plan.GPU_DTYPE, max(hw.peak_flops.values())) * plan.GPU_MFU)
-           for name, hw in plan.HARDWARE.items()}
+    out = {name: work / (hw.peak_flops.get(GPU_DTYPE, max(hw.peak_flops.values())) * GPU_MFU)
+           for name, hw in HARDWARE.items()}
     speed = float(trained.summary.get("tokens_per_s", math.nan))
     return {**({"this machine": paper_tokens / speed} if math.isfinite(speed) and speed > 0 else {}), **out}

@@ -1,0 +1,47 @@
+"""Where training runs: the device a rank uses (`resolve_device`) and torchrun's process group (`init_distributed`).
+
+Under torchrun every rank binds its own GPU, cuda:LOCAL_RANK, and the process group (nccl on GPUs,
+gloo on the CPU) is initialized once, by whichever caller needs it first: the trainer, `spire`'s
+command line, the recipes. Apart from the trainer, so that what only asks which device to use (the
+workbook's plan and runner, a notebook) does not depend on it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" -> cuda (this rank's LOCAL_RANK) if available, else cpu; otherwise as given. Under
+    torchrun every rank has its own GPU, cuda:LOCAL_RANK: an index naming another is refused."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} requested but CUDA is not available; use device: cpu or auto")
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        if dev.index is None:
+            dev = torch.device("cuda", local)
+        elif int(os.environ.get("WORLD_SIZE", 1)) > 1 and dev.index != local:
+            raise ValueError(f"device {device!r} under torchrun: each rank uses its own GPU, cuda:LOCAL_RANK "
+                             f"(here cuda:{local}); set device: cuda or auto")
+    return dev
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world size). Under torchrun (WORLD_SIZE > 1) this initializes the process group
+    once: nccl bound to this rank's GPU (`torch.cuda.set_device`, `device_id`), or gloo on the CPU."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

@@ -1,0 +1,233 @@
+"""What a schedule of `spire deploy` is made from (`Inputs`), read from a finished run and checked.
+
+From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-position acceptance) and
+`run.json` (the series' shapes, notebook 06's context): per drafting method the model prices
+(`PRICED`: the paper's three, the verification-guided draft and prompt lookup) its acceptance, the
+series' scenario at the served, trained or paper shapes (`series_scenarios`) on a device of the
+hardware table or one given as peak FLOP/s and bandwidth (`resolve_hardware`), or this machine as
+notebook 09's profiled model prices it (`profiled_inputs`); every option is checked before any is
+used (`inputs`). Apart from the writing, so that what a schedule rests on reads in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from spirelib.modeling import engines, profiled
+from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
+from spirelib.modeling.recorded import DeployError, recorded_acceptance
+from spirelib.modeling.scenarios import Scenario
+from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.workbook.results import read_json
+
+SHAPES = ("served", "trained", "paper")  # served: the imported target's (trained), else the paper's
+MODELS = ("paper", "profiled")
+CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06's grid
+MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
+#: The methods a schedule is made for: every one notebook 04 measures and both models price (a one-pass
+#: drafter is a stated tau of notebook 06, never measured).
+PRICED = (*pm.MODELED_METHODS, "guided", "lookup")
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a schedule is made from: per method its acceptance, the scenario's shapes and cost
+    settings (`modeling.scenarios.Scenario`, k ignored), the device, the context mix and the grid."""
+
+    acceptance: dict[str, Acceptance]
+    tau_context: int
+    scenario: Scenario  # its taus unused
+    device: str
+    hardware: Hardware
+    dtype: str
+    context: int
+    length_spread: float
+    max_batch: int
+    switching_cost: float
+    contexts: tuple[int, ...]
+    shapes: str
+    run: str
+    profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
+    graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
+    min_context_run: int = MIN_CONTEXT_RUN  # tokens: see `schedule.min_context_run`
+    min_batch_run: int = 1  # batch sizes the narrowest range spans: see `schedule.schedule`
+
+    def schedule(self, table: Table):
+        """The schedule of `table` with this deployment's switching cost and minimum run along B."""
+        return schedule(table, max_batch=self.max_batch, switching_cost=self.switching_cost,
+                        min_batch_run=self.min_batch_run)
+
+    def mix(self, context: int | None = None):
+        """The context argument of the model: L, or a `LengthDistribution` around it (06's mix)."""
+        L = self.context if context is None else context
+        return pm.LengthDistribution(L, self.length_spread, seed=0) if self.length_spread > 0 else L
+
+    def table(self, method: str, context: int | None = None) -> Table:
+        """`method`'s multipliers per k and B at `context` (default: the context mix)."""
+        if self.profiled is not None:
+            p = self.profiled
+            return profiled_table(p["cost"], p["drafts"][method], self.acceptance[method],
+                                  np.arange(1, self.max_batch + 1), self.context if context is None else context,
+                                  p["target"], p["vocab_size"], p["new_tokens"], bytes_per_value=p["bytes_per_value"],
+                                  error=p["error"])
+        s = self.scenario
+        kwargs = {key: v for key, v in s.model_kwargs().items() if key != "k"}
+        return modeled_table(method, self.acceptance[method], np.arange(1, self.max_batch + 1), self.mix(context),
+                             s.target, s.drafts.get(method), **kwargs)
+
+
+def resolve_hardware(name: str | None, dtype: str | None, peak_flops: float | None, bandwidth: float | None,
+                     table: dict[str, Hardware] | None = None) -> tuple[Hardware, str]:
+    """A device of the hardware table by `name`, or one given as `peak_flops` (for `dtype`) and
+    `bandwidth`; the dtype defaults to the device's first of fp8, bf16, fp32."""
+    table = hardware_table() if table is None else table
+    if peak_flops is not None or bandwidth is not None:
+        if name is not None or peak_flops is None or bandwidth is None:
+            raise DeployError("give either --hardware NAME or both --peak-flops and --bandwidth (with --dtype)")
+        dtype = dtype or "bf16"
+        if dtype not in BYTES_PER_VALUE:
+            raise DeployError(f"--dtype {dtype}: unknown; known: {', '.join(sorted(BYTES_PER_VALUE))}")
+        try:
+            return Hardware("custom", {dtype: float(peak_flops)}, float(bandwidth), "given on the command line"), dtype
+        except ValueError as e:
+            raise DeployError(str(e)) from e
+    if name is None:
+        raise DeployError(f"--hardware: name a device ({', '.join(table)}) or give --peak-flops and --bandwidth")
+    if name not in table:
+        raise DeployError(f"--hardware {name}: unknown device; known: {', '.join(table)} (or give --peak-flops "
+                          "and --bandwidth for the serving dtype)")
+    device = table[name]
+    dtype = dtype or next(d for d in ("fp8", "bf16", "fp32", *device.peak_flops) if d in device.peak_flops)
+    if dtype not in device.peak_flops:
+        raise DeployError(f"--dtype {dtype}: {name} has no {dtype} peak; it has {', '.join(device.peak_flops)}")
+    return device, dtype
+
+
+def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, Scenario]:
+    """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
+    shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
+    series' k and `hoi`; `source` names where the taus come from in each label."""
+    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a series' scenarios are made
+
+    spire = series.spire
+    return {
+        "paper shapes": dataclasses.replace(Scenario.paper(), k=series.k, hoi=hoi).with_taus(
+            taus, f"paper shapes, {source}"),
+        "trained shapes": Scenario.trained(series.target, vanilla_draft_config(series.target), spire.num_layers,
+                                           spire.window, taus, k=series.k, hoi=hoi,
+                                           label=f"trained shapes (window {spire.window}), {source}"),
+    }
+
+
+def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
+    """The scenario of the run's series (`series_scenarios`) at `shapes` on the device,
+    and the shapes it is: "served" is the imported target's (its trained shapes) when the series
+    imports one, else the paper's (a series trained from scratch is a CPU-sized stand-in)."""
+    from spirelib.training.series import Series  # torch: only when a schedule is made
+
+    series = Series.from_dict(run.get("params", {}).get("series", {}))
+    if shapes == "served":
+        shapes = "trained" if series.imported else "paper"
+    scenarios = series_scenarios(series, {}, hardware.hoi(dtype), "")
+    return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype), shapes
+
+
+def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
+    """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
+    prices: the series' target, each draft's `profiled.DraftShape` (09's own,
+    `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
+    median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
+    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a schedule is made
+    from spirelib.measure.wallclock import profiled_draft_shapes
+    from spirelib.model.kvcache import SinkWindow
+    from spirelib.training.series import Series
+
+    recorded = results.get("09_measured_vs_modeled", {})
+    model, machine = recorded.get("profiled_model"), recorded.get("machine")
+    if not model or not machine:
+        raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
+    fields = {f.name for f in dataclasses.fields(profiled.ProfiledCost)} - {"drafts", "paces"}
+    cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
+                                 drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
+    series = Series.from_dict(run.get("params", {}).get("series", {}))
+    target, spire = series.target, series.spire
+    drafts = profiled_draft_shapes(vanilla_draft_config(target),
+                                   dataclasses.replace(target, num_layers=spire.num_layers), spire,
+                                   SinkWindow(series.magicdec.sink, series.magicdec.window), series.guided_options())
+    value_bytes = int(machine["bytes_per_value"])
+    dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
+    device = Hardware("this-machine", {dtype: float(machine["peak_flops"])}, float(machine["bandwidth"]),
+                      f"notebook 09's calibration ({machine.get('device', '?')})")
+    return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
+             "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
+             "held_out_max_error": model.get("held_out_max_error")}, device, dtype)
+
+
+def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
+           bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
+           max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "served",
+           methods=None, model: str = "paper", graph_bs=engines.CUDA_GRAPH_BS,
+           min_context_run_tokens: int = MIN_CONTEXT_RUN, min_batch_run: int = 1) -> Inputs:
+    """Everything a schedule of the run in `run_dir` needs, every option checked first (DeployError)."""
+    problems = []
+    if not (run_dir / "results.json").is_file():
+        raise DeployError(f"{run_dir}: no results.json; deploy reads a finished run (spire run --params ...)")
+    if shapes not in SHAPES:
+        problems.append(f"--shapes {shapes}: choose {' or '.join(SHAPES)}")
+    if not (isinstance(max_batch, int) and max_batch >= 1):
+        problems.append(f"--max-batch {max_batch}: must be a positive integer")
+    if not (0.0 <= switching_cost < 1.0):
+        problems.append(f"--switching-cost {switching_cost}: a fraction of the speedup in [0, 1), e.g. 0.14")
+    if length_spread is not None and length_spread < 0:
+        problems.append(f"--length-spread {length_spread}: must be >= 0 (0: every request at L)")
+    if not contexts or any(c < 1 for c in contexts) or list(contexts) != sorted(set(contexts)):
+        problems.append(f"--contexts {contexts}: increasing positive lengths")
+    if not (isinstance(min_batch_run, int) and min_batch_run >= 1):
+        problems.append(f"--min-batch-run {min_batch_run}: batch sizes the narrowest range spans, >= 1 (1: none)")
+    if not (isinstance(min_context_run_tokens, int) and min_context_run_tokens >= 0):
+        problems.append(f"--min-context-run {min_context_run_tokens}: tokens a k must last, >= 0 (0: no minimum)")
+    if not graph_bs or any(b < 1 for b in graph_bs):
+        problems.append(f"--cuda-graph-bs {graph_bs}: your SGLang server's captured batch sizes, e.g. 1,2,4,8,16")
+    if model not in MODELS:
+        problems.append(f"--model {model}: choose {' or '.join(MODELS)}")
+    elif model == "profiled":
+        if hardware is not None or peak_flops is not None or bandwidth is not None or dtype is not None:
+            problems.append("--model profiled prices the machine notebook 09 measured: drop --hardware, --dtype, "
+                            "--peak-flops and --bandwidth")
+    else:
+        try:
+            device, dtype = resolve_hardware(hardware, dtype, peak_flops, bandwidth)
+        except DeployError as e:
+            problems.append(str(e))
+    if problems:
+        raise DeployError("; ".join(problems))
+    results, run = read_json(run_dir / "results.json"), read_json(run_dir / "run.json")
+    fitted = None
+    if model == "profiled":
+        fitted, device, dtype = profiled_inputs(results, run)
+    explorer = run.get("notebooks", {}).get("06_speedup_explorer", {}).get("parameters", {})
+    context = int(context if context is not None else explorer.get("context_length", 512))
+    spread = float(length_spread if length_spread is not None else 0.0)
+    acceptance, tau_context = recorded_acceptance(results, context)
+    if methods:
+        unknown = [m for m in methods if m not in acceptance]
+        if unknown:
+            raise DeployError(f"--draft {', '.join(unknown)}: no such draft in this run; it measured "
+                              f"{', '.join(acceptance)} at L = {tau_context}")
+        acceptance = {m: acceptance[m] for m in methods}
+    unmodeled = [m for m in acceptance if m not in PRICED]
+    acceptance = {m: a for m, a in acceptance.items() if m in PRICED}
+    if not acceptance:
+        raise DeployError(f"the run measured only {', '.join(unmodeled)}, which the throughput model does not price")
+    if fitted is not None and spread > 0:
+        raise DeployError("--model profiled prices batches of one context length: drop --length-spread")
+    scenario, shapes = _scenario(run, shapes, device, dtype)
+    if fitted is not None:
+        shapes = "trained"  # the profiled model prices the series' own target and drafts on this machine
+    return Inputs(acceptance, tau_context, scenario, device.name, device, dtype, context,
+                  spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
+                  tuple(sorted(graph_bs)), min_context_run_tokens, min_batch_run)

@@ -1,0 +1,265 @@
+"""The paper's claims as this run checked them (`claims`): each a `Claim` with its numbers, under a stable key.
+
+ARITHMETIC: the paper's own numbers run through this workbook's model, the same to the paper's two
+decimals or explained; REPRODUCED or NOT_REPRODUCED: a claim about drafts, checked at this run's
+scale (modeled with this run's tau, or measured). Each check (`CLAIMS`) reads what its notebook
+recorded and says nothing where it recorded nothing. The index shows them under its verdict
+(`findings`); `spirelib.workbook.claims` keeps them with each run and compares runs by key. Apart
+from the verdict's maps, so that what was checked, and how strictly, reads in one place.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import NamedTuple
+
+from spirelib.measure.ablations import effect_of
+from spirelib.modeling import perfmodel
+from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
+from spirelib.modeling.methods import label
+from spirelib.modeling.winners import winner as _winner
+from spirelib.workbook.findings import Text, as_text, count, link, slower_than_ad
+from spirelib.workbook.narrative import ablations as ablation_narrative
+from spirelib.workbook.narrative.training import SMALL_BUDGET, percent
+from spirelib.workbook.narrative.winners import pow2 as _pow2
+
+ARITHMETIC, REPRODUCED, NOT_REPRODUCED = "arithmetic", "reproduced", "not reproduced"
+
+
+class Claim(NamedTuple):
+    """One of the paper's claims as this run checked it. `kind` ARITHMETIC: the paper's own numbers
+    run through this workbook's model (`ok`: the same to the paper's two decimals, or explained);
+    REPRODUCED: a claim about drafts, checked at this run's scale (modeled with this run's tau, or
+    measured), agrees or not. `text`: the claim with its numbers, "Statement (how): evidence";
+    `key`: a name for it that no rewording changes, by which runs' claims are compared
+    (`spirelib.workbook.claims`)."""
+    kind: str
+    ok: bool
+    text: Text
+    key: str
+
+
+def _same(ours: float, paper: float) -> bool:
+    """Whether `ours` is the paper's number to the two decimals the paper prints."""
+    return round(ours, 2) == round(paper, 2)
+
+
+def _arithmetic_numbers(got: dict, paper: dict, methods: list[str]) -> tuple[bool, str]:
+    ok = all(_same(got[m], paper[m]) for m in methods)
+    numbers = ", ".join(f"{label(m)} {got[m]:.2f}x (paper {paper[m]:.2f}x"
+                        + ("" if _same(got[m], paper[m]) else f"; differs at the second decimal: {got[m]:.4f}") + ")"
+                        for m in methods)
+    return ok, numbers
+
+
+def _claim_headline(run: dict, results: dict) -> list[Claim]:
+    got = results.get("01_performance_model", {}).get("headline")
+    if not got:
+        return []
+    paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
+    ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got])
+    return [Claim(ARITHMETIC, ok, as_text("Multipliers at B = 64, L = 512, the paper's shapes and tau: ",
+                                        link(run, "01_performance_model", numbers)), "arithmetic:multipliers")]
+
+
+def _claim_70b(run: dict, results: dict) -> list[Claim]:
+    got = results.get("07_llama3_70b_extrapolation", {}).get("headline_70b")
+    if not got:
+        return []
+    paper = perfmodel.PAPER_MULTIPLIERS["llama3-70b"]
+    ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got and m in paper])
+    return [Claim(ARITHMETIC, ok, as_text(f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: ",
+                                        link(run, "07_llama3_70b_extrapolation", numbers)), "arithmetic:llama3-70b")]
+
+
+def _claim_costs(run: dict, results: dict) -> list[Claim]:
+    """Each of the paper's cost numbers: the same from the full multipliers, or the same only
+    from the multipliers rounded to two decimals first (the paper's arithmetic, as 08 shows:
+    said so), or not the same (called a difference)."""
+    checks = results.get("08_cost_analysis", {}).get("paper_cost_check") or {}
+    out = []
+    for quantity, c in checks.items():
+        full, rounded, paper = c["from_full_tm"], c["from_rounded_tm"], c["paper"]
+        if _same(full, paper):
+            text, ok = f"{full:.2f} (paper {paper:.2f})", True
+        elif _same(rounded, paper):
+            text, ok = (f"{full:.2f} (paper {paper:.2f}: the paper rounded its multipliers to two decimals first; "
+                        f"from the rounded multipliers {rounded:.2f})"), True
+        else:
+            text, ok = f"{full:.2f} (paper {paper:.2f}; {rounded:.2f} from rounded multipliers): differs", False
+        out.append(Claim(ARITHMETIC, ok, as_text(f"Serving savings, {quantity} (target-training units): ",
+                                               link(run, "08_cost_analysis", text)), f"arithmetic:savings:{quantity}"))
+    return out
+
+
+def tau_order(results: dict) -> tuple[int, list[str], list[str]] | None:
+    taus = results.get("04_measure_tau", {}).get("tau")
+    if not taus:
+        return None
+    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
+    at = min(lengths, key=lambda L: (abs(L - perfmodel.PAPER_TAU_CONTEXT), L))
+    order = sorted((m for m in taus if str(at) in taus[m]), key=lambda m: -taus[m][str(at)]["mean"])
+    paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]
+    paper_order = sorted((m for m in order if m in paper_at), key=lambda m: -paper_at[m])
+    return at, order, paper_order
+
+
+def budget_clause(results: dict) -> str:
+    """The trained drafts' budgets as shares of the paper's 20 x N (notebook 03's "draft_budgets",
+    `tables.training.draft_budgets`), for a claim built on their tau, after a semicolon; worded as
+    about the budget, not the method, for a draft below `SMALL_BUDGET`; "" when 03 recorded none."""
+    budgets = results.get("03_train_drafts", {}).get("draft_budgets")
+    if not budgets:
+        return ""
+    small = [name for name, b in budgets.items() if b["fraction"] < SMALL_BUDGET]
+    return ("; drafts trained on " + " and ".join(f"{percent(b['fraction'])} ({name})" for name, b in budgets.items())
+            + " of the paper's 20 x N tokens" + (f": about that budget for the {' and the '.join(small)}, not about "
+                                                 "the method" if small else ""))
+
+
+def _claim_tau(run: dict, results: dict) -> list[Claim]:
+    found = tau_order(results)
+    if not found:
+        return []
+    at, order, paper_order = found
+    taus = results["04_measure_tau"]["tau"]
+    paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]
+    here = ", ".join(f"{label(m)} {taus[m][str(at)]['mean']:.2f}" for m in order)
+    paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
+    ours = [m for m in order if m in paper_at]
+    return [Claim(REPRODUCED, ours == paper_order,
+                  as_text(f"Order of tau across drafts (measured): here at L = {at} ",
+                          link(run, "04_measure_tau", here), f"; paper at L = 512: {paper}{budget_clause(results)}"),
+                  "tau-order")]
+
+
+def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
+    recorded = results.get("06_speedup_explorer", {})
+    at = recorded.get("multipliers_at_highlight") or {}
+    if not at.get("paper shapes") or (recorded.get("taus_used") or {}).get("source") != "measured":
+        return []
+    values = at["paper shapes"]
+    win = _winner(values)
+    numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
+    return [Claim(REPRODUCED, win == "spire",
+                  as_text(f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} (modeled with this run's "
+                          "tau at the paper's shapes): ", link(run, "06_speedup_explorer", numbers),
+                          budget_clause(results)),
+                  "spire-best-at-highlight")]
+
+
+def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """05's ranking split by what this run resolves (`measure.ablations.effect_of`): (parts that
+    help, ranked; parts resolved as harmful; parts not resolved)."""
+    return tuple([r for r in ranked if effect_of(r) == effect]
+                 for effect in ("helps", "harmful", "not resolved"))
+
+
+def tau_effect(recorded: dict, part: str) -> str:
+    d = (recorded.get("component_delta_tau") or {}).get(part)
+    return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau" if d else "modeled, no interval (cost model only)"
+
+
+def ablation_source(run: dict, results: dict) -> str:
+    """Which run 05's figures come from, in words: the params file that ran 05 (an output folder
+    updated with `--only` keeps each notebook's own), when it started, its seeds and training
+    tokens per variant; "" when run.json does not say."""
+    entry = run.get("notebooks", {}).get("05_ablations", {})
+    params_file = entry.get("params_file") or run.get("params_file")
+    if not params_file:
+        return ""
+    protocol = results.get("05_ablations", {}).get("ablation_protocol", {})
+    training, seeds = protocol.get("training") or {}, protocol.get("seeds") or []
+    budget = ""
+    if seeds and training:
+        tokens = training["batch_size"] * training["seq_len"] * training["steps"]
+        budget = f", {len(seeds)} seed{'s' if len(seeds) > 1 else ''} x {count(tokens)} training tokens per variant"
+    started = entry.get("started", "")[:10]
+    return f"(05 run with {params_file}{f' on {started}' if started else ''}{budget})"
+
+
+def _claim_ablations(run: dict, results: dict) -> list[Claim]:
+    """05's importance of SPIRe's parts in 05's own words (`narrative.ablations.order_sentence`, as
+    its lead says it): over training randomness with the target fixed, or, with one seed, about
+    one trained draft per variant, which cannot reproduce a claim about training this way; what is
+    resolved is resolved family-wise (method §10), in either direction, a variant against SPIRe
+    included."""
+    recorded = results.get("05_ablations", {})
+    ranked = recorded.get("importance")
+    if not ranked:
+        return []
+    helps, harmful, unresolved = ablation_effects(ranked)
+    interval = recorded.get("interval")
+    text = ("Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): "
+            + ablation_narrative.order_sentence(ranked, interval, recorded.get("component_delta_tau"),
+                                             recorded.get("delta_tau")))
+    ours = [r["part"] for r in helps]
+    ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
+          and (interval or {}).get("scope") != "draft")
+    source = ablation_source(run, results)
+    paper = " Paper: " + " > ".join(PAPER_IMPORTANCE_ORDER) + (f" {source}" if source else "")
+    return [Claim(REPRODUCED, ok, as_text(link(run, "05_ablations", text), paper), "importance-order")]
+
+
+def past_note(recorded: dict, cell: dict) -> str:
+    """What a measured cell of 09 (`recorded`: its results) carries next to its figure when its
+    contexts ran past the target's training windows (`measure.cells.mark_past_training`)."""
+    if not cell.get("past_training"):
+        return ""
+    trained = recorded.get("target_trained_length")
+    return ("; past the " + (f"{trained:,}-token " if trained else "") + "windows the target was trained on, so "
+            "about a target used beyond what it learned")
+
+
+def _claim_measured(run: dict, results: dict) -> list[Claim]:
+    recorded = results.get("09_measured_vs_modeled", {})
+    cells = recorded.get("cells")
+    if not cells:
+        return []
+    slower, total = slower_than_ad(results)
+    best = max(cells, key=lambda c: c["measured_speedup"])
+    errors = [abs(c["modeled_speedup"] / c["measured_speedup"] - 1) for c in cells]
+    profiled = [abs(c["profiled_error"]) for c in cells if "profiled_error" in c]
+    claims = [
+        Claim(REPRODUCED, slower == 0, as_text(
+            "Speculative decoding is faster than AD on the clock (measured): ",
+            link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells"),
+            f" ({sum(c.get('ci_low', 0.0) > 1.0 for c in cells)} resolved: 95% CI above 1)"
+            f" (best {best['measured_speedup']:.2f}x, {label(best['method'])} at B = {best['B']}, "
+            f"L = {best['L']}{past_note(recorded, best)})"), "sd-faster-measured"),
+        Claim(REPRODUCED, statistics.median(errors) <= 0.25, as_text(
+            "The paper's throughput model predicts measured speedups: ",
+            link(run, "09_measured_vs_modeled",
+                  f"median error {statistics.median(errors):.0%} over all {total} cells"),
+            f", at most {max(errors):.0%}"), "paper-model-predicts"),
+    ]
+    if profiled:
+        model = recorded.get("profiled_model", {})
+        held, bias = model.get("held_out_max_error"), model.get("mean_signed_error", 0.0)
+        ok = statistics.median(profiled) <= 0.10 and abs(bias) <= 0.05 and (held is None or held <= 0.15)
+        claims.append(Claim(REPRODUCED, ok, as_text(
+            "The profiled cost model of this machine predicts them (not a claim of the paper's): ",
+            link(run, "09_measured_vs_modeled",
+                  f"median error {statistics.median(profiled):.0%} over all {len(profiled)} cells"),
+            f", mean signed error {bias:+.0%}"
+            + (f", at most {held:.0%} on the cells it was not fitted to" if held is not None else "")
+            + " (fitted to these runs' rounds at the other cells; the goals it is held to: a median error "
+              "of at most 10%, a mean signed error within +/-5% and at most 15% on the cells it was not "
+              "fitted to)"), "profiled-model-predicts"))
+    return claims
+
+
+CLAIMS: list[Callable[[dict, dict], list[Claim]]] = [_claim_headline, _claim_70b, _claim_costs, _claim_tau,
+                                                     _claim_highlight_winner, _claim_ablations, _claim_measured]
+
+
+def claims(run: dict, results: dict) -> dict[str, list[Claim]]:
+    """The paper's claims this run checked, in three lists: ARITHMETIC (the paper's own numbers
+    run through this model; `Claim.ok`: agrees), REPRODUCED and NOT_REPRODUCED at this scale
+    (modeled with this run's tau, or measured)."""
+    out: dict[str, list[Claim]] = {ARITHMETIC: [], REPRODUCED: [], NOT_REPRODUCED: []}
+    for check in CLAIMS:
+        for c in check(run, results):
+            out[c.kind if c.kind == ARITHMETIC else REPRODUCED if c.ok else NOT_REPRODUCED].append(c)
+    return out

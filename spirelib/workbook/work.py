@@ -1,0 +1,360 @@
+"""A run's work, notebook by notebook (`WORK`): `Item`s of FLOPs, bytes and seconds, before any compute.
+
+Each notebook that computes with the series' models lists its work item by item: the models it
+trains (training tokens, FLOPs, bytes: `training_work`), the contexts it decodes (FLOPs and bytes
+of the prefills and rounds: `_decode_item`), the cells 09 times, and a notebook's fixed cost
+(kernel start, imports, HTML export: `fixed`). A model is trained by the first selected notebook
+that needs it, unless a finished checkpoint of its identity is already in the cache (then it costs
+nothing: "cached"). Seconds here are the probes' figures (`spirelib.workbook.probe`) times that
+work; what no probe can see is assumed and named (decoding's tau before one is measured:
+`_decode_item`). Seconds on the GPUs of the hardware table (`modeling.hardware.HARDWARE`) are a
+model, not a measurement (`_gpu`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.measure.cells import timing_cells
+from spirelib.measure.context_loss import sweep_length
+from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
+from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.acceptance import expected_rounds
+from spirelib.modeling.hardware import HARDWARE
+from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
+from spirelib.modeling.profiled import forward_work
+from spirelib.training import pipeline
+from spirelib.training.checkpoint import finished_checkpoint
+from spirelib.training.config import TrainConfig
+from spirelib.workbook.probe import Probe
+
+#: A notebook's fixed cost on this machine: kernel start, imports, HTML export with its static
+#: figures (01, which computes nothing heavy, took 5-6 s in every run of 2026-12-02).
+NOTEBOOK_SECONDS = 8.0
+#: 09's calibration (`measure.calibrate`: matmul peaks and a copy bandwidth) and its fit.
+CALIBRATION_SECONDS = 15.0
+#: GPU figures are modeled: training at this MFU (torchtitan's Llama runs on H100 report 35-45%),
+#: decoding at this fraction of the roofline. Assumptions, stated with every GPU figure.
+GPU_MFU = 0.4
+GPU_ROOFLINE_FRACTION = 0.5
+GPU_DTYPE = "bf16"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One piece of a notebook's work: `seconds` predicted on this machine, `gpu_seconds` per
+    device of the hardware table (modeled). `seconds_at_tau_1`: decoding's seconds if every round
+    yields one token (tau 1), where the plan prices a range of tau (`_decode_item`), the other end
+    of the range from `seconds`; None where the figure is one number. `source`: where the seconds
+    come from ("probe", "run", "assumed"). `learn`: what `plan.learn` reads back after the run (a
+    trained model: its probe's figure file, its checkpoint, whether its first step compiles)."""
+
+    notebook: str
+    what: str
+    seconds: float
+    flops: float = 0.0
+    bytes: float = 0.0
+    train_tokens: int = 0
+    contexts: int = 0
+    cached: bool = False
+    gpu_seconds: dict[str, float] = field(default_factory=dict)
+    seconds_at_tau_1: float | None = None
+    source: str = ""
+    learn: dict | None = None
+
+    @property
+    def at_tau_1(self) -> float:
+        return self.seconds if self.seconds_at_tau_1 is None else self.seconds_at_tau_1
+
+    def times(self, n: int) -> Item:
+        """The same work done `n` times over (04's KV-budget sweep: one decoding per budget)."""
+        high = None if self.seconds_at_tau_1 is None else n * self.seconds_at_tau_1
+        gpu = {name: n * t for name, t in self.gpu_seconds.items()}
+        return dataclasses.replace(self, seconds=n * self.seconds, flops=n * self.flops, bytes=n * self.bytes,
+                                   contexts=n * self.contexts, gpu_seconds=gpu, seconds_at_tau_1=high)
+
+
+def _gpu(flops: float, moved: float, *, training: bool) -> dict[str, float]:
+    """Modeled seconds per device of the hardware table: FLOPs over the bf16 dense peak at `GPU_MFU`
+    for training, the roofline max(FLOPs / peak, bytes / bandwidth) at `GPU_ROOFLINE_FRACTION` for
+    decoding (a notebook's fixed cost is added per item, `fixed`). No GPU timing goes into them."""
+    out = {}
+    for name, hw in HARDWARE.items():
+        peak = hw.peak_flops.get(GPU_DTYPE, max(hw.peak_flops.values()))
+        t = flops / (peak * GPU_MFU) if training else max(flops / peak, moved / hw.bandwidth) / GPU_ROOFLINE_FRACTION
+        out[name] = t
+    return out
+
+
+def fixed(notebook: str, what: str = "kernel start, imports, HTML export", seconds: float = NOTEBOOK_SECONDS) -> Item:
+    return Item(notebook, what, seconds, gpu_seconds={d: seconds for d in HARDWARE}, source="assumed")
+
+
+def training_work(cfg: ModelConfig, train_cfg: TrainConfig, trained: ModelConfig, spire: SpireConfig | None,
+                  budget_params: int) -> tuple[int, int, float, float]:
+    """(steps, tokens, FLOPs, bytes) of a training run: forward and backward of the trained model
+    (3 forwards' FLOPs, its unembedding included) over every training token, the frozen target's
+    forward with its unembedding (a SPIRe draft's teacher), and the validation windows' forwards.
+    A SPIRe draft's k passes each run only the positions they predict (method §3.6: a block's j-th
+    position in pass j), so every position goes through its body and unembedding once. Bytes:
+    every step reads and writes the trained weights, their gradients and both Adam moments (fp32),
+    and reads the frozen target once."""
+    steps = train_cfg.total_steps(budget_params)
+    tokens = steps * train_cfg.tokens_per_step()
+    eval_tokens = _evaluations(train_cfg, steps) * train_cfg.eval_windows * train_cfg.seq_len
+    T = train_cfg.seq_len
+    draft = forward_work(trained.shape(), trained.vocab_size, train_cfg.batch_size, T, T // 2)
+    step_flops = 3 * draft.flops
+    eval_flops = draft.flops / (train_cfg.batch_size * T)
+    moved = 16.0 * trained.num_params() * steps
+    if spire is not None:
+        teacher = forward_work(cfg.shape(), cfg.vocab_size, train_cfg.batch_size, T, T // 2)
+        step_flops += teacher.flops
+        eval_flops += teacher.flops / (train_cfg.batch_size * T)
+        moved += teacher.bytes * steps
+    return steps, tokens, step_flops * steps + eval_flops * eval_tokens, moved
+
+
+def _evaluations(train_cfg: TrainConfig, steps: int) -> int:
+    """How many times the trainer scores its validation windows: every `eval_every` steps and at the end."""
+    return (steps - 1) // train_cfg.eval_every + 1 if train_cfg.eval_every else 1
+
+
+def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_cfg: TrainConfig,
+                trained: ModelConfig, spire: SpireConfig | None, budget_params: int, cached: bool,
+                warm: bool = False, checkpoint: Path | None = None) -> Item:
+    """A training run's work and seconds: its first step (the probe's, which compiles and warms up; with
+    `warm`, an ordinary step: the notebook's process has run the same graphs already), its other
+    steps, evaluations and saves. `checkpoint`: where the run will leave the model, whose measured
+    step times `plan.learn` writes back over the probe's figure."""
+    steps, tokens, flops, moved = training_work(cfg, train_cfg, trained, spire, budget_params)
+    if cached:
+        return Item(notebook, what, 0.0, flops, moved, tokens, cached=True, gpu_seconds={d: 0.0 for d in HARDWARE})
+    saves = (steps - 1) // train_cfg.checkpoint_every + 1  # every checkpoint_every steps and at the end
+    seconds = (probe["step_s" if warm else "first_step_s"] + (steps - 1) * probe["step_s"]
+               + _evaluations(train_cfg, steps) * train_cfg.eval_windows * probe["eval_window_s"]
+               + saves * probe["save_s"])
+    learn = ({"figure": probe["figure"], "checkpoint": str(checkpoint), "first_step": not warm}
+             if checkpoint is not None and probe.get("figure") else None)
+    return Item(notebook, what, seconds, flops, moved, tokens, gpu_seconds=_gpu(flops, moved, training=True),
+                source=probe.get("source", ""), learn=learn)
+
+
+def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire: SpireConfig, methods: list[str],
+                 runs: int, batch: int, context: int, new_tokens: int, k: int, *, ad: bool = False,
+                 contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None,
+                 ranged: bool = False, loss: bool = False) -> Item:
+    """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
+    with `loss` the target's loss on the continuation read from it (04: `new_tokens` positions over
+    its cache, priced at the prefill's measured seconds per FLOP), then
+    every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
+    window) of the target's cache, the guided draft over as many; each method's rounds at its tau in
+    `taus` (default the paper's; tau 1 for a method neither has, its slowest).
+    `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
+    range, from the paper's taus at L = 512 (method §5) to `seconds_at_tau_1` at tau 1 (every round
+    yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
+    until its slowest row is done)."""
+    taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
+    pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
+    seconds, flops, moved = probe["prefill_s"], pre.flops, pre.bytes
+    if loss:
+        read = forward_work(cfg.shape(), cfg.vocab_size, batch, new_tokens, context + new_tokens // 2)
+        seconds += probe["prefill_s"] * read.flops / pre.flops
+        flops, moved = flops + read.flops, moved + read.bytes
+    high = seconds
+    keys = context + new_tokens // 2
+    verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
+    for m in methods:
+        rounds = expected_rounds(taus.get(m, 1.0), k, new_tokens, batch)  # a method no tau is known for: tau 1
+        seconds += rounds * probe["round_s"][m]
+        high += expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
+        if m == "vanilla":
+            step = forward_work(vanilla_draft_config(cfg).shape(), cfg.vocab_size, batch, 1, keys)
+        elif m == "spire":
+            step = forward_work(dataclasses.replace(cfg, num_layers=spire.num_layers).shape(), cfg.vocab_size, batch,
+                                1, spire.sink + spire.window)
+        elif m == "lookup":  # no model drafts: the round is its verification
+            step = dataclasses.replace(verify, flops=0.0, bytes=0.0)
+        else:  # MagicDec and the guided draft: the target over their sink + window (+ chosen) entries
+            step = forward_work(cfg.shape(), cfg.vocab_size, batch, 1, min(keys, magicdec_keys))
+        flops += rounds * (verify.flops + k * step.flops)
+        moved += rounds * (verify.bytes + k * step.bytes)
+    if ad:
+        seconds += new_tokens * probe["ad_step_s"]
+        high += new_tokens * probe["ad_step_s"]
+        step = forward_work(cfg.shape(), cfg.vocab_size, batch, 1, keys)
+        flops, moved = flops + new_tokens * step.flops, moved + new_tokens * step.bytes
+    return Item(notebook, what, runs * seconds, runs * flops, runs * moved,
+                contexts=runs * batch if contexts is None else contexts,
+                gpu_seconds=_gpu(runs * flops, runs * moved, training=False),
+                seconds_at_tau_1=runs * high if ranged else None, source=probe.get("source", ""))
+
+
+class Models:
+    """The series' models as the plan sees them: each one's identity and whether the cache holds
+    it finished, trained by the first selected notebook that needs it."""
+
+    def __init__(self, series, probe: Probe, taus: dict[str, float], ranged: bool):
+        self.series, self.probe, self.done, self.taus, self.ranged = series, probe, set(), taus, ranged
+        self.started: set = set()  # (notebook, what a SPIRe run compiles): run once in that notebook's process
+        self.target_cfg = series.target
+        self.target_hash, self.target_dir, self.vanilla_dir, self.spire_dir = pipeline.planned_run_dirs(
+            series.target, series.target_training, series.data(), series.imported)
+
+    def decode(self, notebook: str, what: str, methods, batch: int, context: int, runs: int, *, ad: bool = False,
+               contexts: int | None = None, loss: bool = False) -> Item:
+        """`runs` batches decoded at (B, L) = (`batch`, `context`) with `methods` (and AD with `ad`),
+        timed by a probe of the series' decoding at that cell; with `loss`, the target's loss on the
+        continuation read from each batch's prefill (04)."""
+        s = self.series
+        probe = self.probe.decoding(self.target_cfg, s.spire, dataclasses.asdict(s.magicdec), s.guided_options(),
+                                    list(methods), batch, context, s.new_tokens, s.k, s.temperature)
+        return _decode_item(notebook, what, probe, self.target_cfg, s.spire, list(methods), runs, batch, context,
+                            s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss,
+                            magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus, ranged=self.ranged)
+
+    def needs(self, name: str) -> bool:
+        """True once per model: the first notebook that needs `name` carries its training."""
+        if name in self.done:
+            return False
+        self.done.add(name)
+        return True
+
+    def target(self, notebook: str) -> list[Item]:
+        s = self.series
+        if not self.needs("target"):
+            return []
+        if s.imported:
+            t = s.target_training
+            probe = self.probe.evaluation(self.target_cfg, t.seq_len, t.batch_size)
+            work = forward_work(self.target_cfg.shape(), self.target_cfg.vocab_size, 1, t.seq_len, t.seq_len // 2)
+            flops = work.flops * t.eval_windows
+            return [Item(notebook, f"evaluate the imported target on {t.eval_windows} windows of {t.seq_len}",
+                         t.eval_windows * probe["eval_window_s"], flops, work.bytes * t.eval_windows,
+                         contexts=t.eval_windows, gpu_seconds=_gpu(flops, 0.0, training=True),
+                         source=probe.get("source", ""))]
+        cached = finished_checkpoint(self.target_dir)
+        probe = {} if cached else self.probe.training("lm", s.target, s.target_training)
+        return [_train_item(notebook, f"train the target ({s.target.num_layers} x {s.target.d_model})", probe,
+                            s.target, s.target_training, s.target, None, s.target.num_params(), cached,
+                            checkpoint=self.target_dir)]
+
+    def vanilla(self, notebook: str) -> list[Item]:
+        s = self.series
+        if not self.needs("vanilla"):
+            return []
+        cfg = vanilla_draft_config(self.target_cfg)
+        cached = finished_checkpoint(self.vanilla_dir(s.vanilla_training))
+        probe = {} if cached else self.probe.training("lm", cfg, s.vanilla_training)
+        return [_train_item(notebook, f"train the vanilla draft ({cfg.num_layers} x {cfg.d_model})", probe, cfg,
+                            s.vanilla_training, cfg, None, cfg.num_params(), cached,
+                            checkpoint=self.vanilla_dir(s.vanilla_training))]
+
+    def spire(self, notebook: str, variant: str = "spire", train_cfg: TrainConfig | None = None,
+              label: str | None = None) -> list[Item]:
+        s = self.series
+        cfg, train_cfg = ablation(variant, s.spire), train_cfg or s.spire_training
+        if not self.needs(("spire", cfg, train_cfg)):
+            return []
+        trained = dataclasses.replace(self.target_cfg, num_layers=cfg.num_layers)
+        cached = finished_checkpoint(self.spire_dir(cfg, train_cfg))
+        # every variant trains at the cost of the series' SPIRe draft of its depth
+        probe = {} if cached else self.probe.training("spire", self.target_cfg, train_cfg,
+                                                      dataclasses.replace(s.spire, num_layers=cfg.num_layers))
+        with torch.device("meta"):  # the trainer's budget counts the draft's trainable parameters
+            draft = SpireDraftModel.from_target(Transformer(self.target_cfg), cfg, device="meta")
+        budget = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+        # A variant's graphs (compiled, `SpireObjective.compiled`) are those of an earlier run in the same
+        # notebook where the shapes, the target layers read and the loss agree: its first step is then warm.
+        graphs = (notebook, train_cfg.batch_size, train_cfg.seq_len, train_cfg.micro_batch_size, train_cfg.compile,
+                  cfg.num_layers, cfg.target_activations, cfg.loss, cfg.mix_weight)
+        warm = not cached and graphs in self.started
+        if not cached:
+            self.started.add(graphs)
+        return [_train_item(notebook, label or f"train the SPIRe draft ({cfg.num_layers} blocks, k = {cfg.k})", probe,
+                            self.target_cfg, train_cfg, trained, cfg, budget, cached, warm,
+                            checkpoint=self.spire_dir(cfg, train_cfg))]
+
+
+def _target_notebook(models: Models, nb: str, p: dict) -> list[Item]:
+    return models.target(nb)
+
+
+def _drafts_notebook(models: Models, nb: str, p: dict) -> list[Item]:
+    return models.target(nb) + models.vanilla(nb) + models.spire(nb)
+
+
+def _tau_notebook(models: Models, nb: str, p: dict) -> list[Item]:
+    items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
+    B, methods = p["decode_batch_size"], p["methods"]
+    runs = -(-p["n_contexts"] // B)  # batches per L
+    trained_on, G = models.series.target_training.seq_len, models.series.new_tokens
+    items += [models.decode(nb, f"tau of {', '.join(methods)} and the target's loss at L = {L}"
+                            + (f" (past the {trained_on}-token training windows)" if L + G > trained_on else ""),
+                            methods, B, L, runs, contexts=p["n_contexts"], loss=True)
+              for L in p["context_lengths"]]
+    budgets = p.get("kv_budgets") or []
+    if budgets:  # MagicDec and the guided draft at each budget, priced at the series' own budget
+        L = sweep_length(p["context_lengths"], G, trained_on, p.get("kv_budget_context") or 0)
+        sweep = models.decode(nb, f"KV-budget sweep: MagicDec and guided at {len(budgets)} budgets, L = {L}",
+                              ["magicdec", "guided"], B, L, runs, contexts=p["n_contexts"])
+        items.append(sweep.times(len(budgets)))
+    return items
+
+
+def _ablation_notebook(models: Models, nb: str, p: dict) -> list[Item]:
+    s = models.series
+    items = models.target(nb)
+    for seed in p["ablation_seeds"]:
+        budget = s.training(p["ablation_training"], "ablation_training", seed=seed)
+        for variant in p["ablations"]:
+            items += models.spire(nb, variant, budget, f"train the {variant} variant, seed {seed}")
+    budget = s.training(p["ablation_training"], "ablation_training", seed=p["ablation_seeds"][0])
+    probe = models.probe.training("spire", models.target_cfg, budget, s.spire)
+    evals = len(p["ablations"]) * budget.eval_windows  # each window: the teacher's and the draft's forward
+    T = budget.seq_len
+    draft_cfg = dataclasses.replace(models.target_cfg, num_layers=s.spire.num_layers)
+    flops = evals * sum(forward_work(c.shape(), c.vocab_size, 1, T, T // 2).flops
+                        for c in (models.target_cfg, draft_cfg))
+    items.append(Item(nb, f"score {len(p['ablations'])} variants at step 0 ({budget.eval_windows} windows each)",
+                      evals * probe["eval_window_s"], flops, contexts=evals,
+                      gpu_seconds=_gpu(flops, 0.0, training=True), source=probe.get("source", "")))
+    B, L = p["decode_batch_size"], p["ablation_context_length"]
+    runs = len(p["ablation_seeds"]) * len(p["ablations"]) * -(-p["n_contexts"] // B)
+    items.append(models.decode(nb, f"tau of {len(p['ablations'])} variants x {len(p['ablation_seeds'])} seeds at "
+                               f"L = {L}", ["spire"], B, L, runs))
+    return items
+
+
+def _timing_notebook(models: Models, nb: str, p: dict) -> list[Item]:
+    """09's work: its models, the calibration and the profiled fit, and every cell's runs; a cell is
+    assumed to run until its time is up (`cell_seconds`), as its wide CIs at B >= 16 make it."""
+    items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
+    items.append(fixed(nb, "calibration and the profiled fit", CALIBRATION_SECONDS))
+    methods = p["timing_methods"]
+    limit = max(p["repeats"], p["max_repeats"])
+    def runs(one: float) -> int:  # measure.wallclock.time_cells' rule, its CIs never narrow enough to stop early
+        fit = limit + 1 if math.isnan(one) else math.floor(p["cell_seconds"] / max(one, 1e-9)) + 1
+        return max(p["repeats"] + 1, min(limit + 1, fit))
+
+    for batch, context in timing_cells(p["timing_batches"], p["timing_contexts"], p["held_out"]):
+        one = models.decode(nb, "", methods, batch, context, 1, ad=True)  # a run of every method and AD
+        n, n_high = runs(one.seconds), runs(one.at_tau_1)  # slower runs at tau 1: fewer fit in cell_seconds
+        item = models.decode(nb, f"time AD and {len(methods)} methods at B = {batch}, L = {context}, "
+                             f"{n}{'' if n == n_high else f' ({n_high} at tau 1)'} runs", methods, batch, context,
+                             n, ad=True)
+        items.append(item if item.seconds_at_tau_1 is None
+                     else dataclasses.replace(item, seconds_at_tau_1=n_high * one.at_tau_1))
+    return items
+
+
+#: The work of each notebook that computes with the series' models, from its resolved parameters
+#: (its injections over its defaults); the others are numpy and cost their fixed seconds.
+WORK = {"02_train_target": _target_notebook, "03_train_drafts": _drafts_notebook, "04_measure_tau": _tau_notebook,
+        "05_ablations": _ablation_notebook, "09_measured_vs_modeled": _timing_notebook}
