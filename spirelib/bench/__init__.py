@@ -12,9 +12,11 @@ from types import ModuleType
 
 
 def available() -> dict[str, ModuleType]:
-    """NAME (as typed: "spire-train") -> its module, in name order."""
+    """NAME (as typed: "spire-train") -> its module, in name order: every module of the package with
+    a `main` (one that only serves another, as `gpu_goals` serves `gpu_check`, is no command)."""
     names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
-    return {n.replace("_", "-"): importlib.import_module(f"{__name__}.{n}") for n in names}
+    modules = {n: importlib.import_module(f"{__name__}.{n}") for n in names}
+    return {n.replace("_", "-"): m for n, m in modules.items() if hasattr(m, "main")}
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MODEL_OPTIONS = ("vocab_size", "target_layers", "d_model", "n_q_per_kv", "n_kv", "d_head", "d_ff")
+#: `--dtype`'s names: the models' weights and caches (`torch_dtype`).
+DTYPES = ("fp32", "bf16")
+#: How many times a timing whose region recorded a round's CUDA graph is taken again (`replayed`).
+RETAKES = 2
 
 
 def model_config(args: argparse.Namespace):
@@ -37,6 +43,21 @@ def model_config(args: argparse.Namespace):
 
     return ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model,
                        n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)
+
+
+def fill_model_options(args: argparse.Namespace, cfg) -> None:
+    """Set every `add_model_arguments` option of `args` left None to `cfg`'s (a `ModelConfig`): the
+    shape of a benchmark whose default target depends on another option (`bench peer`'s device)."""
+    for name in MODEL_OPTIONS:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(cfg, "num_layers" if name == "target_layers" else name))
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a `--dtype` name (`DTYPES`)."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
 
 
 def positive(args: argparse.Namespace, *names: str) -> list[str]:
@@ -76,3 +97,18 @@ def synchronize(device) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def replayed(measure):
+    """`measure()` (a timed region of decoding) and how many round graphs its last take recorded
+    (`graphs.GRAPHS.watch`). A take that recorded one timed a capture and a sync, not replays alone,
+    so it is taken again, at most `RETAKES` times; a count still above 0 is for the caller to flag,
+    never to average in. On the CPU nothing records (no graphs): one take."""
+    from spirelib.decoding.graphs import GRAPHS
+
+    for _ in range(RETAKES + 1):
+        with GRAPHS.watch() as recorded:
+            result = measure()
+        if not recorded[0]:
+            break
+    return result, recorded[0]

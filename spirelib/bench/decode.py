@@ -8,8 +8,9 @@ random (speed does not depend on them), so tau, and with it SD's tokens/s, is no
 model's: per-round time is what carries over, and tokens/s = tau / round.
 
 `--roofline` times every forward kind and each method's whole round against this machine's
-roofline (`roofline_rows`); `--profiled` judges the profiled cost model as notebook 09 does
-(`profiled_rows`). Runs that would not fit the free memory are refused first (`memory_problems`).
+roofline of the bytes each reads (a dense cache's whole capacity; `roofline_rows`); `--profiled`
+judges the profiled cost model as notebook 09 does (`profiled_rows`). `--dtype bf16` decodes in
+bf16. Runs that would not fit the free memory are refused first (`memory_problems`).
 
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
 """
@@ -24,7 +25,16 @@ from typing import NamedTuple
 
 import torch
 
-from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive
+from spirelib.bench import (
+    DTYPES,
+    MODEL_OPTIONS,
+    add_model_arguments,
+    device_problems,
+    model_config,
+    positive,
+    replayed,
+    torch_dtype,
+)
 from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
 from spirelib.decoding.guided import GuidedDraft, budget_options
 from spirelib.decoding.speculative import TargetPass, autoregressive_rounds, speculative_capacity, speculative_rounds
@@ -43,15 +53,21 @@ from spirelib.modeling import profiled
 from spirelib.training.hf import available_bytes
 
 TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup")  # AD and the registered drafts this benchmark builds
+#: Rounds a generation runs before `round_rows` times one: the first runs eagerly, the second records
+#: the round's CUDA graph (`graphs.RoundGraphs.run`), the third replays it.
+WARM_ROUNDS = 3
 
 
 class Forward(NamedTuple):
-    """A forward kind of `forward_shapes`: its model's `ModelConfig`, the new tokens a row, the keys
-    a row reads, and whether its queries also score every key (the guided draft's verification)."""
+    """A forward kind of `forward_shapes`: its model's `ModelConfig`, the new tokens a row, the live
+    keys a row attends to (what the forward needs), the slots a row's attention reads (what its
+    kernel moves: a cache reads all of its slots, masked), and whether its queries also score every
+    key (the guided draft's verification)."""
 
     cfg: object
     new: int
     keys: int
+    reads: int
     scores: bool = False
 
 
@@ -122,20 +138,42 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     return rows
 
 
-def forward_shapes(cfgs: dict, context: int, k: int, window: int) -> dict[str, Forward]:
-    """Forward kind -> `Forward` at context L: the AD step (1 token over L + 1 keys), verification
+def ring_slots(window: int, k: int) -> int:
+    """Slots a row of a sparse draft's cache holds: sink 1 + window + k + 1 of slack
+    (`SinkWindowKVCache`: MagicDec's and SPIRe's rings; `SelectedKVCache`: the guided draft's entries)."""
+    return SpireConfig(window=window).sink + window + k + 1
+
+
+def round_tokens(method: str, rounds: int, k: int) -> int:
+    """New tokens a row of `round_generation` decodes so that it runs at least `rounds` rounds: AD
+    one a round after the prefill's; a draft `rounds` x (k + 1) (a round emits at most k + 1)."""
+    return rounds + 1 if method == "ad" else rounds * (k + 1)
+
+
+def capacities(context: int, k: int, rounds: int) -> dict[str, int]:
+    """Slots a row of the target's dense cache holds in `round_generation`'s generations of `rounds`
+    rounds at context L, which every decode-time forward reads whole (`kvcache.DenseKVCache`): "ad"
+    (`autoregressive_rounds`: L + G) and "sd" (`speculative_capacity`, the vanilla draft's too)."""
+    return {"ad": context + round_tokens("ad", rounds, k),
+            "sd": speculative_capacity(context, round_tokens("sd", rounds, k), k)}
+
+
+def forward_shapes(cfgs: dict, context: int, k: int, window: int, capacity: dict[str, int]) -> dict[str, Forward]:
+    """Forward kind -> `Forward` at context L: the AD step (1 token; live keys L + 1), verification
     (k + 1 tokens), the same scoring every key for the guided draft, the vanilla draft's step,
     MagicDec's step (the target over sink 1 + window, and itself), the guided draft's (the target
     over its chosen entries, the same budget, and itself) and SPIRe's step (its body over sink 1 +
-    window). `cfgs`: "target", "vanilla" and "spire" (SPIRe's body) -> `ModelConfig`."""
-    sparse = min(context, 1 + window)
-    return {"AD step": Forward(cfgs["target"], 1, context + 1),
-            f"verify ({k + 1} tokens)": Forward(cfgs["target"], k + 1, context + k + 1),
-            f"verify ({k + 1}) + scores": Forward(cfgs["target"], k + 1, context + k + 1, scores=True),
-            "vanilla step": Forward(cfgs["vanilla"], 1, context + 1),
-            "MagicDec step": Forward(cfgs["target"], 1, sparse + 1),
-            "guided step": Forward(cfgs["target"], 1, sparse + 1),
-            "SPIRe step": Forward(cfgs["spire"], 1, sparse)}
+    window). Each reads its cache whole: the dense ones `capacity` ("ad", "sd": `capacities`), the
+    sparse ones `ring_slots`. `cfgs`: "target", "vanilla" and "spire" (SPIRe's body) -> `ModelConfig`."""
+    sparse, ring = min(context, 1 + window), ring_slots(window, k)
+    ad, sd = capacity["ad"], capacity["sd"]
+    return {"AD step": Forward(cfgs["target"], 1, context + 1, ad),
+            f"verify ({k + 1} tokens)": Forward(cfgs["target"], k + 1, context + k + 1, sd),
+            f"verify ({k + 1}) + scores": Forward(cfgs["target"], k + 1, context + k + 1, sd, scores=True),
+            "vanilla step": Forward(cfgs["vanilla"], 1, context + 1, sd),
+            "MagicDec step": Forward(cfgs["target"], 1, sparse + 1, ring),
+            "guided step": Forward(cfgs["target"], 1, sparse + 1, ring),
+            "SPIRe step": Forward(cfgs["spire"], 1, sparse, ring)}
 
 
 def round_forwards(method: str, kinds: dict[str, Forward], k: int) -> list[tuple[str, int]]:
@@ -153,15 +191,17 @@ def round_forwards(method: str, kinds: dict[str, Forward], k: int) -> list[tuple
 
 
 def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int, *,
-             peak_flops: float, bandwidth: float) -> tuple[float, float, float]:
+             peak_flops: float, bandwidth: float, live: bool = False) -> tuple[float, float, float]:
     """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B: per forward
-    `profiled.forward_work` (body, attention over its keys, unembedding; weights and KV at their
-    dtype, read once; with the guided draft's scoring, `profiled.scored`) and max(FLOPs / peak,
-    bytes / bandwidth), summed over the forwards."""
+    `profiled.forward_work` (body, attention over the slots it reads, unembedding; weights and KV at
+    their dtype, read once; with the guided draft's scoring, `profiled.scored`) and max(FLOPs /
+    peak, bytes / bandwidth), summed over the forwards. `live`: over the live keys alone instead
+    (what a kernel that skipped the masked slots would need: the useful part)."""
     flops = moved = ms = 0.0
     for kind, new in forwards:
         f = kinds[kind]
-        work = profiled.forward_work(f.cfg.shape(), f.cfg.vocab_size, batch, new, f.keys, bytes_per_value=value_bytes)
+        work = profiled.forward_work(f.cfg.shape(), f.cfg.vocab_size, batch, new, f.keys if live else f.reads,
+                                     bytes_per_value=value_bytes)
         if f.scores:
             work = profiled.scored(work, f.cfg.shape(), value_bytes)
         flops, moved = flops + work.flops, moved + work.bytes
@@ -170,13 +210,16 @@ def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: 
 
 
 def roofline_row(kind: str, batch: int, context: int, seconds: list[float], work: tuple[float, float, float],
-                 compiled: bool) -> dict:
-    """A row of `--roofline`: measured ms (median of `seconds`), its work and roofline, measured /
-    roofline (`ratio`) and roofline / measured (`fraction`: 1 is the hardware's limit)."""
+                 useful: tuple[float, float, float], compiled: bool, recorded: int = 0) -> dict:
+    """A row of `--roofline`: measured ms (median of `seconds`), its work and roofline (`roofline`:
+    the slots the kernels read), measured / roofline (`ratio`), roofline / measured (`fraction`: 1 is
+    the hardware's limit), the same at the live keys alone (`useful_fraction`: `useful`, a
+    `roofline(live=True)`) and the round graphs recorded while it was timed (not 0 flags the timing)."""
     ms = 1e3 * statistics.median(seconds)
     gflop, mbytes, roof = work
     return {"kind": kind, "batch": batch, "context": context, "ms": ms, "gflop": gflop, "mbytes": mbytes,
-            "roofline_ms": roof, "ratio": ms / roof, "fraction": roof / ms, "mode": "compiled" if compiled else "eager"}
+            "roofline_ms": roof, "ratio": ms / roof, "fraction": roof / ms, "useful_mbytes": useful[1],
+            "useful_fraction": useful[2] / ms, "mode": "compiled" if compiled else "eager", "recorded": recorded}
 
 
 def model_cfgs(cfg, window: int) -> dict:
@@ -187,28 +230,41 @@ def model_cfgs(cfg, window: int) -> dict:
             "spire": replace(cfg, num_layers=SpireConfig(window=window).num_layers)}
 
 
+def round_count(repeats: int) -> int:
+    """Rounds each generation of `round_rows` runs at least: the warm-up's (`WARM_ROUNDS`), and the
+    timed one's first (with the prefill, untimed) and `repeats` timed ones."""
+    return max(repeats + 1, WARM_ROUNDS)
+
+
+def rooflines(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int,
+              **calibration) -> tuple[tuple, tuple]:
+    """`roofline` of `forwards` over the slots they read and over their live keys (the useful part)."""
+    return tuple(roofline(kinds, forwards, batch, value_bytes, live=live, **calibration) for live in (False, True))
+
+
 @torch.no_grad()
 def forward_rows(target: Transformer, models: dict, batch: int, context: int, k: int, window: int, *,
                  peak_flops: float, bandwidth: float, repeats: int, compiled: bool) -> list[dict]:
     """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone
     (`wallclock.repeat_seconds`: one untimed call first, which compiles under `compiled`), its cache
-    rolled back before every call. `models`: `build_methods`' vanilla and SPIRe draft models. The
-    guided draft's step reads the entries it chose from the prefill's scores (`GuidedDraft.begin`)."""
+    rolled back before every call, each dense cache as large as the one `round_rows`' generations
+    read (`capacities`). `models`: `build_methods`' vanilla and SPIRe draft models. The guided
+    draft's step reads the entries it chose from the prefill's scores (`GuidedDraft.begin`)."""
     cfg, param = target.cfg, next(target.parameters())
     dev, value_bytes = param.device, param.element_size()
     vanilla, spire = models["vanilla"], models["spire"]
-    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window)
+    capacity = capacities(context, k, round_count(repeats))
+    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window, capacity)
     tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)  # (B, L + k + 1)
 
-    def dense(model):
-        cache = model.new_cache(batch, context + k + 1)
+    def dense(model, slots: int, scored: int = 0):  # scored: records the last `scored` queries' scores
+        cache = model.new_cache(batch, slots, scored=scored)
         model.hidden(tokens[:, :context], cache=cache)
         return cache
 
     lengths = torch.full((batch,), context, device=dev)  # (B,)
-    target_cache, vanilla_cache = dense(target), dense(vanilla)
-    scored_cache = target.new_cache(batch, context + k + 1, scored=k + 1)  # records the last k + 1 queries' scores
-    target.hidden(tokens[:, :context], cache=scored_cache)
+    ad_cache, target_cache = dense(target, capacity["ad"]), dense(target, capacity["sd"])
+    vanilla_cache, scored_cache = dense(vanilla, capacity["sd"]), dense(target, capacity["sd"], scored=k + 1)
     guided = GuidedDraft(target, **budget_options(1 + window))
     prefilled = torch.arange(context, device=dev).expand(batch, context)  # (B, L)
     guided.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
@@ -221,7 +277,7 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
                               torch.arange(context, device=dev).expand(batch, context))
     pos = lengths[:, None]  # (B, 1)
     calls = {  # kind -> (the forward, what resets its cache)
-        "AD step": (lambda: target(tokens[:, context:context + 1], pos, target_cache), target_cache),
+        "AD step": (lambda: target(tokens[:, context:context + 1], pos, ad_cache), ad_cache),
         f"verify ({k + 1} tokens)": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
                                                     target_cache), target_cache),
         f"verify ({k + 1}) + scores": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
@@ -234,10 +290,36 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     rows = []
     for kind, (call, cache) in calls.items():
         seconds = repeat_seconds(call, repeats, before=lambda cache=cache: cache.rollback(lengths), device=dev)
-        work = roofline(kinds, [(kind, kinds[kind].new)], batch, value_bytes, peak_flops=peak_flops,
-                        bandwidth=bandwidth)
-        rows.append(roofline_row(kind, batch, context, seconds, work, compiled))
+        work, useful = rooflines(kinds, [(kind, kinds[kind].new)], batch, value_bytes, peak_flops=peak_flops,
+                                 bandwidth=bandwidth)
+        rows.append(roofline_row(kind, batch, context, seconds, work, useful, compiled))
     return rows
+
+
+def round_generation(target: Transformer, factories: dict, method: str, batch: int, context: int, k: int,
+                     rounds: int, *, temperature: float, run: int, timer=None):
+    """A generation of `method` ("ad", or a draft of `factories`) of at least `rounds` rounds
+    (`round_tokens`), a round at a time (`speculative_rounds`; AD: `autoregressive_rounds`, a round
+    being one step), over fresh random contexts (B, L) drawn from seed `run`; `timer`: a
+    `speculative.SectionTimer` for its sections (on a GPU, CUDA events around each round's replay)."""
+    dev = next(target.parameters()).device
+    generator = torch.Generator(dev).manual_seed(run)
+    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)
+    options = {"temperature": temperature, "generator": generator, "timer": timer}
+    if method == "ad":
+        return autoregressive_rounds(target, contexts, round_tokens(method, rounds, k), **options)
+    return speculative_rounds(target, factories[method](), contexts, round_tokens(method, rounds, k), k=k, **options)
+
+
+def warm_up(target: Transformer, factories: dict, method: str, batch: int, context: int, k: int, rounds: int,
+            temperature: float) -> None:
+    """`WARM_ROUNDS` rounds of a `round_generation` of the shape about to be timed: its kernels
+    compiled and, on a GPU, its round's graph recorded (on the key's second call), so that a later
+    generation of that shape replays it (the same buffers: `kvcache.reuse`)."""
+    warm = round_generation(target, factories, method, batch, context, k, rounds, temperature=temperature, run=0)
+    for _ in range(WARM_ROUNDS):
+        next(warm)
+    warm.close()
 
 
 @torch.no_grad()
@@ -245,38 +327,32 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
                k: int, window: int, *, peak_flops: float, bandwidth: float, repeats: int, compiled: bool,
                temperature: float) -> list[dict]:
     """One `roofline_row` per method's whole round at (B, L), as the engine decodes it
-    (`speculative_rounds`; AD: `autoregressive_rounds`, a round being one step): the draft's
-    passes, the verification and the bookkeeping timed together, round by round, each between
-    two synchronizes on a GPU. A first generation warms up for 3 rounds (compiling and, on a GPU,
-    recording the CUDA graphs), then a second one's first round (it includes the prefill) is not
-    timed and its next `repeats` are. The roofline is that of the round's forwards
-    (`round_forwards`; bookkeeping has none) at context L: the timed rounds add at most
-    (repeats + 1) x (k + 1) tokens to it."""
-    count = max(repeats + 1, 3)  # rounds each generation must have: the warm-up's 3, the timed run's
+    (`round_generation`): the draft's passes, the verification and the bookkeeping timed together,
+    round by round, each between two synchronizes on a GPU. A first generation warms up (`warm_up`),
+    then a second one's first round (it includes the prefill) is not timed and its next `repeats`
+    are; a timing during which a round's graph was recorded is taken again (`bench.replayed`) or,
+    still recording, flagged (`recorded`). The roofline is that of the round's forwards
+    (`round_forwards`; bookkeeping has none) at context L over the caches the generations read
+    (`capacities`); the useful one's live keys grow by at most (repeats + 1) x (k + 1) while timed."""
+    count = round_count(repeats)
     param = next(target.parameters())
     dev = param.device
-    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window)
-
-    def rounds(method: str, run: int):  # a generation of at least `count` rounds over fresh contexts (B, L)
-        generator = torch.Generator(dev).manual_seed(run)
-        contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)
-        if method == "ad":  # the prefill gives the first token, then one round a token
-            return autoregressive_rounds(target, contexts, count + 1, temperature=temperature, generator=generator)
-        return speculative_rounds(target, factories[method](), contexts, count * (k + 1), k=k,
-                                  temperature=temperature, generator=generator)  # a round emits <= k + 1 tokens
-
+    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window, capacities(context, k, count))
     rows = []
     for method in methods:
-        warm = rounds(method, 0)
-        for _ in range(3):
-            next(warm)
-        warm.close()
-        timed = rounds(method, 1)
-        seconds = repeat_seconds(lambda timed=timed: next(timed), repeats, device=dev)
-        timed.close()
-        work = roofline(kinds, round_forwards(method, kinds, k), batch, param.element_size(), peak_flops=peak_flops,
-                        bandwidth=bandwidth)
-        rows.append(roofline_row(f"{method} round", batch, context, seconds, work, compiled))
+        warm_up(target, factories, method, batch, context, k, count, temperature)
+
+        def take(method=method) -> list[float]:
+            timed = round_generation(target, factories, method, batch, context, k, count, temperature=temperature,
+                                     run=1)
+            seconds = repeat_seconds(lambda: next(timed), repeats, device=dev)
+            timed.close()
+            return seconds
+
+        seconds, recorded = replayed(take)
+        work, useful = rooflines(kinds, round_forwards(method, kinds, k), batch, param.element_size(),
+                                 peak_flops=peak_flops, bandwidth=bandwidth)
+        rows.append(roofline_row(f"{method} round", batch, context, seconds, work, useful, compiled, recorded))
     return rows
 
 
@@ -297,7 +373,8 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
                         **options)
     measured = {r["kind"]: r["ms"] for r in forwards}
-    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window)
+    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window,
+                           capacities(context, k, round_count(repeats)))
     for method, row in zip(methods, rounds):
         row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, kinds, k))
     return forwards + rounds
@@ -315,11 +392,12 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
 
     timings = time_case(target, factories, methods, cells, args.new_tokens, args.k, args.temperature, args.repeats,
                         max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)
-    peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
+    value_bytes = next(target.parameters()).element_size()
+    peak = matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"]
+    bw = memory_bandwidth(device=args.device)["bandwidth"]
     spire = SpireConfig(window=args.window)
     shapes = profiled_draft_shapes(vanilla_draft_config(target.cfg), replace(target.cfg, num_layers=spire.num_layers),
                                    spire, SinkWindow(spire.sink, spire.window), budget_options(1 + spire.window))
-    value_bytes = next(target.parameters()).element_size()
     seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
     cost = profiled.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
                         drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, peak_flops=peak,
@@ -344,15 +422,18 @@ def print_profiled(rows: list[dict], verdict: dict) -> None:
           f"+/-{verdict['widest_ci']:.1%}")
 
 
-def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float) -> None:
-    print(f"roofline: fp32 peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated now);"
-          " a round: its forwards' rooflines summed, 'fwd ms' the sum of its forwards timed alone")
+def print_roofline(rows: list[dict], peak_flops: float, bandwidth: float, dtype: str) -> None:
+    print(f"roofline: {dtype} peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s (calibrated "
+          "now); MB: what the kernels read (a dense cache's whole capacity, masked); '% useful': the roofline at the "
+          "live keys alone, over the measured time; a round: its forwards' rooflines summed, 'fwd ms' the sum of its "
+          "forwards timed alone; 'rec': round graphs recorded while timed (after retakes; not 0: not a replay's time)")
     print(f"{'L':>5} {'B':>3} {'forward / round':18} {'mode':8} {'ms':>8} {'GFLOP':>8} {'MB':>8} {'roof ms':>8}"
-          f" {'x roof':>7} {'% roof':>7} {'fwd ms':>8}")
+          f" {'x roof':>7} {'% roof':>7} {'% useful':>8} {'fwd ms':>8} {'rec':>3}")
     for r in rows:
-        forwards = f"{r['forwards_ms']:8.2f}" if "forwards_ms" in r else ""
+        forwards = f"{r['forwards_ms']:8.2f}" if "forwards_ms" in r else f"{'':8}"
         print(f"{r['context']:5d} {r['batch']:3d} {r['kind']:18} {r['mode']:8} {r['ms']:8.2f} {r['gflop']:8.3f}"
-              f" {r['mbytes']:8.1f} {r['roofline_ms']:8.3f} {r['ratio']:7.1f} {r['fraction']:7.1%} {forwards}")
+              f" {r['mbytes']:8.1f} {r['roofline_ms']:8.3f} {r['ratio']:7.1f} {r['fraction']:7.1%}"
+              f" {r['useful_fraction']:8.1%} {forwards} {r['recorded'] or '':>3}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -367,9 +448,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (after one warm-up); best is kept")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32",
+                        help="weights and caches (bf16: ~100x slower on the CPU)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--roofline", action="store_true",
-                        help="time every forward kind and each method's whole round against this machine's roofline")
+                        help="every forward and whole round against the roofline")
     parser.add_argument("--compile", action="store_true",
                         help="also decode through compiled graphs, beside eager")
     parser.add_argument("--interleave", choices=("rounds", "runs"), default="rounds", metavar="HOW",
@@ -406,7 +489,7 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
     capacity = speculative_capacity(context, new_tokens, k)
     spire = SpireConfig(window=window)
     drafts = model_cfgs(cfg, window)
-    ring = spire.sink + window + k + 1  # `SinkWindowKVCache`: sink + window + slack; `SelectedKVCache` alike
+    ring = ring_slots(window, k)
     scores = 4 * cfg.num_layers * batch * cfg.n_kv * capacity  # the guided draft's fp32 scores in the target cache
     copies = len(methods) if interleave == "rounds" else 1
     return {"weights": value_bytes * (cfg.num_params() + sum(drafts[m].num_params() for m in ("vanilla", "spire")
@@ -430,9 +513,11 @@ def memory_problems(args: argparse.Namespace, cells: list[tuple[int, int]]) -> l
         return []
     cfg = model_config(args)
 
+    value_bytes = torch_dtype(args.dtype).itemsize
+
     def held(interleave):
-        return max(((held_bytes(cfg, args.methods, B, L, args.new_tokens, args.k, args.window, interleave), (B, L))
-                    for B, L in cells), key=lambda pair: sum(pair[0].values()))
+        return max(((held_bytes(cfg, args.methods, B, L, args.new_tokens, args.k, args.window, interleave,
+                                value_bytes), (B, L)) for B, L in cells), key=lambda pair: sum(pair[0].values()))
 
     parts, (B, L) = held(args.interleave)
     if sum(parts.values()) <= free:
@@ -468,16 +553,17 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = model_config(args)
     torch.manual_seed(0)
-    target = Transformer(cfg).to(args.device).eval()
+    target = Transformer(cfg).to(device=args.device, dtype=torch_dtype(args.dtype)).eval()
     modes = (False, True) if args.compile else (False,)
     if args.roofline:
         from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
-        peak, bw = matmul_peak(device=args.device)["flops"], memory_bandwidth(device=args.device)["bandwidth"]
+        peak = matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"]
+        bw = memory_bandwidth(device=args.device)["bandwidth"]
         rows = [row for L in args.context for B in args.batch for compiled in modes
                 for row in roofline_rows(target, B, L, args.k, args.window, peak_flops=peak, bandwidth=bw,
                                          compiled=compiled, temperature=args.temperature, methods=args.methods)]
-        print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw)
+        print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw, args.dtype)
         return 0
     factories, models = build_methods(target, args.methods, args.temperature, args.window)
     if args.profiled:
@@ -502,8 +588,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     draft = vanilla_draft_config(cfg)
     print(f"decode: target {cfg.num_layers}x{cfg.d_model} (n_kv {cfg.n_kv}, d_head {cfg.d_head}, d_ff {cfg.d_ff}, "
-          f"vocab {cfg.vocab_size}), vanilla draft {draft.num_layers}x{draft.d_model}, k={args.k}, G={args.new_tokens}, "
-          f"T={args.temperature}, {torch.get_num_threads()} threads, {args.device}, best of {args.repeats}")
+          f"vocab {cfg.vocab_size}), vanilla draft {draft.num_layers}x{draft.d_model}, k={args.k}, "
+          f"G={args.new_tokens}, T={args.temperature}, {args.dtype}, {torch.get_num_threads()} threads, "
+          f"{args.device}, best of {args.repeats}")
     print(f"{'L':>5} {'B':>3} {'method':9} {'mode':8} {'tok/s':>8} {'vs AD':>6} {'round ms':>9} {'tau':>5}"
           f" {'prefill s':>9} {'draft':>6} {'verify':>6} {'bookkp':>6}")
     ad = {(r["context"], r["batch"], r["mode"]): r["tokens_per_s"] for r in rows if r["method"] == "ad"}

@@ -1,22 +1,23 @@
 """`spire bench gpu-check` (`make gpu-check`): the acceptance check of a GPU machine, one table.
 
-What the CPU test suite cannot show, measured on the GPU in one run (under 8 minutes on one
-H100-class GPU), a row each (`CHECKS`): the smoke series end to end on the GPU (`_series`);
-compiled decoding under CUDA graphs against eager (`_cuda_graphs`); a bf16 target training and
-decoding with an fp32 SPIRe draft (`_bf16_target`); training MFU at the paper's target shape
-(`_mfu`); a sharded training step's real peak memory against its simulation (`_memory`); and the
-decoding benchmarks at the paper's shapes: the roofline, transformers as a peer and the profiled
-cost model (`_roofline`, `_peer`, `_profiled`).
-
-The rows that time decoding stop starting new cells once their budget (`BUDGETS_S`) is spent and
-name the cells left untimed. Each row says ok, FAIL (and why) or skipped (a row that cannot run
-here, e.g. without transformers, says why); the exit status is 1 if any row failed.
-`--device cpu --quick` runs the same code on the CPU at toy shapes (what the test suite does).
+What the CPU test suite cannot show, in one run that must fit `gpu_goals.TIME_GOAL_S` on one H100
+from a cold compile cache, a row each (`CHECKS`), judged against its goal (`gpu_goals`): ok or FAIL,
+with its figures. Compiled decoding through round graphs against eager (`_cuda_graphs`); a bf16 target with
+an fp32 SPIRe draft (`_bf16_target`); training MFU, reported (`_mfu`); a sharded step's memory
+against its simulation (`_memory`); the compiled AD step against the roofline of the bytes it reads
+(`_roofline`); the host's share of an SD round (`_host`); transformers as a peer (`_peer`); the
+profiled cost model's held-out error (`_profiled`); the whole check's time (`time_row`). The smoke
+series (`_series`, notebooks) runs with --notebooks only. Rows that time cells start none once their
+budget (`BUDGETS_S`) is spent and name the cells left. Every row goes to a JSON summary (`summary`);
+the exit status is 1 if any row failed. `--device cpu --quick` runs the same code at toy shapes,
+without budgets: figures that mean nothing there are reported, not judged.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import subprocess
 import sys
 import tempfile
@@ -26,17 +27,38 @@ from pathlib import Path
 import torch
 import yaml
 
-from spirelib.bench import positive
+from spirelib.bench import positive, synchronize
+from spirelib.bench.gpu_goals import (
+    BUDGETS_S,
+    GOALS,
+    HOST_METHODS,
+    MEMORY_TOLERANCE,
+    QUICK_ROUND_CELL,
+    ROOFLINE_METHODS,
+    ROUND_CELL,
+    SERIES_TIMEOUT_S,
+    Outcome,
+    Row,
+    budget,
+    device_name,
+    judge_graphs,
+    judge_host,
+    judge_peer,
+    judge_profiled,
+    judge_roofline,
+    judged_outcome,
+    judged_row,
+    summary,
+    time_row,
+)
 
-#: The series row's subprocess is stopped (and the row fails) after this many seconds.
-SERIES_TIMEOUT_S = 1200
-#: How far the GPU's measured peak of a training step may be from the simulated one.
-MEMORY_TOLERANCE = 0.10
 #: bf16 logits this close (top two at a position) are a near-tie whose argmax rounding may flip.
 TIE_LOGITS = 0.125
-#: Seconds a decoding row may spend before it starts no further cell (one cell under way finishes).
-BUDGETS_S = {"peer": 120, "roofline": 120, "profiled": 60}
-
+K, WINDOW = 4, 64  # draft tokens a round; the sparse drafts' window (sink 1)
+LIVE_READS = "ad, live reads"  # the roofline row's last: the AD step reading only the live keys (`_live_reads_rows`)
+#: The cuda-graphs row's generations: B, L, k and G as `rounds.steady_state_counts` decodes them at k 4
+#: (G = (3 warm-up rounds + 2) x (k + 1)), so that its counted rounds replay the row's kernels and graphs.
+GRAPH_CELL = {"batch": 8, "context": 64, "k": 4, "new_tokens": 25}
 
 class Skipped(Exception):
     """A row that cannot run on this machine (a missing optional package): said, not failed."""
@@ -62,7 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="the GPU to check (cuda, cuda:N); cpu only with --quick")
     parser.add_argument("--quick", action="store_true", help="toy shapes and few steps: a dry run of the check")
     parser.add_argument("--skip", nargs="+", default=[], choices=list(CHECKS), help="checks to leave out")
+    parser.add_argument("--notebooks", action="store_true",
+                        help=f"also run the smoke series' notebooks end to end (papermill; up to {SERIES_TIMEOUT_S} s, "
+                             "outside the time goal)")
     parser.add_argument("--steps", type=int, default=20, help="training steps of the bf16 and MFU checks")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="where the JSON summary goes (default outputs/gpu-check/summary.json)")
 
 
 def problems(args: argparse.Namespace) -> list[str]:
@@ -77,7 +104,7 @@ def problems(args: argparse.Namespace) -> list[str]:
 
 # ---------------------------------------------------------------------------- the checks
 
-def _series(args) -> str:
+def _series(args) -> Outcome:
     """The smoke series (`params/smoke.yaml`) run end to end with `device: cuda`, every notebook and
     report: a subprocess (`spire run`) in a fresh cache folder, so every model trains on this GPU
     rather than being reused from a CPU run's cache, stopped after `SERIES_TIMEOUT_S`."""
@@ -102,8 +129,9 @@ def _series(args) -> str:
             raise RuntimeError(f"spire run of the smoke series did not finish in {SERIES_TIMEOUT_S} s") from e
     if proc.returncode:
         raise RuntimeError((proc.stdout + proc.stderr).strip().splitlines()[-1])
-    reports = len(list(out.glob("[0-9][0-9]_*.html")))
-    return f"{reports} reports in {time.perf_counter() - start:.0f} s (fresh cache) -> {out}/index.html"
+    reports, seconds = len(list(out.glob("[0-9][0-9]_*.html"))), time.perf_counter() - start
+    return Outcome(f"{reports} reports in {seconds:.0f} s (fresh cache) -> {out}/index.html",
+                   {"reports": reports, "seconds": seconds})
 
 
 def greedy_mismatch(target, contexts: torch.Tensor, tokens: torch.Tensor, reference: torch.Tensor,
@@ -136,60 +164,72 @@ def _toy_target(args, dtype=torch.float32):
     return target.to(device=args.device, dtype=dtype).eval()
 
 
-def _cuda_graphs(args) -> str:
-    """Compiled decoding under CUDA graphs: AD and SD with every draft, greedy and sampled, each run
-    three times (graphs recorded, then replaying). Greedy tokens equal eager's; sampled generations
-    complete (a read of a graph output after the next replay raises on CUDA); no graph skipped; ms
-    per step or round eager against compiled; and the host's work per round (`bench rounds`: replays
-    and eager ops of a steady-state AD step and SD round)."""
-    from torch._dynamo.utils import counters
-
+def _cuda_graphs(args) -> Outcome:
+    """Compiled decoding through round graphs (`decoding.graphs`) against eager, at a toy target
+    (`GRAPH_CELL`): AD and SD with every draft, greedy and sampled, each decoded three times. Greedy
+    tokens equal eager's; sampled ones lie in the vocabulary (a read of a graph's output after the
+    next replay would not); on a GPU each (method, T) records its graph in its first generation
+    (`GRAPHS.watch`) and none after, nor do the counted rounds; ms per step or round eager against
+    compiled (the last generation's); and the host's work in a steady-state AD step and SD round
+    (`bench rounds`: replays, eager ops, syncs) against `rounds.GOAL` (method §3.5). Budget: the
+    methods not started within `BUDGETS_S["cuda-graphs"]` are named, and fail the row."""
     from spirelib.bench.decode import compile_all, draft_models, draft_options
     from spirelib.bench.rounds import METHODS, steady_state_counts
     from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.graphs import GRAPHS
     from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 
+    B, L, k, G = (GRAPH_CELL[n] for n in ("batch", "context", "k", "new_tokens"))
     target = _toy_target(args)
     models, options = draft_models(target, METHODS, 16), draft_options(16)
-    contexts = torch.randint(0, target.cfg.vocab_size, (8, 64), device=args.device)
+    contexts = torch.randint(0, target.cfg.vocab_size, (B, L), device=args.device)
 
-    def decode(method, temperature):
+    def decode(method, temperature):  # (tokens (B, G), seconds per step or round, round graphs recorded)
         gen = torch.Generator(args.device).manual_seed(0)
-        start = time.perf_counter()
-        if method == "ad":
-            out = autoregressive_generate(target, contexts, 32, temperature=temperature, generator=gen)
-        else:
-            draft = draft_factory(method, target, models[method], temperature=temperature,
-                                  **options.get(method, {}))()
-            out = speculative_generate(target, draft, contexts, 32, k=4, temperature=temperature, generator=gen)
-        if torch.device(args.device).type == "cuda":
-            torch.cuda.synchronize(args.device)
-        steps = 32 if out.accepted is None else out.accepted.shape[1]
-        return out, (time.perf_counter() - start) / steps
+        with GRAPHS.watch() as recorded:
+            start = time.perf_counter()
+            if method == "ad":
+                out = autoregressive_generate(target, contexts, G, temperature=temperature, generator=gen)
+            else:
+                draft = draft_factory(method, target, models[method], temperature=temperature,
+                                      **options.get(method, {}))()
+                out = speculative_generate(target, draft, contexts, G, k=k, temperature=temperature, generator=gen)
+            synchronize(args.device)
+            seconds = time.perf_counter() - start
+        return out.tokens, seconds / (G if out.accepted is None else out.accepted.shape[1]), recorded[0]
 
-    methods = ("ad", *models)
+    methods = ["ad", *models]
     eager = {m: decode(m, 0.0) for m in methods}
     compile_all(target, models, True)
-    skips = counters["inductor"]["cudagraph_skips"]
-    compiled = {m: [decode(m, 0.0) for _ in range(3)][-1] for m in methods}  # the last: graphs recorded, replaying
-    sampled = {m: [decode(m, 1.0) for _ in range(3)][-1][0] for m in methods}
-    skipped = counters["inductor"]["cudagraph_skips"] - skips
-    differ = [m for m in methods if not torch.equal(eager[m][0].tokens, compiled[m][0].tokens)]
-    if differ:
-        raise RuntimeError(f"compiled greedy tokens differ from eager's for {', '.join(differ)}")
-    invalid = [m for m in methods if not ((sampled[m].tokens >= 0) & (sampled[m].tokens < target.cfg.vocab_size)).all()]
-    if invalid:
-        raise RuntimeError(f"compiled sampled decoding emitted tokens outside the vocabulary for {', '.join(invalid)}")
-    if torch.device(args.device).type == "cuda" and skipped:
-        raise RuntimeError(f"inductor skipped CUDA graphs {skipped} times: the graphs do not replay")
-    per_round = ", ".join(f"{m} {1e3 * eager[m][1]:.2f} -> {1e3 * compiled[m][1]:.2f}" for m in methods)
-    host = steady_state_counts(target, models, batch=8, context=64, k=4, temperature=0.0, window=16)
-    work = ", ".join(f"{r['method']} {r['replays']} + {r['eager_ops']}" for r in host)
-    return (f"greedy tokens equal eager's, sampled runs complete; {skipped} graph skips; ms per step (AD) or round "
-            f"eager -> compiled: {per_round}; replays + eager ops per step/round: {work}")
+    left, greedy, sampled = [], {}, {}
+    for m in in_budget(methods, budget(args, "cuda-graphs"), left):
+        greedy[m] = [decode(m, 0.0) for _ in range(3)]
+        sampled[m] = [decode(m, 1.0) for _ in range(3)]
+    with GRAPHS.watch() as counted:
+        counts = steady_state_counts(target, models, batch=B, context=L, k=k, temperature=0.0, window=16)
+    captures = GRAPHS.captures(torch.device(args.device))
+    V = target.cfg.vocab_size
+    figures = {
+        "differ": [m for m in greedy if any(not torch.equal(eager[m][0], run[0]) for run in greedy[m])],
+        "invalid": [m for m in sampled if any(not ((run[0] >= 0) & (run[0] < V)).all() for run in sampled[m])],
+        "untimed": left,
+        "recordings": {f"{m} T={t}": [r[2] for r in runs[m]] for t, runs in ((0, greedy), (1, sampled))
+                       for m in runs} if captures else None,
+        "counts_recorded": counted[0],
+        "counts": {c["method"]: {n: c[n] for n in ("replays", "eager_ops", "syncs")} for c in counts},
+        "ms_eager": {m: 1e3 * eager[m][1] for m in greedy}, "ms_compiled": {m: 1e3 * greedy[m][-1][1] for m in greedy},
+    }
+    per_round = ", ".join(f"{m} {figures['ms_eager'][m]:.2f} -> {figures['ms_compiled'][m]:.2f}" for m in greedy)
+    work = ", ".join(f"{m} {c['replays']} + {c['eager_ops']}" for m, c in figures["counts"].items())
+    recorded = ("graphs recorded per (method, T) over its 3 generations as asked" if captures else
+                "graph recordings not judged on cpu (no graphs)")
+    text = (f"greedy tokens {'differ' if figures['differ'] else 'equal eager'}, sampled runs complete; {recorded}; "
+            f"ms per step (AD) or round eager -> compiled: {per_round}; replays + eager ops per step/round: {work}"
+            f"{untimed(left)}")
+    return Outcome(text, figures, tuple(judge_graphs(figures)))
 
 
-def _bf16_target(args) -> str:
+def _bf16_target(args) -> Outcome:
     """A bf16 target trains an fp32 SPIRe draft for a few steps (weights, gradients and AdamW's
     moments in fp32, the loss falling), then decodes it greedily, equal to the target's own greedy
     tokens up to a near-tie (`greedy_mismatch`: bf16 rounding may flip an argmax whose top two
@@ -226,13 +266,15 @@ def _bf16_target(args) -> str:
     mismatch = greedy_mismatch(target, contexts, sd.tokens, ad.tokens)
     if mismatch:
         raise RuntimeError(f"greedy speculative decoding differs from the bf16 target's greedy tokens: {mismatch}")
-    same = "=" if torch.equal(sd.tokens, ad.tokens) else "= (up to near-ties)"
-    return f"fp32 draft, loss {losses[0]:.3f} -> {losses[-1]:.3f} in {args.steps} steps; greedy SD {same} AD"
+    same = torch.equal(sd.tokens, ad.tokens)
+    return Outcome(f"fp32 draft, loss {losses[0]:.3f} -> {losses[-1]:.3f} in {args.steps} steps; greedy SD "
+                   f"{'=' if same else '= (up to near-ties)'} AD",
+                   {"loss_first": losses[0], "loss_last": losses[-1], "tokens_equal": same})
 
 
-def _mfu(args) -> str:
+def _mfu(args) -> Outcome:
     """`bench train` at the paper's target shape (8 x 512, V 50,304), compiled, bf16 autocast,
-    against the bf16 matmul peak measured in the same run."""
+    against the bf16 matmul peak measured in the same run: reported, no goal."""
     from spirelib.bench.train import TARGETS, measure
     from spirelib.measure.calibrate import matmul_peak
     from spirelib.modeling.costs import flop_params, training_flops
@@ -243,55 +285,166 @@ def _mfu(args) -> str:
     run = measure(cfg, batch, seq, args.steps, compile=not args.quick, device=args.device)
     peak = (matmul_peak(sizes=(8192,), device=args.device, dtype=torch.bfloat16) if gpu else matmul_peak())["flops"]
     mfu = training_flops(flop_params(cfg), run["tokens_per_s"]) / peak
-    return (f"{cfg.num_layers} x {cfg.d_model}, V {cfg.vocab_size:,}, batch {batch} x {seq}: "
-            f"{run['tokens_per_s']:,.0f} tokens/s, MFU {mfu:.1%} of {peak / 1e12:.1f} TFLOP/s")
+    return Outcome(f"{cfg.num_layers} x {cfg.d_model}, V {cfg.vocab_size:,}, batch {batch} x {seq}: "
+                   f"{run['tokens_per_s']:,.0f} tokens/s, MFU {mfu:.1%} of {peak / 1e12:.1f} TFLOP/s",
+                   {"tokens_per_s": run["tokens_per_s"], "mfu": mfu, "peak_tflops": peak / 1e12})
 
 
-def _roofline(args) -> str:
-    """`bench decode --roofline` at the paper's target in bf16: every forward kind and whole round
-    eagerly at B 1 and 64 x L 512, then compiled AD and SD rounds (greedy; `decode.round_rows`) at
-    B 64 x L 2048 and 8192, each as a fraction of the roofline (goal: the compiled AD step at 64 x
-    2048 at >= 60%). Budget: `BUDGETS_S["roofline"]` (the calibration and the eager cells about
-    20 s; most of the rest compiling each cell's graphs); the compiled (cell, method) pairs not
-    started within it are named. --quick: the workbook's target in fp32, toy cells, all eager."""
-    from spirelib.bench.decode import TIMED, build_methods, compile_all, roofline_rows, round_rows
+_BUILT: dict = {}  # (config, device, dtype) -> (target, factories, models): the decoding models rows share
+
+
+def _decoding_models(args) -> tuple:
+    """The paper's target in bf16 (--quick: the workbook's in fp32) and its drafts, greedy
+    (`decode.build_methods`), built once for the rows that time their rounds (`_roofline`, `_host`),
+    so that the kernels one compiles serve the other at the same shapes."""
+    from spirelib.bench.decode import TIMED, build_methods
     from spirelib.bench.train import TARGETS
-    from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
     from spirelib.model.transformer import Transformer
 
-    gpu = torch.device(args.device).type == "cuda"
-    dtype = torch.bfloat16 if gpu else torch.float32
     cfg = TARGETS["workbook" if args.quick else "paper"]
-    target = Transformer(cfg).to(device=args.device, dtype=dtype).eval()
+    dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
+    key = (cfg, args.device, dtype)
+    if key not in _BUILT:
+        _BUILT.clear()
+        torch.manual_seed(0)
+        target = Transformer(cfg).to(device=args.device, dtype=dtype).eval()
+        _BUILT[key] = (target, *build_methods(target, list(TIMED), 0.0, WINDOW))
+    return _BUILT[key]
+
+
+def _release() -> None:
+    """Between rows: every round graph and its memory pool (`GRAPHS.release`) and the caches the
+    shared decoding models keep (`kvcache.release`), so that one row's buffers and prefill
+    activations leave the next the whole memory; compiled kernels stay (no `torch._dynamo.reset`)."""
+    from spirelib.decoding.graphs import GRAPHS
+    from spirelib.model.kvcache import release
+
+    for target, _, models in _BUILT.values():
+        for model in (target, *models.values()):
+            if model is not None:
+                release(model)
+    GRAPHS.release()
+
+
+def _round_cell(args) -> tuple[tuple[int, int], int]:
+    """((B, L), timed rounds) of the roofline and host rows: the same generations, so the same kernels."""
+    return (QUICK_ROUND_CELL, 3) if args.quick else (ROUND_CELL, 20)
+
+
+def _roofline(args) -> Outcome:
+    """`bench decode --roofline`'s whole rounds (`decode.round_rows`), compiled and greedy, of the
+    paper's target in bf16 at `ROUND_CELL`: the AD step (goal: >= `ROOFLINE_GOAL` of the roofline of
+    the bytes it reads: the weights and the target cache's whole capacity, `decode.forward_shapes`)
+    and SPIRe's round, each beside its useful fraction (the live keys alone) and the graphs recorded
+    while timed (after retakes). Budget: `BUDGETS_S["roofline"]`, mostly compiling; the methods not
+    started within it are named. --quick: the workbook's target in fp32, toy cell, eager."""
+    from spirelib.bench.decode import compile_all, round_rows
+    from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
+
+    target, factories, models = _decoding_models(args)
+    gpu, dtype = torch.device(args.device).type == "cuda", next(target.parameters()).dtype
     peak = matmul_peak(sizes=(8192,) if gpu else (2048,), device=args.device, dtype=dtype)["flops"]
     bandwidth = memory_bandwidth(device=args.device)["bandwidth"]
-    options = {"peak_flops": peak, "bandwidth": bandwidth, "repeats": 3 if args.quick else 20}
-    rows = [r for B in (1, 64) for r in roofline_rows(target, 2 if args.quick and B == 64 else B,
-                                                      128 if args.quick else 512, 4, 64, **options)]
-    eager = "; ".join(f"B {r['batch']} {r['kind']} {r['ms']:.2f} ms ({r['ratio']:.1f}x roof)" for r in rows
-                      if r["kind"] in ("AD step", "SPIRe step", "ad round", "spire round"))
-    factories, models = build_methods(target, list(TIMED), 0.0, 64)
     compile_all(target, models, not args.quick)
-    pairs = [(cell, method) for cell in ([(2, 192), (2, 256)] if args.quick else [(64, 2048), (64, 8192)])
-             for method in ("ad", "spire", "vanilla", "magicdec")]
-    left, rounds = [], []
-    for (B, L), method in in_budget(pairs, BUDGETS_S["roofline"], left):
-        rounds += round_rows(target, factories, models, [method], B, L, 4, 64, compiled=not args.quick,
-                             temperature=0.0, **options)
-    compile_all(target, models, False)
-    timed = "; ".join(f"{r['mode']} {r['kind']} at {r['batch']} x {r['context']} {r['ms']:.2f} ms "
-                      f"({r['fraction']:.0%} of roof)" for r in rounds)
-    return f"{eager}; {timed}{untimed(left)}"
+    (B, L), repeats = _round_cell(args)
+    left, rows = [], []
+
+    def timed(method: str) -> list[dict]:
+        return round_rows(target, factories, models, [method], B, L, K, WINDOW, peak_flops=peak, bandwidth=bandwidth,
+                          repeats=repeats, compiled=not args.quick, temperature=0.0)
+    for method in in_budget([*ROOFLINE_METHODS, LIVE_READS], budget(args, "roofline"), left):
+        rows += _live_reads_rows(target, lambda: timed("ad")) if method == LIVE_READS else timed(method)
+    figures = {"peak_tflops": peak / 1e12, "bandwidth_gbs": bandwidth / 1e9, "untimed": left, **{
+        r["kind"].removesuffix(" round"): {n: r[n] for n in ("ms", "mbytes", "useful_mbytes", "fraction",
+                                                             "useful_fraction", "recorded")} for r in rows}}
+    timed = "; ".join(f"{r['mode']} {r['kind']} at {B} x {L} {r['ms']:.2f} ms: {r['fraction']:.0%} of the roofline "
+                      f"of {r['mbytes']:,.0f} MB read ({r['useful_fraction']:.0%} useful, at the live keys)"
+                      + (f", {r['recorded']} graphs recorded while timed" if r["recorded"] else "") for r in rows)
+    return judged_outcome(args, f"{timed}{untimed(left)}", figures, judge_roofline)
 
 
-def _peer(args) -> str:
-    """`bench peer`'s compiled mode: our compiled decoding against transformers' static cache +
-    torch.compile, the paper's target in bf16 (random weights, the same on both sides), greedy,
-    G 64, medians of 3, at B 1 and 64 x L 512 and 2048: ours / transformers as speed for the whole
-    generation and the decode step (goal >= 1.2 at every cell), tokens equal up to near-ties (a
-    row differing beyond one fails). Budget: `BUDGETS_S["peer"]`, most of it compiling both sides'
-    graphs for each cell's shapes; the cells not started within it are named. --quick: the
-    workbook's target in fp32, two toy cells, eager (no compiling). Without transformers: skipped."""
+def _live_reads_rows(target, timed) -> list[dict]:
+    """`timed()`'s rows with the target's decode-time attention reading only the live key blocks
+    (`Transformer.live_reads`, FlexAttention's split-KV decoding kernel) instead of its cache's whole
+    capacity, masked (the default): the measurement that decides which decodes by default. Its caches
+    and graphs are its own (released before and after); each row's kind says "live reads"."""
+    from spirelib.decoding.graphs import GRAPHS
+    from spirelib.model.kvcache import release
+
+    def fresh():
+        release(target)
+        GRAPHS.release()
+    fresh()
+    target.live_reads = True
+    try:
+        rows = timed()
+    finally:
+        target.live_reads = False
+        fresh()
+    return [{**r, "kind": r["kind"].replace(" round", ", live reads round")} for r in rows]
+
+
+def host_overhead(target, factories: dict, method: str, batch: int, context: int, rounds: int) -> dict:
+    """An SD round's host overhead (method §3.5): after a warm-up (`decode.warm_up`), a generation's
+    rounds 2 to `rounds` run as the engine runs them (the host loop, one synchronize at the end),
+    their wall time per round against the device's per round (`SectionTimer`: CUDA events around
+    each replay on a GPU; the CPU's clock per section elsewhere). A timing that recorded a graph is
+    taken again (`bench.replayed`). {"wall_ms", "busy_ms", "ratio": wall / busy, "recorded"}."""
+    from spirelib.bench import replayed
+    from spirelib.bench.decode import round_generation, warm_up
+    from spirelib.decoding.speculative import SectionTimer
+    from spirelib.measure.wallclock import DECODE_SECTIONS
+
+    dev = next(target.parameters()).device
+    warm_up(target, factories, method, batch, context, K, rounds, 0.0)
+
+    def take() -> tuple[float, float]:
+        timer = SectionTimer(dev)
+
+        def busy() -> float:  # the device's seconds in rounds so far (waits for them on a GPU)
+            return sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
+
+        generation = round_generation(target, factories, method, batch, context, K, rounds, temperature=0.0, run=1,
+                                      timer=timer)
+        next(generation)  # the prefill and the first round: not timed
+        before, start = busy(), time.perf_counter()
+        for _ in range(rounds - 1):
+            next(generation)
+        synchronize(dev)
+        wall = time.perf_counter() - start
+        generation.close()
+        return wall, busy() - before
+
+    (wall, gpu), recorded = replayed(take)
+    return {"wall_ms": 1e3 * wall / (rounds - 1), "busy_ms": 1e3 * gpu / (rounds - 1), "ratio": wall / gpu,
+            "recorded": recorded}
+
+
+def _host(args) -> Outcome:
+    """`host_overhead` of compiled greedy SD rounds at the roofline row's cell and rounds (its
+    kernels reused): `HOST_METHODS`, the first the goal's, the rest while `BUDGETS_S["host"]` lasts.
+    --quick: the workbook's target in fp32, toy cell, eager."""
+    from spirelib.bench.decode import compile_all, round_count
+
+    target, factories, models = _decoding_models(args)
+    compile_all(target, models, not args.quick)
+    (B, L), repeats = _round_cell(args)
+    left, figures = [], {}
+    for method in in_budget(list(HOST_METHODS), budget(args, "host"), left):
+        figures[method] = host_overhead(target, factories, method, B, L, round_count(repeats))
+    text = "; ".join(f"{m} round at {B} x {L}: {f['wall_ms']:.2f} ms wall / {f['busy_ms']:.2f} ms on the device = "
+                     f"{f['ratio']:.2f}" + (f", {f['recorded']} graphs recorded while timed" if f["recorded"] else "")
+                     for m, f in figures.items())
+    return judged_outcome(args, f"{text}{untimed(left)}", {**figures, "untimed": left}, judge_host)
+
+
+def _peer(args) -> Outcome:
+    """`bench peer`'s compiled mode at its GPU defaults (`peer.GPU_CELLS`, the paper's target in bf16,
+    random weights the same on both sides): our compiled decoding against transformers' static cache +
+    torch.compile, greedy, G 64, medians of 3 after warm-ups that record both sides' graphs; ours /
+    transformers as speed for the whole generation and the decode step, tokens equal up to near-ties.
+    Budget: `BUDGETS_S["peer"]`, most of it compiling; the cells not started are named (and fail).
+    --quick: the workbook's target in fp32, two toy cells, eager. Without transformers: skipped."""
     from spirelib.bench import peer
     from spirelib.bench.train import TARGETS
     from spirelib.decoding.drafts import vanilla_draft_config
@@ -301,36 +454,39 @@ def _peer(args) -> str:
         peer.import_transformers()
     except RuntimeError as e:
         raise Skipped(str(e)) from None
-    gpu = torch.device(args.device).type == "cuda"
-    dtype = torch.bfloat16 if gpu else torch.float32
+    dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
     cfg = TARGETS["workbook" if args.quick else "paper"]
-    cells = [(1, 16), (2, 24)] if args.quick else [(B, L) for L in (512, 2048) for B in (1, 64)]
+    cells = [(1, 16), (2, 24)] if args.quick else list(peer.GPU_CELLS)
     mode, new_tokens, repeats = ("eager", 4, 1) if args.quick else ("compiled", 64, 3)
     torch.manual_seed(0)
     target, draft = Transformer(cfg).to(dtype).eval(), Transformer(vanilla_draft_config(cfg)).to(dtype).eval()
     rows, left = [], []
     with tempfile.TemporaryDirectory() as folder:
-        bench = peer.Peer(target, draft, Path(folder), k=4, device=args.device)
-        for B, L in in_budget(cells, BUDGETS_S["peer"], left):
+        bench = peer.Peer(target, draft, Path(folder), k=K, device=args.device)
+        for B, L in in_budget(cells, budget(args, "peer"), left):
             times = peer.time_cell(bench, B, L, [mode], new_tokens, repeats, cfg.vocab_size)
             rows += peer.rows_of(bench, B, L, times, new_tokens)
-    differ = [f"{r['rows_differ']} of {r['batch']} rows at {r['batch']} x {r['context']}" for r in rows if r["rows_differ"]]
-    if differ:
-        raise RuntimeError(f"greedy tokens differ from transformers' beyond near-ties: {', '.join(differ)}")
-    cells_text = "; ".join(f"{r['batch']} x {r['context']} whole {r['whole']['ratio']:.2f}, step {r['step']['ratio']:.2f}"
-                           f" ({1e3 * r['step']['ours_s']:.2f} ms vs {1e3 * r['step']['theirs_s']:.2f})"
-                           + (f", {r['rows_tied']} near-ties" if r["rows_tied"] else "") for r in rows)
-    return f"{mode}, ours / transformers as speed: {cells_text}{untimed(left)}"
+    figures = {"untimed": [f"{B}x{L}" for B, L in left], "cells": {
+        f"{r['batch']}x{r['context']}": {"whole": r["whole"], "step": r["step"], "rows_differ": r["rows_differ"],
+                                         "rows_tied": r["rows_tied"], "recorded": r["recorded"]} for r in rows}}
+    differ = [f"{r['rows_differ']} of {r['batch']} rows at {r['batch']} x {r['context']}" for r in rows
+              if r["rows_differ"]]
+    cells_text = "; ".join(f"{r['batch']} x {r['context']} whole {r['whole']['ratio']:.2f}, step "
+                           f"{r['step']['ratio']:.2f} ({1e3 * r['step']['ours_s']:.2f} ms vs "
+                           f"{1e3 * r['step']['theirs_s']:.2f})" + (f", {r['rows_tied']} near-ties" if r["rows_tied"]
+                                                                    else "") for r in rows)
+    text = f"{mode}, ours / transformers as speed: {cells_text}{untimed(left)}"
+    if differ:  # wrong tokens fail wherever they are found, the CPU too
+        return Outcome(text, figures, (f"tokens differ from transformers' beyond near-ties: {', '.join(differ)}",))
+    return judged_outcome(args, text, figures, judge_peer)
 
 
-def _profiled(args) -> str:
-    """`bench decode --profiled` (eager, fp32, the paper's target) at B 1 and 16 x L 512 and 1024,
-    the model fitted there and judged at the held-out cell B 64 x L 2048 (goal: held-out error <=
-    10%). Each cell gets runs for at most `BUDGETS_S["profiled"]` / 6 seconds (five cells and the
-    calibration); the memory the runs hold is checked first (`decode.problems`). --quick: toy
-    shapes and cells."""
-    import argparse
-
+def _profiled(args) -> Outcome:
+    """`bench decode --profiled` (eager, fp32, the paper's target; AD and SPIRe) at B 1 and 16 x L 512
+    and 1024, the model fitted there and judged at the held-out cell B 64 x L 2048 (goal: held-out
+    error <= `PROFILED_GOAL`). Each cell gets runs for at most `BUDGETS_S["profiled"]` / 6 seconds
+    beyond its 3 (five cells and the calibration); the memory the runs hold is checked first
+    (`decode.problems`). --quick: toy shapes and cells."""
     from spirelib.bench import decode
     from spirelib.bench.train import TARGETS
     from spirelib.model.transformer import Transformer
@@ -344,6 +500,7 @@ def _profiled(args) -> str:
     parser = argparse.ArgumentParser()
     decode.add_arguments(parser)
     options = parser.parse_args([str(v) for v in [*shape, *grid, "--profiled", "--device", args.device,
+                                                  "--methods", "ad", "spire",
                                                   "--cell-seconds", BUDGETS_S["profiled"] / 6]])
     found = decode.problems(options)
     if found:
@@ -354,12 +511,14 @@ def _profiled(args) -> str:
     cells, held = decode.profiled_grid(options)
     _, rows, verdict = decode.profiled_rows(target, factories, options.methods, cells, held, options)
     worst = max((r for r in rows if r["held_out"]), key=lambda r: abs(r["profiled_error"]))
-    return (f"held-out {held[0][0]} x {held[0][1]}: worst error {verdict['held_out_max_error']:.1%} "
-            f"({worst['method']}: measured {worst['measured_speedup']:.3f}, profiled {worst['profiled_speedup']:.3f}); "
-            f"fitted cells' median {verdict['fitted_median_error']:.1%}, widest CI +/-{verdict['widest_ci']:.1%}")
+    figures = {n: verdict[n] for n in ("held_out_max_error", "fitted_median_error", "widest_ci")}
+    text = (f"held-out {held[0][0]} x {held[0][1]}: worst error {verdict['held_out_max_error']:.1%} "
+            f"({worst['method']}: measured {worst['measured_speedup']:.3f}, profiled {worst['profiled_speedup']:.3f});"
+            f" fitted cells' median {verdict['fitted_median_error']:.1%}, widest CI +/-{verdict['widest_ci']:.1%}")
+    return judged_outcome(args, text, figures, judge_profiled)
 
 
-def _memory(args) -> str:
+def _memory(args) -> Outcome:
     """A SPIRe draft's sharded training step (`training.simulate`, one rank) run for real on the GPU,
     its peak (`torch.cuda.max_memory_allocated`) against the same step simulated with fake tensors:
     they must agree within `MEMORY_TOLERANCE`, or the simulated tables of docs/scaling-out.md are
@@ -386,27 +545,51 @@ def _memory(args) -> str:
     if abs(off) > MEMORY_TOLERANCE:
         raise RuntimeError(f"measured {measured / 1e6:,.0f} MB ({what}) vs simulated {simulated / 1e6:,.0f} MB: "
                            f"{off:+.0%}, beyond {MEMORY_TOLERANCE:.0%}")
-    return f"step peak {measured / 1e6:,.0f} MB ({what}) vs {simulated / 1e6:,.0f} MB simulated ({off:+.1%})"
+    return Outcome(f"step peak {measured / 1e6:,.0f} MB ({what}) vs {simulated / 1e6:,.0f} MB simulated ({off:+.1%})",
+                   {"measured_mb": measured / 1e6, "simulated_mb": simulated / 1e6, "off": off})
 
 
 CHECKS = {"series": _series, "cuda-graphs": _cuda_graphs, "bf16-target": _bf16_target, "mfu": _mfu,
-          "memory": _memory, "roofline": _roofline, "peer": _peer, "profiled": _profiled}
+          "memory": _memory, "roofline": _roofline, "host": _host, "peer": _peer, "profiled": _profiled}
+
+
+# ---------------------------------------------------------------------------- the table and its summary
+
+def run_row(name: str, args: argparse.Namespace) -> Row:
+    """Row `name`: its check run and judged (`judged_row`); an exception fails it, `Skipped` skips it."""
+    start = time.perf_counter()
+    try:
+        found = CHECKS[name](args)
+    except Skipped as e:
+        return Row(name, "skip", time.perf_counter() - start, {}, GOALS[name], BUDGETS_S.get(name), str(e))
+    except Exception as e:  # noqa: BLE001 (a failed check is a row of the table, the others still run)
+        return Row(name, "FAIL", time.perf_counter() - start, {}, GOALS[name], BUDGETS_S.get(name),
+                   f"{type(e).__name__}: {e}")
+    return judged_row(name, found, time.perf_counter() - start, args)
 
 
 def main(args: argparse.Namespace) -> int:
-    print(f"gpu-check on {args.device} ({torch.cuda.get_device_name(args.device) if 'cuda' in args.device else 'cpu'}"
-          f", torch {torch.__version__}){' --quick' if args.quick else ''}")
-    failed = 0
-    for name, check in CHECKS.items():
-        if name in args.skip:
-            print(f"  {name:12s} skipped")
-            continue
-        start = time.perf_counter()
-        try:
-            result, status = check(args), "ok"
-        except Skipped as e:
-            result, status = str(e), "skip"
-        except Exception as e:  # a failed check is a row of the table, the others still run
-            result, status, failed = f"{type(e).__name__}: {e}", "FAIL", failed + 1
-        print(f"  {name:12s} {status:4s} {time.perf_counter() - start:6.1f} s  {result}", flush=True)
-    return 1 if failed else 0
+    from spirelib.paths import project_root
+
+    start = time.perf_counter()
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    print(f"gpu-check on {args.device} ({device_name(args)}, torch {torch.__version__})"
+          f"{' --quick' if args.quick else ''}")
+    rows = []
+    for name in CHECKS:
+        if name in args.skip or (name == "series" and not args.notebooks):
+            why = "--skip" if name in args.skip else "the notebooks: --notebooks runs them"
+            rows.append(Row(name, "skip", 0.0, {}, GOALS[name], BUDGETS_S.get(name), why))
+        else:
+            rows.append(run_row(name, args))
+            _release()
+        r = rows[-1]
+        print(f"  {name:12s} {r.status:8s} {r.seconds:6.1f} s  {r.text}", flush=True)
+    series = sum(r.seconds for r in rows if r.name == "series")
+    rows.append(time_row(time.perf_counter() - start - series, args))
+    print(f"  {'time':12s} {rows[-1].status:8s} {rows[-1].seconds:6.1f} s  {rows[-1].text}")
+    path = args.json or project_root() / "outputs" / "gpu-check" / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary(rows, args, started), indent=2, default=str) + "\n")
+    print(f"summary: {path}")
+    return 1 if any(r.status == "FAIL" for r in rows) else 0

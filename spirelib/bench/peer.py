@@ -1,14 +1,14 @@
 """`spire bench peer`: our decoding engine against Hugging Face transformers on the same weights.
 
-The target (random weights of the default series' shape unless told otherwise) is exported as a
-Hugging Face Llama checkpoint and loaded by `transformers`, so both sides decode the very same
-weights (`Peer`). Greedy decoding (temperature 0), G new tokens per row, at every (B, L) cell, in
-three modes (`Peer.sides`): eager, compiled, and assisted (B = 1 only). Per side, cell and mode:
-the whole generation, the prefill and the decode step (`Times`), the sides taking turns over fresh
-contexts (`time_cell`), ours / transformers as a speed ratio (`ratio_row`: above 1, ours is
-faster). Greedy tokens of both sides are compared at every cell and mode; a row that differs
-beyond a near-tie (`differing_rows`) is reported and the exit status is 1. `--device cuda --dtype
-bf16` runs both sides on a GPU in bf16.
+The target (random weights; on the CPU the default series' shape in fp32, on a GPU the paper's
+target in bf16: `device_defaults`) is exported as a Hugging Face Llama checkpoint and loaded by
+`transformers`, so both sides decode the very same weights (`Peer`). Greedy decoding, G new tokens
+per row, at every (B, L) cell, in three modes (`Peer.sides`): eager, compiled, and assisted (B = 1
+only). Per side, cell and mode: the whole generation, the prefill and the decode step (`Times`),
+the sides taking turns over fresh contexts after warm-ups that record every graph (`time_cell`),
+ours / transformers as a speed ratio (`ratio_row`: above 1, ours is faster). Greedy tokens of both
+sides are compared at every cell and mode; a row that differs beyond a near-tie (`differing_rows`)
+is reported and the exit status is 1.
 
 transformers is optional: `pip install 'transformers>=4.56'` (in the `test` extra) to run this.
 Measured results, dated, with the machine and the command: docs/benchmarks.md.
@@ -22,19 +22,32 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from spirelib.bench import MODEL_OPTIONS, add_model_arguments, device_problems, model_config, positive, synchronize
+from spirelib.bench import (
+    DTYPES,
+    MODEL_OPTIONS,
+    add_model_arguments,
+    device_problems,
+    fill_model_options,
+    model_config,
+    positive,
+    replayed,
+    synchronize,
+    torch_dtype,
+)
 from spirelib.bench.gpu_check import TIE_LOGITS, greedy_mismatch
 from spirelib.decoding.drafts import VanillaDraft, vanilla_draft_config
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.transformer import Transformer
 
 MODES = ("eager", "compiled", "assisted")
-BATCHES, CONTEXTS = (1, 16, 64), (256, 960, 2048)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BATCHES, CONTEXTS = (1, 16, 64), (256, 960, 2048)  # the CPU's default cells: every B at every L
+#: The default cells on a GPU (the paper's target in bf16): one row at a short context, a full batch at a long one.
+GPU_CELLS = [(1, 512), (64, 2048)]
 INSTALL = "spire bench peer needs transformers: pip install 'transformers>=4.56' (it comes with the project's test extra)"
 
 
@@ -59,12 +72,14 @@ class Side:
 class Times:
     """Seconds per repeat of one side at one cell and mode: the whole generation (G tokens) and the
     prefill (a generation of 1 token: both sides then take the first token from the prefill's
-    logits or one forward more, as their code does)."""
+    logits or one forward more, as their code does), and how many round graphs of ours were still
+    recorded inside kept timings after their retakes (`bench.replayed`; not 0 flags the row)."""
 
     whole: list[float] = field(default_factory=list)
     prefill: list[float] = field(default_factory=list)
     tokens: torch.Tensor | None = None  # the last repeat's greedy tokens (B, G)
     contexts: torch.Tensor | None = None  # the last repeat's contexts (B, L)
+    recorded: int = 0
 
     def step(self, new_tokens: int) -> list[float]:
         """Per-decode-step seconds of each repeat: (whole - prefill) / (G - 1)."""
@@ -156,25 +171,34 @@ def cell_modes(modes: list[str], batch: int) -> list[str]:
     return [m for m in modes if m != "assisted" or batch == 1]
 
 
+def warm_ups(modes: list[str]) -> int:
+    """Untimed runs before `time_cell` times: two with the compiled mode (the first compiles and runs
+    each round eagerly, the second records the graphs: ours on a round key's second call, and
+    transformers' CUDA graphs on their second call too), else one."""
+    return 2 if "compiled" in modes else 1
+
+
 def time_cell(peer: Peer, batch: int, context: int, modes: list[str], new_tokens: int, repeats: int,
               vocab_size: int) -> dict[str, dict[str, Times]]:
-    """mode -> side -> `Times` at (B, L): one untimed warm-up (compiles), then `repeats` rounds in
+    """mode -> side -> `Times` at (B, L): untimed warm-ups (`warm_ups`), then `repeats` rounds in
     which every mode's sides take turns (the order rotated each repeat) over fresh contexts."""
     pairs = {m: peer.sides(m) for m in cell_modes(modes, batch)}
     times = {m: {s.name: Times() for s in sides} for m, sides in pairs.items()}
     turns = [(m, s) for m, sides in pairs.items() for s in sides]
-    for run in range(repeats + 1):
+    warm = warm_ups(modes)
+    for run in range(warm + repeats):
         contexts = torch.randint(0, vocab_size, (batch, context),
                                  generator=torch.Generator().manual_seed(run)).to(peer.device)  # (B, L)
         shift = run % len(turns)
         for mode, side in turns[shift:] + turns[:shift]:
-            whole, tokens = timed(side, contexts, new_tokens)
-            prefill, _ = timed(side, contexts, 1)
-            if run:
+            (whole, tokens), recorded = replayed(partial(timed, side, contexts, new_tokens))
+            (prefill, _), recorded_too = replayed(partial(timed, side, contexts, 1))
+            if run >= warm:
                 t = times[mode][side.name]
                 t.whole.append(whole)
                 t.prefill.append(prefill)
                 t.tokens, t.contexts = tokens, contexts
+                t.recorded += recorded + recorded_too
     return times
 
 
@@ -195,8 +219,8 @@ def differing_rows(peer: Peer, ours: Times, theirs: Times) -> tuple[int, int]:
 
 
 def rows_of(peer: Peer, batch: int, context: int, times: dict[str, dict[str, Times]], new_tokens: int) -> list[dict]:
-    """One row per mode: whole, prefill and decode-step ratios, and how many rows' tokens differ
-    (beyond a near-tie, and only after one)."""
+    """One row per mode: whole, prefill and decode-step ratios, how many rows' tokens differ (beyond
+    a near-tie, and only after one) and the round graphs recorded inside kept timings (`Times`)."""
     rows = []
     for mode, sides in times.items():
         ours, theirs = sides["ours"], sides["transformers"]
@@ -205,7 +229,7 @@ def rows_of(peer: Peer, batch: int, context: int, times: dict[str, dict[str, Tim
                      "whole": ratio_row(ours.whole, theirs.whole),
                      "prefill": ratio_row(ours.prefill, theirs.prefill),
                      "step": ratio_row(ours.step(new_tokens), theirs.step(new_tokens)),
-                     "rows_differ": differ, "rows_tied": tied,
+                     "rows_differ": differ, "rows_tied": tied, "recorded": ours.recorded + theirs.recorded,
                      "tokens_per_s": {"ours": batch * new_tokens / statistics.median(ours.whole),
                                       "transformers": batch * new_tokens / statistics.median(theirs.whole)}})
     return rows
@@ -221,20 +245,38 @@ def parse_cell(text: str) -> tuple[int, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=parse_cell, nargs="+", metavar="BxL",
-                        default=[(b, c) for c in CONTEXTS for b in BATCHES],
-                        help="cells to time (default every B in 1, 16, 64 at every L in 256, 960, 2048)")
+                        help="cells to time (default on cpu every B in 1, 16, 64 at every L in 256, 960, 2048; "
+                             "on cuda 1x512 and 64x2048)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--new-tokens", type=int, default=64, help="G, at least 2")
     parser.add_argument("-k", type=int, default=4, help="drafts a round, assisted mode")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="both sides' weights and caches")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="both sides' weights and caches (default fp32 on cpu, bf16 on cuda)")
     add_model_arguments(parser)
+    parser.set_defaults(**dict.fromkeys(MODEL_OPTIONS))  # the device's target (`device_defaults`)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
+def device_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the options left unset filled for its device, in place: on a GPU the paper's
+    target (`train.TARGETS["paper"]`) in bf16 at `GPU_CELLS`; on the CPU the default series' target
+    (`train.TARGETS["workbook"]`) in fp32 at every B of `BATCHES` and L of `CONTEXTS`."""
+    from spirelib.bench.train import TARGETS
+
+    gpu = args.device.startswith("cuda")
+    if args.cells is None:
+        args.cells = list(GPU_CELLS) if gpu else [(b, c) for c in CONTEXTS for b in BATCHES]
+    if args.dtype is None:
+        args.dtype = "bf16" if gpu else "fp32"
+    fill_model_options(args, TARGETS["paper" if gpu else "workbook"])
+    return args
+
+
 def problems(args: argparse.Namespace) -> list[str]:
+    device_defaults(args)
     out = positive(args, "new_tokens", "k", "repeats", *MODEL_OPTIONS) + device_problems(args.device)
     out += [f"--cells: {b}x{c}: B and L must be > 0 and L >= 2" for b, c in args.cells if b < 1 or c < 2]
     if args.new_tokens < 2:
@@ -252,9 +294,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     """Every cell of `args.cells`: the rows of `rows_of`."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = model_config(args)
+    cfg = model_config(device_defaults(args))
     torch.manual_seed(0)
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     target = Transformer(cfg).to(dtype).eval()
     draft = Transformer(vanilla_draft_config(cfg)).to(dtype).eval()
     rows = []
@@ -280,6 +322,7 @@ def print_rows(rows: list[dict], args: argparse.Namespace) -> None:
     for r in rows:
         same = (f"{r['rows_differ']}/{r['batch']} differ" if r["rows_differ"] else
                 f"{r['rows_tied']} near-ties" if r["rows_tied"] else "equal")
+        same += f", {r['recorded']} graphs recorded while timed" if r["recorded"] else ""
         print(f"{r['batch']:3d} {r['context']:5d} {r['mode']:9} {cell(r['whole']):>19} {cell(r['prefill']):>19}"
               f" {cell(r['step']):>19} {same:>10}")
 

@@ -22,7 +22,7 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from spirelib.bench import add_model_arguments, device_problems, model_config, positive
+from spirelib.bench import DTYPES, add_model_arguments, device_problems, model_config, positive, torch_dtype
 from spirelib.bench.decode import TIMED, compile_all, draft_models, draft_options
 from spirelib.decoding.graphs import GRAPH_REGION
 
@@ -122,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--eager", action="store_true", help="count eager decoding (default: compiled)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32")
 
 
 def problems(args: argparse.Namespace) -> list[str]:
@@ -136,8 +136,7 @@ def problems(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     from spirelib.model.transformer import Transformer
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    target = Transformer(model_config(args)).to(device=args.device, dtype=dtype).eval()
+    target = Transformer(model_config(args)).to(device=args.device, dtype=torch_dtype(args.dtype)).eval()
     models = draft_models(target, args.methods, args.window)
     compile_all(target, models, not args.eager)
     rows = steady_state_counts(target, models, batch=args.batch, context=args.context,

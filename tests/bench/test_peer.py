@@ -106,3 +106,45 @@ def test_peer_without_transformers_says_how_to_install_it(monkeypatch, capsys):
     assert "needs transformers" in err and "pip install" in err
     with pytest.raises(RuntimeError, match="pip install"):
         peer.import_transformers()
+
+
+def test_peer_defaults_to_the_paper_target_in_bf16_at_two_cells_on_a_gpu_and_to_the_small_ones_on_the_cpu():
+    from spirelib.bench.train import TARGETS
+
+    args = cli.parser().parse_args(["bench", "peer", "--device", "cuda"])
+    cfg = bench.model_config(peer.device_defaults(args))
+    assert args.cells == [(1, 512), (64, 2048)] and args.dtype == "bf16" and cfg == TARGETS["paper"]
+    args = cli.parser().parse_args(["bench", "peer"])
+    cfg = bench.model_config(peer.device_defaults(args))
+    assert args.cells == [(b, c) for c in peer.CONTEXTS for b in peer.BATCHES] and args.dtype == "fp32"
+    assert cfg == TARGETS["workbook"]
+    args = peer.device_defaults(cli.parser().parse_args(["bench", "peer", "--device", "cuda:0", "--cells", "2x8",
+                                                         "--dtype", "fp32", "--d-model", "256"]))
+    assert args.cells == [(2, 8)] and args.dtype == "fp32" and args.d_model == 256 and args.vocab_size == 50_304
+
+
+def test_compiled_timings_follow_two_warm_ups_and_a_timing_that_recorded_is_retaken_or_flagged(monkeypatch):
+    """With the compiled mode each side runs twice untimed (graphs recorded on both sides' second
+    call), then `repeats` times; a timing during which one of our round graphs was recorded is
+    taken again, and counted in the row if it still records."""
+    from spirelib.decoding.graphs import GRAPHS
+
+    calls = {"ours": 0, "transformers": 0}
+
+    def side(name, records):
+        def generate(contexts, new_tokens):
+            calls[name] += 1
+            GRAPHS.recordings += records
+            return torch.zeros(contexts.shape[0], new_tokens, dtype=torch.long)
+        return peer.Side(name, generate)
+
+    monkeypatch.setattr(GRAPHS, "recordings", 0)
+    fake = SimpleNamespace(device=torch.device("cpu"), sides=lambda mode: (side("ours", 0), side("transformers", 0)))
+    times = peer.time_cell(fake, 1, 8, ["compiled"], 3, 2, 61)
+    assert calls == {"ours": 2 * (2 + 2), "transformers": 2 * (2 + 2)}  # (warm-ups + repeats) x (whole, prefill)
+    assert len(times["compiled"]["ours"].whole) == 2 and times["compiled"]["ours"].recorded == 0
+    assert peer.warm_ups(["eager"]) == 1
+    fake.sides = lambda mode: (side("ours", 1), side("transformers", 0))  # ours records every time
+    times = peer.time_cell(fake, 1, 8, ["eager"], 3, 1, 61)
+    assert times["eager"]["ours"].recorded == 2  # whole and prefill each still recording after its retakes
+    assert times["eager"]["transformers"].recorded == 0

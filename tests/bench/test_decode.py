@@ -1,0 +1,116 @@
+"""`spire bench decode`'s roofline counts what the kernels read (a dense cache's whole capacity, the
+useful part apart), its timed rounds are retaken while a graph records, and `--dtype bf16` reaches
+the models and the memory check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spirelib import bench, cli
+from spirelib.bench import decode
+from spirelib.decoding.graphs import GRAPHS
+from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling import profiled
+
+CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
+TOY = ["--vocab-size", "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",
+       "--d-ff", "64"]
+
+
+def test_a_dense_cache_forward_reads_the_whole_capacity_and_the_roofline_counts_it():
+    """The AD step's attention reads every slot of its cache (masked), so its roofline's bytes are
+    those of the capacity the generation decodes in; the useful roofline counts the live L + 1 keys."""
+    context, k, window, rounds = 40, 3, 4, 6
+    capacity = decode.capacities(context, k, rounds)
+    model = Transformer(CFG).eval()
+    cache = model.new_cache(2, capacity["ad"])
+    with torch.no_grad():
+        model.hidden(torch.zeros(2, context, dtype=torch.long), cache=cache)
+        positions = torch.full((2, 1), context)  # (B, 1): a decode step
+        cache.prepare(positions)
+    keys, _ = cache.layer_kv(0, positions)  # (B, n_kv, slots read, d_head)
+    kinds = decode.forward_shapes(decode.model_cfgs(CFG, window), context, k, window, capacity)
+    assert kinds["AD step"].reads == keys.shape[2] == capacity["ad"] > kinds["AD step"].keys == context + 1
+    assert kinds[f"verify ({k + 1} tokens)"].reads == capacity["sd"] == kinds["vanilla step"].reads
+    calibration = {"peak_flops": 1e12, "bandwidth": 1e11}
+    read = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, capacity["ad"], bytes_per_value=4).bytes
+    live = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, context + 1, bytes_per_value=4).bytes
+    assert decode.roofline(kinds, [("AD step", 1)], 2, 4, **calibration)[1] == pytest.approx(read / 1e6)
+    assert decode.roofline(kinds, [("AD step", 1)], 2, 4, live=True, **calibration)[1] == pytest.approx(live / 1e6)
+
+
+def test_the_capacities_are_those_the_timed_generations_allocate(monkeypatch):
+    """`capacities` prices the caches `round_generation` decodes in: AD's and SD's (the prefill's)."""
+    target = Transformer(CFG).eval()
+    factories, _ = decode.build_methods(target, ["spire"], 0.0, 4)
+    made = []
+    new_cache = target.new_cache
+    monkeypatch.setattr(target, "new_cache", lambda batch, capacity, **o: made.append(capacity) or
+                        new_cache(batch, capacity, **o))
+    for method in ("ad", "spire"):
+        next(decode.round_generation(target, factories, method, 2, 12, 3, 5, temperature=0.0, run=0))
+    assert made == [decode.capacities(12, 3, 5)["ad"], decode.capacities(12, 3, 5)["sd"]]
+
+
+@pytest.mark.parametrize("method", ["ad", "spire"])
+def test_a_round_generation_runs_at_least_its_rounds(method):
+    """`round_generation` decodes enough tokens for `rounds` rounds whatever the draft accepts (AD: one
+    token a step after the prefill's; SD: at most k + 1 a round): the warm-up and the timed rounds fit."""
+    target = Transformer(CFG).eval()
+    factories, _ = decode.build_methods(target, ["spire"], 0.0, 4)
+    generation = decode.round_generation(target, factories, method, 2, 12, 3, 4, temperature=0.0, run=0)
+    assert sum(1 for _ in generation) >= 4
+
+
+def test_round_rows_report_the_bytes_read_beside_the_useful_ones_and_no_recording_on_the_cpu():
+    torch.manual_seed(0)
+    target = Transformer(CFG).eval()
+    factories, models = decode.build_methods(target, ["spire"], 0.0, 4)
+    rows = decode.round_rows(target, factories, models, ["ad", "spire"], 2, 12, 3, 4, peak_flops=1e10,
+                             bandwidth=1e10, repeats=2, compiled=False, temperature=0.0)
+    for r in rows:
+        assert r["mbytes"] > r["useful_mbytes"] and r["fraction"] > r["useful_fraction"] > 0
+        assert r["recorded"] == 0
+
+
+def test_a_timing_that_recorded_a_graph_is_taken_again_then_flagged(monkeypatch):
+    """`bench.replayed`: a take during which a round's graph was recorded is retaken (at most
+    `RETAKES` times); one that still records comes back with its count, to be flagged."""
+    takes = []
+
+    def measure(records):
+        def take():
+            takes.append(1)
+            GRAPHS.recordings += records(len(takes))
+            return len(takes)
+        return take
+
+    monkeypatch.setattr(GRAPHS, "recordings", 0)
+    assert bench.replayed(measure(lambda n: 0)) == (1, 0)  # replays only: one take
+    takes.clear()
+    assert bench.replayed(measure(lambda n: n == 1)) == (2, 0)  # the first take recorded: retaken once
+    takes.clear()
+    assert bench.replayed(measure(lambda n: 1)) == (bench.RETAKES + 1, 1)  # always recording: flagged
+
+
+def test_dtype_bf16_is_accepted_and_reaches_the_models_and_the_memory_check(monkeypatch, capsys):
+    seen = {}
+
+    def run_case(target, factories, methods, B, L, *rest):
+        seen["dtype"] = next(target.parameters()).dtype
+        return []
+
+    monkeypatch.setattr(decode, "run_case", run_case)
+    assert cli.main(["bench", "decode", "--dtype", "bf16", "--batch", "1", "--context", "8", "--methods", "ad",
+                     *TOY]) == 0
+    assert seen["dtype"] == torch.bfloat16 and "bf16" in capsys.readouterr().out
+    assert cli.main(["bench", "decode", "--batch", "1", "--context", "8", "--methods", "ad", *TOY]) == 0
+    assert seen["dtype"] == torch.float32  # fp32, the default
+    argv = ["bench", "decode", "--batch", "4", "--context", "64", *TOY]
+    fp32 = sum(decode.held_bytes(CFG, list(decode.TIMED), 4, 64, 64, 4, 64, "rounds", 4).values())
+    monkeypatch.setattr(decode, "available_bytes", lambda device: fp32 * 3 // 4)  # bf16's half fits, fp32 does not
+    assert decode.problems(cli.parser().parse_args(argv + ["--dtype", "bf16"])) == []
+    assert "the timed runs hold" in decode.problems(cli.parser().parse_args(argv))[0]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "decode", "--dtype", "fp16", *TOY])
