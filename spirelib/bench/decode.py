@@ -50,7 +50,7 @@ from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.modeling import profiled
-from spirelib.training.hf import available_bytes
+from spirelib.training.hf_weights import available_bytes
 
 TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup")  # AD and the registered drafts this benchmark builds
 #: Rounds a generation runs before `round_rows` times one: the first runs eagerly, the second records
@@ -505,7 +505,7 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
 
 
 def memory_problems(args: argparse.Namespace, cells: list[tuple[int, int]]) -> list[str]:
-    """Why the timed runs would not fit the memory free on `--device` (`hf.available_bytes`; empty:
+    """Why the timed runs would not fit the memory free on `--device` (`hf_weights.available_bytes`; empty:
     they fit, or it is unknown): at the cell that holds most (`held_bytes`), with what fits instead
     (`--interleave runs`, one target cache). Checked before anything runs."""
     free = available_bytes(torch.device(args.device))

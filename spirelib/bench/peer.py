@@ -101,7 +101,7 @@ class Peer:
 
     def __init__(self, target: Transformer, draft: Transformer, folder: Path, k: int, device: str = "cpu"):
         transformers = import_transformers()
-        from spirelib.training.hf import save_model
+        from spirelib.training.hf_export import save_model
 
         transformers.utils.logging.set_verbosity_error()  # its deprecation notes would drown the table
         transformers.utils.logging.disable_progress_bar()

@@ -147,7 +147,7 @@ def target_config(args: argparse.Namespace) -> ModelConfig:
         import json
         from pathlib import Path
 
-        from spirelib.training.hf import config_from_hf
+        from spirelib.training.hf_config import config_from_hf
 
         return config_from_hf(json.loads(Path(args.hf_config).read_text()))
     return ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model, n_q_per_kv=1,

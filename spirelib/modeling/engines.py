@@ -17,7 +17,7 @@ import itertools
 from spirelib.modeling.schedule import OFF, Schedule, Table, expressed_cost
 
 SERVING = ("Which drafts an engine can serve: a vanilla draft (a small model of the target's family, "
-           "training/hf) through each engine's draft-model method (vLLM method \"draft_model\", TensorRT-LLM "
+           "training/hf_export) through each engine's draft-model method (vLLM method \"draft_model\", TensorRT-LLM "
            "DraftTargetDecodingConfig, SGLang --speculative-algorithm STANDALONE), and prompt lookup through each "
            "engine's n-gram drafting (vLLM method \"ngram\", TensorRT-LLM NGramDecodingConfig, SGLang NGRAM), its "
            "keys in the file. MagicDec (a sink + window self-draft), the verification-guided draft (the target "

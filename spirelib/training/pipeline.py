@@ -100,10 +100,10 @@ def planned_run_dirs(target_cfg: ModelConfig, target_training: TrainConfig | Non
     (the target's config hash, its run folder (None for an imported target), the vanilla draft's
     folder as a function of its TrainConfig, a SPIRe draft's as a function of its SpireConfig and
     TrainConfig)."""
-    from spirelib.training import hf
+    from spirelib.training import hf_export
 
     if imported is not None:
-        target_hash, target_dir = hf.checkpoint_digest(imported), None
+        target_hash, target_dir = hf_export.checkpoint_digest(imported), None
     else:
         ident = full_identity(target_training, language_model_identity(target_cfg, data))
         target_hash, target_dir = config_hash(ident), run_dir_for(TARGET, ident)
@@ -122,7 +122,7 @@ def planned_run_dirs(target_cfg: ModelConfig, target_training: TrainConfig | Non
 def token_data(corpus: str, corpus_path: str, tokenizer, vocab_size: int) -> Data:
     """Corpus -> split -> tokenizer -> cached token memmaps. `tokenizer` names a kind
     (`tokenizer.build_tokenizer`: "bpe" is trained on the training split) or is a ready
-    tokenizer (an imported target's, `hf.load_tokenizer`); token caches are keyed by its checksum."""
+    tokenizer (an imported target's, `hf_tokenizer.load_tokenizer`); token caches are keyed by its checksum."""
     source = load_corpus(corpus, corpus_path)
     if corpus == "longcrawl64":
         ds = longcrawl64_dataset(source)
@@ -166,21 +166,21 @@ def for_decoding(target: TrainedModel) -> TrainedModel:
 def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: str = "auto",
                     parallel: str = "ddp") -> TrainedModel:
     """The Hugging Face checkpoint at `path` as the series' target: loaded by
-    `hf.load_model` (fp32 on CPU, where bf16 is slow; the stored dtype on GPU), evaluated on
+    `hf_weights.load_model` (fp32 on CPU, where bf16 is slow; the stored dtype on GPU), evaluated on
     `eval_cfg.eval_windows` validation windows of `eval_cfg.seq_len` tokens instead of trained.
-    Its identity is the sha256 of its config and weight files (`hf.checkpoint_digest`).
-    Under torchrun with `parallel` "fsdp" it is loaded sharded (`hf.load_model_sharded`: no rank
+    Its identity is the sha256 of its config and weight files (`hf_export.checkpoint_digest`).
+    Under torchrun with `parallel` "fsdp" it is loaded sharded (`hf_weights.load_model_sharded`: no rank
     holds it whole), and every rank evaluates every window (the sharded forwards run in lockstep)."""
-    from spirelib.training import fsdp, hf
+    from spirelib.training import fsdp, hf_export, hf_weights
 
     dev = resolve_device(device)
     dtype = torch.float32 if dev.type == "cpu" else None
     _, world = init_distributed(dev)
     sharded = parallel == "fsdp" and world > 1
     if sharded:
-        model = hf.load_model_sharded(path, fsdp.device_mesh(dev, world), device=dev, dtype=dtype)
+        model = hf_weights.load_model_sharded(path, fsdp.device_mesh(dev, world), device=dev, dtype=dtype)
     else:
-        model = hf.load_model(path, device=dev, dtype=dtype).eval()
+        model = hf_weights.load_model(path, device=dev, dtype=dtype).eval()
     if model.cfg.vocab_size < data.dataset.vocab_size:
         raise ValueError(f"{path}: the model's vocabulary {model.cfg.vocab_size} is smaller than its tokenizer's "
                          f"{data.dataset.vocab_size}")
@@ -188,7 +188,7 @@ def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: st
     summary = {"steps": 0, "tokens": 0, "tokens_per_s": float("nan"), "device": str(dev), "imported_from": str(path),
                "world_size": world if sharded else 1,
                **evaluate(model, lm_objective, windows, eval_cfg.batch_size, dev)}
-    identity = {"kind": "imported-language-model", "checkpoint": hf.checkpoint_digest(path)}
+    identity = {"kind": "imported-language-model", "checkpoint": hf_export.checkpoint_digest(path)}
     result = TrainResult(model, Path(path), {"config_hash": identity["checkpoint"], "summary": summary}, [], reused=True)
     return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)
 

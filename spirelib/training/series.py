@@ -213,9 +213,9 @@ class Series:
         """Corpus -> split -> tokenizer -> cached token memmaps (`pipeline.token_data`); an
         imported target's corpus is tokenized with its own tokenizer.json."""
         def build():
-            from spirelib.training import hf
+            from spirelib.training import hf_tokenizer
 
-            tokenizer = hf.load_tokenizer(self.imported) if self.imported else self.tokenizer
+            tokenizer = hf_tokenizer.load_tokenizer(self.imported) if self.imported else self.tokenizer
             return pipeline.token_data(self.corpus, self.corpus_path, tokenizer, self.vocab_size)
 
         return self._cached("data", build)
@@ -368,18 +368,18 @@ def _imported_config(values: dict, d: dict, problems: list[str]) -> ModelConfig 
         problems.append(f"target_source: {source!r} is neither empty (train the target) nor 'hf:PATH', a local "
                         "Hugging Face checkpoint folder")
         return None
-    from spirelib.training import hf
+    from spirelib.training import hf_config
 
     folder = resolve_path(source[len(HF_PREFIX):])
-    if not (folder / hf.CONFIG).is_file():
-        problems.append(f"target_source: no {hf.CONFIG} in {folder}; put the checkpoint there first (this "
+    if not (folder / hf_config.CONFIG).is_file():
+        problems.append(f"target_source: no {hf_config.CONFIG} in {folder}; put the checkpoint there first (this "
                         "project never downloads at run time: README, 'Bring your own target')")
         return None
     given = [name for name in _FROM_CHECKPOINT if name in d]
     if given:
         problems.append(f"{', '.join(given)}: an imported target's come from its config.json; leave them out")
     try:
-        return hf.config_from_hf(hf.read_config(folder))
+        return hf_config.config_from_hf(hf_config.read_config(folder))
     except ValueError as e:
         problems.append(f"target_source: {e}")
         return None

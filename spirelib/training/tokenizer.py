@@ -9,7 +9,7 @@
   No GPT-2 vocabulary is available offline, so `decode` shows ids.
 
 Every tokenizer has `kind`, `vocab_size`, `bos_id` and `bos_token` (the token that starts every
-document, None for these three; an imported checkpoint's `hf.HFTokenizer` has its own),
+document, None for these three; an imported checkpoint's `hf_tokenizer.HFTokenizer` has its own),
 `eos_id` and `eos_token` (the one after every document), `checksum` (identifies its vocabulary),
 `encode_batch(texts) -> list[np.ndarray]` (a document's ids, its BOS first) and `decode(ids) -> str`.
 

@@ -12,7 +12,7 @@ process computes the references; each test compares one thing:
 - a run stopped mid-way (`stop_at`, as a kill after a checkpoint) and restarted ends with the
   uninterrupted run's weights, exactly; the restart reads each rank's rows of the checkpoint and
   hashes each rank's share of it;
-- an HF checkpoint loaded sharded (`hf.load_model_sharded`) equals the unsharded load (weights
+- an HF checkpoint loaded sharded (`hf_weights.load_model_sharded`) equals the unsharded load (weights
   and residual stream, untied and tied embeddings);
 - fsdp over more ranks than blocks trains (a one-block target and draft over 2 ranks).
 """
@@ -204,9 +204,9 @@ WORKER = textwrap.dedent("""
     for kind in ("untied", "tied"):
         path = f"{sys.argv[2]}/{kind}"
         if sharded:
-            from spirelib.training import hf
+            from spirelib.training import hf_weights
 
-            model = hf.load_model_sharded(path, fsdp.device_mesh(cpu, world), device=cpu)
+            model = hf_weights.load_model_sharded(path, fsdp.device_mesh(cpu, world), device=cpu)
             for k, v in model.state_dict().items():
                 results[f"hf.{kind}.{k}"] = fsdp.full_tensor(v).contiguous()
             results[f"hf.{kind}.stream"] = model.residual_stream(batch[:, :-1]).contiguous()
@@ -244,7 +244,7 @@ WORKER = textwrap.dedent("""
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     from spirelib.model.transformer import ModelConfig, Transformer
-    from spirelib.training import hf
+    from spirelib.training import hf_export
 
     torch.manual_seed(3)
     for kind in ("untied", "tied"):
@@ -252,7 +252,7 @@ def runs(tmp_path_factory):
                           tie_embeddings=kind == "tied")
         model = Transformer(cfg)
         model.reset_parameters(0.3)
-        hf.save_model(model, tmp / "hf" / kind)
+        hf_export.save_model(model, tmp / "hf" / kind)
     script = tmp / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
@@ -377,14 +377,14 @@ def test_fsdp_over_more_ranks_than_blocks_trains(runs):
 
 
 def test_hf_checkpoint_loaded_sharded_equals_unsharded_load(runs):
-    """`hf.load_model_sharded` (meta device, block-by-block shards, each converted tensor placed
-    with distribute_tensor) gives `hf.load_model`'s weights and residual stream; tied embeddings stay tied."""
-    from spirelib.training import hf
+    """`hf_weights.load_model_sharded` (meta device, block-by-block shards, each converted tensor placed
+    with distribute_tensor) gives `hf_weights.load_model`'s weights and residual stream; tied embeddings stay tied."""
+    from spirelib.training import hf_weights
 
     sharded, _, _, folder = runs
     batch = torch.randint(0, 32, (4, 17), generator=torch.Generator().manual_seed(1))
     for kind in ("untied", "tied"):
-        whole = hf.load_model(folder / kind)
+        whole = hf_weights.load_model(folder / kind)
         state = whole.state_dict()
         assert {k[len(f"hf.{kind}."):] for k in sharded if k.startswith(f"hf.{kind}.")} == {*state, "stream"}
         for k, v in state.items():
@@ -398,7 +398,7 @@ def test_per_rank_memory_model_and_the_fewest_ranks_that_fit():
     """`sharding.rank_memory`: fsdp divides the target and the draft state by N, ddp holds them whole;
     the 70B draft at the paper's ratio is 19B parameters; refusals name the fewest ranks."""
     from spirelib.modeling.sharding import rank_memory, smallest_world
-    from spirelib.training import hf
+    from spirelib.training import hf_weights
 
     ddp, fsdp = rank_memory("llama3-70b", "ddp", 8), rank_memory("llama3-70b", "fsdp", 8)
     assert ddp.target_weights == 8 * fsdp.target_weights == pytest.approx(141.1e9, rel=1e-3)
@@ -408,10 +408,10 @@ def test_per_rank_memory_model_and_the_fewest_ranks_that_fit():
     assert smallest_world("llama3-70b", "fsdp", 141e9) == 5
     # loading a 70B checkpoint (70.6B parameters, bf16) on one 80 GB device names the fewest ranks
     with pytest.raises(MemoryError, match=r"needs 141.1 GB; .*parallel: fsdp over at least 2 ranks"):
-        hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, largest=1_050_673_152)
+        hf_weights.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, largest=1_050_673_152)
     with pytest.raises(MemoryError, match=r"needs 39.5 GB per rank \(of 4\); .*at least 5 ranks"):
-        hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 36 * 10**9, world=4, largest=1_050_673_152)
-    hf.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, world=2, largest=1_050_673_152)
+        hf_weights.check_memory(70_553_706_496, torch.bfloat16, "cuda", 36 * 10**9, world=4, largest=1_050_673_152)
+    hf_weights.check_memory(70_553_706_496, torch.bfloat16, "cuda", 80 * 10**9, world=2, largest=1_050_673_152)
 
 
 def _tiny_hf_target(folder: Path, num_layers: int) -> None:
@@ -419,7 +419,7 @@ def _tiny_hf_target(folder: Path, num_layers: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from spirelib.model.transformer import ModelConfig, Transformer
-    from spirelib.training import hf
+    from spirelib.training import hf_export, hf_tokenizer
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -431,7 +431,7 @@ def _tiny_hf_target(folder: Path, num_layers: int) -> None:
     model = Transformer(ModelConfig(vocab_size=320, num_layers=num_layers, d_model=32, n_q_per_kv=2, n_kv=2,
                                     d_head=8, d_ff=48, rope_base=500000.0))
     model.reset_parameters(0.1)
-    hf.save_model(model, folder, tokenizer=hf.HFTokenizer(tok, 2))
+    hf_export.save_model(model, folder, tokenizer=hf_tokenizer.HFTokenizer(tok, 2))
 
 
 def test_llama3_70b_example_dry_runs_sharded_under_torchrun_and_loads_in_one_process(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""Hugging Face Llama checkpoints in, our models out (spirelib/training/hf.py).
+"""Hugging Face Llama checkpoints in, our models out (spirelib/training/hf_config.py, hf_weights.py,
+hf_export.py, hf_tokenizer.py).
 
 Tiny random Llama models built here with `transformers` (a test-only dependency; nothing
 is downloaded), saved with `save_pretrained`, loaded with `hf.load_model` and compared
@@ -25,7 +26,7 @@ from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate  # noqa: E402
 from spirelib.model.kvcache import DenseKVCache, SinkWindow  # noqa: E402
 from spirelib.model.transformer import ModelConfig, Transformer  # noqa: E402
-from spirelib.training import hf  # noqa: E402
+from spirelib.training import hf_export, hf_tokenizer, hf_weights  # noqa: E402
 
 V = 101
 TOL = 1e-4
@@ -69,7 +70,7 @@ def target(tmp_path_factory):
     ref = random_llama(0)
     folder = tmp_path_factory.mktemp("llama")
     ref.save_pretrained(folder, safe_serialization=True)
-    return ref, folder, hf.load_model(folder)
+    return ref, folder, hf_weights.load_model(folder)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def small(tmp_path_factory):
     ref = random_llama(1, layers=1, hidden=32, heads=4, kv=1, ff=48, head_dim=16)
     folder = tmp_path_factory.mktemp("llama_small")
     ref.save_pretrained(folder, safe_serialization=True)
-    return ref, folder, hf.load_model(folder)
+    return ref, folder, hf_weights.load_model(folder)
 
 
 def hf_logits(ref, tokens: torch.Tensor) -> torch.Tensor:
@@ -203,8 +204,8 @@ def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens(target,
 def test_sharded_checkpoint_loads_identically(target, tmp_path):
     ref, _, ours = target
     ref.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
-    assert (tmp_path / hf.INDEX).is_file() and len(list(tmp_path.glob("model-*.safetensors"))) > 2
-    sharded = hf.load_model(tmp_path)
+    assert (tmp_path / hf_weights.INDEX).is_file() and len(list(tmp_path.glob("model-*.safetensors"))) > 2
+    sharded = hf_weights.load_model(tmp_path)
     assert sharded.cfg == ours.cfg
     a, b = sharded.state_dict(), ours.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -219,14 +220,14 @@ def test_both_rope_config_formats_give_the_same_model(target, tmp_path):
     shutil.copytree(folder, tmp_path / "old")
     rewrite_config(tmp_path / "old", rope_parameters=..., dtype=..., rope_theta=500000.0, rope_scaling=None,
                    torch_dtype="float32")
-    old = hf.load_model(tmp_path / "old")
+    old = hf_weights.load_model(tmp_path / "old")
     assert old.cfg == ours.cfg
     assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), ours.state_dict().values()))
 
 
 def test_load_in_another_dtype(target):
     _, folder, ours = target
-    half = hf.load_model(folder, dtype=torch.bfloat16)
+    half = hf_weights.load_model(folder, dtype=torch.bfloat16)
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
     a, b = half.state_dict(), ours.state_dict()
     assert all(torch.equal(a[k], b[k].to(torch.bfloat16)) for k in a)
@@ -247,7 +248,7 @@ def random_ours(seed: int) -> Transformer:
 
 def test_export_round_trip_through_transformers(tmp_path):
     ours = random_ours(8)
-    hf.save_model(ours, tmp_path)
+    hf_export.save_model(ours, tmp_path)
     ref, info = LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32,
                                                  output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
@@ -256,16 +257,16 @@ def test_export_round_trip_through_transformers(tmp_path):
         got = ours(x)
     torch.testing.assert_close(hf_logits(ref.eval(), x), got, atol=TOL, rtol=0)
 
-    back = hf.load_model(tmp_path)
+    back = hf_weights.load_model(tmp_path)
     assert back.cfg == ours.cfg
     a, b = back.state_dict(), ours.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_save_refuses_a_folder_with_other_weights(tmp_path):
-    (tmp_path / hf.INDEX).write_text("{}")
+    (tmp_path / hf_weights.INDEX).write_text("{}")
     with pytest.raises(ValueError, match="already holds other weights"):
-        hf.save_model(random_ours(0), tmp_path)
+        hf_export.save_model(random_ours(0), tmp_path)
 
 
 # ---------------------------------------------------------------- refusals
@@ -293,7 +294,7 @@ def test_unsupported_config_fields_are_refused_by_name_before_any_weight_is_read
     shutil.copy(folder / "config.json", tmp_path / "config.json")  # no weights at all: refused from the config
     rewrite_config(tmp_path, **{field: value})
     with pytest.raises(ValueError) as err:
-        hf.load_model(tmp_path)
+        hf_weights.load_model(tmp_path)
     message = str(err.value)
     shown = "rope_type" if field == "rope_parameters" else field
     shown_value = value["rope_type"] if field == "rope_parameters" else value
@@ -306,7 +307,7 @@ def test_disagreeing_rope_thetas_are_refused(target, tmp_path):
     shutil.copy(target[1] / "config.json", tmp_path / "config.json")
     rewrite_config(tmp_path, rope_theta=10000.0)
     with pytest.raises(ValueError, match="rope_theta=10000.0 and rope_parameters.rope_theta=500000.0 disagree"):
-        hf.load_model(tmp_path)
+        hf_weights.load_model(tmp_path)
 
 
 def test_a_missing_shard_is_refused(target, tmp_path):
@@ -314,11 +315,11 @@ def test_a_missing_shard_is_refused(target, tmp_path):
     gone = sorted(tmp_path.glob("model-*.safetensors"))[1]
     gone.unlink()
     with pytest.raises(ValueError, match=f"missing shard.*{gone.name}"):
-        hf.load_model(tmp_path)
+        hf_weights.load_model(tmp_path)
 
 
 def _edit_weights(folder, edit):
-    file = folder / hf.SINGLE
+    file = folder / hf_weights.SINGLE
     weights = load_file(file)
     edit(weights)
     save_file(weights, file, metadata={"format": "pt"})
@@ -329,33 +330,33 @@ def test_a_shape_mismatch_is_refused_by_tensor_name(target, tmp_path):
     rewrite_config(tmp_path / "m", intermediate_size=95)
     with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight has shape \[96, 64\]; "
                                          r"config.json implies \[95, 64\]"):
-        hf.load_model(tmp_path / "m")
+        hf_weights.load_model(tmp_path / "m")
 
 
 def test_unknown_and_missing_tensors_are_refused_by_name(target, tmp_path):
     shutil.copytree(target[1], tmp_path / "bias")
     _edit_weights(tmp_path / "bias", lambda w: w.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}))
     with pytest.raises(ValueError, match=r"biases.*model.layers.0.self_attn.q_proj.bias"):
-        hf.load_model(tmp_path / "bias")
+        hf_weights.load_model(tmp_path / "bias")
     shutil.copytree(target[1], tmp_path / "tied")
     _edit_weights(tmp_path / "tied", lambda w: w.pop("lm_head.weight"))
     with pytest.raises(ValueError, match=r"lacks tensors: \['lm_head.weight'\]"):
-        hf.load_model(tmp_path / "tied")
+        hf_weights.load_model(tmp_path / "tied")
 
 
 def test_a_pickle_only_folder_is_refused_and_never_unpickled(target, tmp_path):
     shutil.copy(target[1] / "config.json", tmp_path / "config.json")
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this would raise UnpicklingError")
     with pytest.raises(ValueError, match=r"pytorch_model.bin.*never unpickles.*safetensors"):
-        hf.load_model(tmp_path)
+        hf_weights.load_model(tmp_path)
 
 
 def test_too_little_memory_is_refused_with_the_numbers_before_loading(target, monkeypatch):
     with pytest.raises(MemoryError, match=r"the model \(8.0B parameters\) in float32 needs 32.0 GB; "
                                           r"cpu has 24.0 GB available"):
-        hf.check_memory(8_000_000_000, torch.float32, "cpu", available=24_000_000_000)
-    hf.check_memory(8_000_000_000, torch.bfloat16, "cpu", available=24_000_000_000)  # 16 GB fits
-    hf.check_memory(8_000_000_000, torch.float32, "cpu", available=None)  # unknown: no check
+        hf_weights.check_memory(8_000_000_000, torch.float32, "cpu", available=24_000_000_000)
+    hf_weights.check_memory(8_000_000_000, torch.bfloat16, "cpu", available=24_000_000_000)  # 16 GB fits
+    hf_weights.check_memory(8_000_000_000, torch.float32, "cpu", available=None)  # unknown: no check
 
     _, folder, ours = target
     need = sum(p.numel() for p in ours.parameters()) * 4
@@ -363,14 +364,14 @@ def test_too_little_memory_is_refused_with_the_numbers_before_loading(target, mo
     def no_reading(*args):
         raise AssertionError("a weight was read before the memory check")
 
-    monkeypatch.setattr(hf, "available_bytes", lambda device: need - 1)
-    monkeypatch.setattr(hf, "_convert_ready", no_reading)
+    monkeypatch.setattr(hf_weights, "available_bytes", lambda device: need - 1)
+    monkeypatch.setattr(hf_weights, "_convert_ready", no_reading)
     with pytest.raises(MemoryError, match="needs"):
-        hf.load_model(folder)
-    monkeypatch.setattr(hf, "available_bytes", lambda device: 2 * need - 1)  # fits in fp32, not in fp64
+        hf_weights.load_model(folder)
+    monkeypatch.setattr(hf_weights, "available_bytes", lambda device: 2 * need - 1)  # fits in fp32, not in fp64
     with pytest.raises(MemoryError, match="needs"):
-        hf.load_model(folder, dtype=torch.float64)
-    assert hf.available_bytes(torch.device("cpu")) > 0  # /proc/meminfo is read
+        hf_weights.load_model(folder, dtype=torch.float64)
+    assert hf_weights.available_bytes(torch.device("cpu")) > 0  # /proc/meminfo is read
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -393,7 +394,7 @@ def test_load_tokenizer_takes_eos_from_config(tmp_path):
     assert tok.token_to_id("</s>") == 2 and tok.token_to_id("<|endoftext|>") == 3
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [2, 3]}))
-    loaded = hf.load_tokenizer(tmp_path)
+    loaded = hf_tokenizer.load_tokenizer(tmp_path)
     assert loaded.eos_id == 2 and loaded.vocab_size == tok.get_vocab_size() and loaded.kind == "hf"
     text = "the cat ate a naïve hat"
     ids = loaded.encode(text)
@@ -402,15 +403,15 @@ def test_load_tokenizer_takes_eos_from_config(tmp_path):
     assert [a.tolist() for a in loaded.encode_batch([text, "dog"])] == [ids.tolist(), tok.encode("dog").ids]
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 1}))
-    other = hf.load_tokenizer(tmp_path)
+    other = hf_tokenizer.load_tokenizer(tmp_path)
     assert other.eos_id == 1 and other.checksum != loaded.checksum  # the eos id is part of the identity
 
 
 def test_save_model_writes_the_tokenizer_and_its_eos(tmp_path):
-    tok = hf.HFTokenizer(tiny_bpe(), 2)
-    hf.save_model(random_ours(0), tmp_path, tokenizer=tok)
+    tok = hf_tokenizer.HFTokenizer(tiny_bpe(), 2)
+    hf_export.save_model(random_ours(0), tmp_path, tokenizer=tok)
     assert json.loads((tmp_path / "config.json").read_text())["eos_token_id"] == 2
-    back = hf.load_tokenizer(tmp_path)
+    back = hf_tokenizer.load_tokenizer(tmp_path)
     assert back.eos_id == 2 and back.checksum == tok.checksum
     assert transformers.AutoTokenizer.from_pretrained(tmp_path).eos_token == "</s>"
 
@@ -430,7 +431,7 @@ def scaled(tmp_path_factory):
                        tie_word_embeddings=True)
     folder = tmp_path_factory.mktemp("llama31")
     ref.save_pretrained(folder, safe_serialization=True)
-    return ref, folder, hf.load_model(folder)
+    return ref, folder, hf_weights.load_model(folder)
 
 
 @pytest.fixture(scope="module")
@@ -441,7 +442,7 @@ def qwen2(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen2")
     ref.save_pretrained(folder, safe_serialization=True)
     rewrite_config(folder, sliding_window=4096)  # as published Qwen2.5 configs carry it (transformers nulls it)
-    return ref, folder, hf.load_model(folder)
+    return ref, folder, hf_weights.load_model(folder)
 
 
 def test_llama3_rope_frequencies_are_transformers_bitwise():
@@ -477,7 +478,7 @@ def test_full_forward_and_cached_decoding_match_transformers(which, request):
 
 def test_the_llama31_config_gives_scaling_and_ties(scaled):
     _, folder, ours = scaled
-    assert "lm_head.weight" not in load_file(folder / hf.SINGLE)  # transformers does not save a tied head
+    assert "lm_head.weight" not in load_file(folder / hf_weights.SINGLE)  # transformers does not save a tied head
     assert ours.cfg.rope_scaling == (4.0, 1.0, 4.0, 16.0) and ours.cfg.tie_embeddings and not ours.cfg.qkv_bias
     assert ours.unembed.weight is ours.embed.weight
     assert ours.cfg.num_params() == sum(p.numel() for p in ours.parameters())  # the tied matrix once
@@ -491,10 +492,10 @@ def test_qwen2_config_gives_biases_and_its_window_fields_are_harmless_only_when_
     shutil.copy(folder / "config.json", tmp_path / "config.json")
     rewrite_config(tmp_path, use_sliding_window=True)
     with pytest.raises(ValueError, match="use_sliding_window=True"):
-        hf.load_model(tmp_path)
+        hf_weights.load_model(tmp_path)
     rewrite_config(tmp_path, use_sliding_window=False, layer_types=["full_attention", "sliding_attention"])
     with pytest.raises(ValueError, match="layer_types"):
-        hf.load_model(tmp_path)
+        hf_weights.load_model(tmp_path)
 
 
 @torch.no_grad()
@@ -565,7 +566,7 @@ def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_th
 @pytest.mark.parametrize("which", ["scaled", "qwen2"])
 def test_export_round_trip_through_transformers_scaled_tied_and_biased(which, request, tmp_path):
     _, _, ours = request.getfixturevalue(which)
-    hf.save_model(ours, tmp_path)
+    hf_export.save_model(ours, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     cls = transformers.Qwen2ForCausalLM if which == "qwen2" else LlamaForCausalLM
     ref, info = cls.from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32,
@@ -575,7 +576,7 @@ def test_export_round_trip_through_transformers_scaled_tied_and_biased(which, re
     x = tokens(16, 2, LONG)
     with torch.no_grad():
         torch.testing.assert_close(hf_logits(ref.eval(), x), ours(x), atol=TOL, rtol=0)
-    back = hf.load_model(tmp_path)
+    back = hf_weights.load_model(tmp_path)
     assert back.cfg == ours.cfg and config["model_type"] == ("qwen2" if which == "qwen2" else "llama")
     a, b = back.state_dict(), ours.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -585,9 +586,9 @@ def test_a_tied_checkpoint_with_a_different_lm_head_is_refused(scaled, tmp_path)
     shutil.copytree(scaled[1], tmp_path / "m")
     _edit_weights(tmp_path / "m", lambda w: w.update({"lm_head.weight": w["model.embed_tokens.weight"] + 1}))
     with pytest.raises(ValueError, match="lm_head.weight differs"):
-        hf.load_model(tmp_path / "m")
+        hf_weights.load_model(tmp_path / "m")
     _edit_weights(tmp_path / "m", lambda w: w.update({"lm_head.weight": w["model.embed_tokens.weight"].clone()}))
-    assert hf.load_model(tmp_path / "m").unembed.weight is not None  # an equal stored head loads
+    assert hf_weights.load_model(tmp_path / "m").unembed.weight is not None  # an equal stored head loads
 
 
 def test_a_tied_model_checkpoints_once_stays_tied_and_resumes_training(scaled, tmp_path):
@@ -630,7 +631,7 @@ def mistral(tmp_path_factory):
     ref = random_llama(13, family="mistral", theta=10000.0, sliding_window=6)
     folder = tmp_path_factory.mktemp("mistral")
     ref.save_pretrained(folder, safe_serialization=True)
-    return ref, folder, hf.load_model(folder)
+    return ref, folder, hf_weights.load_model(folder)
 
 
 def test_mistral_full_forward_and_cached_decoding_match_transformers_through_the_window(mistral):
@@ -669,11 +670,11 @@ def test_mistral_greedy_and_speculative_decoding_give_transformers_greedy_tokens
 
 def test_mistral_export_round_trip_through_transformers(mistral, tmp_path):
     _, _, ours = mistral
-    hf.save_model(ours, tmp_path)
+    hf_export.save_model(ours, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "mistral" and config["sliding_window"] == 6
     ref = transformers.MistralForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32)
     x = tokens(19, 2, LONG)
     with torch.no_grad():
         torch.testing.assert_close(hf_logits(ref.eval(), x), ours(x), atol=TOL, rtol=0)
-    assert hf.load_model(tmp_path).cfg == ours.cfg
+    assert hf_weights.load_model(tmp_path).cfg == ours.cfg

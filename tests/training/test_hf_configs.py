@@ -1,4 +1,4 @@
-"""Published config.json texts load (spirelib/training/hf.py; tests/fixtures/hf_configs, each file's
+"""Published config.json texts load (spirelib/training/hf_config.py; tests/fixtures/hf_configs, each file's
 source in its SOURCES.md): every fixture parses to the shapes its model card states and to exactly
 the tensors transformers' model of that config holds, as written and as transformers 5 writes it
 back; one fixture per architecture, shrunk to a tiny width with its field set kept, loads with
@@ -16,7 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from test_hf import TOL, V, hf_logits, randomized, tokens  # noqa: E402
 
-from spirelib.training import hf  # noqa: E402
+from spirelib.training import hf_config, hf_weights  # noqa: E402
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 LLAMA31_8B = (8.0, 1.0, 4.0, 8192.0)  # rope_scaling: factor, low_freq_factor, high_freq_factor, original context
@@ -69,30 +69,30 @@ def test_a_published_config_gives_its_model_and_transformers_tensors(name):
     `layer_types`, defaults filled in): the same model, whose tensors are exactly those of
     transformers' model of the config (built on the meta device: no memory)."""
     config = published(name)
-    cfg = hf.config_from_hf(config)
+    cfg = hf_config.config_from_hf(config)
     assert shape(cfg) == EXPECTED[name]
     rewritten = transformers.AutoConfig.for_model(**config)
-    assert hf.config_from_hf(json.loads(rewritten.to_json_string(use_diff=True))) == cfg
+    assert hf_config.config_from_hf(json.loads(rewritten.to_json_string(use_diff=True))) == cfg
     with torch.device("meta"):
         ref = transformers.AutoModelForCausalLM.from_config(rewritten)
     theirs = {n: tuple(t.shape) for n, t in ref.state_dict().items() if not (cfg.tie_embeddings and n == "lm_head.weight")}
-    assert theirs == hf.hf_shapes(cfg)
+    assert theirs == hf_weights.hf_shapes(cfg)
     assert cfg.num_params() == sum(p.numel() for p in ref.parameters()) == PARAMS.get(name, cfg.num_params())
 
 
 def test_published_configs_meet_the_rest_of_the_loader():
     from spirelib.modeling.perfmodel import PRESETS
 
-    llama3 = hf.config_from_hf(published("meta-llama-3-8b-instruct"))
+    llama3 = hf_config.config_from_hf(published("meta-llama-3-8b-instruct"))
     assert llama3.shape() == PRESETS["llama3-8b"] and llama3.norm_eps == 1e-5
     with pytest.raises(MemoryError, match=r"\(8.0B parameters\) in float32 needs 32.1 GB; cpu has 24.0 GB"):
-        hf.check_memory(llama3.num_params(), torch.float32, "cpu", available=24 * 10**9)
+        hf_weights.check_memory(llama3.num_params(), torch.float32, "cpu", available=24 * 10**9)
     yarn = published("llama-3.1-8b-instruct")
     yarn["rope_scaling"] = {"factor": 8.0, "original_max_position_embeddings": 8192, "rope_type": "yarn"}
     with pytest.raises(ValueError, match=r"rope_scaling=\{'factor': 8.0.*'rope_type': 'yarn'\}"):
-        hf.config_from_hf(yarn)
+        hf_config.config_from_hf(yarn)
     with pytest.raises(ValueError, match="architectures"):
-        hf.config_from_hf(published("qwen2.5-0.5b") | {"architectures": ["LlamaForCausalLM"]})
+        hf_config.config_from_hf(published("qwen2.5-0.5b") | {"architectures": ["LlamaForCausalLM"]})
 
 
 def test_metadata_loads_and_what_changes_the_forward_is_refused_by_name():
@@ -102,12 +102,12 @@ def test_metadata_loads_and_what_changes_the_forward_is_refused_by_name():
     smol = published("smollm2-135m")
     assert smol["is_llama_config"] is True and smol["rope_interleaved"] is False
     gguf = smol | {"_model_name_or_path": "SmolLM2 135M", "unk_token_id": 0}
-    assert hf.config_from_hf(gguf) == hf.config_from_hf(smol)
+    assert hf_config.config_from_hf(gguf) == hf_config.config_from_hf(smol)
     for config, field, says in [(smol | {"rope_interleaved": True}, "rope_interleaved", "set the field to false"),
                                 (published("qwen2.5-0.5b") | {"use_mrope": True}, "use_mrope", "multimodal RoPE"),
                                 (smol | {"attn_temperature": 0.5}, "attn_temperature", "delete it from config.json")]:
         with pytest.raises(ValueError) as err:
-            hf.config_from_hf(config)
+            hf_config.config_from_hf(config)
         message = str(err.value)
         assert f"{field}={config[field]!r}" in message and says in message, message
         assert "issue" not in message.lower(), message
@@ -134,8 +134,8 @@ def test_a_tiny_checkpoint_of_a_published_config_computes_transformers_logits(na
     ref = randomized(transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(**config), dtype=torch.float32, attn_implementation="eager"))
     ref.save_pretrained(tmp_path, safe_serialization=True)
-    (tmp_path / hf.CONFIG).write_text(json.dumps(config, indent=2))  # the published field set, not transformers'
-    ours = hf.load_model(tmp_path)
+    (tmp_path / hf_config.CONFIG).write_text(json.dumps(config, indent=2))  # the published field set, not transformers'
+    ours = hf_weights.load_model(tmp_path)
     assert ours.cfg.sliding_window == (6 if name == "zephyr-7b-beta" else None)
     x = tokens(21, 2, LONG)
     want = hf_logits(ref, x)

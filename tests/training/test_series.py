@@ -114,14 +114,14 @@ def _checkpoint(tmp_path):
     import torch
 
     from spirelib.model.transformer import ModelConfig, Transformer
-    from spirelib.training import hf
+    from spirelib.training import hf_export
     from spirelib.training.tokenizer import BPETokenizer, train_bpe
 
     tok = BPETokenizer(train_bpe(["the cat sat on the mat, the dog ate the hat"] * 20, 300))
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=320, num_layers=2, d_model=64, n_q_per_kv=2, n_kv=2, d_head=16,
                                     d_ff=128))
-    return hf.save_model(model, tmp_path / "ckpt", tokenizer=tok), model
+    return hf_export.save_model(model, tmp_path / "ckpt", tokenizer=tok), model
 
 
 def test_an_imported_target_gives_the_target_and_the_vocabulary(tmp_path):
@@ -171,16 +171,16 @@ def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch)
     import torch
     from safetensors.torch import save_file
 
-    from spirelib.training import hf
+    from spirelib.training import hf_export, hf_weights
 
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
     folder, model = _checkpoint(tmp_path)
-    before = hf.checkpoint_digest(folder)
-    assert hf.checkpoint_digest(folder) == before  # cached, and the same
+    before = hf_export.checkpoint_digest(folder)
+    assert hf_export.checkpoint_digest(folder) == before  # cached, and the same
     with torch.no_grad():
         model.blocks[0].mlp.w_down.weight.add_(1e-3)
-    save_file(hf.hf_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    assert hf.checkpoint_digest(folder) != before  # same shapes and config, other weights: drafts retrain
+    save_file(hf_weights.hf_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert hf_export.checkpoint_digest(folder) != before  # same shapes and config, other weights: drafts retrain
 
 
 def test_the_guided_draft_splits_a_kv_budget_like_magicdecs_and_the_sweep_names_each_budget(monkeypatch):

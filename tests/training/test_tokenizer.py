@@ -102,9 +102,9 @@ def checkpoint_folder(folder, specials: list[str], eos_token_id, template: str |
 ], ids=["llama3", "smollm2", "bos-and-eos-template"])
 def test_a_checkpoint_tokenizer_starts_documents_with_its_bos_and_separates_them_with_its_eos(
         corpus, tmp_path, specials, eos_token_id, template, bos, eos):
-    from spirelib.training import hf
+    from spirelib.training import hf_tokenizer
 
-    tok = hf.load_tokenizer(checkpoint_folder(tmp_path, specials, eos_token_id, template))
+    tok = hf_tokenizer.load_tokenizer(checkpoint_folder(tmp_path, specials, eos_token_id, template))
     assert (tok.bos_token, tok.eos_token) == (bos, eos)
     assert tok.bos_id == (None if bos is None else specials.index(bos)) and tok.eos_id == specials.index(eos)
     train_docs, val_docs = split_documents(len(corpus), 0.2, 0)
@@ -127,14 +127,14 @@ def test_a_random_checkpoint_of_a_published_config_loads_with_its_conventions(tm
 
     from hf_checkpoints import random_checkpoint
 
-    from spirelib.training import hf
+    from spirelib.training import hf_tokenizer, hf_weights
 
     config = json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs" / "smollm2-135m.json").read_text())
     config.update(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=8, vocab_size=320)
     folder = random_checkpoint(config, tmp_path, TEXTS, bos=bos)
-    model = hf.load_model(folder)
-    tok = hf.load_tokenizer(folder)
+    model = hf_weights.load_model(folder)
+    tok = hf_tokenizer.load_tokenizer(folder)
     assert model.cfg.num_layers == 2 and model.cfg.tie_embeddings and model.cfg.vocab_size == 320
     assert tok.eos_id == 0 and tok.bos_token == bos and tok.vocab_size <= 320
     text = tok.encode("the state", add_special_tokens=False).tolist()

@@ -133,12 +133,12 @@ def test_committed_params_files_fit_the_series(params_file, tmp_path):
     params = runner.load_params(params_file)
     if params["series"].get("target_source"):  # the user's checkpoint is not in the repository: a tiny stand-in
         from spirelib.model.transformer import ModelConfig, Transformer
-        from spirelib.training import hf
+        from spirelib.training import hf_export
 
         layers = max(2, params["series"].get("spire", {}).get("num_layers", 1))  # llama3-70b.yaml's draft: 20
         stand_in = Transformer(ModelConfig(vocab_size=64, num_layers=layers, d_model=16, n_q_per_kv=1, n_kv=2,
                                            d_head=8, d_ff=32))
-        params["series"]["target_source"] = f"hf:{hf.save_model(stand_in, tmp_path / 'target')}"
+        params["series"]["target_source"] = f"hf:{hf_export.save_model(stand_in, tmp_path / 'target')}"
     injected = runner.resolve(params, declared, source=params_file.name)
     assert runner.consistency_problems(injected, {p.stem: runner.default_parameters(p) for p in series}) == []
 
