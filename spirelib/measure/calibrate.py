@@ -95,6 +95,6 @@ def quick(device: str = "cpu", dtype: torch.dtype = torch.float32, size: int = 5
     """{"peak_flops", "bandwidth"} from small matmuls and copies, in about half a second: not the
     machine's peak (`calibrate` measures that), but the same work every time, so that two quick
     calibrations compare. The plan checks its timings against one made in the same call: a machine
-    shared with other work shows it here first (`spirelib.workbook.plan`)."""
+    shared with other work shows it here first (`spirelib.workbook.probe`)."""
     return {"peak_flops": matmul_peak((size,), seconds, repeats, device, dtype)["flops"],
             "bandwidth": memory_bandwidth(mbytes, seconds, repeats, device)["bandwidth"]}
