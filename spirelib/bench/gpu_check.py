@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -367,20 +368,16 @@ def _live_reads_rows(target, timed) -> list[dict]:
     """`timed()`'s rows with the target's decode-time attention reading only the live key blocks
     (`Transformer.live_reads`, FlexAttention's split-KV decoding kernel) instead of its cache's whole
     capacity, masked (the default): the measurement that decides which decodes by default. Its caches
-    and graphs are its own (released before and after); each row's kind says "live reads"."""
-    from spirelib.decoding.graphs import GRAPHS
-    from spirelib.model.kvcache import release
-
-    def fresh():
-        release(target)
-        GRAPHS.release()
-    fresh()
+    and graphs are its own (`_release`d before and after); each row's kind says "live reads"."""
+    _release()
     target.live_reads = True
     try:
-        rows = timed()
+        with warnings.catch_warnings():  # --quick times it eagerly, through FlexAttention's reference kernel
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            rows = timed()
     finally:
         target.live_reads = False
-        fresh()
+        _release()
     return [{**r, "kind": r["kind"].replace(" round", ", live reads round")} for r in rows]
 
 
