@@ -20,7 +20,7 @@ SPIRE := $(VENV)/bin/spire
 STAMP := $(VENV)/.installed
 RUN_DIR := outputs/$(basename $(notdir $(PARAMS)))
 
-.PHONY: setup data plan run screenshot test test-slow bench gpu-check
+.PHONY: setup data plan run screenshot lint test test-slow bench gpu-check
 
 setup: $(STAMP)
 
@@ -48,9 +48,14 @@ run: setup data
 screenshot: setup
 	$(PY) docs/screenshot.py $(RUN_DIR)
 
+# ruff over the library, the tests, the notebooks and docs' scripts: pyflakes, import order, the
+# bug-prone rules (pyproject.toml's [tool.ruff]); `make test` runs it first.
+lint: setup
+	$(VENV)/bin/ruff check spirelib tests notebooks docs
+
 # PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
 # Two xdist workers, one thread each (tests/conftest.py), whole files to a worker.
-test: setup data
+test: setup data lint
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # The slow tests (e.g. the paper-shape dry run of the whole series, ~4 min); a fast test covers

@@ -16,6 +16,7 @@ through a CUDA-graph stand-in.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections import Counter
 
@@ -96,7 +97,7 @@ def steady_state_counts(target, models: dict, *, batch: int, context: int, k: in
             rounds = speculative_rounds(target, draft, contexts, new_tokens, k, temperature=temperature, generator=gen)
         for _ in range(warmup):
             next(rounds)
-        rows.append({"method": method, **count(lambda: next(rounds))})
+        rows.append({"method": method, **count(functools.partial(next, rounds))})
         rounds.close()
     return rows
 

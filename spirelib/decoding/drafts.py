@@ -104,6 +104,9 @@ class VanillaDraft:
         self.previous.copy_(_last_verified(verified, self.previous))
 
 
+MAGICDEC_RING = SinkWindow(1, 64)  # MagicDec's sink + window (method §3.4), its default
+
+
 class MagicDecDraft:
     """Self-speculation (method §4, MagicDec): the target drafts while attending only to a sink +
     window of its own keys/values, copied from the target's cache for verified positions into
@@ -112,7 +115,7 @@ class MagicDecDraft:
 
     target_layers: tuple[int, ...] = ()  # reads the target's cache, not its activations
 
-    def __init__(self, target: Transformer, sparse: SinkWindow = SinkWindow(1, 64), rope_mode: str = "cache",
+    def __init__(self, target: Transformer, sparse: SinkWindow = MAGICDEC_RING, rope_mode: str = "cache",
                  temperature: float = 1.0):
         self.model = target
         self.sparse = sparse

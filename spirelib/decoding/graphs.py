@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-
 #: The profiler's name for a round's graph (`RoundGraphs.run`): one launch on a GPU, whatever it holds.
 GRAPH_REGION = "decoding round graph"
 

@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from spirelib.paths import cache_dir
@@ -107,7 +107,7 @@ def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float, *, na
     path = measured_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": entry.name, "peak_flops": entry.peak_flops, "bandwidth": entry.bandwidth,
-              "source": entry.source, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "source": entry.source, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(record, f, indent=2)

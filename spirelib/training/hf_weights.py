@@ -260,7 +260,7 @@ def _check_inv_freq(headers: dict, cfg: ModelConfig) -> None:
     from safetensors import safe_open
 
     want = rope_frequencies(cfg.d_head, cfg.rope_base, cfg.rope_scaling).double()
-    for name, (file, _, shape) in headers.items():
+    for name, (file, _, _) in headers.items():
         if _is_inv_freq(name):
             with safe_open(str(file), framework="pt") as f:
                 got = f.get_tensor(name).double()

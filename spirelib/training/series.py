@@ -157,7 +157,7 @@ class Series:
     # ------------------------------------------------------------------ building and checking
 
     @classmethod
-    def from_dict(cls, d: "dict | Series | None" = None) -> "Series":
+    def from_dict(cls, d: dict | Series | None = None) -> Series:
         """A Series from params values (plain dicts for the nested configs); raises SeriesError.
         A Series is returned as it is (so a notebook cell that builds one can run again)."""
         if isinstance(d, Series):

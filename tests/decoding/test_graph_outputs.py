@@ -18,7 +18,6 @@ from spirelib.decoding.lookup import LookupDraft
 from spirelib.decoding.speculative import (
     autoregressive_generate,
     autoregressive_rounds,
-    finish,
     prefill,
     prefill_needs,
     speculative_capacity,
@@ -144,7 +143,7 @@ def test_the_tau_protocol_counts_equal_eager(models):
 def test_the_pool_catches_an_output_kept_past_the_next_replay(models):
     """The stand-in itself: a caller that keeps a replay's output sees it overwritten."""
     target = models["target"]
-    pool = GraphPool().install(target)
+    GraphPool().install(target)
     try:
         cache = target.new_cache(2, 8)
         first = target.last_logits(CONTEXTS[:2, :4], None, cache, greedy=True)  # (2,) tokens, in the pool

@@ -22,7 +22,7 @@ METHODS = ["vanilla", "magicdec", "spire", "spire, no target activations", "guid
 MAX_REPLAYS, MAX_OPS, MAX_AD_OPS = 3, 5, 2
 
 
-def steady_round(models, name, temperature):
+def steady_round(models, name, temperature):  # noqa: F811  (models: the fixture)
     """(replays, OpCounter) of the 4th step or round of a generation through a `GraphPool`."""
     pool = GraphPool().install(models["target"], models["small"], models["spire"], models["plain"])
     try:
@@ -44,7 +44,7 @@ def steady_round(models, name, temperature):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", ["ad", *METHODS])
-def test_a_round_is_one_replay_with_no_host_sync_and_almost_no_eager_op(models, name, temperature):
+def test_a_round_is_one_replay_with_no_host_sync_and_almost_no_eager_op(models, name, temperature):  # noqa: F811
     replays, ops = steady_round(models, name, temperature)
     assert replays == 1, (name, replays)
     assert ops.ops <= (MAX_AD_OPS if name == "ad" else MAX_OPS), (ops.ops, ops.names.most_common(12))
@@ -52,7 +52,7 @@ def test_a_round_is_one_replay_with_no_host_sync_and_almost_no_eager_op(models, 
     assert replays <= MAX_REPLAYS
 
 
-def test_the_count_sees_a_round_that_is_not_captured(models, monkeypatch):
+def test_the_count_sees_a_round_that_is_not_captured(models, monkeypatch):  # noqa: F811
     """The counter itself: a round run as a plain call (no capture) shows its forwards as replays
     and its bookkeeping as eager ops."""
     from spirelib.decoding import speculative

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import (
     AcceptCounts,
     DeltaTau,

@@ -190,7 +190,7 @@ def test_head_fused_draft_losses_equal_the_definitions_in_value_and_gradients(mi
     torch.testing.assert_close(loss, reference)
     for name, g, e in zip(("hidden", "norm gain", "unembedding"), got, expected):
         assert e.abs().sum() > 0
-        torch.testing.assert_close(g, e, msg=lambda m: f"gradient wrt the {name}: {m}")
+        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"gradient wrt the {name}: {m}")
     torch.testing.assert_close(parts["alpha"], expected_acceptance(logits, p).detach())
     torch.testing.assert_close(parts["distill_ce"].mean(), distillation_loss(logits, p).detach())
     torch.testing.assert_close(parts["hard_ce"].mean(), hard_target_loss(logits, labels).detach())
@@ -219,7 +219,7 @@ def test_objective_trains_through_hidden_states_as_through_the_logits(variant):
     for (name, _), g, e in zip(draft.named_parameters(), got, expected):
         assert (g is None) == (e is None), name
         if e is not None:
-            torch.testing.assert_close(g, e, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(g, e, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_the_compiled_objective_gives_the_eager_loss_metrics_and_gradients(monkeypatch):
@@ -254,7 +254,7 @@ def _compare_compiled_objective():
     torch.testing.assert_close(c_loss, loss)
     torch.testing.assert_close(c_metrics, metrics)
     for (name, _), g, e in zip(draft.named_parameters(), c_grads, grads):
-        torch.testing.assert_close(g, e, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(g, e, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("variant", sorted(ABLATIONS))
@@ -315,7 +315,7 @@ def test_spire_draft_trains_the_same_with_gradient_accumulation(tmp_path):
                                identity={"spire": cfg.to_dict()}, val_docs=docs, device="cpu", progress=False)
     whole, accumulated = results[0], results[1]
     for k, v in whole.model.state_dict().items():
-        torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
     assert any(not torch.equal(v, target.state_dict()[k.removeprefix("body.")])
                for k, v in whole.model.state_dict().items() if k != "mix")
     for a, w in zip(accumulated.metrics, whole.metrics, strict=True):

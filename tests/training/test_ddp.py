@@ -129,5 +129,5 @@ def test_spire_draft_trains_on_two_cpu_ranks_as_on_one(tmp_path):
         one = load_file(tmp_path / "one" / f"{variant}-ranksingle.safetensors")
         for k in r0:
             assert torch.equal(r0[k], r1[k]), (variant, k)
-            torch.testing.assert_close(r0[k], one[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{variant} {k}: {m}")
+            torch.testing.assert_close(r0[k], one[k], rtol=1e-4, atol=1e-5, msg=lambda m, variant=variant, k=k: f"{variant} {k}: {m}")
         assert f"{variant} val_loss" in ddp.stdout and "world 2" in ddp.stdout

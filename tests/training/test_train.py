@@ -304,7 +304,7 @@ def test_gradient_accumulation_trains_the_same_weights_and_logs_the_same_metrics
     whole = run(tmp_path, SMALL, "whole")
     accumulated = run(tmp_path, TrainConfig(**{**SMALL.to_dict(), "micro_batch_size": 1}), "accumulated")
     for k, v in weights(whole.model).items():
-        torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
     assert [e["step"] for e in accumulated.metrics] == [e["step"] for e in whole.metrics]
     for a, w in zip(accumulated.metrics, whole.metrics):
         assert a["tokens"] == w["tokens"] and a.get("lr") == w.get("lr")
