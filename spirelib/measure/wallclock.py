@@ -168,9 +168,9 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
     sections = {m: SectionTimer(device) for m in methods}
     decodes = {}
     for i, method in enumerate(methods):
-        own = interleave == "runs" or i == 0 or target.compiled_decoding  # a compiled generation copies it anyway
+        share = interleave == "runs" or i == 0 or target.compiled_decoding  # a compiled generation copies it anyway
         options = {"temperature": temperature, "generator": torch.Generator(device).manual_seed(run),
-                   "timer": sections[method], "prefilled": shared if own else shared.copy()}
+                   "timer": sections[method], "prefilled": shared if share else shared.copy()}
         decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
                            speculative_rounds(target, factories[method](), batch, new_tokens, k=k,
                                               **options))

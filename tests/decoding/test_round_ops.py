@@ -19,7 +19,7 @@ from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (model
 from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 
 METHODS = ["vanilla", "magicdec", "spire", "spire, no target activations", "guided", "lookup"]
-MAX_REPLAYS, MAX_OPS, MAX_AD_OPS = 3, 5, 2
+MAX_OPS, MAX_AD_OPS = 5, 2  # the GPU round's goal: at most 3 replays, 5 ops (AD 2); replays are held to 1
 
 
 def steady_round(models, name, temperature):  # noqa: F811  (models: the fixture)
@@ -49,7 +49,6 @@ def test_a_round_is_one_replay_with_no_host_sync_and_almost_no_eager_op(models, 
     assert replays == 1, (name, replays)
     assert ops.ops <= (MAX_AD_OPS if name == "ad" else MAX_OPS), (ops.ops, ops.names.most_common(12))
     assert not ops.syncs_inside, dict(ops.syncs_inside)
-    assert replays <= MAX_REPLAYS
 
 
 def test_the_count_sees_a_round_that_is_not_captured(models, monkeypatch):  # noqa: F811
