@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-from dataclasses import replace
-from typing import NamedTuple
 
 import torch
 
@@ -35,8 +32,24 @@ from spirelib.bench import (
     replayed,
     torch_dtype,
 )
-from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
-from spirelib.decoding.guided import GuidedDraft, budget_options
+from spirelib.bench.roofline import (
+    WARM_ROUNDS,
+    capacities,
+    forward_shapes,
+    kv_budgets,
+    model_cfgs,
+    ring_slots,
+    roofline_row,
+    rooflines,
+    round_count,
+    round_forwards,
+    round_tokens,
+    step_kind,
+    verify_kind,
+)
+from spirelib.decoding.builders import draft_factory
+from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.speculative import TargetPass, autoregressive_rounds, speculative_capacity, speculative_rounds
 from spirelib.measure.wallclock import (
     loop_timings,
@@ -49,32 +62,17 @@ from spirelib.measure.wallclock import (
 from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling import profiled
+from spirelib.modeling import profile_fit
+from spirelib.modeling.methods import BUDGET, CARDS, TARGET, card
 from spirelib.training.hf_weights import available_bytes
 
 TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup")  # AD and the registered drafts this benchmark builds
-#: Rounds a generation runs before `round_rows` times one: the first runs eagerly, the second records
-#: the round's CUDA graph (`graphs.RoundGraphs.run`), the third replays it.
-WARM_ROUNDS = 3
-
-
-class Forward(NamedTuple):
-    """A forward kind of `forward_shapes`: its model's `ModelConfig`, the new tokens a row, the live
-    keys a row attends to (what the forward needs), the slots a row's attention reads (what its
-    kernel moves: a cache reads all of its slots, masked), and whether its queries also score every
-    key (the guided draft's verification)."""
-
-    cfg: object
-    new: int
-    keys: int
-    reads: int
-    scores: bool = False
 
 
 def draft_options(window: int) -> dict[str, dict]:
-    """Each sparse draft's options at a `window` (sink 1): MagicDec's ring, and the guided draft's
-    budget of as many entries (`guided.budget_options`); the other drafts take none."""
-    return {"magicdec": {"window": window}, "guided": budget_options(1 + window)}
+    """Each self-draft's builder options at a `window` (`kv_budgets`); the other drafts take none."""
+    budgets = kv_budgets(window)
+    return {m: {"budget": budgets[m]} for m in ("magicdec", "guided")}
 
 
 def draft_models(target: Transformer, methods, window: int) -> dict:
@@ -138,110 +136,6 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     return rows
 
 
-def ring_slots(window: int, k: int) -> int:
-    """Slots a row of a sparse draft's cache holds: sink 1 + window + k + 1 of slack
-    (`SinkWindowKVCache`: MagicDec's and SPIRe's rings; `SelectedKVCache`: the guided draft's entries)."""
-    return SpireConfig(window=window).sink + window + k + 1
-
-
-def round_tokens(method: str, rounds: int, k: int) -> int:
-    """New tokens a row of `round_generation` decodes so that it runs at least `rounds` rounds: AD
-    one a round after the prefill's; a draft `rounds` x (k + 1) (a round emits at most k + 1)."""
-    return rounds + 1 if method == "ad" else rounds * (k + 1)
-
-
-def capacities(context: int, k: int, rounds: int) -> dict[str, int]:
-    """Slots a row of the target's dense cache holds in `round_generation`'s generations of `rounds`
-    rounds at context L, which every decode-time forward reads whole (`kvcache.DenseKVCache`): "ad"
-    (`autoregressive_rounds`: L + G) and "sd" (`speculative_capacity`, the vanilla draft's too)."""
-    return {"ad": context + round_tokens("ad", rounds, k),
-            "sd": speculative_capacity(context, round_tokens("sd", rounds, k), k)}
-
-
-def forward_shapes(cfgs: dict, context: int, k: int, window: int, capacity: dict[str, int]) -> dict[str, Forward]:
-    """Forward kind -> `Forward` at context L: the AD step (1 token; live keys L + 1), verification
-    (k + 1 tokens), the same scoring every key for the guided draft, the vanilla draft's step,
-    MagicDec's step (the target over sink 1 + window, and itself), the guided draft's (the target
-    over its chosen entries, the same budget, and itself) and SPIRe's step (its body over sink 1 +
-    window). Each reads its cache whole: the dense ones `capacity` ("ad", "sd": `capacities`), the
-    sparse ones `ring_slots`. `cfgs`: "target", "vanilla" and "spire" (SPIRe's body) -> `ModelConfig`."""
-    sparse, ring = min(context, 1 + window), ring_slots(window, k)
-    ad, sd = capacity["ad"], capacity["sd"]
-    return {"AD step": Forward(cfgs["target"], 1, context + 1, ad),
-            f"verify ({k + 1} tokens)": Forward(cfgs["target"], k + 1, context + k + 1, sd),
-            f"verify ({k + 1}) + scores": Forward(cfgs["target"], k + 1, context + k + 1, sd, scores=True),
-            "vanilla step": Forward(cfgs["vanilla"], 1, context + 1, sd),
-            "MagicDec step": Forward(cfgs["target"], 1, sparse + 1, ring),
-            "guided step": Forward(cfgs["target"], 1, sparse + 1, ring),
-            "SPIRe step": Forward(cfgs["spire"], 1, sparse, ring)}
-
-
-def round_forwards(method: str, kinds: dict[str, Forward], k: int) -> list[tuple[str, int]]:
-    """The forwards of one round of `method` as (kind of `forward_shapes`, new tokens a row): AD's
-    step; a draft's k passes (the vanilla draft's first runs 2 tokens, `drafts.VanillaDraft`; prompt
-    lookup runs none), then the target verifying k + 1 tokens (for the guided draft, scoring every key)."""
-    if method == "ad":
-        return [("AD step", 1)]
-    verify = next(kind for kind, f in kinds.items() if f.new == k + 1 and f.scores == (method == "guided"))
-    if method == "lookup":
-        return [(verify, k + 1)]
-    step = {"vanilla": "vanilla step", "magicdec": "MagicDec step", "guided": "guided step",
-            "spire": "SPIRe step"}[method]
-    return [(step, 2 if method == "vanilla" and j == 0 else 1) for j in range(k)] + [(verify, k + 1)]
-
-
-def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int, *,
-             peak_flops: float, bandwidth: float, live: bool = False) -> tuple[float, float, float]:
-    """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B: per forward
-    `profiled.forward_work` (body, attention over the slots it reads, unembedding; weights and KV at
-    their dtype, read once; with the guided draft's scoring, `profiled.scored`) and max(FLOPs /
-    peak, bytes / bandwidth), summed over the forwards. `live`: over the live keys alone instead
-    (what a kernel that skipped the masked slots would need: the useful part)."""
-    flops = moved = ms = 0.0
-    for kind, new in forwards:
-        f = kinds[kind]
-        work = profiled.forward_work(f.cfg.shape(), f.cfg.vocab_size, batch, new, f.keys if live else f.reads,
-                                     bytes_per_value=value_bytes)
-        if f.scores:
-            work = profiled.scored(work, f.cfg.shape(), value_bytes)
-        flops, moved = flops + work.flops, moved + work.bytes
-        ms += 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
-    return flops / 1e9, moved / 1e6, ms
-
-
-def roofline_row(kind: str, batch: int, context: int, seconds: list[float], work: tuple[float, float, float],
-                 useful: tuple[float, float, float], compiled: bool, recorded: int = 0) -> dict:
-    """A row of `--roofline`: measured ms (median of `seconds`), its work and roofline (`roofline`:
-    the slots the kernels read), measured / roofline (`ratio`), roofline / measured (`fraction`: 1 is
-    the hardware's limit), the same at the live keys alone (`useful_fraction`: `useful`, a
-    `roofline(live=True)`) and the round graphs recorded while it was timed (not 0 flags the timing)."""
-    ms = 1e3 * statistics.median(seconds)
-    gflop, mbytes, roof = work
-    return {"kind": kind, "batch": batch, "context": context, "ms": ms, "gflop": gflop, "mbytes": mbytes,
-            "roofline_ms": roof, "ratio": ms / roof, "fraction": roof / ms, "useful_mbytes": useful[1],
-            "useful_fraction": useful[2] / ms, "mode": "compiled" if compiled else "eager", "recorded": recorded}
-
-
-def model_cfgs(cfg, window: int) -> dict:
-    """The `ModelConfig` of a target (`cfg`) and of the drafts `build_methods` builds for it:
-    "target", "vanilla" (`vanilla_draft_config`) and "spire" (the SPIRe draft's body, pruned to
-    `SpireConfig`'s layers)."""
-    return {"target": cfg, "vanilla": vanilla_draft_config(cfg),
-            "spire": replace(cfg, num_layers=SpireConfig(window=window).num_layers)}
-
-
-def round_count(repeats: int) -> int:
-    """Rounds each generation of `round_rows` runs at least: the warm-up's (`WARM_ROUNDS`), and the
-    timed one's first (with the prefill, untimed) and `repeats` timed ones."""
-    return max(repeats + 1, WARM_ROUNDS)
-
-
-def rooflines(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int,
-              **calibration) -> tuple[tuple, tuple]:
-    """`roofline` of `forwards` over the slots they read and over their live keys (the useful part)."""
-    return tuple(roofline(kinds, forwards, batch, value_bytes, live=live, **calibration) for live in (False, True))
-
-
 @torch.no_grad()
 def forward_rows(target: Transformer, models: dict, batch: int, context: int, k: int, window: int, *,
                  peak_flops: float, bandwidth: float, repeats: int, compiled: bool) -> list[dict]:
@@ -254,7 +148,8 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     dev, value_bytes = param.device, param.element_size()
     vanilla, spire = models["vanilla"], models["spire"]
     capacity = capacities(context, k, round_count(repeats))
-    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window, capacity)
+    budgets = kv_budgets(window)
+    kinds = forward_shapes(model_cfgs(target.cfg), context, k, budgets, capacity)
     tokens = torch.randint(0, cfg.vocab_size, (batch, context + k + 1), device=dev)  # (B, L + k + 1)
 
     def dense(model, slots: int, scored: int = 0):  # scored: records the last `scored` queries' scores
@@ -265,7 +160,7 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     lengths = torch.full((batch,), context, device=dev)  # (B,)
     ad_cache, target_cache = dense(target, capacity["ad"]), dense(target, capacity["sd"])
     vanilla_cache, scored_cache = dense(vanilla, capacity["sd"]), dense(target, capacity["sd"], scored=k + 1)
-    guided = GuidedDraft(target, **budget_options(1 + window))
+    guided = GuidedDraft(target, budgets["guided"])
     prefilled = torch.arange(context, device=dev).expand(batch, context)  # (B, L)
     guided.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
                             scored_cache, None), k)
@@ -278,14 +173,14 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     pos = lengths[:, None]  # (B, 1)
     calls = {  # kind -> (the forward, what resets its cache)
         "AD step": (lambda: target(tokens[:, context:context + 1], pos, ad_cache), ad_cache),
-        f"verify ({k + 1} tokens)": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
-                                                    target_cache), target_cache),
-        f"verify ({k + 1}) + scores": (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
-                                                      scored_cache), scored_cache),
-        "vanilla step": (lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache), vanilla_cache),
-        "MagicDec step": (lambda: target(tokens[:, context:context + 1], pos, ring), ring),
-        "guided step": (lambda: target(tokens[:, context:context + 1], pos, guided.cache), guided.cache),
-        "SPIRe step": (lambda: spire.step(tokens[:, context], lengths, memory), memory),
+        verify_kind(k, False): (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
+                                               target_cache), target_cache),
+        verify_kind(k, True): (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
+                                              scored_cache), scored_cache),
+        step_kind("vanilla"): (lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache), vanilla_cache),
+        step_kind("magicdec"): (lambda: target(tokens[:, context:context + 1], pos, ring), ring),
+        step_kind("guided"): (lambda: target(tokens[:, context:context + 1], pos, guided.cache), guided.cache),
+        step_kind("spire"): (lambda: spire.step(tokens[:, context], lengths, memory), memory),
     }
     rows = []
     for kind, (call, cache) in calls.items():
@@ -337,7 +232,7 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
     count = round_count(repeats)
     param = next(target.parameters())
     dev = param.device
-    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window, capacities(context, k, count))
+    kinds = forward_shapes(model_cfgs(target.cfg), context, k, kv_budgets(window), capacities(context, k, count))
     rows = []
     for method in methods:
         warm_up(target, factories, method, batch, context, k, count, temperature)
@@ -350,7 +245,7 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
             return seconds
 
         seconds, recorded = replayed(take)
-        work, useful = rooflines(kinds, round_forwards(method, kinds, k), batch, param.element_size(),
+        work, useful = rooflines(kinds, round_forwards(method, k), batch, param.element_size(),
                                  peak_flops=peak_flops, bandwidth=bandwidth)
         rows.append(roofline_row(f"{method} round", batch, context, seconds, work, useful, compiled, recorded))
     return rows
@@ -373,10 +268,8 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
                         **options)
     measured = {r["kind"]: r["ms"] for r in forwards}
-    kinds = forward_shapes(model_cfgs(target.cfg, window), context, k, window,
-                           capacities(context, k, round_count(repeats)))
     for method, row in zip(methods, rounds):
-        row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, kinds, k))
+        row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, k))
     return forwards + rounds
 
 
@@ -396,10 +289,10 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     peak = matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"]
     bw = memory_bandwidth(device=args.device)["bandwidth"]
     spire = SpireConfig(window=args.window)
-    shapes = profiled_draft_shapes(vanilla_draft_config(target.cfg), replace(target.cfg, num_layers=spire.num_layers),
-                                   spire, SinkWindow(spire.sink, spire.window), budget_options(1 + spire.window))
+    cfgs = model_cfgs(target.cfg)
+    shapes = profiled_draft_shapes({m: cfgs[m] for m in ("vanilla", "spire")}, kv_budgets(args.window), spire)
     seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
-    cost = profiled.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
+    cost = profile_fit.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
                         drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, peak_flops=peak,
                         bandwidth=bw, bytes_per_value=value_bytes)
     rows = profiled_cells(timings, cost, target.cfg, shapes, bytes_per_value=value_bytes, k=args.k, held_out=held_out)
@@ -488,18 +381,21 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
     Activations are not counted: a forward's are freed before the next."""
     capacity = speculative_capacity(context, new_tokens, k)
     spire = SpireConfig(window=window)
-    drafts = model_cfgs(cfg, window)
-    ring = ring_slots(window, k)
+    cfgs, budgets = model_cfgs(cfg), kv_budgets(window)
     scores = 4 * cfg.num_layers * batch * cfg.n_kv * capacity  # the guided draft's fp32 scores in the target cache
     copies = len(methods) if interleave == "rounds" else 1
-    return {"weights": value_bytes * (cfg.num_params() + sum(drafts[m].num_params() for m in ("vanilla", "spire")
-                                                             if m in methods)),
+
+    def draft_cache(m: str) -> int:  # as its card says: its model's (or the target's) dense cache or budget
+        c = card(m)
+        if c.drafter is None:
+            return 0
+        slots = ring_slots(budgets[m], k) if c.reads == BUDGET else capacity
+        return (cache_bytes(cfg if c.drafter == TARGET else cfgs[m], batch, slots, value_bytes)
+                + (scores if c.scores else 0))
+    return {"weights": value_bytes * (cfg.num_params() + sum(cfgs[m].num_params() for m in methods
+                                                             if m in CARDS and card(m).needs_model)),
             f"target caches ({copies})": copies * cache_bytes(cfg, batch, capacity, value_bytes),
-            "draft caches": sum({"vanilla": cache_bytes(drafts["vanilla"], batch, capacity, value_bytes),
-                                 "magicdec": cache_bytes(cfg, batch, ring, value_bytes),
-                                 "guided": cache_bytes(cfg, batch, ring, value_bytes) + scores,
-                                 "spire": cache_bytes(drafts["spire"], batch, ring, value_bytes)}.get(m, 0)
-                                for m in methods),
+            "draft caches": sum(draft_cache(m) for m in methods if m != "ad"),
             "kept residual stream": ("spire" in methods) * spire.num_layers * batch * (context - 1) * cfg.d_model
             * value_bytes}
 
@@ -539,7 +435,7 @@ def problems(args: argparse.Namespace) -> list[str]:
         cells, held = profiled_grid(args)
         if "ad" not in args.methods:
             out.append("--profiled needs ad among --methods (the model is fitted to AD's steps)")
-        out += [f"--profiled: {p}" for p in profiled.cell_problems(c for c in cells if c not in held)]
+        out += [f"--profiled: {p}" for p in profile_fit.cell_problems(c for c in cells if c not in held)]
         if args.roofline or args.compile:
             out.append("--profiled times eager decoding alone: drop --roofline and --compile")
     if not out and not args.roofline:  # the memory the timed runs hold, once the shapes are valid

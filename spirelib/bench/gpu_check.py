@@ -176,7 +176,7 @@ def _cuda_graphs(args) -> Outcome:
     methods not started within `BUDGETS_S["cuda-graphs"]` are named, and fail the row."""
     from spirelib.bench.decode import compile_all, draft_models, draft_options
     from spirelib.bench.rounds import METHODS, steady_state_counts
-    from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.builders import draft_factory
     from spirelib.decoding.graphs import GRAPHS
     from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 
@@ -235,7 +235,7 @@ def _bf16_target(args) -> Outcome:
     moments in fp32, the loss falling), then decodes it greedily, equal to the target's own greedy
     tokens up to a near-tie (`greedy_mismatch`: bf16 rounding may flip an argmax whose top two
     logits are within `TIE_LOGITS` of each other; any other difference fails)."""
-    from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.builders import draft_factory
     from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
     from spirelib.model.spire import SpireConfig, SpireDraftModel
     from spirelib.training.objectives import SpireObjective
@@ -335,7 +335,7 @@ def _round_cell(args) -> tuple[tuple[int, int], int]:
 def _roofline(args) -> Outcome:
     """`bench decode --roofline`'s whole rounds (`decode.round_rows`), compiled and greedy, of the
     paper's target in bf16 at `ROUND_CELL`: the AD step (goal: >= `ROOFLINE_GOAL` of the roofline of
-    the bytes it reads: the weights and the target cache's whole capacity, `decode.forward_shapes`)
+    the bytes it reads: the weights and the target cache's whole capacity, `roofline.forward_shapes`)
     and SPIRe's round, each beside its useful fraction (the live keys alone) and the graphs recorded
     while timed (after retakes). Budget: `BUDGETS_S["roofline"]`, mostly compiling; the methods not
     started within it are named. --quick: the workbook's target in fp32, toy cell, eager."""
@@ -421,14 +421,14 @@ def _host(args) -> Outcome:
     """`host_overhead` of compiled greedy SD rounds at the roofline row's cell and rounds (its
     kernels reused): `HOST_METHODS`, the first the goal's, the rest while `BUDGETS_S["host"]` lasts.
     --quick: the workbook's target in fp32, toy cell, eager."""
-    from spirelib.bench.decode import compile_all, round_count
+    from spirelib.bench import decode, roofline
 
     target, factories, models = _decoding_models(args)
-    compile_all(target, models, not args.quick)
+    decode.compile_all(target, models, not args.quick)
     (B, L), repeats = _round_cell(args)
     left, figures = [], {}
     for method in in_budget(list(HOST_METHODS), budget(args, "host"), left):
-        figures[method] = host_overhead(target, factories, method, B, L, round_count(repeats))
+        figures[method] = host_overhead(target, factories, method, B, L, roofline.round_count(repeats))
     text = "; ".join(f"{m} round at {B} x {L}: {f['wall_ms']:.2f} ms wall / {f['busy_ms']:.2f} ms on the device = "
                      f"{f['ratio']:.2f}" + (f", {f['recorded']} graphs recorded while timed" if f["recorded"] else "")
                      for m, f in figures.items())

@@ -80,7 +80,7 @@ def steady_state_counts(target, models: dict, *, batch: int, context: int, k: in
     """Counts (`count`) of one AD step and one SD round per method in `draft_models` ({method: its
     trained model or None, `decode.draft_models`; the sparse drafts at `window`, `decode.draft_options`),
     each after `warmup` rounds of its own generation (graphs compiled and recorded by then)."""
-    from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.builders import draft_factory
     from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 
     device = next(target.parameters()).device

@@ -4,29 +4,23 @@ draft model (`model.spire`) driven as one (`SpireDraft`).
 
 All three implement `speculative.Draft`. Their k draft passes are sequential one-token
 forwards; sampling uses the engine's temperature so that q is the distribution the
-draft tokens were actually drawn from (what makes rejection sampling lossless).
-
-The registry of drafting methods lives here too: a method is a name and a builder
-(`register_method`), and `draft_factory` makes the per-batch draft factories the tau
-measurement and the wall-clock timing use. "vanilla", "magicdec" and "spire" are registered
-here, "guided" and "lookup" in their own modules (`decoding/__init__` imports them); a new
-draft plugs in the same way.
+draft tokens were actually drawn from (what makes rejection sampling lossless). The
+self-drafts (MagicDec here, the guided draft in `guided`) share `SelfDraft`: the target
+drafting over a sparse cache of its own keys. Each method's builder is in `builders`.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from spirelib.decoding.sampling import draw
-from spirelib.decoding.speculative import Draft, TargetPass
+from spirelib.decoding.speculative import TargetPass
 from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse, static_buffer
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import MAGICDEC_BUDGET, KVBudget
 
 
 def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,
@@ -104,40 +98,31 @@ class VanillaDraft:
         self.previous.copy_(_last_verified(verified, self.previous))
 
 
-MAGICDEC_RING = SinkWindow(1, 64)  # MagicDec's sink + window (method §3.4), its default
-
-
-class MagicDecDraft:
-    """Self-speculation (method §4, MagicDec): the target drafts while attending only to a sink +
-    window of its own keys/values, copied from the target's cache for verified positions into
-    a StreamingLLM ring (constant memory). `rope_mode="cache"` uses positions in the cache as
-    MagicDec's implementation does; "original" keeps text positions."""
+class SelfDraft:
+    """The target drafting for itself over a sparse cache of its own keys (method §4): one cache
+    per (batch, k) that `_new_cache` builds, pinned for the process under compiled decoding
+    (`kvcache.reuse`), refilled by `accept` from each verification; the k passes are the target's
+    one-token forwards over it. Subclasses say what the cache holds and how `accept` fills it."""
 
     target_layers: tuple[int, ...] = ()  # reads the target's cache, not its activations
 
-    def __init__(self, target: Transformer, sparse: SinkWindow = MAGICDEC_RING, rope_mode: str = "cache",
-                 temperature: float = 1.0):
-        self.model = target
-        self.sparse = sparse
-        self.rope_mode = rope_mode
-        self.temperature = temperature
-        self.key = ("magicdec", id(target), sparse, rope_mode)
+    def __init__(self, target: Transformer, budget: KVBudget, temperature: float, key: tuple):
+        self.model, self.budget, self.temperature, self.key = target, budget, temperature, key
+
+    def _new_cache(self, batch: int, slack: int, device, dtype):
+        raise NotImplementedError
 
     def begin(self, verified: TargetPass, k: int) -> None:
-        cfg = self.model.cfg
         param = next(self.model.parameters())
         B = verified.tokens.shape[0]
 
         def build():
-            return SinkWindowKVCache(cfg.num_layers, B, cfg.n_kv, cfg.d_head, self.sparse, slack=k + 1,
-                                     rope_mode=self.rope_mode, rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling,
-                                     device=param.device, dtype=param.dtype)
-        key = ("magicdec", B, k + 1, self.sparse, self.rope_mode)
-        self.cache = reuse(self.model, key, build) if self.model.compiled_decoding else build()
+            return self._new_cache(B, k + 1, param.device, param.dtype)
+        self.cache = reuse(self.model, (*self.key, B, k + 1), build) if self.model.compiled_decoding else build()
         self.accept(verified)
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return self.cache.static_tensors()  # the target's weights are the engine's already
+        return self.cache.static_tensors()  # the target's weights (and scores) are the engine's already
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
@@ -146,51 +131,32 @@ class MagicDecDraft:
         return draft_tokens(self._step, self._step(pending, positions), positions, k, self.temperature, u)
 
     def accept(self, verified: TargetPass) -> None:
+        raise NotImplementedError
+
+
+class MagicDecDraft(SelfDraft):
+    """Self-speculation (method §4, MagicDec): the target drafts while attending only to a sink +
+    window of its own keys/values, copied from the target's cache for verified positions into
+    a StreamingLLM ring (constant memory). `rope_mode="cache"` uses positions in the cache as
+    MagicDec's implementation does; "original" keeps text positions."""
+
+    def __init__(self, target: Transformer, budget: KVBudget = MAGICDEC_BUDGET, rope_mode: str = "cache",
+                 temperature: float = 1.0):
+        if budget.chosen:
+            raise ValueError(f"MagicDec reads a sink and a window, no chosen entries; got {budget}")
+        self.sparse = SinkWindow(budget.sink, budget.window)
+        self.rope_mode = rope_mode
+        super().__init__(target, budget, temperature, ("magicdec", id(target), self.sparse, rope_mode))
+
+    def _new_cache(self, batch: int, slack: int, device, dtype):
+        cfg = self.model.cfg
+        return SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, self.sparse, slack=slack,
+                                 rope_mode=self.rope_mode, rope_base=cfg.rope_base, rope_scaling=cfg.rope_scaling,
+                                 device=device, dtype=dtype)
+
+    def accept(self, verified: TargetPass) -> None:
         self.cache.ingest(verified.cache, verified.positions, verified.valid)
         self.cache.rollback(verified.lengths)
-
-
-# ---------------------------------------------------------------------------- the method registry
-
-DraftFactory = Callable[[], Draft]
-"""Builds a fresh draft (one per batch; the engine hands it its uniforms every round)."""
-
-
-@dataclass(frozen=True)
-class DraftMethod:
-    """A named way to draft: `build(target, model, temperature=, **options)` returns a Draft;
-    `model` is the method's trained draft model (None if it has none)."""
-
-    name: str
-    build: Callable[..., Draft]
-    needs_model: bool
-
-
-DRAFT_METHODS: dict[str, DraftMethod] = {}
-
-
-def register_method(name: str, build: Callable[..., Draft], *, needs_model: bool) -> None:
-    """Make `name` measurable: `build(target, model, *, temperature, **options)` returns a fresh Draft."""
-    DRAFT_METHODS[name] = DraftMethod(name, build, needs_model)
-
-
-def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,
-                  temperature: float, dtype: torch.dtype | None = None, **options) -> DraftFactory:
-    """A factory of `method`'s drafts for `target` (and its trained draft `model`). The draft
-    decodes in `dtype`, by default the target's (a bf16 target decodes with a bf16 copy of its
-    fp32-trained draft: the target's activations and the draft's weights meet in one dtype)."""
-    if method not in DRAFT_METHODS:
-        raise ValueError(f"unknown method {method!r}; registered: {sorted(DRAFT_METHODS)}")
-    spec = DRAFT_METHODS[method]
-    if spec.needs_model and model is None:
-        raise ValueError(f"method {method!r} needs its trained draft model")
-    try:  # an unknown option fails here, before any decoding
-        inspect.signature(spec.build).bind(target, model, temperature=temperature, **options)
-    except TypeError as e:
-        raise ValueError(f"method {method!r}: {e}") from None
-    if model is not None:
-        model = in_dtype(model, dtype or next(target.parameters()).dtype)
-    return lambda: spec.build(target, model, temperature=temperature, **options)
 
 
 def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -203,18 +169,6 @@ def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     if model.compiled_decoding:
         twin.compile_decoding()
     return twin
-
-
-def _vanilla(target, model, *, temperature):
-    return VanillaDraft(model, temperature=temperature)
-
-
-def _magicdec(target, model, *, temperature, sink: int = 1, window: int = 64, rope_mode: str = "cache"):
-    return MagicDecDraft(target, SinkWindow(sink, window), rope_mode=rope_mode, temperature=temperature)
-
-
-register_method("vanilla", _vanilla, needs_model=True)
-register_method("magicdec", _magicdec, needs_model=False)
 
 
 class SpireDraft:
@@ -253,10 +207,3 @@ def spire_draft(model: SpireDraftModel, temperature: float = 1.0):
     if model.cfg.target_activations:
         return SpireDraft(model, temperature)
     return VanillaDraft(model.body, temperature, sparse=model.cfg.sparse)
-
-
-def _spire(target, model, *, temperature):
-    return spire_draft(model, temperature=temperature)
-
-
-register_method("spire", _spire, needs_model=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from spirelib.decoding.drafts import register_method
 from spirelib.decoding.sampling import one_hot
 from spirelib.decoding.speculative import TargetPass
 from spirelib.model.kvcache import static_buffer
@@ -98,10 +97,3 @@ class LookupDraft:
 
     def accept(self, verified: TargetPass) -> None:
         self._write(verified.tokens, verified.positions, verified.valid)
-
-
-def _lookup(target, model, *, temperature, min_n: int = MIN_N, max_n: int = MAX_N):
-    return LookupDraft(target, min_n, max_n)
-
-
-register_method("lookup", _lookup, needs_model=False)

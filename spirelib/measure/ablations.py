@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.decoding.drafts import draft_factory
+from spirelib.decoding.builders import draft_factory
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, tau_over_seeds
 from spirelib.model.spire import ABLATIONS

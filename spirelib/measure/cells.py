@@ -17,8 +17,7 @@ from spirelib.measure.wallclock import (
     profiled_cells,
     profiled_verdict,
 )
-from spirelib.model.kvcache import SinkWindow
-from spirelib.modeling import profiled
+from spirelib.modeling import profile_fit, profiled
 from spirelib.modeling.schedule import OFF, profiled_table, schedule
 from spirelib.modeling.winners import AD
 
@@ -33,12 +32,12 @@ def timing_cells(batches, contexts, held_out) -> list[tuple[int, int]]:
 def grid_problems(batches, contexts, held_out) -> list[str]:
     """Why a timing grid (B x L) with these `held_out` (B, L) cells cannot judge the profiled
     model (empty: it can): the cells left to fit must identify it, three or more at two batch
-    sizes and two context lengths at least (`profiled.cell_problems`), and something must be held
+    sizes and two context lengths at least (`profile_fit.cell_problems`), and something must be held
     out. Checked before any compute."""
     held = {(int(b), int(length)) for b, length in held_out}
     rest = set(timing_cells(batches, contexts, ())) - held
     out = [] if held else ["held_out is empty: the profiled model would be judged only on the cells it was fitted to"]
-    if profiled.cell_problems(rest):
+    if profile_fit.cell_problems(rest):
         out.append(f"the cells left to fit, {sorted(rest)}, must be three or more at two batch sizes and two context "
                    "lengths at least; time more cells or hold out fewer")
     return out
@@ -69,16 +68,16 @@ def split_held_out(timings: list[DecodeTiming], held_out) -> tuple[list[DecodeTi
             [t for t in timings if (t.batch, t.context) in wanted])
 
 
-def speedup_cells(timings: list[DecodeTiming], target, drafts: dict, shapes: dict[str, profiled.DraftShape],
+def speedup_cells(timings: list[DecodeTiming], target, shapes: dict[str, profiled.DraftShape],
                   cost: profiled.ProfiledCost, *, peak_flops: float, bandwidth: float, bytes_per_value: float,
-                  k: int, sparse: dict[str, SinkWindow], held_out=()) -> list[dict]:
+                  k: int, held_out=()) -> list[dict]:
     """One cell per timed draft and (B, L) with an AD timing: the measured speedup with its 95%
-    CI and the paper's model (`wallclock.modeled_speedups`; drafts: method -> ModelConfig or
-    None), with the profiled model's speedup, its error profiled / measured - 1 and whether the
+    CI and the paper's model (`wallclock.modeled_speedups`), with the profiled model's speedup,
+    its error profiled / measured - 1 and whether the
     cell is one of the `held_out` (B, L) the fit never saw (`wallclock.profiled_cells`, shapes
     from `wallclock.profiled_draft_shapes`)."""
-    cells = modeled_speedups(timings, target, drafts, peak_flops=peak_flops, bandwidth=bandwidth,
-                             bytes_per_value=bytes_per_value, k=k, sparse=sparse)
+    cells = modeled_speedups(timings, target, shapes, peak_flops=peak_flops, bandwidth=bandwidth,
+                             bytes_per_value=bytes_per_value, k=k)
     profiled = {(c["method"], c["B"], c["L"]): c for c in profiled_cells(
         timings, cost, target, shapes, bytes_per_value=bytes_per_value, k=k, held_out=held_out)}
     for c in cells:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from spirelib.decoding.drafts import DraftFactory
+from spirelib.decoding.builders import DraftFactory
 from spirelib.decoding.speculative import (
     SectionTimer,
     prefill,

@@ -38,9 +38,10 @@ from spirelib.decoding.speculative import (
 )
 from spirelib.frontend import feed
 from spirelib.measure.intervals import t_quantile
-from spirelib.model.kvcache import SinkWindow
+from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.modeling import perfmodel, profiled
+from spirelib.modeling import perfmodel, profile_fit, profiled
+from spirelib.modeling.methods import BUDGET, DECODED, KVBudget, card
 
 #: The sections of a decoding loop (`speculative.SectionTimer`); "round" is a round replayed as one
 #: CUDA graph, timed whole (no split inside a graph).
@@ -246,14 +247,14 @@ def _measured(t: DecodeTiming, base: DecodeTiming) -> dict:
             "measured_speedup": measured, "ci_low": low, "ci_high": high, "runs": len(t.seconds)}
 
 
-def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: Mapping[str, ModelConfig | None], *,
-                     peak_flops: float, bandwidth: float, bytes_per_value: float, k: int = 4,
-                     sparse: Mapping[str, SinkWindow] | None = None) -> list[dict]:
+def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, shapes: Mapping[str, profiled.DraftShape], *,
+                     peak_flops: float, bandwidth: float, bytes_per_value: float, k: int = 4) -> list[dict]:
     """Measured vs modeled speedup over AD, one cell per SD timing with an AD timing at the
     same (batch, context). Measured: the mean over runs of SD tokens/s / AD tokens/s (runs
     paired in order) with its 95% CI (`speedup_interval`) and the number of runs. Modeled: the G-aware throughput
     model (method §2) with the runs' mean tau, HOI = peak / bandwidth, `bytes_per_value` for
-    weights and KV, and each sparse draft's (`sparse[method]`) sink + window as its cache."""
+    weights and KV, each draft's shape and each sparse draft's KV budget as its cache (`shapes`,
+    `profiled_draft_shapes`)."""
     ad = {(t.batch, t.context): t for t in timings if t.method == "ad"}
     hoi = peak_flops / bandwidth
     cells = []
@@ -262,13 +263,12 @@ def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, drafts: M
         if t.method == "ad" or base is None:
             continue
         cell = _measured(t, base)
-        draft = drafts.get(t.method)
-        pattern = (sparse or {}).get(t.method)
-        cache = dict(sink_size=pattern.sink, window=pattern.window) if pattern else {}
+        shape = shapes[t.method]
+        budget = shape.budget
+        cache = dict(sink_size=budget.sink, window=budget.entries - budget.sink) if budget else {}
         model = perfmodel.throughput_multiplier_over_generation(
-            t.method, min(cell["tau"], k + 1.0), t.batch, t.context, t.new_tokens, target.shape(),
-            None if draft is None else draft.shape(), k=k, hoi=hoi, window_factor=None,
-            bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value, **cache)
+            t.method, min(cell["tau"], k + 1.0), t.batch, t.context, t.new_tokens, target.shape(), shape.shape,
+            k=k, hoi=hoi, window_factor=None, bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value, **cache)
         cells.append({**cell, "modeled_speedup": float(model), "error": float(model) / cell["measured_speedup"] - 1.0})
     return cells
 
@@ -312,8 +312,8 @@ def repeat_seconds(fn, repeats: int, before=None, device=None) -> list[float]:
 # ---------------------------------------------------------------------------- the profiled model
 
 
-def loop_timings(timings: list[DecodeTiming]) -> list[profiled.LoopTiming]:
-    """What the profiled model is fitted to (`profiled.fit`): every timing's sections per round
+def loop_timings(timings: list[DecodeTiming]) -> list[profile_fit.LoopTiming]:
+    """What the profiled model is fitted to (`profile_fit.fit`): every timing's sections per round
     (AD: per step), each averaged over its runs. Rounds replayed as one CUDA graph have no split
     between draft, verify and bookkeeping: refused."""
     out = []
@@ -323,27 +323,26 @@ def loop_timings(timings: list[DecodeTiming]) -> list[profiled.LoopTiming]:
                              "whole: the profiled model is fitted to eager sections (decode without compile_decoding)")
         per_round = {s: statistics.fmean(run.get(s, 0.0) / r for run, r in zip(t.sections, t.rounds))
                      for s in DECODE_SECTIONS}
-        out.append(profiled.LoopTiming(t.method, t.batch, t.context, t.new_tokens, per_round["draft"],
+        out.append(profile_fit.LoopTiming(t.method, t.batch, t.context, t.new_tokens, per_round["draft"],
                                        per_round["verify"], per_round["bookkeeping"]))
     return out
 
 
-def profiled_draft_shapes(vanilla, spire_layers, spire, ring: SinkWindow,
-                          guided: Mapping[str, int] | None = None) -> dict[str, profiled.DraftShape]:
-    """What the profiled model needs of each timed draft: the vanilla draft's shape (its
-    `ModelConfig`), MagicDec's ring of sink + window + 1 keys over the target's own layers, the
-    SPIRe draft's layer stack (`spire_layers`) reading its sink + window with target-activation
-    memory in every layer when `spire` (its `SpireConfig`) has it (method §3.3), prompt lookup,
-    which runs no draft pass, and, given its options (`guided`: sink, window and top,
-    `Series.guided_options`), the guided draft's selected entries over the target's layers with
-    its verification scoring every key."""
-    shapes = {"vanilla": profiled.DraftShape("vanilla", vanilla.shape()),
-              "magicdec": profiled.DraftShape("magicdec", None, keys=ring.sink + ring.window + 1),
-              "spire": profiled.DraftShape("spire", spire_layers.shape(), keys=spire.sink + spire.window,
-                                           memory_layers=spire.num_layers if spire.target_activations else 0),
-              "lookup": profiled.DraftShape("lookup", None, keys=0)}
-    if guided is not None:
-        shapes["guided"] = profiled.DraftShape("guided", None, keys=sum(guided.values()) + 1, scores=True)
+def profiled_draft_shapes(models: Mapping[str, ModelConfig], budgets: Mapping[str, KVBudget],
+                          spire: SpireConfig | None = None) -> dict[str, profiled.DraftShape]:
+    """What the profiled model needs of each decoded draft (`methods.DECODED`) that can be priced
+    here: a draft model's shape from `models` (method -> `ModelConfig`: the vanilla draft's, the
+    SPIRe draft's layer stack), a sparse draft's KV budget from `budgets` (`Series.kv_budgets`),
+    and SPIRe's memory layers: every layer when `spire` has target activations (method §3.3). A
+    method missing its model or its budget is left out."""
+    shapes = {}
+    for m in DECODED:
+        c = card(m)
+        if (c.needs_model and m not in models) or (c.reads == BUDGET and c.drafter is not None and m not in budgets):
+            continue
+        memory = spire.num_layers if c.memory and spire is not None and spire.target_activations else 0
+        shapes[m] = profiled.DraftShape(m, models[m].shape() if m in models else None,
+                                        budgets.get(m) if c.reads == BUDGET else None, memory)
     return shapes
 
 

@@ -62,7 +62,6 @@ ENGINES = {
 }
 
 ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")  # the only algorithms whose adaptive path reads the config
-SGLANG_ALGORITHM = {"vanilla": "STANDALONE", "lookup": "NGRAM"}  # none serves MagicDec, the guided draft or SPIRe
 # SGLang's captured decode batch sizes when --cuda-graph-bs is not given: an assumption, not read from a
 # release; pass your server's list (`spire deploy --cuda-graph-bs`).
 CUDA_GRAPH_BS = (1, 2, 4, 8, 12, *range(16, 257, 8))

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MODELED_METHODS = ("vanilla", "magicdec", "spire")  # the paper's three
+from spirelib.modeling.methods import BUDGET, CARDS
+
+MODELED_METHODS = tuple(m for m, c in CARDS.items() if c.paper)  # the paper's three
 #: Beyond the paper (method §2, "Beyond the paper's three"): the verification-guided sparse
-#: self-draft, prompt lookup, and a one-pass drafter of a stated tau.
-EXTRA_METHODS = ("guided", "lookup", "one_pass")
+#: self-draft, prompt lookup, and a one-pass drafter of a stated tau (their cards, `methods`).
+EXTRA_METHODS = tuple(m for m, c in CARDS.items() if c.priced and not c.paper)
 METHODS = MODELED_METHODS + EXTRA_METHODS
-SELF_DRAFTS = ("magicdec", "guided", "lookup")  # no draft model of their own
+SELF_DRAFTS = tuple(m for m in METHODS if CARDS[m].self_draft)  # no draft model of their own
 PAPER_HOI = 600.0  # FLOP/byte; the paper's H100 SXM figure (method §2)
 
 
@@ -257,7 +259,7 @@ def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, wi
     positive(bytes_per_kv, "bytes_per_kv")
     if not 0 <= score_read <= 1:
         raise ValueError(f"score_read must lie in [0, 1], got {score_read!r}")
-    sparse = method != "vanilla" and (window is not None or window_factor is not None)
+    sparse = CARDS[method].reads == BUDGET and (window is not None or window_factor is not None)
     cap = None
     if sparse:
         def cap(L0):
@@ -321,7 +323,7 @@ def _target_times(batch, target_tokens, cfg: _Config):
     weights = n * cfg.bytes_per_weight
     kv = target_tokens * kv_values_per_token(cfg.target) * cfg.bytes_per_kv
     verify_flops, verify_kv = (cfg.k + 1) * flops, kv
-    if cfg.method == "guided":  # q . k of k + 1 queries per query head over every key, and the keys read again
+    if CARDS[cfg.method].scores:  # the guided draft: q . k of k + 1 queries per head over every key, read again
         shape = cfg.target
         verify_flops = verify_flops + 2.0 * (cfg.k + 1) * target_tokens * shape.num_layers * shape.n_q_per_kv * shape.n_kv * shape.d_head
         verify_kv = kv + cfg.score_read * kv / 2
@@ -330,15 +332,16 @@ def _target_times(batch, target_tokens, cfg: _Config):
 
 def _draft_time(batch, draft_tokens, cfg: _Config):
     """t_draft for one draft pass (method §2 table); prompt lookup's is none."""
-    if cfg.method == "lookup":
+    method = CARDS[cfg.method]
+    if method.drafter is None:
         return np.zeros(np.shape(draft_tokens))
-    shape = cfg.target if cfg.method in SELF_DRAFTS else cfg.draft
+    shape = cfg.target if method.self_draft else cfg.draft
     n = body_params(shape)
     flops = 2.0 * n * batch[..., None]
-    if cfg.method == "spire":  # project each new memory vector into a key and a value per layer
+    if method.memory:  # SPIRe: project each new memory vector into a key and a value per layer
         flops = flops + 2.0 * (2 * shape.num_layers * shape.n_kv * shape.d_model * shape.d_head) * batch[..., None]
     kv = draft_tokens * kv_values_per_token(shape) * cfg.bytes_per_kv
-    if cfg.method == "one_pass":  # all k positions in one pass: k times the FLOPs, the weights and KV read once
+    if method.joint:  # a one-pass drafter: k positions in one pass, k times the FLOPs, weights and KV read once
         return _pass_time(cfg.k * flops, n * cfg.bytes_per_weight, kv, cfg) / cfg.k
     return _pass_time(flops, n * cfg.bytes_per_weight, kv, cfg)
 

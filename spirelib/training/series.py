@@ -58,6 +58,7 @@ from pathlib import Path
 from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig, ablation
 from spirelib.model.transformer import ModelConfig
+from spirelib.modeling.methods import KVBudget
 from spirelib.training import pipeline
 from spirelib.training.config import TrainConfig, from_dict_checked
 from spirelib.training.data import CORPORA, resolve_path
@@ -264,46 +265,45 @@ class Series:
         return TauProtocol(k=self.k, new_tokens=self.new_tokens, temperature=self.temperature,
                            batch_size=batch_size, seed=self.tau_seed)
 
-    def draft_factories(self, methods, models: dict | None = None) -> dict:
-        """A draft factory per method name (`drafts.draft_factory`) at the series' temperature:
-        the series' trained drafts (or `models[method]`), MagicDec with the series' options, the
-        guided draft with MagicDec's budget (`guided_options`)."""
-        from spirelib.decoding.drafts import draft_factory
+    def draft_factories(self, methods, models: dict | None = None, entries: int | None = None) -> dict:
+        """A draft factory per method name (`builders.draft_factory`) at the series' temperature: the
+        series' trained drafts (or `models[method]`), each with its `draft_options` (at `entries`)."""
+        from spirelib.decoding.builders import draft_factory
 
         trained = {"vanilla": self.trained_vanilla_draft, "spire": self.trained_spire_draft}
+        given = models or {}
+        models = {m: given[m] if m in given else trained[m]().model if m in trained else None for m in methods}
+        return {m: draft_factory(m, self.trained_target().model, models[m], temperature=self.temperature,
+                                 **self.draft_options(m, entries)) for m in methods}
 
-        def model(method):
-            if method in (models or {}):
-                return models[method]
-            return trained[method]().model if method in trained else None
+    def kv_budgets(self, entries: int | None = None) -> dict[str, KVBudget]:
+        """Each sparse draft's KV budget (method §3.4, §4): SPIRe's, MagicDec's, and the guided draft's
+        split of as many (`KVBudget.split`); at `entries` (the sweep), MagicDec keeps its sink."""
+        m = self.magicdec
+        total = m.sink + m.window if entries is None else entries
+        guided = KVBudget.split(total, m.sink)  # refuses a budget with no room past the sink first
+        return {"spire": KVBudget(self.spire.sink, self.spire.window), "magicdec": KVBudget(m.sink, total - m.sink),
+                "guided": guided}
 
-        options = {"magicdec": dataclasses.asdict(self.magicdec), "guided": self.guided_options()}
-        return {m: draft_factory(m, self.trained_target().model, model(m), temperature=self.temperature,
-                                 **options.get(m, {})) for m in methods}
+    def draft_options(self, method: str, entries: int | None = None) -> dict:
+        """`method`'s builder options: a self-draft's KV budget (`kv_budgets`), MagicDec's rope mode."""
+        extra = {"magicdec": {"rope_mode": self.magicdec.rope_mode}, "guided": {}}
+        return {"budget": self.kv_budgets(entries)[method], **extra[method]} if method in extra else {}
 
-    def guided_options(self, keys: int | None = None) -> dict:
-        """The verification-guided draft's options at a KV budget of `keys` entries per layer and KV
-        head (default MagicDec's sink + window, method §4): MagicDec's sink, the rest split into a
-        recent window and the entries chosen by attention, half each (`guided.budget_options`)."""
-        from spirelib.decoding.guided import budget_options
+    def draft_shapes(self) -> dict:
+        """Each decoded draft's `profiled.DraftShape` on the series' target, as 09 prices them."""
+        from spirelib.decoding.drafts import vanilla_draft_config
+        from spirelib.measure.wallclock import profiled_draft_shapes
 
-        sink = self.magicdec.sink
-        return budget_options(sink + self.magicdec.window if keys is None else keys, sink)
+        spire = dataclasses.replace(self.target, num_layers=self.spire.num_layers)
+        return profiled_draft_shapes({"vanilla": vanilla_draft_config(self.target), "spire": spire},
+                                     self.kv_budgets(), self.spire)
 
     def budget_factories(self, budgets) -> dict:
-        """The KV-budget sweep (method §4): MagicDec and the guided draft each reading `b` entries per
-        layer and KV head for every b in `budgets` (MagicDec: its sink and a window of b - sink; the
-        guided draft: `guided_options(b)`), as draft factories named "magicdec@b" and "guided@b"."""
-        from spirelib.decoding.drafts import draft_factory
-
-        target = self.trained_target().model
-        factories = {}
-        for b in budgets:
-            guided = self.guided_options(b)  # checks the budget first
-            magicdec = {**dataclasses.asdict(self.magicdec), "window": b - self.magicdec.sink}
-            factories[f"magicdec@{b}"] = draft_factory("magicdec", target, temperature=self.temperature, **magicdec)
-            factories[f"guided@{b}"] = draft_factory("guided", target, temperature=self.temperature, **guided)
-        return factories
+        """The KV-budget sweep (method §4): MagicDec and the guided draft at each budget b in
+        `budgets` (`kv_budgets(b)`), as draft factories named "magicdec@b" and "guided@b"."""
+        return {f"{m}@{b}": f for b in budgets for m, f in self.draft_factories(["magicdec", "guided"],
+                                                                                entries=b).items()}
 
 
 # ---------------------------------------------------------------------------- validation

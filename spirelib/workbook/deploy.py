@@ -22,7 +22,7 @@ import yaml
 
 from spirelib.modeling import engines
 from spirelib.modeling.hardware import BYTES_PER_VALUE
-from spirelib.modeling.methods import label
+from spirelib.modeling.methods import card, label
 from spirelib.modeling.recorded import DeployError
 from spirelib.modeling.schedule import context_switches, expressed_cost, min_context_run
 from spirelib.paths import project_root
@@ -59,9 +59,9 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                                        "after": context_switches(long_runs, b, *SWITCH_SPAN)}
                               for b in sorted({1, 8, 64, inp.max_batch}) if b <= inp.max_batch}}
     capped = bool(inp.acceptance[method].per_position) and any(r.k == int(table.ks[-1]) for r in main.ranges)
-    ngram = ngram_lengths() if method == "lookup" else None
+    ngram = ngram_lengths() if card(method).engines.get("vllm") == "ngram" else None
     trt, trt_expressed = engines.trtllm_config(main, table, ngram)
-    algorithm = engines.SGLANG_ALGORITHM.get(method)
+    algorithm = card(method).engines.get("sglang")  # SGLang's --speculative-algorithm, if it serves the draft
     sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)
     configs = {"vllm": engines.vllm_config(main, ngram),
                "vllm_pr48944": engines.vllm_context_config(long_runs, ngram), "trtllm": trt, "sglang": sglang}

@@ -19,6 +19,7 @@ import numpy as np
 from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
+from spirelib.modeling.methods import DECODED, card
 from spirelib.modeling.recorded import DeployError, recorded_acceptance
 from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
@@ -30,7 +31,7 @@ CONTEXTS = tuple(int(v) for v in 2 ** np.arange(5, 14))  # 32 .. 8K, notebook 06
 MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the context form (default)
 #: The methods a schedule is made for: every one notebook 04 measures and both models price (a one-pass
 #: drafter is a stated tau of notebook 06, never measured).
-PRICED = (*pm.MODELED_METHODS, "guided", "lookup")
+PRICED = tuple(m for m in DECODED if card(m).priced)  # the decoded drafts a model prices (their cards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,10 +142,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     prices: the series' target, each draft's `profiled.DraftShape` (09's own,
     `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
     median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
-    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a schedule is made
-    from spirelib.measure.wallclock import profiled_draft_shapes
-    from spirelib.model.kvcache import SinkWindow
-    from spirelib.training.series import Series
+    from spirelib.training.series import Series  # torch: only when a schedule is made
 
     recorded = results.get("09_measured_vs_modeled", {})
     model, machine = recorded.get("profiled_model"), recorded.get("machine")
@@ -154,10 +152,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
                                  drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
     series = Series.from_dict(run.get("params", {}).get("series", {}))
-    target, spire = series.target, series.spire
-    drafts = profiled_draft_shapes(vanilla_draft_config(target),
-                                   dataclasses.replace(target, num_layers=spire.num_layers), spire,
-                                   SinkWindow(series.magicdec.sink, series.magicdec.window), series.guided_options())
+    target, drafts = series.target, series.draft_shapes()
     value_bytes = int(machine["bytes_per_value"])
     dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
     device = Hardware("this-machine", {dtype: float(machine["peak_flops"])}, float(machine["bandwidth"]),

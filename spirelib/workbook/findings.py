@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 
 from spirelib.modeling import perfmodel
-from spirelib.modeling.methods import color, label
+from spirelib.modeling.methods import color, label, letter
 from spirelib.modeling.winners import AD, by_cell, unresolved_cells
 from spirelib.modeling.winners import grid_counts as _grid_counts
 from spirelib.modeling.winners import winner as _winner
@@ -140,9 +140,8 @@ def map_cells(winners: list[list[str]], B: list[int], L: list[int], values=None,
 
 
 def _initial(method: str) -> str:
-    """A method's letters in a winner map (an unknown one: its label's first two letters)."""
-    return {"spire": "S", "magicdec": "M", "vanilla": "V", "guided": "G", "lookup": "P", "one_pass": "1", AD: "AD",
-            "-": ""}.get(method, label(method)[:2])
+    """A method's letters in a winner map (its card's, `methods.letter`); none for an empty cell."""
+    return "" if method == "-" else letter(method)
 
 
 # ---------------------------------------------------------------------------- the verdict

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.builders import draft_factory
+from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import (
     autoregressive_rounds,
     prefill,
@@ -301,13 +302,14 @@ class Probe:
                              f"evaluation ({cfg.num_layers} x {cfg.d_model}, T {seq_len})")
                 or {"eval_window_s": math.nan})
 
-    def decoding(self, cfg: ModelConfig, spire: SpireConfig, magicdec: dict, guided: dict, methods: list[str],
+    def decoding(self, cfg: ModelConfig, spire: SpireConfig, options: dict[str, dict], methods: list[str],
                  batch: int, context: int, new_tokens: int, k: int, temperature: float) -> dict:
         """{"prefill_s", "ad_step_s", "round_s": {method: s}} at (B, L) = (`batch`, `context`): one
-        real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round
-        (MagicDec and the guided draft with the series' options, `magicdec` and `guided`)."""
-        key = {"model": cfg.to_dict(), "spire": spire.to_dict(), "magicdec": magicdec, "guided": guided,
-               "methods": sorted(methods),
+        real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round,
+        each draft built with its `options` (`Series.draft_options`: the self-drafts' KV budgets)."""
+        key = {"model": cfg.to_dict(), "spire": spire.to_dict(), "methods": sorted(methods),
+               "options": {m: {name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                               for name, v in o.items()} for m, o in options.items() if m in methods},
                "batch": batch, "context": context, "new_tokens": new_tokens, "k": k, "temperature": temperature}
 
         # enough tokens that no row can finish before the timed rounds (a round emits at most k + 1)
@@ -317,7 +319,6 @@ class Probe:
             target = self._target(cfg)
             models = {"vanilla": Transformer(vanilla_draft_config(cfg)) if "vanilla" in methods else None,
                       "spire": SpireDraftModel.from_target(target, spire) if "spire" in methods else None}
-            options = {"magicdec": magicdec, "guided": guided}
             factories = {m: draft_factory(m, target, None if models.get(m) is None else models[m].to(self.device),
                                           temperature=temperature, **options.get(m, {})) for m in methods}
             contexts = torch.randint(0, cfg.vocab_size, (batch, context), device=self.device)

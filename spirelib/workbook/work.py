@@ -28,7 +28,7 @@ from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
-from spirelib.modeling.profiled import forward_work
+from spirelib.modeling.profiled import DraftShape, draft_work, forward_work
 from spirelib.training import pipeline
 from spirelib.training.checkpoint import finished_checkpoint
 from spirelib.training.config import TrainConfig
@@ -146,16 +146,18 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
                 source=probe.get("source", ""), learn=learn)
 
 
-def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire: SpireConfig, methods: list[str],
-                 runs: int, batch: int, context: int, new_tokens: int, k: int, *, ad: bool = False,
-                 contexts: int | None = None, magicdec_keys: int = 65, taus: dict[str, float] | None = None,
+def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes: dict[str, DraftShape],
+                 methods: list[str], runs: int, batch: int, context: int, new_tokens: int, k: int, *,
+                 ad: bool = False, contexts: int | None = None, taus: dict[str, float] | None = None,
                  ranged: bool = False, loss: bool = False) -> Item:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
     with `loss` the target's loss on the continuation read from it (04: `new_tokens` positions over
     its cache, priced at the prefill's measured seconds per FLOP), then
-    every method's rounds (and AD's steps with `ad`); MagicDec drafts over `magicdec_keys` (sink +
-    window) of the target's cache, the guided draft over as many; each method's rounds at its tau in
-    `taus` (default the paper's; tau 1 for a method neither has, its slowest).
+    every method's rounds (and AD's steps with `ad`), their work as each method's card lists its
+    passes (`profiled.draft_work` of its `shapes[method]`: a draft model's or the target's
+    forwards over the context or the method's KV budget; none for prompt lookup) and the
+    verification; each method's rounds at its tau in `taus` (default the paper's; tau 1 for a
+    method neither has, its slowest).
     `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
     range, from the paper's taus at L = 512 (method §5) to `seconds_at_tau_1` at tau 1 (every round
     yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
@@ -174,17 +176,9 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, spire:
         rounds = expected_rounds(taus.get(m, 1.0), k, new_tokens, batch)  # a method no tau is known for: tau 1
         seconds += rounds * probe["round_s"][m]
         high += expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
-        if m == "vanilla":
-            step = forward_work(vanilla_draft_config(cfg).shape(), cfg.vocab_size, batch, 1, keys)
-        elif m == "spire":
-            step = forward_work(dataclasses.replace(cfg, num_layers=spire.num_layers).shape(), cfg.vocab_size, batch,
-                                1, spire.sink + spire.window)
-        elif m == "lookup":  # no model drafts: the round is its verification
-            step = dataclasses.replace(verify, flops=0.0, bytes=0.0)
-        else:  # MagicDec and the guided draft: the target over their sink + window (+ chosen) entries
-            step = forward_work(cfg.shape(), cfg.vocab_size, batch, 1, min(keys, magicdec_keys))
-        flops += rounds * (verify.flops + k * step.flops)
-        moved += rounds * (verify.bytes + k * step.bytes)
+        passes = draft_work(shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)
+        flops += rounds * (verify.flops + sum(w.flops for w in passes))
+        moved += rounds * (verify.bytes + sum(w.bytes for w in passes))
     if ad:
         seconds += new_tokens * probe["ad_step_s"]
         high += new_tokens * probe["ad_step_s"]
@@ -213,11 +207,11 @@ class Models:
         timed by a probe of the series' decoding at that cell; with `loss`, the target's loss on the
         continuation read from each batch's prefill (04)."""
         s = self.series
-        probe = self.probe.decoding(self.target_cfg, s.spire, dataclasses.asdict(s.magicdec), s.guided_options(),
-                                    list(methods), batch, context, s.new_tokens, s.k, s.temperature)
-        return _decode_item(notebook, what, probe, self.target_cfg, s.spire, list(methods), runs, batch, context,
-                            s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss,
-                            magicdec_keys=s.magicdec.sink + s.magicdec.window, taus=self.taus, ranged=self.ranged)
+        probe = self.probe.decoding(self.target_cfg, s.spire, {m: s.draft_options(m) for m in methods}, list(methods),
+                                    batch, context, s.new_tokens, s.k, s.temperature)
+        return _decode_item(notebook, what, probe, self.target_cfg, s.draft_shapes(), list(methods), runs, batch,
+                            context, s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss, taus=self.taus,
+                            ranged=self.ranged)
 
     def needs(self, name: str) -> bool:
         """True once per model: the first notebook that needs `name` carries its training."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spirelib import bench, cli
-from spirelib.bench import decode
+from spirelib.bench import decode, roofline
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling import profiled
@@ -22,7 +22,7 @@ def test_a_dense_cache_forward_reads_the_whole_capacity_and_the_roofline_counts_
     """The AD step's attention reads every slot of its cache (masked), so its roofline's bytes are
     those of the capacity the generation decodes in; the useful roofline counts the live L + 1 keys."""
     context, k, window, rounds = 40, 3, 4, 6
-    capacity = decode.capacities(context, k, rounds)
+    capacity = roofline.capacities(context, k, rounds)
     model = Transformer(CFG).eval()
     cache = model.new_cache(2, capacity["ad"])
     with torch.no_grad():
@@ -30,14 +30,14 @@ def test_a_dense_cache_forward_reads_the_whole_capacity_and_the_roofline_counts_
         positions = torch.full((2, 1), context)  # (B, 1): a decode step
         cache.prepare(positions)
     keys, _ = cache.layer_kv(0, positions)  # (B, n_kv, slots read, d_head)
-    kinds = decode.forward_shapes(decode.model_cfgs(CFG, window), context, k, window, capacity)
+    kinds = roofline.forward_shapes(roofline.model_cfgs(CFG), context, k, roofline.kv_budgets(window), capacity)
     assert kinds["AD step"].reads == keys.shape[2] == capacity["ad"] > kinds["AD step"].keys == context + 1
-    assert kinds[f"verify ({k + 1} tokens)"].reads == capacity["sd"] == kinds["vanilla step"].reads
+    assert kinds[f"verify ({k + 1} tokens)"].reads == capacity["sd"] == kinds[roofline.step_kind("vanilla")].reads
     calibration = {"peak_flops": 1e12, "bandwidth": 1e11}
     read = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, capacity["ad"], bytes_per_value=4).bytes
     live = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, context + 1, bytes_per_value=4).bytes
-    assert decode.roofline(kinds, [("AD step", 1)], 2, 4, **calibration)[1] == pytest.approx(read / 1e6)
-    assert decode.roofline(kinds, [("AD step", 1)], 2, 4, live=True, **calibration)[1] == pytest.approx(live / 1e6)
+    assert roofline.roofline(kinds, [("AD step", 1)], 2, 4, **calibration)[1] == pytest.approx(read / 1e6)
+    assert roofline.roofline(kinds, [("AD step", 1)], 2, 4, live=True, **calibration)[1] == pytest.approx(live / 1e6)
 
 
 def test_the_capacities_are_those_the_timed_generations_allocate(monkeypatch):
@@ -50,7 +50,7 @@ def test_the_capacities_are_those_the_timed_generations_allocate(monkeypatch):
                         new_cache(batch, capacity, **o))
     for method in ("ad", "spire"):
         next(decode.round_generation(target, factories, method, 2, 12, 3, 5, temperature=0.0, run=0))
-    assert made == [decode.capacities(12, 3, 5)["ad"], decode.capacities(12, 3, 5)["sd"]]
+    assert made == [roofline.capacities(12, 3, 5)["ad"], roofline.capacities(12, 3, 5)["sd"]]
 
 
 @pytest.mark.parametrize("method", ["ad", "spire"])

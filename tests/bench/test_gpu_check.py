@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spirelib.bench import gpu_check, gpu_goals
+from spirelib.bench import gpu_check, gpu_goals, roofline
 from spirelib.paths import cache_dir
 
 
@@ -321,7 +321,7 @@ def test_host_row_divides_each_rounds_wall_time_by_its_device_time(monkeypatch):
     monkeypatch.setattr(gpu_check, "host_overhead", lambda target, factories, method, B, L, n: rounds.append(
         (B, L, n)) or {"wall_ms": 1.0, "busy_ms": 0.8, "ratio": 1.25, "recorded": 0})
     found = gpu_check._host(SimpleNamespace(device="cpu", quick=False))
-    assert rounds == [(64, 2048, decode.round_count(20))] * 2  # the roofline row's generations: its kernels serve
+    assert rounds == [(64, 2048, roofline.round_count(20))] * 2  # the roofline row's generations: its kernels serve
     assert found.missed == ("spire round wall / GPU time 1.25", "magicdec round wall / GPU time 1.25")
     assert gpu_check._host(SimpleNamespace(device="cpu", quick=True)).judged is False
 

@@ -8,9 +8,9 @@ from torch._dynamo.utils import counters
 
 from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig
+from spirelib.modeling.methods import KVBudget
 
 
 def greedy(target, draft, contexts, lengths, G=20):
@@ -28,7 +28,7 @@ def test_compiled_decoding_emits_the_eager_greedy_tokens():
     contexts = torch.randint(0, CFG.vocab_size, (4, 20), generator=torch.Generator().manual_seed(3))
     lengths = torch.tensor([20, 18, 20, 17])  # ragged contexts; the prefill is compiled too
     drafts = {"ad": (None, lambda: None),
-              "magicdec": (None, lambda: MagicDecDraft(target, SinkWindow(1, 6), temperature=0.0)),
+              "magicdec": (None, lambda: MagicDecDraft(target, KVBudget(1, 6), temperature=0.0)),
               "vanilla": (small, lambda: VanillaDraft(small, temperature=0.0)),
               "spire": (spire, lambda: SpireDraft(spire, temperature=0.0))}
     eager = {name: greedy(target, make(), contexts, lengths) for name, (_, make) in drafts.items()}

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, vanilla_draft_config
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-from spirelib.model.kvcache import SinkWindow
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import KVBudget
 
 TARGET = ModelConfig(vocab_size=256, num_layers=2, d_model=64, n_q_per_kv=2, n_kv=2, d_head=16, d_ff=192)
 
@@ -82,7 +82,7 @@ def test_greedy_speculative_equals_greedy_autoregressive_on_trained_models(train
     target, small, val = trained
     contexts, lengths = held_out_contexts(val, B=6, L=48)
     G, k = 40, 4
-    draft = VanillaDraft(small, temperature=0.0) if method == "vanilla" else MagicDecDraft(target, SinkWindow(1, 8), temperature=0.0)
+    draft = VanillaDraft(small, temperature=0.0) if method == "vanilla" else MagicDecDraft(target, KVBudget(1, 8), temperature=0.0)
     ad = autoregressive_generate(target, contexts, G, temperature=0.0, lengths=lengths)
     sd = speculative_generate(target, draft, contexts, G, k=k, temperature=0.0, lengths=lengths)
     assert torch.equal(sd.tokens, ad.tokens)

@@ -20,9 +20,10 @@ import torch
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, spire_draft
 from spirelib.decoding.sampling import probabilities
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.model.kvcache import DenseKVCache, SinkWindow
+from spirelib.model.kvcache import DenseKVCache
 from spirelib.model.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=23, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 SMALL = ModelConfig(vocab_size=23, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
@@ -195,8 +196,8 @@ def draft_makers(target):
         # the vanilla draft re-runs the token before the pending one (after an all-accepted round it never ran)
         "vanilla": lambda T: VanillaDraft(near, temperature=T),
         # MagicDec: its ring of window + slack slots wraps several times over these contexts
-        "magicdec": lambda T: MagicDecDraft(target, SinkWindow(1, 4), rope_mode="cache", temperature=T),
-        "magicdec-original": lambda T: MagicDecDraft(target, SinkWindow(2, 3), rope_mode="original", temperature=T),
+        "magicdec": lambda T: MagicDecDraft(target, KVBudget(1, 4), rope_mode="cache", temperature=T),
+        "magicdec-original": lambda T: MagicDecDraft(target, KVBudget(2, 3), rope_mode="original", temperature=T),
         # SPIRe: target memory is written after every verification, feedback memory in between
         "spire": lambda T: spire_draft(spire, temperature=T),
         "spire-no-feedback": lambda T: spire_draft(no_feedback, temperature=T),

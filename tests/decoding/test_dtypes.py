@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.builders import draft_factory
+from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import KVBudget
 from spirelib.training.config import TrainConfig
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.train import make_optimizer
@@ -64,7 +66,7 @@ def test_greedy_decoding_with_a_bf16_target_and_fp32_drafts_is_the_targets_own(m
         batch = torch.randint(0, CFG.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
         train_steps(model, SpireObjective(target) if method == "spire" else lm_objective, batch, steps=5)
         assert next(model.parameters()).dtype == torch.float32
-    options = {"window": 8} if method == "magicdec" else {}
+    options = {"budget": KVBudget(1, 8)} if method == "magicdec" else {}
     contexts = torch.randint(0, CFG.vocab_size, (3, 12), generator=torch.Generator().manual_seed(3))
     ad = autoregressive_generate(target, contexts, 16, temperature=0.0)
     for dtype in (None, torch.float32):  # the target's dtype (the default), or an explicit decode dtype

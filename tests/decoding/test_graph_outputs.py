@@ -25,9 +25,9 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure.tau import TauProtocol, measure_tau
-from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig
+from spirelib.modeling.methods import KVBudget
 
 G, K = 12, 4
 TARGET = ModelConfig(vocab_size=CFG.vocab_size, num_layers=8, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -48,10 +48,10 @@ def drafts(models, temperature):
     """Every kind of draft the engine decodes with, sampling at `temperature`."""
     target = models["target"]
     return {"vanilla": VanillaDraft(models["small"], temperature),
-            "magicdec": MagicDecDraft(target, SinkWindow(1, 6), temperature=temperature),
+            "magicdec": MagicDecDraft(target, KVBudget(1, 6), temperature=temperature),
             "spire": SpireDraft(models["spire"], temperature),
             "spire, no target activations": spire_draft(models["plain"], temperature),
-            "guided": GuidedDraft(target, 1, 3, 3, temperature=temperature),
+            "guided": GuidedDraft(target, KVBudget(1, 3, 3), temperature=temperature),
             "lookup": LookupDraft(target)}
 
 
@@ -166,8 +166,8 @@ def test_sampled_rounds_through_graphs_follow_the_target_distribution(temperatur
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=3, k=3)).eval()
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1, 4, 2])
     made = {"vanilla": VanillaDraft(small, temperature), "spire": SpireDraft(spire, temperature),
-            "magicdec": MagicDecDraft(target, SinkWindow(1, 3), temperature=temperature),
-            "guided": GuidedDraft(target, 1, 2, 2, temperature=temperature), "lookup": LookupDraft(target)}
+            "magicdec": MagicDecDraft(target, KVBudget(1, 3), temperature=temperature),
+            "guided": GuidedDraft(target, KVBudget(1, 2, 2), temperature=temperature), "lookup": LookupDraft(target)}
     pool = GraphPool().install(target, small, spire)
     try:
         for i, (name, draft) in enumerate(made.items()):

@@ -14,10 +14,11 @@ import torch
 from test_drafts import CFG, assert_rows_as_if_alone, contexts_and_lengths, random_target
 from test_speculative import assert_two_token_law, peaky_model
 
-from spirelib.decoding.drafts import draft_factory
+from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.guided import GuidedDraft, select
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_generate
 from spirelib.model.transformer import ModelConfig, scaled_dot_product_attention
+from spirelib.modeling.methods import KVBudget
 
 
 def by_hand(target, tokens: torch.Tensor, masks=None):
@@ -89,7 +90,7 @@ def test_the_drafts_logits_are_the_target_reading_only_the_chosen_entries():
     contexts, lengths = contexts_and_lengths(2, 30, 3, [30, 24])
     k, sink, window, top = 3, 1, 4, 5
     pf = prefill(target, contexts, lengths, capacity=40, scored=k + 1)
-    draft = GuidedDraft(target, sink, window, top, temperature=0.0)
+    draft = GuidedDraft(target, KVBudget(sink, window, top), temperature=0.0)
     draft.begin(pf.verified, k)
     n = lengths - 1  # the pending token's position
     logits = draft._step(pf.pending, n)  # (B, V)
@@ -111,7 +112,7 @@ def test_greedy_speculative_decoding_with_the_guided_draft_equals_autoregressive
     target = random_target()
     contexts, lengths = contexts_and_lengths(4, 40, 1, [40, 20, 33, 5])
     ad = autoregressive_generate(target, contexts, 20, temperature=0.0, lengths=lengths)
-    sd = speculative_generate(target, GuidedDraft(target, 1, 4, 4, temperature=0.0), contexts, 20, k=4,
+    sd = speculative_generate(target, GuidedDraft(target, KVBudget(1, 4, 4), temperature=0.0), contexts, 20, k=4,
                               temperature=0.0, lengths=lengths)
     assert torch.equal(sd.tokens, ad.tokens)
     accepted = sd.accepted[sd.accepted >= 0]
@@ -125,7 +126,7 @@ def test_sampled_speculative_decoding_with_the_guided_draft_matches_the_target_d
     gen = torch.Generator().manual_seed(12)
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1, 4, 2, 0, 5])
     n = 20_000
-    draft = GuidedDraft(target, 1, 2, 2, temperature=temperature)
+    draft = GuidedDraft(target, KVBudget(1, 2, 2), temperature=temperature)
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
     assert (sd.accepted[:, 0] > 0).float().mean() > 0.05, "the check needs accepted proposals"
     assert_two_token_law(target, context, sd.tokens, temperature)
@@ -135,7 +136,7 @@ def test_ragged_rows_decode_greedily_as_if_alone():
     target = random_target()
     contexts, lengths = contexts_and_lengths(4, 30, 6, [30, 12, 21, 2])
     def run(c, n):
-        return speculative_generate(target, GuidedDraft(target, 1, 3, 3, temperature=0.0), c, 18, k=4,
+        return speculative_generate(target, GuidedDraft(target, KVBudget(1, 3, 3), temperature=0.0), c, 18, k=4,
                                     temperature=0.0, lengths=n)
     assert_rows_as_if_alone(run, contexts, lengths)
 
@@ -144,8 +145,8 @@ def test_a_shared_prefill_without_scores_is_refused_and_the_registry_builds_it()
     target = random_target()
     contexts, _ = contexts_and_lengths(2, 10, 1, [10, 10])
     plain = prefill(target, contexts, capacity=30)
-    draft = draft_factory("guided", target, temperature=0.0, window=3, top=2)()
-    assert (draft.sink, draft.window, draft.top) == (1, 3, 2)
+    draft = draft_factory("guided", target, temperature=0.0, budget=KVBudget(1, 3, 2))()
+    assert draft.budget == KVBudget(1, 3, 2)
     with pytest.raises(ValueError, match="prefill with scored=5"):
         speculative_generate(target, draft, contexts, 5, k=4, temperature=0.0, prefilled=plain)
 
@@ -172,7 +173,7 @@ def test_one_prefill_serves_guided_generations_one_after_another():
 
     def run(top, prefilled):
         gen = torch.Generator().manual_seed(3)
-        draft = GuidedDraft(target, 1, 2, top, temperature=1.0)
+        draft = GuidedDraft(target, KVBudget(1, 2, top), temperature=1.0)
         return speculative_generate(target, draft, contexts, G, k=k, lengths=lengths, generator=gen,
                                     prefilled=prefilled)
 

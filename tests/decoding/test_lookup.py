@@ -17,7 +17,7 @@ from test_drafts import (
 )
 from test_speculative import assert_two_token_law, peaky_model
 
-from spirelib.decoding.drafts import draft_factory
+from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.lookup import LookupDraft, propose_lookup
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.transformer import ModelConfig

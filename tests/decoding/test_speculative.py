@@ -9,8 +9,8 @@ import torch
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
 from spirelib.decoding.sampling import rejection_sample, sample, uniform_width
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.model.kvcache import SinkWindow
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import KVBudget
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -115,8 +115,8 @@ def drafts_for(target):
     return {
         "vanilla-perturbed": lambda t: VanillaDraft(perturbed(target, 0.3, 1), temperature=t),
         "vanilla-small": lambda t: VanillaDraft(peaky_model(small, 5), temperature=t),
-        "magicdec": lambda t: MagicDecDraft(target, SinkWindow(1, 6), rope_mode="cache", temperature=t),
-        "magicdec-original": lambda t: MagicDecDraft(target, SinkWindow(2, 5), rope_mode="original", temperature=t),
+        "magicdec": lambda t: MagicDecDraft(target, KVBudget(1, 6), rope_mode="cache", temperature=t),
+        "magicdec-original": lambda t: MagicDecDraft(target, KVBudget(2, 5), rope_mode="original", temperature=t),
     }
 
 
@@ -154,7 +154,7 @@ def test_end_of_text_stops_a_row():
     row = free.tokens[0].tolist()
     step = next(i for i in range(2, 30) if row[i] not in row[:i])  # row 0 first emits this token here
     eos = row[step]
-    sd = speculative_generate(target, MagicDecDraft(target, SinkWindow(1, 4), temperature=0.0), contexts, 30, k=3,
+    sd = speculative_generate(target, MagicDecDraft(target, KVBudget(1, 4), temperature=0.0), contexts, 30, k=3,
                               temperature=0.0, eos_token=eos)
     rounds = (sd.accepted[0] >= 0).sum()
     assert int((sd.accepted[0, :rounds] + 1).sum()) < 30
@@ -195,7 +195,7 @@ def test_sampled_speculative_decoding_matches_the_target_distribution(name, temp
     small = ModelConfig(vocab_size=6, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
     gen = torch.Generator().manual_seed(11)
     draft = {"vanilla-small": VanillaDraft(peaky_model(small, 7, std=0.15), temperature=temperature),
-             "magicdec": MagicDecDraft(target, SinkWindow(1, 3), temperature=temperature)}[name]
+             "magicdec": MagicDecDraft(target, KVBudget(1, 3), temperature=temperature)}[name]
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1])
     n = 20_000
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
-from spirelib.decoding.drafts import draft_factory
+from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity
 from spirelib.measure.context_loss import loss_stats, prefilled_losses
 from spirelib.measure.tau import TauProtocol, measure_tau
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=23, num_layers=2, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
 
@@ -56,7 +57,7 @@ def test_the_tau_measurement_reads_the_loss_from_its_shared_prefill_and_decodes_
     L, G, n = 24, 6, 5
     contexts, continuations = torch.randint(0, 23, (n, L)), torch.randint(0, 23, (n, G))
     methods = {m: draft_factory(m, model, temperature=1.0, **options)
-               for m, options in (("magicdec", {"sink": 1, "window": 3}), ("guided", {"window": 2, "top": 2}))}
+               for m, options in (("magicdec", {"budget": KVBudget(1, 3)}), ("guided", {"budget": KVBudget(1, 2, 2)}))}
     protocol = TauProtocol(k=2, new_tokens=G, batch_size=2)
     plain = measure_tau(model, methods, {L: contexts}, protocol)
     with_loss = measure_tau(model, methods, {L: contexts}, protocol, continuations={L: continuations})

@@ -1,6 +1,7 @@
 """The tau protocol (method §5, 8): the metrics from accept counts, the method registry, the
 measurement loop end to end, and sharding over processes."""
 
+import dataclasses
 import json
 import math
 import os
@@ -11,10 +12,12 @@ import pytest
 import torch
 from torchrun import ranks_and_reference
 
-from spirelib.decoding.drafts import DRAFT_METHODS, VanillaDraft, draft_factory, register_method
+from spirelib.decoding.builders import BUILDERS, draft_factory
+from spirelib.decoding.drafts import VanillaDraft
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import CARDS, KVBudget
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -128,7 +131,7 @@ def test_a_draft_identical_to_the_target_accepts_everything():
     pruned_whole = SpireDraftModel.from_target(target, SpireConfig(num_layers=CFG.num_layers, window=window, k=k,
                                                                    feedback=False)).double().eval()
     methods = {"vanilla": draft_factory("vanilla", target, target, temperature=1.0),
-               "magicdec": draft_factory("magicdec", target, temperature=1.0, window=window),
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, budget=KVBudget(1, window)),
                "spire": draft_factory("spire", target, pruned_whole, temperature=1.0),
                "unrelated": draft_factory("vanilla", target, other, temperature=1.0)}
     stats = summarize(measure_tau(target, methods, contexts, TauProtocol(k=k, new_tokens=G, batch_size=2)).counts)
@@ -144,7 +147,7 @@ def test_same_contexts_and_seed_give_the_same_result_and_every_context_gets_g_to
     G, k = 10, 4
     contexts = {L: torch.randint(0, CFG.vocab_size, (5, L), generator=torch.Generator().manual_seed(L)) for L in (6, 11)}
     methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
-               "magicdec": draft_factory("magicdec", target, temperature=1.0, sink=1, window=3)}
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, budget=KVBudget(1, 3))}
     protocol = TauProtocol(k=k, new_tokens=G, batch_size=2, seed=3)
     a, b = measure_tau(target, methods, contexts, protocol).counts, measure_tau(target, methods, contexts, protocol).counts
     for name in methods:
@@ -159,7 +162,7 @@ def test_same_contexts_and_seed_give_the_same_result_and_every_context_gets_g_to
     assert not torch.equal(other["vanilla"][6].accepted, a["vanilla"][6].accepted)
 
 
-def test_registry_takes_new_methods_and_rejects_bad_requests():
+def test_the_builder_table_rejects_bad_requests_and_any_draft_with_a_card_is_measured(monkeypatch):
     target, small = model(CFG, 0), model(DRAFT, 1)
     with pytest.raises(ValueError, match="unknown method"):
         draft_factory("medusa", target, temperature=1.0)
@@ -167,14 +170,12 @@ def test_registry_takes_new_methods_and_rejects_bad_requests():
         draft_factory("vanilla", target, temperature=1.0)
     with pytest.raises(ValueError, match="magicdec.*windw"):
         draft_factory("magicdec", target, temperature=1.0, windw=8)
-    register_method("test-greedy-draft", lambda t, m, *, temperature: VanillaDraft(m, 0.0), needs_model=True)
-    try:
-        factory = draft_factory("test-greedy-draft", target, small, temperature=1.0)
-        contexts = {7: torch.randint(0, CFG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(2))}
-        stats = summarize(measure_tau(target, {"test-greedy-draft": factory}, contexts, TauProtocol(new_tokens=6)).counts)
-        assert 1 <= stats["test-greedy-draft"][7].mean <= 5
-    finally:
-        del DRAFT_METHODS["test-greedy-draft"]
+    monkeypatch.setitem(CARDS, "test-greedy-draft", dataclasses.replace(CARDS["vanilla"], name="test-greedy-draft"))
+    monkeypatch.setitem(BUILDERS, "test-greedy-draft", lambda t, m, *, temperature: VanillaDraft(m, 0.0))
+    factory = draft_factory("test-greedy-draft", target, small, temperature=1.0)
+    contexts = {7: torch.randint(0, CFG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(2))}
+    stats = summarize(measure_tau(target, {"test-greedy-draft": factory}, contexts, TauProtocol(new_tokens=6)).counts)
+    assert 1 <= stats["test-greedy-draft"][7].mean <= 5
 
 
 WORKER = textwrap.dedent("""
@@ -193,7 +194,7 @@ WORKER = textwrap.dedent("""
     small = Transformer(ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)).eval()
     contexts = {L: torch.randint(0, 29, (7, L), generator=torch.Generator().manual_seed(L)) for L in (8, 13)}
     methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
-               "magicdec": draft_factory("magicdec", target, temperature=1.0, window=4)}
+               "magicdec": draft_factory("magicdec", target, temperature=1.0, budget=KVBudget(1, 4))}
     counts = measure_tau(target, methods, contexts, TauProtocol(k=3, new_tokens=9, batch_size=2, seed=5)).counts
     if not dist.is_initialized() or dist.get_rank() == 0:
         json.dump({f"{m}/{L}": c.accepted.tolist() for m, by_l in counts.items() for L, c in by_l.items()}, open(sys.argv[1], "w"))

@@ -8,12 +8,14 @@ import json
 import pytest
 import torch
 
-from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.builders import draft_factory
+from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
 from spirelib.measure.wallclock import _lockstep, time_cells, time_decoding
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.modeling.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 
@@ -25,7 +27,7 @@ def models():
     vanilla = Transformer(vanilla_draft_config(CFG)).eval()
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=8, k=3)).eval()
     factories = {"vanilla": draft_factory("vanilla", target, vanilla, temperature=1.0),
-                 "magicdec": draft_factory("magicdec", target, temperature=1.0, window=8),
+                 "magicdec": draft_factory("magicdec", target, temperature=1.0, budget=KVBudget(1, 8)),
                  "spire": draft_factory("spire", target, spire, temperature=1.0)}
     return target, factories
 

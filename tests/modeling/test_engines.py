@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from spirelib.modeling import engines
+from spirelib.modeling.methods import card
 from spirelib.modeling.schedule import Table, expressed_cost, schedule
 
 
@@ -155,7 +156,7 @@ def test_prompt_lookup_files_carry_each_engines_ngram_keys_and_hold_what_its_ngr
                    "max_draft_len": held.ranges[0].k} and len({r.k for r in held.ranges}) == 1
     assert held == engines.static(SCHEDULE, t) and engines.trtllm_problems(trt) == []
     assert {engines.trtllm_k(trt, b) for b in range(1, 4 * MAX)} == {held.ranges[0].k}
-    config, args, expressed = engines.sglang_config(SCHEDULE, t, engines.SGLANG_ALGORITHM["lookup"])
+    config, args, expressed = engines.sglang_config(SCHEDULE, t, card("lookup").engines["sglang"])
     assert config is None and args["speculative_algorithm"] == "NGRAM" and expressed == held  # NGRAM: not adaptive
     assert args["speculative_ngram_max_bfs_breadth"] == 1 and engines.sglang_problems(config, args) == []
     off = schedule(table([[0.5] * 8]))

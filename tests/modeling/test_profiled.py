@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.modeling import profiled
+from spirelib.modeling import profile_fit, profiled
 from spirelib.modeling.acceptance import alpha_from_tau, expected_rounds
+from spirelib.modeling.methods import KVBudget
 from spirelib.modeling.perfmodel import ModelShape, body_params
 
 SHAPE = ModelShape(num_layers=2, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
@@ -28,8 +29,8 @@ def test_forward_work_counts_body_attention_unembedding_and_kv_traffic():
 
 
 TARGET = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
-DRAFTS = {"vanilla": profiled.DraftShape("vanilla", SHAPE), "magicdec": profiled.DraftShape("magicdec", None, keys=70),
-          "spire": profiled.DraftShape("spire", SHAPE, keys=70, memory_layers=2)}
+DRAFTS = {"vanilla": profiled.DraftShape("vanilla", SHAPE), "magicdec": profiled.DraftShape("magicdec", None, KVBudget(1, 68)),
+          "spire": profiled.DraftShape("spire", SHAPE, KVBudget(1, 69), memory_layers=2)}
 TRUE = profiled.ProfiledCost(flops_per_s=1e11, bytes_per_s=1e10, per_layer_s=5e-5, per_token_layer_s=3e-7,
                              multi_token_layer_s=4e-5, per_key_s=2e-9, attention_flops_per_s=4e10, sampling_s=3e-5,
                              sampling_per_logit_s=1e-9, bookkeeping_s=1e-4, bookkeeping_per_logit_s=2e-9,
@@ -45,14 +46,14 @@ def loop(cost, method, B, L, G=64, k=4, V=100):
     """A LoopTiming whose sections are exactly what `cost` says they take."""
     if method == "ad":
         forward = cost.seconds(profiled.forward_work(TARGET, V, B, 1, profiled.ad_keys(L, G)))
-        return profiled.LoopTiming("ad", B, L, G, 0.0, forward, cost.sampling(B, V))
+        return profile_fit.LoopTiming("ad", B, L, G, 0.0, forward, cost.sampling(B, V))
     keys = profiled.sd_keys(L, G, k)
     verify = profiled.verify_seconds(cost, TARGET, V, B, k, keys)
     book = cost.bookkeeping(B, k, V)
     total = profiled.round_seconds(cost, DRAFTS[method], TARGET, V, B, k, keys)
     if DRAFTS[method].memory_layers:  # SPIRe's verification also keeps the target's stream, priced in its overhead
         verify *= 1.1
-    return profiled.LoopTiming(method, B, L, G, total - verify - book, verify, book)
+    return profile_fit.LoopTiming(method, B, L, G, total - verify - book, verify, book)
 
 
 GRID = [(B, L) for B in (1, 16, 64) for L in (64, 256, 960)]
@@ -60,7 +61,7 @@ GRID = [(B, L) for B in (1, 16, 64) for L in (64, 256, 960)]
 
 def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_rates():
     timings = [loop(TRUE, m, B, L) for B, L in GRID for m in ("ad", *DRAFTS)]
-    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
     assert (got.flops_per_s, got.bytes_per_s) == (1e11, 1e10)  # pinned, never fitted
     for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
@@ -69,7 +70,7 @@ def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_
         assert got.draft(method).round_s == pytest.approx(TRUE.draft(method).round_s, rel=1e-6)
         assert got.draft(method).round_per_row_s == pytest.approx(TRUE.draft(method).round_per_row_s, rel=1e-6)
     for t in timings:
-        assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+        assert profile_fit.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-6)
 
 
@@ -82,14 +83,14 @@ def test_fit_recovers_each_cells_own_pace_with_the_coefficients():
     paces = dict(zip(GRID, drawn / np.exp(np.log(drawn).mean())))
     timings = [dataclasses.replace(t, draft_s=t.draft_s * f, verify_s=t.verify_s * f, bookkeeping_s=t.bookkeeping_s * f)
                for B, L in GRID for f in (paces[(B, L)],) for t in (loop(TRUE, m, B, L) for m in ("ad", *DRAFTS))]
-    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
     for cell, pace in paces.items():
         assert got.pace(*cell) == pytest.approx(pace, rel=1e-6), cell
     assert got.pace(7, 100) == 1.0  # a cell it never saw
     for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-5), name
     for t in timings:
-        assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+        assert profile_fit.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-5)
     assert profiled.speedup(got, DRAFTS["magicdec"], 3.0, TARGET, 100, 64, 960, 64, 4) == pytest.approx(
         profiled.speedup(TRUE, DRAFTS["magicdec"], 3.0, TARGET, 100, 64, 960, 64, 4), rel=1e-5)
@@ -105,11 +106,11 @@ def test_a_single_token_forward_skips_the_multi_token_kernels_and_without_one_pe
     assert TRUE.seconds(two) == pytest.approx(bare.seconds(two) + 4e-5 * TARGET.num_layers)
     wide = [(B, L) for B, L in GRID if B > 1]
     timings = [loop(TRUE, m, B, L) for B, L in wide for m in ("ad", "vanilla", "magicdec")]
-    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
     assert got.multi_token_layer_s == 0.0
     assert got.per_layer_s == pytest.approx(TRUE.per_layer_s + TRUE.multi_token_layer_s, rel=1e-6)
     for t in timings:
-        assert profiled.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+        assert profile_fit.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-6)
 
 
@@ -117,7 +118,7 @@ def test_fit_refuses_timings_that_cannot_identify_it_and_says_why():
     def problems(cells, methods=("ad", "vanilla"), drafts=DRAFTS):
         timings = [loop(TRUE, m, B, L) for B, L in cells for m in methods]
         with pytest.raises(ValueError, match="cannot fit the profiled model") as err:
-            profiled.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
+            profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
         return str(err.value)
 
     assert "2 (B, L) cell(s) timed; the fit needs at least 3" in problems([(1, 64), (16, 256)])
@@ -129,7 +130,7 @@ def test_fit_refuses_timings_that_cannot_identify_it_and_says_why():
     assert "'spire' was timed but has no DraftShape" in problems(GRID, methods=("ad", "spire"),
                                                                drafts={"vanilla": DRAFTS["vanilla"]})
     lone = [loop(TRUE, "ad", B, L) for B, L in GRID] + [loop(TRUE, "vanilla", 16, L) for L in (64, 256)]
-    assert profiled.fit_problems(lone, DRAFTS) == [
+    assert profile_fit.fit_problems(lone, DRAFTS) == [
         "'vanilla' was timed at one batch size; its overhead per row needs two"]
 
 
@@ -146,7 +147,7 @@ def test_a_round_is_the_drafts_passes_the_verification_the_bookkeeping_the_accep
     magicdec = DRAFTS["magicdec"]
     assert profiled.round_seconds(cost, magicdec, TARGET, 100, 8, 4, 105) == pytest.approx(
         4 * (cost.seconds(profiled.forward_work(TARGET, 100, 8, 1, 70)) + 2e-5) + verify + 3e-5)
-    plain = profiled.DraftShape("spire", SHAPE, keys=70)
+    plain = profiled.DraftShape("spire", SHAPE, KVBudget(1, 69))
     assert profiled.round_seconds(cost, DRAFTS["spire"], TARGET, 100, 8, 4, 105) > profiled.round_seconds(
         cost, plain, TARGET, 100, 8, 4, 105)  # its memory writes
     over = dataclasses.replace(cost, drafts={"magicdec": profiled.DraftOverhead(1e-4, 2e-6)})
@@ -190,9 +191,9 @@ def test_expected_rounds_is_exact_at_the_ends_and_matches_a_simulation_between()
 def test_the_fit_explains_real_rounds_timed_in_the_loop():
     """time_decoding's sections at a few cells of a tiny model, fitted, then priced: the model
     explains its own fitted rounds (up to this shared machine's noise)."""
-    from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+    from spirelib.decoding.builders import draft_factory
+    from spirelib.decoding.drafts import vanilla_draft_config
     from spirelib.measure.wallclock import loop_timings, profiled_draft_shapes, time_decoding
-    from spirelib.model.kvcache import SinkWindow
     from spirelib.model.spire import SpireConfig, SpireDraftModel
 
     torch.manual_seed(0)
@@ -202,7 +203,7 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
     spire_cfg = SpireConfig(num_layers=1, window=8, k=3)
     spire = SpireDraftModel.from_target(target, spire_cfg).eval()
     factories = {"vanilla": draft_factory("vanilla", target, vanilla, temperature=1.0),
-                 "magicdec": draft_factory("magicdec", target, temperature=1.0, window=8),
+                 "magicdec": draft_factory("magicdec", target, temperature=1.0, budget=KVBudget(1, 8)),
                  "spire": draft_factory("spire", target, spire, temperature=1.0)}
     seen = []
     timings = []
@@ -213,17 +214,18 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
 
         timings += time_decoding(target, factories, contexts, 8, k=3, repeats=2)
     assert seen == [(B, L, r) for B, L in ((1, 16), (3, 16), (1, 40), (3, 40)) for r in range(3)]  # fresh contexts
-    shapes = profiled_draft_shapes(vanilla.cfg, spire.body.cfg, spire_cfg, SinkWindow(1, 8))
+    shapes = profiled_draft_shapes({"vanilla": vanilla.cfg, "spire": spire.body.cfg},
+                                   {"magicdec": KVBudget(1, 8), "spire": KVBudget(spire_cfg.sink, spire_cfg.window)}, spire_cfg)
     loops = loop_timings(timings)
-    cost = profiled.fit(loops, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3, peak_flops=1e11, bandwidth=1e10)
+    cost = profile_fit.fit(loops, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3, peak_flops=1e11, bandwidth=1e10)
     assert set(cost.drafts) == set(factories) and cost.per_layer_s + cost.per_token_layer_s > 0
-    errors = [profiled.modeled_sections(cost, t, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3) / t.round_s - 1
+    errors = [profile_fit.modeled_sections(cost, t, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3) / t.round_s - 1
               for t in loops]
     assert statistics.median(abs(e) for e in errors) < 0.3  # timing noise, not a wrong model
 
 
-GUIDED = profiled.DraftShape("guided", None, keys=66, scores=True)
-LOOKUP = profiled.DraftShape("lookup", None, keys=0)
+GUIDED = profiled.DraftShape("guided", None, KVBudget.split(65))
+LOOKUP = profiled.DraftShape("lookup")
 
 
 def test_the_guided_draft_pays_its_scoring_in_the_verification_and_prompt_lookup_runs_no_draft_pass():
@@ -253,10 +255,10 @@ def test_the_fit_leaves_the_guided_drafts_scoring_verification_out_of_the_forwar
         verify = profiled.verify_seconds(true, TARGET, V, B, k, keys, scores=drafts[method].scores)
         book = true.bookkeeping(B, k, V)
         total = profiled.round_seconds(true, drafts[method], TARGET, V, B, k, keys)
-        return profiled.LoopTiming(method, B, L, G, total - verify - book, verify, book)
+        return profile_fit.LoopTiming(method, B, L, G, total - verify - book, verify, book)
 
     timings = [timing(m, B, L) for B, L in GRID for m in ("ad", *drafts)]
-    got = profiled.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
     for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name
     for method in ("guided", "lookup"):

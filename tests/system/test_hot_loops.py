@@ -9,7 +9,8 @@ import pytest
 import torch
 from host_syncs import count_host_syncs
 
-from spirelib.decoding.drafts import draft_factory, vanilla_draft_config
+from spirelib.decoding.builders import draft_factory
+from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import (
     SectionTimer,
     autoregressive_generate,

@@ -26,6 +26,7 @@ from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate  # noqa: E402
 from spirelib.model.kvcache import DenseKVCache, SinkWindow  # noqa: E402
 from spirelib.model.transformer import ModelConfig, Transformer  # noqa: E402
+from spirelib.modeling.methods import KVBudget
 from spirelib.training import hf_export, hf_tokenizer, hf_weights  # noqa: E402
 
 V = 101
@@ -191,7 +192,7 @@ def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens(target,
     ar = autoregressive_generate(ours, contexts, G, temperature=0, lengths=lengths)
     assert torch.equal(ar.tokens, want)
     drafts = {"vanilla": VanillaDraft(small[2], temperature=0),
-              "magicdec": MagicDecDraft(ours, SinkWindow(1, 3), temperature=0)}
+              "magicdec": MagicDecDraft(ours, KVBudget(1, 3), temperature=0)}
     for name, draft in drafts.items():
         sd = speculative_generate(ours, draft, contexts, G, k=3, temperature=0, lengths=lengths)
         assert torch.equal(sd.tokens, want), name
@@ -555,7 +556,7 @@ def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_th
     assert spire.body.cfg.rope_scaling == ours.cfg.rope_scaling
     assert spire.body.unembed.weight is spire.body.embed.weight  # the draft stays tied
     assert torch.equal(spire.body.embed.weight, ours.embed.weight)
-    drafts = {"magicdec": MagicDecDraft(ours, SinkWindow(1, 6), temperature=0),
+    drafts = {"magicdec": MagicDecDraft(ours, KVBudget(1, 6), temperature=0),
               "spire": SpireDraft(spire, temperature=0)}
     for name, draft in drafts.items():
         sd = speculative_generate(ours, draft, contexts, G, k=3, temperature=0, lengths=lengths)
@@ -663,7 +664,7 @@ def test_mistral_greedy_and_speculative_decoding_give_transformers_greedy_tokens
                         for i, n in enumerate(lengths.tolist())])
     assert len(set(want.flatten().tolist())) > 3
     assert torch.equal(autoregressive_generate(ours, contexts, G, temperature=0, lengths=lengths).tokens, want)
-    sd = speculative_generate(ours, MagicDecDraft(ours, SinkWindow(1, 4), temperature=0), contexts, G, k=3,
+    sd = speculative_generate(ours, MagicDecDraft(ours, KVBudget(1, 4), temperature=0), contexts, G, k=3,
                               temperature=0, lengths=lengths)
     assert torch.equal(sd.tokens, want)
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from spirelib import cli
+from spirelib.modeling.methods import KVBudget
 from spirelib.training import series as series_module
 from spirelib.training.series import Series, SeriesError
 
@@ -185,16 +186,16 @@ def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch)
 
 def test_the_guided_draft_splits_a_kv_budget_like_magicdecs_and_the_sweep_names_each_budget(monkeypatch):
     s = Series.from_dict({**SMALL, "magicdec": {"sink": 1, "window": 64}})
-    assert s.guided_options() == {"sink": 1, "window": 32, "top": 32}  # MagicDec's 65 entries
-    assert s.guided_options(16) == {"sink": 1, "window": 8, "top": 7}
-    assert sum(s.guided_options(257).values()) == 257
+    assert s.kv_budgets()["guided"] == KVBudget(1, 32, 32)  # MagicDec's 65 entries
+    assert s.kv_budgets(16)["guided"] == KVBudget(1, 8, 7) and s.kv_budgets(16)["magicdec"] == KVBudget(1, 15)
+    assert s.kv_budgets(257)["guided"].entries == 257 and s.kv_budgets()["spire"] == KVBudget(s.spire.sink, s.spire.window)
     with pytest.raises(ValueError, match="a KV budget of 2 leaves 1 entries past the sink of 1"):
-        s.guided_options(2)
+        s.kv_budgets(2)
     built = []
-    monkeypatch.setattr("spirelib.decoding.drafts.draft_factory",
+    monkeypatch.setattr("spirelib.decoding.builders.draft_factory",
                         lambda method, target, model=None, **options: built.append((method, options)) or method)
     monkeypatch.setattr(Series, "trained_target", lambda self: type("T", (), {"model": None})())
     factories = s.budget_factories([16, 64])
     assert list(factories) == ["magicdec@16", "guided@16", "magicdec@64", "guided@64"]
-    assert built[0] == ("magicdec", {"temperature": 1.0, "sink": 1, "window": 15, "rope_mode": "cache"})
-    assert built[1] == ("guided", {"temperature": 1.0, "sink": 1, "window": 8, "top": 7})
+    assert built[0] == ("magicdec", {"temperature": 1.0, "budget": KVBudget(1, 15), "rope_mode": "cache"})
+    assert built[1] == ("guided", {"temperature": 1.0, "budget": KVBudget(1, 8, 7)})

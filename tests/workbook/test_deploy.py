@@ -2,7 +2,6 @@
 noise or the switching cost), its refusals, each engine's file read back the way the engine reads
 it (`modeling.engines`' lookup models, tests/modeling/test_engines.py) and `--explain`'s reading."""
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from spirelib import cli
 from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.methods import KVBudget, card
 from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import (
     Acceptance,
@@ -204,7 +204,7 @@ def test_deploy_writes_every_format_and_each_engine_reads_back_the_schedule(run_
         args = doc["sglang_server_args"]
         path = out / method / "sglang-adaptive.json"
         config = json.loads(path.read_text()) if path.exists() else None
-        _, _, held = engines.sglang_config(s, inp.table(method), engines.SGLANG_ALGORITHM.get(method))
+        _, _, held = engines.sglang_config(s, inp.table(method), card(method).engines.get("sglang"))
         assert engines.sglang_problems(config, args) == [] and args["speculative_num_steps"] >= 1
         assert all(engines.sglang_k(config, args, b, graphs) == held.k_at(engines.sglang_padded(b, graphs))
                    for b in range(1, 129))
@@ -376,7 +376,7 @@ COST = profiled.ProfiledCost(2e10, 5e9, per_token_layer_s=1.5e-4, per_key_s=7e-6
 def test_the_profiled_table_is_the_profiled_speedup_with_its_error_around_taus_interval():
     a = Acceptance(4.5, 0.3, 4, (0.93, 0.96, 0.99, 0.95))
     target = pm.ModelShape(2, 64, 2, 2, 16, 128)
-    draft = profiled.DraftShape("spire", pm.ModelShape(1, 64, 2, 2, 16, 128), keys=17, memory_layers=1)
+    draft = profiled.DraftShape("spire", pm.ModelShape(1, 64, 2, 2, 16, 128), KVBudget(1, 16), memory_layers=1)
     t = profiled_table(COST, draft, a, [1, 2, 4], 64, target, 256, 64, bytes_per_value=4, error=0.1)
     tau, low, _ = a.taus(4)
     assert t.tm[2, 1] == pytest.approx(profiled.speedup(COST, draft, tau[2], target, 256, 2, 64, 64, 3, 4))
@@ -410,7 +410,6 @@ def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run
 
 def test_the_profiled_model_prices_every_measured_draft_at_notebook_09s_own_shapes(run_dir, monkeypatch):
     from spirelib.measure import wallclock
-    from spirelib.model.kvcache import SinkWindow
     results = json.loads((run_dir / "results.json").read_text())
     results["04_measure_tau"]["tau"].update(GUIDED_AND_LOOKUP)
     results["09_measured_vs_modeled"] = {
@@ -424,11 +423,8 @@ def test_the_profiled_model_prices_every_measured_draft_at_notebook_09s_own_shap
     assert set(inp.acceptance) == {"spire", "vanilla", "magicdec", "guided", "lookup"}
     assert len(calls) == 1 and inp.profiled["drafts"] is calls[0]  # 09's shapes, the very object, none of its own
     series = Series.from_dict({})
-    from spirelib.decoding.drafts import vanilla_draft_config
-    assert calls[0] == shared(vanilla_draft_config(series.target), dataclasses.replace(
-        series.target, num_layers=series.spire.num_layers), series.spire,
-        SinkWindow(series.magicdec.sink, series.magicdec.window), series.guided_options())
-    assert calls[0]["guided"].scores and calls[0]["lookup"].keys == 0
+    assert calls[0] == series.draft_shapes()
+    assert calls[0]["guided"].scores and not calls[0]["lookup"].passes(4)
     for method in ("guided", "lookup"):
         expected = profiled_table(COST, calls[0][method], inp.acceptance[method], np.arange(1, 5), 64,
                                   inp.profiled["target"], 256, 64, bytes_per_value=4, error=0.1)

@@ -9,6 +9,7 @@ from spirelib.modeling import costs as cost_model
 from spirelib.modeling import profiled, scenarios
 from spirelib.modeling import recorded as run_record
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
+from spirelib.modeling.methods import KVBudget
 from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import Acceptance, Range, Schedule, profiled_table, schedule
 from spirelib.workbook.narrative import measured as measured_words
@@ -86,7 +87,7 @@ def test_09_chooses_per_cell_the_method_whose_schedule_predicts_the_most():
     from spirelib.modeling.perfmodel import ModelShape
 
     target = ModelShape(2, 64, 2, 2, 16, 128)
-    shapes = {"spire": profiled.DraftShape("spire", ModelShape(1, 64, 2, 2, 16, 128), keys=17, memory_layers=1),
+    shapes = {"spire": profiled.DraftShape("spire", ModelShape(1, 64, 2, 2, 16, 128), KVBudget(1, 16), memory_layers=1),
               "vanilla": profiled.DraftShape("vanilla", ModelShape(1, 32, 2, 2, 8, 64))}
     cells = [cell("spire", 1, 64, 0.8, 0.5, 1.1, tau=4.5), cell("vanilla", 1, 64, 0.5, 0.3, 0.7, tau=2.8),
              cell("spire", 2, 64, 0.9, 0.5, 1.3, tau=4.5), cell("vanilla", 2, 64, 0.6, 0.3, 0.9, tau=2.8)]

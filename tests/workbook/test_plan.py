@@ -4,6 +4,7 @@ seconds before any compute."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -12,10 +13,13 @@ import pytest
 from conftest import fixture_cache
 
 from spirelib import cli
+from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.measure.wallclock import profiled_draft_shapes
 from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
+from spirelib.modeling.methods import KVBudget
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.modeling.profiled import forward_work
 from spirelib.training.series import Series
@@ -26,6 +30,9 @@ from spirelib.workbook import probe as probing
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "params" / "smoke.yaml"
 TINY = ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
+SHAPES = profiled_draft_shapes({"vanilla": vanilla_draft_config(TINY), "spire": dataclasses.replace(TINY, num_layers=1)},
+                               {"magicdec": KVBudget(1, 64), "guided": KVBudget.split(65), "spire": KVBudget(1, 64)},
+                               SpireConfig(num_layers=1))
 TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}
 DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05,
                                                              "guided": 0.3, "lookup": 0.02}}
@@ -90,11 +97,11 @@ def test_a_spire_drafts_training_flops_count_the_teacher_once_and_every_position
 
 def test_decoding_costs_a_prefill_per_batch_and_each_methods_expected_rounds():
     methods = ["vanilla", "magicdec", "spire"]
-    item = work._decode_item("04", "tau", DECODING, TINY, SpireConfig(num_layers=1), methods, 3, 4, 32, 16, 4,
+    item = work._decode_item("04", "tau", DECODING, TINY, SHAPES, methods, 3, 4, 32, 16, 4,
                              contexts=10)
     rounds = {m: expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT][m], 4, 16, 4) for m in methods}
     assert item.seconds == pytest.approx(3 * (3.0 + sum(rounds[m] * DECODING["round_s"][m] for m in methods)))
-    with_ad = work._decode_item("09", "time", DECODING, TINY, SpireConfig(num_layers=1), methods, 1, 4, 32, 16, 4,
+    with_ad = work._decode_item("09", "time", DECODING, TINY, SHAPES, methods, 1, 4, 32, 16, 4,
                                 ad=True)
     assert with_ad.seconds == pytest.approx(item.seconds / 3 + 16 * 0.01)
     assert item.contexts == 10 and with_ad.contexts == 4
@@ -131,9 +138,9 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
     assert spent > 0 and probe.training("lm", TINY, cfg) == first and probe.seconds == spent
     longer = probe.training("lm", TINY, TrainConfig(batch_size=2, seq_len=32, steps=50, eval_windows=2))
     assert probe.seconds > spent and longer != first
-    decoded = probe.decoding(TINY, SpireConfig(num_layers=1, window=8), {"sink": 1, "window": 8},
-                             {"sink": 1, "window": 4, "top": 4}, ["vanilla", "magicdec", "spire", "guided", "lookup"],
-                             2, 16, 8, 2, 1.0)
+    decoded = probe.decoding(TINY, SpireConfig(num_layers=1, window=8),
+                             {"magicdec": {"budget": KVBudget(1, 8)}, "guided": {"budget": KVBudget(1, 4, 4)}},
+                             ["vanilla", "magicdec", "spire", "guided", "lookup"], 2, 16, 8, 2, 1.0)
     assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup"} and decoded["prefill_s"] > 0
 
 
@@ -403,15 +410,14 @@ def test_the_guided_draft_and_prompt_lookup_are_priced_at_tau_1_until_measured_a
     """No paper tau exists for the two drafts past the paper, so before a run measures one the plan
     prices them at tau 1 (every round yields one token, their slowest); prompt lookup's rounds carry
     no draft pass, so its work is the verification alone."""
-    spire = SpireConfig(num_layers=1)
-    guided = work._decode_item("04", "tau", DECODING, TINY, spire, ["guided"], 1, 4, 32, 16, 4)
+    guided = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["guided"], 1, 4, 32, 16, 4)
     assert guided.seconds == pytest.approx(3.0 + expected_rounds(1.0, 4, 16, 4) * 0.3)
-    lookup = work._decode_item("04", "tau", DECODING, TINY, spire, ["lookup"], 1, 4, 32, 16, 4)
-    magicdec = work._decode_item("04", "tau", DECODING, TINY, spire, ["magicdec"], 1, 4, 32, 16, 4,
+    lookup = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["lookup"], 1, 4, 32, 16, 4)
+    magicdec = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["magicdec"], 1, 4, 32, 16, 4,
                                  taus={"magicdec": 1.0})
     rounds = expected_rounds(1.0, 4, 16, 4)
     assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * forward_work(
-        TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 65)).flops)
+        TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 66)).flops)
 
 
 def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budget_sweep(fake_probes):

@@ -14,17 +14,18 @@ from spirelib.measure.wallclock import (
     profiled_draft_shapes,
     profiled_verdict,
 )
-from spirelib.model.kvcache import SinkWindow
 from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig
 from spirelib.modeling import profiled, winners
+from spirelib.modeling.methods import KVBudget
 from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
 
 TARGET = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=64, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
 SPIRE = SpireConfig(num_layers=1, window=4)
-RING = SinkWindow(1, 8)
+BUDGETS = {"magicdec": KVBudget(1, 8), "spire": KVBudget(SPIRE.sink, SPIRE.window)}
+MODELS = {"vanilla": DRAFT, "spire": DRAFT}
 COST = profiled.ProfiledCost(flops_per_s=1e10, bytes_per_s=1e10, per_layer_s=2e-5, sampling_s=3e-5)
 
 
@@ -53,7 +54,7 @@ def test_profile_summary_names_every_term_and_the_fit_and_held_out_errors():
 
 
 def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_saw_it():
-    shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    shapes = profiled_draft_shapes(MODELS, BUDGETS, SPIRE)
     rows = tables.fit_rows(TIMINGS, [TIMINGS[2]], COST, TARGET, shapes, bytes_per_value=4, k=4)
     assert [(r["method"], r["role"]) for r in rows] == [("AD", "fitted"), ("vanilla SD", "fitted"),
                                                         ("SPIRe", "held out")]
@@ -95,23 +96,21 @@ def test_timing_rows():
 
 
 def test_profiled_draft_shapes():
-    shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
-    assert shapes["magicdec"] == profiled.DraftShape("magicdec", None, keys=10)
-    assert shapes["spire"] == profiled.DraftShape("spire", DRAFT.shape(), keys=SPIRE.sink + SPIRE.window,
+    shapes = profiled_draft_shapes(MODELS, BUDGETS, SPIRE)
+    assert shapes["magicdec"] == profiled.DraftShape("magicdec", None, KVBudget(1, 8))
+    assert shapes["spire"] == profiled.DraftShape("spire", DRAFT.shape(), KVBudget(SPIRE.sink, SPIRE.window),
                                                   memory_layers=SPIRE.num_layers)
     no_memory = SpireConfig(num_layers=1, window=4, feedback=False, target_activations=False)
-    assert profiled_draft_shapes(DRAFT, DRAFT, no_memory, RING)["spire"].memory_layers == 0
+    assert profiled_draft_shapes(MODELS, BUDGETS, no_memory)["spire"].memory_layers == 0
 
 
 def test_speedup_cells_add_the_profiled_model():
-    drafts = {"vanilla": DRAFT, "spire": DRAFT}
-    shapes = profiled_draft_shapes(DRAFT, DRAFT, SPIRE, RING)
+    shapes = profiled_draft_shapes(MODELS, BUDGETS, SPIRE)
     kw = dict(peak_flops=1e10, bandwidth=1e10, bytes_per_value=4, k=4)
-    cells = measured_cells.speedup_cells(TIMINGS, TARGET, drafts, shapes, COST, sparse={"spire": SPIRE.sparse},
-                                 held_out=[[2, 16]], **kw)
+    cells = measured_cells.speedup_cells(TIMINGS, TARGET, shapes, COST, held_out=[[2, 16]], **kw)
     added = ("profiled_speedup", "profiled_error", "held_out", "role", "ci")
     assert [{k: v for k, v in c.items() if k not in added} for c in cells] == modeled_speedups(
-        TIMINGS, TARGET, drafts, sparse={"spire": SPIRE.sparse}, **kw)
+        TIMINGS, TARGET, shapes, **kw)
     spire = cells[1]
     expected = profiled.speedup(COST, shapes["spire"], 3.0, TARGET.shape(), TARGET.vocab_size, 2, 16, 16, 4, 4)
     assert spire["profiled_speedup"] == pytest.approx(expected)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from spirelib.measure.wallclock import DecodeTiming, flops_per_token, loop_timings, modeled_step_seconds
-from spirelib.modeling import profiled
+from spirelib.modeling import profile_fit, profiled
 from spirelib.modeling.methods import label as method_label
 from spirelib.modeling.winners import AD
 
@@ -35,12 +35,12 @@ FLOP_COLUMNS = {"model": "model", "L": "L", "body": "body FLOPs per token (model
 def fit_rows(timings: list[DecodeTiming], held_out: list[DecodeTiming], cost: profiled.ProfiledCost, target,
              drafts: dict[str, profiled.DraftShape], *, bytes_per_value: float, k: int) -> list[dict]:
     """Per timing, its measured seconds per round (AD: per step, averaged over runs,
-    `wallclock.loop_timings`) against the profiled model's (`profiled.modeled_sections`), and
+    `wallclock.loop_timings`) against the profiled model's (`profile_fit.modeled_sections`), and
     whether the fit saw it."""
     unseen = {(t.method, t.batch, t.context) for t in held_out}
     rows = []
     for t in loop_timings(timings):
-        modeled = profiled.modeled_sections(cost, t, target=target.shape(), vocab_size=target.vocab_size,
+        modeled = profile_fit.modeled_sections(cost, t, target=target.shape(), vocab_size=target.vocab_size,
                                             drafts=drafts, k=k, bytes_per_value=bytes_per_value)
         rows.append({"method": method_label(t.method) if t.method != "ad" else "AD", "B": t.batch, "L": t.context,
                      "measured": 1e3 * t.round_s, "profiled": 1e3 * modeled, "error": modeled / t.round_s - 1,
