@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, in_dtype, spire_draft
+from spirelib.decoding.eagle3 import eagle3_builder
 from spirelib.decoding.guided import GUIDED_BUDGET, GuidedDraft
 from spirelib.decoding.lookup import MAX_N, MIN_N, LookupDraft
 from spirelib.decoding.speculative import Draft
@@ -46,7 +47,7 @@ def _lookup(target, model, *, temperature, min_n: int = MIN_N, max_n: int = MAX_
 
 
 BUILDERS: dict[str, Callable[..., Draft]] = {"vanilla": _vanilla, "magicdec": _magicdec, "spire": _spire,
-                                             "guided": _guided, "lookup": _lookup}
+                                             "guided": _guided, "lookup": _lookup, "eagle3": eagle3_builder}
 
 
 def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,

@@ -81,7 +81,9 @@ class MethodCard:
     the self-drafts, `DRAFT` for a draft model, None for no forward at all: prompt lookup);
     `reads`/`own`: what each pass reads; `first_new`: tokens its first pass runs (the vanilla
     draft re-runs the token before the pending one, `drafts.VanillaDraft`); `memory`: it writes
-    memory from the target's verified activations (SPIRe, method §3.3); `scores`: its verification
+    memory from the target's verified activations (SPIRe, method §3.3); `fused`: the target
+    layers whose hidden states it fuses into each verified entry (EAGLE-3's 3, through a
+    `fused` x d -> d projection, and a [embedding ; feature] input to its layer); `scores`: its verification
     records attention scores; `joint`: its k positions come from one pass of k tokens
     (a one-pass drafter, modeled only); `paper`: the paper's three (method §2), else priced by our
     extension (`perfmodel.EXTRA_METHODS`) or, with `priced` False, not at all; `engines`: each
@@ -97,6 +99,7 @@ class MethodCard:
     own: int = 0
     first_new: int = 1
     memory: bool = False
+    fused: int = 0
     scores: bool = False
     joint: bool = False
     paper: bool = False
@@ -130,6 +133,8 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
                scores=True),  # the verification-guided sparse self-draft
     MethodCard("lookup", "prompt lookup", "#8c8c3c", "P", needs_model=False, drafter=None,
                engines={"vllm": "ngram", "sglang": "NGRAM"}),
+    MethodCard("eagle3", "EAGLE-3", "#7b4fd6", "E", needs_model=True, drafter=DRAFT, fused=3,
+               engines={"vllm": "eagle3", "sglang": "EAGLE3"}),  # arXiv 2503.01840: its own dense KV
     MethodCard("one_pass", "one-pass drafter", "#e8a33d", "1", needs_model=True, drafter=DRAFT, reads=BUDGET,
                joint=True),
 )}

@@ -61,6 +61,18 @@ def body_params(shape: ModelShape | str) -> int:
     return int(shape.num_layers * per_layer)
 
 
+def fused_params(method: str, shape: ModelShape | str) -> int:
+    """A draft's weights beyond its layer stack's body (`body_params`) that it runs once per token:
+    EAGLE-3's fusion of `fused` target hidden states (fused x d x d) and the second half of its
+    W_q, W_k, W_v, which read [embedding ; feature] (2 d wide); none for the other methods."""
+    fused = CARDS[method].fused
+    if not fused:
+        return 0
+    shape = resolve_shape(shape)
+    d = shape.d_model
+    return int(fused * d * d + shape.num_layers * (shape.n_q_per_kv + 2) * shape.n_kv * d * shape.d_head)
+
+
 def kv_values_per_token(shape: ModelShape | str) -> int:
     """Keys and values cached per token: 2 * layers * n_kv * d_head (kvb(m) at 1 byte per value)."""
     shape = resolve_shape(shape)
@@ -74,12 +86,14 @@ PRESETS: dict[str, ModelShape] = {
     "llama3-70b": ModelShape(80, 8192, 8, 8, 128, 28672),
     "llama3-8b": ModelShape(32, 4096, 4, 8, 128, 14336),  # scaled vanilla draft
     "spire-draft-70b": ModelShape(20, 8192, 8, 8, 128, 28672),  # 20 layers of 70B
+    "eagle3-draft": ModelShape(1, 512, 1, 8, 128, 4096),  # EAGLE-3: one layer of the target's shape
+    "eagle3-draft-70b": ModelShape(1, 8192, 8, 8, 128, 28672),
 }
 
 # Which draft shape each method uses with each paper target (MagicDec drafts with the target).
 PAPER_DRAFTS: dict[str, dict[str, str]] = {
-    "seqax-67m": {"vanilla": "vanilla-draft", "spire": "spire-draft"},
-    "llama3-70b": {"vanilla": "llama3-8b", "spire": "spire-draft-70b"},
+    "seqax-67m": {"vanilla": "vanilla-draft", "spire": "spire-draft", "eagle3": "eagle3-draft"},
+    "llama3-70b": {"vanilla": "llama3-8b", "spire": "spire-draft-70b", "eagle3": "eagle3-draft-70b"},
 }
 
 # The paper's measured tau (method §2, Table 1): k = 4, G = 64, 95% CI +-0.004; keyed by context L.
@@ -336,7 +350,7 @@ def _draft_time(batch, draft_tokens, cfg: _Config):
     if method.drafter is None:
         return np.zeros(np.shape(draft_tokens))
     shape = cfg.target if method.self_draft else cfg.draft
-    n = body_params(shape)
+    n = body_params(shape) + fused_params(cfg.method, shape)
     flops = 2.0 * n * batch[..., None]
     if method.memory:  # SPIRe: project each new memory vector into a key and a value per layer
         flops = flops + 2.0 * (2 * shape.num_layers * shape.n_kv * shape.d_model * shape.d_head) * batch[..., None]
@@ -421,30 +435,3 @@ def throughput_multiplier_over_generation(method, tau, B, L, G, target, draft=No
     _, _, draft_tokens = _kv_tokens(B, L, draft_offsets, cfg.cap)
     t_draft = _draft_time(batch, draft_tokens, cfg).sum(-1)
     return scalar_or_array(t_ad / (t_draft + t_verify))
-
-
-def verification_intensity(shape, B, L, k=4, *, bytes_per_weight=1.0, bytes_per_kv=1.0):
-    """Operational intensity of verification (method §2, paper Figure 3): 2 N (B k) / (N + B L x)."""
-    shape = resolve_shape(shape, "shape")
-    batch, length = np.broadcast_arrays(positive(B, "B"), positive(L, "L"))
-    positive(k, "k")
-    n = body_params(shape)
-    flops = 2.0 * n * batch * k
-    moved = n * bytes_per_weight + batch * length * kv_values_per_token(shape) * bytes_per_kv
-    return scalar_or_array(flops / moved)
-
-
-def critical_context_length(shape, hoi=PAPER_HOI, k=4, *, exact=False, bytes_per_kv=1.0):
-    """L_crit (method §2): the longest context at which verification can still become compute-bound.
-
-    The B -> infinity limit of the verification intensity is 2 N k / (L x); L_crit is where it
-    meets HOI. The paper reads it on its power-of-two context grid (32 for seqax-67m, 4096 for
-    Llama 3 70B): that is the default. exact=True gives the crossover itself.
-    """
-    shape = resolve_shape(shape, "shape")
-    positive(hoi, "hoi")
-    positive(k, "k")
-    crossover = 2.0 * body_params(shape) * k / (kv_values_per_token(shape) * bytes_per_kv * hoi)
-    if exact:
-        return float(crossover)
-    return 0 if crossover < 1 else 2 ** math.floor(math.log2(crossover))

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.methods import BUDGET, KVBudget, Pass, card
-from spirelib.modeling.perfmodel import ModelShape, body_params
+from spirelib.modeling.perfmodel import ModelShape, body_params, fused_params
 
 
 @dataclass(frozen=True)
@@ -220,11 +220,14 @@ def draft_work(draft: DraftShape, target: ModelShape, vocab_size: int, batch: in
                bytes_per_value: float = 4.0) -> list[ForwardWork]:
     """The work of the draft's passes in a round, as its card lists them (`DraftShape.passes`):
     its model's (a self-draft's: the target's) forwards over `dense_keys` (a dense cache's
-    capacity) or, for a sparse draft, its budget's keys."""
+    capacity) or, for a sparse draft, its budget's keys, with the weights it runs beyond its layer
+    stack (`perfmodel.fused_params`)."""
     shape = draft.shape if draft.shape is not None else target
     keys = dense_keys if draft.keys is None else min(dense_keys, draft.keys)
-    return [forward_work(shape, vocab_size, batch, p.new, keys, bytes_per_value=bytes_per_value)
-            for p in draft.passes(k)]
+    fused = fused_params(draft.method, shape)  # EAGLE-3's fusion and its 2 d wide W_q, W_k, W_v
+    return [dataclasses.replace(w, flops=w.flops + 2.0 * fused * batch * p.new, bytes=w.bytes + fused * bytes_per_value)
+            for p in draft.passes(k)
+            for w in [forward_work(shape, vocab_size, batch, p.new, keys, bytes_per_value=bytes_per_value)]]
 
 
 def accept_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, batch: int, k: int,

@@ -21,7 +21,7 @@ def test_the_builder_table_holds_every_decoded_card_and_nothing_else():
 
 def test_a_builder_needs_a_trained_model_exactly_when_its_card_says_so(models):  # noqa: F811
     target = models["target"]
-    trained = {"vanilla": models["small"], "spire": models["spire"]}
+    trained = {"vanilla": models["small"], "spire": models["spire"], "eagle3": models["eagle3"]}
     for method in DECODED:
         if card(method).needs_model:
             with pytest.raises(ValueError, match="needs its trained draft model"):
@@ -34,8 +34,8 @@ def test_a_builder_needs_a_trained_model_exactly_when_its_card_says_so(models): 
 def round_forwards(models, method: str) -> list[tuple[str, int]]:  # noqa: F811
     """(who, tokens a row) of every forward in the 3rd round of `method`'s generation, in order:
     each forward embeds its tokens once, so a hook on each model's embedding sees it."""
-    owners = {TARGET: models["target"].embed, DRAFT: (models["small"] if method == "vanilla"
-                                                      else models["spire"].body).embed}
+    draft = {"vanilla": models["small"], "eagle3": models["eagle3"]}.get(method, models["spire"].body)
+    owners = {TARGET: models["target"].embed, DRAFT: draft.embed}
     seen, recording = [], [False]
     hooks = [module.register_forward_pre_hook(
         lambda _, args, who=who: seen.append((who, args[0].shape[-1])) if recording[0] else None)
@@ -56,4 +56,8 @@ def round_forwards(models, method: str) -> list[tuple[str, int]]:  # noqa: F811
 
 @pytest.mark.parametrize("method", DECODED)
 def test_a_round_runs_the_forwards_its_card_lists(models, method):  # noqa: F811
-    assert round_forwards(models, method) == [(p.runs, p.new) for p in card(method).round(K)]
+    """The card's forwards, then, for a draft that fuses the target's hidden states (EAGLE-3), its
+    entries for the k newly verified positions past the pending one (`perfmodel.fused_params`)."""
+    c = card(method)
+    fused = [(DRAFT, K)] if c.fused else []
+    assert round_forwards(models, method) == [(p.runs, p.new) for p in c.round(K)] + fused

@@ -13,6 +13,7 @@ from graph_pool import GraphPool
 from test_speculative import CFG, assert_two_token_law, peaky_model
 
 from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft, spire_draft
+from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.lookup import LookupDraft
 from spirelib.decoding.speculative import (
@@ -25,6 +26,7 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure.tau import TauProtocol, measure_tau
+from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel, draft_vocabulary
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.methods import KVBudget
@@ -41,7 +43,10 @@ def models():
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=K)).eval()
     plain = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=6, k=K, feedback=False,
                                                             target_activations=False)).eval()
-    return {"target": target, "small": small, "spire": spire, "plain": plain}
+    torch.manual_seed(6)
+    eagle3 = Eagle3DraftModel.from_target(target, Eagle3Config(draft_vocab=CFG.vocab_size // 2),
+                                          draft_vocabulary(CONTEXTS, CFG.vocab_size // 2, CFG.vocab_size)).eval()
+    return {"target": target, "small": small, "spire": spire, "plain": plain, "eagle3": eagle3}
 
 
 def drafts(models, temperature):
@@ -52,7 +57,7 @@ def drafts(models, temperature):
             "spire": SpireDraft(models["spire"], temperature),
             "spire, no target activations": spire_draft(models["plain"], temperature),
             "guided": GuidedDraft(target, KVBudget(1, 3, 3), temperature=temperature),
-            "lookup": LookupDraft(target)}
+            "lookup": LookupDraft(target), "eagle3": Eagle3Draft(models["eagle3"], temperature)}
 
 
 CONTEXTS = torch.randint(0, CFG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(3))
@@ -76,7 +81,7 @@ def decode_all(models, temperature):
 
 
 def through_pool(models, run):
-    pool = GraphPool().install(models["target"], models["small"], models["spire"], models["plain"])
+    pool = GraphPool().install(*models.values())
     try:
         return run(), pool.replays
     finally:

@@ -18,13 +18,13 @@ from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (model
 
 from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 
-METHODS = ["vanilla", "magicdec", "spire", "spire, no target activations", "guided", "lookup"]
+METHODS = ["vanilla", "magicdec", "spire", "spire, no target activations", "guided", "lookup", "eagle3"]
 MAX_OPS, MAX_AD_OPS = 5, 2  # the GPU round's goal: at most 3 replays, 5 ops (AD 2); replays are held to 1
 
 
 def steady_round(models, name, temperature):  # noqa: F811  (models: the fixture)
     """(replays, OpCounter) of the 4th step or round of a generation through a `GraphPool`."""
-    pool = GraphPool().install(models["target"], models["small"], models["spire"], models["plain"])
+    pool = GraphPool().install(*models.values())
     try:
         gen = torch.Generator().manual_seed(0)
         if name == "ad":

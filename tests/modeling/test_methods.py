@@ -11,7 +11,7 @@ from spirelib.modeling.methods import BUDGET, CARDS, CONTEXT, DRAFT, TARGET, KVB
 
 def test_the_performance_models_lists_come_from_the_cards():
     assert pm.MODELED_METHODS == ("vanilla", "magicdec", "spire")  # the paper's three (method §2)
-    assert set(pm.EXTRA_METHODS) == {"guided", "lookup", "one_pass"}
+    assert set(pm.EXTRA_METHODS) == {"guided", "lookup", "eagle3", "one_pass"}
     assert set(pm.SELF_DRAFTS) == {"magicdec", "guided", "lookup"}
     assert all(CARDS[m].needs_model != (m in pm.SELF_DRAFTS) for m in pm.METHODS)
 
@@ -43,3 +43,22 @@ def test_labels_colours_and_letters_are_the_cards_and_unknown_keys_fall_back():
     assert letter("medusa") == "me" and label("medusa") == "medusa"
     with pytest.raises(ValueError, match="unknown drafting method 'medusa'"):
         card("medusa")
+
+
+def test_eagle3_is_priced_as_one_layer_with_its_fusion_and_a_dense_cache_so_spire_gains_with_context():
+    """EAGLE-3 (arXiv 2503.01840) beside SPIRe in the paper's model (method §2): its one layer reads
+    [embedding ; feature] (2 d wide W_q, W_k, W_v) after fusing 3 target hidden states (3 d x d), and
+    its own dense KV grows with L, where SPIRe's sink + window stays fixed. At one tau, SPIRe's
+    margin over EAGLE-3 grows with the context, and with the batch at a long context."""
+    shape = pm.PRESETS["eagle3-draft"]
+    d = shape.d_model
+    assert pm.fused_params("eagle3", shape) == 3 * d * d + (1 + 2) * 8 * d * 128
+    assert pm.fused_params("spire", shape) == 0
+    dense = pm.iteration_time_multiplier("eagle3", 64, 32768, "seqax-67m", "eagle3-draft", window_factor=None)
+    assert pm.iteration_time_multiplier("eagle3", 64, 32768, "seqax-67m", "eagle3-draft", window=64) == dense
+
+    def margin(B, L):
+        return (pm.throughput_multiplier("spire", 3.0, B, L, "seqax-67m", "spire-draft", window=64)
+                / pm.throughput_multiplier("eagle3", 3.0, B, L, "seqax-67m", "eagle3-draft"))
+    assert margin(64, 512) < margin(64, 4096) < margin(64, 32768)
+    assert margin(1, 32768) < margin(64, 32768)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from spirelib import cli
 from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.intensity import critical_context_length, verification_intensity
 from spirelib.modeling.perfmodel import (
     PAPER_ABLATION_TAU,
     PAPER_DRAFTS,
@@ -19,12 +20,10 @@ from spirelib.modeling.perfmodel import (
     ModelShape,
     RequestLengths,
     body_params,
-    critical_context_length,
     iteration_time_multiplier,
     klen,
     throughput_multiplier,
     throughput_multiplier_over_generation,
-    verification_intensity,
 )
 
 TAU = PAPER_TAU[512]

@@ -31,6 +31,7 @@ from host_syncs import SYNC_OPS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from spirelib.decoding.graphs import GRAPHS
+from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 
@@ -114,12 +115,13 @@ class GraphPool:
         return run
 
     def install(self, *models) -> GraphPool:
-        """Decode `models` (targets and SPIRe drafts; None is skipped) and the engine's rounds through this pool."""
+        """Decode `models` (targets, SPIRe and EAGLE-3 drafts; None is skipped) and the engine's rounds through this pool."""
         GRAPHS.run = lambda key, fn, *args, device: self.replay(fn)(*args)
         for model in models:
-            if isinstance(model, SpireDraftModel):
+            if isinstance(model, (SpireDraftModel, Eagle3DraftModel)):
                 model._compiled_step = self.replay(model._step)
-                model.body._compiled = self.replay(model.body._stream)
+                if isinstance(model, SpireDraftModel):
+                    model.body._compiled = self.replay(model.body._stream)
             elif isinstance(model, Transformer):
                 model._compiled = self.replay(model._stream)
             elif model is not None:
@@ -132,6 +134,8 @@ class GraphPool:
         for model in models:
             if isinstance(model, SpireDraftModel):
                 model._compiled_step = model.body._compiled = None
+            elif isinstance(model, Eagle3DraftModel):
+                model._compiled_step = None
             elif isinstance(model, Transformer):
                 model._compiled = None
 

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from spirelib.modeling import intensity, scenarios
 from spirelib.modeling import perfmodel as pm
-from spirelib.modeling import scenarios
 from spirelib.modeling.acceptance import alpha_from_tau, best_k
 from spirelib.modeling.scenarios import Scenario
 from spirelib.workbook.narrative import perf as words
@@ -47,8 +47,8 @@ def test_headline_rows_dt_is_tau_over_tm():
 def test_critical_length_rows():
     rows = tables.critical_length_rows(("seqax-67m", "llama3-70b"), 600.0, 4)
     assert [r["target"] for r in rows] == ["seqax-67m", "llama3-70b"]
-    assert rows[1]["exact"] == pm.critical_context_length("llama3-70b", 600.0, 4, exact=True)
-    assert rows[0]["grid"] == pm.critical_context_length("seqax-67m", 600.0, 4)
+    assert rows[1]["exact"] == intensity.critical_context_length("llama3-70b", 600.0, 4, exact=True)
+    assert rows[0]["grid"] == intensity.critical_context_length("seqax-67m", 600.0, 4)
 
 
 def test_ablation_rows_best_first():

@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from spirelib.modeling import intensity
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.acceptance import best_k
 from spirelib.modeling.hardware import operating_points
@@ -48,8 +49,8 @@ def headline_rows(taus: dict, multipliers: dict, stated: dict | None = None) -> 
 def critical_length_rows(targets, hoi: float, k: int) -> list[dict]:
     """Per target, L_crit (method §2, Figure 3): the longest context at which verifying k tokens
     can still become compute-bound, on the paper's power-of-two grid and as the exact crossover."""
-    return [{"target": name, "grid": pm.critical_context_length(name, hoi, k),
-             "exact": pm.critical_context_length(name, hoi, k, exact=True)} for name in targets]
+    return [{"target": name, "grid": intensity.critical_context_length(name, hoi, k),
+             "exact": intensity.critical_context_length(name, hoi, k, exact=True)} for name in targets]
 
 
 def overlap_rows(scenario: Scenario, B: int, L: int) -> list[dict]:

@@ -1,0 +1,309 @@
+"""The EAGLE-3 draft model (Li et al. 2025, arXiv 2503.01840), beside SPIRe's (method §3).
+
+EAGLE-3 drafts from the target's features rather than its tokens alone: the target's residual
+stream at three depths (low, middle, high), concatenated and fused by one linear map `fc`
+(3 d -> d), is the draft's input *hidden state*. Its one decoder layer attends with queries, keys
+and values made from [norm(embed(token)) ; norm(hidden)] (2 d wide), closes the residual on the
+hidden state, then a SwiGLU MLP, a final norm and a head over the draft vocabulary, which may be
+a reduced one (`draft_vocabulary`: its most frequent tokens; `d2t` maps a draft id to the
+target's). The token embedding is the target's, copied and frozen.
+
+Pairing (EAGLE's, as speculators and vLLM use it): the draft's entry at position p reads the token
+at p and the target's feature at p - 1 (which predicted it), and predicts the token at p + 1. For
+verified positions those entries' keys and values are written straight into the draft's dense
+cache (`write_verified`: the keys of a one-layer draft depend on its input alone); position 0 has
+no entry. A draft round then runs `step` k times: the first on the pending token with the target's
+feature, each later one on its own proposal with the draft's own output hidden state before the
+final norm (EAGLE's feature re-use: the target's features stop at the verified text).
+
+"Training-time test" (`unrolled_hidden`): training runs those k steps unrolled over every position
+of a window at once; step j's hidden state is step j - 1's output and its attention sees what it
+sees at inference: the verified entries up to its first position (causal, step 0's keys) and its
+own earlier steps' keys at the same entry (the diagonal). tests/model/test_eagle3.py checks that
+k unrolled steps equal k `step` calls to fp32 precision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from spirelib.model.kvcache import DenseKVCache, reuse
+from spirelib.model.rope import rope_rotation
+from spirelib.model.transformer import MLP, Attention, ModelConfig, RMSNorm, Transformer, compile_for_decoding
+
+
+def eagle3_layers(num_layers: int) -> tuple[int, ...]:
+    """The target's residual-stream entries EAGLE-3 reads (entry i: the input of block i, as vLLM's
+    and speculators' `eagle_aux_hidden_state_layer_ids` count them): their default (2, L // 2, L - 3)
+    where those are three increasing entries (L >= 7), else low, middle and high spread over 1..L
+    (a tiny test target: L = 4 gives (1, 2, 4); L = 2 gives (0, 1, 2))."""
+    if num_layers < 2:
+        raise ValueError(f"EAGLE-3 reads three residual-stream entries: the target needs >= 2 layers, got {num_layers}")
+    default = (2, num_layers // 2, num_layers - 3)
+    if default[0] < default[1] < default[2]:
+        return default
+    if num_layers == 2:
+        return (0, 1, 2)
+    return (1, (1 + num_layers) // 2, num_layers)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """The draft's shape and training. `target_layers`: the residual-stream entries it fuses (None:
+    `eagle3_layers` of the target); `draft_vocab`: the size of its reduced vocabulary (None: the
+    target's whole vocabulary); `k`: the steps of training-time test; `d_ff`: its MLP width (None:
+    the target's); `init_head`: start the head (and final norm) as the target's unembedding rows
+    of the draft vocabulary (and its final norm), else random."""
+
+    target_layers: tuple[int, ...] | None = None
+    draft_vocab: int | None = None
+    k: int = 4
+    d_ff: int | None = None
+    init_head: bool = True
+
+    def __post_init__(self):
+        if self.target_layers is not None:
+            object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
+            if len(set(self.target_layers)) != len(self.target_layers) or not self.target_layers:
+                raise ValueError(f"Eagle3Config.target_layers must be distinct entries, got {self.target_layers}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ValueError(f"Eagle3Config.draft_vocab must be None or >= 1, got {self.draft_vocab}")
+        if self.k < 1:
+            raise ValueError(f"Eagle3Config.k must be >= 1, got {self.k}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["target_layers"] = None if self.target_layers is None else list(self.target_layers)
+        return d
+
+
+def draft_vocabulary(tokens, size: int, vocab_size: int) -> torch.Tensor:
+    """The reduced draft vocabulary (EAGLE-3's d2t, as target ids): the `size` most frequent
+    tokens of the token array `tokens` (ties to the smaller id; too few distinct tokens filled with
+    the smallest ids not yet chosen), sorted ascending, as speculators builds it. (size,) long."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"a draft vocabulary of {size} tokens out of {vocab_size}")
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64).ravel(), minlength=vocab_size)[:vocab_size]
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count descending, then id ascending
+    seen = order[counts[order] > 0][:size]
+    if len(seen) < size:
+        rest = np.setdiff1d(np.arange(vocab_size), seen)[: size - len(seen)]
+        seen = np.concatenate([seen, rest])
+    return torch.from_numpy(np.sort(seen)).long()
+
+
+class Eagle3DraftModel(nn.Module):
+    """EAGLE-3's draft for a target of shape `target_cfg` (the module docstring). Parameters: `embed`
+    (frozen), `fc`, `input_norm`, `hidden_norm`, `attn` (W_q, W_k, W_v over 2 d; W_o to d), `mlp_norm`,
+    `mlp`, `norm`, `head` (V_draft, d); buffer `d2t` (V_draft,) the target id of each draft id (absent
+    with the whole vocabulary)."""
+
+    def __init__(self, target_cfg: ModelConfig, cfg: Eagle3Config = Eagle3Config(),
+                 d2t: torch.Tensor | None = None):
+        super().__init__()
+        layers = cfg.target_layers or eagle3_layers(target_cfg.num_layers)
+        if not all(0 <= i <= target_cfg.num_layers for i in layers):
+            raise ValueError(f"target layers {layers} are not residual-stream entries 0..{target_cfg.num_layers}")
+        V, d = target_cfg.vocab_size, target_cfg.d_model
+        size = V if cfg.draft_vocab is None else cfg.draft_vocab
+        if size > V:
+            raise ValueError(f"a draft vocabulary of {size} exceeds the target's {V}")
+        self.cfg, self.target_cfg, self.target_layers = cfg, target_cfg, tuple(layers)
+        # the layer's shape: the target's, less its sliding window and biases (one dense layer)
+        self.layer_cfg = replace(target_cfg, num_layers=1, d_ff=cfg.d_ff or target_cfg.d_ff, sliding_window=None,
+                                 qkv_bias=False, tie_embeddings=False)
+        self.embed = nn.Embedding(V, d).requires_grad_(False)
+        self.fc = nn.Linear(len(layers) * d, d, bias=False)
+        self.input_norm = RMSNorm(d, target_cfg.norm_eps)
+        self.hidden_norm = RMSNorm(d, target_cfg.norm_eps)
+        self.attn = Attention(replace(self.layer_cfg, d_model=2 * d))  # W_q, W_k, W_v read [embedding ; hidden]
+        self.attn.wo = nn.Linear(self.attn.q_dim, d, bias=False)  # back to the hidden state's width
+        self.mlp_norm = RMSNorm(d, target_cfg.norm_eps)
+        self.mlp = MLP(self.layer_cfg)
+        self.norm = RMSNorm(d, target_cfg.norm_eps)
+        self.head = nn.Linear(d, size, bias=False)
+        self.reduced = size < V
+        if self.reduced:
+            d2t = torch.arange(size) if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
+            if d2t.shape != (size,) or len(set(d2t.tolist())) != size or not bool(((d2t >= 0) & (d2t < V)).all()):
+                raise ValueError(f"d2t must hold {size} distinct target ids in 0..{V - 1}")
+            self.register_buffer("d2t", d2t.clone())
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Matrices N(0, std), W_o and W_down scaled down as a 1-layer `Transformer`'s; gains 1."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(("wo.weight", "w_down.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2))
+            elif name != "embed.weight":
+                nn.init.normal_(p, 0.0, std)
+
+    @classmethod
+    def from_target(cls, target: Transformer, cfg: Eagle3Config = Eagle3Config(), d2t: torch.Tensor | None = None,
+                    device=None) -> Eagle3DraftModel:
+        """A draft for `target`, on its device (or `device`), in fp32 at least (as SPIRe's, trained in
+        fp32 and cast for decoding): the target's embedding copied and frozen, the head and final
+        norm the target's rows of the draft vocabulary and final norm with `cfg.init_head`, the rest
+        random from the global generator. `d2t`: the reduced vocabulary (`draft_vocabulary`)."""
+        param = next(target.parameters())
+        draft = cls(target.cfg, cfg, d2t).to(device=device or param.device,
+                                              dtype=torch.promote_types(param.dtype, torch.float32))
+        with torch.no_grad():
+            draft.embed.weight.copy_(target.embed.weight)
+            if cfg.init_head:
+                rows = target.unembed.weight if not draft.reduced else target.unembed.weight[draft.d2t]
+                draft.head.weight.copy_(rows)
+                draft.norm.weight.copy_(target.norm.weight)
+        return draft
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.head.out_features
+
+    def trainable_parameters(self) -> int:
+        """N of the token budget (20 x N): every parameter but the frozen embedding."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    # --- the layer ----------------------------------------------------------------------------
+
+    def fuse(self, stream: torch.Tensor) -> torch.Tensor:
+        """The draft's hidden state from the target's residual stream at `target_layers`,
+        (n, ..., d) -> fc([low ; mid ; high]) (..., d), in the draft's dtype."""
+        return self.fc(torch.cat(list(stream.to(self.fc.weight.dtype)), dim=-1))
+
+    def _qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, rope):
+        """Queries (B, n_q, T, d_head), keys and values (B, n_kv, T, d_head) of tokens (B, T) with
+        hidden states (B, T, d): the attention input [input_norm(embed) ; hidden_norm(hidden)]."""
+        x = torch.cat([self.input_norm(self.embed(tokens)), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2 d)
+        return self.attn.qkv(x, rope)
+
+    def _finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output (before the final norm): the residual on the hidden state, then the MLP."""
+        x = hidden + attended
+        return x + self.mlp(self.mlp_norm(x))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary (..., V) of layer outputs (..., d): the draft
+        vocabulary's scattered to their target ids, -inf elsewhere (probability 0 at any
+        temperature, so rejection sampling against the target stays exactly lossless)."""
+        z = self.head(self.norm(out))  # (..., V_draft)
+        if not self.reduced:
+            return z
+        full = z.new_full((*z.shape[:-1], self.target_cfg.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.d2t, z)
+
+    def rope(self, positions: torch.Tensor):
+        """The target's rotations (`rope.rope_rotation`) for positions (B, T)."""
+        c = self.layer_cfg
+        return rope_rotation(positions, c.d_head, c.rope_base, c.rope_scaling)
+
+    # --- inference ----------------------------------------------------------------------------
+
+    def new_cache(self, batch: int, capacity: int) -> DenseKVCache:
+        """The draft's own dense cache, one layer (reused per shape under compiled decoding)."""
+        c, param = self.layer_cfg, self.fc.weight
+
+        def build():
+            return DenseKVCache(1, batch, c.n_kv, c.d_head, capacity, device=param.device, dtype=param.dtype)
+        return reuse(self, ("dense", batch, capacity), build) if self.compiled_decoding else build()
+
+    def write_verified(self, cache: DenseKVCache, tokens: torch.Tensor, hidden: torch.Tensor,
+                       positions: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Keys and values of verified entries: tokens (B, T) at positions (B, T) with the fused
+        target features of the positions before them, hidden (B, T, d); entries with `valid` False
+        are dropped. No attention runs: a one-layer draft's keys depend on its input alone."""
+        if tokens.shape[1] == 0:  # a prefill of one position: no entry yet
+            return
+        slots = cache.prepare(positions, valid)
+        _, k, v = self._qkv(tokens, hidden.to(self.fc.weight.dtype), self.rope(positions))
+        cache.write(0, slots, k, v)
+
+    _compiled_step = None  # `_step`, compiled (`compile_decoding`)
+
+    @property
+    def compiled_decoding(self) -> bool:
+        return self._compiled_step is not None
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_compiled_step", None)
+        return state
+
+    def compile_decoding(self, enabled: bool = True) -> Eagle3DraftModel:
+        """Run `step` as one compiled graph (`transformer.compile_for_decoding`), or eagerly again."""
+        self._compiled_step = compile_for_decoding(self._step, self.fc.weight.device) if enabled else None
+        return self
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             cache: DenseKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step: tokens (B,) at positions (B,) with input hidden states (B, d) (the fused
+        target feature of the position before, or the draft's own last output) -> next-token logits
+        over the target's vocabulary (B, V) and the output hidden state (B, d), the next step's
+        input. Writes the entry's key and value into `cache` first; the query sees every entry up
+        to its own position."""
+        pos = positions[:, None]  # (B, 1)
+        cache.plan(pos)
+        return (self._compiled_step or self._step)(tokens, hidden, pos, cache)
+
+    def _step(self, tokens, hidden, pos, cache):
+        slots = cache.register(pos)  # (B, 1), in place
+        q, k, v = self._qkv(tokens[:, None], hidden[:, None], self.rope(pos))
+        cache.write(0, slots, k, v)
+        attended = self.attn.attend(q, *cache.layer_kv(0, pos), cache.mask(pos))  # (B, 1, d)
+        out = self._finish(hidden[:, None], attended)[:, 0]  # (B, d)
+        return self.logits(out), out
+
+    # --- training: training-time test --------------------------------------------------------
+
+    def unrolled_hidden(self, tokens: torch.Tensor, stream: torch.Tensor, k: int) -> torch.Tensor:
+        """k draft steps from every position of a window at once, teacher-forced: tokens (B, T) at
+        positions 0..T-1, stream (n, B, T, d) the target's residual stream at `target_layers` on them.
+        Returns the layer outputs (B, k, T - 1, d) before the final norm: [:, j, p - 1] is step j
+        from entry p (token p, target feature p - 1), at position p + j, reading token p + j (clamped
+        to T - 1: entries with p + j > T - 1 are padding, for the caller to drop), predicting token
+        p + j + 1. Step j's attention sees step 0's keys at entries <= p (causal) and steps 1..j's at
+        entry p itself (their positions p + 1 .. p + j), as `step` does at inference."""
+        B, T = tokens.shape
+        entries = torch.arange(1, T, device=tokens.device)  # (N,) positions of step 0
+        hidden = self.fuse(stream[:, :, :-1])  # (B, N, d) the target feature before each entry
+        own_k, own_v = [], []  # per step >= 1: (B, n_kv, N, d_head), at each entry
+        outs = []
+        for j in range(k):
+            pos = (entries + j).expand(B, -1)  # (B, N)
+            toks = tokens[:, (entries + j).clamp(max=T - 1)]  # (B, N)
+            q, key, value = self._qkv(toks, hidden, self.rope(pos))
+            if j == 0:
+                k0, v0 = key, value
+            else:
+                own_k.append(key)
+                own_v.append(value)
+            hidden = self._finish(hidden, self.attn.wo(_tree_attention(q, k0, v0, own_k, own_v)))  # (B, N, d)
+            outs.append(hidden)
+        return torch.stack(outs, dim=1)  # (B, k, N, d)
+
+
+def _tree_attention(q, k0, v0, own_k, own_v) -> torch.Tensor:
+    """Attention of the queries q (B, n_q, N, d_head) of one unrolled step over step 0's keys and
+    values k0, v0 (B, n_kv, N, d_head), causal, and the earlier steps' `own_k`, `own_v` (lists of
+    (B, n_kv, N, d_head)) at the query's own entry only. Grouped-query heads: query head h reads
+    kv head h // groups. Returns the heads concatenated (B, N, n_q d_head), before W_o."""
+    B, n_q, N, dh = q.shape
+    n_kv = k0.shape[1]
+    g = q.view(B, n_kv, n_q // n_kv, N, dh)  # (B, n_kv, groups, N, dh)
+    scale = 1.0 / math.sqrt(dh)
+    causal = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+    scores = [torch.einsum("bhgnd,bhmd->bhgnm", g, k0).masked_fill(~causal, float("-inf"))]  # (B, n_kv, g, N, N)
+    scores += [torch.einsum("bhgnd,bhnd->bhgn", g, key)[..., None] for key in own_k]  # (B, n_kv, g, N, 1) each
+    wide = torch.promote_types(q.dtype, torch.float32)
+    probs = torch.softmax(torch.cat(scores, dim=-1).to(wide) * scale, dim=-1).to(q.dtype)
+    out = torch.einsum("bhgnm,bhmd->bhgnd", probs[..., :N], v0)
+    for i, value in enumerate(own_v):
+        out = out + probs[..., N + i, None] * value[:, :, None]
+    return out.reshape(B, n_q, N, dh).transpose(1, 2).reshape(B, N, n_q * dh)
