@@ -5,7 +5,8 @@ Every method named in `methods` ("vanilla", "magicdec", "spire", ...: the drafts
 contexts of each length L by speculative decoding (`measure_tau`); each round's accepted draft
 count becomes tau with its 95% CI, contexts as the unit (`AcceptCounts.stats`). Two drafts are
 compared paired, by context and random stream (`delta_tau`), and over training seeds with the
-interval of method §10 (`seeds_interval`).
+interval of method §10 (`seeds_interval`). Under a stopping rule (`stopping.StoppingRule`, notebook
+04) each method at each L decodes only until its tau is resolved.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import math
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -31,6 +32,7 @@ from spirelib.decoding.speculative import (
 from spirelib.frontend import progress_bar
 from spirelib.measure.context_loss import prefilled_losses
 from spirelib.measure.intervals import t_quantile
+from spirelib.measure.stopping import StoppingRule
 from spirelib.model.transformer import Transformer
 from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts
 
@@ -59,9 +61,10 @@ class TauStats:
     """Method §8 metrics of one method at one context length (`AcceptCounts.stats`)."""
 
     mean: float  # tau: tokens / rounds pooled over all contexts (a ratio estimator, not a mean of ratios)
-    ci95: float  # half-width of its 95% t-interval, contexts as the unit (delta method)
+    ci95: float  # 95% half-width: the t-interval's, contexts as the unit (delta method); under a stopping rule
+    # the wider of that and the rule's (`summarize`)
     n_contexts: int
-    std: float  # per-context standard deviation of the linearized estimate: ci95 = t * std / sqrt(n)
+    std: float  # per-context standard deviation of the linearized estimate: the t half-width is t * std / sqrt(n)
     rounds: int
     acceptance_rate: float
     per_position: tuple[float, ...]  # P[draft j accepted | 1..j-1 accepted], j = 1..k
@@ -314,6 +317,28 @@ class Measured(NamedTuple):
 
     counts: dict[str, dict[int, AcceptCounts]]  # {method: {L: AcceptCounts}}
     losses: dict[int, torch.Tensor]  # {L: (n,) the target's loss on each context's continuation}; {} if not asked
+    n_contexts: dict[str, dict[int, int]]  # {method: {L: contexts it decoded}}: all of them, or where its rule stopped
+
+
+def _decode_batch(target, methods, names, rows, L, b, protocol, timer, continuation) -> dict[str, torch.Tensor]:
+    """One batch of contexts `rows` at L decoded by the methods `names`, from one shared target
+    prefill, with the target's loss on `continuation` read from it (key "target loss") if given."""
+    device = rows.device
+    drafts = {name: (methods[name](), torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b)))
+              for name in names}
+    G = max(protocol.new_tokens, continuation.shape[1] if continuation is not None else 0)
+    with timer("prefill") if timer else contextlib.nullcontext():
+        shared = prefill(target, rows, capacity=speculative_capacity(L, G, protocol.k),
+                         **prefill_needs((d for d, _ in drafts.values()), protocol.k))
+    out = {}
+    if continuation is not None:
+        with timer("target loss") if timer else contextlib.nullcontext():
+            out["target loss"] = prefilled_losses(target, shared, continuation)
+    for name, (draft, gen) in drafts.items():
+        out[name] = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
+                                         temperature=protocol.temperature, generator=gen, prefilled=shared,
+                                         timer=_Prefixed(timer, name) if timer else None).accepted.cpu()
+    return out
 
 
 def measure_tau(
@@ -324,6 +349,7 @@ def measure_tau(
     timer: SectionTimer | None = None,
     progress: bool = False,
     continuations: Mapping[int, torch.Tensor] | None = None,
+    rule: StoppingRule | None = None,
 ) -> Measured:
     """Accept counts of every method at every context length, and the target's loss on each
     context's continuation if `continuations` maps L to (n, G') tokens (`context_loss.prefilled_losses`).
@@ -331,46 +357,73 @@ def measure_tau(
     `contexts` maps L to the (n, L) token contexts every method decodes from (drawn once from the
     validation split, with a fixed seed, by the data layer). A `timer`
     accumulates "prefill" (the shared target prefill), "target loss" and "<method>/<section>" seconds.
-    Contexts run in batches of `protocol.batch_size` rows; the target's prefill of a batch is
-    shared by every method and by the loss. Under `torchrun` (any backend; gloo on CPU) every process measures the
-    batches b with b % world_size == rank and the results are gathered, in batch order, on every
-    process; each batch's generator depends on (seed, L, batch) alone, so the result equals a
-    single process's.
+    Contexts run in batches of `protocol.batch_size` rows, in order; the target's prefill of a batch is
+    shared by every method that decodes it and by the loss. Each batch's generator depends on (seed,
+    L, batch) alone (common random numbers across methods).
+
+    With a `rule` (`stopping.StoppingRule`), a method stops drawing batches at an L once its tau
+    is resolved there (at least `rule.floor` contexts, 95% half-width <= `rule.half_width`, checked
+    after each batch); the others go on, up to all n (the cap). A method's contexts are then the
+    first `n_contexts[method][L]` of L's, so any two methods share their first min(n_a, n_b)
+    contexts and random streams (`delta_tau` pairs only equal counts). The target's loss at L
+    covers the contexts of its longest-running method: the batches some method decoded, the prefill
+    it reads being run anyway.
+
+    Under `torchrun` (any backend; gloo on CPU) batches are dealt to the processes in order,
+    batch i of a round to rank i % world_size, and gathered on every process. Without a rule one
+    round holds every batch. With one, a round holds world_size batches; after it, every process
+    applies the rule to the gathered batches one at a time, in batch order. A method that stops at
+    a batch drops the later batches of that round (decoded, not kept), and so does the loss where
+    every method has stopped. So every process agrees, and the result equals a single process's.
     """
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     device = next(target.parameters()).device
-    mine: dict[tuple[str, int, int], torch.Tensor] = {}
-    jobs = [(L, b) for L, ctx in contexts.items() for b in range(math.ceil(ctx.shape[0] / protocol.batch_size))]
-    for L, b in progress_bar(jobs[rank::world], enabled=progress, desc=f"tau of {', '.join(methods)}", unit="batch",
-                             tokens_per_step=len(methods) * protocol.batch_size * protocol.new_tokens):
-        rows = contexts[L][b * protocol.batch_size : (b + 1) * protocol.batch_size].to(device)
-        drafts = {}
-        for name, factory in methods.items():
-            gen = torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b))
-            drafts[name] = (factory(), gen)
-        G = max(protocol.new_tokens, continuations[L].shape[1] if continuations else 0)
-        with timer("prefill") if timer else contextlib.nullcontext():
-            shared = prefill(target, rows, capacity=speculative_capacity(L, G, protocol.k),
-                             **prefill_needs((d for d, _ in drafts.values()), protocol.k))
-        if continuations:
-            with timer("target loss") if timer else contextlib.nullcontext():
-                mine["target loss", L, b] = prefilled_losses(
-                    target, shared, continuations[L][b * protocol.batch_size : (b + 1) * protocol.batch_size])
-        for name, (draft, gen) in drafts.items():
-            out = speculative_generate(target, draft, rows, protocol.new_tokens, k=protocol.k,
-                                       temperature=protocol.temperature, generator=gen, prefilled=shared,
-                                       timer=_Prefixed(timer, name) if timer else None)
-            mine[name, L, b] = out.accepted.cpu()
-    if world > 1:
-        shards = [None] * world
-        dist.all_gather_object(shards, mine)
-        mine = {key: value for shard in shards for key, value in shard.items()}
-    def batches(name: str, L: int) -> list[torch.Tensor]:
-        return [mine[name, L_, b] for L_, b in jobs if L_ == L]
-    return Measured({name: {L: AcceptCounts(_pad_cat(batches(name, L)), protocol.k) for L in contexts} for name in methods},
-                    {L: torch.cat(batches("target loss", L)) for L in contexts} if continuations else {})
+    B = protocol.batch_size
+    batches = {L: math.ceil(ctx.shape[0] / B) for L, ctx in contexts.items()}
+    running = {L: list(methods) for L in contexts}  # the methods still drawing batches at L
+    kept: dict[tuple[str, int], list[torch.Tensor]] = {(name, L): [] for name in methods for L in contexts}
+    losses: dict[int, list[torch.Tensor]] = {L: [] for L in contexts}
+    drawn = {L: 0 for L in contexts}  # batches decided at L
+    with progress_bar(total=-(-len(methods) * sum(batches.values()) // world), enabled=progress, unit="batch",
+                      desc=f"tau of {', '.join(methods)}", tokens_per_step=B * protocol.new_tokens) as bar:
+        while True:  # one round of batches, every L's next ones (batch-major), then the rule
+            pending = [(L, b) for b in range(max(batches.values(), default=0)) for L in contexts
+                       if running[L] and drawn[L] <= b < batches[L]]
+            wave = pending[:world] if rule else pending
+            if not wave:
+                break
+            mine = {}
+            for L, b in wave[rank::world]:
+                rows = slice(b * B, (b + 1) * B)
+                mine[L, b] = _decode_batch(target, methods, running[L], contexts[L][rows].to(device), L, b, protocol,
+                                           timer, continuations[L][rows] if continuations else None)
+                bar.update(len(running[L]))
+            if world > 1:
+                shards = [None] * world
+                dist.all_gather_object(shards, mine)
+                mine = {key: value for shard in shards for key, value in shard.items()}
+            for L, b in wave:
+                drawn[L] = b + 1
+                if running[L] and continuations:
+                    losses[L].append(mine[L, b]["target loss"])
+                for name in list(running[L]):
+                    kept[name, L].append(mine[L, b][name])
+                    if rule:
+                        _, z = AcceptCounts(_pad_cat(kept[name, L]), protocol.k).linearized()
+                        if z.numel() > 1 and bool(rule.resolved(z.numel(), float(z.std()))):
+                            running[L].remove(name)
+    counts = {name: {L: AcceptCounts(_pad_cat(kept[name, L]), protocol.k) for L in contexts} for name in methods}
+    return Measured(counts, {L: torch.cat(losses[L]) for L in contexts} if continuations else {},
+                    {name: {L: c.accepted.shape[0] for L, c in by_l.items()} for name, by_l in counts.items()})
 
 
-def summarize(counts: Mapping[str, Mapping[int, AcceptCounts]]) -> dict[str, dict[int, TauStats]]:
-    """TauStats for every method and context length."""
-    return {name: {L: c.stats() for L, c in by_length.items()} for name, by_length in counts.items()}
+def summarize(counts: Mapping[str, Mapping[int, AcceptCounts]],
+              rule: StoppingRule | None = None) -> dict[str, dict[int, TauStats]]:
+    """TauStats for every method and context length; measured under a stopping `rule`, each with
+    the half-width that rule reports (`StoppingRule.reported`: the wider of the t half-width and
+    the rule's, the fixed-width interval of a sequential rule)."""
+    stats = {name: {L: c.stats() for L, c in by_length.items()} for name, by_length in counts.items()}
+    if rule:
+        stats = {name: {L: replace(s, ci95=float(rule.reported(s.ci95))) for L, s in by_l.items()}
+                 for name, by_l in stats.items()}
+    return stats

@@ -15,6 +15,7 @@ from torchrun import ranks_and_reference
 from spirelib.decoding.builders import BUILDERS, draft_factory
 from spirelib.decoding.drafts import VanillaDraft
 from spirelib.measure.intervals import t_quantile
+from spirelib.measure.stopping import StoppingRule
 from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.methods import CARDS, KVBudget
@@ -50,6 +51,17 @@ def test_stats_from_hand_counted_rounds():
     # rounds with a >= j: j=1: 7 of 9; j=2: 6 of 7; j=3: 5 of 6; j=4: 3 of 5
     assert stats.accepted_at == (7, 6, 5, 3) and stats.reached == (9, 7, 6, 5)
     assert stats.per_position == pytest.approx((7 / 9, 6 / 7, 5 / 6, 3 / 5))
+
+
+def sharp(seed):
+    """A target whose distributions are far from uniform (weights of std 0.5, random norm gains)."""
+    m = model(CFG, seed)
+    m.reset_parameters(0.5)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    return m
 
 
 def test_iid_acceptance_recovers_alpha_and_the_closed_form_tau():
@@ -115,15 +127,6 @@ def test_a_draft_identical_to_the_target_accepts_everything():
     coincidence of flat distributions: an unrelated draft of the same shape accepts far less."""
     from spirelib.model.spire import SpireConfig, SpireDraftModel
 
-    def sharp(seed):
-        m = model(CFG, seed)
-        m.reset_parameters(0.5)
-        with torch.no_grad():
-            for name, p in m.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.add_(0.3 * torch.randn_like(p))
-        return m
-
     target, other = sharp(0), sharp(1)
     L, G, k = 9, 12, 3
     window = L + G + 2 * k
@@ -162,6 +165,41 @@ def test_same_contexts_and_seed_give_the_same_result_and_every_context_gets_g_to
     assert not torch.equal(other["vanilla"][6].accepted, a["vanilla"][6].accepted)
 
 
+def test_a_method_stops_once_its_tau_is_resolved_and_the_others_go_on():
+    """Under a stopping rule the target's own copy as a draft (tau = k + 1 on every context, no
+    spread) stops at the first batch that reaches the floor, at each L; an unrelated draft (tau
+    1.02-1.04, its first context above the rest: never resolved to 0.01) goes on to all n. A stopped method's counts are the first rows of a full run's (the
+    same contexts and streams), the target's loss covers the longest-running method's contexts,
+    and `summarize` reports the wider of the t half-width and the rule's. When every method
+    resolves at once, the loss stops with them."""
+    target, other = sharp(0), sharp(1)
+    k, G, n = 3, 8, 7
+    contexts = {L: torch.randint(0, CFG.vocab_size, (n, L), generator=torch.Generator().manual_seed(L)) for L in (9, 12)}
+    continuations = {L: torch.randint(0, CFG.vocab_size, (n, 5), generator=torch.Generator().manual_seed(L + 50))
+                     for L in contexts}
+    methods = {"same": draft_factory("vanilla", target, target, temperature=1.0),
+               "other": draft_factory("vanilla", target, other, temperature=1.0)}
+    protocol = TauProtocol(k=k, new_tokens=G, batch_size=2, seed=1)
+    full = measure_tau(target, methods, contexts, protocol, continuations=continuations)
+    rule = StoppingRule(half_width=0.01, floor=3)
+    stopped = measure_tau(target, methods, contexts, protocol, continuations=continuations, rule=rule)
+    assert full.n_contexts == {"same": {9: n, 12: n}, "other": {9: n, 12: n}}
+    assert stopped.n_contexts == {"same": {9: 4, 12: 4}, "other": {9: n, 12: n}}
+    for name, by_l in stopped.counts.items():
+        for L, c in by_l.items():
+            rows, width = c.accepted.shape
+            prefix = full.counts[name][L].accepted[:rows]
+            assert rows == stopped.n_contexts[name][L]
+            assert torch.equal(c.accepted, prefix[:, :width]) and (prefix[:, width:] == -1).all()
+        assert torch.equal(stopped.losses[L], full.losses[L])
+    stats = summarize(stopped.counts, rule)
+    assert stats["same"][9].ci95 == 0.01 and stats["same"][9].mean == k + 1 and stats["same"][9].n_contexts == 4
+    assert stats["other"][9].ci95 == summarize(full.counts)["other"][9].ci95 > 0.01
+    every = measure_tau(target, methods, {9: contexts[9]}, protocol, continuations={9: continuations[9]},
+                        rule=StoppingRule(half_width=100.0, floor=3))
+    assert every.n_contexts == {"same": {9: 4}, "other": {9: 4}} and every.losses[9].shape == (4,)
+
+
 def test_the_builder_table_rejects_bad_requests_and_any_draft_with_a_card_is_measured(monkeypatch):
     target, small = model(CFG, 0), model(DRAFT, 1)
     with pytest.raises(ValueError, match="unknown method"):
@@ -183,8 +221,10 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from spirelib.model.transformer import ModelConfig, Transformer
-    from spirelib.decoding.drafts import draft_factory
+    from spirelib.decoding.builders import draft_factory
+    from spirelib.measure.stopping import StoppingRule
     from spirelib.measure.tau import TauProtocol, measure_tau
+    from spirelib.modeling.methods import KVBudget
 
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
@@ -193,17 +233,29 @@ WORKER = textwrap.dedent("""
     torch.manual_seed(1)
     small = Transformer(ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)).eval()
     contexts = {L: torch.randint(0, 29, (7, L), generator=torch.Generator().manual_seed(L)) for L in (8, 13)}
+    continuations = {L: torch.randint(0, 29, (7, 4), generator=torch.Generator().manual_seed(L + 50)) for L in contexts}
     methods = {"vanilla": draft_factory("vanilla", target, small, temperature=1.0),
                "magicdec": draft_factory("magicdec", target, temperature=1.0, budget=KVBudget(1, 4))}
-    counts = measure_tau(target, methods, contexts, TauProtocol(k=3, new_tokens=9, batch_size=2, seed=5)).counts
+    protocol = TauProtocol(k=3, new_tokens=9, batch_size=2, seed=5)
+    counts = measure_tau(target, methods, contexts, protocol).counts
+    out = {f"{m}/{L}": c.accepted.tolist() for m, by_l in counts.items() for L, c in by_l.items()}
+    # under a stopping rule: the target as its own draft stops at the floor; at one L, a round of two
+    # batches holds batches the rule then drops (every method of "floor" stops after batch 0)
+    same = {**methods, "same": draft_factory("vanilla", target, target, temperature=1.0)}
+    for run, L, rule in (("stop", 8, StoppingRule(0.5, 2)), ("floor", 13, StoppingRule(1e3, 2))):
+        got = measure_tau(target, same, {L: contexts[L]}, protocol, continuations={L: continuations[L]}, rule=rule)
+        out[run] = {"n": got.n_contexts, "loss": got.losses[L].tolist(),
+                    "counts": {m: by_l[L].accepted.tolist() for m, by_l in got.counts.items()}}
     if not dist.is_initialized() or dist.get_rank() == 0:
-        json.dump({f"{m}/{L}": c.accepted.tolist() for m, by_l in counts.items() for L, c in by_l.items()}, open(sys.argv[1], "w"))
+        json.dump(out, open(sys.argv[1], "w"))
     if dist.is_initialized():
         dist.destroy_process_group()
 """)
 
 
 def test_sharding_over_two_processes_equals_one_process(tmp_path):
+    """Two processes measure what one does: without a rule, and under a stopping rule (rounds of
+    two batches, decided after gathering, later batches of a round dropped where the rule stops)."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
@@ -211,8 +263,17 @@ def test_sharding_over_two_processes_equals_one_process(tmp_path):
     assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, two.stderr[-3000:]
     one, two = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
-    assert one.keys() == {"vanilla/8", "vanilla/13", "magicdec/8", "magicdec/13"}
-    assert all(len(v) == 7 for v in one.values())
+    assert one.keys() == {"vanilla/8", "vanilla/13", "magicdec/8", "magicdec/13", "stop", "floor"}
+    assert all(len(v) == 7 for key, v in one.items() if "/" in key)
+    assert one["stop"]["n"]["same"] == {"8": 2} and len(one["stop"]["loss"]) == max(
+        n["8"] for n in one["stop"]["n"].values())
+    assert one["floor"]["n"] == {m: {"13": 2} for m in ("vanilla", "magicdec", "same")} and len(one["floor"]["loss"]) == 2
+    def rounds(rows):  # each context's accepted counts, without the -1 after it finished
+        return [[a for a in row if a >= 0] for row in rows]
+
+    for m in ("vanilla", "magicdec"):  # a stopped run decodes the first contexts of a full one, on the same streams
+        stopped = rounds(one["stop"]["counts"][m])
+        assert stopped == rounds(one[f"{m}/8"])[:len(stopped)]
     assert one == two
 
 
