@@ -1,7 +1,8 @@
 """What a serving engine does with a batch-size -> k schedule, as its named release reads it
 (docs/deploy.md, which cites each engine's file, issue or PR): the keys we write for it, a small
 executable model of its own lookup (the k it picks at a batch size, and a context where it reads
-one), its refusals in short, and which drafts it can serve at all.
+one), its refusals in short, its command line (`vllm_command`, `sglang_command`), and which drafts
+it can serve at all, as the drafting methods' cards say (`serving`).
 
 The schedule is `schedule`'s (the best k per batch size, method §2 and §8); here it meets each
 engine's form. Where a form cannot hold the schedule, the writer returns the schedule it does hold
@@ -13,17 +14,36 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import json
 
+from spirelib.modeling.methods import DECODED, card
 from spirelib.modeling.schedule import OFF, Schedule, Table, expressed_cost
 
-SERVING = ("Which drafts an engine can serve: a vanilla draft (a small model of the target's family, "
-           "training/hf_export) through each engine's draft-model method (vLLM method \"draft_model\", TensorRT-LLM "
-           "DraftTargetDecodingConfig, SGLang --speculative-algorithm STANDALONE), and prompt lookup through each "
-           "engine's n-gram drafting (vLLM method \"ngram\", TensorRT-LLM NGramDecodingConfig, SGLang NGRAM), its "
-           "keys in the file. MagicDec (a sink + window self-draft), the verification-guided draft (the target "
-           "reading sink, window and the entries its last verification attended to most) and SPIRe (a draft that "
-           "reads the target's activations) need an engine that implements them, and none does today: their files "
-           "are the schedule such an implementation would take.")
+
+def serving(cards=None) -> str:
+    """Which drafts an engine can serve, from the drafting methods' cards (`methods.CARDS`, the decoded
+    ones by default): a draft is served iff its card names an engine's method for it."""
+    cards = [card(m) for m in DECODED] if cards is None else list(cards)
+    served = [c for c in cards if c.engines]
+    names = {"vllm": 'vLLM method "{}"', "sglang": "SGLang --speculative-algorithm {}"}
+    text = "Which drafts an engine can serve (each draft's card names its engines): " + "; ".join(
+        c.label + (" (its exported draft model)" if c.needs_model else "") + " through "
+        + " and ".join(names[e].format(n) for e, n in c.engines.items() if e in names) for c in served) + (
+        ". " if served else "none. ")
+    if served:
+        text += ("A served draft's engine files name its method, and its draft model where the run recorded its "
+                 "export, with the command lines in serve-vllm.sh and serve-sglang.sh; else merge a file's keys next "
+                 "to the draft's method and model. TensorRT-LLM's file holds the schedule's keys only (prompt "
+                 "lookup's with its NGram keys). ")
+    unserved = [c.label for c in cards if not c.engines]
+    if unserved:
+        text += (f"{', '.join(unserved[:-1]) + ' and ' if len(unserved) > 1 else ''}{unserved[-1]} need an engine "
+                 "that implements them, and none does today: their files are the schedule such an implementation "
+                 "would take.")
+    return text.strip()
+
+
+SERVING = serving()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,13 +142,21 @@ def vllm_k(config: dict, batch: int) -> int:
 
 
 VLLM_NGRAM = ("method", "prompt_lookup_min", "prompt_lookup_max")  # vLLM's n-gram keys (`ngram_keys`)
+#: vLLM's methods that load a draft model (the cards of drafts that need one): "model" must name it.
+VLLM_MODEL_METHODS = tuple(c.engines["vllm"] for c in map(card, DECODED) if c.needs_model and "vllm" in c.engines)
 
 
 def vllm_problems(config: dict) -> list[str]:
-    """What vLLM's validation refuses in `config`, in short (3-item entries)."""
+    """What vLLM's validation refuses in `config`, in short (3-item entries); a draft model's method
+    without its model, or with a placeholder (`<...>`) for it, is refused too (nothing to load)."""
     found = [] if config.get("num_speculative_tokens", 0) > 0 else ["num_speculative_tokens must be > 0"]
-    unknown = set(config) - {"num_speculative_tokens", "num_speculative_tokens_per_batch_size", *VLLM_NGRAM}
+    unknown = set(config) - {"num_speculative_tokens", "num_speculative_tokens_per_batch_size", "model", *VLLM_NGRAM}
     found += [f"{key}: not a key of the release (its config forbids extra fields)" for key in sorted(unknown)]
+    model = config.get("model")
+    if config.get("method") in VLLM_MODEL_METHODS and not model:
+        found.append(f"method {config['method']} needs the draft's model (its exported folder)")
+    if isinstance(model, str) and model.startswith("<"):
+        found.append(f"model {model} is a placeholder: export the draft and give its folder")
     if config.get("prompt_lookup_min", 1) > config.get("prompt_lookup_max", config.get("prompt_lookup_min", 1)):
         found.append("prompt_lookup_min must be <= prompt_lookup_max")
     entries = config.get("num_speculative_tokens_per_batch_size")
@@ -302,3 +330,26 @@ def sglang_problems(config: dict | None, server_args: dict) -> list[str]:
     if steps not in candidates:
         found.append("speculative_num_steps must be one of the candidate steps")
     return found
+
+
+# ---------------------------------------------------------------------------- command lines
+
+def vllm_command(config: dict, target: str, max_batch: int) -> list[str]:
+    """`vllm serve` of `target` with `config` as its --speculative-config (JSON) and --max-num-seqs
+    `max_batch`, the largest batch the schedule covers: an argv, each item one shell word."""
+    return ["vllm", "serve", target, "--max-num-seqs", str(max_batch),
+            "--speculative-config", json.dumps(config, separators=(",", ":"))]
+
+
+def sglang_command(server_args: dict, target: str, max_batch: int, adaptive_config: str | None = None,
+                   graph_bs=None) -> list[str]:
+    """SGLang's server of `target` with `server_args` (`sglang_config`'s, True a bare flag) and
+    --max-running-requests `max_batch`; with `adaptive_config` (the file's path) the keyed schedule
+    and the CUDA-graph batch sizes `graph_bs` it was padded to (`sglang_padded`): an argv."""
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--max-running-requests", str(max_batch)]
+    for key, value in server_args.items():
+        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    if adaptive_config is not None:
+        argv += ["--speculative-adaptive-config", adaptive_config, *(["--cuda-graph-bs", *map(str, graph_bs)]
+                                                                     if graph_bs else [])]
+    return argv

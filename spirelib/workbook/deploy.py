@@ -5,7 +5,9 @@ reads of the run: a batch-size -> k schedule (`modeling.schedule`) at the params
 mix, and one per context of a grid (`method_schedules`), written as our YAML (the intervals, the
 merges, the inputs and, per engine, its release, its batch size, what it does past the last entry
 and what it could not express) and in each engine's form (`modeling.engines`: the keys of a named
-release, and vLLM's context form of an open PR in its own file). `spire run` writes a run's own
+release, and vLLM's context form of an open PR in its own file), beside them the draft's acceptance
+profile (`modeling.acceptance_profile`) and, for a draft an engine serves, its serving command
+lines with its method and exported model (`serve_scripts`). `spire run` writes a run's own
 schedules into its folder (`write_run`); `--explain` reads an engine file back the way that engine
 would, B by B, beside the workbook's schedule (`deploy_explain`).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import textwrap
 from pathlib import Path
@@ -27,10 +30,21 @@ from spirelib.modeling.recorded import DeployError
 from spirelib.modeling.schedule import context_switches, expressed_cost, min_context_run
 from spirelib.paths import project_root
 from spirelib.workbook.deploy_explain import EXPLAIN_ENGINES, explain
-from spirelib.workbook.deploy_inputs import CONTEXTS, MIN_CONTEXT_RUN, MODELS, PRICED, SHAPES, Inputs, inputs
+from spirelib.workbook.deploy_inputs import (
+    CONTEXTS,
+    EXPORTS,
+    MIN_CONTEXT_RUN,
+    MODELS,
+    PRICED,
+    SHAPES,
+    TARGET_PLACEHOLDER,
+    Inputs,
+    inputs,
+)
 from spirelib.workbook.results import read_json
 
 SWITCH_SPAN = (64, 8192)  # the growth of one request whose switches of k schedule.yaml counts
+PROFILE = "acceptance_profile.json"  # each draft's measured acceptance, as serving simulators read it
 
 
 # ---------------------------------------------------------------------------- writing
@@ -63,8 +77,14 @@ def method_schedules(inp: Inputs, method: str) -> dict:
     trt, trt_expressed = engines.trtllm_config(main, table, ngram)
     algorithm = card(method).engines.get("sglang")  # SGLang's --speculative-algorithm, if it serves the draft
     sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)
+    draft = inp.drafts.get(method)  # the draft model an engine loads, where the run exports one (`EXPORTS`)
+    model = None if draft is None else draft.path or EXPORTS[method].placeholder
+    named = {"method": card(method).engines["vllm"], "model": model} if model and "vllm" in card(method).engines else {}
     configs = {"vllm": engines.vllm_config(main, ngram),
                "vllm_pr48944": engines.vllm_context_config(long_runs, ngram), "trtllm": trt, "sglang": sglang}
+    configs.update({name: {**named, **configs[name]} for name in ("vllm", "vllm_pr48944") if configs[name] and named})
+    if model and sglang_args:  # the draft's folder right after its algorithm
+        sglang_args = {"speculative_algorithm": algorithm, "speculative_draft_model_path": model, **sglang_args}
     expressed = {"vllm": main, "trtllm": trt_expressed, "sglang": sglang_expressed}
     notes = {
         "vllm": "batch only: the schedule at the context mix (per context L its largest loss: collapsed_cost)"
@@ -127,6 +147,9 @@ def method_schedules(inp: Inputs, method: str) -> dict:
         "context_switches": switches,
         "engines": engine_doc,
         "sglang_server_args": sglang_args,
+        "draft_model": None if draft is None else {"path": draft.path, "placeholder": None if draft.path else model,
+                                                   "target": draft.target, "note": draft.note},
+        "acceptance_profile": PROFILE if inp.profiles.get(method) else None,
     }
     return {"document": document, "engines": configs, "schedule": main, "capped": capped, "expressed": expressed}
 
@@ -169,10 +192,64 @@ def write(inp: Inputs, out_dir: Path) -> dict[str, dict]:
                                 + yaml.safe_dump({"speculative_config": config}, sort_keys=False))
             else:
                 path.write_text(_json(config) + "\n")
+        (folder / PROFILE).unlink(missing_ok=True)
+        if inp.profiles.get(method):
+            (folder / PROFILE).write_text(_json(inp.profiles[method]) + "\n")
+        scripts = serve_scripts(inp, method, made, folder)
+        for name in ("serve-vllm.sh", "serve-sglang.sh"):
+            (folder / name).unlink(missing_ok=True)
+            if name in scripts:
+                (folder / name).write_text(scripts[name])
+                (folder / name).chmod(0o755)
+        made["files"] = ["schedule.yaml", *(engines.ENGINES[e].file for e, c in made["engines"].items() if c),
+                         *([PROFILE] if inp.profiles.get(method) else []), *scripts]
         written[method] = made
         (folder / "schedule.yaml").write_text(yaml.safe_dump(made["document"], sort_keys=False, width=120,
                                                         allow_unicode=True))
     return written
+
+
+def _script(about: list[str], argv: list[str]) -> str:
+    """A shell script that runs `argv` (one flag and its values a line), `about` as its comment."""
+    words, lines = [shlex.quote(a) for a in argv], []
+    for word in words:
+        if word.startswith("--") or not lines:
+            lines.append(word)
+        else:
+            lines[-1] += " " + word
+    return ("#!/bin/sh\n" + "".join(f"# {line}\n" for line in textwrap.wrap(" ".join(about), 100))
+            + "exec " + " \\\n  ".join(lines) + "\n")
+
+
+def serve_scripts(inp: Inputs, method: str, made: dict, folder: Path) -> dict[str, str]:
+    """The command lines that serve `method` with its schedule (serve-vllm.sh, serve-sglang.sh), for
+    a draft an engine serves (its card names them) that needs no model or whose export the run
+    records (`EXPORTS`; without the folder, its placeholder and how to export it); else none. The
+    target is the one the exported draft names, else `TARGET_PLACEHOLDER`."""
+    names, draft = card(method).engines, inp.drafts.get(method)
+    if not names or (card(method).needs_model and draft is None):
+        return {}
+    target = (draft.target if draft else None) or TARGET_PLACEHOLDER
+    about = [f"spire deploy: {label(method)} of run {inp.run} on {inp.device} {inp.dtype}, B 1-{inp.max_batch}",
+             "(schedule.yaml: the schedule, its inputs and each engine's note). Its card names the engines that serve",
+             f"it: {', '.join(f'{engines.ENGINES[e].label} {n}' for e, n in names.items())}."]
+    if draft is not None:
+        placeholder = made["document"]["draft_model"]["placeholder"]
+        about.append(f"The draft model: {draft.note}." if draft.path else
+                     f"The draft model is the placeholder {placeholder}: {draft.note}.")
+    if target == TARGET_PLACEHOLDER:
+        about.append(f"{TARGET_PLACEHOLDER}: the target the run measured the draft against (the series' imported "
+                     "target, or ours exported by spirelib.training.hf_export.save_model).")
+    scripts, vllm, args = {}, made["engines"]["vllm"], made["document"]["sglang_server_args"]
+    if "vllm" in names and vllm:
+        scripts["serve-vllm.sh"] = _script([*about, f"Keys of {engines.ENGINES['vllm'].release}."],
+                                           engines.vllm_command(vllm, target, inp.max_batch))
+    if "sglang" in names and args:
+        adaptive = str((folder / engines.ENGINES["sglang"].file).resolve()) if made["engines"]["sglang"] else None
+        scripts["serve-sglang.sh"] = _script(
+            [*about, f"Flags of {engines.ENGINES['sglang'].release}; the adaptive file and --cuda-graph-bs only where "
+             "k changes with B."], engines.sglang_command(args, target, inp.max_batch, adaptive, inp.graph_bs))
+    return scripts
 
 
 def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
@@ -189,6 +266,13 @@ def summary(inp: Inputs, made: dict[str, dict], out_dir: Path) -> str:
             + (f" [k capped at the measured depth {inp.acceptance[method].depth}]" if schedules["capped"] else ""))
         lines += [f"    {engines.ENGINES[name].label} cannot hold it: {schedules['document']['engines'][name]['note']}"
                   for name, held in schedules["expressed"].items() if held != s and schedules["engines"][name]]
+        served = [f for f in schedules.get("files", ()) if f.startswith("serve-")]
+        draft = schedules["document"]["draft_model"]
+        if served:
+            model = "" if draft is None else f" (draft model: {draft['path']})" if draft["path"] else (
+                f" (draft model: the placeholder {draft['placeholder']}; schedule.yaml's draft_model says how to "
+                "export it)")
+            lines.append(f"    served by {', '.join(served)}{model}")
     lines.append(f"written to {out_dir} (each engine's release and what it does past the last entry: "
                  "schedule.yaml's engines)")
     return "\n".join(lines)
@@ -227,10 +311,7 @@ def write_run(out_dir: Path) -> dict:
             continue
         made = write(inp, out_dir / "deploy" / name)
         written[name] = {"folder": f"deploy/{name}", "device": f"{inp.device} {inp.dtype}", "context": inp.context,
-                         "methods": {m: {"ranges": s["schedule"].describe(),
-                                         "files": ["schedule.yaml", *(engines.ENGINES[e].file
-                                                                      for e, c in s["engines"].items()
-                                                                      if c is not None)]}
+                         "methods": {m: {"ranges": s["schedule"].describe(), "files": s["files"]}
                                      for m, s in made.items()}}
     return written
 

@@ -2,22 +2,26 @@
 
 From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-position acceptance) and
 `run.json` (the series' shapes, notebook 06's context): per drafting method the model prices
-(`PRICED`: the paper's three, the verification-guided draft and prompt lookup) its acceptance, the
-series' scenario at the served, trained or paper shapes (`series_scenarios`) on a device of the
-hardware table or one given as peak FLOP/s and bandwidth (`resolve_hardware`), or this machine as
-notebook 09's profiled model prices it (`profiled_inputs`); every option is checked before any is
+(`PRICED`: every decoded draft whose card is priced) its acceptance and its acceptance profile
+(`modeling.acceptance_profile`), where the run exported it the draft model an engine serves
+(`exported_draft`: EAGLE-3's folder, notebook 03's `eagle3_export`), the series' scenario at the
+served, trained or paper shapes (`series_scenarios`) on a device of the hardware table or one given
+as peak FLOP/s and bandwidth (`resolve_hardware`), or this machine as notebook 09's profiled model
+prices it (`profiled_inputs`); every option is checked before any is
 used (`inputs`). Apart from the writing, so that what a schedule rests on reads in one place.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 
 from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
+from spirelib.modeling.acceptance_profile import acceptance_profile
 from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.modeling.methods import DECODED, card
 from spirelib.modeling.recorded import DeployError, recorded_acceptance
@@ -32,6 +36,65 @@ MIN_CONTEXT_RUN = 512  # tokens of a request's growth a k must last in the conte
 #: The methods a schedule is made for: every one notebook 04 measures and both models price (a one-pass
 #: drafter is a stated tau of notebook 06, never measured).
 PRICED = tuple(m for m in DECODED if card(m).priced)  # the decoded drafts a model prices (their cards)
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """Where a run records a draft model it exported for an engine (results.json: `notebook`'s `key`),
+    the placeholder its serving lines carry without one, and how to export it."""
+
+    notebook: str
+    key: str
+    placeholder: str
+    how: str
+
+
+#: The drafts an engine serves from a model the run exports (their cards name engines and need a model).
+EXPORTS = {"eagle3": Export("03_train_drafts", "eagle3_export", "<EAGLE3_DRAFT_DIR>",
+                            "export it with spirelib.training.eagle3_export.export_eagle3(draft, DIR, verifier=TARGET) "
+                            "(notebook 03 does, and records DIR under 03_train_drafts.eagle3_export), then give DIR "
+                            "for <EAGLE3_DRAFT_DIR> or rerun spire deploy")}
+TARGET_PLACEHOLDER = "<TARGET_MODEL>"
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+    """The draft model a served draft's lines load: its folder (`path`, absolute) or None (the lines
+    carry `Export.placeholder`), the target its config.json names (None: unknown) and a sentence
+    saying where the folder came from or how to export it."""
+
+    path: str | None
+    target: str | None
+    note: str
+
+
+def exported_draft(run_dir: Path, results: dict, method: str) -> DraftModel | None:
+    """The folder a run exported `method`'s draft to (`EXPORTS`; None for a draft it does not
+    export), read tolerantly: a path, or a mapping with one under "path", "folder" or "dir";
+    absolute, or relative to the run's folder (else to the working directory). A folder without a
+    config.json is treated as missing, so no line carries a broken path."""
+    export = EXPORTS.get(method)
+    if export is None:
+        return None
+    value = results.get(export.notebook, {}).get(export.key)
+    if isinstance(value, dict):
+        value = next((value[k] for k in ("path", "folder", "dir") if value.get(k)), None)
+    where = f"results.json's {export.notebook}.{export.key}"
+    if not value or not isinstance(value, str):
+        return DraftModel(None, None, f"the run recorded no {export.key} ({where}): {export.how}")
+    recorded = Path(value).expanduser()
+    folder = next((f for f in (recorded if recorded.is_absolute() else run_dir / recorded, recorded)
+                   if (f / "config.json").is_file()), None)
+    if folder is None:
+        return DraftModel(None, None, f"the run recorded {value} ({where}), which holds no config.json here: "
+                                      f"{export.how}")
+    try:
+        verifier = json.loads((folder / "config.json").read_text()).get("speculators_config", {}).get("verifier", {})
+    except (json.JSONDecodeError, AttributeError):
+        verifier = {}
+    target = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return DraftModel(str(folder.resolve()), target if isinstance(target, str) and target else None,
+                      f"exported to {folder.resolve()} ({where})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +119,8 @@ class Inputs:
     graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
     min_context_run: int = MIN_CONTEXT_RUN  # tokens: see `schedule.min_context_run`
     min_batch_run: int = 1  # batch sizes the narrowest range spans: see `schedule.schedule`
+    profiles: dict = dataclasses.field(default_factory=dict)  # per method its acceptance profile (JSON-ready)
+    drafts: dict = dataclasses.field(default_factory=dict)  # per served method with an export: its `DraftModel`
 
     def schedule(self, table: Table):
         """The schedule of `table` with this deployment's switching cost and minimum run along B."""
@@ -223,6 +288,8 @@ def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = No
     scenario, shapes = _scenario(run, shapes, device, dtype)
     if fitted is not None:
         shapes = "trained"  # the profiled model prices the series' own target and drafts on this machine
+    profiles = {m: acceptance_profile(results, m, context, run_dir.name) for m in acceptance}
+    drafts = {m: d for m in acceptance if (d := exported_draft(run_dir, results, m)) is not None}
     return Inputs(acceptance, tau_context, scenario, device.name, device, dtype, context,
                   spread, max_batch, switching_cost, tuple(contexts), shapes, run_dir.name, fitted,
-                  tuple(sorted(graph_bs)), min_context_run_tokens, min_batch_run)
+                  tuple(sorted(graph_bs)), min_context_run_tokens, min_batch_run, profiles, drafts)

@@ -161,3 +161,69 @@ def test_prompt_lookup_files_carry_each_engines_ngram_keys_and_hold_what_its_ngr
     assert args["speculative_ngram_max_bfs_breadth"] == 1 and engines.sglang_problems(config, args) == []
     off = schedule(table([[0.5] * 8]))
     assert engines.trtllm_config(off, table([[0.5] * 8]), (1, 5))[0] is None
+
+
+# ---------------------------------------------------------------------------- which drafts, and how they are served
+
+def test_the_serving_statement_comes_from_the_cards_a_draft_served_iff_its_card_names_engines():
+    from spirelib.modeling.methods import DECODED
+
+    for method in DECODED:
+        c = card(method)
+        assert c.label in engines.SERVING
+        for name in c.engines.values():
+            assert name in engines.SERVING
+    unserved = engines.SERVING.split("need an engine")[0].rsplit(". ", 1)[1]  # the sentence naming the unserved
+    assert {m for m in DECODED if card(m).label in unserved} == {m for m in DECODED if not card(m).engines}
+    assert "EAGLE-3 (its exported draft model) through vLLM method \"eagle3\" and SGLang --speculative-algorithm " \
+           "EAGLE3" in engines.SERVING
+    served_spire = dataclasses.replace(card("spire"), engines={"vllm": "spire_x"})  # a card that gains an engine
+    text = engines.serving([card("magicdec"), served_spire])
+    assert 'SPIRe (its exported draft model) through vLLM method "spire_x"' in text
+    assert text.endswith("MagicDec need an engine that implements them, and none does today: their files are the "
+                         "schedule such an implementation would take.")
+    assert "need an engine" not in engines.serving([card("eagle3")])
+
+
+def test_vllm_takes_a_draft_models_method_and_model_and_refuses_it_without_a_loadable_model():
+    keys = {"method": "eagle3", "model": "/drafts/eagle3", **engines.vllm_config(SCHEDULE)}
+    assert engines.vllm_problems(keys) == [] and engines.VLLM_MODEL_METHODS == ("draft_model", "eagle3")
+    assert [engines.vllm_k(keys, b) for b in range(1, MAX + 1)] == [SCHEDULE.k_at(b) for b in range(1, MAX + 1)]
+    assert engines.vllm_problems({**keys, "model": None}) == ["method eagle3 needs the draft's model (its exported "
+                                                               "folder)"]
+    assert "placeholder" in engines.vllm_problems({**keys, "model": "<EAGLE3_DRAFT_DIR>"})[0]
+
+
+def sglang_flags(argv):
+    """SGLang's server arguments from its argv: `--a-b v` -> {"a_b": "v"}, a bare flag -> True, and a
+    flag's several values (--cuda-graph-bs) as a list."""
+    args, key = {}, None
+    for word in argv[3:]:  # python -m sglang.launch_server
+        if word.startswith("--"):
+            key = word[2:].replace("-", "_")
+            args[key] = True
+        else:
+            args[key] = word if args[key] is True else [*(args[key] if isinstance(args[key], list) else [args[key]]),
+                                                        word]
+    return args
+
+
+def test_the_command_lines_carry_the_config_and_the_server_arguments_as_written():
+    import json
+
+    keys = {"method": "eagle3", "model": "/d", **engines.vllm_config(SCHEDULE)}
+    argv = engines.vllm_command(keys, "my/target", MAX)
+    assert argv[:3] == ["vllm", "serve", "my/target"] and argv[argv.index("--max-num-seqs") + 1] == str(MAX)
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == keys
+    config, args, _ = engines.sglang_config(SCHEDULE, stepped(MAX, [4, 9, 17, 33]), "EAGLE3")
+    args = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/d", **args}
+    argv = engines.sglang_command(args, "my/target", MAX, "/deploy/sglang-adaptive.json", (1, 2, 4, 8))
+    flags = sglang_flags(argv)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"] and flags["model_path"] == "my/target"
+    assert flags["speculative_adaptive"] is True and flags["speculative_adaptive_config"] == "/deploy/sglang-adaptive.json"
+    assert flags["cuda_graph_bs"] == ["1", "2", "4", "8"] and flags["max_running_requests"] == str(MAX)
+    parsed = {k: v if v is True or k == "speculative_algorithm" or k.endswith("path") else int(v)
+              for k, v in flags.items() if k in args}
+    assert parsed == args and engines.sglang_problems(config, parsed) == []
+    static = engines.sglang_command({"speculative_algorithm": "NGRAM", "speculative_num_steps": 2}, "t", 8)
+    assert "--speculative-adaptive-config" not in static and "--cuda-graph-bs" not in static

@@ -465,3 +465,106 @@ def test_only_runs_that_touch_what_the_schedules_read_rewrite_them():
     assert deploy.reads_any(["01_performance_model", "04_measure_tau"])
     assert deploy.reads_any(["09_measured_vs_modeled"])
     assert not deploy.reads_any(["06_speedup_explorer", "08_cost_analysis"])
+
+
+# ---------------------------------------------------------------------------- EAGLE-3: the lines that serve it
+
+EAGLE3 = {"tau": {"512": {"mean": 2.864, "ci95": 0.001, "n_contexts": 10}},
+          "per_position_acceptance": {"512": {"p": [0.8, 0.7, 0.6, 0.5], "accepted": [80, 56, 34, 17],
+                                              "reached": [100, 80, 56, 34]}}}
+LOW_HOI = ["--peak-flops", "4e13", "--bandwidth", "2e12", "--dtype", "bf16"]  # HOI 20: k changes with B
+
+
+def with_eagle3(run_dir, export=None):
+    results = json.loads((run_dir / "results.json").read_text())
+    results["04_measure_tau"]["tau"]["eagle3"] = EAGLE3["tau"]
+    results["04_measure_tau"]["per_position_acceptance"]["eagle3"] = EAGLE3["per_position_acceptance"]
+    if export is not None:
+        results["03_train_drafts"] = {"eagle3_export": export}
+    (run_dir / "results.json").write_text(json.dumps(results))
+
+
+def exported(folder, verifier="org/target-model"):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "speculators_config": {
+        "algorithm": "eagle3", "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}}}))
+    return folder
+
+
+def command(script):
+    """The argv a serve-*.sh runs (its one exec line, continued over lines)."""
+    import shlex
+    body = script.replace("\\\n", " ").splitlines()
+    assert body[0] == "#!/bin/sh" and all(line.startswith("# ") for line in body[1:-1])
+    return shlex.split(body[-1])[1:]  # after exec
+
+
+def test_deploy_writes_eagle3s_serving_lines_with_its_exported_folder_and_its_acceptance_profile(
+        run_dir, tmp_path, capsys):
+    draft = exported(run_dir / "drafts" / "eagle3")
+    with_eagle3(run_dir, "drafts/eagle3")  # relative to the run's folder
+    out = tmp_path / "out"
+    assert cli.main(["deploy", str(run_dir), *LOW_HOI, "--shapes", "paper", "--max-batch", "64", "--contexts", "512",
+                     "--cuda-graph-bs", "1,2,4,8,16,32,64", "--draft", "eagle3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(engines.SERVING) and f"served by serve-vllm.sh, serve-sglang.sh (draft model: {draft})" \
+        in printed
+    folder = out / "eagle3"
+    inp = deploy_inputs.inputs(run_dir, peak_flops=4e13, bandwidth=2e12, dtype="bf16", shapes="paper", max_batch=64,
+                               contexts=(512,), methods=["eagle3"], graph_bs=(1, 2, 4, 8, 16, 32, 64))
+    s = schedule(inp.table("eagle3"), max_batch=64)
+    assert len(s.ranges) > 1  # k changes with B: vLLM's dynamic key, SGLang's adaptive file
+    vllm = json.loads((folder / "vllm.json").read_text())
+    assert vllm["method"] == "eagle3" and vllm["model"] == str(draft) and engines.vllm_problems(vllm) == []
+    assert all(engines.vllm_k(vllm, b) == s.k_at(b) for b in range(1, 65))
+    ctx = json.loads((folder / "vllm-context-pr48944.json").read_text())
+    assert (ctx["method"], ctx["model"]) == ("eagle3", str(draft))
+    argv = command((folder / "serve-vllm.sh").read_text())
+    assert argv[:3] == ["vllm", "serve", "org/target-model"]  # the target the export names
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == vllm and "--max-num-seqs" in argv
+    doc = yaml.safe_load((folder / "schedule.yaml").read_text())
+    args = doc["sglang_server_args"]
+    assert list(args)[:2] == ["speculative_algorithm", "speculative_draft_model_path"]
+    assert args["speculative_algorithm"] == "EAGLE3" and args["speculative_draft_model_path"] == str(draft)
+    adaptive = json.loads((folder / "sglang-adaptive.json").read_text())  # EAGLE3 reads the keyed schedule
+    assert engines.sglang_problems(adaptive, args) == [] and args["speculative_num_steps"] == max(r.k for r in s.ranges)
+    assert all(engines.sglang_k(adaptive, args, b, inp.graph_bs) == s.k_at(engines.sglang_padded(b, inp.graph_bs))
+               for b in range(1, 65))
+    argv = command((folder / "serve-sglang.sh").read_text())
+    assert argv[:5] == ["python", "-m", "sglang.launch_server", "--model-path", "org/target-model"]
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        assert flag in argv and (value is True or argv[argv.index(flag) + 1] == str(value))
+    assert argv[argv.index("--speculative-adaptive-config") + 1] == str((folder / "sglang-adaptive.json").resolve())
+    assert argv[argv.index("--cuda-graph-bs") + 1:argv.index("--cuda-graph-bs") + 8] == ["1", "2", "4", "8", "16",
+                                                                                         "32", "64"]
+    assert doc["draft_model"] == {"path": str(draft), "placeholder": None, "target": "org/target-model",
+                                  "note": f"exported to {draft} (results.json's 03_train_drafts.eagle3_export)"}
+    profile = json.loads((folder / "acceptance_profile.json").read_text())
+    assert doc["acceptance_profile"] == "acceptance_profile.json" and profile["method"] == "eagle3"
+    assert profile["conditional_accept_rates"] == [0.8, 0.7, 0.607143, 0.5] and profile["rounds"] == 100
+    assert profile["marginal_accept_rates"] == [0.8, 0.56, 0.34, 0.17] and profile["mean_accept_length"] == 2.87
+    assert profile["context_lengths"] == [512] and profile["source"]["run"] == run_dir.name
+    for value in ({"path": str(draft)}, str(draft)):  # read tolerantly: absolute, or a mapping holding the path
+        with_eagle3(run_dir, value)
+        assert deploy_inputs.inputs(run_dir, hardware="h100-sxm", methods=["eagle3"]).drafts["eagle3"].path == str(draft)
+
+
+def test_without_an_exported_folder_eagle3s_lines_carry_a_placeholder_and_say_how_to_export(run_dir, tmp_path):
+    for export in (None, "nowhere/eagle3"):  # none recorded; recorded but not there
+        with_eagle3(run_dir, export)
+        out = tmp_path / str(export).replace("/", "-")
+        assert cli.main(["deploy", str(run_dir), "--hardware", "h100-sxm", "--max-batch", "16", "--contexts", "512",
+                         "--out", str(out)]) == 0
+        vllm = json.loads((out / "eagle3" / "vllm.json").read_text())
+        assert vllm["model"] == "<EAGLE3_DRAFT_DIR>" and "placeholder" in engines.vllm_problems(vllm)[0]
+        doc = yaml.safe_load((out / "eagle3" / "schedule.yaml").read_text())
+        assert doc["draft_model"]["path"] is None and doc["draft_model"]["placeholder"] == "<EAGLE3_DRAFT_DIR>"
+        assert "spirelib.training.eagle3_export.export_eagle3" in doc["draft_model"]["note"]
+        for name in ("serve-vllm.sh", "serve-sglang.sh"):
+            script = (out / "eagle3" / name).read_text()
+            assert "<EAGLE3_DRAFT_DIR>" in command(script)[-1] or "<EAGLE3_DRAFT_DIR>" in command(script)
+            assert "export_eagle3" in script and "<TARGET_MODEL>" in command(script)
+        assert not (out / "vanilla" / "serve-vllm.sh").exists()  # no export recorded for it: its schedule only
+        assert not (out / "spire" / "serve-vllm.sh").exists() and (out / "spire" / "acceptance_profile.json").exists()
+    assert "nowhere/eagle3" in doc["draft_model"]["note"]
