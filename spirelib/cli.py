@@ -30,7 +30,7 @@ from spirelib.training.params import ParamsError, load_params
 from spirelib.training.series import Series, problems
 from spirelib.workbook import deploy, runner
 
-MODELS = ("target", "vanilla", "spire")
+MODELS = ("target", "vanilla", "spire", "eagle3")
 
 
 # ---------------------------------------------------------------------------- spire train
@@ -79,7 +79,8 @@ def _train(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     run = {"target": lambda: series.trained_target(progress),
            "vanilla": lambda: series.trained_vanilla_draft(progress),
-           "spire": lambda: series.trained_spire_draft(args.variant, progress=progress)}[args.model]()
+           "spire": lambda: series.trained_spire_draft(args.variant, progress=progress),
+           "eagle3": lambda: series.trained_eagle3_draft(progress)}[args.model]()
     print(f"{run.result.path.parent.name}: {run.summary}")
     if world > 1:  # gloo's and nccl's threads must not outlive the interpreter
         import torch.distributed as dist

@@ -49,6 +49,7 @@ from spirelib.bench.roofline import (
 )
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.drafts import vanilla_draft_config
+from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.speculative import TargetPass, autoregressive_rounds, speculative_capacity, speculative_rounds
 from spirelib.measure.wallclock import (
@@ -59,6 +60,7 @@ from spirelib.measure.wallclock import (
     repeat_seconds,
     time_cells,
 )
+from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
 from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import Transformer
@@ -66,7 +68,7 @@ from spirelib.modeling import profile_fit
 from spirelib.modeling.methods import BUDGET, CARDS, TARGET, card
 from spirelib.training.hf_weights import available_bytes
 
-TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup")  # AD and the registered drafts this benchmark builds
+TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup", "eagle3")  # AD and the registered drafts this benchmark builds
 
 
 def draft_options(window: int) -> dict[str, dict]:
@@ -79,11 +81,12 @@ def draft_models(target: Transformer, methods, window: int) -> dict:
     """The draft model of each SD method in `methods` (None: MagicDec, the guided draft and prompt
     lookup have none), in the target's dtype and on its device: the vanilla draft in the method §4
     shape (`vanilla_draft_config`), the SPIRe draft pruned from the target (2 layers, sink 1 +
-    window). Random weights from seed 1: the same models every call."""
+    window), EAGLE-3's one layer. Random weights from seed 1: the same models every call."""
     torch.manual_seed(1)
     param = next(target.parameters())
     build = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(param).eval(),
-             "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param).eval()}
+             "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param).eval(),
+             "eagle3": lambda: Eagle3DraftModel.from_target(target, Eagle3Config()).to(param).eval()}
     return {m: build[m]() if m in build else None for m in methods if m != "ad"}
 
 
@@ -167,6 +170,10 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     ring = SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, SinkWindow(1, window), k + 1,
                              rope_mode="cache", rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
     ring.ingest(target_cache, torch.arange(context, device=dev).expand(batch, context))
+    eagle3 = Eagle3Draft(models["eagle3"])
+    stream = target.residual_stream(tokens[:, :context], layers=eagle3.target_layers)  # (3, B, L, d)
+    eagle3.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
+                            target_cache, stream, eagle3.target_layers), k)
     memory = spire.new_cache(batch, slack=k + 1)
     spire.write_target_memory(memory, target.residual_stream(tokens[:, :context], layers=spire.memory_layers),
                               torch.arange(context, device=dev).expand(batch, context))
@@ -181,6 +188,8 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
         step_kind("magicdec"): (lambda: target(tokens[:, context:context + 1], pos, ring), ring),
         step_kind("guided"): (lambda: target(tokens[:, context:context + 1], pos, guided.cache), guided.cache),
         step_kind("spire"): (lambda: spire.step(tokens[:, context], lengths, memory), memory),
+        step_kind("eagle3"): (lambda: eagle3.model.step(tokens[:, context], eagle3.feature, lengths, eagle3.cache),
+                              eagle3.cache),
     }
     rows = []
     for kind, (call, cache) in calls.items():
@@ -290,7 +299,7 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     bw = memory_bandwidth(device=args.device)["bandwidth"]
     spire = SpireConfig(window=args.window)
     cfgs = model_cfgs(target.cfg)
-    shapes = profiled_draft_shapes({m: cfgs[m] for m in ("vanilla", "spire")}, kv_budgets(args.window), spire)
+    shapes = profiled_draft_shapes({m: cfgs[m] for m in ("vanilla", "spire", "eagle3")}, kv_budgets(args.window), spire)
     seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
     cost = profile_fit.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
                         drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, peak_flops=peak,

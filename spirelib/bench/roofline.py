@@ -15,6 +15,7 @@ from spirelib.decoding.speculative import speculative_capacity
 from spirelib.model.spire import SpireConfig
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import BUDGET, DECODED, TARGET, KVBudget, card, label
+from spirelib.modeling.perfmodel import fused_params
 
 #: Rounds a generation runs before `round_rows` times one: the first runs eagerly, the second records
 #: the round's CUDA graph (`graphs.RoundGraphs.run`), the third replays it.
@@ -24,14 +25,16 @@ WARM_ROUNDS = 3
 class Forward(NamedTuple):
     """A forward kind of `forward_shapes`: its model's `ModelConfig`, the new tokens a row, the live
     keys a row attends to (what the forward needs), the slots a row's attention reads (what its
-    kernel moves: a cache reads all of its slots, masked), and whether its queries also score every
-    key (the guided draft's verification)."""
+    kernel moves: a cache reads all of its slots, masked), whether its queries also score every
+    key (the guided draft's verification), and the weights it runs per token beyond its layer
+    stack (`perfmodel.fused_params`: EAGLE-3's fusion and 2 d wide W_q, W_k, W_v)."""
 
     cfg: object
     new: int
     keys: int
     reads: int
     scores: bool = False
+    extra: int = 0
 
 
 def kv_budgets(window: int) -> dict[str, KVBudget]:
@@ -91,7 +94,7 @@ def forward_shapes(cfgs: dict, context: int, k: int, budgets: dict[str, KVBudget
             b = budgets[m]
             kinds[step_kind(m)] = Forward(cfg, 1, min(context, b.entries) + c.own, ring_slots(b, k))
         else:
-            kinds[step_kind(m)] = Forward(cfg, 1, context + 1, sd)
+            kinds[step_kind(m)] = Forward(cfg, 1, context + 1, sd, extra=fused_params(m, cfg.shape()))
     return kinds
 
 
@@ -117,6 +120,7 @@ def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: 
                                      bytes_per_value=value_bytes)
         if f.scores:
             work = profiled.scored(work, f.cfg.shape(), value_bytes)
+        work = replace(work, flops=work.flops + 2.0 * f.extra * batch * new, bytes=work.bytes + f.extra * value_bytes)
         flops, moved = flops + work.flops, moved + work.bytes
         ms += 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
     return flops / 1e9, moved / 1e6, ms
@@ -137,9 +141,10 @@ def roofline_row(kind: str, batch: int, context: int, seconds: list[float], work
 
 def model_cfgs(cfg) -> dict:
     """The `ModelConfig` of a target (`cfg`) and of the draft models `build_methods` builds for it:
-    "target", "vanilla" (`vanilla_draft_config`) and "spire" (the SPIRe draft's body, pruned to
-    `SpireConfig`'s layers)."""
-    return {"target": cfg, "vanilla": vanilla_draft_config(cfg), "spire": replace(cfg, num_layers=SpireConfig().num_layers)}
+    "target", "vanilla" (`vanilla_draft_config`), "spire" (the SPIRe draft's body, pruned to
+    `SpireConfig`'s layers) and "eagle3" (its one layer, `Eagle3DraftModel.layer_cfg`)."""
+    return {"target": cfg, "vanilla": vanilla_draft_config(cfg), "spire": replace(cfg, num_layers=SpireConfig().num_layers),
+            "eagle3": replace(cfg, num_layers=1)}
 
 
 def round_count(repeats: int) -> int:

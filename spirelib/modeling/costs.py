@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.modeling.perfmodel import ModelShape, body_params, positive, resolve_shape, scalar_or_array
+from spirelib.modeling.methods import CARDS
+from spirelib.modeling.perfmodel import ModelShape, body_params, fused_params, positive, resolve_shape, scalar_or_array
 
 PAPER_SERVING_UNITS = 10.0
 
@@ -40,14 +41,20 @@ def budget_fraction(tokens, params) -> float:
 
 
 def draft_training_units(draft: ModelShape | str, target: ModelShape | str, *, token_ratio: float = 1.0,
-                         mfu_ratio: float = 1.0) -> float:
+                         mfu_ratio: float = 1.0, method: str | None = None, k: int = 4) -> float:
     """A draft's training cost in target-training units, from body parameters.
 
     cost ratio = (N_draft / N_target) * (draft tokens / target tokens) / (draft MFU / target MFU).
     With equal tokens and MFU this is the paper's "1/4 of the body parameters" for SPIRe;
-    a lower draft MFU (mfu_ratio < 1) raises it.
+    a lower draft MFU (mfu_ratio < 1) raises it. With `method`, N_draft counts the weights its
+    card runs beyond its layers (`fused_params`: EAGLE-3's fusion), times k steps where its
+    training unrolls them over every position (EAGLE-3's training-time test).
     """
-    ratio = body_params(resolve_shape(draft, "draft")) / body_params(resolve_shape(target, "target"))
+    shape = resolve_shape(draft, "draft")
+    n = body_params(shape)
+    if method is not None:
+        n = (n + fused_params(method, shape)) * (k if CARDS[method].unrolled else 1)
+    ratio = n / body_params(resolve_shape(target, "target"))
     return float(ratio * positive(token_ratio, "token_ratio") / positive(mfu_ratio, "mfu_ratio"))
 
 

@@ -83,7 +83,9 @@ class MethodCard:
     draft re-runs the token before the pending one, `drafts.VanillaDraft`); `memory`: it writes
     memory from the target's verified activations (SPIRe, method §3.3); `fused`: the target
     layers whose hidden states it fuses into each verified entry (EAGLE-3's 3, through a
-    `fused` x d -> d projection, and a [embedding ; feature] input to its layer); `scores`: its verification
+    `fused` x d -> d projection, and a [embedding ; feature] input to its layer); `unrolled`: its
+    training runs each of its k steps over every position (EAGLE-3's training-time test), where
+    SPIRe's k passes cost about one forward (method §3.6); `scores`: its verification
     records attention scores; `joint`: its k positions come from one pass of k tokens
     (a one-pass drafter, modeled only); `paper`: the paper's three (method §2), else priced by our
     extension (`perfmodel.EXTRA_METHODS`) or, with `priced` False, not at all; `engines`: each
@@ -100,6 +102,7 @@ class MethodCard:
     first_new: int = 1
     memory: bool = False
     fused: int = 0
+    unrolled: bool = False
     scores: bool = False
     joint: bool = False
     paper: bool = False
@@ -133,7 +136,7 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
                scores=True),  # the verification-guided sparse self-draft
     MethodCard("lookup", "prompt lookup", "#8c8c3c", "P", needs_model=False, drafter=None,
                engines={"vllm": "ngram", "sglang": "NGRAM"}),
-    MethodCard("eagle3", "EAGLE-3", "#7b4fd6", "E", needs_model=True, drafter=DRAFT, fused=3,
+    MethodCard("eagle3", "EAGLE-3", "#7b4fd6", "E", needs_model=True, drafter=DRAFT, fused=3, unrolled=True,
                engines={"vllm": "eagle3", "sglang": "EAGLE3"}),  # arXiv 2503.01840: its own dense KV
     MethodCard("one_pass", "one-pass drafter", "#e8a33d", "1", needs_model=True, drafter=DRAFT, reads=BUDGET,
                joint=True),

@@ -12,8 +12,8 @@ from spirelib.modeling.scenarios import Scenario
 def training_units_by_target(scenarios: dict[str, Scenario], mfu_ratio: float = 1.0) -> dict[str, dict[str, float]]:
     """target name -> method -> the draft's training cost in target-training units (trained on
     its target's tokens; `mfu_ratio` = the draft's training MFU / the target's)."""
-    return {target: {m: costs.draft_training_units(d, target, mfu_ratio=mfu_ratio) for m, d in s.drafts.items()}
-            for target, s in scenarios.items()}
+    return {target: {m: costs.draft_training_units(d, target, mfu_ratio=mfu_ratio, method=m, k=s.k)
+                     for m, d in s.drafts.items()} for target, s in scenarios.items()}
 
 
 def relative_margin(nets: dict[str, float]) -> float | None:

@@ -51,10 +51,11 @@ class Scenario:
     @classmethod
     def trained(cls, target, vanilla, spire_layers: int, window: int, taus: Mapping[str, float],
                 **overrides) -> Scenario:
-        """The trained series' comparison: its target and vanilla draft (`ModelConfig`s) and the
-        SPIRe draft as the target's first `spire_layers` layers (method §3.1's pruned init) reading a
-        fixed sparse `window` of tokens."""
-        drafts = {"vanilla": vanilla.shape(), "spire": dataclasses.replace(target, num_layers=spire_layers).shape()}
+        """The trained series' comparison: its target and vanilla draft (`ModelConfig`s), the SPIRe
+        draft as the target's first `spire_layers` layers (method §3.1's pruned init) reading a fixed
+        sparse `window` of tokens, and EAGLE-3's one layer of the target's shape."""
+        drafts = {"vanilla": vanilla.shape(), "spire": dataclasses.replace(target, num_layers=spire_layers).shape(),
+                  "eagle3": dataclasses.replace(target, num_layers=1).shape()}
         return cls(target.shape(), drafts, taus, window_factor=None, window=window, **overrides)
 
     def with_taus(self, taus: Mapping[str, float], label: str) -> Scenario:

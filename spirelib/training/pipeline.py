@@ -53,7 +53,8 @@ class Data:
 @dataclass
 class TrainedModel:
     """A trained (or loaded) model with everything that identifies it: a language model
-    (`Transformer`, `ModelConfig`) or a SPIRe draft (`SpireDraftModel`, `SpireConfig`)."""
+    (`Transformer`, `ModelConfig`), a SPIRe draft (`SpireDraftModel`, `SpireConfig`) or an EAGLE-3
+    draft (`Eagle3DraftModel`, `Eagle3Config`)."""
 
     model: torch.nn.Module  # on the training device, in eval mode
     config: ModelConfig | SpireConfig
@@ -64,8 +65,11 @@ class TrainedModel:
 
     @property
     def layers_config(self) -> ModelConfig:
-        """The shape of the model's layer stack: a language model's own config, a SPIRe draft's body."""
-        return self.model.body.cfg if isinstance(self.config, SpireConfig) else self.config
+        """The shape of the model's layer stack: a language model's own config, a SPIRe draft's body,
+        an EAGLE-3 draft's one layer (`Eagle3DraftModel.layer_cfg`)."""
+        if isinstance(self.config, SpireConfig):
+            return self.model.body.cfg
+        return self.config if isinstance(self.config, ModelConfig) else self.model.layer_cfg
 
     @property
     def config_hash(self) -> str:

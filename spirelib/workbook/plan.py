@@ -35,6 +35,7 @@ from spirelib.workbook.probe import (
     timestamp,
     write_cached,
 )
+from spirelib.workbook.results import read_json
 from spirelib.workbook.work import (
     GPU_DTYPE,
     GPU_MFU,
@@ -175,6 +176,25 @@ def measured_taus(results: dict) -> dict[str, float] | None:
     return {m: float(np.mean([v["mean"] for v in by_l.values()])) for m, by_l in taus.items()}
 
 
+def measured_spreads(results: dict) -> dict[str, float] | None:
+    """Each method's per-context spread of tau (sd, its mean over the context lengths) as a run's
+    notebook 04 recorded it: what prices 04's stopping rule (`work.Models.tau_contexts`)."""
+    taus = results.get("04_measure_tau", {}).get("tau")
+    spreads = {m: [v["std"] for v in by_l.values() if "std" in v] for m, by_l in (taus or {}).items()}
+    return {m: float(np.mean(s)) for m, s in spreads.items() if s} or None
+
+
+def measured(out_dir: Path | None, series: dict) -> tuple[dict | None, dict | None]:
+    """(`measured_taus`, `measured_spreads`) of the last run into `out_dir`, where it ran the same
+    `series` (its run.json says so); (None, None) otherwise."""
+    if out_dir is None or not (out_dir / "run.json").is_file():
+        return None, None
+    if read_json(out_dir / "run.json").get("params", {}).get("series") != series:
+        return None, None
+    recorded = read_json(out_dir / "results.json")
+    return measured_taus(recorded), measured_spreads(recorded)
+
+
 def _notebook_figure(machine: str, notebook: str, parameters: dict) -> Path:
     """Where a run's measured seconds of `notebook` with `parameters` (its resolved parameters, the
     series included) on `machine` are kept (`learn`)."""
@@ -195,13 +215,14 @@ def _ran(items: list[Item], figure: dict) -> list[Item]:
 
 
 def make_plan(selected: list[str], parameters: dict[str, dict], series_values: dict,
-              taus: dict[str, float] | None = None, recalibrate: bool = False) -> Plan:
+              taus: dict[str, float] | None = None, recalibrate: bool = False,
+              spreads: dict[str, float] | None = None) -> Plan:
     """The plan of a run of the notebooks `selected` (stems, in order) with `parameters` (stem ->
     the notebook's parameters: its defaults with the run's injections over them) and the series
     configuration `series_values`; probes what it has not measured before (`Probe`; everything with
     `recalibrate`). SD rounds come from `taus` (method -> tau: what an earlier run of the same series
     measured, `measured_taus`) where given, else they are priced over a range: the paper's taus to
-    1. A notebook that a run on this machine measured with the same parameters (`learn`) costs what
+    1; 04's stopping rule at those taus and the `spreads` that run measured (`measured_spreads`). A notebook that a run on this machine measured with the same parameters (`learn`) costs what
     it took, its training apart."""
     from spirelib.training.series import Series
 
@@ -216,7 +237,8 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
     for nb in selected:
         work = [fixed(nb)]
         if nb in WORK:
-            models = models or Models(series, probe, {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})}, not taus)
+            models = models or Models(series, probe, {**PAPER_TAU[PAPER_TAU_CONTEXT], **(taus or {})}, not taus,
+                                      spreads)
             work += WORK[nb](models, nb, parameters[nb])
         path = _notebook_figure(probe.machine, nb, parameters[nb])
         keys[nb] = path.name
@@ -229,6 +251,12 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
               f"L = {PAPER_TAU_CONTEXT} (" + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
               + ") to 1, every round yielding one token (a random or untrained draft's)")
     assumptions = [rounds + ", every batch until its slowest row is done"] if models is not None else []
+    if parameters.get("04_measure_tau", {}).get("tau_half_width") and "04_measure_tau" in selected:
+        assumptions.append("04 decodes each (method, L) until its tau's 95% half-width reaches "
+                           f"{parameters['04_measure_tau']['tau_half_width']}: its expected contexts at those taus and "
+                           + ("the last run's spreads" if spreads else "the paper's spread (every context for a "
+                                                                        "method with none known)")
+                           + " (`stopping.expected_contexts`)")
     if "09_measured_vs_modeled" in selected:
         assumptions.append("09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to "
                            "stop early")

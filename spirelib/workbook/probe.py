@@ -36,11 +36,13 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure import calibrate
+from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.paths import cache_dir
 from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
+from spirelib.training.eagle3 import Eagle3Objective
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.step import evaluate
 from spirelib.training.train import train
@@ -242,19 +244,24 @@ class Probe:
         torch.manual_seed(0)
         return Transformer(cfg).to(device=self.device, dtype=self.dtype).eval()
 
-    def training(self, kind: str, cfg: ModelConfig, train_cfg: TrainConfig, spire: SpireConfig | None = None) -> dict:
+    def training(self, kind: str, cfg: ModelConfig, train_cfg: TrainConfig,
+                 draft: SpireConfig | Eagle3Config | None = None) -> dict:
         """{"first_step_s", "step_s", "eval_window_s", "save_s"} of a recipe: `kind` "lm" trains a
-        Transformer `cfg`, "spire" a SPIRe draft `spire` of a target `cfg` (k-pass, MixedLoss); its
-        timed steps are the samples `_measure` checks."""
+        Transformer `cfg`, "spire" a SPIRe draft `draft` of a target `cfg` (k-pass, MixedLoss),
+        "eagle3" an EAGLE-3 draft (k unrolled steps, distillation); its timed steps are the samples
+        `_measure` checks."""
         probe_cfg = dataclasses.replace(train_cfg, steps=PROBE_STEPS, tokens_per_param=0.0, eval_every=0,
                                         eval_windows=PROBE_WINDOWS, checkpoint_every=10**9, log_every=1)
-        key = {"model": cfg.to_dict(), "spire": None if spire is None else spire.to_dict(),
+        key = {"model": cfg.to_dict(), kind if kind == "eagle3" else "spire": None if draft is None else draft.to_dict(),
                "train": {f: getattr(train_cfg, f) for f in ("batch_size", "seq_len", "compile", "micro_batch_size")}}
 
         def measure():
             if kind == "spire":
                 target = self._target(cfg)
-                model, objective = SpireDraftModel.from_target(target, spire), SpireObjective(target)
+                model, objective = SpireDraftModel.from_target(target, draft), SpireObjective(target)
+            elif kind == "eagle3":
+                target = self._target(cfg)
+                model, objective = Eagle3DraftModel.from_target(target, draft), Eagle3Objective(target)
             else:
                 torch.manual_seed(0)
                 model, objective = Transformer(cfg), lm_objective
@@ -281,8 +288,9 @@ class Probe:
             return {"first_step_s": summary["first_step_s"], "step_s": step_s, "eval_window_s": eval_window_s,
                     "save_s": save_s}, [steps]
 
-        model = f"SPIRe draft training ({spire.num_layers} blocks" if kind == "spire" else \
-            f"LM training ({cfg.num_layers} x {cfg.d_model}"
+        model = {"spire": f"SPIRe draft training ({getattr(draft, 'num_layers', 0)} blocks",
+                 "eagle3": f"EAGLE-3 draft training (k = {getattr(draft, 'k', 0)}"}.get(
+            kind, f"LM training ({cfg.num_layers} x {cfg.d_model}")
         what = f"{model}, B {train_cfg.batch_size}, T {train_cfg.seq_len})"
         return self._cached(f"train-{kind}", key, measure, what) or dict.fromkeys(
             ("first_step_s", "step_s", "eval_window_s", "save_s"), math.nan)
@@ -302,12 +310,14 @@ class Probe:
                              f"evaluation ({cfg.num_layers} x {cfg.d_model}, T {seq_len})")
                 or {"eval_window_s": math.nan})
 
-    def decoding(self, cfg: ModelConfig, spire: SpireConfig, options: dict[str, dict], methods: list[str],
+    def decoding(self, cfg: ModelConfig, configs: dict, options: dict[str, dict], methods: list[str],
                  batch: int, context: int, new_tokens: int, k: int, temperature: float) -> dict:
         """{"prefill_s", "ad_step_s", "round_s": {method: s}} at (B, L) = (`batch`, `context`): one
         real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round,
-        each draft built with its `options` (`Series.draft_options`: the self-drafts' KV budgets)."""
-        key = {"model": cfg.to_dict(), "spire": spire.to_dict(), "methods": sorted(methods),
+        each draft built with its `options` (`Series.draft_options`: the self-drafts' KV budgets),
+        the trained ones from their `configs` ("spire": SpireConfig, "eagle3": Eagle3Config), random."""
+        key = {"model": cfg.to_dict(), "methods": sorted(methods),
+               **{m: c.to_dict() for m, c in configs.items() if m in methods},
                "options": {m: {name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                                for name, v in o.items()} for m, o in options.items() if m in methods},
                "batch": batch, "context": context, "new_tokens": new_tokens, "k": k, "temperature": temperature}
@@ -317,8 +327,10 @@ class Probe:
 
         def measure():
             target = self._target(cfg)
-            models = {"vanilla": Transformer(vanilla_draft_config(cfg)) if "vanilla" in methods else None,
-                      "spire": SpireDraftModel.from_target(target, spire) if "spire" in methods else None}
+            build = {"vanilla": lambda: Transformer(vanilla_draft_config(cfg)),
+                     "spire": lambda: SpireDraftModel.from_target(target, configs["spire"]),
+                     "eagle3": lambda: Eagle3DraftModel.from_target(target, configs["eagle3"])}
+            models = {m: build[m]() for m in methods if m in build}
             factories = {m: draft_factory(m, target, None if models.get(m) is None else models[m].to(self.device),
                                           temperature=temperature, **options.get(m, {})) for m in methods}
             contexts = torch.randint(0, cfg.vocab_size, (batch, context), device=self.device)

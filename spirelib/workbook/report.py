@@ -21,7 +21,11 @@ offline it shows as TeX source.
 is the list `INDEX_SECTIONS` of small functions, each rendering one section from data
 (`findings`, `paper_claims`, `details`, `deploy`) with a Jinja2 template of templates/ (autoescaped):
 the verdict and what was (not) reproduced first, then the reports, the details, the parameters
-(folded) and a link to the raw results.json.
+(folded) and a link to the raw results.json. The runner writes it before the first notebook and as
+each starts, not only at the end: while the run's status is "running" the page says how far the run
+is and when the plan expects it to end (`live_state`), reloads itself every `LIVE_RELOAD_S` in a
+browser, marks each notebook "running" or "not yet run", and leaves out, rather than stop the run,
+a section the results so far cannot fill. Once the run ends it is what the notebooks' results make.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import atexit
 import base64
 import contextlib
 import copy
+import datetime
 import json
 import os
 import re
@@ -49,6 +54,7 @@ from nbconvert import HTMLExporter
 from spirelib.modeling.engines import SERVING
 from spirelib.workbook import deploy, findings, paper_claims
 from spirelib.workbook.details import DETAILS
+from spirelib.workbook.plan import time_range
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -58,6 +64,7 @@ REPORT_TEMPLATE = "spire_report.j2"  # templates/nbconvert/: nbconvert's lab tem
 PARAMETERS_TAG, INJECTED_TAG = "parameters", "injected-parameters"
 CONCLUSION_TAG = "conclusion"  # cells whose text output a report shows first, under its title
 PNG_SIZE = (960, 540)  # default size of a static figure; a figure's own layout height wins
+LIVE_RELOAD_S = 30  # a browser reloads the index of a running run this often
 
 
 TEMPLATES = Environment(loader=PackageLoader("spirelib.workbook", "templates"), autoescape=select_autoescape(["html"]),
@@ -253,18 +260,72 @@ def write_plotly_js(folder: Path) -> Path:
 # ---------------------------------------------------------------------------- the run index
 
 def write_index(out_dir: Path, sections: list[Callable[[dict, dict], str]] | None = None) -> Path:
-    """Write `out_dir/index.html` from `run.json` and `results.json`; returns its path."""
+    """Write `out_dir/index.html` from `run.json` and `results.json`, atomically (a browser reloading it
+    mid-run never reads half a page); returns its path."""
     run = _read(out_dir / "run.json")
     results = _read(out_dir / "results.json")
     path = out_dir / "index.html"
-    path.write_text(render_index(run, results, sections or INDEX_SECTIONS), encoding="utf-8")
+    _write_atomically(path, render_index(run, results, sections or INDEX_SECTIONS))
     return path
 
 
-def render_index(run: dict, results: dict, sections: list[Callable[[dict, dict], str]]) -> str:
-    """The index page: a header, then each section function's HTML in order."""
-    body = Markup("\n".join(section(run, results) for section in sections))
-    return render("run_index.html", run=run, body=body) + "\n"
+def render_index(run: dict, results: dict, sections: list[Callable[[dict, dict], str]],
+                 now: datetime.datetime | None = None) -> str:
+    """The index page: a header, then each section function's HTML in order. While the run runs
+    (status "running", at `now`), the header says how far it is (`live_state`), and a section that
+    fails on the results so far is left out, named in the header, instead of stopping the run."""
+    if run.get("status") != "running":
+        return render("run_index.html", run=run, live=None,
+                      body=Markup("\n".join(section(run, results) for section in sections))) + "\n"
+    live = live_state(run, now or datetime.datetime.now())
+    parts = []
+    for section in sections:
+        try:
+            parts.append(section(run, results))
+        except Exception:  # noqa: BLE001 - mid-run, a section the results so far cannot fill waits for the end
+            live["left_out"].append(section.__name__.removesuffix("_section"))
+    return render("run_index.html", run=run, live=live, body=Markup("\n".join(parts))) + "\n"
+
+
+def live_state(run: dict, now: datetime.datetime) -> dict:
+    """How far a running run is at `now`, for its index's header: this run's notebooks done (finished,
+    whatever their status) of all, the one running and since when, and the time the plan has left
+    (each waiting notebook's `planned_s`, with `planned_at_tau_1_s` the range's other end; the running
+    one's less its elapsed time, down to 0) in words and as the clock time the run ends. `planned`:
+    whether a plan prices what is left (not in a dry run); `left` and `ends` None without one, or
+    where its time is spent."""
+    ours = {stem: e for stem, e in run.get("notebooks", {}).items()
+            if e.get("status") in ("pending", "running") or (e.get("started") or "") >= (run.get("started") or "")}
+    waiting = {stem: e for stem, e in ours.items() if e.get("status") in ("pending", "running")}
+    running = next((stem for stem, e in waiting.items() if e["status"] == "running" and e.get("started")), None)
+    planned = bool(waiting) and all(e.get("planned_s") is not None for e in waiting.values())
+    state = {"done": len(ours) - len(waiting), "of": len(ours), "running": running, "written": f"{now:%H:%M:%S}",
+             "since": waiting[running]["started"][11:] if running else None, "planned": planned, "left": None,
+             "ends": None, "reload_s": LIVE_RELOAD_S, "left_out": []}
+    if not planned:
+        return state
+    ran = (now - datetime.datetime.fromisoformat(waiting[running]["started"])).total_seconds() if running else 0.0
+
+    def left(stem: str, e: dict, key: str) -> float:
+        return max(0.0, (e.get(key) or e["planned_s"]) - (ran if stem == running else 0.0))
+
+    low, high = (sum(left(stem, e, key) for stem, e in waiting.items()) for key in ("planned_s", "planned_at_tau_1_s"))
+    if max(low, high) <= 0:
+        return state
+    first, last = (_clock(now, now + datetime.timedelta(seconds=x)) for x in sorted((low, high)))
+    return {**state, "left": time_range(low, high), "ends": first if first == last else f"{first} - {last}"}
+
+
+def _clock(now: datetime.datetime, then: datetime.datetime) -> str:
+    """`then` as a clock time, with its date where it is not `now`'s day."""
+    return f"{then:%H:%M}" if then.date() == now.date() else f"{then:%Y-%m-%d %H:%M}"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """`text` into `path` through a file beside it, renamed over it (as `results.write_json` writes JSON)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def verdict_section(run: dict, results: dict) -> str:

@@ -8,14 +8,14 @@
 if anything is wrong), then executes the selected `notebooks/NN_*.ipynb` in order with
 papermill (cwd = notebooks/), exporting each to HTML in the output folder, merging the
 results notebooks record (`spirelib.workbook.results`) into `results.json`, and writing `run.json`
-(parameters, status and timing per notebook, the plan, the claims the index makes) and `index.html`.
+(parameters, status and timing per notebook, the plan, the claims the index makes) and `index.html`,
+written before the first notebook (its path printed), as each starts and at the end (`report.write_index`).
 After the notebooks, the run's measured times go back into the plan's calibration
 (`spirelib.workbook.plan.learn`), and its claims are compared with the previous run's in the same
-folder on the same params and machine (`spirelib.workbook.claims`): each changed verdict is
-printed. The first failing notebook
-stops the run (exit 1); its partial notebook is still exported with the error visible. While a
-notebook runs, the terminal shows its kernel's progress (`spirelib.workbook.progress`, fed through
-<out>/progress/NN_name.jsonl); the run ends with a table of its notebooks and the index's verdict.
+folder on the same params and machine (`spirelib.workbook.claims`): each changed verdict is printed.
+The first failing notebook stops the run (exit 1); its partial notebook is still exported with the
+error visible. While a notebook runs, the terminal shows its kernel's progress (`spirelib.workbook.progress`,
+fed through <out>/progress/NN_name.jsonl); the run ends with a table of its notebooks and the index's verdict.
 
 A run without `--only` starts a fresh record; with `--only` it updates the existing record
 of that output folder, so a re-run notebook still sees the results of earlier notebooks.
@@ -47,11 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from spirelib.measure import cells as measured_cells
+from spirelib.measure import stopping
 from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.devices import resolve_device
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
+from spirelib.training.series_params import DRY_RUN_TRAINING
 from spirelib.workbook import claims, deploy, findings, plan, probe, progress, results
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
@@ -77,7 +79,7 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
     "02_train_target": {"num_samples": 1, "prompt_tokens": 16, "sample_tokens": 8},
     "04_measure_tau": {"context_lengths": [64, 256],  # below and above SPIRe's and MagicDec's sink + window
                        "n_contexts": 2, "decode_batch_size": 2},
-    "05_ablations": {"ablation_training": lambda given: {**(given or {}), **series_config.DRY_RUN_TRAINING},
+    "05_ablations": {"ablation_training": lambda given: {**(given or {}), **DRY_RUN_TRAINING},
                      "ablation_seeds": lambda given: (given or [0])[:1],
                      "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2},
     "09_measured_vs_modeled": {"timing_batches": [1, 2], "timing_contexts": [64, 256], "held_out": [[2, 256]],
@@ -86,6 +88,7 @@ DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
 # Checks of a notebook's parameters taken together (its injections over its defaults): the
 # problems, in words, that `prepare` reports before any notebook runs.
 NOTEBOOK_CHECKS: dict[str, Any] = {
+    "04_measure_tau": lambda p: stopping.rule_problems(p["tau_half_width"], p["tau_floor"]),
     "09_measured_vs_modeled": lambda p: measured_cells.timing_problems(
         p["timing_batches"], p["timing_contexts"], p["held_out"], p["interleave"],
         measured_cells.graphed_rounds(bool(p["series"].get("compile_decoding", False)),
@@ -317,12 +320,8 @@ def work_plan(params: dict, selected: list[Path], injected: dict[str, dict], out
     measured again with `recalibrate`."""
     parameters = {nb.stem: {**default_parameters(nb), **injected[nb.stem]} for nb in selected}
     series = params.get("series", {})
-    taus = None
-    if out_dir is not None and (out_dir / "run.json").is_file():
-        earlier = results.read_json(out_dir / "run.json")
-        if earlier.get("params", {}).get("series") == series:
-            taus = plan.measured_taus(results.read_json(out_dir / "results.json"))
-    return plan.make_plan([nb.stem for nb in selected], parameters, series, taus, recalibrate)
+    taus, spreads = plan.measured(out_dir, series)
+    return plan.make_plan([nb.stem for nb in selected], parameters, series, taus, recalibrate, spreads)
 
 
 class MissingExtra(RuntimeError):
@@ -368,11 +367,11 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
     if log_output:  # papermill streams cell output through logging
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     record, previous = _start_record(params_file, out_dir, only, params, dry_run, planned, selected, injected)
+    print(f"index: {report.write_index(out_dir)} (rewritten as each notebook starts and when the run ends)", flush=True)
     status = _run_notebooks(execute, report, selected, injected, record, out_dir, notebooks_dir, planned, log_output,
                             kernel, cell_timeout, dry_run)
     merged, why_not = _finish_record(record, previous, status, selected, planned, out_dir)
-    index = report.write_index(out_dir)
-    _print_closing(record, previous, why_not, merged, selected, out_dir, index)
+    _print_closing(record, previous, why_not, merged, selected, out_dir, report.write_index(out_dir))
     return 0 if status == "ok" else (130 if status == "interrupted" else 1)
 
 
@@ -382,8 +381,7 @@ def _start_record(params_file: Path, out_dir: Path, only: str | None, params: di
     selected notebook pending with its parameters and planned seconds (with `only`, over the folder's
     existing record; else a fresh one, results.json removed); and the folder's previous record, whose
     claims this run's are compared with (read again where kept in an older form, or not at all)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results").mkdir(exist_ok=True)
+    (out_dir / "results").mkdir(parents=True, exist_ok=True)
     run_file, results_file = out_dir / "run.json", out_dir / "results.json"
     previous = results.read_json(run_file)  # the folder's last run, whose claims this one's are compared with
     if previous and not claims.current(previous.get("claims")):  # kept in an older form, or not at all: read again
@@ -392,7 +390,7 @@ def _start_record(params_file: Path, out_dir: Path, only: str | None, params: di
     if not only:
         results_file.unlink(missing_ok=True)
     record.update(params_file=str(params_file), params=params, dry_run=dry_run, started=_now(), finished=None,
-                  status="running", plan=None if planned is None else planned.to_dict(),
+                  status="running", claims_compared=None, plan=None if planned is None else planned.to_dict(),
                   machine=planned.machine if planned else probe.machine_name(resolve_device("cpu")))
     record.setdefault("notebooks", {})
     for nb in selected:
@@ -409,9 +407,8 @@ def _start_record(params_file: Path, out_dir: Path, only: str | None, params: di
 def _run_notebooks(execute, report, selected: list[Path], injected: dict[str, dict], record: dict, out_dir: Path,
                    notebooks_dir: Path, planned, log_output: bool, kernel: str, cell_timeout: float | None,
                    dry_run: bool) -> str:
-    """Each selected notebook executed in turn, its progress on the terminal, its results merged into
-    results.json, its report exported and its entry of `record` written, until one does not finish
-    "ok"; that status (or "ok")."""
+    """Each notebook executed in turn (the index rewritten as it starts), its progress on the terminal, its results
+    merged, its report exported and its `record` entry written, until one does not finish "ok": that status, or "ok"."""
     run_file, results_file = out_dir / "run.json", out_dir / "results.json"
     status = "ok"
     live = sys.stdout.isatty() and not log_output  # a person at a terminal: one line rewritten in place
@@ -424,6 +421,8 @@ def _run_notebooks(execute, report, selected: list[Path], injected: dict[str, di
             print(f"{header} ", end="", flush=True)
         entry = record["notebooks"][nb.stem]
         entry.update(status="running", started=_now())
+        results.write_json(run_file, record)
+        report.write_index(out_dir)  # the index while the run runs: this notebook running, the rest to come
         feed = out_dir / "progress" / f"{nb.stem}.jsonl"
         feed.unlink(missing_ok=True)
         with progress.Watch(header, feed, entry["planned_s"], sys.stdout, live) as watch:
@@ -472,9 +471,8 @@ def _finish_record(record: dict, previous: dict, status: str, selected: list[Pat
 
 def _print_closing(record: dict, previous: dict, why_not: str | None, merged: dict, selected: list[Path],
                    out_dir: Path, index: Path) -> None:
-    """The run's last words on the terminal: what it taught the plan, which claims changed since the
-    previous run (or why none were compared), the table of its notebooks with the index's verdict,
-    and where the reports are."""
+    """The run's last words on the terminal: what it taught the plan, which claims changed since the previous
+    run (or why none were compared), the table of its notebooks with the index's verdict, where the reports are."""
     for line in record.get("calibration_learned") or []:
         print(f"calibration: {line}")
     if record["claims_changed"]:

@@ -23,6 +23,8 @@ import torch
 from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.measure.cells import timing_cells
 from spirelib.measure.context_loss import sweep_length
+from spirelib.measure.stopping import FLOOR, PAPER_SPREAD, expected_contexts
+from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
 from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.acceptance import expected_rounds
@@ -32,6 +34,8 @@ from spirelib.modeling.profiled import DraftShape, draft_work, forward_work
 from spirelib.training import pipeline
 from spirelib.training.checkpoint import finished_checkpoint
 from spirelib.training.config import TrainConfig
+from spirelib.training.eagle3 import EAGLE3, eagle3_identity
+from spirelib.training.train import full_identity, run_dir_for
 from spirelib.workbook.probe import Probe
 
 #: A notebook's fixed cost on this machine: kernel start, imports, HTML export with its static
@@ -96,24 +100,26 @@ def fixed(notebook: str, what: str = "kernel start, imports, HTML export", secon
     return Item(notebook, what, seconds, gpu_seconds={d: seconds for d in HARDWARE}, source="assumed")
 
 
-def training_work(cfg: ModelConfig, train_cfg: TrainConfig, trained: ModelConfig, spire: SpireConfig | None,
-                  budget_params: int) -> tuple[int, int, float, float]:
+def training_work(cfg: ModelConfig, train_cfg: TrainConfig, trained: ModelConfig,
+                  draft: SpireConfig | Eagle3Config | None, budget_params: int) -> tuple[int, int, float, float]:
     """(steps, tokens, FLOPs, bytes) of a training run: forward and backward of the trained model
     (3 forwards' FLOPs, its unembedding included) over every training token, the frozen target's
-    forward with its unembedding (a SPIRe draft's teacher), and the validation windows' forwards.
-    A SPIRe draft's k passes each run only the positions they predict (method §3.6: a block's j-th
-    position in pass j), so every position goes through its body and unembedding once. Bytes:
+    forward with its unembedding (the teacher of a `draft` trained against it), and the validation
+    windows' forwards. A SPIRe draft's k passes each run only the positions they predict (method
+    §3.6: a block's j-th position in pass j), so every position goes through its body and
+    unembedding once; EAGLE-3's k unrolled steps each run every position. Bytes:
     every step reads and writes the trained weights, their gradients and both Adam moments (fp32),
     and reads the frozen target once."""
     steps = train_cfg.total_steps(budget_params)
     tokens = steps * train_cfg.tokens_per_step()
     eval_tokens = _evaluations(train_cfg, steps) * train_cfg.eval_windows * train_cfg.seq_len
     T = train_cfg.seq_len
-    draft = forward_work(trained.shape(), trained.vocab_size, train_cfg.batch_size, T, T // 2)
-    step_flops = 3 * draft.flops
-    eval_flops = draft.flops / (train_cfg.batch_size * T)
+    passes = draft.k if isinstance(draft, Eagle3Config) else 1
+    work = forward_work(trained.shape(), trained.vocab_size, train_cfg.batch_size, T, T // 2)
+    step_flops = 3 * passes * work.flops
+    eval_flops = passes * work.flops / (train_cfg.batch_size * T)
     moved = 16.0 * trained.num_params() * steps
-    if spire is not None:
+    if draft is not None:
         teacher = forward_work(cfg.shape(), cfg.vocab_size, train_cfg.batch_size, T, T // 2)
         step_flops += teacher.flops
         eval_flops += teacher.flops / (train_cfg.batch_size * T)
@@ -127,13 +133,13 @@ def _evaluations(train_cfg: TrainConfig, steps: int) -> int:
 
 
 def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_cfg: TrainConfig,
-                trained: ModelConfig, spire: SpireConfig | None, budget_params: int, cached: bool,
+                trained: ModelConfig, draft: SpireConfig | Eagle3Config | None, budget_params: int, cached: bool,
                 warm: bool = False, checkpoint: Path | None = None) -> Item:
     """A training run's work and seconds: its first step (the probe's, which compiles and warms up; with
     `warm`, an ordinary step: the notebook's process has run the same graphs already), its other
     steps, evaluations and saves. `checkpoint`: where the run will leave the model, whose measured
     step times `plan.learn` writes back over the probe's figure."""
-    steps, tokens, flops, moved = training_work(cfg, train_cfg, trained, spire, budget_params)
+    steps, tokens, flops, moved = training_work(cfg, train_cfg, trained, draft, budget_params)
     if cached:
         return Item(notebook, what, 0.0, flops, moved, tokens, cached=True, gpu_seconds={d: 0.0 for d in HARDWARE})
     saves = (steps - 1) // train_cfg.checkpoint_every + 1  # every checkpoint_every steps and at the end
@@ -149,7 +155,7 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
 def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes: dict[str, DraftShape],
                  methods: list[str], runs: int, batch: int, context: int, new_tokens: int, k: int, *,
                  ad: bool = False, contexts: int | None = None, taus: dict[str, float] | None = None,
-                 ranged: bool = False, loss: bool = False) -> Item:
+                 ranged: bool = False, loss: bool = False, method_runs: dict[str, float] | None = None) -> Item:
     """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
     with `loss` the target's loss on the continuation read from it (04: `new_tokens` positions over
     its cache, priced at the prefill's measured seconds per FLOP), then
@@ -161,8 +167,10 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes
     `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
     range, from the paper's taus at L = 512 (method §5) to `seconds_at_tau_1` at tau 1 (every round
     yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
-    until its slowest row is done)."""
+    until its slowest row is done). `method_runs`: the batches each method decodes where a stopping
+    rule ends it early (04, `stopping.expected_contexts`); the prefill and the loss run for `runs`."""
     taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
+    share = {m: (method_runs or {}).get(m, runs) / runs for m in methods}  # of the batches, each method's
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
     seconds, flops, moved = probe["prefill_s"], pre.flops, pre.bytes
     if loss:
@@ -174,11 +182,11 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
     for m in methods:
         rounds = expected_rounds(taus.get(m, 1.0), k, new_tokens, batch)  # a method no tau is known for: tau 1
-        seconds += rounds * probe["round_s"][m]
-        high += expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
+        seconds += share[m] * rounds * probe["round_s"][m]
+        high += share[m] * expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
         passes = draft_work(shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)
-        flops += rounds * (verify.flops + sum(w.flops for w in passes))
-        moved += rounds * (verify.bytes + sum(w.bytes for w in passes))
+        flops += share[m] * rounds * (verify.flops + sum(w.flops for w in passes))
+        moved += share[m] * rounds * (verify.bytes + sum(w.bytes for w in passes))
     if ad:
         seconds += new_tokens * probe["ad_step_s"]
         high += new_tokens * probe["ad_step_s"]
@@ -194,24 +202,38 @@ class Models:
     """The series' models as the plan sees them: each one's identity and whether the cache holds
     it finished, trained by the first selected notebook that needs it."""
 
-    def __init__(self, series, probe: Probe, taus: dict[str, float], ranged: bool):
+    def __init__(self, series, probe: Probe, taus: dict[str, float], ranged: bool,
+                 spreads: dict[str, float] | None = None):
         self.series, self.probe, self.done, self.taus, self.ranged = series, probe, set(), taus, ranged
+        self.spreads = spreads or {}  # method -> per-context sd of tau a last run measured (04's stopping rule)
         self.started: set = set()  # (notebook, what a SPIRe run compiles): run once in that notebook's process
         self.target_cfg = series.target
         self.target_hash, self.target_dir, self.vanilla_dir, self.spire_dir = pipeline.planned_run_dirs(
             series.target, series.target_training, series.data(), series.imported)
 
     def decode(self, notebook: str, what: str, methods, batch: int, context: int, runs: int, *, ad: bool = False,
-               contexts: int | None = None, loss: bool = False) -> Item:
+               contexts: int | None = None, loss: bool = False, method_runs: dict[str, float] | None = None) -> Item:
         """`runs` batches decoded at (B, L) = (`batch`, `context`) with `methods` (and AD with `ad`),
         timed by a probe of the series' decoding at that cell; with `loss`, the target's loss on the
         continuation read from each batch's prefill (04)."""
         s = self.series
-        probe = self.probe.decoding(self.target_cfg, s.spire, {m: s.draft_options(m) for m in methods}, list(methods),
-                                    batch, context, s.new_tokens, s.k, s.temperature)
+        probe = self.probe.decoding(self.target_cfg, {"spire": s.spire, "eagle3": s.eagle3},
+                                    {m: s.draft_options(m) for m in methods}, list(methods), batch, context,
+                                    s.new_tokens, s.k, s.temperature)
         return _decode_item(notebook, what, probe, self.target_cfg, s.draft_shapes(), list(methods), runs, batch,
                             context, s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss, taus=self.taus,
-                            ranged=self.ranged)
+                            ranged=self.ranged, method_runs=method_runs)
+
+    def tau_contexts(self, method: str, p: dict) -> float:
+        """The contexts 04's stopping rule is expected to draw for `method` at each L
+        (`stopping.expected_contexts`), at the tau and per-context spread a last run measured,
+        else the paper's tau and spread for its three methods, else every context (no spread known)."""
+        sd = self.spreads.get(method, PAPER_SPREAD if method in PAPER_TAU[PAPER_TAU_CONTEXT] else None)
+        if sd is None:
+            return float(p["n_contexts"])
+        return expected_contexts(self.taus.get(method, 1.0), sd, p.get("tau_half_width", 0.0),
+                                 p.get("tau_floor", FLOOR), p["n_contexts"], p["decode_batch_size"],
+                                 k=self.series.k, new_tokens=self.series.new_tokens)
 
     def needs(self, name: str) -> bool:
         """True once per model: the first notebook that needs `name` carries its training."""
@@ -276,22 +298,45 @@ class Models:
                             checkpoint=self.spire_dir(cfg, train_cfg))]
 
 
+    def eagle3(self, notebook: str) -> list[Item]:
+        s = self.series
+        if not self.needs("eagle3"):
+            return []
+        trained = dataclasses.replace(self.target_cfg, num_layers=1, d_ff=s.eagle3.d_ff or self.target_cfg.d_ff)
+        run_dir = self.eagle3_dir(s.eagle3, s.eagle3_training)
+        cached = finished_checkpoint(run_dir)
+        probe = {} if cached else self.probe.training("eagle3", self.target_cfg, s.eagle3_training, s.eagle3)
+        with torch.device("meta"):  # the trainer's budget counts the draft's trainable parameters
+            budget = Eagle3DraftModel(self.target_cfg, s.eagle3).trainable_parameters()
+        return [_train_item(notebook, f"train the EAGLE-3 draft (1 layer, k = {s.eagle3.k})", probe,
+                            self.target_cfg, s.eagle3_training, trained, s.eagle3, budget, cached, checkpoint=run_dir)]
+
+    def eagle3_dir(self, cfg: Eagle3Config, train_cfg: TrainConfig) -> Path:
+        """Where `training.eagle3.trained_eagle3_draft` keeps this draft's checkpoint."""
+        identity = eagle3_identity(cfg, self.series.data(), self.target_hash)
+        return run_dir_for(EAGLE3, full_identity(train_cfg, identity))
+
+
 def _target_notebook(models: Models, nb: str, p: dict) -> list[Item]:
     return models.target(nb)
 
 
 def _drafts_notebook(models: Models, nb: str, p: dict) -> list[Item]:
-    return models.target(nb) + models.vanilla(nb) + models.spire(nb)
+    return models.target(nb) + models.vanilla(nb) + models.spire(nb) + models.eagle3(nb)
 
 
 def _tau_notebook(models: Models, nb: str, p: dict) -> list[Item]:
     items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
     B, methods = p["decode_batch_size"], p["methods"]
+    items += models.eagle3(nb) if "eagle3" in methods else []
     runs = -(-p["n_contexts"] // B)  # batches per L
+    drawn = {m: models.tau_contexts(m, p) for m in methods}  # each method's contexts under the stopping rule
+    used = -(-max(drawn.values()) // B)  # the prefills: the batches of the method that runs longest
     trained_on, G = models.series.target_training.seq_len, models.series.new_tokens
     items += [models.decode(nb, f"tau of {', '.join(methods)} and the target's loss at L = {L}"
                             + (f" (past the {trained_on}-token training windows)" if L + G > trained_on else ""),
-                            methods, B, L, runs, contexts=p["n_contexts"], loss=True)
+                            methods, B, L, used, contexts=round(max(drawn.values())), loss=True,
+                            method_runs={m: n / B for m, n in drawn.items()})
               for L in p["context_lengths"]]
     budgets = p.get("kv_budgets") or []
     if budgets:  # MagicDec and the guided draft at each budget, priced at the series' own budget

@@ -101,7 +101,7 @@ def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell(monkey
     assert code == 0, err
     report = json.loads(out)
     cells = {(c["B"], c["L"], c["method"]): c for c in report["cells"]}
-    methods = ("vanilla", "magicdec", "spire", "guided", "lookup")
+    methods = ("vanilla", "magicdec", "spire", "guided", "lookup", "eagle3")
     assert set(cells) == {(B, L, m) for B, L in ((1, 16), (2, 16), (1, 24), (2, 24), (2, 32)) for m in methods}
     assert [key for key, c in cells.items() if c["held_out"]] == [(2, 32, m) for m in methods]
     assert all(c["runs"] == 2 and c["profiled_speedup"] > 0 for c in cells.values())
@@ -156,20 +156,21 @@ def test_bench_decode_roofline_gives_every_forward_and_every_whole_round(monkeyp
                           "--temperature", "0", *DECODE_TOY])
     assert code == 0, err
     rows = {r["kind"]: r for r in json.loads(out)}
-    assert list(rows) == ["AD step", "verify (4 tokens)", "verify (4) + scores", "vanilla step", "MagicDec step",
-                          "guided step", "SPIRe step", "ad round", "vanilla round", "magicdec round", "spire round",
-                          "guided round", "lookup round"]
+    assert list(rows) == ["AD step", "verify (4 tokens)", "verify (4) + scores", "vanilla SD step", "MagicDec step",
+                          "guided sparse step", "SPIRe step", "EAGLE-3 step", "ad round", "vanilla round",
+                          "magicdec round", "spire round", "guided round", "lookup round", "eagle3 round"]
     roof = {kind: r["roofline_ms"] for kind, r in rows.items()}
     assert roof["ad round"] == pytest.approx(roof["AD step"])
     for method, step, verify in (("magicdec", "MagicDec step", "verify (4 tokens)"),
                                  ("spire", "SPIRe step", "verify (4 tokens)"),
-                                 ("guided", "guided step", "verify (4) + scores")):  # k = 3 passes + verify
+                                 ("eagle3", "EAGLE-3 step", "verify (4 tokens)"),
+                                 ("guided", "guided sparse step", "verify (4) + scores")):  # k = 3 passes + verify
         assert roof[f"{method} round"] == pytest.approx(3 * roof[step] + roof[verify])
         assert rows[f"{method} round"]["forwards_ms"] == pytest.approx(3 * rows[step]["ms"] + rows[verify]["ms"])
-    assert roof["vanilla round"] > 3 * roof["vanilla step"] + roof["verify (4 tokens)"]  # its first pass: 2 tokens
+    assert roof["vanilla round"] > 3 * roof["vanilla SD step"] + roof["verify (4 tokens)"]  # its first pass: 2 tokens
     assert roof["lookup round"] == pytest.approx(roof["verify (4 tokens)"])  # no draft pass
     assert roof["verify (4) + scores"] > roof["verify (4 tokens)"]  # the scoring's FLOPs and key reads
-    assert rows["guided step"]["gflop"] == rows["MagicDec step"]["gflop"]  # the same budget of entries
+    assert rows["guided sparse step"]["gflop"] == rows["MagicDec step"]["gflop"]  # the same budget of entries
     assert all(r["ms"] > 0 and r["fraction"] == pytest.approx(r["roofline_ms"] / r["ms"]) for r in rows.values())
 
 
@@ -188,7 +189,7 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
     monkeypatch.setattr(decode, "available_bytes", lambda device: (rounds + runs) // 2)
     code, _, err = run(argv)
     assert code == 2 and "--profiled: at B 2 x L 24 the timed runs hold" in err
-    assert f"target caches (6) {6 * decode.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
+    assert f"target caches (7) {7 * decode.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
     assert "--interleave runs (one target cache) holds" in err and "which fits" in err
     assert decode.problems(cli.parser().parse_args([*argv, "--interleave", "runs"])) == []
     monkeypatch.setattr(decode, "available_bytes", lambda device: runs - 1)

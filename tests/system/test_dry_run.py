@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from spirelib import cli
-from spirelib.training import data
+from spirelib.training import data, series_params
 from spirelib.training import series as series_config
 from spirelib.training.series import Series
 from spirelib.workbook import runner
@@ -52,8 +52,8 @@ def test_series_dry_run_keeps_every_shape_and_scales_every_budget():
                  "temperature", "tau_seed"):
         assert getattr(dry, name) == getattr(full, name), name
     assert dry.target.vocab_size == VOCAB and (dry.target.num_layers, dry.target.d_model) == (8, 512)
-    assert (dry.device, dry.new_tokens) == ("cpu", series_config.DRY_RUN["new_tokens"])
-    for name in series_config.TRAININGS:
+    assert (dry.device, dry.new_tokens) == ("cpu", series_params.DRY_RUN["new_tokens"])
+    for name in series_params.TRAININGS:
         given, got = getattr(full, name), getattr(dry, name)
         assert (got.steps, got.tokens_per_param, got.batch_size, got.seq_len, got.compile) == (2, 0.0, 1, 128, False)
         assert got.eval_windows == 1 and got.total_steps(full.target.num_params()) == 2

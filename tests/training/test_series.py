@@ -165,7 +165,7 @@ def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
     results = json.loads((out / "results.json").read_text())
     assert results["02_train_target"]["target"]["imported_from"] == str(folder)
     assert results["02_train_target"]["target"]["embedding_params"] == 2 * 320 * 64 + 64
-    assert set(results["04_measure_tau"]["tau"]) == {"vanilla", "magicdec", "spire", "guided", "lookup"}
+    assert set(results["04_measure_tau"]["tau"]) == {"vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"}
 
 
 def test_an_imported_targets_identity_follows_its_weights(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from conftest import fixture_cache
 from spirelib import cli
 from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.measure.wallclock import profiled_draft_shapes
+from spirelib.model.eagle3 import Eagle3Config
 from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig
 from spirelib.modeling.acceptance import expected_rounds
@@ -35,7 +36,7 @@ SHAPES = profiled_draft_shapes({"vanilla": vanilla_draft_config(TINY), "spire": 
                                SpireConfig(num_layers=1))
 TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}
 DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05,
-                                                             "guided": 0.3, "lookup": 0.02}}
+                                                             "guided": 0.3, "lookup": 0.02, "eagle3": 0.07}}
 
 
 def quiet(monkeypatch, speed: float = 1.0):
@@ -114,8 +115,9 @@ def test_a_model_is_trained_by_the_first_notebook_that_needs_it_and_costs_nothin
                                                         "n_contexts": 4, "decode_batch_size": 2}}
     made = plan.make_plan(["03_train_drafts", "04_measure_tau"], params, {})
     trained = [i.what for i in made.items if i.what.startswith("train")]
-    assert [i.notebook for i in made.items if i.what.startswith("train")] == ["03_train_drafts"] * 3
+    assert [i.notebook for i in made.items if i.what.startswith("train")] == ["03_train_drafts"] * 4
     assert trained[0].startswith("train the target") and not any(i.cached for i in made.items)
+    assert trained[-1].startswith("train the EAGLE-3 draft")
     assert made.seconds("04_measure_tau") == pytest.approx(work.NOTEBOOK_SECONDS + sum(
         i.seconds for i in made.items if i.notebook == "04_measure_tau" and i.what.startswith("tau")))
     series.trained_target(progress=False)  # the smoke target, trained into this test's cache
@@ -138,10 +140,13 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
     assert spent > 0 and probe.training("lm", TINY, cfg) == first and probe.seconds == spent
     longer = probe.training("lm", TINY, TrainConfig(batch_size=2, seq_len=32, steps=50, eval_windows=2))
     assert probe.seconds > spent and longer != first
-    decoded = probe.decoding(TINY, SpireConfig(num_layers=1, window=8),
+    eagle3 = probe.training("eagle3", TINY, cfg, Eagle3Config(k=2))  # the EAGLE-3 recipe's own objective
+    assert eagle3["figure"].startswith("train-eagle3-") and all(eagle3[k] > 0 for k in TRAINING)
+    decoded = probe.decoding(TINY, {"spire": SpireConfig(num_layers=1, window=8), "eagle3": Eagle3Config(k=2)},
                              {"magicdec": {"budget": KVBudget(1, 8)}, "guided": {"budget": KVBudget(1, 4, 4)}},
-                             ["vanilla", "magicdec", "spire", "guided", "lookup"], 2, 16, 8, 2, 1.0)
-    assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup"} and decoded["prefill_s"] > 0
+                             ["vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"], 2, 16, 8, 2, 1.0)
+    assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"}
+    assert decoded["prefill_s"] > 0
 
 
 def test_run_plan_prints_every_notebooks_work_and_gpu_times_and_runs_nothing(fake_probes, tmp_path):
@@ -312,7 +317,7 @@ def test_a_cached_figure_made_on_a_slower_machine_is_contradicted_and_measured_a
 def test_spire_run_recalibrate_reaches_the_plan(monkeypatch, tmp_path):
     asked = {}
 
-    def make_plan(selected, parameters, series, taus=None, recalibrate=False):
+    def make_plan(selected, parameters, series, taus=None, recalibrate=False, spreads=None):
         asked["recalibrate"] = recalibrate
         return plan.Plan([], list(selected), "m", 0.0, [])
 
@@ -434,3 +439,23 @@ def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budg
                                                                     16, 2, contexts=4)
     assert sweep.seconds == pytest.approx(3 * one.seconds) and sweep.flops == pytest.approx(3 * one.flops)
     assert sweep.seconds_at_tau_1 == pytest.approx(3 * one.seconds_at_tau_1)
+
+
+def test_04s_plan_prices_its_stopping_rule_at_each_methods_expected_contexts(fake_probes):
+    """Under 04's stopping rule a method resolved early (prompt lookup, nearly constant) decodes only
+    its floor of contexts, one still unresolved at the cap (SPIRe, spread 0.9) decodes them all: the
+    prefills run for the longest, each method's rounds for its own (`stopping.expected_contexts`)."""
+    p = {"methods": ["lookup", "spire"], "context_lengths": [16], "n_contexts": 256, "decode_batch_size": 32,
+         "tau_floor": 64}
+    taus, spreads = {"lookup": 1.03, "spire": 3.4}, {"lookup": 0.01, "spire": 0.9}
+
+    def tau_item(half_width):
+        made = plan.make_plan(["04_measure_tau"], {"04_measure_tau": {**p, "tau_half_width": half_width}}, {},
+                              taus=taus, spreads=spreads)
+        return next(i for i in made.items if i.what.startswith("tau of")), made
+    full, _ = tau_item(0.0)
+    stopped, made = tau_item(0.05)
+    lookup_rounds = expected_rounds(1.03, 4, 64, 32) * DECODING["round_s"]["lookup"]
+    assert stopped.contexts == full.contexts == 256
+    assert full.seconds - stopped.seconds == pytest.approx(8 * lookup_rounds * (1 - 64 / 256))
+    assert any("half-width reaches 0.05" in a for a in made.assumptions)

@@ -101,7 +101,8 @@ def test_trained_scenario_prunes_the_target_for_spire_and_fixes_its_window():
     vanilla = dataclasses.replace(target, num_layers=2, d_model=16, d_head=4, d_ff=32)
     s = Scenario.trained(target, vanilla, 1, 16, {"spire": 3.0}, hoi=50.0)
     assert s.target == target.shape() and s.drafts == {"vanilla": vanilla.shape(),
-                                                       "spire": dataclasses.replace(target, num_layers=1).shape()}
+                                                       "spire": dataclasses.replace(target, num_layers=1).shape(),
+                                                       "eagle3": dataclasses.replace(target, num_layers=1).shape()}
     assert (s.window, s.window_factor, s.hoi, s.taus) == (16, None, 50.0, {"spire": 3.0})
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import html
+import json
 import os
 import re
 import shutil
@@ -153,3 +155,99 @@ def test_a_report_leads_with_what_its_conclusion_cells_say(tmp_path):
     assert page.index("What this run shows") < conclusion < evidence
     assert page.index("3 of 6 parts are resolved") < evidence
     assert report.conclusion_cell(nbformat.read(path, as_version=4)).cell_type == "markdown"
+
+
+# ---------------------------------------------------------------------------- the index while the run runs
+
+NOW = datetime.datetime(2026, 5, 4, 14, 10, 0)  # when a live index below is written
+
+
+def run_record(status: str = "running", **notebooks) -> dict:
+    """A run's record (run.json) as the runner keeps it: started at 14:00, these notebooks in order."""
+    return {"params_file": "p.yaml", "status": status, "started": "2026-05-04T14:00:00",
+            "finished": None if status == "running" else "2026-05-04T14:30:00", "params": {}, "notebooks": notebooks}
+
+
+def entry(status: str, planned: float | None = 60.0, at_tau_1: float | None = None, **more) -> dict:
+    """One notebook's entry of the record: its status, the plan's seconds (a range up to `at_tau_1`)."""
+    return {"status": status, "parameters": {}, "planned_s": planned,
+            "planned_at_tau_1_s": planned if at_tau_1 is None else at_tau_1, **more}
+
+
+def index_at(run: dict, results: dict | None = None, now: datetime.datetime = NOW, sections=None) -> str:
+    return report.render_index(run, results or {}, sections or report.INDEX_SECTIONS, now)
+
+
+def test_the_index_before_the_first_notebook_says_none_ran_and_when_the_plan_ends():
+    page = index_at(run_record(**{"01_a": entry("pending", 60.0), "02_b": entry("pending", 120.0),
+                                  "03_c": entry("pending", 600.0)}))
+    assert "<p class='live'>0 of 3 notebooks done.\nThe plan has 13.0 min left: the run ends about 14:23." in page
+    for stem in ("01_a", "02_b", "03_c"):
+        assert f"<td>{stem}</td><td class='pending'>not yet run</td><td class='num'></td>" in page
+    assert "This page was written at 14:10:00, is rewritten as each notebook starts" in page
+    assert f"<meta http-equiv='refresh' content='{report.LIVE_RELOAD_S}'>" in page  # a browser follows the run
+
+
+def test_mid_run_the_index_shows_what_ran_what_runs_and_what_the_plan_has_left():
+    """01 ran; 02 runs since 14:09 (60 s of its 120 planned, so 60 s left); 03 waits, priced 600 s to
+    900 s (decoding at tau 1): 11 to 16 min left at 14:10."""
+    run = run_record(**{"01_a": entry("ok", 60.0, started="2026-05-04T14:00:00", seconds=50.0, html="01_a.html"),
+                        "02_b": entry("running", 120.0, started="2026-05-04T14:09:00"),
+                        "03_c": entry("pending", 600.0, 900.0)})
+    page = index_at(run, {"01_a": {"x": 1}})
+    assert ("<p class='live'>1 of 3 notebooks done; 02_b running since 14:09:00.\n"
+            "The plan has 11.0 - 16.0 min left: the run ends about 14:21 - 14:26.") in page
+    assert "<a href='01_a.html'>01_a</a></td><td class='ok'>ok</td><td class='num'>50.0 s</td>" in page
+    assert "<td>02_b</td><td class='running'>running</td><td class='num'>since 14:09:00</td>" in page
+    assert "<td>03_c</td><td class='pending'>not yet run</td>" in page
+    late = index_at(run, now=NOW + datetime.timedelta(minutes=5))  # 02 past its plan: only 03 is left
+    assert "The plan has 10.0 - 15.0 min left: the run ends about 14:25 - 14:30." in late
+
+
+def test_a_failed_notebook_shows_as_failed_while_the_run_closes_and_after():
+    notebooks = {"01_a": entry("ok", started="2026-05-04T14:00:00", seconds=50.0),
+                 "02_b": entry("failed", started="2026-05-04T14:01:00", seconds=3.0, error="ValueError: boom")}
+    closing = index_at(run_record(**notebooks, **{"03_c": entry("pending")}))
+    assert "2 of 3 notebooks done." in closing
+    assert "<td>02_b</td><td class='failed'>failed</td><td class='num'>3.0 s</td>" in closing
+    assert "ValueError: boom" in closing
+    final = index_at(run_record("failed", **notebooks, **{"03_c": entry("skipped", error="not run")}))
+    assert "<td>02_b</td><td class='failed'>failed</td>" in final and "<td class='skipped'>skipped</td>" in final
+    assert "class='live'" not in final and "not yet run" not in final
+
+
+def test_notebooks_of_an_earlier_run_in_the_folder_do_not_count_and_a_dry_run_has_no_plan():
+    """With --only the record keeps the folder's other notebooks, started before this run (or never)."""
+    run = run_record(**{"01_a": entry("ok", started="2026-05-03T09:00:00", seconds=5.0),
+                        "02_b": entry("pending", None), "03_c": entry("skipped", error="not run")})
+    page = index_at(run)
+    assert "<p class='live'>0 of 1 notebook done.\nNo plan times this run (a dry run)." in page
+    assert "<td>01_a</td><td class='ok'>ok</td>" in page
+
+
+def test_mid_run_a_section_the_results_cannot_fill_yet_is_left_out_not_the_run_stopped():
+    def broken_section(run, results):
+        raise KeyError("04_measure_tau")
+    sections = [broken_section, report.reports_section]
+    page = index_at(run_record(**{"01_a": entry("pending")}), sections=sections)
+    assert "Left out until the run ends: broken." in page and "<h2>Reports</h2>" in page
+    with pytest.raises(KeyError):  # the final index hides nothing
+        index_at(run_record("ok", **{"01_a": entry("ok", seconds=1.0)}), sections=sections)
+
+
+def test_the_final_index_is_the_run_as_it_ended_written_atomically(tmp_path, monkeypatch):
+    """A finished run's index has no trace of the live one and does not depend on when it is written;
+    `write_index` renames a file written beside it over index.html (a reloading browser never reads
+    half a page)."""
+    run = run_record("ok", **{"01_a": entry("ok", started="2026-05-04T14:00:00", seconds=50.0, html="01_a.html")})
+    page = index_at(run, {"01_a": {"x": 1}})
+    assert page == index_at(run, {"01_a": {"x": 1}}, now=NOW + datetime.timedelta(days=1))
+    assert "refresh" not in page and "class='live'" not in page and "not yet run" not in page
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    (tmp_path / "results.json").write_text(json.dumps({"01_a": {"x": 1}}))
+    replaced = []
+    monkeypatch.setattr(report.os, "replace", lambda src, dst: replaced.append((Path(src), Path(dst))) or
+                        os.rename(src, dst))
+    path = report.write_index(tmp_path)
+    assert path.read_text() == page and replaced == [(tmp_path / "index.html.tmp", path)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "results.json", "run.json"]

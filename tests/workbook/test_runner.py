@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import shutil
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from terminal import terminal_output
 
 from spirelib import cli
-from spirelib.workbook import execute, progress, results, runner
+from spirelib.workbook import execute, progress, report, results, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -275,31 +278,81 @@ def test_failing_notebook_stops_the_run_and_its_report_shows_the_error(fixture_r
     assert "deliberate failure in a fixture notebook" in report and "about to fail" in report
 
 
+#: Python's warning filters when neither -W nor PYTHONWARNINGS sets any (the docs' "Default Warning
+#: Filter"), the last one applied first: what `spire run` started from a shell shows.
+SHELL_WARNING_FILTERS = [("ignore", DeprecationWarning, ""), ("ignore", PendingDeprecationWarning, ""),
+                         ("ignore", ImportWarning, ""), ("ignore", ResourceWarning, ""),
+                         ("default", DeprecationWarning, "__main__")]
+#: A line of the notebook stack's warnings: Python's ("...: MissingIDFieldWarning: ...", "RuntimeWarning"),
+#: logging's ("WARNING:papermill:Passed unknown parameter: x", as `as_from_a_shell` writes records) and
+#: tornado's and the Jupyter applications' ("[W 2025-01-01 12:00:00.000 ServerApp] ...").
+WARNING_LINE = re.compile(r"\w+Warning\b|\bWARNING\b|^\[W[ \d]")
+
+
+class _Records(logging.Handler):
+    def __init__(self, into: list[str]):
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(f"{record.levelname}:{record.name}:{record.getMessage()}")
+
+
+@contextlib.contextmanager
+def as_from_a_shell():
+    """What this process would print, besides its own writes, run from a shell, where pytest records it
+    instead: the warnings Python's default filters show, and the log records of WARNING and above that
+    logging's last-resort handler prints (nothing configures logging without --log-output; papermill
+    warns of an unknown parameter so). Yields a list of those lines, complete once the block is left."""
+    shown: list[str] = []
+    handler = _Records(shown)
+    logging.getLogger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.resetwarnings()
+            for action, category, module in SHELL_WARNING_FILTERS:
+                warnings.filterwarnings(action, category=category, module=module)
+            yield shown
+    finally:
+        logging.getLogger().removeHandler(handler)
+        shown += [warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught]
+
+
 @pytest.fixture(scope="module")
 def rerun(fixture_run, tmp_path_factory):
     """The fixture run's folder copied, then 01 and 02 run again into it (`--only`, with a cache of its
     own): a series of two notebooks that succeeds, with a plain progress line for every record its
     kernels feed.
-    Returns (exit code, output folder, what reached the terminal, the signals sent to its kernels)."""
+    Returns (exit code, output folder, what reached the terminal (what this process would print from a
+    shell included: `as_from_a_shell`), the signals sent to its kernels, each index.html as written)."""
     _, out, _ = fixture_run
     again = tmp_path_factory.mktemp("rerun") / "again"
     shutil.copytree(out, again)
     signals, send_signal = [], LocalProvisioner.send_signal
+    indexes, write_index = [], report.write_index
 
     async def record_signal(self, signum):
         signals.append(signum)
         await send_signal(self, signum)
 
-    with pytest.MonkeyPatch.context() as m, terminal_output() as terminal, own_cache(again.with_name("cache")):
+    def keep_index(*args, **kwargs):
+        path = write_index(*args, **kwargs)
+        indexes.append(path.read_text())
+        return path
+
+    with pytest.MonkeyPatch.context() as m, terminal_output() as terminal, as_from_a_shell() as shell, \
+            own_cache(again.with_name("cache")):
         m.setattr(progress, "PLAIN_INTERVAL_S", 0.0)
         m.setattr(LocalProvisioner, "send_signal", record_signal)
+        m.setattr(report, "write_index", keep_index)
         rc = cli.main(["run", "--params", str(FIXTURES / "params.yaml"), "--notebooks", str(SERIES),
                        "--out", str(again), "--only", "01,02"])
-    return rc, again, terminal[0], signals
+    return rc, again, terminal[0] + "".join(line if line.endswith("\n") else line + "\n" for line in shell), \
+        signals, indexes
 
 
 def test_only_rerun_keeps_earlier_results_of_the_same_output_folder(rerun):
-    rc, again, terminal, _ = rerun
+    rc, again, terminal, *_ = rerun
     assert rc == 0, terminal
     run = json.loads((again / "run.json").read_text())
     assert run["status"] == "ok" and run["notebooks"]["03_fail"]["status"] == "failed"
@@ -311,17 +364,52 @@ def test_a_successful_series_leaves_no_error_line_on_the_terminal(rerun):
     any other ERROR line, kernels' writes included. That line is ipykernel's report of the SIGINT
     jupyter_client sends before every shutdown request when it lands while a handler runs (a race: it
     did not show on a loaded 2-core VM), so no kernel of a finished notebook gets a SIGINT."""
-    rc, _, terminal, signals = rerun
+    rc, _, terminal, signals, _ = rerun
     assert rc == 0
     assert signal.SIGINT not in signals, signals
     assert "[2/2] 02_consume ok in " in terminal  # the whole run reached the terminal
     assert not [line for line in terminal.splitlines() if "ERROR" in line], terminal
 
 
+def test_a_successful_series_leaves_no_warning_line_on_the_terminal(rerun):
+    """Nothing of the notebook stack warns on the terminal: not nbformat (MissingIDFieldWarning),
+    papermill (an unknown parameter), jupyter_client, zmq or tornado (DeprecationWarning, a "[W ...]"
+    log line), nor a RuntimeWarning, from the runner's process (as it would print them run from a
+    shell) or its kernels."""
+    rc, _, terminal, _, _ = rerun
+    assert rc == 0 and "[2/2] 02_consume ok in " in terminal
+    assert not [line for line in terminal.splitlines() if WARNING_LINE.search(line)], terminal
+
+
+def test_the_index_is_written_before_the_first_notebook_and_as_each_starts(rerun):
+    """Its path printed after the plan and before the first notebook; then index.html marks this run's
+    notebooks "not yet run", then "running" one by one (the folder's earlier 03 stays failed); the last
+    one written is the run as it ended."""
+    _, again, terminal, _, indexes = rerun
+    lines = terminal.splitlines()
+    said = lines.index(f"index: {again / 'index.html'} (rewritten as each notebook starts and when the run ends)")
+    assert said < next(i for i, line in enumerate(lines) if line.startswith("[1/2] 01_record"))
+    assert said > next(i for i, line in enumerate(lines) if line.startswith("plan: 2 notebooks"))
+    start, first, second, final = indexes  # before 01, as 01 starts, as 02 starts, at the end
+    assert "<p class='live'>0 of 2 notebooks done.\nThe plan has " in start
+    assert "<td>01_record</td><td class='pending'>not yet run</td>" in start
+    assert "<td>02_consume</td><td class='pending'>not yet run</td>" in start
+    assert "<a href='03_fail.html'>03_fail</a></td><td class='failed'>failed</td>" in start
+    assert "Claims not compared" not in start and "Claims not compared" in final  # compared once the run ends
+    assert "<p class='live'>0 of 2 notebooks done; 01_record running since " in first
+    assert "<td>01_record</td><td class='running'>running</td><td class='num'>since " in first
+    assert "<p class='live'>1 of 2 notebooks done; 02_consume running since " in second
+    assert "<a href='01_record.html'>01_record</a></td><td class='ok'>ok</td>" in second
+    assert "<td>02_consume</td><td class='running'>running</td>" in second
+    assert final == (again / "index.html").read_text() and "class='live'" not in final and "refresh" not in final
+    assert "<a href='02_consume.html'>02_consume</a></td><td class='ok'>ok</td>" in final
+    assert not (again / "index.html.tmp").exists()
+
+
 def test_a_kernels_progress_reaches_the_terminal_and_not_the_report(rerun):
     """01's progress bar, fed through the side channel: its last state as a plain line (no TTY) under
     the notebook's header, then the notebook's outcome on a line of its own; the report has none of it."""
-    _, again, terminal, _ = rerun
+    _, again, terminal, *_ = rerun
     lines = terminal.splitlines()
     fed = [line for line in lines if line.startswith("[1/2] 01_record: fixture loop ")]
     assert fed and fed[-1].startswith("[1/2] 01_record: fixture loop 4/4 step, "), terminal
@@ -337,7 +425,7 @@ def test_a_kernels_progress_reaches_the_terminal_and_not_the_report(rerun):
 def test_a_run_ends_with_its_summary_table(rerun):
     """After the last notebook: each notebook of this run with its status, time, planned time and
     report, the run's totals, then the index."""
-    _, again, terminal, _ = rerun
+    _, again, terminal, *_ = rerun
     lines = terminal.splitlines()
     head = next(i for i, line in enumerate(lines) if line.split() == ["notebook", "status", "time", "plan", "report"])
     rows = [line.split() for line in lines[head + 1 : head + 4]]

@@ -17,8 +17,12 @@ SCENARIOS = {"seqax-67m": Scenario.paper("seqax-67m"), "llama3-70b": Scenario.pa
 
 def test_training_units_by_target_per_target_and_method():
     units = savings.training_units_by_target(SCENARIOS, mfu_ratio=0.5)
-    assert list(units) == list(SCENARIOS) and list(units["seqax-67m"]) == ["vanilla", "spire"]
+    assert list(units) == list(SCENARIOS) and list(units["seqax-67m"]) == ["vanilla", "spire", "eagle3"]
     assert units["seqax-67m"]["spire"] == costs.draft_training_units("spire-draft", "seqax-67m", mfu_ratio=0.5)
+    # EAGLE-3's one layer and its fusion, trained over k = 4 unrolled steps (training-time test)
+    layer = pm.PRESETS["eagle3-draft"]
+    eagle3 = 4 * (pm.body_params(layer) + pm.fused_params("eagle3", layer)) / pm.body_params("seqax-67m") / 0.5
+    assert units["seqax-67m"]["eagle3"] == pytest.approx(eagle3)
 
 
 def test_draft_cost_rows():
@@ -26,7 +30,7 @@ def test_draft_cost_rows():
     spire = next(r for r in rows if r["draft"] == "SPIRe: spire-draft")
     n, n_target = pm.body_params("spire-draft"), pm.body_params("seqax-67m")
     assert spire["params"] == n and spire["own"] == pytest.approx((n / n_target) ** 2)  # 20 tokens per parameter each
-    assert spire["flops"] == costs.training_flops(n, costs.chinchilla_tokens(n_target)) and len(rows) == 4
+    assert spire["flops"] == costs.training_flops(n, costs.chinchilla_tokens(n_target)) and len(rows) == 6
 
 
 def test_by_method_and_relative_margin():
