@@ -10,7 +10,8 @@ The first screen (`verdict`) is one line of scale (target, training tokens, perp
 machine) and the winner over (B, L) as a small map per way of answering, each with a sentence
 saying where the winner flips (`narrative.winners.where_sentence`): the paper's shapes and tau
 (01), this run's tau at the paper's and at the trained shapes (06), this machine measured at the
-cells 09 timed and its profiled model (09). What this run checked of the paper's claims is
+cells 09 timed and its profiled model (09); then SPIRe against EAGLE-3 alone, the draft the
+engines serve (`duel_maps`), modeled and measured. What this run checked of the paper's claims is
 `paper_claims`'; the numbers behind the verdict are `details`'.
 """
 
@@ -30,6 +31,7 @@ from spirelib.workbook.narrative.winners import span as _span
 from spirelib.workbook.narrative.winners import where_sentence
 
 # The grid "over the grid" refers to when a notebook recorded none (06's grid).
+DUEL = ("spire", "eagle3")  # the index's head-to-head: SPIRe or the draft the engines serve today (EAGLE-3)
 GRID_B = [int(b) for b in 2 ** np.arange(0, 8)]  # 1 .. 128
 GRID_L = [int(L) for L in 2 ** np.arange(5, 14)]  # 32 .. 8K
 
@@ -327,6 +329,36 @@ ABBREVIATIONS = ("AD: autoregressive decoding, the target alone, one token per f
                  "the paper's training budget, 20 tokens per parameter.")
 
 
+def duel_maps(run: dict, results: dict, duel: tuple[str, str] = DUEL) -> list[dict]:
+    """`duel`'s two drafts alone (SPIRe or EAGLE-3, where?), as `decision_maps` draws the others:
+    modeled at the paper's shapes with the taus this run measured (06's, HOI 06's), and measured on
+    this machine where 09 timed both, a cell unresolved where the two speedups' 95% CIs (or AD's)
+    overlap (`unresolved_cells`); AD wins a cell where neither beats it. None of a way that lacks
+    either draft."""
+    a, b = duel
+    title = f"{label(a)} or {label(b)}"
+    maps = []
+    used = results.get("06_speedup_explorer", {}).get("taus_used") or {}
+    taus = {m: t for m, t in (used.get("taus") or {}).items() if m in duel}
+    if len(taus) == 2 and used.get("source") == "measured":
+        k = int(results.get("04_measure_tau", {}).get("tau_protocol", {}).get("k", 4))
+        hoi = float(_notebook_param(run, "06_speedup_explorer", "hoi", perfmodel.PAPER_HOI))
+        winners = _modeled_winners(taus, k=k, hoi=hoi)
+        maps.append(dict(key="duel-paper-shapes", title=f"{title}: the paper's shapes, this run's tau (HOI {hoi:g})",
+                         stem="06_speedup_explorer", grid=(winners, GRID_B, GRID_L), values=None, differs=set(),
+                         unresolved=set(), where=where_sentence(winners, GRID_B, GRID_L)))
+    cells = [c for c in results.get("09_measured_vs_modeled", {}).get("cells") or [] if c["method"] in duel]
+    measured = {bl: v for bl, v in by_cell(cells, "measured_speedup").items() if len(v) == 2}
+    if measured:
+        Bs, Ls = sorted({bl[0] for bl in measured}), sorted({bl[1] for bl in measured})
+        winners, values = _grid(measured, Bs, Ls)
+        unresolved = unresolved_cells([c for c in cells if (c["B"], c["L"]) in measured], Bs, Ls)
+        maps.append(dict(key="duel-measured", title=f"{title}: this machine, measured", stem="09_measured_vs_modeled",
+                         grid=(winners, Bs, Ls), values=values, differs=set(), unresolved=unresolved,
+                         where=where_sentence(winners, Bs, Ls, unresolved)))
+    return maps
+
+
 def verdict(run: dict, results: dict) -> dict | None:
     """The index's first screen: the scale in one line (`scale_line`), the winner over (B, L) as a
     small map (`map_cells`) for every way of answering (the paper's shapes and tau; this run's tau
@@ -336,7 +368,7 @@ def verdict(run: dict, results: dict) -> dict | None:
     rows = verdict_rows(run, results)
     if not rows:
         return None
-    maps = decision_maps(run, results, rows)
+    maps = decision_maps(run, results, rows) + duel_maps(run, results)
     return dict(scale=scale_line(run, results),
                 maps=[dict(title=as_text(link(run, m["stem"], m["title"])), where=m["where"],
                            **map_cells(*m["grid"], values=m["values"], differs=m["differs"],

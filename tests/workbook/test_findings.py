@@ -352,3 +352,25 @@ def test_the_index_says_next_to_a_tau_when_its_length_ran_past_the_training_wind
 def test_every_drafting_method_has_its_own_letter_in_a_winner_map():
     got = findings.map_cells([["guided", "lookup", "one_pass", "spire", "ad"]], [64], [256, 512, 960, 2048, 4096])
     assert [c["initial"] for c in got["rows"][0]["cells"]] == ["G", "P", "1", "S", "AD"]
+
+
+def test_the_index_answers_spire_or_eagle3_where_modeled_and_measured_with_the_same_intervals():
+    """SPIRe against EAGLE-3 alone (`findings.duel_maps`): at the paper's shapes with the taus this run
+    measured, SPIRe's sparse KV wins long contexts at a large batch, where EAGLE-3's dense cache is
+    read whole; measured, a cell whose two CIs overlap is unresolved and said so, as in every map."""
+    results = {
+        "04_measure_tau": {"tau_protocol": {"k": 4}},
+        "06_speedup_explorer": {"taus_used": {"source": "measured", "taus": {"vanilla": 2.5, "spire": 3.0,
+                                                                             "eagle3": 3.0}}},
+        "09_measured_vs_modeled": {"cells": [cell("spire", 1, 32, 1.30), cell("eagle3", 1, 32, 1.29),
+                                             cell("spire", 8, 256, 1.50), cell("eagle3", 8, 256, 1.20),
+                                             cell("vanilla", 8, 256, 1.90)], "machine": {"device": "cpu"}}}
+    modeled, measured = findings.duel_maps({}, results)
+    winners, B, L = modeled["grid"]
+    assert {w for row in winners for w in row} <= {"spire", "eagle3", "ad"}
+    assert winners[B.index(128)][L.index(8192)] == "spire"  # at equal tau, EAGLE-3's dense reads lose long contexts
+    assert measured["grid"] == ([["spire", "-"], ["-", "spire"]], [1, 8], [32, 256])  # vanilla SD is not in it
+    assert measured["unresolved"] == {(0, 0)} and "No winner is resolved at B = 1, L = 32" in measured["where"]
+    assert "SPIRe or EAGLE-3: this machine, measured" in text(verdict_section({}, results | {
+        "01_performance_model": RESULTS["01_performance_model"]}))
+    assert findings.duel_maps({}, {"06_speedup_explorer": RESULTS["06_speedup_explorer"]}) == []  # no EAGLE-3
