@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spirelib.paths import cache_dir
+from spirelib.paths import cache_dir, write_atomically
 
 BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 MEASURED_NAME = "this-machine"
@@ -108,11 +106,7 @@ def save_measured(peak_flops_by_dtype: dict[str, float], bandwidth: float, *, na
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"name": entry.name, "peak_flops": entry.peak_flops, "bandwidth": entry.bandwidth,
               "source": entry.source, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))
 
 
 def measured_hardware(name: str = MEASURED_NAME) -> Hardware | None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from spirelib.model.transformer import Transformer
+from spirelib.paths import write_atomically
 from spirelib.training.hf_config import CONFIG, config_to_hf
 from spirelib.training.hf_tokenizer import TOKENIZER
 from spirelib.training.hf_weights import INDEX, PICKLE_PATTERNS, SINGLE, hf_state_dict
@@ -47,27 +47,18 @@ def save_model(model: Transformer, path: str | os.PathLike, tokenizer=None, *,
     eos = None if tokenizer is None else getattr(tokenizer, "eos_id", None)
     config = config_to_hf(cfg, dtypes.pop(), eos_token_id=None if eos is None else int(eos),
                           max_position_embeddings=max_position_embeddings)
-    _atomic_write(folder / SINGLE, lambda tmp: save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"}))
+    write_atomically(folder / SINGLE, lambda tmp: save_file(hf_state_dict(model), str(tmp), metadata={"format": "pt"}))
     if tokenizer is not None and hasattr(tokenizer, "tokenizer"):
         tok = tokenizer.tokenizer
-        _atomic_write(folder / TOKENIZER, lambda tmp: tok.save(str(tmp)))
+        write_atomically(folder / TOKENIZER, lambda tmp: tok.save(str(tmp)))
         special = {"tokenizer_class": "PreTrainedTokenizerFast"}
         if eos is not None and tok.id_to_token(int(eos)) is not None:
             special["eos_token"] = tok.id_to_token(int(eos))
-        _atomic_write(folder / "tokenizer_config.json", lambda tmp: tmp.write_text(json.dumps(special, indent=2)))
-    _atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
+        write_atomically(folder / "tokenizer_config.json", lambda tmp: tmp.write_text(json.dumps(special, indent=2)))
+    write_atomically(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
     return folder
 
 
-def _atomic_write(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def checkpoint_digest(path: str | os.PathLike) -> str:
@@ -94,5 +85,5 @@ def checkpoint_digest(path: str | os.PathLike) -> str:
         total.update(f"{f.name}:{known[key]}\n".encode())
     if len(known) > before:  # new digests only: a series reads the checkpoint once, writes the store once
         store.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, indent=1)))
+        write_atomically(store, lambda tmp: tmp.write_text(json.dumps(known, indent=1)))
     return total.hexdigest()

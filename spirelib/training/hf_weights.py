@@ -21,6 +21,7 @@ import torch
 from spirelib.model.rope import rope_frequencies
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.training.hf_config import config_from_hf, read_config
+from spirelib.units import count
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -149,10 +150,6 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def _count(n: int) -> str:
-    return f"{n / 1e9:.1f}B" if n >= 1e8 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
-
-
 def check_memory(n_params: int, dtype: torch.dtype, device: torch.device | str, available: int | None, *,
                  world: int = 1, largest: int = 0) -> None:
     """Refuse (MemoryError, with the numbers and a hint) when a model of `n_params` parameters
@@ -173,7 +170,7 @@ def check_memory(n_params: int, dtype: torch.dtype, device: torch.device | str, 
     shard = (f" shard it with parallel: fsdp over at least {fewest} ranks (torchrun --nproc_per_node {fewest}),"
              if fewest and fewest > world else "")
     per = f" per rank (of {world})" if world > 1 else ""
-    raise MemoryError(f"the model ({_count(n_params)} parameters) in {name} needs {need / GB:.1f} GB{per}; "
+    raise MemoryError(f"the model ({count(n_params)} parameters) in {name} needs {need / GB:.1f} GB{per}; "
                       f"{device} has {available / GB:.1f} GB available:{smaller}{shard} use a device with more "
                       f"memory, or free some")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spirelib.paths import data_dir
+from spirelib.paths import data_dir, write_atomically
 from spirelib.training.data import GPT2_VOCAB, FlatDocs, TextCorpus, TokenDataset
 
 TOKENIZERS = ("bpe", "bytes", "gpt2")
@@ -121,9 +121,7 @@ def build_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus | None = None
         return BPETokenizer(Tokenizer.from_file(str(path)))
     tok = train_bpe([corpus.texts[i] for i in train_docs], vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tok.save(str(tmp)))
     return BPETokenizer(tok)
 
 

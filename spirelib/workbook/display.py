@@ -7,6 +7,7 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from spirelib.modeling.methods import STYLES, label
+from spirelib.units import count
 
 
 def markdown_table(rows: list[dict], columns: dict[str, str] | None = None, *, digits: int = 3) -> Markdown:
@@ -39,19 +40,12 @@ def show_table(rows: list[dict], columns: dict[str, str] | None = None, *, digit
     display(markdown_table(rows, columns, digits=digits))
 
 
-def _count(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
-
-
 def model_scale(target, drafts=None) -> str:
     """A one-line note of the scale of a trained target and its drafts (`pipeline.TrainedModel`s,
     `drafts` a mapping name -> model): shapes, body parameters, training tokens, corpus, vocabulary."""
     parts = []
     for name, m in {"target": target, **(drafts or {})}.items():
         cfg = m.layers_config
-        trained = ("imported" if m.summary.get("imported_from") else f"{_count(m.summary['tokens'])} training tokens")
-        parts.append(f"{name} {cfg.num_layers}x{cfg.d_model} ({_count(cfg.body_params())} body params, {trained})")
+        trained = ("imported" if m.summary.get("imported_from") else f"{count(m.summary['tokens'])} training tokens")
+        parts.append(f"{name} {cfg.num_layers}x{cfg.d_model} ({count(cfg.body_params())} body params, {trained})")
     return ", ".join(parts) + f"; corpus {target.data.corpus_name}, vocab {target.config.vocab_size}"

@@ -26,6 +26,7 @@ from spirelib.modeling.methods import color, label, letter
 from spirelib.modeling.winners import AD, by_cell, unresolved_cells
 from spirelib.modeling.winners import grid_counts as _grid_counts
 from spirelib.modeling.winners import winner as _winner
+from spirelib.units import count
 from spirelib.workbook.narrative.winners import pow2 as _pow2
 from spirelib.workbook.narrative.winners import span as _span
 from spirelib.workbook.narrative.winners import where_sentence
@@ -64,13 +65,6 @@ def link(run: dict, stem: str, text: str) -> Part:
     """`text` linking the report of notebook `stem`, plain where the run has no report of it."""
     page = run.get("notebooks", {}).get(stem, {}).get("html")
     return Part(text, href=page or None)
-
-
-def count(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
 
 
 def times(value: float) -> str:

@@ -19,7 +19,8 @@ from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.modeling.methods import label
 from spirelib.modeling.winners import winner as _winner
-from spirelib.workbook.findings import Text, as_text, count, link, slower_than_ad
+from spirelib.units import count
+from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import SMALL_BUDGET, percent
 from spirelib.workbook.narrative.winners import pow2 as _pow2

@@ -26,6 +26,7 @@ from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.paths import cache_dir
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
 from spirelib.training.devices import resolve_device
+from spirelib.units import si
 from spirelib.workbook.probe import (
     PROBE_ATTEMPTS,
     PROBE_FORMAT,
@@ -114,7 +115,7 @@ class Plan:
             lines.append(f"  {nb}")
             for i in (i for i in self.items if i.notebook == nb):
                 what = ("  " + i.what + (" (cached)" if i.cached else ""))[:56]
-                lines.append(f"  {what:56s} {_si(i.train_tokens):>7s} {_si(i.flops):>7s} {_si(i.bytes):>7s} "
+                lines.append(f"  {what:56s} {si(i.train_tokens):>7s} {si(i.flops):>7s} {si(i.bytes):>7s} "
                              f"{i.contexts or '':>5} {time_range(i.seconds, i.at_tau_1):>13s} {i.source}")
         devices = list(HARDWARE)
         lines.append(f"  {'notebook':28s} {'here':>15s} " + " ".join(f"{d:>9s}" for d in devices))
@@ -142,15 +143,6 @@ def time_range(a: float, b: float) -> str:
     low, high = duration(min(a, b)), duration(max(a, b))
     same_unit = low.rsplit(" ", 1)[-1] == high.rsplit(" ", 1)[-1]
     return f"{low.rsplit(' ', 1)[0] if same_unit else low} - {high}"
-
-
-def _si(x: float) -> str:
-    if not x:
-        return ""
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
 
 
 def duration(seconds: float) -> str:

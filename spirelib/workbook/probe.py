@@ -16,7 +16,6 @@ import datetime
 import hashlib
 import json
 import math
-import os
 import platform
 import statistics
 import tempfile
@@ -39,7 +38,7 @@ from spirelib.measure import calibrate
 from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.paths import cache_dir
+from spirelib.paths import cache_dir, write_atomically
 from spirelib.training.config import TrainConfig
 from spirelib.training.data import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective
@@ -103,10 +102,7 @@ def _fastest(a: dict, b: dict) -> dict:
 
 def write_cached(path: Path, entry: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(entry, f, indent=1)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(entry, indent=1)))
 
 
 def read_cached(path: Path) -> dict | None:

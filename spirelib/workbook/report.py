@@ -52,6 +52,7 @@ from markupsafe import Markup
 from nbconvert import HTMLExporter
 
 from spirelib.modeling.engines import SERVING
+from spirelib.paths import write_atomically
 from spirelib.workbook import deploy, findings, paper_claims
 from spirelib.workbook.details import DETAILS
 from spirelib.workbook.plan import time_range
@@ -265,7 +266,8 @@ def write_index(out_dir: Path, sections: list[Callable[[dict, dict], str]] | Non
     run = _read(out_dir / "run.json")
     results = _read(out_dir / "results.json")
     path = out_dir / "index.html"
-    _write_atomically(path, render_index(run, results, sections or INDEX_SECTIONS))
+    write_atomically(path, lambda tmp: tmp.write_text(render_index(run, results, sections or INDEX_SECTIONS),
+                                                        encoding="utf-8"))
     return path
 
 
@@ -321,11 +323,6 @@ def _clock(now: datetime.datetime, then: datetime.datetime) -> str:
     return f"{then:%H:%M}" if then.date() == now.date() else f"{then:%Y-%m-%d %H:%M}"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """`text` into `path` through a file beside it, renamed over it (as `results.write_json` writes JSON)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def verdict_section(run: dict, results: dict) -> str:

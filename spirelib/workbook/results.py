@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from spirelib.paths import write_atomically
+
 RESULTS_FILE_ENV = "SPIRE_RESULTS_FILE"
 """Where the runner wants this notebook's results (a JSON object, key -> value)."""
 
@@ -93,6 +95,4 @@ def read_json(path: Path) -> dict:
 def write_json(path: Path, obj: Any) -> None:
     """Write `obj` to `path` atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n"))

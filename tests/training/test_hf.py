@@ -353,7 +353,7 @@ def test_a_pickle_only_folder_is_refused_and_never_unpickled(target, tmp_path):
 
 
 def test_too_little_memory_is_refused_with_the_numbers_before_loading(target, monkeypatch):
-    with pytest.raises(MemoryError, match=r"the model \(8.0B parameters\) in float32 needs 32.0 GB; "
+    with pytest.raises(MemoryError, match=r"the model \(8B parameters\) in float32 needs 32.0 GB; "
                                           r"cpu has 24.0 GB available"):
         hf_weights.check_memory(8_000_000_000, torch.float32, "cpu", available=24_000_000_000)
     hf_weights.check_memory(8_000_000_000, torch.bfloat16, "cpu", available=24_000_000_000)  # 16 GB fits

@@ -18,6 +18,7 @@ import plotly.offline
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from spirelib import paths
 from spirelib.workbook import report
 
 
@@ -246,8 +247,9 @@ def test_the_final_index_is_the_run_as_it_ended_written_atomically(tmp_path, mon
     (tmp_path / "run.json").write_text(json.dumps(run))
     (tmp_path / "results.json").write_text(json.dumps({"01_a": {"x": 1}}))
     replaced = []
-    monkeypatch.setattr(report.os, "replace", lambda src, dst: replaced.append((Path(src), Path(dst))) or
+    monkeypatch.setattr(paths.os, "replace", lambda src, dst: replaced.append((Path(src), Path(dst))) or
                         os.rename(src, dst))
     path = report.write_index(tmp_path)
-    assert path.read_text() == page and replaced == [(tmp_path / "index.html.tmp", path)]
+    assert path.read_text() == page and [dst for _, dst in replaced] == [path]  # `paths.write_atomically`
+    assert replaced[0][0].parent == tmp_path and replaced[0][0].name.startswith("index.html.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "results.json", "run.json"]
