@@ -1,7 +1,9 @@
 """Benchmarks: `spire bench NAME [options]`, one module per NAME.
 
 Each module has `add_arguments(parser)`, `problems(args)` (every invalid option, checked before
-anything is measured) and `main(args)`; `spirelib.cli` builds `spire bench` from them."""
+anything is measured) and `main(args)`; `spirelib.cli` builds `spire bench` from them. What several
+share lives here: the model options, the device checks, `synchronize`, and `greedy_mismatch`, how
+greedy decoding is judged equal below fp32."""
 
 from __future__ import annotations
 
@@ -112,3 +114,28 @@ def replayed(measure):
         if not recorded[0]:
             break
     return result, recorded[0]
+
+
+#: Logits this close make a near-tie: greedy decoding below fp32 may flip its argmax (`greedy_mismatch`).
+TIE_LOGITS = 0.125
+
+
+def greedy_mismatch(target, contexts, tokens, reference, tie: float = TIE_LOGITS) -> str | None:
+    """None when greedy `tokens` (B, G) equal the target's own greedy `reference` (B, G) after
+    `contexts` (B, T), or where each row first differs the target's top two logits after the
+    reference's prefix are within `tie` (a near-tie: low-precision rounding may flip the argmax, and
+    every later token follows from it); otherwise where and by how much they differ."""
+    import torch
+
+    for row in range(tokens.shape[0]):
+        differ = (tokens[row] != reference[row]).nonzero()
+        if not len(differ):
+            continue
+        i = int(differ[0])
+        prefix = torch.cat([contexts[row], reference[row, :i]])[None]  # (1, T + i)
+        with torch.no_grad():
+            top = target(prefix)[0, -1].float().topk(2).values  # (2,)
+        gap = float(top[0] - top[1])
+        if gap > tie:
+            return f"row {row} differs at new token {i}, where the target's top two logits are {gap:.3f} apart"
+    return None

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from spirelib.bench import positive, synchronize
+from spirelib.bench import greedy_mismatch, positive, synchronize
 from spirelib.bench.gpu_goals import (
     BUDGETS_S,
     GOALS,
@@ -54,7 +54,6 @@ from spirelib.bench.gpu_goals import (
 )
 
 #: bf16 logits this close (top two at a position) are a near-tie whose argmax rounding may flip.
-TIE_LOGITS = 0.125
 K, WINDOW = 4, 64  # draft tokens a round; the sparse drafts' window (sink 1)
 LIVE_READS = "ad, live reads"  # the roofline row's last: the AD step reading only the live keys (`_live_reads_rows`)
 #: The cuda-graphs row's generations: B, L, k and G as `rounds.steady_state_counts` decodes them at k 4
@@ -133,26 +132,6 @@ def _series(args) -> Outcome:
     reports, seconds = len(list(out.glob("[0-9][0-9]_*.html"))), time.perf_counter() - start
     return Outcome(f"{reports} reports in {seconds:.0f} s (fresh cache) -> {out}/index.html",
                    {"reports": reports, "seconds": seconds})
-
-
-def greedy_mismatch(target, contexts: torch.Tensor, tokens: torch.Tensor, reference: torch.Tensor,
-                    tie: float = TIE_LOGITS) -> str | None:
-    """None when greedy `tokens` (B, G) equal the target's own greedy `reference` (B, G) after
-    `contexts` (B, T), or where each row first differs the target's top two logits after the
-    reference's prefix are within `tie` (a near-tie: low-precision rounding may flip the argmax, and
-    every later token follows from it); otherwise where and by how much they differ."""
-    for row in range(tokens.shape[0]):
-        differ = (tokens[row] != reference[row]).nonzero()
-        if not len(differ):
-            continue
-        i = int(differ[0])
-        prefix = torch.cat([contexts[row], reference[row, :i]])[None]  # (1, T + i)
-        with torch.no_grad():
-            top = target(prefix)[0, -1].float().topk(2).values  # (2,)
-        gap = float(top[0] - top[1])
-        if gap > tie:
-            return f"row {row} differs at new token {i}, where the target's top two logits are {gap:.3f} apart"
-    return None
 
 
 def _toy_target(args, dtype=torch.float32):

@@ -30,16 +30,17 @@ import torch
 from spirelib.bench import (
     DTYPES,
     MODEL_OPTIONS,
+    TIE_LOGITS,
     add_model_arguments,
     device_problems,
     fill_model_options,
+    greedy_mismatch,
     model_config,
     positive,
     replayed,
     synchronize,
     torch_dtype,
 )
-from spirelib.bench.gpu_check import TIE_LOGITS, greedy_mismatch
 from spirelib.decoding.drafts import VanillaDraft, vanilla_draft_config
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.transformer import Transformer
@@ -97,7 +98,7 @@ class Peer:
     On a GPU, transformers' `generate` with the static cache also compiles its decoding call itself
     (`CompileConfig`: CUDA graphs); ours replays its own graphs. Below fp32, two engines' kernels
     round differently, so a greedy row may take the runner-up where the top two logits are within
-    `gpu_check.TIE_LOGITS`: such rows are counted as ties, not differences."""
+    `bench.TIE_LOGITS`: such rows are counted as ties, not differences."""
 
     def __init__(self, target: Transformer, draft: Transformer, folder: Path, k: int, device: str = "cpu"):
         transformers = import_transformers()

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spirelib.bench import gpu_check, gpu_goals, roofline
+from spirelib.bench import TIE_LOGITS, gpu_check, gpu_goals, greedy_mismatch, roofline
 from spirelib.paths import cache_dir
 
 
@@ -57,12 +57,12 @@ def test_greedy_mismatch_forgives_a_near_tie_only():
 
     contexts = torch.zeros(2, 4, dtype=torch.long)
     reference = torch.full((2, 6), 3)
-    assert gpu_check.greedy_mismatch(target, contexts, reference.clone(), reference) is None
+    assert greedy_mismatch(target, contexts, reference.clone(), reference) is None
     flipped = reference.clone()
     flipped[1, 2:] = 5  # row 1 takes the runner-up at new token 2, and follows it
-    assert "row 1 differs at new token 2" in gpu_check.greedy_mismatch(target, contexts, flipped, reference)
-    gap["value"] = gpu_check.TIE_LOGITS / 2  # a near-tie: bf16 rounding may flip it
-    assert gpu_check.greedy_mismatch(target, contexts, flipped, reference) is None
+    assert "row 1 differs at new token 2" in greedy_mismatch(target, contexts, flipped, reference)
+    gap["value"] = TIE_LOGITS / 2  # a near-tie: bf16 rounding may flip it
+    assert greedy_mismatch(target, contexts, flipped, reference) is None
 
 
 def test_memory_row_compares_the_traced_step_on_real_tensors_with_the_simulation():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spirelib import bench, cli
-from spirelib.bench import gpu_check, peer
+from spirelib.bench import TIE_LOGITS, peer
 from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.model.transformer import ModelConfig, Transformer
 
@@ -49,7 +49,7 @@ def test_peer_in_bf16_decodes_the_same_bf16_weights_on_both_sides(tmp_path):
     theirs = bench.theirs["eager"].lm_head.weight
     assert theirs.dtype == bench.theirs["compiled"].lm_head.weight.dtype == torch.bfloat16
     assert torch.equal(theirs, bench.ours["eager"].unembed.weight)  # exported in bf16, loaded in bf16
-    assert bench.tie == gpu_check.TIE_LOGITS  # below fp32 a near-tie may flip
+    assert bench.tie == TIE_LOGITS  # below fp32 a near-tie may flip
     rows = peer.rows_of(bench, 2, 9, peer.time_cell(bench, 2, 9, ["eager"], 4, 1, cfg.vocab_size), 4)
     assert rows[0]["rows_differ"] == 0
 
@@ -65,9 +65,9 @@ def test_rows_that_differ_only_after_a_near_tie_are_ties_below_fp32():
     ours = peer.Times(tokens=torch.full((2, 4), 3), contexts=torch.zeros(2, 5, dtype=torch.long))
     theirs = peer.Times(tokens=ours.tokens.clone())
     theirs.tokens[1, 2:] = 5  # row 1 took the runner-up at new token 2
-    bench = SimpleNamespace(ours={"eager": target}, tie=gpu_check.TIE_LOGITS)
+    bench = SimpleNamespace(ours={"eager": target}, tie=TIE_LOGITS)
     assert peer.differing_rows(bench, ours, theirs) == (1, 0)  # 1.0 apart: a real difference
-    gap["value"] = gpu_check.TIE_LOGITS / 2
+    gap["value"] = TIE_LOGITS / 2
     assert peer.differing_rows(bench, ours, theirs) == (0, 1)
     assert peer.differing_rows(SimpleNamespace(ours={"eager": target}, tie=0.0), ours, theirs) == (1, 0)  # fp32
 

@@ -112,3 +112,60 @@ def test_the_check_sees_upward_and_sideways_imports(tmp_path):
         "spirelib/decoding/y.py:1 (decoding) imports spirelib.measure (measure), a layer above its own"]
     assert violations(fake / "workbook" / "z.py", fake) == [
         "spirelib/workbook/z.py:1 (workbook) imports spirelib.bench.decode (bench), a layer beside its own"]
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the spirelib modules it imports (inside functions too); `from pkg import name`
+    counts `pkg.name` where that is a module, else `pkg`."""
+    graph = {}
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "spirelib":
+                folder = package.parent.joinpath(*node.module.split("."))
+                for a in node.names:
+                    sub = folder / f"{a.name}.py"
+                    targets.add(f"{node.module}.{a.name}" if sub.is_file() or (folder / a.name).is_dir()
+                                else node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.split(".")[0] == "spirelib"}
+        me = module_name(path, package)
+        graph[me] = targets - {me}
+    return graph
+
+
+def a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of `graph` (its modules in order, the first again at the end), or []."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = "done"
+        stack.pop()
+        return []
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return []
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle among spirelib's modules (the layer rule allows one inside a folder)."""
+    assert a_cycle(import_graph()) == [], " -> ".join(a_cycle(import_graph()))
+
+
+def test_the_circle_check_sees_a_circle_through_a_function_level_import(tmp_path):
+    fake = tmp_path / "spirelib" / "bench"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "peer.py").write_text("from spirelib.bench.gpu_check import TIE\n")
+    (fake / "gpu_check.py").write_text("TIE = 1\ndef f():\n    from spirelib.bench import peer\n")
+    assert a_cycle(import_graph(tmp_path / "spirelib")) == ["spirelib.bench.gpu_check", "spirelib.bench.peer",
+                                                            "spirelib.bench.gpu_check"]
