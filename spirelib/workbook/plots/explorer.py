@@ -23,6 +23,7 @@ from spirelib.modeling.methods import color as _color
 from spirelib.modeling.methods import label as _label
 from spirelib.modeling.scenarios import Scenario
 from spirelib.workbook.plots.perf import TM_TITLE, pow2_label, title_layout
+from spirelib.workbook.report import render
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
 DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M
@@ -194,10 +195,11 @@ class LiveExplorer:
         scenario, B, L = self.current(), self.batch.value, self.context.value
         point = {m: float(v) for m, v in scenario.multipliers(B, L).items()}
         best = max(point, key=point.get)
-        cells = ", ".join(f"{_label(m)} <b>{v:.2f}x</b>" for m, v in point.items())
         device = "" if self.device_options[self.device.value] is None else f"{self.device.value}, "
-        return (f"At B = {B}, L = {L} ({device}HOI {scenario.hoi:.0f} FLOP/byte, {scenario.bytes_per_value:g} byte "
-                f"per value, k = {scenario.k}): {cells}. Best: <b>{_label(best) if point[best] >= 1 else 'AD'}</b>.")
+        return render("explorer_summary.html", B=B, L=L, device=device, hoi=scenario.hoi,
+                      bytes_per_value=scenario.bytes_per_value, k=scenario.k,
+                      cells=[(_label(m), v) for m, v in point.items()],
+                      best=_label(best) if point[best] >= 1 else "AD").strip()
 
     def redraw(self) -> None:
         self.summary.value = self.summary_html()
