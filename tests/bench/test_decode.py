@@ -11,33 +11,10 @@ from spirelib import bench, cli
 from spirelib.bench import decode, roofline
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.modeling import profiled
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 TOY = ["--vocab-size", "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",
        "--d-ff", "64"]
-
-
-def test_a_dense_cache_forward_reads_the_whole_capacity_and_the_roofline_counts_it():
-    """The AD step's attention reads every slot of its cache (masked), so its roofline's bytes are
-    those of the capacity the generation decodes in; the useful roofline counts the live L + 1 keys."""
-    context, k, window, rounds = 40, 3, 4, 6
-    capacity = roofline.capacities(context, k, rounds)
-    model = Transformer(CFG).eval()
-    cache = model.new_cache(2, capacity["ad"])
-    with torch.no_grad():
-        model.hidden(torch.zeros(2, context, dtype=torch.long), cache=cache)
-        positions = torch.full((2, 1), context)  # (B, 1): a decode step
-        cache.prepare(positions)
-    keys, _ = cache.layer_kv(0, positions)  # (B, n_kv, slots read, d_head)
-    kinds = roofline.forward_shapes(roofline.model_cfgs(CFG), context, k, roofline.kv_budgets(window), capacity)
-    assert kinds["AD step"].reads == keys.shape[2] == capacity["ad"] > kinds["AD step"].keys == context + 1
-    assert kinds[f"verify ({k + 1} tokens)"].reads == capacity["sd"] == kinds[roofline.step_kind("vanilla")].reads
-    calibration = {"peak_flops": 1e12, "bandwidth": 1e11}
-    read = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, capacity["ad"], bytes_per_value=4).bytes
-    live = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, context + 1, bytes_per_value=4).bytes
-    assert roofline.roofline(kinds, [("AD step", 1)], 2, 4, **calibration)[1] == pytest.approx(read / 1e6)
-    assert roofline.roofline(kinds, [("AD step", 1)], 2, 4, live=True, **calibration)[1] == pytest.approx(live / 1e6)
 
 
 def test_the_capacities_are_those_the_timed_generations_allocate(monkeypatch):

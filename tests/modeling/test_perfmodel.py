@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from spirelib import cli
 from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.intensity import critical_context_length, verification_intensity
 from spirelib.modeling.perfmodel import (
     PAPER_ABLATION_TAU,
     PAPER_DRAFTS,
@@ -120,19 +119,6 @@ def test_spire_without_sparse_kv_is_1_70_at_every_context():
                                 window_factor=None)
     assert np.all(np.round(got, 2) == 1.70)
     assert np.ptp(got) < 1e-12  # memory-bound everywhere: exactly flat
-
-
-def test_critical_context_lengths():
-    assert critical_context_length("seqax-67m") == 32
-    assert critical_context_length("llama3-70b") == 4096
-
-
-def test_critical_context_is_where_the_large_batch_intensity_meets_hoi():
-    for name in ("seqax-67m", "llama3-70b"):
-        crossover = critical_context_length(name, exact=True)
-        assert critical_context_length(name) <= crossover < 2 * critical_context_length(name)
-        limit = verification_intensity(name, 1e15, crossover)
-        assert limit == pytest.approx(600.0, rel=1e-6)
 
 
 # --- agreement with the plain reference ---------------------------------------------------
