@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from spirelib.paths import write_atomically
+from spirelib.workbook.notebooks import undeclared
 
 RESULTS_FILE_ENV = "SPIRE_RESULTS_FILE"
 """Where the runner wants this notebook's results (a JSON object, key -> value)."""
@@ -58,6 +59,9 @@ def record(key: str, value: Any) -> None:
         raise ValueError(f"result key must be a non-empty str, got {key!r}")
     value = to_jsonable(value, key)
     path = os.environ.get(RESULTS_FILE_ENV)
+    problem = undeclared(Path(path).stem, key) if path else None  # the runner names the file after the notebook
+    if problem:
+        raise ValueError(problem)
     if not path:
         _in_memory[key] = value
         return

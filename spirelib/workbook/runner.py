@@ -26,7 +26,7 @@ parameter of every notebook that declares it and checked in full before anything
 
 `--dry-run` runs the same notebooks at the same shapes with every budget scaled down
 (`dry_run_parameters`: the series through `spirelib.training.series.dry_run`, each notebook's sizes
-through `DRY_RUN_NOTEBOOKS`), on the CPU, into outputs/<params file stem>-dry-run/ with its own
+through their contracts, `notebooks.NOTEBOOKS`), on the CPU, into outputs/<params file stem>-dry-run/ with its own
 model cache (<out>/cache, unless SPIRE_CACHE_DIR is set). A LongCrawl64 series whose
 corpus_path holds no dataset runs on a generated fixture (<out>/longcrawl64-fixture,
 `spirelib.training.data.write_longcrawl64_fixture`); `--corpus-path` points the series at another corpus
@@ -46,15 +46,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spirelib.measure import cells as measured_cells
-from spirelib.measure import stopping
 from spirelib.paths import project_root
 from spirelib.training import data
 from spirelib.training import series as series_config
 from spirelib.training.devices import resolve_device
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
-from spirelib.training.series_params import DRY_RUN_TRAINING
 from spirelib.workbook import claims, deploy, findings, plan, probe, progress, results
+from spirelib.workbook.notebooks import NOTEBOOKS
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.ipynb$")
 SERIES_PARAMETER = "series"  # the notebook parameter that receives the params file's series section
@@ -70,30 +68,6 @@ _TYPE_CHECKS = {
 }
 
 
-#: The dry run's notebook parameters (`dry_run_parameters`): stem -> parameter -> the value it
-#: runs with, or a function of the value the run would use (None: the notebook's default).
-#: Each scales a budget (how many contexts, samples, repeats, seeds, training steps); shapes,
-#: methods and ablation variants are the file's. Notebooks 01, 06, 07 and 08 are numpy-only
-#: and run unchanged. The series itself: `spirelib.training.series.dry_run`.
-DRY_RUN_NOTEBOOKS: dict[str, dict[str, Any]] = {
-    "02_train_target": {"num_samples": 1, "prompt_tokens": 16, "sample_tokens": 8},
-    "04_measure_tau": {"context_lengths": [64, 256],  # below and above SPIRe's and MagicDec's sink + window
-                       "n_contexts": 2, "decode_batch_size": 2},
-    "05_ablations": {"ablation_training": lambda given: {**(given or {}), **DRY_RUN_TRAINING},
-                     "ablation_seeds": lambda given: (given or [0])[:1],
-                     "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2},
-    "09_measured_vs_modeled": {"timing_batches": [1, 2], "timing_contexts": [64, 256], "held_out": [[2, 256]],
-                               "repeats": 1, "max_repeats": 1, "cell_seconds": 0.0},
-}
-# Checks of a notebook's parameters taken together (its injections over its defaults): the
-# problems, in words, that `prepare` reports before any notebook runs.
-NOTEBOOK_CHECKS: dict[str, Any] = {
-    "04_measure_tau": lambda p: stopping.rule_problems(p["tau_half_width"], p["tau_floor"]),
-    "09_measured_vs_modeled": lambda p: measured_cells.timing_problems(
-        p["timing_batches"], p["timing_contexts"], p["held_out"], p["interleave"],
-        measured_cells.graphed_rounds(bool(p["series"].get("compile_decoding", False)),
-                                      str(p["series"].get("device", "auto")))),
-}
 DRY_RUN_SUFFIX = "-dry-run"  # outputs/<params file stem>-dry-run
 FIXTURE_FOLDER = "longcrawl64-fixture"  # under a dry run's output folder
 
@@ -168,12 +142,12 @@ def default_parameters(notebook: Path | dict) -> dict[str, Any]:
 
 
 def consistency_problems(injected: dict[str, dict], defaults: dict[str, dict[str, Any]]) -> list[str]:
-    """What `NOTEBOOK_CHECKS` find wrong with each notebook's parameters taken together (its
-    injections over its defaults), before any notebook runs."""
+    """What each notebook's contract checks (`notebooks.NOTEBOOKS`) find wrong with its parameters
+    taken together (its injections over its defaults), before any notebook runs."""
     problems = []
-    for stem, check in NOTEBOOK_CHECKS.items():
-        if stem in injected:
-            problems += [f"notebooks.{stem}: {p}" for p in check({**defaults.get(stem, {}), **injected[stem]})]
+    for stem, nb in NOTEBOOKS.items():
+        if nb.checks and stem in injected:
+            problems += [f"notebooks.{stem}: {p}" for p in nb.checks({**defaults.get(stem, {}), **injected[stem]})]
     return problems
 
 
@@ -242,7 +216,7 @@ def dry_run_parameters(injected: dict[str, dict], declared: dict[str, dict[str, 
                        source: str = "params") -> dict[str, dict]:
     """The resolved injections (`resolve`) with every budget scaled down and every shape kept:
     each notebook declaring `series` gets `spirelib.training.series.dry_run` of its series, and each
-    parameter of `DRY_RUN_NOTEBOOKS` that its notebook declares gets its dry-run value. The
+    parameter its contract scales (`notebooks.NOTEBOOKS`) that it declares gets its dry-run value. The
     result is checked as `resolve` checks a file (ParamsError)."""
     problems, out = [], {}
     for stem, chosen in injected.items():
@@ -250,7 +224,7 @@ def dry_run_parameters(injected: dict[str, dict], declared: dict[str, dict[str, 
         if SERIES_PARAMETER in names:
             chosen[SERIES_PARAMETER] = series_config.dry_run(chosen.get(SERIES_PARAMETER, {}))
             problems += [f"dry run of {stem}: series.{p}" for p in series_config.problems(chosen[SERIES_PARAMETER])]
-        for key, rule in DRY_RUN_NOTEBOOKS.get(stem, {}).items():
+        for key, rule in (NOTEBOOKS[stem].dry_run if stem in NOTEBOOKS else {}).items():
             if key in names:
                 chosen[key] = rule(chosen.get(key)) if callable(rule) else rule
                 why = type_error(chosen[key], names[key])

@@ -9,6 +9,7 @@ paper's shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -22,6 +23,7 @@ from spirelib.training import data, series_params
 from spirelib.training import series as series_config
 from spirelib.training.series import Series
 from spirelib.workbook import runner
+from spirelib.workbook.notebooks import NOTEBOOKS as CONTRACTS
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -66,7 +68,7 @@ def test_series_dry_run_keeps_every_shape_and_scales_every_budget():
 
 def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
     declared = {p.stem: runner.declared_parameters(p) for p in runner.discover(NOTEBOOKS)}
-    for stem, overrides in runner.DRY_RUN_NOTEBOOKS.items():
+    for stem, overrides in ((s, nb.dry_run) for s, nb in CONTRACTS.items() if nb.dry_run):
         assert stem in declared, stem
         assert set(overrides) <= set(declared[stem]), (stem, set(overrides) - set(declared[stem]))
 
@@ -78,7 +80,7 @@ def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook
     _, _, dry = runner.prepare(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
     assert dry.keys() == full.keys()
     for stem, chosen in dry.items():
-        table = runner.DRY_RUN_NOTEBOOKS.get(stem, {})
+        table = CONTRACTS[stem].dry_run if stem in CONTRACTS else {}
         for key, value in chosen.items():
             if key == "series":
                 want = series_config.dry_run(runner.with_corpus_path(
@@ -103,7 +105,8 @@ def test_the_ablation_budget_of_the_dry_run_is_the_spire_drafts_so_its_model_is_
 
 
 def test_a_dry_run_value_that_does_not_fit_its_notebook_is_reported(monkeypatch):
-    monkeypatch.setitem(runner.DRY_RUN_NOTEBOOKS, "04_measure_tau", {"n_contexts": "two"})
+    monkeypatch.setitem(CONTRACTS, "04_measure_tau", dataclasses.replace(CONTRACTS["04_measure_tau"],
+                                                                   dry_run={"n_contexts": "two"}))
     with pytest.raises(runner.ParamsError, match="dry run of 04_measure_tau: n_contexts: expected int"):
         runner.prepare(PAPER, NOTEBOOKS, dry_run=True)
 
