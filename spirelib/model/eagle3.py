@@ -155,12 +155,15 @@ class Eagle3DraftModel(nn.Module):
         param = next(target.parameters())
         draft = cls(target.cfg, cfg, d2t).to(device=device or param.device,
                                               dtype=torch.promote_types(param.dtype, torch.float32))
+        def whole(t: torch.Tensor) -> torch.Tensor:  # a target sharded with FSDP2 holds DTensors: gathered
+            return t.full_tensor() if hasattr(t, "full_tensor") else t
+
         with torch.no_grad():
-            draft.embed.weight.copy_(target.embed.weight)
+            draft.embed.weight.copy_(whole(target.embed.weight))
             if cfg.init_head:
-                rows = target.unembed.weight if not draft.reduced else target.unembed.weight[draft.d2t]
-                draft.head.weight.copy_(rows)
-                draft.norm.weight.copy_(target.norm.weight)
+                unembed = whole(target.unembed.weight)
+                draft.head.weight.copy_(unembed if not draft.reduced else unembed[draft.d2t])
+                draft.norm.weight.copy_(whole(target.norm.weight))
         return draft
 
     @property
@@ -293,7 +296,63 @@ def _tree_attention(q, k0, v0, own_k, own_v) -> torch.Tensor:
     """Attention of the queries q (B, n_q, N, d_head) of one unrolled step over step 0's keys and
     values k0, v0 (B, n_kv, N, d_head), causal, and the earlier steps' `own_k`, `own_v` (lists of
     (B, n_kv, N, d_head)) at the query's own entry only. Grouped-query heads: query head h reads
-    kv head h // groups. Returns the heads concatenated (B, N, n_q d_head), before W_o."""
+    kv head h // groups. Returns the heads concatenated (B, N, n_q d_head), before W_o. On the CPU in
+    fp32 or fp64, through the flash kernel (`_FlashTreeAttention`); elsewhere dense (`_dense_tree_attention`)."""
+    B, n_q, N, dh = q.shape
+    if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+        return _dense_tree_attention(q, k0, v0, own_k, own_v)
+    groups = n_q // k0.shape[1]
+    if groups > 1:  # the flash kernel wants as many kv heads as query heads
+        k0, v0, *own = (x.repeat_interleave(groups, dim=1) for x in (k0, v0, *own_k, *own_v))
+        own_k, own_v = own[: len(own_k)], own[len(own_k) :]
+    out = _FlashTreeAttention.apply(q, k0, v0, *own_k, *own_v)  # (B, n_q, N, dh)
+    return out.transpose(1, 2).reshape(B, N, n_q * dh)
+
+
+class _FlashTreeAttention(torch.autograd.Function):
+    """`_tree_attention` (groups of 1) through the CPU flash kernel: its causal attention over step 0
+    gives an output O_c and its log-sum-exp l; the own entries' scores t_i join the same softmax, so the
+    output is a O_c + sum_i b_i v_i with a = exp(l - L), b_i = exp(t_i - L), L = logsumexp(l, t_1..).
+    Backward hands the flash kernel a dO and the whole output O: its score gradient P_c (a dO.v - a dO.O)
+    is then the whole softmax's (no (N, N) tensor ever exists; equal to the dense form up to rounding,
+    tests/model/test_eagle3_model.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k0, v0, *own):
+        j, scale = len(own) // 2, q.shape[-1] ** -0.5
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k0, v0, 0.0, True, scale=scale)
+        a = b = None
+        if j:
+            scores = torch.stack([(q * key).sum(-1) * scale for key in own[:j]])  # (j, B, H, N)
+            total = torch.logaddexp(lse, scores.logsumexp(0))
+            a, b = (lse - total).exp(), (scores - total).exp()
+            out = out * a[..., None]  # same strides as the kernel's output, as its backward reads it
+            for weight, value in zip(b, own[j:]):
+                out += weight[..., None] * value
+        ctx.save_for_backward(q, k0, v0, out, lse, a, b, *own)
+        ctx.j, ctx.scale = j, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k0, v0, out, lse, a, b, *own = ctx.saved_tensors
+        j, scale = ctx.j, ctx.scale
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad if a is None else grad * a[..., None], q, k0, v0, out, lse, 0.0, True, scale=scale)
+        if not j:
+            return dq, dk, dv
+        seen = (grad * out).sum(-1)  # (B, H, N): dO . O
+        grad_keys, grad_values = [], []
+        for weight, key, value in zip(b, own[:j], own[j:]):
+            dscore = (weight * ((grad * value).sum(-1) - seen) * scale)[..., None]  # (B, H, N, 1)
+            dq = dq + dscore * key
+            grad_keys.append(dscore * q)
+            grad_values.append(weight[..., None] * grad)
+        return dq, dk, dv, *grad_keys, *grad_values
+
+
+def _dense_tree_attention(q, k0, v0, own_k, own_v) -> torch.Tensor:
+    """`_tree_attention` with every (N, N) score: the reference, and the path off the CPU."""
     B, n_q, N, dh = q.shape
     n_kv = k0.shape[1]
     g = q.view(B, n_kv, n_q // n_kv, N, dh)  # (B, n_kv, groups, N, dh)

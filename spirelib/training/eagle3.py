@@ -38,8 +38,11 @@ class Eagle3Objective:
     sync): "distill_ce", "alpha" (the mean over steps of sum min(p, q) over the draft vocabulary, the
     training-time estimate of acceptance while the target's mass stays inside it) and alpha_1..k."""
 
-    def __init__(self, target: Transformer):
+    def __init__(self, target: Transformer, head=None):
         self.target = target.eval().requires_grad_(False)
+        # (norm, unembedding weight): the teacher's head; a target sharded with FSDP2 passes a replicated
+        # copy (`fsdp.teacher_head`), so that only `residual_stream` touches its sharded parameters
+        self.head_norm, self.head_weight = (target.norm, target.unembed.weight) if head is None else head
 
     def __call__(self, model: Eagle3DraftModel, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         k = model.cfg.k
@@ -50,7 +53,7 @@ class Eagle3Objective:
         last = self.target.cfg.num_layers
         with torch.no_grad():
             stream = self.target.residual_stream(inputs, layers=(*model.target_layers, last))  # (n + 1, B, T, d)
-            weight = self.target.unembed.weight  # (V, d)
+            weight = self.head_weight  # (V, d)
             if model.reduced:
                 weight = weight[model.d2t]  # (V_draft, d): the target's logits over the draft vocabulary
         hidden = model.unrolled_hidden(inputs, stream[:-1], k)  # (B, k, T - 1, d)
@@ -58,7 +61,7 @@ class Eagle3Objective:
         for j in range(k):
             h = hidden[:, j, : T - 1 - j]  # (B, T - 1 - j, d): entries p = 1 .. T - 1 - j, at positions p + j
             with torch.no_grad():
-                target_x = self.target.norm(stream[-1][:, 1 + j :])  # (B, T - 1 - j, d)
+                target_x = self.head_norm(stream[-1][:, 1 + j :])  # (B, T - 1 - j, d)
             labels = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)  # unused by distillation
             loss, parts = head_draft_losses(model.norm(h), model.head.weight, target_x, weight, labels, 1.0)
             losses.append(loss)
@@ -95,19 +98,34 @@ def vocabulary_sample(docs, tokens: int = 1 << 22) -> np.ndarray:
 
 
 def trained_eagle3_draft(target: TrainedModel, cfg: Eagle3Config, train_cfg: TrainConfig, *, device: str = "auto",
-                         progress: bool = True, name: str = EAGLE3, stop_at: int | None = None) -> TrainedModel:
+                         progress: bool = True, name: str = EAGLE3, stop_at: int | None = None,
+                         parallel: str = "ddp") -> TrainedModel:
     """An EAGLE-3 draft for `target`, trained with `Eagle3Objective` on the target's data (cached,
-    retrained when the target changes); one process or DDP under torchrun (no FSDP path: the draft is
-    one layer). The token budget is `train_cfg.tokens_per_param` x its trainable parameters (20 for
-    Chinchilla's 20 x N; a share of it, as the other drafts', is a smaller figure)."""
-    from spirelib.training.devices import resolve_device
+    retrained when the target changes), in one process or over torchrun's ranks. The draft (one
+    layer) trains replicated, under DDP; with `parallel` "fsdp" the frozen target is sharded block by
+    block as for SPIRe's draft (`fsdp.shard_frozen_target`; an imported one already is), the draft
+    built from its gathered embedding and head and the loss reading a replicated copy of its head
+    (`fsdp.teacher_head`). The token budget is `train_cfg.tokens_per_param` x its trainable
+    parameters (20 for Chinchilla's 20 x N; a share of it, as the other drafts', is a smaller figure)."""
+    from spirelib.training.devices import init_distributed, resolve_device
 
     identity = eagle3_identity(cfg, target.data, target.config_hash)
     torch.manual_seed(train_cfg.seed)
-    frozen = target.model.to(resolve_device(device))
+    dev = resolve_device(device)
+    _, world = init_distributed(dev)
+    frozen = target.model.to(dev)
     model = new_eagle3_draft(frozen, cfg, vocabulary_sample(target.data.dataset.train) if cfg.draft_vocab else None)
+    head = None
+    if parallel == "fsdp" and world > 1:
+        from torch.distributed.fsdp import FSDPModule
+
+        from spirelib.training import fsdp
+
+        head = fsdp.teacher_head(frozen)
+        if not isinstance(frozen, FSDPModule):
+            fsdp.shard_frozen_target(frozen, fsdp.device_mesh(dev, world), dev)
     run_dir = run_dir_for(name, full_identity(train_cfg, identity))
-    result = train(model, Eagle3Objective(frozen), target.data.dataset.train, train_cfg, run_dir=run_dir,
+    result = train(model, Eagle3Objective(frozen, head), target.data.dataset.train, train_cfg, run_dir=run_dir,
                    identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
                    stop_at=stop_at)
     return TrainedModel(result.model, cfg, train_cfg, result, target.data, identity)

@@ -38,17 +38,30 @@ def _chunk_parts(log_q: torch.Tensor, p: torch.Tensor, label: torch.Tensor, mix_
         return (*parts, None)
     if mix_weight is None:
         return (*parts, q.scatter_add_(1, label, -torch.ones_like(label, dtype=q.dtype)))
+    if mix_weight == 1.0:  # distillation alone: alpha's term below is multiplied by 0, the same bits
+        return (*parts, q - p)
     below = torch.where(q < p, q, 0.0)  # m * q
     return (*parts, mix_weight * (q - p) - (1.0 - mix_weight) * (below - q * below.sum(-1, keepdim=True)))
 
 
+def _logit_chunk_parts(logits: torch.Tensor, target_logits: torch.Tensor, label: torch.Tensor,
+                       mix_weight: float | None, grad: bool):
+    """`_chunk_parts` of a chunk of draft and target logits (c, V), in the accumulation dtype."""
+    return _chunk_parts(torch.log_softmax(logits, dim=-1), torch.softmax(target_logits, dim=-1), label,
+                        mix_weight, grad)
+
+
 @functools.cache
 def _compiled_chunk_parts():
-    """`_chunk_parts` compiled (torch.compile, one static graph per chunk shape): its dozen passes
-    over a (c, V) chunk (exp, the three parts, the gradient) fuse into a few loops, which a SPIRe
-    training step's heads and loss gain from on the CPU (docs/benchmarks.md, "Where a training
-    step's time goes": the loss's chunk arithmetic compiled)."""
-    return torch.compile(_chunk_parts, dynamic=False)
+    """`_logit_chunk_parts` compiled (torch.compile, one static graph per chunk shape and loss): its
+    dozen passes over a (c, V) chunk (both softmaxes, exp, the three parts, the gradient) fuse into a
+    few loops, which a SPIRe training step's heads and loss gain from on the CPU (docs/benchmarks.md,
+    "Where a training step's time goes": the loss's chunk arithmetic compiled). Every shape, loss and
+    gradient flag is a graph of its own (05's variants make a dozen): the recompile limits are raised
+    as for decoding (`transformer.compile_for_decoding`), so none runs eagerly for want of one."""
+    for limit in ("recompile_limit", "accumulated_recompile_limit"):
+        setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 512))
+    return torch.compile(_logit_chunk_parts, dynamic=False)
 
 
 def _loss_of(parts, mix_weight):
@@ -135,9 +148,8 @@ class _HeadDraftLosses(torch.autograd.Function):
         for i in range(0, n, chunk):
             rows = slice(i, i + chunk)
             hc = h[rows]  # (c, d)
-            log_q = torch.log_softmax((hc @ w.T).to(acc), dim=-1)  # (c, V)
-            p = torch.softmax((th[rows] @ tw.T).to(acc), dim=-1)
-            *chunk_parts, dz = chunk_parts_fn(log_q, p, labels[rows, None], mix_weight, need)
+            logits, target_logits = (hc @ w.T).to(acc), (th[rows] @ tw.T).to(acc)  # (c, V) each
+            *chunk_parts, dz = chunk_parts_fn(logits, target_logits, labels[rows, None], mix_weight, need)
             for part, value in zip(parts, chunk_parts):
                 part[rows] = value
             if need:
@@ -161,7 +173,8 @@ def head_draft_losses(draft_x: torch.Tensor, draft_weight: torch.Tensor, target_
                       chunk: int | None = None, compiled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`draft_losses(draft_x @ draft_weight^T, target_x @ target_weight^T, labels, mix_weight)`
     without either logits tensor: rows go through both unembeddings, the losses and the
-    gradient in chunks of `chunk` rows (default: cache-sized on CPU, ~2^26 logits on GPU).
+    gradient in chunks of `chunk` rows (default: on CPU 2^19 logits, 2 MB in fp32, a core's L2 here, and
+    at least 64 rows, so that a large vocabulary's matmuls keep their rows; ~2^26 logits on GPU).
 
     draft_x (..., d): the draft's last hidden states after its final norm (differentiable;
     the norm stays outside, under autograd, so gradients reach its gain and the hidden
@@ -176,9 +189,9 @@ def head_draft_losses(draft_x: torch.Tensor, draft_weight: torch.Tensor, target_
         draft_x = draft_x.to(torch.get_autocast_dtype(device))
     V, d = draft_weight.shape
     if chunk is None:
-        chunk = max(1, (1 << (26 if draft_x.is_cuda else 21)) // V)
+        chunk = max(1, (1 << 26) // V) if draft_x.is_cuda else max(64, (1 << 19) // V)
     with torch.autocast(device, enabled=False):
         loss, *parts = _HeadDraftLosses.apply(draft_x.reshape(-1, d), draft_weight, target_x.reshape(-1, d),
                                               target_weight, labels.reshape(-1), mix_weight, chunk,
-                                              _compiled_chunk_parts() if compiled else _chunk_parts)
+                                              _compiled_chunk_parts() if compiled else _logit_chunk_parts)
     return loss, {name: part.view(labels.shape) for name, part in zip(PARTS, parts)}

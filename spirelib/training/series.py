@@ -204,7 +204,8 @@ class Series:
         from spirelib.training.eagle3 import trained_eagle3_draft
 
         return self._cached("eagle3", lambda: trained_eagle3_draft(
-            self.trained_target(progress), self.eagle3, self.eagle3_training, device=self.device, progress=progress))
+            self.trained_target(progress), self.eagle3, self.eagle3_training, device=self.device, progress=progress,
+            parallel=self.parallel))
 
     def exported_eagle3_draft(self) -> Path:
         """The EAGLE-3 draft as the speculators folder vLLM and SGLang load (`eagle3_export`), beside

@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel, draft_vocabulary, eagle3_layers
+from spirelib.model.eagle3 import (
+    Eagle3Config,
+    Eagle3DraftModel,
+    _dense_tree_attention,
+    _tree_attention,
+    draft_vocabulary,
+    eagle3_layers,
+)
 from spirelib.model.transformer import ModelConfig, Transformer
 
 CFG = ModelConfig(vocab_size=41, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
@@ -117,3 +124,26 @@ def test_default_target_layers_and_the_initialization():
     assert draft.trainable_parameters() == sum(p.numel() for n, p in draft.named_parameters() if n != "embed.weight")
     with pytest.raises(ValueError, match="distinct"):
         Eagle3DraftModel(CFG, Eagle3Config(draft_vocab=3), torch.tensor([1, 1, 2]))
+
+
+@pytest.mark.parametrize("groups,own", [(1, 0), (1, 3), (2, 2)], ids=["step-0", "step-3", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_flash_tree_attention_equals_the_dense_one_with_its_gradients(groups, own, dtype):
+    """Training's attention on the CPU (`_tree_attention`: the flash kernel's causal attention, its
+    log-sum-exp joined by the own entries' scores; backward through the kernel's with the whole
+    output) gives the dense (N, N) form's output and every input's gradient: to fp64 rounding in fp64,
+    to 1e-5 in fp32."""
+    B, n_kv, N, dh = 2, 2, 37, 8
+    gen = torch.Generator().manual_seed(6)
+
+    def rand(heads):
+        return torch.randn(B, heads, N, dh, generator=gen, dtype=dtype).requires_grad_()
+    q, k0, v0 = rand(groups * n_kv), rand(n_kv), rand(n_kv)
+    own_k, own_v = [rand(n_kv) for _ in range(own)], [rand(n_kv) for _ in range(own)]
+    grad = torch.randn(B, N, groups * n_kv * dh, generator=gen, dtype=dtype)
+    inputs = [q, k0, v0, *own_k, *own_v]
+    got, expected = _tree_attention(q, k0, v0, own_k, own_v), _dense_tree_attention(q, k0, v0, own_k, own_v)
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got, expected, **tol)
+    for g, e in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(expected, inputs, grad)):
+        torch.testing.assert_close(g, e, **tol)

@@ -350,3 +350,41 @@ def test_target_memory_is_what_the_pruned_layer_itself_computes_at_the_same_posi
         for i in range(cfg.num_layers):
             torch.testing.assert_close(mine.k[i][row][:, slots], theirs.k[first + i][row][:, positions])
             torch.testing.assert_close(mine.v[i][row][:, slots], theirs.v[first + i][row][:, positions])
+
+
+@pytest.mark.parametrize("seq_len,k,sink,window", [(1023, 4, 1, 64), (37, 3, 2, 8), (20, 4, 1, 64), (100, 1, 0, 5)])
+def test_the_regular_blocks_bands_are_the_indexed_ones_where_visible(seq_len, k, sink, window):
+    """For blocks k apart (the span given, as `k_pass_hidden` gives it), `BandedMemory.gather` takes
+    windows of the zero-padded keys (`unfold`, whose backward adds the windows back) instead of
+    indexing (whose backward scatters position by position): every position a query may see holds
+    the same key, and the rest (outside the sequence: zeros, not clamped copies) is never seen."""
+    from spirelib.model.kpass_attention import BandedMemory
+    from spirelib.model.kvcache import SinkWindow
+
+    starts = block_positions(seq_len, k)[:, 0]
+    span = (min(max(1, window // k), len(starts)) - 1) * k + window
+    regular = BandedMemory(starts, seq_len, k, SinkWindow(sink, window), span)
+    measured = BandedMemory(starts, seq_len, k, SinkWindow(sink, window))  # the indexed path
+    x = torch.randn(2, 3, seq_len, 5)
+    got, expected = regular.gather(x), measured.gather(x)
+    assert got.shape == expected.shape and torch.equal(regular.context, measured.context)
+    seen = regular.context.any(dim=1)  # (n_chunks, S): visible to some block of the chunk
+    assert torch.equal(got[:, :, seen], expected[:, :, seen])
+
+
+def test_distillation_alone_skips_alphas_gradient_bit_for_bit():
+    """MixedLoss(1) (EAGLE-3's loss, the distill-only ablation) returns dz = q - p without computing
+    alpha's term, which the general formula multiplies by 0: the same bits."""
+    from spirelib.training.losses import _chunk_parts
+
+    gen = torch.Generator().manual_seed(0)
+    log_q = torch.log_softmax(3 * torch.randn(16, 50, generator=gen), -1)
+    p = torch.softmax(3 * torch.randn(16, 50, generator=gen), -1)
+    label = torch.randint(0, 50, (16, 1), generator=gen)
+    *parts, dz = _chunk_parts(log_q, p, label, 1.0, True)
+    q = log_q.exp()
+    below = torch.where(q < p, q, 0.0)
+    general = 1.0 * (q - p) - (1.0 - 1.0) * (below - q * below.sum(-1, keepdim=True))
+    assert torch.equal(dz, general)
+    for part, expected in zip(parts, _chunk_parts(log_q, p, label, 0.5, False)[:3]):
+        assert torch.equal(part, expected)

@@ -230,6 +230,25 @@ WORKER = textwrap.dedent("""
         if p.grad is not None:
             results[f"one_block.grad.{n}"] = fsdp.full_tensor(p.grad).contiguous()
 
+    # 7. EAGLE-3's draft (one layer, replicated under DDP) against the sharded target, its loss on the
+    # target's replicated head (`training.eagle3.trained_eagle3_draft` under parallel: fsdp)
+    from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
+    from spirelib.training.eagle3 import Eagle3Objective
+
+    target = new_target()
+    torch.manual_seed(13)
+    eagle3 = Eagle3DraftModel.from_target(target, Eagle3Config(k=2))  # built whole before the target is sharded
+    if sharded:
+        head = fsdp.teacher_head(target)
+        eagle3_obj = Eagle3Objective(fsdp.shard_frozen_target(target, fsdp.device_mesh(cpu, world), cpu), head)
+    else:
+        eagle3_obj = Eagle3Objective(target)
+    result = train(eagle3, eagle3_obj, docs, TrainConfig(batch_size=4, seq_len=16, steps=3, lr=1e-2, eval_windows=4),
+                   run_dir=f"{out}/{name}-eagle3", identity={"eagle3": 1}, val_docs=docs, device="cpu",
+                   progress=False, parallel="ddp")
+    for k, v in result.model.state_dict().items():
+        results[f"eagle3.{k}"] = v.contiguous()
+
     if rank == 0:
         save_file(results, f"{out}/{name}.safetensors")
     if dist.is_initialized():
@@ -309,6 +328,16 @@ def test_n_fsdp_steps_give_single_process_weights(runs):
         torch.testing.assert_close(sharded[k], one[k], rtol=0, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
     for k in (k for k in sharded if k.startswith("loaded.")):  # the fsdp checkpoint, loaded in one process
         assert torch.equal(sharded[k], sharded["resumed." + k[len("loaded."):]]), k
+
+
+def test_eagle3_trains_against_the_sharded_target_as_in_one_process(runs):
+    """EAGLE-3's draft (DDP, one layer) on two ranks against the FSDP2-sharded frozen target, its
+    distillation read from the target's replicated head: three steps give one process's weights."""
+    sharded, one, *_ = runs
+    keys = [k for k in one if k.startswith("eagle3.")]
+    assert len(keys) >= 10 and set(keys) == {k for k in sharded if k.startswith("eagle3.")}
+    for k in keys:
+        torch.testing.assert_close(sharded[k], one[k], rtol=0, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def test_fsdp_run_stopped_and_restarted_equals_uninterrupted(runs):
