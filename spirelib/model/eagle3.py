@@ -34,7 +34,7 @@ from torch import nn
 
 from spirelib.model.kvcache import DenseKVCache, reuse
 from spirelib.model.rope import rope_rotation
-from spirelib.model.transformer import MLP, Attention, CompiledStep, ModelConfig, RMSNorm, Transformer
+from spirelib.model.transformer import MLP, Attention, ModelConfig, RMSNorm, Transformer, compile_for_decoding
 
 
 def eagle3_layers(num_layers: int) -> tuple[int, ...]:
@@ -97,7 +97,7 @@ def draft_vocabulary(tokens, size: int, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.sort(seen)).long()
 
 
-class Eagle3DraftModel(CompiledStep, nn.Module):
+class Eagle3DraftModel(nn.Module):
     """EAGLE-3's draft for a target of shape `target_cfg` (the module docstring). Parameters: `embed`
     (frozen), `fc`, `input_norm`, `hidden_norm`, `attn` (W_q, W_k, W_v over 2 d; W_o to d), `mlp_norm`,
     `mlp`, `norm`, `head` (V_draft, d); buffer `d2t` (V_draft,) the target id of each draft id (absent
@@ -228,9 +228,20 @@ class Eagle3DraftModel(CompiledStep, nn.Module):
         _, k, v = self._qkv(tokens, hidden.to(self.fc.weight.dtype), self.rope(positions))
         cache.write(0, slots, k, v)
 
+    _compiled_step = None  # `_step`, compiled (`compile_decoding`)
+
+    @property
+    def compiled_decoding(self) -> bool:
+        return self._compiled_step is not None
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_compiled_step", None)
+        return state
+
     def compile_decoding(self, enabled: bool = True) -> Eagle3DraftModel:
         """Run `step` as one compiled graph (`transformer.compile_for_decoding`), or eagerly again."""
-        self.compile_step(enabled, self.fc.weight.device)
+        self._compiled_step = compile_for_decoding(self._step, self.fc.weight.device) if enabled else None
         return self
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,

@@ -254,28 +254,6 @@ def compile_for_decoding(fn, device: torch.device):
     return torch.compile(fn, fullgraph=True, dynamic=False, **options)
 
 
-class CompiledStep:
-    """What a draft model whose decoding step can run compiled shares (SPIRe's, EAGLE-3's): its
-    `_step` compiled (`compile_for_decoding`) or None, whether it is, and copies that leave the
-    compiled step behind (a copy compiles its own: `drafts.in_dtype`)."""
-
-    _compiled_step = None  # `_step`, compiled (`compile_step`)
-
-    @property
-    def compiled_decoding(self) -> bool:
-        """Whether `step` runs compiled."""
-        return self._compiled_step is not None
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_compiled_step", None)
-        return state
-
-    def compile_step(self, enabled: bool, device: torch.device) -> None:
-        """Run `_step` as one compiled graph on `device`, or eagerly again (the reference)."""
-        self._compiled_step = compile_for_decoding(self._step, device) if enabled else None
-
-
 def _reset_parameter(name: str, p: torch.Tensor, std: float, num_layers: int) -> None:
     """`Transformer.reset_parameters` of its parameter `name`."""
     if name.endswith("norm.weight"):
