@@ -32,9 +32,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from spirelib.model.compiled import CompiledStep
 from spirelib.model.kvcache import DenseKVCache, reuse
 from spirelib.model.rope import rope_rotation
-from spirelib.model.transformer import MLP, Attention, ModelConfig, RMSNorm, Transformer, compile_for_decoding
+from spirelib.model.transformer import MLP, Attention, ModelConfig, RMSNorm, Transformer
 
 
 def eagle3_layers(num_layers: int) -> tuple[int, ...]:
@@ -97,7 +98,7 @@ def draft_vocabulary(tokens, size: int, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.sort(seen)).long()
 
 
-class Eagle3DraftModel(nn.Module):
+class Eagle3DraftModel(CompiledStep, nn.Module):
     """EAGLE-3's draft for a target of shape `target_cfg` (the module docstring). Parameters: `embed`
     (frozen), `fc`, `input_norm`, `hidden_norm`, `attn` (W_q, W_k, W_v over 2 d; W_o to d), `mlp_norm`,
     `mlp`, `norm`, `head` (V_draft, d); buffer `d2t` (V_draft,) the target id of each draft id (absent
@@ -129,9 +130,12 @@ class Eagle3DraftModel(nn.Module):
         self.head = nn.Linear(d, size, bias=False)
         self.reduced = size < V
         if self.reduced:
-            d2t = torch.arange(size) if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
-            if d2t.shape != (size,) or len(set(d2t.tolist())) != size or not bool(((d2t >= 0) & (d2t < V)).all()):
-                raise ValueError(f"d2t must hold {size} distinct target ids in 0..{V - 1}")
+            if d2t is None:  # the first `size` ids (the plan sizes a draft so, on the meta device)
+                d2t = torch.arange(size)
+            else:
+                d2t = torch.as_tensor(d2t, dtype=torch.long)
+                if d2t.shape != (size,) or len(set(d2t.tolist())) != size or not bool(((d2t >= 0) & (d2t < V)).all()):
+                    raise ValueError(f"d2t must hold {size} distinct target ids in 0..{V - 1}")
             self.register_buffer("d2t", d2t.clone())
         self.reset_parameters()
 
@@ -228,20 +232,9 @@ class Eagle3DraftModel(nn.Module):
         _, k, v = self._qkv(tokens, hidden.to(self.fc.weight.dtype), self.rope(positions))
         cache.write(0, slots, k, v)
 
-    _compiled_step = None  # `_step`, compiled (`compile_decoding`)
-
-    @property
-    def compiled_decoding(self) -> bool:
-        return self._compiled_step is not None
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_compiled_step", None)
-        return state
-
     def compile_decoding(self, enabled: bool = True) -> Eagle3DraftModel:
-        """Run `step` as one compiled graph (`transformer.compile_for_decoding`), or eagerly again."""
-        self._compiled_step = compile_for_decoding(self._step, self.fc.weight.device) if enabled else None
+        """Run `step` as one compiled graph (`compiled.CompiledStep`), or eagerly again."""
+        self.compile_step(enabled, self.fc.weight.device)
         return self
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -253,7 +246,7 @@ class Eagle3DraftModel(nn.Module):
         to its own position."""
         pos = positions[:, None]  # (B, 1)
         cache.plan(pos)
-        return (self._compiled_step or self._step)(tokens, hidden, pos, cache)
+        return self.run_step(tokens, hidden, pos, cache)
 
     def _step(self, tokens, hidden, pos, cache):
         slots = cache.register(pos)  # (B, 1), in place

@@ -161,6 +161,21 @@ def test_run_plan_prints_every_notebooks_work_and_gpu_times_and_runs_nothing(fak
     assert all(device in text for device in HARDWARE) and "modeled, not measured" in text
 
 
+#: The params files that run on the embedded corpus (the others name a checkpoint or a corpus to fetch first).
+EMBEDDED = ("smoke", "default", "long-context", "ablations-full")
+
+
+@pytest.mark.parametrize("name", EMBEDDED)
+def test_every_params_file_on_the_embedded_corpus_is_planned(name, fake_probes, tmp_path):
+    """The plan of each such params file builds its models' work as they are configured (the
+    default series' EAGLE-3 draft with its reduced vocabulary, sized on the meta device)."""
+    params = SMOKE.parent / f"{name}.yaml"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = cli.main(["run", "--params", str(params), "--plan", "--out", str(tmp_path / "out")])
+    assert rc == 0 and "the run" in printed.getvalue()
+
+
 def test_each_report_and_the_index_state_the_measured_time_against_the_plan(fixture_run):
     _, out, printed = fixture_run
     run = json.loads((out / "run.json").read_text())
