@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 from torch import nn
 
+from spirelib.model.compiled import CompiledStep
 from spirelib.model.kpass_attention import BandedMemory, memory_attention
 from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse
-from spirelib.model.transformer import ModelConfig, Transformer, compile_for_decoding
+from spirelib.model.transformer import ModelConfig, Transformer
 
 LOSSES = ("mixed", "hard")
 
@@ -101,7 +102,7 @@ def block_positions(seq_len: int, k: int, device=None) -> torch.Tensor:
     return 1 + torch.arange(n_blocks, device=device)[:, None] * k + torch.arange(k, device=device)
 
 
-class SpireDraftModel(nn.Module):
+class SpireDraftModel(CompiledStep, nn.Module):
     """The draft's weights: a `Transformer` of n_d layers on the target's d_model (`body`)
     plus the feedback mixing logits w (n_d, n_d + 1)."""
 
@@ -188,24 +189,11 @@ class SpireDraftModel(nn.Module):
         for i, block in enumerate(self.blocks):
             cache.write(i, slots, *block.memory_kv(memory[i].to(self.mix.dtype), rope))
 
-    _compiled_step = None  # `_step`, compiled (`compile_decoding`)
-
-    @property
-    def compiled_decoding(self) -> bool:
-        """Whether `step` runs compiled (`compile_decoding`)."""
-        return self._compiled_step is not None
-
-    def __getstate__(self) -> dict:
-        """What a copy of the draft holds: not its compiled step (a copy compiles its own)."""
-        state = super().__getstate__()
-        state.pop("_compiled_step", None)
-        return state
-
     def compile_decoding(self, enabled: bool = True) -> SpireDraftModel:
-        """Run `step` as one compiled graph (`model.compile_for_decoding`), or, with `enabled`
-        False, eagerly again (the reference); the body too, which decodes alone as an ordinary
-        sparse draft when the draft reads no target activations (`spire_draft`)."""
-        self._compiled_step = compile_for_decoding(self._step, self.mix.device) if enabled else None
+        """Run `step` as one compiled graph (`compiled.CompiledStep`), or, with `enabled` False,
+        eagerly again (the reference); the body too, which decodes alone as an ordinary sparse
+        draft when the draft reads no target activations (`spire_draft`)."""
+        self.compile_step(enabled, self.mix.device)
         self.body.compile_decoding(enabled)
         return self
 
@@ -220,7 +208,7 @@ class SpireDraftModel(nn.Module):
         slack keeps every key the query needs, so taking the slot first changes nothing."""
         pos = positions[:, None]  # (B, 1)
         cache.plan(pos)
-        return (self._compiled_step or self._step)(tokens, pos, cache)
+        return self.run_step(tokens, pos, cache)
 
     def _step(self, tokens: torch.Tensor, pos: torch.Tensor, cache: SinkWindowKVCache) -> torch.Tensor:
         slots = cache.register(pos)  # (B, 1)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from spirelib.model.compiled import compile_for_decoding
 from spirelib.model.cross_entropy import linear_cross_entropy
 from spirelib.model.kvcache import DenseKVCache, KVCache, SinkWindow, reuse, visibility
 from spirelib.model.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
@@ -236,22 +237,6 @@ class Block(nn.Module):
         its result (FSDP2 hooks the backward's gather on the outputs), and what it reads that carries
         one is in `args` (it hooks the gradient's reduction on the inputs)."""
         return fn(self, *args)
-
-
-def compile_for_decoding(fn, device: torch.device):
-    """`fn` compiled as a decoding forward: one graph without breaks and one static graph per
-    shape (never dynamic ones: a graph symbolic in B or S, which dynamo would otherwise make at
-    the second shape it sees, runs its kernels without the shape's constants, measurably slower
-    at every cell but the first); on CPU C++ kernels called from C++ (the Python wrapper would
-    cost about as much as the kernels at B = 1), on CUDA Triton kernels that a decoding round's
-    graph captures whole (`decoding.graphs`: one graph a round, not one a forward)."""
-    # Every model's graphs count against one code object's limit (the default 8 recompiles): the
-    # target's, the drafts' and the profiling pass's shapes (prefills and steps of a whole grid),
-    # kinds (dense, ring) and outputs.
-    for limit in ("recompile_limit", "accumulated_recompile_limit"):
-        setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 512))
-    options = {} if device.type == "cuda" else {"options": {"cpp_wrapper": True}}
-    return torch.compile(fn, fullgraph=True, dynamic=False, **options)
 
 
 def _reset_parameter(name: str, p: torch.Tensor, std: float, num_layers: int) -> None:

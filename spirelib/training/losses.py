@@ -58,7 +58,7 @@ def _compiled_chunk_parts():
     few loops, which a SPIRe training step's heads and loss gain from on the CPU (docs/benchmarks.md,
     "Where a training step's time goes": the loss's chunk arithmetic compiled). Every shape, loss and
     gradient flag is a graph of its own (05's variants make a dozen): the recompile limits are raised
-    as for decoding (`transformer.compile_for_decoding`), so none runs eagerly for want of one."""
+    as for decoding (`compiled.compile_for_decoding`), so none runs eagerly for want of one."""
     for limit in ("recompile_limit", "accumulated_recompile_limit"):
         setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 512))
     return torch.compile(_logit_chunk_parts, dynamic=False)
