@@ -284,8 +284,8 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
 
 def profiled_rows(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
                   held_out: list[tuple[int, int]], args: argparse.Namespace) -> tuple:
-    """Time every (B, L) of `cells` as notebook 09 does (fresh random contexts every run, runs added
-    while a speedup's 95% CI is wider than +/-5%, within `--cell-seconds` per cell), calibrate this
+    """Time every (B, L) of `cells` as notebook 09 does (fresh random contexts every run, a cell
+    stopped once every speedup is resolved, or when its `--cell-seconds` are up: `stopping.SpeedupRule`), calibrate this
     machine, fit the profiled model to every cell but `held_out` (default: the largest B at the
     longest L) with its peak and bandwidth pinned to that calibration, and compare every cell's
     measured speedup (and CI) with the model's: (the fitted `profiled.ProfiledCost`,
@@ -362,7 +362,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profiled", action="store_true", help="fit the profiled cost model here, judge each cell")
     parser.add_argument("--held-out", type=int, nargs=2, action="append", metavar=("B", "L"),
                         help="--profiled: a held-out cell (default: largest B and L)")
-    parser.add_argument("--max-repeats", type=int, default=30, help="--profiled: runs per cell at most")
+    parser.add_argument("--max-repeats", type=int, default=30, help="--profiled: runs per cell at most (its second look)")
     parser.add_argument("--cell-seconds", type=float, default=20.0, help="--profiled: seconds per cell at most")
 
 

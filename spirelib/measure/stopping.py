@@ -189,3 +189,83 @@ def expected_contexts(tau: float, sd: float | None, half_width: float = HALF_WID
             limit = half_width * math.sqrt(n) / t_quantile(0.975, n - 1)  # S must fall to this
             going = min(going, 0.0 if sd == 0 else _chi2_above((n - 1) * (limit / sd) ** 2, n - 1))
     return expected
+
+
+# ---------------------------------------------------------------------------- 09's speedups
+
+
+def ratio_interval(ratios, level: float = 0.95) -> tuple[float, float, float]:
+    """The mean of paired runs' speedups (SD's tokens/s over AD's, run by run) and its Student-t
+    interval at `level`: (mean, low, high); infinite with one run."""
+    ratios = np.asarray(ratios, dtype=float)
+    mean = float(ratios.mean())
+    if ratios.size < 2:
+        return mean, -math.inf, math.inf
+    half = t_quantile(0.5 + level / 2, ratios.size - 1) * float(ratios.std(ddof=1)) / math.sqrt(ratios.size)
+    return mean, mean - half, mean + half
+
+
+@dataclass(frozen=True)
+class SpeedupRule:
+    """When a (B, L) cell of notebook 09 (and of `bench decode`) has been timed well enough: a
+    two-look design over its paired runs (method §2's speedup, measured on the clock).
+
+    Each method's speedup over AD is the mean of its runs' ratios with a t-interval
+    (`ratio_interval`). At the first look, after `first` kept runs, the cell stops once every
+    method's speedup is resolved: its interval excludes 1 (SD is faster, or slower, than AD) or its
+    half-width is at most `width` of its mean. Otherwise it runs on to the second look, `cap` runs
+    or as many as fit in its time (`second_look`), and stops there whatever its intervals.
+
+    **Why two looks, each at level 1 - (1 - `level`) / 2.** Stopping when an interval excludes 1
+    is a test repeated at every look: at a cell where SD and AD are equally fast, an interval
+    looked at after every run and taken at 95% excludes 1 at some look far more often than 5% of the
+    time, and a cell stopped so reports an interval that misses. With two looks whose places are
+    fixed before any run, each taken at level 1 - (1 - `level`) / 2 (Bonferroni), the interval the
+    cell stops at misses with probability at most 1 - `level`, whatever the rule that chose the
+    look: P(the stopped look misses) <= P(some look misses) <= 2 (1 - `level`) / 2.
+    tests/measure/test_stopping_speedup.py checks the coverage by simulation, with skewed ratios and
+    at the worst place for it, a speedup of exactly 1. The price is a wider interval: t_{0.9875}
+    against t_{0.975}, 1.35x at 5 runs and 1.15x at 30. With `cap` <= `first` there is one look, at
+    `level`.
+
+    The second look's place depends on the time the first runs took (a cell's budget), not on their
+    ratios: it is set before any run it judges is made, which keeps the bound."""
+
+    first: int
+    cap: int
+    width: float = 0.05
+    level: float = 0.95
+
+    def __post_init__(self):
+        if not (isinstance(self.first, int) and self.first >= 1):
+            raise ValueError(f"a SpeedupRule looks first after one run or more (repeats >= 1), got {self.first!r}")
+        if not 0 < self.level < 1 or not self.width >= 0:
+            raise ValueError(f"a SpeedupRule needs 0 < level < 1 and width >= 0, got {self.level}, {self.width}")
+
+    @property
+    def looks(self) -> int:
+        """How many looks the design has: 1 where `cap` <= `first`, else 2."""
+        return 1 if self.cap <= self.first else 2
+
+    @property
+    def look_level(self) -> float:
+        """The level of the interval taken, and reported, at any look (Bonferroni over `looks`)."""
+        return 1 - (1 - self.level) / self.looks
+
+    def interval(self, ratios) -> tuple[float, float, float]:
+        """A method's speedup and its interval at `look_level` (`ratio_interval`)."""
+        return ratio_interval(ratios, self.look_level)
+
+    def resolved(self, ratios) -> bool:
+        """Whether a method's speedup is resolved: its interval (`interval`) excludes 1 or is at most
+        `width` of its mean wide on either side."""
+        mean, low, high = self.interval(ratios)
+        return low > 1 or high < 1 or (high - low) / 2 <= self.width * abs(mean)
+
+    def second_look(self, seconds_per_run: float, seconds: float) -> int:
+        """The runs a cell has at its second look: as many as fit in `seconds` (its budget) at
+        `seconds_per_run` (its mean kept run so far), at least `first` (no second look: the cell
+        stops at its first) and at most `cap`."""
+        fit = self.cap if not math.isfinite(seconds / max(seconds_per_run, 1e-12)) else \
+            math.floor(seconds / max(seconds_per_run, 1e-12))
+        return max(self.first, min(self.cap, fit))

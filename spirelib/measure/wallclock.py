@@ -17,7 +17,6 @@ held-out cells included.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,7 +36,7 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.frontend import feed
-from spirelib.measure.intervals import t_quantile
+from spirelib.measure.stopping import SpeedupRule, ratio_interval
 from spirelib.model.spire import SpireConfig
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling import perfmodel, profile_fit, profiled
@@ -63,6 +62,7 @@ class DecodeTiming:
     prefill_s: float  # the shared target prefill (once)
     compiled: bool = False  # decoded through compiled graphs (`Transformer.compile_decoding`: static reads)
     retaken: int = 0  # runs not kept because a round's graph was recorded while they were timed
+    level: float = 0.95  # the level of its speedup's interval at any look (`stopping.SpeedupRule.look_level`)
 
     @property
     def tokens_per_s(self) -> list[float]:
@@ -99,9 +99,11 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     so that a slow minute of a shared machine falls on every cell alike rather than on the one
     being timed (timed cell after cell, whole cells drifted against the profiled model, all four
     methods together, docs/benchmarks.md: the fit prices absolute seconds across cells).
-    After `repeats` kept runs, a cell gets more, up to `max_repeats` (default: none added) and
-    while it has taken less than `max_seconds`, as long as some method's 95% CI of its speedup
-    over AD is wider than +/- `ci` of it: cheap cells get many runs, costly ones few. A run during
+    A cell stops by `stopping.SpeedupRule`: after `repeats` kept runs, once every method's speedup
+    over AD is resolved (its interval excludes 1, or is at most +/- `ci` of it wide); else after a
+    second look at `max_repeats` runs (default: no second look) or at as many as fit in `max_seconds`
+    at the first runs' pace: cheap cells get many runs, costly ones few. Every timing keeps the
+    level its intervals are taken at (`DecodeTiming.level`: 95% over the two looks). A run during
     which a round's CUDA graph was recorded (`graphs.GRAPHS.watch`: a sync and a capture inside
     the timed region) is not kept but taken again, up to `repeats` more times a cell, and counted
     (`DecodeTiming.retaken`); a cell that still records raises rather than average recordings in.
@@ -122,10 +124,11 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     device = next(target.parameters()).device
     needs = prefill_needs((factory() for factory in factories.values()), k)
     methods = (["ad"] if include_ad else []) + list(factories)
-    limit = max(repeats, max_repeats or repeats)
+    rule = SpeedupRule(repeats, max(repeats, max_repeats or repeats), ci)
     timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
     runs, spent, done = [0] * len(cells), [0.0] * len(cells), [False] * len(cells)
-    retaken = [0] * len(cells)
+    retaken, look = [0] * len(cells), [rule.first] * len(cells)  # kept runs at the cell's next look
+    warm = [0.0] * len(cells)  # the warm-up run's seconds (it compiles): out of the kept runs' pace
     while not all(done):
         for c, contexts in enumerate(cells):
             if done[c]:
@@ -141,17 +144,22 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
                                        f"{tuple(batch.shape)}: the generations' buffers move between runs, so the "
                                        "timings would hold recordings; keep them (kvcache.reuse) or decode eagerly")
                 continue
-            runs[c] += 1
             seconds = time.perf_counter() - start
             spent[c] += seconds
-            done[c] = runs[c] > repeats and (runs[c] > limit or spent[c] > max_seconds or not include_ad or all(
-                half_width(*speedup_interval(t, timed[c]["ad"])) <= ci for m, t in timed[c].items() if m != "ad"))
+            warm[c] = warm[c] if runs[c] else seconds
+            runs[c] += 1
+            if runs[c] - 1 == look[c]:  # a look: stop, or set the second look's place from the pace so far
+                first = look[c] == rule.first and include_ad and not all(
+                    rule.resolved(_ratios(t, timed[c]["ad"])) for m, t in timed[c].items() if m != "ad")
+                pace = (spent[c] - warm[c]) / look[c]
+                look[c] = rule.second_look(pace, max_seconds - warm[c]) if first else look[c]
+                done[c] = runs[c] - 1 == look[c]
             # cells done of all (how many runs a cell gets is known only once it has them)
             feed("time AD and SD", sum(done), len(cells), unit="cell", postfix=f"(B, L) = {tuple(batch.shape)}, "
-                 f"run {runs[c] - 1} of at most {limit}", tokens_per_s=len(methods) * batch.shape[0] * new_tokens / seconds)
+                 f"run {runs[c] - 1} of {look[c]}", tokens_per_s=len(methods) * batch.shape[0] * new_tokens / seconds)
     for cell, again in zip(timed, retaken):
         for timing in cell.values():
-            timing.retaken = again
+            timing.retaken, timing.level = again, rule.look_level
     return [t for cell in timed for t in cell.values()]
 
 
@@ -222,16 +230,17 @@ def _lockstep(decodes: dict[str, Iterator[None]], sections: dict[str, SectionTim
     return outs
 
 
-def speedup_interval(sd: DecodeTiming, ad: DecodeTiming, level: float = 0.95) -> tuple[float, float, float]:
-    """SD's speedup over AD from runs paired in order (the same contexts and the same slot of a
-    shared machine): the mean of the runs' tokens/s ratios and its Student-t confidence interval
-    at `level` (infinite with one run): (mean, low, high)."""
-    ratios = [s / a for s, a in zip(sd.tokens_per_s, ad.tokens_per_s)]
-    mean = statistics.fmean(ratios)
-    if len(ratios) < 2:
-        return mean, -math.inf, math.inf
-    half = t_quantile(0.5 + level / 2, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
-    return mean, mean - half, mean + half
+def _ratios(sd: DecodeTiming, ad: DecodeTiming) -> list[float]:
+    """SD's tokens/s over AD's, run by run (paired in order: the same contexts and the same slot of
+    a shared machine)."""
+    return [s / a for s, a in zip(sd.tokens_per_s, ad.tokens_per_s)]
+
+
+def speedup_interval(sd: DecodeTiming, ad: DecodeTiming, level: float | None = None) -> tuple[float, float, float]:
+    """SD's speedup over AD from runs paired in order: the mean of the runs' tokens/s ratios and its
+    Student-t interval (`stopping.ratio_interval`) at `level`, by default the level `sd` was
+    measured to (`DecodeTiming.level`: 95% over the looks of its stopping rule): (mean, low, high)."""
+    return ratio_interval(_ratios(sd, ad), sd.level if level is None else level)
 
 
 def half_width(mean: float, low: float, high: float) -> float:

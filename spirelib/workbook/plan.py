@@ -250,8 +250,8 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
                                                                         "method with none known)")
                            + " (`stopping.expected_contexts`)")
     if "09_measured_vs_modeled" in selected:
-        assumptions.append("09's cells run until cell_seconds (or max_repeats), their CIs never narrow enough to "
-                           "stop early")
+        assumptions.append("09's cells priced at their second look (the runs that fit in cell_seconds, max_repeats at "
+                           "most), as if some speedup were unresolved at the first: at most that")
     assumptions.append(f"GPU columns are modeled, not measured: training at {GPU_MFU:.0%} MFU ({GPU_DTYPE}), "
                        f"decoding at {GPU_ROOFLINE_FRACTION:.0%} of the roofline (at the taus above; the paper's "
                        f"where a range), {NOTEBOOK_SECONDS:.0f} s fixed per notebook")

@@ -23,7 +23,7 @@ import torch
 from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.measure.cells import timing_cells
 from spirelib.measure.context_loss import sweep_length
-from spirelib.measure.stopping import FLOOR, PAPER_SPREAD, expected_contexts
+from spirelib.measure.stopping import FLOOR, PAPER_SPREAD, SpeedupRule, expected_contexts
 from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
 from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
 from spirelib.model.transformer import ModelConfig, Transformer
@@ -372,15 +372,18 @@ def _ablation_notebook(models: Models, nb: str, p: dict) -> list[Item]:
 
 
 def _timing_notebook(models: Models, nb: str, p: dict) -> list[Item]:
-    """09's work: its models, the calibration and the profiled fit, and every cell's runs; a cell is
-    assumed to run until its time is up (`cell_seconds`), as its wide CIs at B >= 16 make it."""
+    """09's work: its models, the calibration and the profiled fit, and every cell's runs. A cell is
+    priced at its second look (`stopping.SpeedupRule.second_look`, the runs that fit in
+    `cell_seconds`), as if some speedup were unresolved at its first: an upper bound, since one
+    method whose speedup straddles 1 keeps a cell running, and the wide CIs at B >= 16 make that the
+    common case."""
     items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
     items.append(fixed(nb, "calibration and the profiled fit", CALIBRATION_SECONDS))
     methods = p["timing_methods"]
-    limit = max(p["repeats"], p["max_repeats"])
-    def runs(one: float) -> int:  # measure.wallclock.time_cells' rule, its CIs never narrow enough to stop early
-        fit = limit + 1 if math.isnan(one) else math.floor(p["cell_seconds"] / max(one, 1e-9)) + 1
-        return max(p["repeats"] + 1, min(limit + 1, fit))
+    rule = SpeedupRule(p["repeats"], max(p["repeats"], p["max_repeats"]), p["ci"])
+
+    def runs(one: float) -> int:  # the warm-up and the runs to the second look (measure.wallclock.time_cells)
+        return 1 + (rule.cap if math.isnan(one) else rule.second_look(one, p["cell_seconds"] - one))
 
     for batch, context in timing_cells(p["timing_batches"], p["timing_contexts"], p["held_out"]):
         one = models.decode(nb, "", methods, batch, context, 1, ad=True)  # a run of every method and AD

@@ -12,7 +12,8 @@ from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
-from spirelib.measure.wallclock import _lockstep, time_cells, time_decoding
+from spirelib.measure.stopping import ratio_interval
+from spirelib.measure.wallclock import _lockstep, speedup_interval, time_cells, time_decoding
 from spirelib.model.spire import SpireConfig, SpireDraftModel
 from spirelib.model.transformer import ModelConfig, Transformer
 from spirelib.modeling.methods import KVBudget
@@ -133,5 +134,22 @@ def test_cells_take_turns_run_by_run(models, tmp_path, monkeypatch):
         ("ad", 1, 16, 3), ("vanilla", 1, 16, 3), ("ad", 2, 24, 3), ("vanilla", 2, 24, 3)]
     fed = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert [(r["n"], r["total"], r["unit"]) for r in fed] == [(0, 2, "cell")] * 6 + [(1, 2, "cell"), (2, 2, "cell")]
-    assert [r["postfix"] for r in fed[-2:]] == ["(B, L) = (1, 16), run 3 of at most 3",
-                                               "(B, L) = (2, 24), run 3 of at most 3"]
+    assert [r["postfix"] for r in fed[-2:]] == ["(B, L) = (1, 16), run 3 of 3", "(B, L) = (2, 24), run 3 of 3"]
+
+
+def test_a_cell_stops_at_its_first_look_once_every_speedup_is_resolved(models):
+    """`stopping.SpeedupRule` in `time_cells`: a cell whose every speedup is resolved after
+    `repeats` runs (here: any finite interval is narrow enough) stops there, short of `max_repeats`;
+    one that is not (no interval is narrow enough, none can exclude 1 from one run) runs to its
+    second look. Both designs have two looks, so both report their intervals at 97.5% a look."""
+    target, factories = models
+    contexts = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    resolved = time_decoding(target, {"vanilla": factories["vanilla"]}, contexts, 4, k=3, repeats=2, max_repeats=6,
+                             ci=1e9)
+    assert [len(t.seconds) for t in resolved] == [2, 2]
+    open_ = time_decoding(target, {"vanilla": factories["vanilla"]}, contexts, 4, k=3, repeats=1, max_repeats=3,
+                          ci=1e9)
+    assert [len(t.seconds) for t in open_] == [3, 3]
+    assert {t.level for t in resolved + open_} == {0.975}
+    assert speedup_interval(resolved[1], resolved[0]) == ratio_interval(
+        [s / a for s, a in zip(resolved[1].tokens_per_s, resolved[0].tokens_per_s)], 0.975)

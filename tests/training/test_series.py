@@ -155,7 +155,7 @@ def test_the_smoke_series_runs_on_an_imported_checkpoint(tmp_path, monkeypatch):
     params = tmp_path / "p.yaml"
     params.write_text(json.dumps({
         "series": {"target_source": f"hf:{folder}", "device": "cpu", "target_training": short,
-                   "vanilla_training": short, "spire_training": short, "new_tokens": 8},
+                   "vanilla_training": short, "spire_training": short, "eagle3_training": short, "new_tokens": 8},
         "notebooks": {"02_train_target": {"num_samples": 1, "prompt_tokens": 8, "sample_tokens": 8},
                       "04_measure_tau": {"context_lengths": [16], "n_contexts": 4, "decode_batch_size": 4}}}))
     out = tmp_path / "out"

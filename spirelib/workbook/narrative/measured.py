@@ -154,6 +154,17 @@ def for_your_gpu(verdict: dict, paces: dict | None = None) -> str:
                f"{_pace_span(paces)}), so read tokens/s there from a timed run." if paces else ""))
 
 
+def _resolution(cells: list[dict], ci: float) -> str:
+    """How the cells' speedups were resolved under 09's stopping rule (`stopping.SpeedupRule`):
+    within the +/- `ci` asked for, else excluding 1, else not at all (their time ran out)."""
+    narrow = sum(_half(c) <= ci for c in cells)
+    beyond = sum(_half(c) > ci and (c["ci_low"] > 1 or c["ci_high"] < 1) for c in cells)
+    return (f" ({narrow} of {len(cells)} within the +/-{ci:.0%} asked for, {beyond} more wider but clear of 1, SD "
+            f"faster or slower than AD there, and {len(cells) - narrow - beyond} unresolved when their time per cell "
+            "ran out: a speedup varies with the contexts each run draws, through their rounds, and with this "
+            "machine's noise)")
+
+
 def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float,
                cells: list[dict] | None = None, ci: float = 0.05) -> tuple[str, ...]:
     """09's conclusion (Markdown paragraphs): with `cells`, first both sides of the clock
@@ -174,10 +185,7 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
     clock = (f"**Speculative decoding was slower than AD in {len(losing)} of {n_cells} measured cells**"
              + (": " + ", ".join(f"{_cell(c)} ({c['measured_speedup']:.2f}x)" for c in losing) if losing else "")
              + f". Every measured speedup has a 95% CI within +/-{summary['profiled']['widest_ci']:.1%} of it"
-             + (f" ({sum(_half(c) <= ci for c in cells)} of {len(cells)} within the +/-{ci:.0%} asked for: a speedup "
-                "varies with the contexts each run draws, through their rounds, and with this machine's noise, and "
-                "the others would need more runs than the time budget per cell allows)"
-                if cells and any(_half(c) > ci for c in cells) else "")
+             + (_resolution(cells, ci) if cells and any(_half(c) > ci for c in cells) else "")
              + ". Where the "
              f"profiled model predicts a loss, the reason is in its terms: each of the draft's k passes pays "
              f"{1e6 * cost.per_layer_s:.0f} us per layer in launches and a {1e6 * cost.sampling_s:.0f} us draw that "
