@@ -19,23 +19,27 @@ docs/scaling-out.md), and the notebooks (or `spire run`) then load the cached ch
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
 
-from spirelib import bench
-from spirelib.model.spire import ABLATIONS
-from spirelib.training import data
-from spirelib.training.params import ParamsError, load_params
-from spirelib.training.series import Series, problems
-from spirelib.workbook import deploy, runner
-
 MODELS = ("target", "vanilla", "spire", "eagle3")
+
+
+def _lazy(module: str, name: str, *bound):
+    """`module.name(*bound, *args)`, the module imported when it is called: a command imports only
+    what it runs (`spire deploy` reads JSON with numpy and needs no torch)."""
+    def call(*args):
+        return getattr(importlib.import_module(module), name)(*args, *bound)
+    return call
 
 
 # ---------------------------------------------------------------------------- spire train
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    from spirelib.model.spire import ABLATIONS
+
     parser.add_argument("model", choices=MODELS, help="which of the series' models (the drafts need the target; "
                                                       "a cached target is loaded, a missing one trained first)")
     parser.add_argument("--params", type=Path, required=True, help="a params/*.yaml file; its series section is used")
@@ -47,6 +51,10 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     """Train (or load) the series' `args.model` into the model cache. Under torchrun every rank runs
     this; rank 0 tokenizes and caches the data first, the others then read that cache."""
+    from spirelib.model.spire import ABLATIONS
+    from spirelib.training.params import ParamsError, load_params
+    from spirelib.training.series import Series, problems
+
     try:
         section = load_params(args.params)["series"]
     except (ParamsError, FileNotFoundError) as e:
@@ -92,6 +100,8 @@ def _train(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- spire bench
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from spirelib import bench
+
     names = parser.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(bench.available()) + "}")
     for name, module in bench.available().items():
         summary = module.__doc__.split("\n\n")[0].split(": ", 1)[-1]
@@ -113,37 +123,37 @@ def _bench(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- the program
 
-def _runner_command(name):
-    def configure(parser):
-        runner.add_arguments(parser, name)
-    return configure
-
-
 COMMANDS = {  # name -> (one line of help, add the arguments, run)
-    "run": ("run the notebook series and write the HTML reports and their index", _runner_command("run"),
-            runner.command),
-    "check": ("check a params file against the series and the notebooks; run nothing", _runner_command("check"),
-              runner.command),
+    "run": ("run the notebook series and write the HTML reports and their index",
+            _lazy("spirelib.workbook.runner", "add_arguments", "run"), _lazy("spirelib.workbook.runner", "command")),
+    "check": ("check a params file against the series and the notebooks; run nothing",
+              _lazy("spirelib.workbook.runner", "add_arguments", "check"), _lazy("spirelib.workbook.runner", "command")),
     "train": ("train (or load) one of the series' models into the cache; torchrun-ready", _train_arguments, _train),
-    "data": ("fetch the default corpus, or write a LongCrawl64 fixture", data.add_arguments, data.command),
+    "data": ("fetch the default corpus, or write a LongCrawl64 fixture", _lazy("spirelib.training.data", "add_arguments"),
+             _lazy("spirelib.training.data", "command")),
     "deploy": ("a finished run's batch-size -> k schedules for vLLM, SGLang and TensorRT-LLM (docs/deploy.md)",
-               deploy.add_arguments, deploy.command),
+               _lazy("spirelib.workbook.deploy", "add_arguments"), _lazy("spirelib.workbook.deploy", "command")),
     "bench": ("benchmarks: decoding tokens/s and roofline, training MFU, memory, the model's speed",
               _bench_arguments, _bench),
 }
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with `command`, only that command's arguments are added (the others are
+    listed, and import nothing)."""
     top = argparse.ArgumentParser(prog="spire", description=__doc__.split("\n\n")[0],
                                   epilog="`spire COMMAND --help` says more about each.")
     commands = top.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (summary, configure, run) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
-        configure(sub)
+        if command is None or name == command:
+            configure(sub)
         sub.set_defaults(run=run)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = parser(chosen if chosen in COMMANDS else None).parse_args(argv)
     return args.run(args)

@@ -19,10 +19,9 @@ from spirelib.decoding.sampling import one_hot
 from spirelib.decoding.speculative import TargetPass
 from spirelib.model.kvcache import static_buffer
 from spirelib.model.transformer import Transformer
+from spirelib.modeling.methods import card
 
-#: n-gram lengths tried, longest first. vLLM's default is 5 to 5; a floor should be generous, and a
-#: proposal costs nothing but the verification the round runs anyway, so short n-grams are tried too.
-MIN_N, MAX_N = 1, 5
+MIN_N, MAX_N = card("lookup").ngrams  # n-gram lengths tried, longest first (the card says why)
 
 
 def match_starts(history: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:

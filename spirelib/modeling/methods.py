@@ -89,7 +89,8 @@ class MethodCard:
     records attention scores; `joint`: its k positions come from one pass of k tokens
     (a one-pass drafter, modeled only); `paper`: the paper's three (method §2), else priced by our
     extension (`perfmodel.EXTRA_METHODS`) or, with `priced` False, not at all; `engines`: each
-    serving engine's name for it (vLLM's method, SGLang's algorithm), none if no engine serves it."""
+    serving engine's name for it (vLLM's method, SGLang's algorithm), none if no engine serves it;
+    `ngrams`: the n-gram lengths a prompt lookup tries (`decoding.lookup`), which its engine keys carry."""
 
     name: str
     label: str
@@ -108,6 +109,7 @@ class MethodCard:
     paper: bool = False
     priced: bool = True
     engines: dict[str, str] = field(default_factory=dict)
+    ngrams: tuple[int, int] | None = None  # the n-gram lengths (shortest, longest) a prompt lookup tries
 
     @property
     def self_draft(self) -> bool:
@@ -134,8 +136,10 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
                paper=True),
     MethodCard("guided", "guided sparse", "#17a0a0", "G", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
                scores=True),  # the verification-guided sparse self-draft
+    # n-grams of 1 to 5, longest first: vLLM's default is 5 to 5; a floor should be generous, and a
+    # proposal costs nothing but the verification the round runs anyway, so short n-grams are tried too
     MethodCard("lookup", "prompt lookup", "#8c8c3c", "P", needs_model=False, drafter=None,
-               engines={"vllm": "ngram", "sglang": "NGRAM"}),
+               engines={"vllm": "ngram", "sglang": "NGRAM"}, ngrams=(1, 5)),
     MethodCard("eagle3", "EAGLE-3", "#7b4fd6", "E", needs_model=True, drafter=DRAFT, fused=3, unrolled=True,
                engines={"vllm": "eagle3", "sglang": "EAGLE3"}),  # arXiv 2503.01840: its own dense KV
     MethodCard("one_pass", "one-pass drafter", "#e8a33d", "1", needs_model=True, drafter=DRAFT, reads=BUDGET,

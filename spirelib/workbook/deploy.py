@@ -49,14 +49,6 @@ PROFILE = "acceptance_profile.json"  # each draft's measured acceptance, as serv
 
 # ---------------------------------------------------------------------------- writing
 
-def ngram_lengths() -> tuple[int, int]:
-    """The n-gram lengths (shortest, longest) the workbook's prompt lookup tries, which its engine
-    keys carry (`engines.ngram_keys`)."""
-    from spirelib.decoding.lookup import MAX_N, MIN_N  # torch: only when a schedule is made
-
-    return MIN_N, MAX_N
-
-
 def method_schedules(inp: Inputs, method: str) -> dict:
     """One method's schedule at the context mix, its per-context schedules, each engine's form
     (`modeling.engines`), the schedule that form holds and what it costs; our YAML document."""
@@ -73,7 +65,7 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                                        "after": context_switches(long_runs, b, *SWITCH_SPAN)}
                               for b in sorted({1, 8, 64, inp.max_batch}) if b <= inp.max_batch}}
     capped = bool(inp.acceptance[method].per_position) and any(r.k == int(table.ks[-1]) for r in main.ranges)
-    ngram = ngram_lengths() if card(method).engines.get("vllm") == "ngram" else None
+    ngram = card(method).ngrams  # prompt lookup's n-gram lengths, which its engine keys carry
     trt, trt_expressed = engines.trtllm_config(main, table, ngram)
     algorithm = card(method).engines.get("sglang")  # SGLang's --speculative-algorithm, if it serves the draft
     sglang, sglang_args, sglang_expressed = engines.sglang_config(main, table, algorithm)

@@ -234,3 +234,15 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
     rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], 2, 12, 3, 4, peak_flops=1e10,
                              bandwidth=1e10, repeats=1, compiled=False, temperature=1.0)
     assert [r["kind"] for r in rows] == ["ad round", "vanilla round"] and all(r["ms"] > 0 for r in rows)
+
+
+def test_a_command_imports_only_what_it_runs():
+    """`spire deploy`'s arguments import no torch (the other commands' modules are not imported to
+    list them); `spire train`'s do."""
+    probe = ("import sys; from spirelib import cli; cli.parser({!r}).parse_args({!r}); "
+             "print('torch' in sys.modules)")
+    deploy = subprocess.run([sys.executable, "-c", probe.format("deploy", ["deploy", "out"])], capture_output=True,
+                            text=True, cwd=ROOT, check=True)
+    train = subprocess.run([sys.executable, "-c", probe.format("train", ["train", "target", "--params", "p.yaml"])],
+                           capture_output=True, text=True, cwd=ROOT, check=True)
+    assert (deploy.stdout.strip(), train.stdout.strip()) == ("False", "True"), deploy.stderr + train.stderr

@@ -240,7 +240,7 @@ def test_deploy_prices_the_guided_draft_and_prompt_lookup_with_lookups_ngram_key
         s = schedule(inp.table(method), max_batch=64)
         assert [r["k"] for r in doc["schedule"]] == [r.k for r in s.ranges] and doc["inputs"]["tau"] == inp.acceptance[
             method].tau
-    lengths = deploy.ngram_lengths()
+    lengths = card("lookup").ngrams
     vllm = json.loads((out / "lookup" / "vllm.json").read_text())
     assert {k: vllm[k] for k in engines.VLLM_NGRAM} == {"method": "ngram", "prompt_lookup_min": lengths[0],
                                                         "prompt_lookup_max": lengths[1]}
