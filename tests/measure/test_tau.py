@@ -249,6 +249,7 @@ WORKER = textwrap.dedent("""
     if not dist.is_initialized() or dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
     if dist.is_initialized():
+        dist.barrier()  # no rank tears gloo down while the other is still in a collective
         dist.destroy_process_group()
 """)
 
