@@ -242,6 +242,13 @@ class SpeedupRule:
         if not 0 < self.level < 1 or not self.width >= 0:
             raise ValueError(f"a SpeedupRule needs 0 < level < 1 and width >= 0, got {self.level}, {self.width}")
 
+    @classmethod
+    def from_repeats(cls, repeats: int, max_repeats: int | None, ci: float) -> SpeedupRule:
+        """The rule of `wallclock.time_cells`' parameters (09's, `bench decode`'s), which the plan
+        prices too: the first look after `repeats` runs, the second at `max_repeats` at most (None,
+        or no more than `repeats`: no second look), resolved within +/- `ci`."""
+        return cls(repeats, max(repeats, max_repeats or repeats), ci)
+
     @property
     def looks(self) -> int:
         """How many looks the design has: 1 where `cap` <= `first`, else 2."""
@@ -266,6 +273,5 @@ class SpeedupRule:
         """The runs a cell has at its second look: as many as fit in `seconds` (its budget) at
         `seconds_per_run` (its mean kept run so far), at least `first` (no second look: the cell
         stops at its first) and at most `cap`."""
-        fit = self.cap if not math.isfinite(seconds / max(seconds_per_run, 1e-12)) else \
-            math.floor(seconds / max(seconds_per_run, 1e-12))
-        return max(self.first, min(self.cap, fit))
+        fit = seconds / max(seconds_per_run, 1e-12)
+        return max(self.first, min(self.cap, math.floor(fit) if math.isfinite(fit) else self.cap))

@@ -124,7 +124,7 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     device = next(target.parameters()).device
     needs = prefill_needs((factory() for factory in factories.values()), k)
     methods = (["ad"] if include_ad else []) + list(factories)
-    rule = SpeedupRule(repeats, max(repeats, max_repeats or repeats), ci)
+    rule = SpeedupRule.from_repeats(repeats, max_repeats, ci)
     timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
     runs, spent, done = [0] * len(cells), [0.0] * len(cells), [False] * len(cells)
     retaken, look = [0] * len(cells), [rule.first] * len(cells)  # kept runs at the cell's next look

@@ -380,7 +380,7 @@ def _timing_notebook(models: Models, nb: str, p: dict) -> list[Item]:
     items = models.target(nb) + models.vanilla(nb) + models.spire(nb)
     items.append(fixed(nb, "calibration and the profiled fit", CALIBRATION_SECONDS))
     methods = p["timing_methods"]
-    rule = SpeedupRule(p["repeats"], max(p["repeats"], p["max_repeats"]), p["ci"])
+    rule = SpeedupRule.from_repeats(p["repeats"], p["max_repeats"], p["ci"])  # time_cells' own rule
 
     def runs(one: float) -> int:  # the warm-up and the runs to the second look (measure.wallclock.time_cells)
         return 1 + (rule.cap if math.isnan(one) else rule.second_look(one, p["cell_seconds"] - one))

@@ -76,6 +76,8 @@ def test_the_rule_decides_on_its_interval():
     assert RULE.resolved([1.0, 1.01, 0.99, 1.0, 1.0])  # narrower than +-5%
     assert not RULE.resolved([0.8, 1.3, 1.0, 0.9, 1.1])
     assert SpeedupRule(3, 3).look_level == 0.95  # one look
+    assert SpeedupRule.from_repeats(3, None, 0.05) == SpeedupRule(3, 3) == SpeedupRule.from_repeats(3, 2, 0.05)
+    assert SpeedupRule.from_repeats(5, 30, 0.1) == SpeedupRule(5, 30, 0.1)
     assert ratio_interval([1.1])[1:] == (-np.inf, np.inf)
 
 
