@@ -54,11 +54,9 @@ lint: setup
 	$(VENV)/bin/ruff check spirelib tests notebooks docs
 
 # PASSIVE: tests run several processes on 2 cores; spinning OpenMP threads starve each other.
-# Three xdist workers, one thread each (tests/conftest.py), whole files to a worker: many tests wait on
-# kernels, torchrun ranks, a browser or a subprocess, and a third worker fills those waits (cold
-# inductor cache, 2026-12-06, side by side: 401 s of pytest on two workers, 339 s on three).
+# Two xdist workers, one thread each (tests/conftest.py), whole files to a worker.
 test: setup data lint
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n 3 --dist loadfile $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # The slow tests (e.g. the paper-shape dry run of the whole series, ~4 min); a fast test covers
 # the same code in `make test`.

@@ -7,13 +7,13 @@ import io
 import os
 from pathlib import Path
 
-# `make test` runs the suite on three pytest-xdist workers (`--dist loadfile`: a file's tests stay on
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadfile`: a file's tests stay on
 # one worker, so its module fixtures are built once and its tests keep their order). On 2 cores each
 # worker computes on one thread, set before torch is imported (kernels and torchrun ranks the tests
 # start inherit it), compiles in its own process (torch.compile's default pool of compile workers per
 # process would put four on two cores; the compiled-decoding test's cold compile, alone on the
 # machine, took 63-65 s in-process against 73-79 s with the pool), and trains into its own model
-# cache: workers training the same smoke model would race on its checkpoint folder.
+# cache: two workers training the same smoke model would race on its checkpoint folder.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
