@@ -38,7 +38,7 @@ def _lazy(module: str, name: str, *bound):
 # ---------------------------------------------------------------------------- spire train
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
-    from spirelib.model.spire import ABLATIONS
+    from spirelib.model.config import ABLATIONS
 
     parser.add_argument("model", choices=MODELS, help="which of the series' models (the drafts need the target; "
                                                       "a cached target is loaded, a missing one trained first)")
@@ -51,7 +51,7 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     """Train (or load) the series' `args.model` into the model cache. Under torchrun every rank runs
     this; rank 0 tokenizes and caches the data first, the others then read that cache."""
-    from spirelib.model.spire import ABLATIONS
+    from spirelib.model.config import ABLATIONS
     from spirelib.training.params import ParamsError, load_params
     from spirelib.training.series import Series, problems
 
@@ -129,8 +129,8 @@ COMMANDS = {  # name -> (one line of help, add the arguments, run)
     "check": ("check a params file against the series and the notebooks; run nothing",
               _lazy("spirelib.workbook.runner", "add_arguments", "check"), _lazy("spirelib.workbook.runner", "command")),
     "train": ("train (or load) one of the series' models into the cache; torchrun-ready", _train_arguments, _train),
-    "data": ("fetch the default corpus, or write a LongCrawl64 fixture", _lazy("spirelib.training.data", "add_arguments"),
-             _lazy("spirelib.training.data", "command")),
+    "data": ("fetch the default corpus, or write a LongCrawl64 fixture", _lazy("spirelib.training.corpus", "add_arguments"),
+             _lazy("spirelib.training.corpus", "command")),
     "deploy": ("a finished run's batch-size -> k schedules for vLLM, SGLang and TensorRT-LLM (docs/deploy.md)",
                _lazy("spirelib.workbook.deploy", "add_arguments"), _lazy("spirelib.workbook.deploy", "command")),
     "bench": ("benchmarks: decoding tokens/s and roofline, training MFU, memory, the model's speed",

@@ -38,6 +38,12 @@ def project_root() -> Path:
     return Path.cwd()
 
 
+def resolve_path(path: str) -> Path:
+    """A user-given path; relative ones are taken from the project root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else project_root() / p
+
+
 def data_dir() -> Path:
     """Downloaded corpora, tokenizers and token arrays."""
     return Path(os.environ.get("SPIRE_DATA_DIR") or project_root() / "data")

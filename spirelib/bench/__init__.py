@@ -41,7 +41,7 @@ RETAKES = 2
 
 def model_config(args: argparse.Namespace):
     """The target's `ModelConfig` from `add_model_arguments`' options."""
-    from spirelib.model.transformer import ModelConfig
+    from spirelib.model.config import ModelConfig
 
     return ModelConfig(vocab_size=args.vocab_size, num_layers=args.target_layers, d_model=args.d_model,
                        n_q_per_kv=args.n_q_per_kv, n_kv=args.n_kv, d_head=args.d_head, d_ff=args.d_ff)

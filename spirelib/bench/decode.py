@@ -48,7 +48,6 @@ from spirelib.bench.roofline import (
     verify_kind,
 )
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.speculative import TargetPass, autoregressive_rounds, speculative_capacity, speculative_rounds
@@ -60,9 +59,10 @@ from spirelib.measure.wallclock import (
     repeat_seconds,
     time_cells,
 )
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
-from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache
-from spirelib.model.spire import SpireConfig, SpireDraftModel
+from spirelib.model.config import Eagle3Config, SinkWindow, SpireConfig, vanilla_draft_config
+from spirelib.model.eagle3 import Eagle3DraftModel
+from spirelib.model.kvcache import SinkWindowKVCache
+from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.modeling import profile_fit
 from spirelib.modeling.methods import BUDGET, CARDS, TARGET, card

@@ -52,6 +52,7 @@ from spirelib.bench.gpu_goals import (
     summary,
     time_row,
 )
+from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 
 #: bf16 logits this close (top two at a position) are a near-tie whose argmax rounding may flip.
 K, WINDOW = 4, 64  # draft tokens a round; the sparse drafts' window (sink 1)
@@ -135,7 +136,7 @@ def _series(args) -> Outcome:
 
 
 def _toy_target(args, dtype=torch.float32):
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.transformer import Transformer
 
     cfg = ModelConfig(vocab_size=512, num_layers=4, d_model=64, n_q_per_kv=1, n_kv=4, d_head=16, d_ff=256)
     torch.manual_seed(0)
@@ -216,7 +217,7 @@ def _bf16_target(args) -> Outcome:
     logits are within `TIE_LOGITS` of each other; any other difference fails)."""
     from spirelib.decoding.builders import draft_factory
     from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.spire import SpireDraftModel
     from spirelib.training.objectives import SpireObjective
     from spirelib.training.train import TrainConfig, make_optimizer
 
@@ -423,7 +424,6 @@ def _peer(args) -> Outcome:
     --quick: the workbook's target in fp32, two toy cells, eager. Without transformers: skipped."""
     from spirelib.bench import peer
     from spirelib.bench.train import TARGETS
-    from spirelib.decoding.drafts import vanilla_draft_config
     from spirelib.model.transformer import Transformer
 
     try:
@@ -499,8 +499,6 @@ def _memory(args) -> Outcome:
     its peak (`torch.cuda.max_memory_allocated`) against the same step simulated with fake tensors:
     they must agree within `MEMORY_TOLERANCE`, or the simulated tables of docs/scaling-out.md are
     not to be trusted."""
-    from spirelib.model.spire import SpireConfig
-    from spirelib.model.transformer import ModelConfig
     from spirelib.training.simulate import Case, peak, simulate
     from spirelib.training.train import TrainConfig
 

@@ -2,7 +2,7 @@
 
 One training step (forward, backward, AdamW step, its state allocated) at the paper's target shape
 (8 layers x 512, 8 kv heads of 128, d_ff 4096, V 50,304) of: `target` (`Transformer.loss`, fused
-unembedding + cross-entropy), `vanilla` (`drafts.vanilla_draft_config` of it), `spire` (the SPIRe
+unembedding + cross-entropy), `vanilla` (`config.vanilla_draft_config` of it), `spire` (the SPIRe
 draft, 2 layers, with `SpireObjective`: `losses.head_draft_losses`) and, for comparison,
 `spire-logits` (the same through materialized logits: `k_pass_logits`, `losses.draft_losses`); on
 the CPU in fp32, each in a fresh subprocess (`measure`), then per token and fixed (`table`).
@@ -66,9 +66,9 @@ def measure(model: str, batch: int, seq_len: int, vocab: int, k: int = 4, window
     import torch
 
     base = _status("VmRSS")
-    from spirelib.decoding.drafts import vanilla_draft_config
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
+    from spirelib.model.spire import SpireDraftModel
+    from spirelib.model.transformer import Transformer
     from spirelib.training.config import TrainConfig
     from spirelib.training.losses import draft_losses
     from spirelib.training.objectives import SpireObjective, lm_objective

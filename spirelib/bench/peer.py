@@ -41,8 +41,9 @@ from spirelib.bench import (
     synchronize,
     torch_dtype,
 )
-from spirelib.decoding.drafts import VanillaDraft, vanilla_draft_config
+from spirelib.decoding.drafts import VanillaDraft
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
+from spirelib.model.config import vanilla_draft_config
 from spirelib.model.transformer import Transformer
 
 MODES = ("eager", "compiled", "assisted")

@@ -10,9 +10,8 @@ import statistics
 from dataclasses import replace
 from typing import NamedTuple
 
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import speculative_capacity
-from spirelib.model.spire import SpireConfig
+from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import BUDGET, DECODED, TARGET, KVBudget, card, label
 from spirelib.modeling.perfmodel import fused_params

@@ -19,8 +19,9 @@ import torch
 
 from spirelib.bench import positive
 from spirelib.measure.wallclock import repeat_seconds as _time
-from spirelib.model.spire import SpireConfig, SpireDraftModel, block_positions
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig, SpireConfig
+from spirelib.model.spire import SpireDraftModel, block_positions
+from spirelib.model.transformer import Transformer
 from spirelib.training.losses import head_draft_losses
 from spirelib.training.objectives import SpireObjective
 

@@ -31,15 +31,14 @@ import numpy as np
 import torch
 
 from spirelib.bench import positive
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.measure.calibrate import matmul_peak
-from spirelib.model.eagle3 import Eagle3Config
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.modeling.perfmodel import PRESETS
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import FlatDocs
+from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective, new_eagle3_draft
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.train import train

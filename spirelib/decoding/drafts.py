@@ -17,9 +17,10 @@ import torch
 
 from spirelib.decoding.sampling import draw
 from spirelib.decoding.speculative import TargetPass
-from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse, static_buffer
+from spirelib.model.config import SinkWindow
+from spirelib.model.kvcache import SinkWindowKVCache, reuse, static_buffer
 from spirelib.model.spire import SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import MAGICDEC_BUDGET, KVBudget
 
 
@@ -44,17 +45,6 @@ def _last_verified(verified: TargetPass, previous: torch.Tensor | None) -> torch
     count = verified.valid.long().sum(1)  # (B,)
     last = verified.tokens.gather(1, (count - 1).clamp(min=0)[:, None]).squeeze(1)
     return last if previous is None else torch.where(count > 0, last, previous)
-
-
-def vanilla_draft_config(target: ModelConfig) -> ModelConfig:
-    """The vanilla SD draft's shape (method §4): half the layers and half the width of the target
-    (d_model, d_head and d_ff halved, same heads and vocabulary), about 1/8 of its body
-    parameters (the paper's 8,390,656 for its 67,117,056 target)."""
-    if target.num_layers < 2 or target.d_model % 2 or target.d_head % 4 or target.d_ff % 2:
-        raise ValueError(f"cannot halve {target}: need >= 2 layers, even d_model and d_ff, d_head divisible by 4")
-    return ModelConfig(vocab_size=target.vocab_size, num_layers=target.num_layers // 2, d_model=target.d_model // 2,
-                       n_q_per_kv=target.n_q_per_kv, n_kv=target.n_kv, d_head=target.d_head // 2, d_ff=target.d_ff // 2,
-                       rope_base=target.rope_base, norm_eps=target.norm_eps)
 
 
 class VanillaDraft:

@@ -14,7 +14,7 @@ import numpy as np
 from spirelib.decoding.builders import draft_factory
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, tau_over_seeds
-from spirelib.model.spire import ABLATIONS
+from spirelib.model.config import ABLATIONS
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import COMPONENTS, TRAINING, importance, resolved_ranking, variant_multipliers
 from spirelib.modeling.acceptance import tau_from_per_position
@@ -138,7 +138,7 @@ def predicted_taus(variants: dict, k: int) -> dict[str, float]:
 
 
 def check_variants(names) -> None:
-    """Refuse ablation names that `spire.ABLATIONS` does not know (ValueError naming the choices)."""
+    """Refuse ablation names that `config.ABLATIONS` does not know (ValueError naming the choices)."""
     unknown = sorted(set(names) - set(ABLATIONS))
     if unknown:
         raise ValueError(f"unknown ablations {unknown}; choose from {sorted(ABLATIONS)}")

@@ -37,8 +37,8 @@ from spirelib.decoding.speculative import (
 )
 from spirelib.frontend import feed
 from spirelib.measure.stopping import SpeedupRule, ratio_interval
-from spirelib.model.spire import SpireConfig
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig, SpireConfig
+from spirelib.model.transformer import Transformer
 from spirelib.modeling import perfmodel, profile_fit, profiled
 from spirelib.modeling.methods import BUDGET, DECODED, KVBudget, card
 

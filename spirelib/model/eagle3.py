@@ -26,61 +26,17 @@ k unrolled steps equal k `step` calls to fp32 precision.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import nn
 
 from spirelib.model.compiled import CompiledStep
+from spirelib.model.config import Eagle3Config, ModelConfig, eagle3_layers
 from spirelib.model.kvcache import DenseKVCache, reuse
 from spirelib.model.rope import rope_rotation
-from spirelib.model.transformer import MLP, Attention, ModelConfig, RMSNorm, Transformer
-
-
-def eagle3_layers(num_layers: int) -> tuple[int, ...]:
-    """The target's residual-stream entries EAGLE-3 reads (entry i: the input of block i, as vLLM's
-    and speculators' `eagle_aux_hidden_state_layer_ids` count them): their default (2, L // 2, L - 3)
-    where those are three increasing entries (L >= 7), else low, middle and high spread over 1..L
-    (a tiny test target: L = 4 gives (1, 2, 4); L = 2 gives (0, 1, 2))."""
-    if num_layers < 2:
-        raise ValueError(f"EAGLE-3 reads three residual-stream entries: the target needs >= 2 layers, got {num_layers}")
-    default = (2, num_layers // 2, num_layers - 3)
-    if default[0] < default[1] < default[2]:
-        return default
-    if num_layers == 2:
-        return (0, 1, 2)
-    return (1, (1 + num_layers) // 2, num_layers)
-
-
-@dataclass(frozen=True)
-class Eagle3Config:
-    """The draft's shape and training. `target_layers`: the residual-stream entries it fuses (None:
-    `eagle3_layers` of the target); `draft_vocab`: the size of its reduced vocabulary (None: the
-    target's whole vocabulary); `k`: the steps of training-time test; `d_ff`: its MLP width (None:
-    the target's); `init_head`: start the head (and final norm) as the target's unembedding rows
-    of the draft vocabulary (and its final norm), else random."""
-
-    target_layers: tuple[int, ...] | None = None
-    draft_vocab: int | None = None
-    k: int = 4
-    d_ff: int | None = None
-    init_head: bool = True
-
-    def __post_init__(self):
-        if self.target_layers is not None:
-            object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
-            if len(set(self.target_layers)) != len(self.target_layers) or not self.target_layers:
-                raise ValueError(f"Eagle3Config.target_layers must be distinct entries, got {self.target_layers}")
-        if self.draft_vocab is not None and self.draft_vocab < 1:
-            raise ValueError(f"Eagle3Config.draft_vocab must be None or >= 1, got {self.draft_vocab}")
-        if self.k < 1:
-            raise ValueError(f"Eagle3Config.k must be >= 1, got {self.k}")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["target_layers"] = None if self.target_layers is None else list(self.target_layers)
-        return d
+from spirelib.model.transformer import MLP, Attention, RMSNorm, Transformer
 
 
 def draft_vocabulary(tokens, size: int, vocab_size: int) -> torch.Tensor:

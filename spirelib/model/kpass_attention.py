@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from spirelib.model.kvcache import SinkWindow
+from spirelib.model.config import SinkWindow
 
 
 class BandedMemory:

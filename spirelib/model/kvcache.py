@@ -17,29 +17,15 @@ from __future__ import annotations
 import copy
 import math
 import weakref
-from dataclasses import dataclass
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from spirelib.model.config import SinkWindow
 from spirelib.model.rope import apply_rope, rope_rotation
 
 #: Key slots per block of a live-length read (`DenseKVCache.live_mask`): FlexAttention's default block.
 LIVE_BLOCK = 128
-
-
-@dataclass(frozen=True)
-class SinkWindow:
-    """Sparse attention pattern: the first `sink` positions plus the `window` positions
-    before the query (method §3.4: sink 1, window 64; method §9: the window counts the positions
-    before the query, plus the sink)."""
-
-    sink: int = 1
-    window: int = 64
-
-    def __post_init__(self):
-        if self.sink < 0 or self.window < 1:
-            raise ValueError(f"SinkWindow needs sink >= 0 and window >= 1, got {self}")
 
 
 def visibility(

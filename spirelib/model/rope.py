@@ -15,10 +15,6 @@ import math
 
 import torch
 
-#: Llama 3.1's RoPE scaling ("llama3" in Hugging Face configs), as a hashable tuple:
-#: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).
-LLAMA3_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
 
 def rope_frequencies(d_head: int, base: float, scaling: tuple | None = None, device=None) -> torch.Tensor:
     """The d_head/2 rotation frequencies (fp32): 1 / base^(2j/d_head), then, with `scaling`

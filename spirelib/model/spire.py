@@ -12,83 +12,21 @@ layer would from its input). Queries see the sink and the window of positions be
 The same computation two ways, which tests/model/test_spire.py checks agree to fp32 precision: `step`
 (inference, method §3.5), one position per row, and `k_pass_logits` (training, method §3.6),
 every block of k positions of a sequence at once, in k passes. Ablations (method §3.8) are
-`SpireConfig` flags; see `ABLATIONS`.
+`SpireConfig` flags; see `config.ABLATIONS`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from spirelib.model.compiled import CompiledStep
+from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.model.kpass_attention import BandedMemory, memory_attention
-from spirelib.model.kvcache import SinkWindow, SinkWindowKVCache, reuse
-from spirelib.model.transformer import ModelConfig, Transformer
-
-LOSSES = ("mixed", "hard")
-
-
-@dataclass(frozen=True)
-class SpireConfig:
-    """The draft's architecture and training loss. `loss="mixed"` with `mix_weight` w is
-    MixedLoss(w) (w = 1: distillation only); `loss="hard"` is HardTargetLoss."""
-
-    num_layers: int = 2
-    sink: int = 1
-    window: int = 64
-    k: int = 4  # block size of k-pass training: the draft depth it is trained for (method §3.6)
-    feedback: bool = True
-    target_activations: bool = True
-    pruned_init: bool = True
-    loss: str = "mixed"
-    mix_weight: float = 0.5
-
-    def __post_init__(self):
-        if self.num_layers < 1:
-            raise ValueError(f"SpireConfig.num_layers must be >= 1, got {self.num_layers}")
-        if not 1 <= self.k <= self.window:
-            raise ValueError(f"SpireConfig.k must be in 1..window ({self.window}) so a block sees its own start, got {self.k}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"SpireConfig.loss must be one of {LOSSES}, got {self.loss!r}")
-        if not 0.0 <= self.mix_weight <= 1.0:
-            raise ValueError(f"SpireConfig.mix_weight must be in [0, 1], got {self.mix_weight}")
-        if self.feedback and not self.target_activations:
-            raise ValueError("feedback memory without target activations is not a SPIRe variant (method §3.8)")
-        SinkWindow(self.sink, self.window)  # validates
-
-    @property
-    def sparse(self) -> SinkWindow:
-        return SinkWindow(self.sink, self.window)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SpireConfig:
-        allowed = {f.name for f in fields(cls)}
-        unknown = set(d) - allowed
-        if unknown:
-            raise ValueError(f"unknown SpireConfig fields {sorted(unknown)}; allowed: {sorted(allowed)}")
-        return cls(**d)
-
-
-#: The paper's ablations (method §3.8) as changes to the SPIRe configuration.
-ABLATIONS: dict[str, dict] = {
-    "spire": {},
-    "random_init": {"pruned_init": False},
-    "distill_only": {"mix_weight": 1.0},
-    "hard_target": {"loss": "hard"},
-    "no_feedback": {"feedback": False},
-    "no_feedback_no_target_acts": {"feedback": False, "target_activations": False},
-}
-
-
-def ablation(name: str, base: SpireConfig = SpireConfig()) -> SpireConfig:
-    if name not in ABLATIONS:
-        raise ValueError(f"unknown SPIRe ablation {name!r}; choose from {sorted(ABLATIONS)}")
-    return replace(base, **ABLATIONS[name])
+from spirelib.model.kvcache import SinkWindowKVCache, reuse
+from spirelib.model.transformer import Transformer
 
 
 def block_positions(seq_len: int, k: int, device=None) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -19,85 +18,16 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from spirelib.model.compiled import compile_for_decoding
+from spirelib.model.config import ModelConfig, SinkWindow
 from spirelib.model.cross_entropy import linear_cross_entropy
-from spirelib.model.kvcache import DenseKVCache, KVCache, SinkWindow, reuse, visibility
-from spirelib.model.rope import LLAMA3_SCALING_FIELDS, apply_rope, rope_rotation
-from spirelib.modeling.perfmodel import ModelShape, body_params
+from spirelib.model.kvcache import DenseKVCache, KVCache, reuse, visibility
+from spirelib.model.rope import apply_rope, rope_rotation
 
 # fp32 matmuls and convolutions on a GPU use TF32 tensor cores, in every process that imports the
 # engine, for training and decoding alike (so decoding speed never depends on whether a model was
 # trained first in the same process). CPU arithmetic is unchanged.
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
-
-
-@dataclass(frozen=True)
-class ModelConfig(ModelShape):
-    """Shape of a model: the perf model's `ModelShape` (its fields, validation and every
-    perfmodel function apply) plus vocabulary, RoPE base and norm epsilon."""
-
-    vocab_size: int
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-6
-    # Fields added for imported checkpoints: `to_dict` leaves them out at their defaults, so the
-    # config hash of every model that does not use them is what it was before them.
-    rope_scaling: tuple | None = None  # Llama 3.1's: rope.LLAMA3_SCALING_FIELDS, see rope.rope_frequencies
-    tie_embeddings: bool = False  # unembed.weight is embed.weight (Llama 3.2 1B/3B, SmolLM2)
-    qkv_bias: bool = False  # biases on W_q, W_k, W_v (Qwen2)
-    sliding_window: int | None = None  # Mistral v0.1: each query sees the last W positions, itself included
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.rope_scaling is not None:
-            scaling = tuple(float(v) for v in self.rope_scaling)  # a JSON list comes back as a tuple
-            if len(scaling) != len(LLAMA3_SCALING_FIELDS):
-                raise ValueError(f"ModelConfig.rope_scaling must be {LLAMA3_SCALING_FIELDS}, got {self.rope_scaling!r}")
-            factor, low, high, old_context = scaling
-            if not (factor >= 1 and 0 < low < high and old_context > 0):
-                raise ValueError(f"ModelConfig.rope_scaling {dict(zip(LLAMA3_SCALING_FIELDS, scaling))} needs "
-                                 "factor >= 1, 0 < low_freq_factor < high_freq_factor, original_max > 0")
-            object.__setattr__(self, "rope_scaling", scaling)
-        if self.sliding_window is not None and self.sliding_window < 2:
-            raise ValueError(f"ModelConfig.sliding_window must be None or >= 2 positions, got {self.sliding_window}")
-        if self.vocab_size < 1:
-            raise ValueError(f"ModelConfig.vocab_size must be >= 1, got {self.vocab_size}")
-        if self.d_head % 2:
-            raise ValueError(f"ModelConfig.d_head must be even for rotary embeddings, got {self.d_head}")
-
-    @property
-    def n_q(self) -> int:
-        return self.n_q_per_kv * self.n_kv
-
-    @property
-    def attention_window(self) -> SinkWindow | None:
-        """The sliding window as the caches' visibility rule sees it: no sink, the W - 1
-        positions before the query (and the query itself); None for full attention."""
-        return None if self.sliding_window is None else SinkWindow(0, self.sliding_window - 1)
-
-    def body_params(self) -> int:
-        """Parameters of the layer stack (method §2; `perfmodel.body_params`, plus q/k/v biases if any)."""
-        biases = self.num_layers * (self.n_q + 2 * self.n_kv) * self.d_head if self.qkv_bias else 0
-        return body_params(self) + biases
-
-    def num_params(self) -> int:
-        """Every parameter: the body, embedding and unembedding (once if tied), final norm gain."""
-        return self.body_params() + (1 if self.tie_embeddings else 2) * self.vocab_size * self.d_model + self.d_model
-
-    def shape(self) -> ModelShape:
-        """This model's plain `perfmodel.ModelShape` (what the throughput model's tables name)."""
-        return ModelShape(**{f.name: getattr(self, f.name) for f in fields(ModelShape)})
-
-    def to_dict(self) -> dict:
-        """The fields as a dict, `ModelConfig(**d)` rebuilds it; fields added after the first
-        checkpoints were cached (`_LATER_FIELDS`) only where they differ from their defaults."""
-        d = asdict(self)
-        for name, default in _LATER_FIELDS.items():
-            if d[name] == default:
-                del d[name]
-        return d
-
-
-_LATER_FIELDS = {"rope_scaling": None, "tie_embeddings": False, "qkv_bias": False, "sliding_window": None}
 
 
 class RMSNorm(nn.Module):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from spirelib.modeling.perfmodel import ModelShape, body_params, resolve_shape
 
 LLAMA3_VOCAB = 128_256
-PARALLEL = ("ddp", "fsdp")
+PARALLEL = ("ddp", "fsdp")  # how torchrun's ranks share a training (training.fsdp): the one list the series checks
 
 
 def draft_layers(target: ModelShape) -> int:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel, draft_vocabulary
+from spirelib.model.config import Eagle3Config
+from spirelib.model.eagle3 import Eagle3DraftModel, draft_vocabulary
 from spirelib.model.transformer import Transformer
 from spirelib.training.config import TrainConfig
 from spirelib.training.losses import head_draft_losses
@@ -91,7 +92,7 @@ def new_eagle3_draft(target: Transformer, cfg: Eagle3Config, train_tokens=None) 
 
 def vocabulary_sample(docs, tokens: int = 1 << 22) -> np.ndarray:
     """The tokens a reduced draft vocabulary is counted over: a split's whole stream when it is one
-    array (`data.FlatDocs`), else (a Zarr corpus) `tokens` of it in windows drawn with seed 0."""
+    array (`corpus.FlatDocs`), else (a Zarr corpus) `tokens` of it in windows drawn with seed 0."""
     if hasattr(docs, "tokens"):
         return np.asarray(docs.tokens)
     return docs.sample_windows(np.random.default_rng(0), max(1, tokens // 4096), 4096).ravel()

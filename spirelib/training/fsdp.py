@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-PARALLEL = ("ddp", "fsdp")
 #: The `Block` methods other than `forward` that run a sharded block: `run`, SPIRe's k-pass, a
 #: layer's share of a pass in one call (its `queries`, `memory_kv` and `finish_heads` inside).
 BLOCK_METHODS = ("run",)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from spirelib.model.config import LLAMA3_SCALING_FIELDS, ModelConfig
 
-from spirelib.model.rope import LLAMA3_SCALING_FIELDS
-from spirelib.model.transformer import ModelConfig
+if TYPE_CHECKING:
+    import torch  # config_to_hf names a dtype; reading a config needs no torch
 
 CONFIG = "config.json"
 ARCHITECTURE = "LlamaForCausalLM"
@@ -123,7 +124,7 @@ def _unknown(field: str, value, model_type: str) -> ValueError:
 
 
 def _rope(config: dict) -> tuple[float, tuple | None]:
-    """RoPE base and scaling (None, or `rope.LLAMA3_SCALING_FIELDS`) from either config format:
+    """RoPE base and scaling (None, or `config.LLAMA3_SCALING_FIELDS`) from either config format:
     `rope_theta` + `rope_scaling`, or the newer `rope_parameters` dict (both must agree);
     rope types "default" and "llama3" are implemented."""
     theta, scaling = config.get("rope_theta"), None

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
+from spirelib.model.config import ModelConfig
 from spirelib.model.rope import rope_frequencies
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.transformer import Transformer
 from spirelib.training.hf_config import config_from_hf, read_config
 from spirelib.units import count
 

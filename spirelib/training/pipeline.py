@@ -23,18 +23,19 @@ from pathlib import Path
 
 import torch
 
-from spirelib.decoding.drafts import vanilla_draft_config
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.costs import flop_params, training_flops
 from spirelib.training.checkpoint import config_hash
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import TokenDataset, load_corpus, longcrawl64_dataset, split_documents, validation_windows
+from spirelib.training.corpus import TokenDataset, load_corpus, longcrawl64_dataset, split_documents
 from spirelib.training.devices import init_distributed, resolve_device
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.step import evaluate
 from spirelib.training.tokenizer import build_tokenizer, tokenize
 from spirelib.training.train import TrainResult, full_identity, run_dir_for, train
+from spirelib.training.windows import validation_windows
 
 VAL_FRACTION = 0.1
 SPLIT_SEED = 0
@@ -199,7 +200,7 @@ def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: st
 
 def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, device: str = "auto",
                           progress: bool = True, parallel: str = "ddp") -> TrainedModel:
-    """The vanilla SD draft for `target` (method §4): `drafts.vanilla_draft_config` of its shape,
+    """The vanilla SD draft for `target` (method §4): `config.vanilla_draft_config` of its shape,
     random init, next-token cross-entropy on the target's data; retrained when the target changes."""
     return train_language_model(vanilla_draft_config(target.config), train_cfg, target.data, name=VANILLA,
                                 device=device, progress=progress, extra_identity={"target": target.config_hash},
@@ -210,7 +211,7 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
                         device: str = "auto", progress: bool = True, name: str = SPIRE,
                         stop_at: int | None = None, parallel: str = "ddp") -> TrainedModel:
     """A SPIRe draft for `target` (method §3; an ablation is a change to `spire_cfg`,
-    `spire.ABLATIONS`): k-pass training against the frozen target with the configured loss;
+    `config.ABLATIONS`): k-pass training against the frozen target with the configured loss;
     cached, retrained when the target changes. The metrics log has alpha_1..alpha_k per step
     and validation (the acceptance estimate).
 

@@ -12,7 +12,7 @@ Fields (params keys):
                             (spirelib.training.fsdp: under fsdp the frozen target is sharded block
                             by block and no rank holds it whole; one process ignores it)
     seed: int               model init and training-window seed (every trainer)
-    corpus: str             "sotu" | "stdlib" | "text" | "longcrawl64"   (spirelib.training.data)
+    corpus: str             "sotu" | "stdlib" | "text" | "longcrawl64"   (spirelib.training.corpus)
     corpus_path: str        files for "text", the Zarr folder for "longcrawl64" (relative to the project root)
     tokenizer: str          "bpe" | "bytes" | "gpt2" (gpt2: LongCrawl64's ids) | "hf" (an imported target's)
     vocab_size: int         the models' vocabulary; BPE is trained to this size; it may pad a
@@ -24,8 +24,8 @@ Fields (params keys):
     target: dict            ModelConfig fields except vocab_size (method §2)
     target_training: dict   TrainConfig fields except seed (spirelib.training.train); an imported target
                             is evaluated on its eval_windows of seq_len tokens
-    vanilla_training: dict  the vanilla draft's TrainConfig (its shape: `drafts.vanilla_draft_config`, method §4)
-    spire: dict             SpireConfig fields (method §3; an ablation changes them, `spire.ABLATIONS`)
+    vanilla_training: dict  the vanilla draft's TrainConfig (its shape: `config.vanilla_draft_config`, method §4)
+    spire: dict             SpireConfig fields (method §3; an ablation changes them, `config.ABLATIONS`)
     spire_training: dict    the SPIRe draft's TrainConfig
     eagle3: dict            Eagle3Config fields (EAGLE-3, arXiv 2503.01840: target layers, draft vocabulary, k)
     eagle3_training: dict   the EAGLE-3 draft's TrainConfig
@@ -55,14 +55,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from spirelib.model.eagle3 import Eagle3Config
-from spirelib.model.spire import SpireConfig, ablation
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, ablation, vanilla_draft_config
 from spirelib.modeling.methods import KVBudget
-from spirelib.training import pipeline
+from spirelib.paths import resolve_path
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import resolve_path
 from spirelib.training.series_params import (
     FROM_CHECKPOINT,
     HF_PREFIX,
@@ -74,6 +72,9 @@ from spirelib.training.series_params import (
     parse,
     training_config,
 )
+
+if TYPE_CHECKING:
+    from spirelib.training import pipeline
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,8 @@ class Series:
     def data(self) -> pipeline.Data:
         """Corpus -> split -> tokenizer -> cached token memmaps (`pipeline.token_data`); an
         imported target's corpus is tokenized with its own tokenizer.json."""
+        from spirelib.training import pipeline  # torch: only when a model is built
+
         def build():
             from spirelib.training import hf_tokenizer
 
@@ -177,6 +180,8 @@ class Series:
     def trained_target(self, progress: bool = True) -> pipeline.TrainedModel:
         """The target: trained only when no finished checkpoint of the same identity exists, or
         the imported checkpoint, evaluated on the validation split (`pipeline.imported_target`)."""
+        from spirelib.training import pipeline  # torch: only when a model is built
+
         if self.imported:
             return self._cached("target", lambda: pipeline.imported_target(
                 self.imported, self.data(), self.target_training, device=self.device, parallel=self.parallel))
@@ -186,6 +191,8 @@ class Series:
 
     def trained_vanilla_draft(self, progress: bool = True) -> pipeline.TrainedModel:
         """The vanilla SD draft for the target (method §4)."""
+        from spirelib.training import pipeline  # torch: only when a model is built
+
         return self._cached("vanilla", lambda: pipeline.trained_vanilla_draft(
             self.trained_target(progress), self.vanilla_training, device=self.device, progress=progress,
             parallel=self.parallel))
@@ -194,6 +201,8 @@ class Series:
                             progress: bool = True) -> pipeline.TrainedModel:
         """The SPIRe draft (method §3), or an ablation `variant` of it (method §3.8) trained on `training`
         (default: the series' spire_training)."""
+        from spirelib.training import pipeline  # torch: only when a model is built
+
         cfg, train_cfg = ablation(variant, self.spire), training or self.spire_training
         return self._cached(("spire", cfg, train_cfg), lambda: pipeline.trained_spire_draft(
             self.trained_target(progress), cfg, train_cfg, device=self.device, progress=progress,
@@ -267,7 +276,6 @@ class Series:
 
     def draft_shapes(self) -> dict:
         """Each decoded draft's `profiled.DraftShape` on the series' target, as 09 prices them."""
-        from spirelib.decoding.drafts import vanilla_draft_config
         from spirelib.measure.wallclock import profiled_draft_shapes
 
         t = self.target

@@ -8,13 +8,11 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, fields
 
-from spirelib.model.eagle3 import Eagle3Config
-from spirelib.model.kvcache import SinkWindow
-from spirelib.model.spire import SpireConfig
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import Eagle3Config, ModelConfig, SinkWindow, SpireConfig
+from spirelib.modeling.sharding import PARALLEL
+from spirelib.paths import resolve_path
 from spirelib.training.config import TrainConfig, from_dict_checked
-from spirelib.training.data import CORPORA, resolve_path
-from spirelib.training.fsdp import PARALLEL
+from spirelib.training.corpus import CORPORA
 from spirelib.training.tokenizer import TOKENIZERS
 
 #: The smoke defaults of the nested configs, in params form (seconds-long; the tests run them).

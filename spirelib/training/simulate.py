@@ -29,10 +29,10 @@ class Case:
 
     name: str
     kind: str
-    target: object  # model.transformer.ModelConfig
+    target: object  # model.config.ModelConfig
     train: object  # training.config.TrainConfig
     world: int
-    spire: object | None = None  # model.spire.SpireConfig
+    spire: object | None = None  # model.config.SpireConfig
     #: Micro-batches of a step traced (at most): they are alike, so the second shows the steady state
     #: (gradients held from the first); a step's collectives are scaled up to all of its micro-batches.
     max_micro_batches: int = 2
@@ -184,7 +184,7 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from spirelib.decoding.drafts import vanilla_draft_config
+    from spirelib.model.config import vanilla_draft_config
     from spirelib.model.rope import clear_frequency_cache
     from spirelib.model.spire import SpireDraftModel
     from spirelib.model.transformer import Transformer
@@ -307,8 +307,7 @@ def params_cases(worlds=(8, 16)) -> list[Case]:
     over each of `worlds`; params/paper.yaml's target, vanilla and SPIRe trainings on one GPU; a
     SPIRe draft of Llama 3 8B (a quarter of its layers, the paper's ratio) on one GPU, one window
     per micro-batch."""
-    from spirelib.model.spire import SpireConfig
-    from spirelib.model.transformer import ModelConfig
+    from spirelib.model.config import ModelConfig, SpireConfig
     from spirelib.modeling.perfmodel import PRESETS
     from spirelib.paths import project_root
     from spirelib.training.config import TrainConfig

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from spirelib.paths import data_dir, write_atomically
-from spirelib.training.data import GPT2_VOCAB, FlatDocs, TextCorpus, TokenDataset
+from spirelib.training.corpus import GPT2_VOCAB, FlatDocs, TextCorpus, TokenDataset
 
 TOKENIZERS = ("bpe", "bytes", "gpt2")
 EOT = "<|endoftext|>"

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from spirelib.frontend import progress_bar
+from spirelib.modeling.sharding import PARALLEL
 from spirelib.paths import cache_dir
 from spirelib.training import fsdp
 from spirelib.training.allocator import keep_freed_memory
@@ -36,11 +37,11 @@ from spirelib.training.checkpoint import (
     read_meta,
 )
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import WindowSampler, validation_windows
 from spirelib.training.devices import init_distributed, resolve_device
 from spirelib.training.metrics import MetricsLog, StepClock, host_means, read_metrics
 from spirelib.training.objectives import Objective, ObjectiveModule
 from spirelib.training.step import TrainState, evaluate, resume, save_state, train_step
+from spirelib.training.windows import WindowSampler, validation_windows
 
 
 class TrainingDiverged(RuntimeError):
@@ -173,7 +174,7 @@ def train(
     ``eval_objective`` (default: `objective`) is called the same way on validation windows of
     `val_docs`, under ``torch.no_grad()`` with the plain module in eval mode.
 
-    Batches are `data.WindowSampler` windows: a pure function of (cfg.seed, step), each rank taking
+    Batches are `windows.WindowSampler` windows: a pure function of (cfg.seed, step), each rank taking
     its slice, so resuming and scaling out change nothing. Checkpoints go to ``run_dir/checkpoint``
     every `cfg.checkpoint_every` steps and at the end; the metrics log to ``run_dir/metrics.jsonl``
     (one JSON object per line: ``{"kind": "train", "step", "tokens", "loss", "lr", "grad_norm",
@@ -219,8 +220,8 @@ def train(
 
     (`pipeline.trained_spire_draft` is this with SPIRe's k-pass objective, `objectives.SpireObjective`.)
     """
-    if parallel not in fsdp.PARALLEL:
-        raise ValueError(f"parallel must be one of {fsdp.PARALLEL}, got {parallel!r}")
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
     dev = resolve_device(device)
     if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise RuntimeError(f"{dev} has no bf16: training computes under bf16 autocast (fp32 weights, so no loss "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spirelib.model.config import vanilla_draft_config
 from spirelib.modeling import engines, profiled
 from spirelib.modeling import perfmodel as pm
 from spirelib.modeling.acceptance_profile import acceptance_profile
@@ -27,6 +28,7 @@ from spirelib.modeling.methods import DECODED, card
 from spirelib.modeling.recorded import DeployError, recorded_acceptance
 from spirelib.modeling.scenarios import Scenario
 from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.training.series import Series
 from spirelib.workbook.results import read_json
 
 SHAPES = ("served", "trained", "paper")  # served: the imported target's (trained), else the paper's
@@ -177,7 +179,6 @@ def series_scenarios(series, taus: dict, hoi: float, source: str) -> dict[str, S
     """The two scales a series is compared at (method §2): the paper's shapes and the series' trained
     shapes (its target, vanilla draft and SPIRe's pruned layers and window), with `taus` at the
     series' k and `hoi`; `source` names where the taus come from in each label."""
-    from spirelib.decoding.drafts import vanilla_draft_config  # torch: only when a series' scenarios are made
 
     spire = series.spire
     return {
@@ -193,8 +194,6 @@ def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
     """The scenario of the run's series (`series_scenarios`) at `shapes` on the device,
     and the shapes it is: "served" is the imported target's (its trained shapes) when the series
     imports one, else the paper's (a series trained from scratch is a CPU-sized stand-in)."""
-    from spirelib.training.series import Series  # torch: only when a schedule is made
-
     series = Series.from_dict(run.get("params", {}).get("series", {}))
     if shapes == "served":
         shapes = "trained" if series.imported else "paper"
@@ -207,8 +206,6 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     prices: the series' target, each draft's `profiled.DraftShape` (09's own,
     `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
     median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
-    from spirelib.training.series import Series  # torch: only when a schedule is made
-
     recorded = results.get("09_measured_vs_modeled", {})
     model, machine = recorded.get("profiled_model"), recorded.get("machine")
     if not model or not machine:

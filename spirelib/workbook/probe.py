@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import (
     autoregressive_rounds,
     prefill,
@@ -35,12 +34,13 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure import calibrate
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
+from spirelib.model.eagle3 import Eagle3DraftModel
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.paths import cache_dir, write_atomically
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import FlatDocs
+from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.step import evaluate

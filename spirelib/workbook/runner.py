@@ -29,7 +29,7 @@ parameter of every notebook that declares it and checked in full before anything
 through their contracts, `notebooks.NOTEBOOKS`), on the CPU, into outputs/<params file stem>-dry-run/ with its own
 model cache (<out>/cache, unless SPIRE_CACHE_DIR is set). A LongCrawl64 series whose
 corpus_path holds no dataset runs on a generated fixture (<out>/longcrawl64-fixture,
-`spirelib.training.data.write_longcrawl64_fixture`); `--corpus-path` points the series at another corpus
+`spirelib.training.corpus.write_longcrawl64_fixture`); `--corpus-path` points the series at another corpus
 folder, in any run.
 """
 
@@ -46,8 +46,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spirelib.paths import project_root
-from spirelib.training import data
+from spirelib.paths import project_root, resolve_path
+from spirelib.training import corpus
 from spirelib.training import series as series_config
 from spirelib.training.devices import resolve_device
 from spirelib.training.params import ParamsError, load_params, problem_report, suggest
@@ -269,12 +269,12 @@ def dry_run_corpus(params_file: Path, out_dir: Path, write: bool = True) -> str 
     if series.get("corpus") != "longcrawl64":
         return None
     given = series.get("corpus_path")
-    if isinstance(given, str) and given and all((data.resolve_path(given) / s / ".zarray").is_file()
-                                                for s in data.LONGCRAWL64_SPLITS):
+    if isinstance(given, str) and given and all((resolve_path(given) / s / ".zarray").is_file()
+                                                for s in corpus.LONGCRAWL64_SPLITS):
         return None
     fixture = out_dir / FIXTURE_FOLDER
-    if write and not all((fixture / s / ".zarray").is_file() for s in data.LONGCRAWL64_SPLITS):
-        data.write_longcrawl64_fixture(fixture)
+    if write and not all((fixture / s / ".zarray").is_file() for s in corpus.LONGCRAWL64_SPLITS):
+        corpus.write_longcrawl64_fixture(fixture)
     print(f"dry run: no LongCrawl64 at {given!r}; {'using' if write else 'a run uses'} the generated fixture "
           f"{fixture}", flush=True)
     return str(fixture.resolve())

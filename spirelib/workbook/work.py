@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.measure.cells import timing_cells
 from spirelib.measure.context_loss import sweep_length
 from spirelib.measure.stopping import FLOOR, PAPER_SPREAD, SpeedupRule, expected_contexts
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
-from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, ablation, vanilla_draft_config
+from spirelib.model.eagle3 import Eagle3DraftModel
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT

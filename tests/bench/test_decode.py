@@ -10,7 +10,8 @@ import torch
 from spirelib import bench, cli
 from spirelib.bench import decode, roofline
 from spirelib.decoding.graphs import GRAPHS
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 TOY = ["--vocab-size", "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",

@@ -258,7 +258,7 @@ def toy_paper_target(monkeypatch):
 
     from spirelib.bench import train
     from spirelib.measure import calibrate
-    from spirelib.model.transformer import ModelConfig
+    from spirelib.model.config import ModelConfig
 
     toy = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
     monkeypatch.setitem(train.TARGETS, "paper", toy)

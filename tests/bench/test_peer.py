@@ -10,8 +10,8 @@ import torch
 
 from spirelib import bench, cli
 from spirelib.bench import TIE_LOGITS, peer
-from spirelib.decoding.drafts import vanilla_draft_config
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig, vanilla_draft_config
+from spirelib.model.transformer import Transformer
 
 pytest.importorskip("transformers")
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from spirelib.bench import roofline
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.modeling import profiled
 from spirelib.modeling.methods import card
 

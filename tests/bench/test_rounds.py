@@ -51,7 +51,8 @@ def test_a_rounds_graph_region_is_one_replay_whatever_runs_inside_it():
 
 
 def test_eager_decoding_is_all_eager_ops_and_the_goal_says_so():
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8,

@@ -201,8 +201,9 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
 
 def test_held_bytes_prices_the_caches_decoding_allocates():
     from spirelib.bench import decode
-    from spirelib.model.kvcache import SelectedKVCache, SinkWindow, SinkWindowKVCache
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig, SinkWindow
+    from spirelib.model.kvcache import SelectedKVCache, SinkWindowKVCache
+    from spirelib.model.transformer import Transformer
 
     cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
     model = Transformer(cfg)
@@ -225,7 +226,8 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
     """`decode.round_rows`: every generation has the rounds its warm-up (3) and its timed run
     (repeats + 1) take, even at one repeat."""
     from spirelib.bench import decode
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
@@ -237,12 +239,12 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
 
 
 def test_a_command_imports_only_what_it_runs():
-    """`spire deploy`'s arguments import no torch (the other commands' modules are not imported to
-    list them); `spire train`'s do."""
+    """`spire deploy`'s and `spire train`'s arguments import no torch (the other commands' modules are
+    not imported to list them; the series' checks need none); `spire bench`'s do."""
     probe = ("import sys; from spirelib import cli; cli.parser({!r}).parse_args({!r}); "
              "print('torch' in sys.modules)")
-    deploy = subprocess.run([sys.executable, "-c", probe.format("deploy", ["deploy", "out"])], capture_output=True,
-                            text=True, cwd=ROOT, check=True)
-    train = subprocess.run([sys.executable, "-c", probe.format("train", ["train", "target", "--params", "p.yaml"])],
-                           capture_output=True, text=True, cwd=ROOT, check=True)
-    assert (deploy.stdout.strip(), train.stdout.strip()) == ("False", "True"), deploy.stderr + train.stderr
+    commands = {"deploy": ["deploy", "out"], "train": ["train", "target", "--params", "p.yaml"],
+                "bench": ["bench", "decode"]}
+    seen = {name: subprocess.run([sys.executable, "-c", probe.format(name, argv)], capture_output=True, text=True,
+                                 cwd=ROOT, check=True).stdout.strip() for name, argv in commands.items()}
+    assert seen == {"deploy": "False", "train": "False", "bench": "True"}

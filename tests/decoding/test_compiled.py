@@ -8,8 +8,8 @@ from torch._dynamo.utils import counters
 
 from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import ModelConfig, SpireConfig
+from spirelib.model.spire import SpireDraftModel
 from spirelib.modeling.methods import KVBudget
 
 

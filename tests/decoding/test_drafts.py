@@ -20,9 +20,10 @@ import torch
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, spire_draft
 from spirelib.decoding.sampling import probabilities
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.model.config import ABLATIONS, ModelConfig, SpireConfig, ablation
 from spirelib.model.kvcache import DenseKVCache
-from spirelib.model.spire import ABLATIONS, SpireConfig, SpireDraftModel, ablation
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=23, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)

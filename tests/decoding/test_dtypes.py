@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import KVBudget
 from spirelib.training.config import TrainConfig
 from spirelib.training.objectives import SpireObjective, lm_objective
@@ -85,7 +85,8 @@ def test_a_compiled_draft_copied_into_another_dtype_compiles_its_own_and_keeps_n
     through a compiled forward of its own (bound to the copy), and starts with no pinned cache
     (the original's, of its dtype, stays the original's)."""
     from spirelib.decoding.drafts import in_dtype
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
 
     model = Transformer(ModelConfig(vocab_size=32, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8,
                                     d_ff=32)).compile_decoding()

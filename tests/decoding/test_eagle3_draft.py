@@ -15,8 +15,8 @@ from test_speculative import assert_two_token_law, peaky_model
 
 from spirelib.decoding.eagle3 import Eagle3Draft, eagle3_builder
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import Eagle3Config, ModelConfig
+from spirelib.model.eagle3 import Eagle3DraftModel
 
 GREEDY = ModelConfig(vocab_size=7, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
 

@@ -26,9 +26,9 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure.tau import TauProtocol, measure_tau
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel, draft_vocabulary
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig
+from spirelib.model.eagle3 import Eagle3DraftModel, draft_vocabulary
+from spirelib.model.spire import SpireDraftModel
 from spirelib.modeling.methods import KVBudget
 
 G, K = 12, 4

@@ -20,7 +20,7 @@ from test_speculative import assert_two_token_law, peaky_model
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.lookup import LookupDraft, propose_lookup
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import ModelConfig
 
 
 def reference_proposal(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:

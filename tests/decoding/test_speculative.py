@@ -9,7 +9,8 @@ import torch
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
 from spirelib.decoding.sampling import rejection_sample, sample, uniform_width
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import KVBudget
 
 

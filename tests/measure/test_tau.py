@@ -17,7 +17,8 @@ from spirelib.decoding.drafts import VanillaDraft
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.stopping import StoppingRule
 from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import CARDS, KVBudget
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -125,7 +126,8 @@ def test_a_draft_identical_to_the_target_accepts_everything():
     covering everything, no feedback: each layer reads its own input, as the target's does).
     The target's weights are far from uniform (std 0.5, random norm gains), so q == p is no
     coincidence of flat distributions: an unrelated draft of the same shape accepts far less."""
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.config import SpireConfig
+    from spirelib.model.spire import SpireDraftModel
 
     target, other = sharp(0), sharp(1)
     L, G, k = 9, 12, 3
@@ -220,7 +222,8 @@ WORKER = textwrap.dedent("""
     import json, os, sys
     import torch
     import torch.distributed as dist
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
     from spirelib.decoding.builders import draft_factory
     from spirelib.measure.stopping import StoppingRule
     from spirelib.measure.tau import TauProtocol, measure_tau
@@ -278,20 +281,9 @@ def test_sharding_over_two_processes_equals_one_process(tmp_path):
     assert one == two
 
 
-def test_vanilla_draft_has_an_eighth_of_the_paper_targets_body():
-    from spirelib.decoding.drafts import vanilla_draft_config
-
-    paper = ModelConfig(vocab_size=50304, num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
-    draft = vanilla_draft_config(paper)
-    assert (draft.num_layers, draft.d_model, draft.d_head, draft.d_ff) == (4, 256, 64, 2048)
-    with torch.device("meta"):
-        assert sum(p.numel() for p in Transformer(draft).blocks.parameters()) == 8_390_656 == draft.body_params()
-    with pytest.raises(ValueError, match="cannot halve"):
-        vanilla_draft_config(ModelConfig(vocab_size=10, num_layers=1, d_model=8, n_q_per_kv=1, n_kv=1, d_head=4, d_ff=8))
-
-
 def test_spire_is_registered_and_measurable():
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.config import SpireConfig
+    from spirelib.model.spire import SpireDraftModel
 
     target = model(CFG, 0)
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=4)).eval()

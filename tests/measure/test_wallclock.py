@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
 from spirelib.measure.stopping import ratio_interval
 from spirelib.measure.wallclock import _lockstep, speedup_interval, time_cells, time_decoding
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)

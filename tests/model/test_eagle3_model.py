@@ -8,15 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spirelib.model.eagle3 import (
-    Eagle3Config,
-    Eagle3DraftModel,
-    _dense_tree_attention,
-    _tree_attention,
-    draft_vocabulary,
-    eagle3_layers,
-)
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import Eagle3Config, ModelConfig
+from spirelib.model.eagle3 import Eagle3DraftModel, _dense_tree_attention, _tree_attention, draft_vocabulary
+from spirelib.model.transformer import Transformer
 
 CFG = ModelConfig(vocab_size=41, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
 
@@ -112,9 +106,7 @@ def test_draft_vocabulary_is_the_most_frequent_tokens_sorted():
         draft_vocabulary(tokens, 13, 12)
 
 
-def test_default_target_layers_and_the_initialization():
-    assert eagle3_layers(32) == (2, 16, 29)  # EAGLE-3's (2, L // 2, L - 3), as vLLM and speculators pick them
-    assert eagle3_layers(4) == (1, 2, 4) and eagle3_layers(2) == (0, 1, 2)
+def test_the_initialization_copies_the_targets_embedding_and_head_rows():
     target, _ = target_and_draft()
     draft = Eagle3DraftModel.from_target(target, Eagle3Config(draft_vocab=13), torch.arange(13) * 3)
     assert torch.equal(draft.embed.weight, target.embed.weight) and not draft.embed.weight.requires_grad

@@ -3,7 +3,8 @@ dense cache read live (`DenseKVCache.live_mask`) reads the live key blocks only,
 
 import torch
 
-from spirelib.model.kvcache import DenseKVCache, SinkWindow, SinkWindowKVCache
+from spirelib.model.config import SinkWindow
+from spirelib.model.kvcache import DenseKVCache, SinkWindowKVCache
 
 
 def test_decode_reads_cover_the_capacity_not_the_trash_slot():
@@ -23,7 +24,8 @@ def _decode(live: bool, capacity: int, sparse=None, compiled: str | None = None,
     """A ragged prefill of a small GQA model, then a verification-sized forward of `queries` tokens
     over a dense cache of `capacity`, read masked or live (`DenseKVCache.live_mask`): its logits
     and the cache's mask of that forward."""
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
 
     cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
     torch.manual_seed(0)

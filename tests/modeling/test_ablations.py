@@ -2,7 +2,7 @@
 
 import pytest
 
-from spirelib.model.spire import ABLATIONS
+from spirelib.model.config import ABLATIONS
 from spirelib.modeling import perfmodel
 from spirelib.modeling.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.modeling import profile_fit, profiled
 from spirelib.modeling.acceptance import alpha_from_tau, expected_rounds
 from spirelib.modeling.methods import KVBudget
@@ -192,9 +193,9 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
     """time_decoding's sections at a few cells of a tiny model, fitted, then priced: the model
     explains its own fitted rounds (up to this shared machine's noise)."""
     from spirelib.decoding.builders import draft_factory
-    from spirelib.decoding.drafts import vanilla_draft_config
     from spirelib.measure.wallclock import loop_timings, profiled_draft_shapes, time_decoding
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.config import SpireConfig, vanilla_draft_config
+    from spirelib.model.spire import SpireDraftModel
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__)
         return 2
-    from spirelib.training.data import load_corpus
+    from spirelib.training.corpus import load_corpus
 
     config = json.loads(Path(argv[0]).read_text())
     corpus = load_corpus("sotu")

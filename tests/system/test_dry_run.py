@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from spirelib import cli
-from spirelib.training import data, series_params
+from spirelib.training import corpus, series_params
 from spirelib.training import series as series_config
 from spirelib.training.series import Series
 from spirelib.workbook import runner
@@ -146,7 +146,7 @@ def test_dry_run_cli_writes_to_stem_dry_run_with_its_own_cache_on_a_generated_fi
     assert got["cache"] == str(out / "cache") and got["train_rows"] == 8
     assert "using the generated fixture" in capsys.readouterr().out
     # --corpus-path wins over the fixture, and a plain run is no dry run
-    data.write_longcrawl64_fixture(isolated / "lc", train_docs=3)
+    corpus.write_longcrawl64_fixture(isolated / "lc", train_docs=3)
     assert cli.main(["run", "--params", str(params), "--notebooks", str(notebooks), "--dry-run",
                           "--corpus-path", str(isolated / "lc"), "--out", str(isolated / "other")]) == 0
     got = json.loads((isolated / "other" / "results.json").read_text())["01_probe"]

@@ -10,7 +10,6 @@ import torch
 from host_syncs import count_host_syncs
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.decoding.speculative import (
     SectionTimer,
     autoregressive_generate,
@@ -19,9 +18,10 @@ from spirelib.decoding.speculative import (
     speculative_capacity,
     speculative_generate,
 )
-from spirelib.model.spire import SpireConfig, SpireDraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
-from spirelib.training.data import FlatDocs
+from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
+from spirelib.model.spire import SpireDraftModel
+from spirelib.model.transformer import Transformer
+from spirelib.training.corpus import FlatDocs
 from spirelib.training.objectives import SpireObjective
 from spirelib.training.train import TrainConfig, train
 

@@ -18,8 +18,6 @@ NOT_YET_SPLIT = {
     "bench/decode.py": 509,  # decoding throughput and the drafts every decoding benchmark builds
     "decoding/speculative.py": 559,  # the draft protocol, the batched round loop, autoregressive decoding
     "workbook/runner.py": 512,  # the series, its params checked, the run's steps, the command line
-    "training/data.py": 484,  # corpora, the document split, token windows, the LongCrawl64 fixture
-    "model/transformer.py": 468,  # the model, its config, its cached and compiled forwards
 }
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.training.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, read_meta, save_checkpoint
 
 CFG = ModelConfig(vocab_size=50, num_layers=2, d_model=16, n_q_per_kv=2, n_kv=1, d_head=8, d_ff=24)

@@ -18,8 +18,9 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.training.data import FlatDocs
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.training.corpus import FlatDocs
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
     from spirelib.training.config import TrainConfig
     from spirelib.training.objectives import lm_objective
     from spirelib.training.train import train
@@ -69,9 +70,11 @@ SPIRE_WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.training.data import FlatDocs
-    from spirelib.model.transformer import ModelConfig, Transformer
-    from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
+    from spirelib.training.corpus import FlatDocs
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
+    from spirelib.model.config import SpireConfig, ablation
+    from spirelib.model.spire import SpireDraftModel
     from spirelib.training.objectives import SpireObjective
     from spirelib.training.config import TrainConfig
     from spirelib.training.train import train

@@ -16,8 +16,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import Eagle3Config, ModelConfig
+from spirelib.model.eagle3 import Eagle3DraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.training.eagle3_export import export_eagle3, hf_rope_order
 from spirelib.training.hf_export import save_model
 

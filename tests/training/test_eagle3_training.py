@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import Eagle3Config, ModelConfig
+from spirelib.model.eagle3 import Eagle3DraftModel
+from spirelib.model.transformer import Transformer
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import FlatDocs
+from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective, new_eagle3_draft
 from spirelib.training.train import train
 

@@ -38,12 +38,14 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
-    from spirelib.model.spire import SpireConfig, SpireDraftModel, ablation
+    from spirelib.model.config import SpireConfig, ablation
+    from spirelib.model.spire import SpireDraftModel
     from spirelib.training.objectives import SpireObjective
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
     from spirelib.training import checkpoint, fsdp
     from spirelib.training.checkpoint import load_checkpoint
-    from spirelib.training.data import FlatDocs
+    from spirelib.training.corpus import FlatDocs
     from spirelib.training.config import TrainConfig
     from spirelib.training.objectives import ObjectiveModule, lm_objective
     from spirelib.training.devices import init_distributed
@@ -232,7 +234,8 @@ WORKER = textwrap.dedent("""
 
     # 7. EAGLE-3's draft (one layer, replicated under DDP) against the sharded target, its loss on the
     # target's replicated head (`training.eagle3.trained_eagle3_draft` under parallel: fsdp)
-    from spirelib.model.eagle3 import Eagle3Config, Eagle3DraftModel
+    from spirelib.model.config import Eagle3Config
+    from spirelib.model.eagle3 import Eagle3DraftModel
     from spirelib.training.eagle3 import Eagle3Objective
 
     target = new_target()
@@ -262,7 +265,8 @@ WORKER = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
     from spirelib.training import hf_export
 
     torch.manual_seed(3)
@@ -447,7 +451,8 @@ def _tiny_hf_target(folder: Path, num_layers: int) -> None:
     """A Llama-shaped checkpoint at scaled-down shapes with a tiny BPE tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
     from spirelib.training import hf_export, hf_tokenizer
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -24,8 +24,9 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft  # noqa: E402
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate  # noqa: E402
-from spirelib.model.kvcache import DenseKVCache, SinkWindow  # noqa: E402
-from spirelib.model.transformer import ModelConfig, Transformer  # noqa: E402
+from spirelib.model.config import ModelConfig, SinkWindow
+from spirelib.model.kvcache import DenseKVCache
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.methods import KVBudget
 from spirelib.training import hf_export, hf_tokenizer, hf_weights  # noqa: E402
 
@@ -539,7 +540,8 @@ def test_magicdec_cache_positions_re_rotate_with_the_scaled_frequencies(scaled):
 
 def test_greedy_and_speculative_decoding_give_transformers_greedy_tokens_past_the_original_context(scaled):
     from spirelib.decoding.drafts import SpireDraft
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.config import SpireConfig
+    from spirelib.model.spire import SpireDraftModel
 
     ref, _, ours = scaled
     lengths = torch.tensor([20, 14])

@@ -114,7 +114,8 @@ def _checkpoint(tmp_path):
     """A tiny random Llama checkpoint with a BPE tokenizer.json, as a user would bring one."""
     import torch
 
-    from spirelib.model.transformer import ModelConfig, Transformer
+    from spirelib.model.config import ModelConfig
+    from spirelib.model.transformer import Transformer
     from spirelib.training import hf_export
     from spirelib.training.tokenizer import BPETokenizer, train_bpe
 

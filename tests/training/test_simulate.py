@@ -18,8 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from spirelib.model.spire import SpireConfig
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.training.config import TrainConfig
 from spirelib.training.simulate import Case, peak, simulate
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.training import metrics
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import FlatDocs
+from spirelib.training.corpus import FlatDocs
 from spirelib.training.objectives import lm_objective
 from spirelib.training.train import train
 

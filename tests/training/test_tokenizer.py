@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spirelib.training import tokenizer as tk
-from spirelib.training.data import _text_corpus, split_documents
+from spirelib.training.corpus import _text_corpus, split_documents
 
 TEXTS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i * 7} times. " * (3 + i % 4)
          + "Ünïcödé — “quotes” and\ttabs\n" for i in range(30)]

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from spirelib.decoding.speculative import autoregressive_generate
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.training.checkpoint import CheckpointError, config_hash, read_meta
 from spirelib.training.config import TrainConfig
-from spirelib.training.data import FlatDocs
+from spirelib.training.corpus import FlatDocs
 from spirelib.training.metrics import read_metrics
 from spirelib.training.objectives import lm_objective
 from spirelib.training.train import TrainingDiverged, train
@@ -346,7 +347,7 @@ def test_mfu_counts_one_devices_peak_per_rank(monkeypatch):
     from types import SimpleNamespace
 
     from spirelib.measure import calibrate
-    from spirelib.model.transformer import ModelConfig
+    from spirelib.model.config import ModelConfig
     from spirelib.modeling.costs import flop_params, training_flops
     from spirelib.training.pipeline import training_mfu
 

@@ -3,6 +3,8 @@ noise or the switching cost), its refusals, each engine's file read back the way
 it (`modeling.engines`' lookup models, tests/modeling/test_engines.py) and `--explain`'s reading."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -258,7 +260,7 @@ def test_deploy_prices_the_guided_draft_and_prompt_lookup_with_lookups_ngram_key
 
 
 def test_series_scenarios_compare_the_paper_and_the_trained_shapes():
-    from spirelib.decoding.drafts import vanilla_draft_config
+    from spirelib.model.config import vanilla_draft_config
     series = Series.from_dict({})
     taus = {"vanilla": 2.0, "spire": 3.0}
     scenarios = deploy_inputs.series_scenarios(series, taus, 300.0, "src")
@@ -568,3 +570,39 @@ def test_without_an_exported_folder_eagle3s_lines_carry_a_placeholder_and_say_ho
         assert not (out / "vanilla" / "serve-vllm.sh").exists()  # no export recorded for it: its schedule only
         assert not (out / "spire" / "serve-vllm.sh").exists() and (out / "spire" / "acceptance_profile.json").exists()
     assert "nowhere/eagle3" in doc["draft_model"]["note"]
+
+
+NO_TORCH = """import importlib.abc, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("torch is unimportable here")
+sys.meta_path.insert(0, NoTorch())
+from spirelib import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_deploy_runs_with_torch_unimportable_and_writes_what_it_writes_beside_torch(run_dir, tmp_path):
+    """`spire deploy` reads JSON and prices with numpy: with torch unimportable it writes byte for byte
+    the files it writes in a process that has torch, for a series trained from scratch (its trained
+    shapes from the series' configs) and for an imported target (its config.json read, no weights)."""
+    hf = tmp_path / "llama"
+    hf.mkdir()
+    (hf / "config.json").write_text((Path(__file__).parents[1] / "fixtures" / "hf_configs" /
+                                     "llama-3.1-8b-instruct.json").read_text())
+    imported = tmp_path / "imported"
+    imported.mkdir()
+    (imported / "results.json").write_text((run_dir / "results.json").read_text())
+    (imported / "run.json").write_text(json.dumps({"params": {"series": {"target_source": f"hf:{hf}",
+                                                                         "tokenizer": "hf"}}}))
+    for run, shapes in ((run_dir, "trained"), (run_dir, "paper"), (imported, "served")):
+        args = ["deploy", str(run), "--hardware", "h100-sxm", "--shapes", shapes, "--contexts", "256,512"]
+        beside, alone = tmp_path / f"beside-{run.name}-{shapes}", tmp_path / f"alone-{run.name}-{shapes}"
+        assert cli.main([*args, "--out", str(beside)]) == 0
+        done = subprocess.run([sys.executable, "-c", NO_TORCH, *args, "--out", str(alone)], capture_output=True,
+                              text=True, cwd=Path(__file__).parents[2])
+        assert done.returncode == 0, done.stderr[-2000:]
+        files = sorted(p.relative_to(beside) for p in beside.rglob("*") if p.is_file())
+        assert files and files == sorted(p.relative_to(alone) for p in alone.rglob("*") if p.is_file())
+        assert all((beside / f).read_bytes() == (alone / f).read_bytes() for f in files), (run.name, shapes)

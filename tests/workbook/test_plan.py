@@ -13,11 +13,8 @@ import pytest
 from conftest import fixture_cache
 
 from spirelib import cli
-from spirelib.decoding.drafts import vanilla_draft_config
 from spirelib.measure.wallclock import profiled_draft_shapes
-from spirelib.model.eagle3 import Eagle3Config
-from spirelib.model.spire import SpireConfig
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.modeling.acceptance import expected_rounds
 from spirelib.modeling.hardware import HARDWARE
 from spirelib.modeling.methods import KVBudget

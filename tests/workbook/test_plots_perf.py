@@ -95,7 +95,7 @@ def test_views_start_at_the_default_cell_when_asked_for_an_off_grid_one():
 
 
 def test_trained_scenario_prunes_the_target_for_spire_and_fixes_its_window():
-    from spirelib.model.transformer import ModelConfig
+    from spirelib.model.config import ModelConfig
 
     target = ModelConfig(vocab_size=64, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
     vanilla = dataclasses.replace(target, num_layers=2, d_model=16, d_head=4, d_ff=32)

@@ -135,7 +135,8 @@ def test_committed_params_files_fit_the_series(params_file, tmp_path):
     declared = {p.stem: runner.declared_parameters(p) for p in series}
     params = runner.load_params(params_file)
     if params["series"].get("target_source"):  # the user's checkpoint is not in the repository: a tiny stand-in
-        from spirelib.model.transformer import ModelConfig, Transformer
+        from spirelib.model.config import ModelConfig
+        from spirelib.model.transformer import Transformer
         from spirelib.training import hf_export
 
         layers = max(2, params["series"].get("spire", {}).get("num_layers", 1))  # llama3-70b.yaml's draft: 20

