@@ -65,6 +65,7 @@ from spirelib.model.kvcache import SinkWindowKVCache
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.modeling import profile_fit
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.methods import BUDGET, CARDS, TARGET, card
 from spirelib.training.hf_weights import available_bytes
 
@@ -295,15 +296,14 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     timings = time_case(target, factories, methods, cells, args.new_tokens, args.k, args.temperature, args.repeats,
                         max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)
     value_bytes = next(target.parameters()).element_size()
-    peak = matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"]
-    bw = memory_bandwidth(device=args.device)["bandwidth"]
+    machine = Machine(matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"],
+                      memory_bandwidth(device=args.device)["bandwidth"], value_bytes)
     spire = SpireConfig(window=args.window)
     cfgs = model_cfgs(target.cfg)
     shapes = profiled_draft_shapes({m: cfgs[m] for m in ("vanilla", "spire", "eagle3")}, kv_budgets(args.window), spire)
     seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
     cost = profile_fit.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
-                        drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, peak_flops=peak,
-                        bandwidth=bw, bytes_per_value=value_bytes)
+                        drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, machine=machine)
     rows = profiled_cells(timings, cost, target.cfg, shapes, bytes_per_value=value_bytes, k=args.k, held_out=held_out)
     return cost, rows, profiled_verdict(rows)
 

@@ -18,6 +18,7 @@ from spirelib.measure.wallclock import (
     profiled_verdict,
 )
 from spirelib.modeling import profile_fit, profiled
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.schedule import OFF, profiled_table, schedule
 from spirelib.modeling.winners import AD
 
@@ -69,17 +70,15 @@ def split_held_out(timings: list[DecodeTiming], held_out) -> tuple[list[DecodeTi
 
 
 def speedup_cells(timings: list[DecodeTiming], target, shapes: dict[str, profiled.DraftShape],
-                  cost: profiled.ProfiledCost, *, peak_flops: float, bandwidth: float, bytes_per_value: float,
-                  k: int, held_out=()) -> list[dict]:
+                  cost: profiled.ProfiledCost, *, machine: Machine, k: int, held_out=()) -> list[dict]:
     """One cell per timed draft and (B, L) with an AD timing: the measured speedup with its 95%
     CI and the paper's model (`wallclock.modeled_speedups`), with the profiled model's speedup,
     its error profiled / measured - 1 and whether the
     cell is one of the `held_out` (B, L) the fit never saw (`wallclock.profiled_cells`, shapes
     from `wallclock.profiled_draft_shapes`)."""
-    cells = modeled_speedups(timings, target, shapes, peak_flops=peak_flops, bandwidth=bandwidth,
-                             bytes_per_value=bytes_per_value, k=k)
+    cells = modeled_speedups(timings, target, shapes, machine=machine, k=k)
     profiled = {(c["method"], c["B"], c["L"]): c for c in profiled_cells(
-        timings, cost, target, shapes, bytes_per_value=bytes_per_value, k=k, held_out=held_out)}
+        timings, cost, target, shapes, bytes_per_value=machine.bytes_per_value, k=k, held_out=held_out)}
     for c in cells:
         c.update(profiled[c["method"], c["B"], c["L"]])
         c["role"] = "held out" if c["held_out"] else "fitted"

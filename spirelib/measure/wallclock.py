@@ -40,6 +40,7 @@ from spirelib.measure.stopping import SpeedupRule, ratio_interval
 from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.model.transformer import Transformer
 from spirelib.modeling import perfmodel, profile_fit, profiled
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.methods import BUDGET, DECODED, KVBudget, card
 
 #: The sections of a decoding loop (`speculative.SectionTimer`); "round" is a round replayed as one
@@ -257,15 +258,14 @@ def _measured(t: DecodeTiming, base: DecodeTiming) -> dict:
 
 
 def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, shapes: Mapping[str, profiled.DraftShape], *,
-                     peak_flops: float, bandwidth: float, bytes_per_value: float, k: int = 4) -> list[dict]:
+                     machine: Machine, k: int = 4) -> list[dict]:
     """Measured vs modeled speedup over AD, one cell per SD timing with an AD timing at the
     same (batch, context). Measured: the mean over runs of SD tokens/s / AD tokens/s (runs
     paired in order) with its 95% CI (`speedup_interval`) and the number of runs. Modeled: the G-aware throughput
-    model (method §2) with the runs' mean tau, HOI = peak / bandwidth, `bytes_per_value` for
+    model (method §2) with the runs' mean tau, the `machine`'s HOI and bytes per value for
     weights and KV, each draft's shape and each sparse draft's KV budget as its cache (`shapes`,
     `profiled_draft_shapes`)."""
     ad = {(t.batch, t.context): t for t in timings if t.method == "ad"}
-    hoi = peak_flops / bandwidth
     cells = []
     for t in timings:
         base = ad.get((t.batch, t.context))
@@ -277,17 +277,17 @@ def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, shapes: M
         cache = dict(sink_size=budget.sink, window=budget.entries - budget.sink) if budget else {}
         model = perfmodel.throughput_multiplier_over_generation(
             t.method, min(cell["tau"], k + 1.0), t.batch, t.context, t.new_tokens, target.shape(), shape.shape,
-            k=k, hoi=hoi, window_factor=None, bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value, **cache)
+            k=k, hoi=machine.hoi, window_factor=None, bytes_per_weight=machine.bytes_per_value,
+            bytes_per_kv=machine.bytes_per_value, **cache)
         cells.append({**cell, "modeled_speedup": float(model), "error": float(model) / cell["measured_speedup"] - 1.0})
     return cells
 
 
-def modeled_step_seconds(cfg: ModelConfig, batch: int, context: int, *, peak_flops: float, bandwidth: float,
-                         bytes_per_value: float) -> float:
-    """The throughput model's seconds for one AD step of `cfg` (method §2 cost over peak FLOP/s)."""
-    cost = perfmodel.step_cost(cfg.shape(), batch, context, hoi=peak_flops / bandwidth,
-                               bytes_per_weight=bytes_per_value, bytes_per_kv=bytes_per_value)
-    return float(cost) / peak_flops
+def modeled_step_seconds(cfg: ModelConfig, batch: int, context: int, machine: Machine) -> float:
+    """The throughput model's seconds for one AD step of `cfg` on `machine` (method §2 cost over peak FLOP/s)."""
+    cost = perfmodel.step_cost(cfg.shape(), batch, context, hoi=machine.hoi, bytes_per_weight=machine.bytes_per_value,
+                               bytes_per_kv=machine.bytes_per_value)
+    return float(cost) / machine.peak_flops
 
 
 def flops_per_token(cfg: ModelConfig, context: int) -> dict[str, float]:

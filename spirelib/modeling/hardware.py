@@ -4,8 +4,9 @@ The model (method §2) needs one number per device, its operational intensity HO
 FLOP/s / bytes/s, plus the bytes a weight and a KV value take (`BYTES_PER_VALUE`). Figures
 are vendor peaks for *dense* math (the "with sparsity" datasheet figures halved). The
 paper's HOI = 600 is H100 SXM dense FP8: 1979 TFLOP/s / 3.35 TB/s = 590.7, which the paper
-rounds to 600. "this machine, measured" is written by `spirelib.measure.calibrate` via
-`save_measured` and read back by `measured_hardware`.
+rounds to 600. A `Machine` is one device at one dtype, as the cost models read it. "this
+machine, measured" is written by `spirelib.measure.calibrate` via `save_measured` and read back by
+`measured_hardware`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,28 @@ class Hardware:
         if dtype not in self.peak_flops:
             raise ValueError(f"{self.name} has no {dtype!r} peak; it has {sorted(self.peak_flops)}")
         return self.peak_flops[dtype] / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One device as the cost models price a round on it: peak FLOP/s and bandwidth (bytes/s) in
+    the dtype it computes in, and the bytes a weight or a KV value takes there. Notebook 09 builds
+    this machine's from its calibration (`spirelib.measure.calibrate`); the three travel together."""
+
+    peak_flops: float
+    bandwidth: float
+    bytes_per_value: float
+
+    def __post_init__(self):
+        for name in ("peak_flops", "bandwidth", "bytes_per_value"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"Machine.{name} must be a positive number, got {value!r}")
+
+    @property
+    def hoi(self) -> float:
+        """Hardware operational intensity, FLOP/byte: peak / bandwidth (method §2)."""
+        return self.peak_flops / self.bandwidth
 
 
 HARDWARE: dict[str, Hardware] = {

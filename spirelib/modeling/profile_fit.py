@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.perfmodel import ModelShape
 from spirelib.modeling.profiled import (
     DraftOverhead,
@@ -81,9 +82,9 @@ def fit_problems(timings: list[LoopTiming], drafts: dict[str, DraftShape]) -> li
 
 
 def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, drafts: dict[str, DraftShape], k: int,
-        peak_flops: float, bandwidth: float, bytes_per_value: float = 4.0) -> ProfiledCost:
+        machine: Machine) -> ProfiledCost:
     """The coefficients that explain decoding sections timed in the loop, with the roofline's
-    peak FLOP/s and bandwidth pinned to this machine's calibration. The sections are the engine's
+    peak FLOP/s and bandwidth pinned to this `machine`'s calibration (its bytes per value too). The sections are the engine's
     own, timed inside real decoding rounds (`LoopTiming`, from `wallclock.time_cells`'
     `SectionTimer`: draft, verify, bookkeeping), where the cost is paid: caches as a round leaves
     them, not warm as in an isolated call. Every stage is a
@@ -116,13 +117,12 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
     by_cell: dict[tuple[int, int], list[LoopTiming]] = {}
     for t in timings:
         by_cell.setdefault((t.batch, t.context), []).append(t)
-    paces = dict.fromkeys(by_cell, 1.0)
+    paces, value_bytes = dict.fromkeys(by_cell, 1.0), machine.bytes_per_value
     for _ in range(PACE_ITERATIONS):
         cost = _coefficients([_at_pace(t, paces[cell]) for cell, own in by_cell.items() for t in own], target=target,
-                             vocab_size=vocab_size, drafts=drafts, k=k, peak_flops=peak_flops, bandwidth=bandwidth,
-                             bytes_per_value=bytes_per_value)
+                             vocab_size=vocab_size, drafts=drafts, k=k, machine=machine)
         logs = {cell: np.mean([np.log(t.round_s / modeled_sections(cost, t, target=target, vocab_size=vocab_size,
-                                                                    drafts=drafts, k=k, bytes_per_value=bytes_per_value))
+                                                                    drafts=drafts, k=k, bytes_per_value=value_bytes))
                                for t in own]) for cell, own in by_cell.items()}
         center = np.mean(list(logs.values()))
         moved, paces = paces, {cell: float(np.exp(v - center)) for cell, v in logs.items()}
@@ -143,9 +143,10 @@ def _at_pace(timing: LoopTiming, pace: float) -> LoopTiming:
 
 
 def _coefficients(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, drafts: dict[str, DraftShape],
-                  k: int, peak_flops: float, bandwidth: float, bytes_per_value: float) -> ProfiledCost:
+                  k: int, machine: Machine) -> ProfiledCost:
     """`fit`'s four stages on timings at pace 1."""
-    cost = ProfiledCost(float(peak_flops), float(bandwidth))
+    cost = ProfiledCost(float(machine.peak_flops), float(machine.bandwidth))
+    bytes_per_value = machine.bytes_per_value
     forwards = [(forward_work(target, vocab_size, t.batch, 1, ad_keys(t.context, t.new_tokens),
                               bytes_per_value=bytes_per_value), t.verify_s) for t in timings if t.method == "ad"]
     forwards += [(forward_work(target, vocab_size, t.batch, k + 1, sd_keys(t.context, t.new_tokens, k),

@@ -34,6 +34,7 @@ from spirelib.decoding.speculative import (
     speculative_rounds,
 )
 from spirelib.measure import calibrate
+from spirelib.measure.tau import TauProtocol
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.spire import SpireDraftModel
@@ -306,9 +307,10 @@ class Probe:
                              f"evaluation ({cfg.num_layers} x {cfg.d_model}, T {seq_len})")
                 or {"eval_window_s": math.nan})
 
-    def decoding(self, cfg: ModelConfig, configs: dict, options: dict[str, dict], methods: list[str],
-                 batch: int, context: int, new_tokens: int, k: int, temperature: float) -> dict:
-        """{"prefill_s", "ad_step_s", "round_s": {method: s}} at (B, L) = (`batch`, `context`): one
+    def decoding(self, cfg: ModelConfig, configs: dict, options: dict[str, dict], methods: list[str], context: int,
+                 protocol: TauProtocol) -> dict:
+        """{"prefill_s", "ad_step_s", "round_s": {method: s}} at (B, L) = (the `protocol`'s batch size,
+        `context`), decoding with its k, G and temperature: one
         real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round,
         each draft built with its `options` (`Series.draft_options`: the self-drafts' KV budgets),
         the trained ones from their `configs` ("spire": SpireConfig, "eagle3": Eagle3Config), random."""
@@ -316,10 +318,12 @@ class Probe:
                **{m: c.to_dict() for m, c in configs.items() if m in methods},
                "options": {m: {name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                                for name, v in o.items()} for m, o in options.items() if m in methods},
-               "batch": batch, "context": context, "new_tokens": new_tokens, "k": k, "temperature": temperature}
+               "batch": protocol.batch_size, "context": context, "new_tokens": protocol.new_tokens, "k": protocol.k,
+               "temperature": protocol.temperature}
+        batch, k, temperature = protocol.batch_size, protocol.k, protocol.temperature
 
         # enough tokens that no row can finish before the timed rounds (a round emits at most k + 1)
-        G = max(new_tokens, (PROBE_ROUNDS + 1) * (k + 1))
+        G = max(protocol.new_tokens, (PROBE_ROUNDS + 1) * (k + 1))
 
         def measure():
             target = self._target(cfg)

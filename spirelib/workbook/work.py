@@ -218,8 +218,7 @@ class Models:
         continuation read from each batch's prefill (04)."""
         s = self.series
         probe = self.probe.decoding(self.target_cfg, {"spire": s.spire, "eagle3": s.eagle3},
-                                    {m: s.draft_options(m) for m in methods}, list(methods), batch, context,
-                                    s.new_tokens, s.k, s.temperature)
+                                    {m: s.draft_options(m) for m in methods}, list(methods), context, s.protocol(batch))
         return _decode_item(notebook, what, probe, self.target_cfg, s.draft_shapes(), list(methods), runs, batch,
                             context, s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss, taus=self.taus,
                             ranged=self.ranged, method_runs=method_runs)

@@ -9,6 +9,7 @@ from spirelib.modeling.hardware import (
     BYTES_PER_VALUE,
     HARDWARE,
     Hardware,
+    Machine,
     hardware_table,
     measured_hardware,
     operating_points,
@@ -42,6 +43,15 @@ def test_entries_validate():
     with pytest.raises(ValueError, match="fp4"):
         Hardware("x", {"fp4": 1e12}, 1e12, "test")
 
+
+
+def test_a_machine_is_one_device_at_one_dtype_and_refuses_what_is_not_a_rate():
+    h100 = HARDWARE["h100-sxm"]
+    machine = Machine(h100.peak_flops["fp8"], h100.bandwidth, BYTES_PER_VALUE["fp8"])
+    assert machine.hoi == h100.hoi("fp8")
+    for bad in ((0.0, 1e12, 4), (1e12, float("inf"), 4), (1e12, 1e12, -2)):
+        with pytest.raises(ValueError, match="must be a positive number"):
+            Machine(*bad)
 
 def test_measured_entry_round_trips_through_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path))

@@ -12,6 +12,7 @@ from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
 from spirelib.modeling import profile_fit, profiled
 from spirelib.modeling.acceptance import alpha_from_tau, expected_rounds
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.methods import KVBudget
 from spirelib.modeling.perfmodel import ModelShape, body_params
 
@@ -62,7 +63,7 @@ GRID = [(B, L) for B in (1, 16, 64) for L in (64, 256, 960)]
 
 def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_rates():
     timings = [loop(TRUE, m, B, L) for B, L in GRID for m in ("ad", *DRAFTS)]
-    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, machine=Machine(1e11, 1e10, 4.0))
     assert (got.flops_per_s, got.bytes_per_s) == (1e11, 1e10)  # pinned, never fitted
     for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
@@ -84,7 +85,7 @@ def test_fit_recovers_each_cells_own_pace_with_the_coefficients():
     paces = dict(zip(GRID, drawn / np.exp(np.log(drawn).mean())))
     timings = [dataclasses.replace(t, draft_s=t.draft_s * f, verify_s=t.verify_s * f, bookkeeping_s=t.bookkeeping_s * f)
                for B, L in GRID for f in (paces[(B, L)],) for t in (loop(TRUE, m, B, L) for m in ("ad", *DRAFTS))]
-    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, machine=Machine(1e11, 1e10, 4.0))
     for cell, pace in paces.items():
         assert got.pace(*cell) == pytest.approx(pace, rel=1e-6), cell
     assert got.pace(7, 100) == 1.0  # a cell it never saw
@@ -107,7 +108,7 @@ def test_a_single_token_forward_skips_the_multi_token_kernels_and_without_one_pe
     assert TRUE.seconds(two) == pytest.approx(bare.seconds(two) + 4e-5 * TARGET.num_layers)
     wide = [(B, L) for B, L in GRID if B > 1]
     timings = [loop(TRUE, m, B, L) for B, L in wide for m in ("ad", "vanilla", "magicdec")]
-    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4, machine=Machine(1e11, 1e10, 4.0))
     assert got.multi_token_layer_s == 0.0
     assert got.per_layer_s == pytest.approx(TRUE.per_layer_s + TRUE.multi_token_layer_s, rel=1e-6)
     for t in timings:
@@ -119,7 +120,7 @@ def test_fit_refuses_timings_that_cannot_identify_it_and_says_why():
     def problems(cells, methods=("ad", "vanilla"), drafts=DRAFTS):
         timings = [loop(TRUE, m, B, L) for B, L in cells for m in methods]
         with pytest.raises(ValueError, match="cannot fit the profiled model") as err:
-            profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
+            profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, machine=Machine(1e11, 1e10, 4.0))
         return str(err.value)
 
     assert "2 (B, L) cell(s) timed; the fit needs at least 3" in problems([(1, 64), (16, 256)])
@@ -218,7 +219,7 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
     shapes = profiled_draft_shapes({"vanilla": vanilla.cfg, "spire": spire.body.cfg},
                                    {"magicdec": KVBudget(1, 8), "spire": KVBudget(spire_cfg.sink, spire_cfg.window)}, spire_cfg)
     loops = loop_timings(timings)
-    cost = profile_fit.fit(loops, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3, peak_flops=1e11, bandwidth=1e10)
+    cost = profile_fit.fit(loops, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3, machine=Machine(1e11, 1e10, 4.0))
     assert set(cost.drafts) == set(factories) and cost.per_layer_s + cost.per_token_layer_s > 0
     errors = [profile_fit.modeled_sections(cost, t, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3) / t.round_s - 1
               for t in loops]
@@ -259,7 +260,7 @@ def test_the_fit_leaves_the_guided_drafts_scoring_verification_out_of_the_forwar
         return profile_fit.LoopTiming(method, B, L, G, total - verify - book, verify, book)
 
     timings = [timing(m, B, L) for B, L in GRID for m in ("ad", *drafts)]
-    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, peak_flops=1e11, bandwidth=1e10)
+    got = profile_fit.fit(timings, target=TARGET, vocab_size=100, drafts=drafts, k=4, machine=Machine(1e11, 1e10, 4.0))
     for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-6), name
     for method in ("guided", "lookup"):

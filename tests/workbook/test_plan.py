@@ -13,6 +13,7 @@ import pytest
 from conftest import fixture_cache
 
 from spirelib import cli
+from spirelib.measure.tau import TauProtocol
 from spirelib.measure.wallclock import profiled_draft_shapes
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.modeling.acceptance import expected_rounds
@@ -49,7 +50,8 @@ def fake_probes(monkeypatch, tmp_path):
     """Probes that return fixed timings (no compute), and a fresh model cache."""
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(probing.Probe, "training", lambda self, *a, **k: TRAINING)
-    monkeypatch.setattr(probing.Probe, "decoding", lambda self, *a, **k: DECODING)
+    monkeypatch.setattr(probing.Probe, "decoding",
+                        lambda self, cfg, configs, options, methods, context, protocol: DECODING)
     monkeypatch.setattr(probing.Probe, "evaluation", lambda self, *a, **k: {"eval_window_s": 0.25})
 
 
@@ -141,7 +143,8 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
     assert eagle3["figure"].startswith("train-eagle3-") and all(eagle3[k] > 0 for k in TRAINING)
     decoded = probe.decoding(TINY, {"spire": SpireConfig(num_layers=1, window=8), "eagle3": Eagle3Config(k=2)},
                              {"magicdec": {"budget": KVBudget(1, 8)}, "guided": {"budget": KVBudget(1, 4, 4)}},
-                             ["vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"], 2, 16, 8, 2, 1.0)
+                             ["vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"], 16,
+                             TauProtocol(k=2, new_tokens=8, temperature=1.0, batch_size=2))
     assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"}
     assert decoded["prefill_s"] > 0
 

@@ -16,6 +16,7 @@ from spirelib.measure.wallclock import (
 )
 from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.modeling import profiled, winners
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.methods import KVBudget
 from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
@@ -105,7 +106,7 @@ def test_profiled_draft_shapes():
 
 def test_speedup_cells_add_the_profiled_model():
     shapes = profiled_draft_shapes(MODELS, BUDGETS, SPIRE)
-    kw = dict(peak_flops=1e10, bandwidth=1e10, bytes_per_value=4, k=4)
+    kw = dict(machine=Machine(1e10, 1e10, 4), k=4)
     cells = measured_cells.speedup_cells(TIMINGS, TARGET, shapes, COST, held_out=[[2, 16]], **kw)
     added = ("profiled_speedup", "profiled_error", "held_out", "role", "ci")
     assert [{k: v for k, v in c.items() if k not in added} for c in cells] == modeled_speedups(
@@ -119,15 +120,15 @@ def test_speedup_cells_add_the_profiled_model():
 
 
 def test_ad_step_rows():
-    (row,) = tables.ad_step_rows(TIMINGS, TARGET, COST, peak_flops=1e10, bandwidth=1e10, bytes_per_value=4,
-                                 new_tokens=16)
-    modeled = modeled_step_seconds(TARGET, 2, 16, peak_flops=1e10, bandwidth=1e10, bytes_per_value=4)
+    machine = Machine(1e10, 1e10, 4)
+    (row,) = tables.ad_step_rows(TIMINGS, TARGET, COST, machine=machine, new_tokens=16)
+    modeled = modeled_step_seconds(TARGET, 2, 16, machine)
     assert row["measured"] == pytest.approx(1e3 * 0.015 / 16) and row["modeled"] == pytest.approx(1e3 * modeled)
     assert row["ratio"] == pytest.approx(0.015 / 16 / modeled)
     # a step reads its cache's whole capacity L + G
     assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 16 + 16, 4))
-    (paced,) = tables.ad_step_rows(TIMINGS, TARGET, dataclasses.replace(COST, paces={(2, 16): 0.8}), peak_flops=1e10,
-                                   bandwidth=1e10, bytes_per_value=4, new_tokens=16)
+    (paced,) = tables.ad_step_rows(TIMINGS, TARGET, dataclasses.replace(COST, paces={(2, 16): 0.8}), machine=machine,
+                                   new_tokens=16)
     assert paced["profiled"] == pytest.approx(0.8 * row["profiled"])  # at its cell's fitted pace
 
 

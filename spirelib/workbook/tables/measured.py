@@ -11,6 +11,7 @@ import numpy as np
 
 from spirelib.measure.wallclock import DecodeTiming, flops_per_token, loop_timings, modeled_step_seconds
 from spirelib.modeling import profile_fit, profiled
+from spirelib.modeling.hardware import Machine
 from spirelib.modeling.methods import label as method_label
 from spirelib.modeling.winners import AD
 
@@ -61,18 +62,18 @@ def timing_rows(timings: list[DecodeTiming]) -> list[dict]:
     return rows
 
 
-def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCost, *, peak_flops: float,
-                 bandwidth: float, bytes_per_value: float, new_tokens: int) -> list[dict]:
+def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCost, *, machine: Machine,
+                 new_tokens: int) -> list[dict]:
     """Per AD timing, ms per step measured (median run), by the paper's model
     (`wallclock.modeled_step_seconds`, at the starting context) and by the profiled model (over
     the capacity L + G a step reads, at its cell's fitted pace), and measured / paper's."""
     rows = []
     for t in (t for t in timings if t.method == "ad"):
         measured = float(np.median(t.seconds)) / t.rounds[0]
-        modeled = modeled_step_seconds(target, t.batch, t.context, peak_flops=peak_flops, bandwidth=bandwidth,
-                                       bytes_per_value=bytes_per_value)
+        modeled = modeled_step_seconds(target, t.batch, t.context, machine)
         fitted = cost.pace(t.batch, t.context) * profiled.ad_step_seconds(
-            cost, target.shape(), target.vocab_size, t.batch, profiled.ad_keys(t.context, new_tokens), bytes_per_value)
+            cost, target.shape(), target.vocab_size, t.batch, profiled.ad_keys(t.context, new_tokens),
+            machine.bytes_per_value)
         rows.append({"L": t.context, "B": t.batch, "measured": 1e3 * measured, "modeled": 1e3 * modeled,
                      "ratio": measured / modeled, "profiled": 1e3 * fitted})
     return rows
