@@ -211,6 +211,7 @@ class DenseKVCache(KVCache):
     sync, once per cache.
     """
 
+    # parameters: the cache's shape (layers, rows, heads, head width, slots), then keyword-only options
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, capacity: int, *,
                  sparse: SinkWindow | None = None, scored: int = 0, live_reads: bool = False, device=None,
                  dtype=torch.float32):
@@ -336,6 +337,7 @@ class SinkWindowKVCache(KVCache):
     depends on the query, so "cache" mode serves one query position per row (drafting).
     """
 
+    # parameters: the cache's shape (layers, rows, heads, head width, pattern), then keyword-only options
     def __init__(self, num_layers: int, batch: int, n_kv: int, d_head: int, sparse: SinkWindow, slack: int, *,
                  rope_mode: str = "original", rope_base: float = 10000.0, rope_scaling: tuple | None = None,
                  device=None, dtype=torch.float32):

@@ -247,6 +247,7 @@ class _Config:
     score_read: float = 1.0  # the guided draft: share of the target's keys its scoring reads again
 
 
+# parameters: the public functions' knobs, each checked here before any arithmetic
 def _config(method, target, draft, k, hoi, overlap, sink_size, window_factor, window, bytes_per_weight, bytes_per_kv,
             score_read=1.0):
     if method not in METHODS:
@@ -368,6 +369,7 @@ def scalar_or_array(arr):
 # --- public model ------------------------------------------------------------------------
 
 
+# parameters: the paper's model's knobs (method §2), keyword-only, each with the paper's default
 def iteration_time_multiplier(method, B, L, target, draft=None, *, k=4, hoi=PAPER_HOI, overlap=True,
                               sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0,
                               score_read=1.0):
@@ -398,6 +400,7 @@ def step_cost(shape, B, L, *, hoi=PAPER_HOI, overlap=True, bytes_per_weight=1.0,
     return scalar_or_array(_target_times(batch, target_tokens, cfg)[0][..., 0])
 
 
+# parameters: the paper's model's knobs (method §2), keyword-only, each with the paper's default
 def throughput_multiplier(method, tau, B, L, target, draft=None, *, k=4, hoi=PAPER_HOI, overlap=True,
                           sink_size=1, window_factor=8, window=None, bytes_per_weight=1.0, bytes_per_kv=1.0,
                           score_read=1.0):
@@ -409,6 +412,7 @@ def throughput_multiplier(method, tau, B, L, target, draft=None, *, k=4, hoi=PAP
     return scalar_or_array(np.asarray(tau / np.asarray(dt)))
 
 
+# parameters: the paper's model's knobs (method §2), keyword-only, each with the paper's default
 def throughput_multiplier_over_generation(method, tau, B, L, G, target, draft=None, *, k=4, hoi=PAPER_HOI,
                                           overlap=True, sink_size=1, window_factor=8, window=None,
                                           bytes_per_weight=1.0, bytes_per_kv=1.0, score_read=1.0):

@@ -233,6 +233,7 @@ def _same(value: torch.Tensor, first: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
+# parameters: what one checkpoint holds, keyword-only, each optional part defaulted
 def save_checkpoint(path: Path, model: torch.nn.Module, identity: dict, *, step: int, finished: bool,
                     optimizer: torch.optim.Optimizer | None = None, summary: dict | None = None,
                     state: dict | None = None, optimizer_state: dict | None = None, group=None) -> None:

@@ -136,6 +136,7 @@ class _HeadDraftLosses(torch.autograd.Function):
     the gradients accumulate in at least fp32 (as `model._LinearCrossEntropy`).
     """
 
+    # parameters: torch's autograd.Function.forward takes each input as an argument of its own
     @staticmethod
     def forward(ctx, h, weight, target_h, target_weight, labels, mix_weight, chunk, chunk_parts_fn):
         acc = torch.promote_types(h.dtype, torch.float32)

@@ -66,6 +66,7 @@ def _log2_ticks(values) -> dict:
     return dict(tickvals=list(np.log2(values)), ticktext=[pow2_label(v) for v in values])
 
 
+# parameters: a figure's options, keyword-only, each with its default
 def slice_figure(x, series: dict, *, title: str, x_title: str = "context length L (tokens)",
                  y_title: str = TM_TITLE, highlight_x=None, baseline: float | None = 1.0,
                  baseline_label: str = "autoregressive", x_axis: str = "pow2", dashed: dict | None = None,
@@ -105,6 +106,7 @@ def slice_figure(x, series: dict, *, title: str, x_title: str = "context length 
     return fig
 
 
+# parameters: a figure's options, keyword-only, each with its default
 def heatmap_figure(B, L, grids: dict, *, title: str, highlight=(64, 512), colorbar_title: str = "TM",
                    decimals: int = 2, center: float = 1.0, colorscale: str | None = None,
                    zrange: tuple[float, float] | None = None) -> go.Figure:
