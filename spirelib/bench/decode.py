@@ -64,9 +64,9 @@ from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.kvcache import SinkWindowKVCache
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling import profile_fit
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.methods import BUDGET, CARDS, TARGET, card
+from spirelib.throughput import profile_fit
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.methods import BUDGET, CARDS, TARGET, card
 from spirelib.training.hf_weights import available_bytes
 
 TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup", "eagle3")  # AD and the registered drafts this benchmark builds

@@ -258,7 +258,7 @@ def _mfu(args) -> Outcome:
     against the bf16 matmul peak measured in the same run: reported, no goal."""
     from spirelib.bench.train import TARGETS, measure
     from spirelib.measure.calibrate import matmul_peak
-    from spirelib.modeling.costs import flop_params, training_flops
+    from spirelib.throughput.costs import flop_params, training_flops
 
     cfg = TARGETS["workbook" if args.quick else "paper"]
     gpu = torch.device(args.device).type == "cuda"

@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 from spirelib.bench import positive
-from spirelib.modeling.perfmodel import PRESETS
+from spirelib.throughput.perfmodel import PRESETS
 
 PAPER_TARGET = dict(num_layers=8, d_model=512, n_q_per_kv=1, n_kv=8, d_head=128, d_ff=4096)
 #: Where a SPIRe draft's target activations weigh most: big targets (bf16), the draft at the paper's
@@ -240,7 +240,7 @@ def _print_ranks(budget: float, as_json: bool) -> int:
     ddp and fsdp at 1 to 16 ranks. N=1 is one process (no DDP buckets, no sharding). Under ddp every
     rank holds the whole bf16 target and the whole fp32 draft state; under fsdp the shares fall as
     1/N, down to what a step gathers whole."""
-    from spirelib.modeling.sharding import PARALLEL, memory_table, smallest_world
+    from spirelib.throughput.sharding import PARALLEL, memory_table, smallest_world
 
     rows = memory_table(worlds=RANKS)
     fewest = {(t, p): smallest_world(t, p, budget) for t in ("llama3-8b", "llama3-70b") for p in PARALLEL}

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from spirelib.bench import positive
-from spirelib.modeling import perfmodel as pm
+from spirelib.throughput import perfmodel as pm
 
 
 def _median_seconds(fn, repeat: int) -> float:

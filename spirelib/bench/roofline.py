@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 from spirelib.decoding.speculative import speculative_capacity
 from spirelib.model.config import SpireConfig, vanilla_draft_config
-from spirelib.modeling import profiled
-from spirelib.modeling.methods import BUDGET, DECODED, TARGET, KVBudget, card, label
-from spirelib.modeling.perfmodel import fused_params
+from spirelib.throughput import profiled
+from spirelib.throughput.methods import BUDGET, DECODED, TARGET, KVBudget, card, label
+from spirelib.throughput.perfmodel import fused_params
 
 #: Rounds a generation runs before `round_rows` times one: the first runs eagerly, the second records
 #: the round's CUDA graph (`graphs.RoundGraphs.run`), the third replays it.

@@ -35,8 +35,8 @@ from spirelib.measure.calibrate import matmul_peak
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.costs import flop_params, training_flops
-from spirelib.modeling.perfmodel import PRESETS
+from spirelib.throughput.costs import flop_params, training_flops
+from spirelib.throughput.perfmodel import PRESETS
 from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective, new_eagle3_draft

@@ -1,5 +1,5 @@
 """Every drafting method's builder, in one explicit table (method §4): the torch half of a method
-whose card (`modeling.methods.CARDS`) holds the rest. `draft_factory` makes the per-batch draft
+whose card (`throughput.methods.CARDS`) holds the rest. `draft_factory` makes the per-batch draft
 factories the tau measurement, the wall clock and the benchmarks use.
 
 A builder is `build(target, model, *, temperature, **options)` -> a fresh `speculative.Draft`;
@@ -20,7 +20,7 @@ from spirelib.decoding.guided import GUIDED_BUDGET, GuidedDraft
 from spirelib.decoding.lookup import MAX_N, MIN_N, LookupDraft
 from spirelib.decoding.speculative import Draft
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import CARDS, MAGICDEC_BUDGET, KVBudget
+from spirelib.throughput.methods import CARDS, MAGICDEC_BUDGET, KVBudget
 
 DraftFactory = Callable[[], Draft]
 """Builds a fresh draft (one per batch; the engine hands it its uniforms every round)."""

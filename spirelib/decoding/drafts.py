@@ -21,7 +21,7 @@ from spirelib.model.config import SinkWindow
 from spirelib.model.kvcache import SinkWindowKVCache, reuse, static_buffer
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import MAGICDEC_BUDGET, KVBudget
+from spirelib.throughput.methods import MAGICDEC_BUDGET, KVBudget
 
 
 def draft_tokens(step, first_logits: torch.Tensor, positions: torch.Tensor, k: int, temperature: float,

@@ -20,7 +20,7 @@ from spirelib.decoding.drafts import SelfDraft
 from spirelib.decoding.speculative import TargetPass
 from spirelib.model.kvcache import SelectedKVCache
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import MAGICDEC_BUDGET, KVBudget
+from spirelib.throughput.methods import MAGICDEC_BUDGET, KVBudget
 
 
 def select(scores: torch.Tensor, lengths: torch.Tensor, sink: int, window: int, top: int

@@ -19,7 +19,7 @@ from spirelib.decoding.sampling import one_hot
 from spirelib.decoding.speculative import TargetPass
 from spirelib.model.kvcache import static_buffer
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import card
+from spirelib.throughput.methods import card
 
 MIN_N, MAX_N = card("lookup").ngrams  # n-gram lengths tried, longest first (the card says why)
 

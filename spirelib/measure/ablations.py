@@ -15,9 +15,9 @@ from spirelib.decoding.builders import draft_factory
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, tau_over_seeds
 from spirelib.model.config import ABLATIONS
-from spirelib.modeling import perfmodel
-from spirelib.modeling.ablations import COMPONENTS, TRAINING, importance, resolved_ranking, variant_multipliers
-from spirelib.modeling.acceptance import tau_from_per_position
+from spirelib.throughput import perfmodel
+from spirelib.throughput.ablations import COMPONENTS, TRAINING, importance, resolved_ranking, variant_multipliers
+from spirelib.throughput.acceptance import tau_from_per_position
 
 
 def variant_counts(target, variants: dict, contexts, context_length: int, protocol: TauProtocol,

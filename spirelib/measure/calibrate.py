@@ -4,7 +4,7 @@
 `matmul_peak()` times large square matmuls in a dtype and keeps the best rate (the machine may be
 shared; the spread is reported too), labelled with the precision they ran in (`precision`: an fp32
 matmul on a GPU is TF32 where torch allows it, and the engine allows it on import). `memory_bandwidth()` times a large tensor copy (bytes
-read + written). `calibrate()` runs both and, when `spirelib.modeling.hardware` is present, stores
+read + written). `calibrate()` runs both and, when `spirelib.throughput.hardware` is present, stores
 the result with `hardware.save_measured` so notebooks can compare against it.
 """
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from spirelib.modeling import hardware
+from spirelib.throughput import hardware
 
 
 def _sync(device: torch.device) -> None:
@@ -79,7 +79,7 @@ def memory_bandwidth(mbytes: int = 512, seconds: float = 0.4, repeats: int = 3, 
 
 def calibrate(device: str = "cpu", dtype: torch.dtype = torch.float32, save: bool = True) -> dict:
     """Measure the matmul peak in `dtype` (the models' dtype: bf16 for a bf16 model) and the memory
-    bandwidth; store them in the hardware table (spirelib.modeling.hardware.save_measured) under the
+    bandwidth; store them in the hardware table (spirelib.throughput.hardware.save_measured) under the
     precision the matmuls ran in (`precision`) when `save` is set."""
     peak, bw = matmul_peak(device=device, dtype=dtype), memory_bandwidth(device=device)
     result = {"peak_flops": peak["flops"], "precision": peak["precision"], "bandwidth": bw["bandwidth"],

@@ -17,10 +17,10 @@ from spirelib.measure.wallclock import (
     profiled_cells,
     profiled_verdict,
 )
-from spirelib.modeling import profile_fit, profiled
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.schedule import OFF, profiled_table, schedule
-from spirelib.modeling.winners import AD
+from spirelib.throughput import profile_fit, profiled
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.schedule import OFF, profiled_table, schedule
+from spirelib.throughput.winners import AD
 
 
 def timing_cells(batches, contexts, held_out) -> list[tuple[int, int]]:
@@ -117,7 +117,7 @@ def scheduled_choices(cells: list[dict], cost: profiled.ProfiledCost, shapes: di
                       acceptance: dict[int, dict], target, vocab_size: int, new_tokens: int, *,
                       bytes_per_value: float, error: float) -> dict[tuple[int, int], tuple[str, int, float]]:
     """Per measured (B, L) what this machine's schedule serves: per method the profiled model's
-    schedule over B = 1..the largest measured B at L (`modeling.schedule`, its interval widened by
+    schedule over B = 1..the largest measured B at L (`throughput.schedule`, its interval widened by
     `error`), its k and predicted speedup at B, and the method with the highest one; ("ad", 0,
     1.0) where every method's schedule is off. `acceptance[L]`: method -> `schedule.Acceptance`."""
     batches = np.arange(1, max(int(c["B"]) for c in cells) + 1)

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spirelib.measure.intervals import t_quantile
-from spirelib.modeling.acceptance import alpha_from_tau
+from spirelib.throughput.acceptance import alpha_from_tau
 
 HALF_WIDTH = 0.05  # target 95% half-width of tau (module docstring: why)
 FLOOR = 64  # contexts a (method, L) draws before it may stop

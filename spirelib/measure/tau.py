@@ -34,7 +34,7 @@ from spirelib.measure.context_loss import prefilled_losses
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.stopping import StoppingRule
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.acceptance import acceptance_rate, per_position_from_counts
+from spirelib.throughput.acceptance import acceptance_rate, per_position_from_counts
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ run) until every method's speedup over AD is known to within a 95% CI of the
 width asked for (`speedup_interval`). `bench decode` reports the best run; notebook 09 the mean
 speedup and its CI, next to `modeled_speedups`: the paper's G-aware throughput model for the
 same shapes, the tau of the same runs, and this machine's calibrated peak FLOP/s and memory
-bandwidth, and `profiled_speedups`: the profiled cost model (`spirelib.modeling.profiled`),
+bandwidth, and `profiled_speedups`: the profiled cost model (`spirelib.throughput.profiled`),
 fitted to the same runs' sections at some cells (`loop_timings`) and judged at all of them,
 held-out cells included.
 """
@@ -39,9 +39,9 @@ from spirelib.frontend import feed
 from spirelib.measure.stopping import SpeedupRule, ratio_interval
 from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling import perfmodel, profile_fit, profiled
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.methods import BUDGET, DECODED, KVBudget, card
+from spirelib.throughput import perfmodel, profile_fit, profiled
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.methods import BUDGET, DECODED, KVBudget, card
 
 #: The sections of a decoding loop (`speculative.SectionTimer`); "round" is a round replayed as one
 #: CUDA graph, timed whole (no split inside a graph).

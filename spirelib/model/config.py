@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from spirelib.modeling.perfmodel import ModelShape, body_params
+from spirelib.throughput.perfmodel import ModelShape, body_params
 
 #: Llama 3.1's RoPE scaling ("llama3" in Hugging Face configs), as a hashable tuple:
 #: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).

@@ -26,7 +26,7 @@ import torch
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.costs import flop_params, training_flops
+from spirelib.throughput.costs import flop_params, training_flops
 from spirelib.training.checkpoint import config_hash
 from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import TokenDataset, load_corpus, longcrawl64_dataset, split_documents

@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, ablation, vanilla_draft_config
-from spirelib.modeling.methods import KVBudget
 from spirelib.paths import resolve_path
+from spirelib.throughput.methods import KVBudget
 from spirelib.training.config import TrainConfig
 from spirelib.training.series_params import (
     FROM_CHECKPOINT,

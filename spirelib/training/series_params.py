@@ -9,8 +9,8 @@ import difflib
 from dataclasses import dataclass, fields
 
 from spirelib.model.config import Eagle3Config, ModelConfig, SinkWindow, SpireConfig
-from spirelib.modeling.sharding import PARALLEL
 from spirelib.paths import resolve_path
+from spirelib.throughput.sharding import PARALLEL
 from spirelib.training.config import TrainConfig, from_dict_checked
 from spirelib.training.corpus import CORPORA
 from spirelib.training.tokenizer import TOKENIZERS

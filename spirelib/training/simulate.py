@@ -308,8 +308,8 @@ def params_cases(worlds=(8, 16)) -> list[Case]:
     SPIRe draft of Llama 3 8B (a quarter of its layers, the paper's ratio) on one GPU, one window
     per micro-batch."""
     from spirelib.model.config import ModelConfig, SpireConfig
-    from spirelib.modeling.perfmodel import PRESETS
     from spirelib.paths import project_root
+    from spirelib.throughput.perfmodel import PRESETS
     from spirelib.training.config import TrainConfig
     from spirelib.training.params import load_params
 

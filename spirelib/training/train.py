@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from spirelib.frontend import progress_bar
-from spirelib.modeling.sharding import PARALLEL
 from spirelib.paths import cache_dir
+from spirelib.throughput.sharding import PARALLEL
 from spirelib.training import fsdp
 from spirelib.training.allocator import keep_freed_memory
 from spirelib.training.checkpoint import (

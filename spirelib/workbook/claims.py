@@ -25,7 +25,7 @@ at the top of the index (`spirelib.workbook.report`).
 
 from __future__ import annotations
 
-from spirelib.modeling.methods import label
+from spirelib.throughput.methods import label
 from spirelib.workbook import findings, paper_claims
 from spirelib.workbook.narrative.winners import pow2
 

@@ -1,12 +1,12 @@
 """`spire deploy`: a finished run's answer in the forms serving engines take (docs/deploy.md).
 
 For every drafting method the run measured that the model prices, from what `deploy_inputs.inputs`
-reads of the run: a batch-size -> k schedule (`modeling.schedule`) at the params file's context
+reads of the run: a batch-size -> k schedule (`throughput.schedule`) at the params file's context
 mix, and one per context of a grid (`method_schedules`), written as our YAML (the intervals, the
 merges, the inputs and, per engine, its release, its batch size, what it does past the last entry
-and what it could not express) and in each engine's form (`modeling.engines`: the keys of a named
+and what it could not express) and in each engine's form (`throughput.engines`: the keys of a named
 release, and vLLM's context form of an open PR in its own file), beside them the draft's acceptance
-profile (`modeling.acceptance_profile`) and, for a draft an engine serves, its serving command
+profile (`throughput.acceptance_profile`) and, for a draft an engine serves, its serving command
 lines with its method and exported model (`serve_scripts`). `spire run` writes a run's own
 schedules into its folder (`write_run`); `--explain` reads an engine file back the way that engine
 would, B by B, beside the workbook's schedule (`deploy_explain`).
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import yaml
 
-from spirelib.modeling import engines
-from spirelib.modeling.hardware import BYTES_PER_VALUE
-from spirelib.modeling.methods import card, label
-from spirelib.modeling.recorded import DeployError
-from spirelib.modeling.schedule import context_switches, expressed_cost, min_context_run
 from spirelib.paths import project_root
+from spirelib.throughput import engines
+from spirelib.throughput.hardware import BYTES_PER_VALUE
+from spirelib.throughput.methods import card, label
+from spirelib.throughput.recorded import DeployError
+from spirelib.throughput.schedule import context_switches, expressed_cost, min_context_run
 from spirelib.workbook.deploy_explain import EXPLAIN_ENGINES, explain
 from spirelib.workbook.deploy_inputs import (
     CONTEXTS,
@@ -51,7 +51,7 @@ PROFILE = "acceptance_profile.json"  # each draft's measured acceptance, as serv
 
 def method_schedules(inp: Inputs, method: str) -> dict:
     """One method's schedule at the context mix, its per-context schedules, each engine's form
-    (`modeling.engines`), the schedule that form holds and what it costs; our YAML document."""
+    (`throughput.engines`), the schedule that form holds and what it costs; our YAML document."""
     table = inp.table(method)
     main = inp.schedule(table)
     tables = {L: inp.table(method, L) for L in inp.contexts}

@@ -1,7 +1,7 @@
 """`spire deploy --explain`: an engine file read back the way that engine would, B by B.
 
 What the engine refuses in the file and the k it picks per batch size (and per context, for vLLM's
-open PR), by `modeling.engines`' model of its documented lookup (`engine_reading`), in runs of equal
+open PR), by `throughput.engines`' model of its documented lookup (`engine_reading`), in runs of equal
 k, beside the workbook's own schedule and its modeled multipliers when a run is given (`explain`).
 Apart from writing the files (`deploy`): it reads any file in an engine's form, ours or not.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from spirelib.modeling import engines
-from spirelib.modeling.methods import label
-from spirelib.modeling.recorded import DeployError
+from spirelib.throughput import engines
+from spirelib.throughput.methods import label
+from spirelib.throughput.recorded import DeployError
 from spirelib.workbook.deploy_inputs import Inputs
 
 EXPLAIN_ENGINES = ("vllm", "vllm_pr48944", "trtllm", "sglang")

@@ -3,7 +3,7 @@
 From `outputs/<run>/results.json` (notebook 04's tau with its CI and per-position acceptance) and
 `run.json` (the series' shapes, notebook 06's context): per drafting method the model prices
 (`PRICED`: every decoded draft whose card is priced) its acceptance and its acceptance profile
-(`modeling.acceptance_profile`), where the run exported it the draft model an engine serves
+(`throughput.acceptance_profile`), where the run exported it the draft model an engine serves
 (`exported_draft`: EAGLE-3's folder, notebook 03's `eagle3_export`), the series' scenario at the
 served, trained or paper shapes (`series_scenarios`) on a device of the hardware table or one given
 as peak FLOP/s and bandwidth (`resolve_hardware`), or this machine as notebook 09's profiled model
@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from spirelib.model.config import vanilla_draft_config
-from spirelib.modeling import engines, profiled
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.acceptance_profile import acceptance_profile
-from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware, hardware_table
-from spirelib.modeling.methods import DECODED, card
-from spirelib.modeling.recorded import DeployError, recorded_acceptance
-from spirelib.modeling.scenarios import Scenario
-from spirelib.modeling.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.throughput import engines, profiled
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.acceptance_profile import acceptance_profile
+from spirelib.throughput.hardware import BYTES_PER_VALUE, Hardware, hardware_table
+from spirelib.throughput.methods import DECODED, card
+from spirelib.throughput.recorded import DeployError, recorded_acceptance
+from spirelib.throughput.scenarios import Scenario
+from spirelib.throughput.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
 from spirelib.training.series import Series
 from spirelib.workbook.results import read_json
 
@@ -102,7 +102,7 @@ def exported_draft(run_dir: Path, results: dict, method: str) -> DraftModel | No
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """What a schedule is made from: per method its acceptance, the scenario's shapes and cost
-    settings (`modeling.scenarios.Scenario`, k ignored), the device, the context mix and the grid."""
+    settings (`throughput.scenarios.Scenario`, k ignored), the device, the context mix and the grid."""
 
     acceptance: dict[str, Acceptance]
     tau_context: int

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import statistics
 
-from spirelib.modeling import perfmodel
-from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
-from spirelib.modeling.methods import label
+from spirelib.throughput import perfmodel
+from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
+from spirelib.throughput.methods import label
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown, display
 
-from spirelib.modeling.methods import STYLES, label
+from spirelib.throughput.methods import STYLES, label
 from spirelib.units import count
 
 

@@ -21,11 +21,11 @@ import dataclasses
 
 import numpy as np
 
-from spirelib.modeling import perfmodel
-from spirelib.modeling.methods import color, label, letter
-from spirelib.modeling.winners import AD, by_cell, unresolved_cells
-from spirelib.modeling.winners import grid_counts as _grid_counts
-from spirelib.modeling.winners import winner as _winner
+from spirelib.throughput import perfmodel
+from spirelib.throughput.methods import color, label, letter
+from spirelib.throughput.winners import AD, by_cell, unresolved_cells
+from spirelib.throughput.winners import grid_counts as _grid_counts
+from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.narrative.winners import pow2 as _pow2
 from spirelib.workbook.narrative.winners import span as _span

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from spirelib.measure.ablations import effect_of
-from spirelib.modeling import perfmodel
-from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER
-from spirelib.modeling.methods import label
-from spirelib.modeling.winners import winner as _winner
+from spirelib.throughput import perfmodel
+from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
+from spirelib.throughput.methods import label
+from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
 from spirelib.workbook.narrative import ablations as ablation_narrative

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spirelib.modeling.hardware import HARDWARE
-from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.paths import cache_dir
+from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
 from spirelib.training.devices import resolve_device
 from spirelib.units import si

@@ -51,8 +51,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 from nbconvert import HTMLExporter
 
-from spirelib.modeling.engines import SERVING
 from spirelib.paths import write_atomically
+from spirelib.throughput.engines import SERVING
 from spirelib.workbook import deploy, findings, paper_claims
 from spirelib.workbook.details import DETAILS
 from spirelib.workbook.plan import time_range

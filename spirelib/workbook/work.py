@@ -7,7 +7,7 @@ of the prefills and rounds: `_decode_item`), the cells 09 times, and a notebook'
 that needs it, unless a finished checkpoint of its identity is already in the cache (then it costs
 nothing: "cached"). Seconds here are the probes' figures (`spirelib.workbook.probe`) times that
 work; what no probe can see is assumed and named (decoding's tau before one is measured:
-`_decode_item`). Seconds on the GPUs of the hardware table (`modeling.hardware.HARDWARE`) are a
+`_decode_item`). Seconds on the GPUs of the hardware table (`throughput.hardware.HARDWARE`) are a
 model, not a measurement (`_gpu`).
 """
 
@@ -27,10 +27,10 @@ from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, ablati
 from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.acceptance import expected_rounds
-from spirelib.modeling.hardware import HARDWARE
-from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
-from spirelib.modeling.profiled import DraftShape, draft_work, forward_work
+from spirelib.throughput.acceptance import expected_rounds
+from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
+from spirelib.throughput.profiled import DraftShape, draft_work, forward_work
 from spirelib.training import pipeline
 from spirelib.training.checkpoint import finished_checkpoint
 from spirelib.training.config import TrainConfig

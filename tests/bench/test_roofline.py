@@ -9,8 +9,8 @@ import torch
 from spirelib.bench import roofline
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling import profiled
-from spirelib.modeling.methods import card
+from spirelib.throughput import profiled
+from spirelib.throughput.methods import card
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 

@@ -12,7 +12,7 @@ from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (model
 
 from spirelib.decoding.builders import BUILDERS, draft_factory
 from spirelib.decoding.speculative import speculative_rounds
-from spirelib.modeling.methods import CARDS, DECODED, DRAFT, TARGET, card
+from spirelib.throughput.methods import CARDS, DECODED, DRAFT, TARGET, card
 
 
 def test_the_builder_table_holds_every_decoded_card_and_nothing_else():

@@ -10,7 +10,7 @@ from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.model.spire import SpireDraftModel
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 
 def greedy(target, draft, contexts, lengths, G=20):

@@ -17,7 +17,7 @@ from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ModelConfig, vanilla_draft_config
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 TARGET = ModelConfig(vocab_size=256, num_layers=2, d_model=64, n_q_per_kv=2, n_kv=2, d_head=16, d_ff=192)
 

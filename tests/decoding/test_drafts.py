@@ -24,7 +24,7 @@ from spirelib.model.config import ABLATIONS, ModelConfig, SpireConfig, ablation
 from spirelib.model.kvcache import DenseKVCache
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=23, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 SMALL = ModelConfig(vocab_size=23, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)

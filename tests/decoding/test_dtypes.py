@@ -11,7 +11,7 @@ from spirelib.decoding.speculative import autoregressive_generate, speculative_g
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 from spirelib.training.config import TrainConfig
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.train import make_optimizer

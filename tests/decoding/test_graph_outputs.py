@@ -29,7 +29,7 @@ from spirelib.measure.tau import TauProtocol, measure_tau
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig
 from spirelib.model.eagle3 import Eagle3DraftModel, draft_vocabulary
 from spirelib.model.spire import SpireDraftModel
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 G, K = 12, 4
 TARGET = ModelConfig(vocab_size=CFG.vocab_size, num_layers=8, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)

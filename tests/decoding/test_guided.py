@@ -19,7 +19,7 @@ from spirelib.decoding.guided import GuidedDraft, select
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_generate
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import scaled_dot_product_attention
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 
 def by_hand(target, tokens: torch.Tensor, masks=None):

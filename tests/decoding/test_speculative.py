@@ -11,7 +11,7 @@ from spirelib.decoding.sampling import rejection_sample, sample, uniform_width
 from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -27,8 +27,8 @@ from test_tau_calibration import ROUNDS, G, K, alpha_clip, decode
 from spirelib.measure import ablations
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import DeltaTau, linearize, seeds_interval
-from spirelib.modeling.ablations import COMPONENTS, MEASURED_COMPONENTS
-from spirelib.modeling.acceptance import tau_from_alpha
+from spirelib.throughput.ablations import COMPONENTS, MEASURED_COMPONENTS
+from spirelib.throughput.acceptance import tau_from_alpha
 
 BUDGET = yaml.safe_load((ROOT / "params" / "default.yaml").read_text())["notebooks"]["05_ablations"]
 SEEDS, CONTEXTS = len(BUDGET["ablation_seeds"]), BUDGET["n_contexts"]

@@ -13,7 +13,7 @@ from spirelib.measure.context_loss import loss_stats, prefilled_losses
 from spirelib.measure.tau import TauProtocol, measure_tau
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=23, num_layers=2, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
 

@@ -45,7 +45,7 @@ from spirelib.measure.stopping import (
     rule_problems,
 )
 from spirelib.measure.tau import AcceptCounts, linearize
-from spirelib.modeling.acceptance import tau_from_alpha
+from spirelib.throughput.acceptance import tau_from_alpha
 
 K, G = 4, 64  # the protocol's draft depth and tokens per context (method §5)
 REPS, BATCH = 4000, 2

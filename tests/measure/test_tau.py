@@ -19,7 +19,7 @@ from spirelib.measure.stopping import StoppingRule
 from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import CARDS, KVBudget
+from spirelib.throughput.methods import CARDS, KVBudget
 
 CFG = ModelConfig(vocab_size=29, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
 DRAFT = ModelConfig(vocab_size=29, num_layers=1, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -227,7 +227,7 @@ WORKER = textwrap.dedent("""
     from spirelib.decoding.builders import draft_factory
     from spirelib.measure.stopping import StoppingRule
     from spirelib.measure.tau import TauProtocol, measure_tau
-    from spirelib.modeling.methods import KVBudget
+    from spirelib.throughput.methods import KVBudget
 
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")

@@ -30,7 +30,7 @@ from spirelib.measure.tau import (
     seeds_interval,
     tau_over_seeds,
 )
-from spirelib.modeling.acceptance import tau_from_alpha
+from spirelib.throughput.acceptance import tau_from_alpha
 
 K, G = 4, 64  # the protocol's draft depth and tokens per context (method §5)
 N, REPS = 64, 400  # contexts per measurement (one batch) and replicates per calibration

@@ -16,7 +16,7 @@ from spirelib.measure.wallclock import _lockstep, speedup_interval, time_cells, 
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 

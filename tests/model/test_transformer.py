@@ -26,7 +26,7 @@ def layer_stack_params(model: Transformer) -> int:
 
 
 def test_body_params_match_the_performance_model():
-    from spirelib.modeling.perfmodel import body_params
+    from spirelib.throughput.perfmodel import body_params
 
     model = tiny_model()
     assert layer_stack_params(model) == body_params(TINY.shape())

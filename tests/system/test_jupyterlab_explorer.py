@@ -23,8 +23,8 @@ import pytest
 from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 
 from spirelib.frontend import HEADLESS_ENV
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.hardware import BYTES_PER_VALUE, HARDWARE
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.hardware import BYTES_PER_VALUE, HARDWARE
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = NEEDS_BROWSER

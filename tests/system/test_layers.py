@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "spirelib"
 #: sit beside each other and may not import each other (the workbook and the benchmarks).
 LAYERS = {
     "paths": 0, "frontend": 0, "units": 0,  # the base every layer uses
-    "modeling": 1,              # the performance model (numpy)
+    "throughput": 1,            # the performance model (numpy)
     "model": 2,                 # the torch models: transformer, caches, the SPIRe draft's architecture
     "decoding": 3,              # sampling, the speculative round, the drafting methods
     "measure": 4,               # tau, the wall clock, the machine's calibration

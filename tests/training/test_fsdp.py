@@ -430,7 +430,7 @@ def test_hf_checkpoint_loaded_sharded_equals_unsharded_load(runs):
 def test_per_rank_memory_model_and_the_fewest_ranks_that_fit():
     """`sharding.rank_memory`: fsdp divides the target and the draft state by N, ddp holds them whole;
     the 70B draft at the paper's ratio is 19B parameters; refusals name the fewest ranks."""
-    from spirelib.modeling.sharding import rank_memory, smallest_world
+    from spirelib.throughput.sharding import rank_memory, smallest_world
     from spirelib.training import hf_weights
 
     ddp, fsdp = rank_memory("llama3-70b", "ddp", 8), rank_memory("llama3-70b", "fsdp", 8)

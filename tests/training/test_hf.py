@@ -27,7 +27,7 @@ from spirelib.decoding.speculative import autoregressive_generate, speculative_g
 from spirelib.model.config import ModelConfig, SinkWindow
 from spirelib.model.kvcache import DenseKVCache
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 from spirelib.training import hf_export, hf_tokenizer, hf_weights  # noqa: E402
 
 V = 101

@@ -81,7 +81,7 @@ def test_a_published_config_gives_its_model_and_transformers_tensors(name):
 
 
 def test_published_configs_meet_the_rest_of_the_loader():
-    from spirelib.modeling.perfmodel import PRESETS
+    from spirelib.throughput.perfmodel import PRESETS
 
     llama3 = hf_config.config_from_hf(published("meta-llama-3-8b-instruct"))
     assert llama3.shape() == PRESETS["llama3-8b"] and llama3.norm_eps == 1e-5

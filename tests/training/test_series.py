@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spirelib import cli
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput.methods import KVBudget
 from spirelib.training import series as series_module
 from spirelib.training.series import Series, SeriesError
 

@@ -93,7 +93,7 @@ def test_training_mfu_reports_the_steady_state_and_the_runs_wall_clock(monkeypat
     from types import SimpleNamespace
 
     from spirelib.measure import calibrate
-    from spirelib.modeling.costs import flop_params, training_flops
+    from spirelib.throughput.costs import flop_params, training_flops
     from spirelib.training.pipeline import training_mfu
 
     monkeypatch.setattr(calibrate, "matmul_peak", lambda **kwargs: {"flops": 1e12})
@@ -348,7 +348,7 @@ def test_mfu_counts_one_devices_peak_per_rank(monkeypatch):
 
     from spirelib.measure import calibrate
     from spirelib.model.config import ModelConfig
-    from spirelib.modeling.costs import flop_params, training_flops
+    from spirelib.throughput.costs import flop_params, training_flops
     from spirelib.training.pipeline import training_mfu
 
     monkeypatch.setattr(calibrate, "matmul_peak", lambda **kwargs: {"flops": 1e12})

@@ -1,6 +1,6 @@
 """`spire deploy`: the schedule (best k per batch size, off where AD wins, merges within the
 noise or the switching cost), its refusals, each engine's file read back the way the engine reads
-it (`modeling.engines`' lookup models, tests/modeling/test_engines.py) and `--explain`'s reading."""
+it (`throughput.engines`' lookup models, tests/throughput/test_engines.py) and `--explain`'s reading."""
 
 import json
 import subprocess
@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from spirelib import cli
-from spirelib.modeling import engines, profiled
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.methods import KVBudget, card
-from spirelib.modeling.scenarios import Scenario
-from spirelib.modeling.schedule import (
+from spirelib.throughput import engines, profiled
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.acceptance import alpha_from_tau, best_k
+from spirelib.throughput.methods import KVBudget, card
+from spirelib.throughput.scenarios import Scenario
+from spirelib.throughput.schedule import (
     Acceptance,
     Table,
     context_switches,

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from spirelib.measure import cells as measured_cells
-from spirelib.modeling import costs as cost_model
-from spirelib.modeling import profiled, scenarios
-from spirelib.modeling import recorded as run_record
-from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.methods import KVBudget
-from spirelib.modeling.scenarios import Scenario
-from spirelib.modeling.schedule import Acceptance, Range, Schedule, profiled_table, schedule
+from spirelib.throughput import costs as cost_model
+from spirelib.throughput import profiled, scenarios
+from spirelib.throughput import recorded as run_record
+from spirelib.throughput.acceptance import alpha_from_tau, best_k
+from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.scenarios import Scenario
+from spirelib.throughput.schedule import Acceptance, Range, Schedule, profiled_table, schedule
 from spirelib.workbook.narrative import measured as measured_words
 from spirelib.workbook.narrative import perf as perf_words
 from spirelib.workbook.tables import costs, measured, perf
@@ -84,7 +84,7 @@ COST = profiled.ProfiledCost(2e10, 5e9, per_token_layer_s=1.5e-4, per_key_s=7e-6
 
 
 def test_09_chooses_per_cell_the_method_whose_schedule_predicts_the_most():
-    from spirelib.modeling.perfmodel import ModelShape
+    from spirelib.throughput.perfmodel import ModelShape
 
     target = ModelShape(2, 64, 2, 2, 16, 128)
     shapes = {"spire": profiled.DraftShape("spire", ModelShape(1, 64, 2, 2, 16, 128), KVBudget(1, 16), memory_layers=1),

@@ -16,11 +16,11 @@ from spirelib import cli
 from spirelib.measure.tau import TauProtocol
 from spirelib.measure.wallclock import profiled_draft_shapes
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
-from spirelib.modeling.acceptance import expected_rounds
-from spirelib.modeling.hardware import HARDWARE
-from spirelib.modeling.methods import KVBudget
-from spirelib.modeling.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
-from spirelib.modeling.profiled import forward_work
+from spirelib.throughput.acceptance import expected_rounds
+from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
+from spirelib.throughput.profiled import forward_work
 from spirelib.training.series import Series
 from spirelib.training.train import TrainConfig
 from spirelib.workbook import plan, report, work

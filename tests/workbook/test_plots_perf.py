@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.hardware import HARDWARE
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.hardware import HARDWARE
 from spirelib.workbook.plots.explorer import HOI_STEP, MANUAL_HOI, LiveExplorer, Scenario, slider_figure
 from spirelib.workbook.plots.perf import heatmap_figure, pow2_label, slice_figure
 
@@ -222,7 +222,7 @@ def test_draft_training_legend_stays_short_for_six_runs():
 
 
 def test_ablation_learning_curves_are_small_multiples_in_the_methods_colours():
-    from spirelib.modeling.methods import color
+    from spirelib.throughput.methods import color
     from spirelib.workbook.plots.training import learning_curves_figure
 
     names = ("spire", "random_init", "distill_only", "hard_target", "no_feedback", "no_feedback_no_target_acts")
@@ -236,7 +236,7 @@ def test_ablation_learning_curves_are_small_multiples_in_the_methods_colours():
 
 
 def test_ablation_bars_one_colour_and_legend_entry_per_variant_and_no_label_on_the_error_bars():
-    from spirelib.modeling.methods import color
+    from spirelib.throughput.methods import color
     from spirelib.workbook.plots.ablations import delta_figure
 
     deltas = {"random_init": {"mean": -0.3, "ci95": 0.1, "resolved": True},
@@ -250,7 +250,7 @@ def test_ablation_bars_one_colour_and_legend_entry_per_variant_and_no_label_on_t
 
 
 def test_training_losses_draw_each_method_in_its_own_colour():
-    from spirelib.modeling.methods import color
+    from spirelib.throughput.methods import color
     from spirelib.workbook.plots.training import loss_curves
 
     metrics = [{"kind": "train", "tokens": 1, "loss": 3.0}, {"kind": "val", "tokens": 1, "val_loss": 3.1}]

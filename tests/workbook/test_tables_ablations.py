@@ -11,7 +11,7 @@ from spirelib.measure import ablations
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling.acceptance import tau_from_per_position
+from spirelib.throughput.acceptance import tau_from_per_position
 from spirelib.workbook.narrative import ablations as words
 from spirelib.workbook.tables import ablations as tables
 
@@ -158,13 +158,13 @@ def test_scale_note_states_shapes_budget_and_protocol():
 
 
 def test_paper_deltas_only_for_the_variants_the_paper_reports():
-    from spirelib.modeling.perfmodel import PAPER_ABLATION_TAU as paper
+    from spirelib.throughput.perfmodel import PAPER_ABLATION_TAU as paper
     assert ablations.paper_deltas(["random_init", "mine"]) == {"random_init": paper["random_init"] - paper["spire"]}
 
 
 def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
-    from spirelib.modeling.ablations import importance, variant_multipliers
-    from spirelib.modeling.perfmodel import PAPER_ABLATION_TAU, PAPER_HOI
+    from spirelib.throughput.ablations import importance, variant_multipliers
+    from spirelib.throughput.perfmodel import PAPER_ABLATION_TAU, PAPER_HOI
     taus = {"spire": 3.0, "random_init": 2.0, "no_feedback": 2.5}
     assert ablations.headline_importance(taus, 4) == importance(
         variant_multipliers(taus, 64, 512, "seqax-67m", "spire-draft", k=4, hoi=PAPER_HOI))

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from spirelib.modeling import costs, savings
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.scenarios import Scenario
+from spirelib.throughput import costs, savings
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.scenarios import Scenario
 from spirelib.workbook.narrative import costs as words
 from spirelib.workbook.tables import costs as tables
 

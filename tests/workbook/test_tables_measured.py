@@ -15,9 +15,9 @@ from spirelib.measure.wallclock import (
     profiled_verdict,
 )
 from spirelib.model.config import ModelConfig, SpireConfig
-from spirelib.modeling import profiled, winners
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.methods import KVBudget
+from spirelib.throughput import profiled, winners
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.methods import KVBudget
 from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
 

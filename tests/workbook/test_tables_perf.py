@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spirelib.modeling import intensity, scenarios
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.scenarios import Scenario
+from spirelib.throughput import intensity, scenarios
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.acceptance import alpha_from_tau, best_k
+from spirelib.throughput.scenarios import Scenario
 from spirelib.workbook.narrative import perf as words
 from spirelib.workbook.tables import perf as tables
 
@@ -299,7 +299,7 @@ def test_explorer_results_name_the_source_and_the_best_k_on_the_grid_only():
 
 
 def test_device_rows_take_a_table_and_columns_can_leave_out_the_bytes():
-    from spirelib.modeling.hardware import HARDWARE, operating_points
+    from spirelib.throughput.hardware import HARDWARE, operating_points
     one = dict(list(HARDWARE.items())[:1])
     rows = tables.device_rows(PAPER, [(64, 512)], ("fp8", "bf16"), per_device=1, table=one)
     assert [r["device"] for r in rows] == [p[0] for p in operating_points(("fp8", "bf16"), 1, table=one)]

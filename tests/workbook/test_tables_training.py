@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spirelib.model.config import ModelConfig
-from spirelib.modeling.costs import flop_params
+from spirelib.throughput.costs import flop_params
 from spirelib.training.tokenizer import BytesTokenizer
 from spirelib.workbook.narrative import training as words
 from spirelib.workbook.tables import training as tables
@@ -129,7 +129,7 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     machine, and on each GPU of the hardware table at the plan's FLOPs per token (a SPIRe draft's
     training includes the frozen target's forward, so it costs more per token than the same body
     trained alone) and MFU; the sentence says both."""
-    from spirelib.modeling.hardware import HARDWARE
+    from spirelib.throughput.hardware import HARDWARE
     from spirelib.training.train import TrainConfig
     from spirelib.workbook import plan, work
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from spirelib.measure.ablations import effect_of, pays_from
-from spirelib.modeling.ablations import COMPONENTS, DRAFT, MEASURED_COMPONENTS, TRAINING, matches_paper_order
-from spirelib.modeling.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
-from spirelib.modeling.methods import label
+from spirelib.throughput.ablations import COMPONENTS, DRAFT, MEASURED_COMPONENTS, TRAINING, matches_paper_order
+from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
+from spirelib.throughput.methods import label
 
 
 def budget_note(tokens: int, main_tokens: int, n_variants: int, n_seeds: int, training_seconds: float) -> str:

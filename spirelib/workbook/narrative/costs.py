@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.modeling.savings import relative_margin
+from spirelib.throughput.savings import relative_margin
 
 
 def with_measured_training(modeled: dict[str, dict[str, float]], measured: dict | None

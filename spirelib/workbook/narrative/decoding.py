@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from spirelib.modeling.methods import label as method_label
+from spirelib.throughput.methods import label as method_label
 
 
 def _fmt_range(values: list[float]) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from spirelib.measure.wallclock import GAIN, half_width, profiled_verdict
-from spirelib.modeling import profiled
-from spirelib.modeling.methods import label as method_label
-from spirelib.modeling.winners import AD, cell_winners, unresolved_cells
+from spirelib.throughput import profiled
+from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.winners import AD, cell_winners, unresolved_cells
 from spirelib.workbook.narrative.winners import where_sentence
 
 

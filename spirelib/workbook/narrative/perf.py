@@ -1,16 +1,16 @@
 """The words of the throughput-model notebooks (method §2): 01's settings, sentences and
 conclusion (`lead`, 07's too), 06's answer heading, best-k notes, schedules and where each
-scenario's winner flips, and 07's memory line. They read what `modeling.scenarios` computed."""
+scenario's winner flips, and 07's memory line. They read what `throughput.scenarios` computed."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.methods import label as method_label
-from spirelib.modeling.scenarios import Scenario
-from spirelib.modeling.schedule import Schedule
-from spirelib.modeling.winners import winner
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.scenarios import Scenario
+from spirelib.throughput.schedule import Schedule
+from spirelib.throughput.winners import winner
 from spirelib.workbook.narrative.winners import where_sentence
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from spirelib.modeling.costs import flop_params
+from spirelib.throughput.costs import flop_params
 from spirelib.workbook import plan, work
 
 

@@ -1,11 +1,11 @@
 """Where the winner flips over a (B, L) grid, in words (`where_sentence`: "MagicDec wins at L ≥
 2K for B ≥ 16; SPIRe everywhere else"), with a grid's values in short (`pow2`, `span`): for the
-run index and the notebooks' conclusions. The winners themselves come from `modeling.winners`."""
+run index and the notebooks' conclusions. The winners themselves come from `throughput.winners`."""
 
 from __future__ import annotations
 
-from spirelib.modeling.methods import label
-from spirelib.modeling.winners import grid_counts
+from spirelib.throughput.methods import label
+from spirelib.throughput.winners import grid_counts
 
 
 def pow2(value: int) -> str:

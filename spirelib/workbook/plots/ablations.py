@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import plotly.graph_objects as go
 
-from spirelib.modeling.methods import color, label
+from spirelib.throughput.methods import color, label
 from spirelib.workbook.plots.perf import scale_title, title_layout
 
 

@@ -17,8 +17,8 @@ from plotly.subplots import make_subplots
 
 from spirelib.measure.context_loss import LossStats
 from spirelib.measure.tau import TauStats
-from spirelib.modeling.methods import color as method_color
-from spirelib.modeling.methods import label as method_label
+from spirelib.throughput.methods import color as method_color
+from spirelib.throughput.methods import label as method_label
 from spirelib.workbook.plots.perf import SUBPLOT_TOP, scale_title, title_layout
 
 Stats = Mapping[str, Mapping[int, TauStats]]

@@ -1,6 +1,6 @@
 """Explore the throughput model interactively (method §2): which draft wins at which (B, L)?
 
-A `Scenario` (`modeling.scenarios`) says what is compared. Two views of a scenario:
+A `Scenario` (`throughput.scenarios`) says what is compared. Two views of a scenario:
 
 - `LiveExplorer(scenario).widget`: an ipywidgets panel that redraws live in JupyterLab;
 - `slider_figure(scenario)`: a plotly figure with a batch-size slider, interactive in HTML.
@@ -18,10 +18,10 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, clear_output, display
 
 from spirelib.frontend import live_frontend
-from spirelib.modeling.hardware import Hardware
-from spirelib.modeling.methods import color as _color
-from spirelib.modeling.methods import label as _label
-from spirelib.modeling.scenarios import Scenario
+from spirelib.throughput.hardware import Hardware
+from spirelib.throughput.methods import color as _color
+from spirelib.throughput.methods import label as _label
+from spirelib.throughput.scenarios import Scenario
 from spirelib.workbook.plots.perf import TM_TITLE, pow2_label, title_layout
 from spirelib.workbook.report import render
 

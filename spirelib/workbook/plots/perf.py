@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from spirelib.modeling.methods import color as _color
-from spirelib.modeling.methods import label as _label
+from spirelib.throughput.methods import color as _color
+from spirelib.throughput.methods import label as _label
 
 TM_TITLE = "throughput multiplier over AD"
 TITLE_WIDTH = 80  # characters per title line: plotly never wraps a title, and cuts it at the figure's edge

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from spirelib.modeling.methods import color, label
+from spirelib.throughput.methods import color, label
 from spirelib.workbook.plots.perf import SUBPLOT_TOP, scale_title, title_layout
 
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from spirelib.measure.ablations import FAMILY_LEVEL, family
 from spirelib.measure.tau import DeltaTau
-from spirelib.modeling.ablations import DRAFT, TRAINING
-from spirelib.modeling.methods import label
+from spirelib.throughput.ablations import DRAFT, TRAINING
+from spirelib.throughput.methods import label
 
 TAU_COLUMNS = {"variant": "variant", "tau": "tau (mean over seeds, 95% CI)",
                "predicted": "tau predicted in training (from alpha_j)",

@@ -9,12 +9,12 @@ import dataclasses
 
 import numpy as np
 
-from spirelib.modeling import costs
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.methods import label as method_label
-from spirelib.modeling.savings import net_savings, relative_margin
-from spirelib.modeling.scenarios import Scenario, depth_free
-from spirelib.modeling.schedule import Acceptance, modeled_table, schedule
+from spirelib.throughput import costs
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.savings import net_savings, relative_margin
+from spirelib.throughput.scenarios import Scenario, depth_free
+from spirelib.throughput.schedule import Acceptance, modeled_table, schedule
 from spirelib.workbook.tables.perf import window_name
 
 DRAFT_COST_COLUMNS = {"target": "target", "draft": "draft", "params": "body params",
@@ -107,7 +107,7 @@ SCHEDULED_COLUMNS = {"method": "method", "k": "scheduled k", "tm_fixed": "TM at 
 def scheduled_savings(scenario: Scenario, B: int, L: int, training: dict[str, float], serving_units: float,
                       k_max: int = 8) -> list[dict]:
     """The cost table (method §2, "Cost analysis") with each method at the k its deployment
-    schedule serves at (B, L) (`modeling.schedule` over B = 1..B, i.i.d. acceptance from the
+    schedule serves at (B, L) (`throughput.schedule` over B = 1..B, i.i.d. acceptance from the
     scenario's tau at its k, searched to `k_max`; k = 0: speculation off, TM 1) beside the fixed k:
     per method the scheduled k, both TMs and both net savings."""
     fixed = {m: float(v) for m, v in scenario.multipliers(B, L).items()}

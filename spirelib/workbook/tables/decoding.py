@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from spirelib.measure.context_loss import LossStats
-from spirelib.modeling.methods import label as method_label
+from spirelib.throughput.methods import label as method_label
 from spirelib.workbook.plots.decoding import Stats
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from spirelib.measure.wallclock import DecodeTiming, flops_per_token, loop_timings, modeled_step_seconds
-from spirelib.modeling import profile_fit, profiled
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.methods import label as method_label
-from spirelib.modeling.winners import AD
+from spirelib.throughput import profile_fit, profiled
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.winners import AD
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
                   "tau": "tau", "round": "ms per round (step)", "draft": "draft", "verify": "verify",

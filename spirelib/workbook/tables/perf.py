@@ -4,7 +4,7 @@ G-aware model, the overlap rule, devices, the best draft depth, mixed-length bat
 cells whose winner they change, the answer per scenario, the schedules beside the winner map,
 and 07's roles and extrapolated headline; with the results each notebook records.
 
-A `Scenario` (`modeling.scenarios`) says what is compared; multipliers are TM = tau / dt.
+A `Scenario` (`throughput.scenarios`) says what is compared; multipliers are TM = tau / dt.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import dataclasses
 
 import numpy as np
 
-from spirelib.modeling import intensity
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.acceptance import best_k
-from spirelib.modeling.hardware import operating_points
-from spirelib.modeling.methods import label as method_label
-from spirelib.modeling.scenarios import Scenario, depth_free, scenario_winners, stated_on_cell
-from spirelib.modeling.schedule import Schedule
+from spirelib.throughput import intensity
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.acceptance import best_k
+from spirelib.throughput.hardware import operating_points
+from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.scenarios import Scenario, depth_free, scenario_winners, stated_on_cell
+from spirelib.throughput.schedule import Schedule
 
 SHAPE_COLUMNS = {"name": "model", "num_layers": "layers", "d_model": "d_model", "n_q_per_kv": "q per kv",
                  "n_kv": "kv heads", "d_head": "d_head", "d_ff": "d_ff", "body": "body params",

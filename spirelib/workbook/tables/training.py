@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from spirelib.modeling.costs import budget_fraction, chinchilla_tokens, measured_training_units
-from spirelib.modeling.hardware import HARDWARE
+from spirelib.throughput.costs import budget_fraction, chinchilla_tokens, measured_training_units
+from spirelib.throughput.hardware import HARDWARE
 from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, training_work
 
 

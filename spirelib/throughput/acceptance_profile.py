@@ -24,9 +24,9 @@ import math
 
 import numpy as np
 
-from spirelib.modeling.acceptance import per_position_from_counts, tau_from_per_position
-from spirelib.modeling.methods import label
-from spirelib.modeling.recorded import nearest_record
+from spirelib.throughput.acceptance import per_position_from_counts, tau_from_per_position
+from spirelib.throughput.methods import label
+from spirelib.throughput.recorded import nearest_record
 
 SCHEMA = "spire-acceptance-profile/1"
 NOTEBOOK = "04_measure_tau"  # the notebook whose record a profile reads

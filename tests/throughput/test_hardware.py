@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from spirelib.modeling import hardware
-from spirelib.modeling.hardware import (
+from spirelib.throughput import hardware
+from spirelib.throughput.hardware import (
     BYTES_PER_VALUE,
     HARDWARE,
     Hardware,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spirelib.modeling.methods import BUDGET, CARDS
+from spirelib.throughput.methods import BUDGET, CARDS
 
 MODELED_METHODS = tuple(m for m, c in CARDS.items() if c.paper)  # the paper's three
 #: Beyond the paper (method §2, "Beyond the paper's three"): the verification-guided sparse

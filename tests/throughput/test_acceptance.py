@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spirelib.modeling.acceptance import (
+from spirelib.throughput.acceptance import (
     acceptance_rate,
     alpha_from_tau,
     best_k,
@@ -14,7 +14,7 @@ from spirelib.modeling.acceptance import (
     tau_from_alpha,
     tau_from_per_position,
 )
-from spirelib.modeling.perfmodel import throughput_multiplier
+from spirelib.throughput.perfmodel import throughput_multiplier
 
 
 def test_tau_from_alpha_matches_the_closed_form_and_its_limits():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.scenarios import Scenario
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.scenarios import Scenario
 
 
 def test_a_one_pass_drafter_is_priced_at_spires_draft_shape_and_its_stated_tau():

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.modeling.methods import CARDS
-from spirelib.modeling.perfmodel import ModelShape, body_params, fused_params, positive, resolve_shape, scalar_or_array
+from spirelib.throughput.methods import CARDS
+from spirelib.throughput.perfmodel import (
+    ModelShape,
+    body_params,
+    fused_params,
+    positive,
+    resolve_shape,
+    scalar_or_array,
+)
 
 PAPER_SERVING_UNITS = 10.0
 

@@ -10,11 +10,11 @@ import torch
 
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.modeling import profile_fit, profiled
-from spirelib.modeling.acceptance import alpha_from_tau, expected_rounds
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.methods import KVBudget
-from spirelib.modeling.perfmodel import ModelShape, body_params
+from spirelib.throughput import profile_fit, profiled
+from spirelib.throughput.acceptance import alpha_from_tau, expected_rounds
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.perfmodel import ModelShape, body_params
 
 SHAPE = ModelShape(num_layers=2, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
 

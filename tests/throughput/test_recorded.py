@@ -1,11 +1,11 @@
-"""What a finished run recorded of acceptance, as the schedules read it (`modeling.recorded`):
+"""What a finished run recorded of acceptance, as the schedules read it (`throughput.recorded`):
 notebook 04's tau, CI and per-position curve at the recorded context nearest the one asked for,
 and the refusal when the run recorded none."""
 
 import pytest
 
-from spirelib.modeling.recorded import DeployError, recorded_acceptance, recorded_taus
-from spirelib.modeling.schedule import Acceptance
+from spirelib.throughput.recorded import DeployError, recorded_acceptance, recorded_taus
+from spirelib.throughput.schedule import Acceptance
 
 RUN = {"04_measure_tau": {
     "tau_protocol": {"k": 3},

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spirelib import cli
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.perfmodel import (
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.perfmodel import (
     PAPER_ABLATION_TAU,
     PAPER_DRAFTS,
     PAPER_TAU,
@@ -386,7 +386,7 @@ def test_benchmark_runs(capsys):
 
 
 def test_the_model_imports_without_torch():
-    code = ("import sys; import spirelib.modeling.perfmodel, spirelib.modeling.acceptance, spirelib.modeling.costs, spirelib.modeling.hardware; "
+    code = ("import sys; import spirelib.throughput.perfmodel, spirelib.throughput.acceptance, spirelib.throughput.costs, spirelib.throughput.hardware; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -3,8 +3,8 @@
 import pytest
 
 from spirelib.model.config import ABLATIONS
-from spirelib.modeling import perfmodel
-from spirelib.modeling.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
+from spirelib.throughput import perfmodel
+from spirelib.throughput.ablations import COMPONENTS, PAPER_IMPORTANCE_ORDER, importance, variant_multipliers
 
 
 def paper_multipliers(B=64, L=512):
@@ -30,7 +30,7 @@ def test_every_trained_ablation_has_a_component_and_partial_sets_rank_what_they_
 
 
 def test_order_agreement_compares_only_the_components_ranked():
-    from spirelib.modeling.ablations import matches_paper_order
+    from spirelib.throughput.ablations import matches_paper_order
 
     assert matches_paper_order(importance(paper_multipliers()))
     assert matches_paper_order([("pruned init", 0.3), ("MixedLoss", 0.1)])  # a partial ranking in the paper's order
@@ -38,7 +38,7 @@ def test_order_agreement_compares_only_the_components_ranked():
 
 
 def test_unresolved_differences_get_no_rank():
-    from spirelib.modeling.ablations import MEASURED_COMPONENTS, resolved_ranking
+    from spirelib.throughput.ablations import MEASURED_COMPONENTS, resolved_ranking
 
     assert "sparse KV" not in MEASURED_COMPONENTS and len(MEASURED_COMPONENTS) == len(COMPONENTS) - 1
     ranking = importance(paper_multipliers())
@@ -51,7 +51,7 @@ def test_unresolved_differences_get_no_rank():
 
 
 def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
-    from spirelib.modeling.ablations import MEASURED_COMPONENTS, resolved_ranking
+    from spirelib.throughput.ablations import MEASURED_COMPONENTS, resolved_ranking
 
     ranking = [("sparse KV", 0.7), ("distillation", 0.1), ("feedback", 0.01), ("target activations", -0.08)]
     rows = resolved_ranking(ranking, {name: name != "feedback" for name in MEASURED_COMPONENTS})
@@ -62,7 +62,7 @@ def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
 
 def test_with_one_seed_a_ranking_speaks_of_its_trained_drafts_and_resolves_nothing_measured():
     from spirelib.measure import tau
-    from spirelib.modeling.ablations import DRAFT, MEASURED_COMPONENTS, TRAINING, resolved_ranking
+    from spirelib.throughput.ablations import DRAFT, MEASURED_COMPONENTS, TRAINING, resolved_ranking
 
     assert (TRAINING, DRAFT) == (tau.TRAINING, tau.DRAFT)  # the scopes tau's intervals report
     ranking = [("sparse KV", 0.7), ("distillation", 0.1), ("feedback", 0.01), ("target activations", -0.08)]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spirelib.modeling.perfmodel import ModelShape, body_params, resolve_shape
+from spirelib.throughput.perfmodel import ModelShape, body_params, resolve_shape
 
 LLAMA3_VOCAB = 128_256
 PARALLEL = ("ddp", "fsdp")  # how torchrun's ranks share a training (training.fsdp): the one list the series checks

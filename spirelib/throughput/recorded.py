@@ -8,7 +8,7 @@ the notebooks' tables both read these, so they sit below both.
 
 from __future__ import annotations
 
-from spirelib.modeling.schedule import Acceptance
+from spirelib.throughput.schedule import Acceptance
 
 
 class DeployError(ValueError):

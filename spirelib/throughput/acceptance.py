@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.modeling import perfmodel
-from spirelib.modeling.perfmodel import scalar_or_array
+from spirelib.throughput import perfmodel
+from spirelib.throughput.perfmodel import scalar_or_array
 
 
 def _depth(k) -> int:

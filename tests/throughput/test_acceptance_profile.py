@@ -1,12 +1,12 @@
-"""A draft's acceptance profile as serving simulators read it (`modeling.acceptance_profile`): the
+"""A draft's acceptance profile as serving simulators read it (`throughput.acceptance_profile`): the
 conditional and marginal vectors from notebook 04's round counts, the mean accepted length they
 imply, the contexts measured, and Dynamo's mocker flags."""
 
 import numpy as np
 import pytest
 
-from spirelib.modeling.acceptance import per_position_from_counts, tau_from_per_position
-from spirelib.modeling.acceptance_profile import (
+from spirelib.throughput.acceptance import per_position_from_counts, tau_from_per_position
+from spirelib.throughput.acceptance_profile import (
     NOTEBOOK,
     SCHEMA,
     acceptance_profile,

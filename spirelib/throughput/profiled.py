@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass
 
-from spirelib.modeling.acceptance import expected_rounds
-from spirelib.modeling.methods import BUDGET, KVBudget, Pass, card
-from spirelib.modeling.perfmodel import ModelShape, body_params, fused_params
+from spirelib.throughput.acceptance import expected_rounds
+from spirelib.throughput.methods import BUDGET, KVBudget, Pass, card
+from spirelib.throughput.perfmodel import ModelShape, body_params, fused_params
 
 
 @dataclass(frozen=True)

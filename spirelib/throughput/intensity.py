@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from spirelib.modeling.perfmodel import (
+from spirelib.throughput.perfmodel import (
     PAPER_HOI,
     body_params,
     kv_values_per_token,

@@ -4,14 +4,14 @@ Each component is judged by what the modeled throughput multiplier (method §2) 
 is removed, comparing two variants that differ in that component alone. Five variants are
 separately trained drafts with their own measured tau; "no_sparse_kv" is cost-model only
 (SPIRe's tau, the draft reading its whole cache). With the paper's taus at (B, L) =
-(64, 512) this reproduces the paper's order (tests/modeling/test_ablations.py).
+(64, 512) this reproduces the paper's order (tests/throughput/test_ablations.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spirelib.modeling import perfmodel
+from spirelib.throughput import perfmodel
 
 #: component -> (variant with it, the same variant without it)
 COMPONENTS: dict[str, tuple[str, str]] = {

@@ -16,8 +16,8 @@ import dataclasses
 import itertools
 import json
 
-from spirelib.modeling.methods import DECODED, card
-from spirelib.modeling.schedule import OFF, Schedule, Table, expressed_cost
+from spirelib.throughput.methods import DECODED, card
+from spirelib.throughput.schedule import OFF, Schedule, Table, expressed_cost
 
 
 def serving(cards=None) -> str:

@@ -1,8 +1,8 @@
-"""The winner of a (B, L) cell (`modeling.winners`) and a grid's values in words (`narrative.winners`):
+"""The winner of a (B, L) cell (`throughput.winners`) and a grid's values in words (`narrative.winners`):
 AD wins where no method reaches 1, a measured cell's winner counts only when the clock resolves it,
 and the cells won are counted per method, cells without a result left out."""
 
-from spirelib.modeling.winners import AD, by_cell, grid_counts, resolved, unresolved_cells, winner
+from spirelib.throughput.winners import AD, by_cell, grid_counts, resolved, unresolved_cells, winner
 from spirelib.workbook.narrative.winners import pow2, span
 
 

@@ -5,8 +5,8 @@ the training cost below which SPIRe stays ahead of MagicDec."""
 
 from __future__ import annotations
 
-from spirelib.modeling import costs
-from spirelib.modeling.scenarios import Scenario
+from spirelib.throughput import costs
+from spirelib.throughput.scenarios import Scenario
 
 
 def training_units_by_target(scenarios: dict[str, Scenario], mfu_ratio: float = 1.0) -> dict[str, dict[str, float]]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spirelib.modeling.intensity import critical_context_length, verification_intensity
+from spirelib.throughput.intensity import critical_context_length, verification_intensity
 
 
 def test_critical_context_lengths():

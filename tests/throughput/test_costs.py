@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from spirelib.modeling.costs import (
+from spirelib.throughput.costs import (
     break_even_serving,
     chinchilla_tokens,
     cost_table,
@@ -11,7 +11,7 @@ from spirelib.modeling.costs import (
     serving_savings,
     training_flops,
 )
-from spirelib.modeling.perfmodel import PAPER_MULTIPLIERS, PAPER_TAU, throughput_multiplier
+from spirelib.throughput.perfmodel import PAPER_MULTIPLIERS, PAPER_TAU, throughput_multiplier
 
 TAU = PAPER_TAU[512]
 

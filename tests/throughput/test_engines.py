@@ -1,4 +1,4 @@
-"""Each serving engine's lookup model (`modeling.engines`) read against the engine's own documented
+"""Each serving engine's lookup model (`throughput.engines`) read against the engine's own documented
 examples, and each written form read back by that model at every batch size: the k the engine
 would pick is the schedule's (or the documented nearest the form can hold)."""
 
@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spirelib.modeling import engines
-from spirelib.modeling.methods import card
-from spirelib.modeling.schedule import Table, expressed_cost, schedule
+from spirelib.throughput import engines
+from spirelib.throughput.methods import card
+from spirelib.throughput.schedule import Table, expressed_cost, schedule
 
 
 def table(tm, spread=0.01):
@@ -166,7 +166,7 @@ def test_prompt_lookup_files_carry_each_engines_ngram_keys_and_hold_what_its_ngr
 # ---------------------------------------------------------------------------- which drafts, and how they are served
 
 def test_the_serving_statement_comes_from_the_cards_a_draft_served_iff_its_card_names_engines():
-    from spirelib.modeling.methods import DECODED
+    from spirelib.throughput.methods import DECODED
 
     for method in DECODED:
         c = card(method)

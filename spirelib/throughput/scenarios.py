@@ -16,11 +16,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.ablations import variant_multipliers
-from spirelib.modeling.acceptance import alpha_from_tau, best_k
-from spirelib.modeling.hardware import BYTES_PER_VALUE, Hardware
-from spirelib.modeling.schedule import Acceptance, Schedule, modeled_table, schedule
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.ablations import variant_multipliers
+from spirelib.throughput.acceptance import alpha_from_tau, best_k
+from spirelib.throughput.hardware import BYTES_PER_VALUE, Hardware
+from spirelib.throughput.schedule import Acceptance, Schedule, modeled_table, schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +208,7 @@ def scenario_winners(at: dict[str, dict[str, float]]) -> dict[str, str]:
 
 
 def schedules_at(scenario: Scenario, acceptance: dict[str, Acceptance], L: int, max_batch: int) -> dict[str, Schedule]:
-    """Per method the deployment schedule (`modeling.schedule`, docs/deploy.md) over B =
+    """Per method the deployment schedule (`throughput.schedule`, docs/deploy.md) over B =
     1..max_batch at context L under the scenario's shapes and cost settings (its k ignored: the
     schedule picks k per B)."""
     B = np.arange(1, max_batch + 1)

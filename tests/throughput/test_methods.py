@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spirelib.modeling import perfmodel as pm
-from spirelib.modeling.methods import BUDGET, CARDS, CONTEXT, DRAFT, TARGET, KVBudget, card, color, label, letter
+from spirelib.throughput import perfmodel as pm
+from spirelib.throughput.methods import BUDGET, CARDS, CONTEXT, DRAFT, TARGET, KVBudget, card, color, label, letter
 
 
 def test_the_performance_models_lists_come_from_the_cards():

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spirelib.modeling import perfmodel, profiled
-from spirelib.modeling.acceptance import alpha_from_tau, tau_at_depth
+from spirelib.throughput import perfmodel, profiled
+from spirelib.throughput.acceptance import alpha_from_tau, tau_at_depth
 
 OFF = 0  # k = 0: speculation off, autoregressive decoding (multiplier 1 exactly)
 

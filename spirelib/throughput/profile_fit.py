@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spirelib.modeling.hardware import Machine
-from spirelib.modeling.perfmodel import ModelShape
-from spirelib.modeling.profiled import (
+from spirelib.throughput.hardware import Machine
+from spirelib.throughput.perfmodel import ModelShape
+from spirelib.throughput.profiled import (
     DraftOverhead,
     DraftShape,
     ProfiledCost,
