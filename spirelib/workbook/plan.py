@@ -213,8 +213,8 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
     the notebook's parameters: its defaults with the run's injections over them) and the series
     configuration `series_values`; probes what it has not measured before (`Probe`; everything with
     `recalibrate`). SD rounds come from `taus` (method -> tau: what an earlier run of the same series
-    measured, `measured_taus`) where given, else they are priced over a range: the paper's taus to
-    1; 04's stopping rule at those taus and the `spreads` that run measured (`measured_spreads`). A notebook that a run on this machine measured with the same parameters (`learn`) costs what
+    measured, `measured_taus`) where given, else they are priced over a range: the paper's taus (the
+    k + 1 ceiling for a method the paper has none for) to 1; 04's stopping rule at those taus and the `spreads` that run measured (`measured_spreads`). A notebook that a run on this machine measured with the same parameters (`learn`) costs what
     it took, its training apart."""
     from spirelib.training.series import Series
 
@@ -241,7 +241,8 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
               + ", ".join(f"{m} {t:.3g}" for m, t in used.items()) if taus else
               "SD rounds priced over a range of tau, no draft's tau being measured yet: from the paper's at "
               f"L = {PAPER_TAU_CONTEXT} (" + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
-              + ") to 1, every round yielding one token (a random or untrained draft's)")
+              + "; the k + 1 ceiling for a method it has no tau for) to 1, every round yielding one token (a "
+              "random or untrained draft's)")
     assumptions = [rounds + ", every batch until its slowest row is done"] if models is not None else []
     if parameters.get("04_measure_tau", {}).get("tau_half_width") and "04_measure_tau" in selected:
         assumptions.append("04 decodes each (method, L) until its tau's 95% half-width reaches "

@@ -165,8 +165,9 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes
     verification; each method's rounds at its tau in `taus` (default the paper's; tau 1 for a
     method neither has, its slowest).
     `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
-    range, from the paper's taus at L = 512 (method §5) to `seconds_at_tau_1` at tau 1 (every round
-    yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
+    range, from the paper's taus at L = 512 (method §5), and the k + 1 ceiling for a method the paper
+    has none for (its best case: the guided draft, prompt lookup, EAGLE-3), to `seconds_at_tau_1` at
+    tau 1 (every round yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
     until its slowest row is done). `method_runs`: the batches each method decodes where a stopping
     rule ends it early (04, `stopping.expected_contexts`); the prefill and the loss run for `runs`."""
     taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
@@ -181,7 +182,8 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes
     keys = context + new_tokens // 2
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
     for m in methods:
-        rounds = expected_rounds(taus.get(m, 1.0), k, new_tokens, batch)  # a method no tau is known for: tau 1
+        best = k + 1.0 if ranged else 1.0  # a method no tau is known for: from its best case, else its slowest
+        rounds = expected_rounds(taus.get(m, best), k, new_tokens, batch)
         seconds += share[m] * rounds * probe["round_s"][m]
         high += share[m] * expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
         passes = draft_work(shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)

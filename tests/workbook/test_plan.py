@@ -427,12 +427,16 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     assert all(i.seconds_at_tau_1 is None for i in measured.items) and " - " not in measured.span("04_measure_tau")
 
 
-def test_the_guided_draft_and_prompt_lookup_are_priced_at_tau_1_until_measured_and_lookup_drafts_for_free():
-    """No paper tau exists for the two drafts past the paper, so before a run measures one the plan
-    prices them at tau 1 (every round yields one token, their slowest); prompt lookup's rounds carry
-    no draft pass, so its work is the verification alone."""
+def test_the_drafts_past_the_paper_are_priced_from_the_ceiling_to_tau_1_and_lookup_drafts_for_free():
+    """No paper tau exists for the drafts past the paper, so before a run measures any tau the plan
+    prices them over a range, from k + 1 (every draft accepted, their best case) to tau 1 (every
+    round yields one token, their slowest); beside measured taus of other methods, at tau 1. Prompt
+    lookup's rounds carry no draft pass, so its work is the verification alone."""
     guided = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["guided"], 1, 4, 32, 16, 4)
     assert guided.seconds == pytest.approx(3.0 + expected_rounds(1.0, 4, 16, 4) * 0.3)
+    ranged = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["guided"], 1, 4, 32, 16, 4, ranged=True)
+    assert ranged.seconds == pytest.approx(3.0 + expected_rounds(5.0, 4, 16, 4) * 0.3)
+    assert ranged.seconds_at_tau_1 == pytest.approx(guided.seconds) and ranged.seconds < guided.seconds
     lookup = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["lookup"], 1, 4, 32, 16, 4)
     magicdec = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["magicdec"], 1, 4, 32, 16, 4,
                                  taus={"magicdec": 1.0})
