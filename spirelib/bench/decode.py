@@ -10,9 +10,8 @@ model's: per-round time is what carries over, and tokens/s = tau / round.
 `--roofline` times every forward kind and each method's whole round against this machine's
 roofline of the bytes each reads (a dense cache's whole capacity; `roofline_rows`); `--profiled`
 judges the profiled cost model as notebook 09 does (`profiled_rows`). `--dtype bf16` decodes in
-bf16. Runs that would not fit the free memory are refused first (`memory_problems`).
-
-Measured results, dated, with the machine and the command: docs/benchmarks.md.
+bf16. Runs that would not fit the free memory are refused first (`memory_problems`). Measured
+results, dated, with the machine and the command: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -50,7 +49,8 @@ from spirelib.bench.roofline import (
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.guided import GuidedDraft
-from spirelib.decoding.speculative import TargetPass, autoregressive_rounds, speculative_capacity, speculative_rounds
+from spirelib.decoding.prefill import TargetPass, speculative_capacity
+from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 from spirelib.measure.wallclock import (
     loop_timings,
     profiled_cells,
@@ -127,7 +127,7 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     tokens/s of the decode phase (B x G / decode time, prefill excluded), the time of one round
     (one token step for AD), tau, the shared prefill's seconds (timed once, as in the tau
     protocol) and the split of decode time between draft, verify and bookkeeping (sampling,
-    rejection, rollback, gathers; `speculative.SectionTimer`). Timings are wall clock; on a
+    rejection, rollback, gathers; `sections.SectionTimer`). Timings are wall clock; on a
     machine shared with other jobs, best-of-n is the fair figure."""
     timings = time_case(target, factories, methods, [(batch, context)], new_tokens, k, temperature, repeats,
                         interleave=interleave)
@@ -206,7 +206,7 @@ def round_generation(target: Transformer, factories: dict, method: str, batch: i
     """A generation of `method` ("ad", or a draft of `factories`) of at least `rounds` rounds
     (`round_tokens`), a round at a time (`speculative_rounds`; AD: `autoregressive_rounds`, a round
     being one step), over fresh random contexts (B, L) drawn from seed `run`; `timer`: a
-    `speculative.SectionTimer` for its sections (on a GPU, CUDA events around each round's replay)."""
+    `sections.SectionTimer` for its sections (on a GPU, CUDA events around each round's replay)."""
     dev = next(target.parameters()).device
     generator = torch.Generator(dev).manual_seed(run)
     contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)

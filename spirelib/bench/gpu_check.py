@@ -369,7 +369,7 @@ def host_overhead(target, factories: dict, method: str, batch: int, context: int
     taken again (`bench.replayed`). {"wall_ms", "busy_ms", "ratio": wall / busy, "recorded"}."""
     from spirelib.bench import replayed
     from spirelib.bench.decode import round_generation, warm_up
-    from spirelib.decoding.speculative import SectionTimer
+    from spirelib.decoding.sections import SectionTimer
     from spirelib.measure.wallclock import DECODE_SECTIONS
 
     dev = next(target.parameters()).device

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import replace
 from typing import NamedTuple
 
-from spirelib.decoding.speculative import speculative_capacity
+from spirelib.decoding.prefill import speculative_capacity
 from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.throughput import profiled
 from spirelib.throughput.methods import BUDGET, DECODED, TARGET, KVBudget, card, label

@@ -15,8 +15,8 @@ import copy
 
 import torch
 
+from spirelib.decoding.prefill import TargetPass
 from spirelib.decoding.sampling import draw
-from spirelib.decoding.speculative import TargetPass
 from spirelib.model.config import SinkWindow
 from spirelib.model.kvcache import SinkWindowKVCache, reuse, static_buffer
 from spirelib.model.spire import SpireDraftModel

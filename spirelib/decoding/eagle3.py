@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from spirelib.decoding.drafts import draft_tokens
-from spirelib.decoding.speculative import TargetPass
+from spirelib.decoding.prefill import TargetPass
 from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.kvcache import static_buffer
 from spirelib.model.transformer import Transformer

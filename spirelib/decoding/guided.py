@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from spirelib.decoding.drafts import SelfDraft
-from spirelib.decoding.speculative import TargetPass
+from spirelib.decoding.prefill import TargetPass
 from spirelib.model.kvcache import SelectedKVCache
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.methods import MAGICDEC_BUDGET, KVBudget

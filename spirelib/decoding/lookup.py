@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from spirelib.decoding.prefill import TargetPass
 from spirelib.decoding.sampling import one_hot
-from spirelib.decoding.speculative import TargetPass
 from spirelib.model.kvcache import static_buffer
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.methods import card

@@ -13,14 +13,13 @@ the last context token, the last context token is pending.
 The draft protocol (`Draft`) is what the engine sees of every draft: vanilla, MagicDec, SPIRe,
 the verification-guided draft and prompt lookup.
 Every target pass hands the draft a `TargetPass` with what the target already computed
-for the newly verified positions, so no draft needs a target pass of its own.
+for the newly verified positions, so no draft needs a target pass of its own; a generation starts
+from a `Prefill` (both in `prefill`) and may be timed section by section (`sections`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,32 +27,19 @@ from typing import Protocol
 import torch
 
 from spirelib.decoding.graphs import GRAPHS, LateFlag, addresses
+from spirelib.decoding.prefill import (
+    Prefill,
+    TargetPass,
+    context_lengths,
+    prefill,
+    scored_queries,
+    speculative_capacity,
+    stage,
+)
 from spirelib.decoding.sampling import Noise, probabilities, sample, verify
+from spirelib.decoding.sections import SectionTimer, no_timer
 from spirelib.model.kvcache import DenseKVCache, reuse
 from spirelib.model.transformer import Transformer
-
-
-@dataclass
-class TargetPass:
-    """A target forward over `positions` (B, T); `valid` (B, T) marks the verified ones
-    (accepted drafts and the pending token; prefill: the real context tokens)."""
-
-    positions: torch.Tensor  # (B, T)
-    tokens: torch.Tensor  # (B, T)
-    valid: torch.Tensor  # (B, T) bool
-    lengths: torch.Tensor  # (B,) verified positions per row after this pass
-    cache: DenseKVCache  # the target's cache, holding these positions' keys/values
-    layers: torch.Tensor | None  # (len(layer_ids), B, T, d_model): the residual-stream entries drafts asked for
-    layer_ids: tuple[int, ...] = ()  # which entries `layers` holds (0: the embedding, i: after block i)
-
-    def stream(self, ids: tuple[int, ...]) -> torch.Tensor:
-        """The residual-stream entries `ids`, (len(ids), B, T, d_model), of those this pass kept."""
-        missing = set(ids) - set(self.layer_ids)
-        if missing:
-            raise ValueError(f"the target pass kept residual-stream entries {self.layer_ids}, not {sorted(missing)}")
-        if tuple(ids) == self.layer_ids[: len(ids)]:
-            return self.layers[: len(ids)]  # a view: the common case, the draft's own entries first
-        return self.layers[[self.layer_ids.index(i) for i in ids]]
 
 
 class Draft(Protocol):
@@ -88,153 +74,6 @@ class Generation:
 
     tokens: torch.Tensor
     accepted: torch.Tensor | None = None
-
-
-class SectionTimer:
-    """Accumulates time per named section (`with timer("verify"): ...`). On the CPU, wall time.
-    On a GPU, the device's own time between a section's start and end: a CUDA event recorded at
-    each on the current stream, their elapsed times read only when `seconds` is asked for, after
-    the generation, with one synchronize for every section recorded since. Timing so adds no host
-    sync to a generation, and AD and SD pay alike: a synchronize before and after every section, as
-    timed before, made AD wait 4 times a token (2 sections) and SD 8 times a round (4 sections)."""
-
-    def __init__(self, device: torch.device | str = "cpu"):
-        self.device = torch.device(device)
-        self._seconds: dict[str, float] = {}
-        self._recorded: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []  # on the device, not read yet
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        if self.device.type != "cuda":
-            start = time.perf_counter()
-            yield
-            self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
-            return
-        stream = torch.cuda.current_stream(self.device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        yield
-        end.record(stream)
-        self._recorded.append((name, start, end))
-
-    @property
-    def seconds(self) -> dict[str, float]:
-        """Seconds per section so far; on a GPU this waits once for the device to finish the sections
-        recorded since the last read."""
-        if self._recorded:
-            torch.cuda.synchronize(self.device)
-        return self.finished_seconds()
-
-    def finished_seconds(self) -> dict[str, float]:
-        """Seconds per section of the sections the device has finished, without waiting for the rest:
-        a look while a generation runs (`wallclock`'s round-by-round interleaving)."""
-        while self._recorded and self._recorded[0][2].query():
-            name, start, end = self._recorded.pop(0)
-            self._seconds[name] = self._seconds.get(name, 0.0) + start.elapsed_time(end) / 1000  # ms
-        return self._seconds
-
-
-def _no_timer(name: str):
-    return contextlib.nullcontext()
-
-
-@dataclass
-class Prefill:
-    """The target's pass over all but the last token of every context: its cache, what it
-    computed (`verified`, handed to a draft's `begin`) and the pending last tokens (B,).
-
-    One prefill serves several generations over the same contexts (e.g. every method of a
-    tau measurement): decoding writes only positions after the context and starts by
-    rolling the cache back to `verified.lengths`, so the context's keys stay intact; a
-    generation whose draft reads the attention starts from the prefill's own (`scores`), not
-    from the last verification of the generation before it.
-    """
-
-    cache: DenseKVCache
-    verified: TargetPass
-    pending: torch.Tensor  # (B,)
-    scores: tuple[torch.Tensor, ...] = ()  # per layer (B, n_kv, capacity): the attention the prefill recorded
-
-    def copy(self) -> Prefill:
-        """The same prefill over a copy of its cache: generations that run at the same time
-        (interleaved round by round) each need their own."""
-        cache = self.cache.copy()
-        return Prefill(cache, dataclasses.replace(self.verified, cache=cache), self.pending, self.scores)
-
-
-def scored_queries(draft, k: int) -> int:
-    """How many queries per row the target's cache records the attention of for `draft`
-    (`DenseKVCache.record_scores`): a verification's k + 1 if the draft reads them, else none."""
-    return k + 1 if getattr(draft, "reads_scores", False) else 0
-
-
-def prefill_needs(drafts, k: int) -> dict:
-    """What a prefill `drafts` share keeps, as `prefill`'s keywords: the target's residual-stream
-    entries any of them reads (`Draft.target_layers`, sorted) and the attention scores any reads."""
-    drafts = list(drafts)
-    return {"layers": tuple(sorted({i for d in drafts for i in d.target_layers})),
-            "scored": max((scored_queries(d, k) for d in drafts), default=0)}
-
-
-def prefill(target: Transformer, contexts: torch.Tensor, lengths: torch.Tensor | None = None, *,
-            capacity: int, layers: tuple[int, ...] = (), scored: int = 0, slot: tuple | None = None) -> Prefill:
-    """Run all but the last token of every context (B, L) (right-padded to L when `lengths`
-    (B,) is given) through a fresh target cache of `capacity` positions per row, keeping the
-    residual-stream entries `layers` (what the drafts read: `Draft.target_layers`), no others,
-    and the attention of the last `scored` queries per row if > 0 (`prefill_needs`). `slot`: the
-    generation whose own cache this is, under compiled decoding (`Transformer.new_cache`)."""
-    B, L = contexts.shape
-    lengths = _context_lengths(contexts, lengths)
-    if int(lengths.min()) < 2:  # once per prefill, not per round
-        raise ValueError("every context needs at least 2 tokens")
-    cache = target.new_cache(B, capacity, scored=scored, slot=slot)
-    positions = torch.arange(L - 1, device=contexts.device).expand(B, L - 1)
-    valid = positions < (lengths - 1)[:, None]
-    stream = None
-    with torch.no_grad():
-        if layers:
-            stream = target.residual_stream(contexts[:, :-1], positions, cache, valid=valid, layers=tuple(layers))
-        else:
-            target.hidden(contexts[:, :-1], positions, cache, valid=valid)  # fills the cache; no logits
-    pending = contexts.gather(1, (lengths - 1)[:, None]).squeeze(1)  # (B,)
-    verified = TargetPass(positions, contexts[:, :-1], valid, cache.lengths.clone(), cache, stream, tuple(layers))
-    return Prefill(cache, verified, pending, tuple(s.clone() for s in cache.scores))
-
-
-def _stage(prefilled: Prefill, capacity: int, layers: tuple[int, ...], scored: int = 0,
-           own: DenseKVCache | None = None) -> DenseKVCache:
-    """The cache a generation decodes in, after `prefilled`'s contexts: the prefill's own, or a
-    copy of it into `own` (a generation whose rounds replay as graphs keeps its cache for the
-    process: `Transformer.new_cache(slot=)`), rolled back to the end of the contexts, with the
-    attention the prefill recorded if the generation reads it, recording that of `scored` queries
-    per row from now on (none for a generation whose draft reads none)."""
-    source = prefilled.cache
-    if source.capacity < capacity:
-        raise ValueError(f"the prefill's cache holds {source.capacity} positions per row; "
-                         f"this generation needs {capacity}: prefill with capacity={capacity}")
-    if not set(layers) <= set(prefilled.verified.layer_ids):
-        raise ValueError(f"this draft reads the target's residual-stream entries {layers}: prefill with layers={layers}")
-    if scored > source.scored and not source.scores:
-        raise ValueError(f"this draft reads the verification's attention: prefill with scored={scored}")
-    cache = source if own is None or own is source else own.load(source)
-    cache.rollback(prefilled.verified.lengths)
-    cache.scored = scored if cache.scores else 0
-    if cache.scored:
-        for now, recorded in zip(cache.scores, prefilled.scores):
-            now.copy_(recorded)
-    return cache
-
-
-def speculative_capacity(context_length: int, max_new_tokens: int, k: int) -> int:
-    """Target cache positions per row that speculative decoding needs: a row finishes at
-    position <= L + G + k - 1 and, frozen, is still verified there (k more)."""
-    return context_length + max_new_tokens + 2 * k
-
-
-def _context_lengths(contexts: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-    if lengths is None:
-        return torch.full((contexts.shape[0],), contexts.shape[1], device=contexts.device, dtype=torch.long)
-    return lengths.to(device=contexts.device, dtype=torch.long)
 
 
 @dataclass
@@ -385,7 +224,7 @@ def _prepared(target: Transformer, slot: tuple, contexts: torch.Tensor, lengths,
         prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=layers, scored=scored, slot=slot)
     elif target.compiled_decoding:  # copied into it
         own = target.new_cache(B, prefilled.cache.capacity, scored=scored, slot=slot)
-    cache = _stage(prefilled, capacity, layers, scored, own)
+    cache = stage(prefilled, capacity, layers, scored, own)
     rows, noise = _pinned(target, slot, B, steps, k, temperature, device)
     rows.reset()
     rows.pending.copy_(prefilled.pending)
@@ -433,7 +272,7 @@ def _rounds(target: Transformer, state: _Generation, fn, args: tuple, timer) -> 
 
     def replay():
         with timer("round"):
-            GRAPHS.run(state.key, fn, *args, _no_timer, device=device)
+            GRAPHS.run(state.key, fn, *args, no_timer, device=device)
     return replay
 
 
@@ -464,7 +303,7 @@ def speculative_rounds(
     round by round (`wallclock.time_cells`). `generator` draws the generation's uniforms, all of
     them before its first round (`sampling.Noise`). Under compiled decoding a round is one graph
     replay (`graphs`) and its state the generation's own for the process (one per method and shape)."""
-    timer = timer or _no_timer
+    timer = timer or no_timer
     G = max_new_tokens
     wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads
     scored = scored_queries(draft, k)  # and the verification's attention, if it reads that
@@ -528,14 +367,14 @@ def autoregressive_rounds(
     Without `prefilled` the first token comes from the prefill's logits over the whole contexts;
     then one forward a token, each step one graph replay under compiled decoding (`graphs`), its
     token sampled inside it from uniforms drawn ahead (`sampling.Noise`)."""
-    timer = timer or _no_timer
+    timer = timer or no_timer
     B, L = contexts.shape
     slot = ("ad",)
     with timer("prefill"):
         capacity = L + max_new_tokens
         first = 0  # tokens emitted before the first step
         if prefilled is None:  # the whole contexts, the first new token read from the prefill's logits
-            lengths = _context_lengths(contexts, lengths)
+            lengths = context_lengths(contexts, lengths)
             cache = target.new_cache(B, capacity, slot=slot)
             positions = torch.arange(L, device=contexts.device).expand(B, L)
             out = target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],

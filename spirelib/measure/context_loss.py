@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from spirelib.decoding.speculative import Prefill
+from spirelib.decoding.prefill import Prefill
 from spirelib.measure.intervals import t_quantile
 from spirelib.model.transformer import Transformer
 
@@ -43,7 +43,7 @@ def prefilled_losses(target: Transformer, prefilled: Prefill, continuations: tor
     continuation tokens, position L - 1 + j predicting continuation token j. That is what a
     verification of G - 1 drafts costs, where reading the window L + G afresh would cost a
     second prefill. Like a generation, it writes only positions after the contexts
-    (`speculative.Prefill`), so it may run before or after the generations that share the prefill."""
+    (`prefill.Prefill`), so it may run before or after the generations that share the prefill."""
     B, G = continuations.shape
     cache, lengths = prefilled.cache, prefilled.verified.lengths  # (B,) each row's pending position
     if B != prefilled.pending.shape[0] or G < 1:

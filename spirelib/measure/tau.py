@@ -22,13 +22,9 @@ import torch
 import torch.distributed as dist
 
 from spirelib.decoding.builders import DraftFactory
-from spirelib.decoding.speculative import (
-    SectionTimer,
-    prefill,
-    prefill_needs,
-    speculative_capacity,
-    speculative_generate,
-)
+from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
+from spirelib.decoding.sections import SectionTimer
+from spirelib.decoding.speculative import speculative_generate
 from spirelib.frontend import progress_bar
 from spirelib.measure.context_loss import prefilled_losses
 from spirelib.measure.intervals import t_quantile

@@ -5,7 +5,7 @@ runs autoregressive decoding (AD) and speculative decoding (SD) with each draft,
 interleaved round by round and the cells run by run, each run after one target prefill its
 methods share (prefill is not decoding and is excluded), a warm-up run first; it keeps every
 run's decode seconds, tau and the split between draft, verify and bookkeeping
-(`speculative.SectionTimer`), and adds runs (over fresh contexts, when given a function of the
+(`sections.SectionTimer`), and adds runs (over fresh contexts, when given a function of the
 run) until every method's speedup over AD is known to within a 95% CI of the
 width asked for (`speedup_interval`). `bench decode` reports the best run; notebook 09 the mean
 speedup and its CI, next to `modeled_speedups`: the paper's G-aware throughput model for the
@@ -25,16 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from spirelib.decoding.graphs import GRAPHS
-from spirelib.decoding.speculative import (
-    Generation,
-    SectionTimer,
-    autoregressive_rounds,
-    finish,
-    prefill,
-    prefill_needs,
-    speculative_capacity,
-    speculative_rounds,
-)
+from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
+from spirelib.decoding.sections import SectionTimer
+from spirelib.decoding.speculative import Generation, autoregressive_rounds, finish, speculative_rounds
 from spirelib.frontend import feed
 from spirelib.measure.stopping import SpeedupRule, ratio_interval
 from spirelib.model.config import ModelConfig, SpireConfig
@@ -43,7 +36,7 @@ from spirelib.throughput import perfmodel, profile_fit, profiled
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import BUDGET, DECODED, KVBudget, card
 
-#: The sections of a decoding loop (`speculative.SectionTimer`); "round" is a round replayed as one
+#: The sections of a decoding loop (`sections.SectionTimer`); "round" is a round replayed as one
 #: CUDA graph, timed whole (no split inside a graph).
 DECODE_SECTIONS = ("draft", "verify", "bookkeeping", "round")
 

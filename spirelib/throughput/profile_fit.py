@@ -32,7 +32,7 @@ from spirelib.throughput.profiled import (
 @dataclass(frozen=True)
 class LoopTiming:
     """One method ("ad" or a draft's) generating G = `new_tokens` per row after contexts of L at
-    batch B, timed inside the decoding loop (`speculative.SectionTimer`): seconds per round (AD:
+    batch B, timed inside the decoding loop (`sections.SectionTimer`): seconds per round (AD:
     per step) of each section, averaged over runs (`wallclock.loop_timings`). For AD, "verify" is
     the target's forward and "bookkeeping" the draw."""
 

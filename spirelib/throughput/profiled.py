@@ -198,7 +198,7 @@ def ad_keys(context: int, new_tokens: int) -> int:
 
 def sd_keys(context: int, new_tokens: int, k: int) -> int:
     """The keys a speculative forward over a dense cache reads: its whole capacity L + G + 2k
-    (`speculative.speculative_capacity`)."""
+    (`prefill.speculative_capacity`)."""
     return context + new_tokens + 2 * k
 
 

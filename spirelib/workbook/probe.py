@@ -26,13 +26,8 @@ import numpy as np
 import torch
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.speculative import (
-    autoregressive_rounds,
-    prefill,
-    prefill_needs,
-    speculative_capacity,
-    speculative_rounds,
-)
+from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
+from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 from spirelib.measure import calibrate
 from spirelib.measure.tau import TauProtocol
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config

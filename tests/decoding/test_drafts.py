@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft, spire_draft
+from spirelib.decoding.prefill import prefill, speculative_capacity
 from spirelib.decoding.sampling import probabilities
-from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ABLATIONS, ModelConfig, SpireConfig, ablation
 from spirelib.model.kvcache import DenseKVCache
 from spirelib.model.spire import SpireDraftModel

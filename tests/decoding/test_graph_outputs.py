@@ -16,12 +16,10 @@ from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft, sp
 from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.lookup import LookupDraft
+from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
 from spirelib.decoding.speculative import (
     autoregressive_generate,
     autoregressive_rounds,
-    prefill,
-    prefill_needs,
-    speculative_capacity,
     speculative_generate,
     speculative_rounds,
 )

@@ -16,7 +16,8 @@ from test_speculative import assert_two_token_law, peaky_model
 
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.guided import GuidedDraft, select
-from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_generate
+from spirelib.decoding.prefill import prefill
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import scaled_dot_product_attention
 from spirelib.throughput.methods import KVBudget

@@ -8,7 +8,7 @@ import torch
 
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
 from spirelib.decoding.sampling import rejection_sample, sample, uniform_width
-from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.methods import KVBudget
@@ -201,27 +201,6 @@ def test_sampled_speculative_decoding_matches_the_target_distribution(name, temp
     n = 20_000
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
     assert_two_token_law(target, context, sd.tokens, temperature)
-
-
-def test_one_prefill_serves_several_generations():
-    """Sharing the target's prefill between methods (as the tau protocol does) changes nothing:
-    each generation equals one with its own prefill, random stream for random stream."""
-    target = peaky_model()
-    B, L, G, k = 4, 12, 15, 4
-    contexts = torch.randint(0, CFG.vocab_size, (B, L), generator=torch.Generator().manual_seed(6))
-    lengths = torch.tensor([12, 7, 10, 3])
-    shared = prefill(target, contexts, lengths, capacity=speculative_capacity(L, G, k))
-    for name, make in drafts_for(target).items():
-        runs = []
-        for prefilled in (shared, None):
-            gen = torch.Generator().manual_seed(7)
-            draft = make(1.0)
-            runs.append(speculative_generate(target, draft, contexts, G, k=k, lengths=lengths, generator=gen, prefilled=prefilled))
-        assert torch.equal(runs[0].tokens, runs[1].tokens), name
-        assert torch.equal(runs[0].accepted, runs[1].accepted), name
-    ad = [autoregressive_generate(target, contexts, G, lengths=lengths, generator=torch.Generator().manual_seed(8), prefilled=p)
-          for p in (shared, None)]
-    assert torch.equal(ad[0].tokens, ad[1].tokens)
 
 
 def test_sample_follows_unnormalized_weights_and_never_draws_a_zero():

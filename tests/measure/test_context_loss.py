@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from scipy import stats
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity
+from spirelib.decoding.prefill import prefill, speculative_capacity
+from spirelib.decoding.speculative import autoregressive_generate
 from spirelib.measure.context_loss import loss_stats, prefilled_losses
 from spirelib.measure.tau import TauProtocol, measure_tau
 from spirelib.model.config import ModelConfig

@@ -10,7 +10,9 @@ import torch
 
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.graphs import GRAPHS
-from spirelib.decoding.speculative import SectionTimer, finish, prefill, speculative_capacity, speculative_rounds
+from spirelib.decoding.prefill import prefill, speculative_capacity
+from spirelib.decoding.sections import SectionTimer
+from spirelib.decoding.speculative import finish, speculative_rounds
 from spirelib.measure.stopping import ratio_interval
 from spirelib.measure.wallclock import _lockstep, speedup_interval, time_cells, time_decoding
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from spirelib.decoding.drafts import SpireDraft, spire_draft
-from spirelib.decoding.speculative import autoregressive_generate, prefill, speculative_capacity, speculative_generate
+from spirelib.decoding.prefill import prefill, speculative_capacity
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ABLATIONS, ModelConfig, SpireConfig, ablation
 from spirelib.model.spire import SpireDraftModel, block_positions
 from spirelib.model.transformer import Transformer

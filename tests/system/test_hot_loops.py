@@ -10,14 +10,9 @@ import torch
 from host_syncs import count_host_syncs
 
 from spirelib.decoding.builders import draft_factory
-from spirelib.decoding.speculative import (
-    SectionTimer,
-    autoregressive_generate,
-    prefill,
-    prefill_needs,
-    speculative_capacity,
-    speculative_generate,
-)
+from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
+from spirelib.decoding.sections import SectionTimer
+from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer

@@ -16,7 +16,6 @@ LIMIT = 450
 NOT_YET_SPLIT = {
     "bench/gpu_check.py": 571,  # the GPU acceptance check's rows (what they judge: bench/gpu_goals.py)
     "bench/decode.py": 509,  # decoding throughput and the drafts every decoding benchmark builds
-    "decoding/speculative.py": 559,  # the draft protocol, the batched round loop, autoregressive decoding
     "workbook/runner.py": 512,  # the series, its params checked, the run's steps, the command line
 }
 
