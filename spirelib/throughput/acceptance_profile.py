@@ -78,22 +78,24 @@ def acceptance_profile(results: dict, method: str, context: int, run: str) -> di
     found = nearest_record(results, context)
     if found is None:
         return None
-    recorded, at = found
-    taus = recorded["tau"].get(method, {})
-    if str(at) not in taus:
+    recorded_taus, at = found
+    taus = recorded_taus.get(method, {})
+    if at not in taus:
         return None
+    recorded = results[NOTEBOOK]
     protocol = recorded.get("tau_protocol", {})
     positions = recorded.get("per_position_acceptance", {}).get(method, {})
     by_context = {}
-    for L in sorted(taus, key=int):
-        counts = positions.get(L, {})
+    for L in sorted(taus):
+        counts = positions.get(str(L), {})
         try:
             vectors = position_profile(counts.get("p"), counts.get("accepted"), counts.get("reached"))
         except ValueError:  # no curve recorded there (or counts that do not add up): tau alone
             vectors = {"conditional_accept_rates": None, "marginal_accept_rates": None, "mean_accept_length": None,
                        "rounds": None}
-        by_context[L] = {**vectors, "tau_measured": {"mean": taus[L]["mean"], "ci95": taus[L].get("ci95")},
-                         "n_contexts": taus[L].get("n_contexts", protocol.get("n_contexts"))}
+        n_contexts = protocol.get("n_contexts") if taus[L].n_contexts is None else taus[L].n_contexts
+        by_context[str(L)] = {**vectors, "tau_measured": {"mean": taus[L].mean, "ci95": taus[L].ci95},
+                              "n_contexts": n_contexts}
     main = by_context[str(at)]
     k = len(main["conditional_accept_rates"]) if main["conditional_accept_rates"] else int(protocol.get("k", 4))
     return {

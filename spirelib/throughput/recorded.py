@@ -2,28 +2,59 @@
 notebook 04's tau, its 95% CI and per-position acceptance per method at the recorded context
 nearest the one asked for (`recorded_acceptance`; the means alone, as the notebooks' comparisons
 read them: `recorded_taus`); where the run recorded none, the taus a notebook was given (06,
-`acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`). `DeployError` says what a run or an option lacks. `spire deploy` and
-the notebooks' tables both read these, so they sit below both.
+`acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
+`DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
+these, so they sit below both. What 04 records under "tau" has one shape, `RecordedTau`: 04 writes
+it (`to_dict`) and every reader reads it back typed (`recorded_tau`), not by string keys.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from spirelib.throughput.schedule import Acceptance
+
+
+@dataclass(frozen=True)
+class RecordedTau:
+    """One method at one context length as notebook 04 records it under "tau" in results.json: the
+    mean tau, its reported 95% half-width, the contexts drawn and their per-context spread (the
+    fields a run from before they were recorded lacks are None)."""
+
+    mean: float
+    ci95: float | None = None
+    n_contexts: int | None = None
+    std: float | None = None
+
+    def to_dict(self) -> dict:
+        """What 04 records (`recorded_tau` reads it back)."""
+        return {"mean": self.mean, "ci95": self.ci95, "n_contexts": self.n_contexts, "std": self.std}
+
+
+def recorded_tau(results: dict) -> dict[str, dict[int, RecordedTau]]:
+    """Notebook 04's "tau" in a run's results, typed: method -> context length -> `RecordedTau`;
+    empty where the run recorded none (a notebook run on its own)."""
+    taus = results.get("04_measure_tau", {}).get("tau") or {}
+    return {m: {int(L): RecordedTau(v["mean"], v.get("ci95"), v.get("n_contexts"), v.get("std"))
+                for L, v in by_l.items()} for m, by_l in taus.items()}
+
+
+def recorded_lengths(taus: dict[str, dict[int, RecordedTau]]) -> list[int]:
+    """The context lengths `taus` (`recorded_tau`) holds a tau at, shortest first."""
+    return sorted({L for by_l in taus.values() for L in by_l})
 
 
 class DeployError(ValueError):
     """A run or an option `spire deploy` cannot make a schedule from; the message says what to do."""
 
 
-def nearest_record(results: dict, context: int) -> tuple[dict, int] | None:
-    """Notebook 04's record in a run's results and its measured context nearest `context` (the
-    shorter on a tie); None when the run recorded no tau (a notebook run on its own)."""
-    recorded = results.get("04_measure_tau", {})
-    taus = recorded.get("tau")
+def nearest_record(results: dict, context: int) -> tuple[dict[str, dict[int, RecordedTau]], int] | None:
+    """Notebook 04's tau in a run's results (`recorded_tau`) and its measured context nearest
+    `context` (the shorter on a tie); None when the run recorded no tau (a notebook run on its own)."""
+    taus = recorded_tau(results)
     if not taus:
         return None
-    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
-    return recorded, min(lengths, key=lambda length: (abs(length - context), length))
+    return taus, min(recorded_lengths(taus), key=lambda length: (abs(length - context), length))
 
 
 def recorded_taus(results: dict, context: int) -> tuple[dict[str, float], dict[str, list], int] | None:
@@ -33,9 +64,9 @@ def recorded_taus(results: dict, context: int) -> tuple[dict[str, float], dict[s
     found = nearest_record(results, context)
     if found is None:
         return None
-    recorded, L = found
-    per_position = recorded.get("per_position_acceptance", {})
-    return ({m: by_l[str(L)]["mean"] for m, by_l in recorded["tau"].items() if str(L) in by_l},
+    taus, L = found
+    per_position = results["04_measure_tau"].get("per_position_acceptance", {})
+    return ({m: by_l[L].mean for m, by_l in taus.items() if L in by_l},
             {m: by_l[str(L)]["p"] for m, by_l in per_position.items() if str(L) in by_l}, L)
 
 
@@ -46,16 +77,16 @@ def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptan
     if found is None:
         raise DeployError("the run recorded no tau (notebook 04): run the series, or `spire run --only 04` "
                           "after the drafts are trained, then deploy")
-    recorded, L = found
-    taus = recorded["tau"]
+    taus, L = found
+    recorded = results["04_measure_tau"]
     depth = int(recorded.get("tau_protocol", {}).get("k", 4))
     per_position = recorded.get("per_position_acceptance", {})
     out = {}
     for method, by_l in taus.items():
-        if str(L) not in by_l:
+        if L not in by_l:
             continue
         p = per_position.get(method, {}).get(str(L), {}).get("p") or ()
-        out[method] = Acceptance(float(by_l[str(L)]["mean"]), float(by_l[str(L)]["ci95"]), depth,
+        out[method] = Acceptance(float(by_l[L].mean), float(by_l[L].ci95), depth,
                                  tuple(float(v) for v in p) if len(p) == depth else ())
     return out, L
 

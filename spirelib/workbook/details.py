@@ -14,6 +14,7 @@ import statistics
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
+from spirelib.throughput.recorded import recorded_lengths, recorded_tau
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence
@@ -36,10 +37,10 @@ def table1(run: dict, results: dict) -> dict | None:
     """Notebook 04's tau per method and L (95% CI) next to the paper's Table 1: the table, the
     order of the drafts at the L nearest 512 against the paper's, 03's budgets and 04's scale."""
     recorded = results.get("04_measure_tau", {})
-    taus = recorded.get("tau")
+    taus = recorded_tau(results)
     if not taus:
         return None
-    lengths = sorted({int(L) for by_l in taus.values() for L in by_l}, reverse=True)
+    lengths = recorded_lengths(taus)[::-1]
     methods = [(m, label(m)) for m in perfmodel.MODELED_METHODS if m in taus]
     methods += [(m, label(m)) for m in taus if m not in perfmodel.MODELED_METHODS]
     protocol = recorded.get("tau_protocol", {})
@@ -49,8 +50,8 @@ def table1(run: dict, results: dict) -> dict | None:
         past = trained_on and L + G > trained_on  # said next to the figure (04 puts the target's loss beside it)
         row: list[Text | str] = [f"{L} (past the {trained_on:,}-token training windows)" if past else str(L)]
         for m, _ in methods:
-            cell = taus[m].get(str(L))
-            row.append(as_text(link(run, "04_measure_tau", f"{cell['mean']:.3f} ± {cell['ci95']:.3f}"))
+            cell = taus[m].get(L)
+            row.append(as_text(link(run, "04_measure_tau", f"{cell.mean:.3f} ± {cell.ci95:.3f}"))
                        if cell else "-")
         paper = perfmodel.PAPER_TAU.get(L)
         row += [f"{paper[m]:.3f}" if paper and m in paper else "-" for m, _ in methods]

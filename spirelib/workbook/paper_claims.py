@@ -18,6 +18,7 @@ from spirelib.measure.ablations import effect_of
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
+from spirelib.throughput.recorded import recorded_lengths, recorded_tau
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
@@ -95,12 +96,11 @@ def _claim_costs(run: dict, results: dict) -> list[Claim]:
 
 
 def tau_order(results: dict) -> tuple[int, list[str], list[str]] | None:
-    taus = results.get("04_measure_tau", {}).get("tau")
+    taus = recorded_tau(results)
     if not taus:
         return None
-    lengths = sorted({int(L) for by_l in taus.values() for L in by_l})
-    at = min(lengths, key=lambda L: (abs(L - perfmodel.PAPER_TAU_CONTEXT), L))
-    order = sorted((m for m in taus if str(at) in taus[m]), key=lambda m: -taus[m][str(at)]["mean"])
+    at = min(recorded_lengths(taus), key=lambda L: (abs(L - perfmodel.PAPER_TAU_CONTEXT), L))
+    order = sorted((m for m in taus if at in taus[m]), key=lambda m: -taus[m][at].mean)
     paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]
     paper_order = sorted((m for m in order if m in paper_at), key=lambda m: -paper_at[m])
     return at, order, paper_order
@@ -124,9 +124,9 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     if not found:
         return []
     at, order, paper_order = found
-    taus = results["04_measure_tau"]["tau"]
+    taus = recorded_tau(results)
     paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]
-    here = ", ".join(f"{label(m)} {taus[m][str(at)]['mean']:.2f}" for m in order)
+    here = ", ".join(f"{label(m)} {taus[m][at].mean:.2f}" for m in order)
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)
     ours = [m for m in order if m in paper_at]
     return [Claim(REPRODUCED, ours == paper_order,

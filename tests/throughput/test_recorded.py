@@ -1,10 +1,17 @@
 """What a finished run recorded of acceptance, as the schedules read it (`throughput.recorded`):
 notebook 04's tau, CI and per-position curve at the recorded context nearest the one asked for,
-and the refusal when the run recorded none."""
+the refusal when the run recorded none, and 04's "tau" read back typed as it was written."""
 
 import pytest
 
-from spirelib.throughput.recorded import DeployError, recorded_acceptance, recorded_taus
+from spirelib.throughput.recorded import (
+    DeployError,
+    RecordedTau,
+    recorded_acceptance,
+    recorded_lengths,
+    recorded_tau,
+    recorded_taus,
+)
 from spirelib.throughput.schedule import Acceptance
 
 RUN = {"04_measure_tau": {
@@ -36,3 +43,15 @@ def test_recorded_taus_picks_the_nearest_measured_context_length():
     assert L == 256 and taus == {"spire": 3.1, "vanilla": 2.5} and per_position == {"spire": [0.9, 0.8]}
     assert recorded_taus(run, 900)[2] == 960 and recorded_taus(run, 900)[0] == {"spire": 2.9}
     assert recorded_taus({}, 512) is None
+
+
+def test_04s_tau_reads_back_typed_as_written_and_an_older_runs_missing_fields_are_none():
+    written = {"spire": {"960": RecordedTau(2.9, 0.05, 192, 0.31).to_dict(),
+                         "256": RecordedTau(3.1, 0.04, 64, 0.2).to_dict()}}
+    run = {"04_measure_tau": {"tau": {**written, "vanilla": {"512": {"mean": 2.5}}}}}  # a run before ci95 and the rest
+    taus = recorded_tau(run)
+    assert taus == {"spire": {960: RecordedTau(2.9, 0.05, 192, 0.31), 256: RecordedTau(3.1, 0.04, 64, 0.2)},
+                    "vanilla": {512: RecordedTau(2.5)}}
+    assert {m: {str(L): t.to_dict() for L, t in by_l.items()} for m, by_l in taus.items() if m == "spire"} == written
+    assert recorded_lengths(taus) == [256, 512, 960]
+    assert recorded_tau({}) == recorded_tau({"04_measure_tau": {"tau": None}}) == {}
