@@ -327,7 +327,7 @@ def test_host_row_divides_each_rounds_wall_time_by_its_device_time(monkeypatch):
 
 
 def test_profiled_row_fits_a_small_grid_and_judges_64_by_2048_after_checking_memory(monkeypatch):
-    from spirelib.bench import decode, train
+    from spirelib.bench import decode, decode_memory, train
 
     monkeypatch.setitem(train.TARGETS, "paper", train.TARGETS["workbook"])  # built in milliseconds
     seen, error = {}, {"value": -0.08}
@@ -339,7 +339,7 @@ def test_profiled_row_fits_a_small_grid_and_judges_64_by_2048_after_checking_mem
         return None, rows, {"held_out_max_error": abs(error["value"]), "fitted_median_error": 0.02, "widest_ci": 0.05}
 
     monkeypatch.setattr(decode, "profiled_rows", profiled_rows)
-    monkeypatch.setattr(decode, "available_bytes", lambda device: 10**12)
+    monkeypatch.setattr(decode_memory, "available_bytes", lambda device: 10**12)
     found = gpu_check._profiled(SimpleNamespace(device="cpu", quick=False))
     assert seen["cells"] == [(1, 512), (16, 512), (1, 1024), (16, 1024), (64, 2048)] and seen["held"] == [(64, 2048)]
     assert seen["methods"] == ["ad", "spire"]
@@ -347,7 +347,7 @@ def test_profiled_row_fits_a_small_grid_and_judges_64_by_2048_after_checking_mem
     assert "held-out 64 x 2048: worst error 8.0% (spire" in found.text and found.missed == ()
     error["value"] = 0.12
     assert gpu_check._profiled(SimpleNamespace(device="cpu", quick=False)).missed == ("held-out error 12.0%",)
-    monkeypatch.setattr(decode, "available_bytes", lambda device: 10**6)  # 1 MB free: refused before any timing
+    monkeypatch.setattr(decode_memory, "available_bytes", lambda device: 10**6)  # 1 MB free: refused before any timing
     seen.clear()
     with pytest.raises(RuntimeError, match="at B 64 x L 2048 the timed runs hold.*--interleave runs"):
         gpu_check._profiled(SimpleNamespace(device="cpu", quick=False))

@@ -178,48 +178,25 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
     """Before any compute: the caches the timed runs hold at their largest cell against the memory
     free on the device; interleaved round by round every method holds a target cache, so
     `--interleave runs` may fit where it does not. The free memory is patched."""
-    from spirelib.bench import decode
+    from spirelib.bench import decode, decode_memory
 
     argv = ["bench", "decode", "--profiled", "--batch", "1", "2", "--context", "16", "24", "--new-tokens", "6",
             *DECODE_TOY]
     args = cli.parser().parse_args(argv)
     cfg = bench.model_config(args)
-    rounds, runs = (sum(decode.held_bytes(cfg, args.methods, 2, 24, 6, 3, 4, how).values()) for how in ("rounds", "runs"))
+    rounds, runs = (sum(decode_memory.held_bytes(cfg, args.methods, 2, 24, 6, 3, 4, how).values()) for how in ("rounds", "runs"))
     assert rounds > runs
-    monkeypatch.setattr(decode, "available_bytes", lambda device: (rounds + runs) // 2)
+    monkeypatch.setattr(decode_memory, "available_bytes", lambda device: (rounds + runs) // 2)
     code, _, err = run(argv)
     assert code == 2 and "--profiled: at B 2 x L 24 the timed runs hold" in err
-    assert f"target caches (7) {7 * decode.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
+    assert f"target caches (7) {7 * decode_memory.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
     assert "--interleave runs (one target cache) holds" in err and "which fits" in err
     assert decode.problems(cli.parser().parse_args([*argv, "--interleave", "runs"])) == []
-    monkeypatch.setattr(decode, "available_bytes", lambda device: runs - 1)
+    monkeypatch.setattr(decode_memory, "available_bytes", lambda device: runs - 1)
     assert "which does not fit either" in run(argv)[2]
-    monkeypatch.setattr(decode, "available_bytes", lambda device: None)  # unknown: not checked
+    monkeypatch.setattr(decode_memory, "available_bytes", lambda device: None)  # unknown: not checked
     assert decode.problems(args) == []
     assert "--device meta: the benchmarks run on cpu or cuda[:N]" in run(["bench", "decode", "--device", "meta"])[2]
-
-
-def test_held_bytes_prices_the_caches_decoding_allocates():
-    from spirelib.bench import decode
-    from spirelib.model.config import ModelConfig, SinkWindow
-    from spirelib.model.kvcache import SelectedKVCache, SinkWindowKVCache
-    from spirelib.model.transformer import Transformer
-
-    cfg = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
-    model = Transformer(cfg)
-    for cache, slots in ((model.new_cache(3, 40), 40),
-                         (SinkWindowKVCache(2, 3, 2, 16, SinkWindow(1, 4), 4, rope_mode="cache"), 1 + 4 + 4)):
-        allocated = sum(t.nbytes for t in cache.static_tensors())
-        assert decode.cache_bytes(cfg, 3, slots, 4) == pytest.approx(allocated, abs=64)  # up to scalar bookkeeping
-    parts = decode.held_bytes(cfg, ["ad", "vanilla"], 3, 24, 6, 3, 4, "rounds")
-    assert parts["weights"] == 4 * sum(p.numel() for m in (model, Transformer(decode.vanilla_draft_config(cfg)))
-                                       for p in m.parameters())
-    # the guided draft: its chosen entries and ring (sink 1 + window 4 entries, k + 1 = 4 slots) and the
-    # scores its verification records in the target's cache (capacity L + G + 2k = 36)
-    selected = SelectedKVCache(2, 3, 2, 16, 1 + 4, 4)
-    scores = sum(t.nbytes for t in model.new_cache(3, 36, scored=4).scores)
-    guided = decode.held_bytes(cfg, ["guided"], 3, 24, 6, 3, 4, "rounds")["draft caches"]
-    assert guided == pytest.approx(sum(t.nbytes for t in selected.static_tensors()) + scores, abs=64)
 
 
 def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
