@@ -5,7 +5,7 @@ read them: `recorded_taus`); where the run recorded none, the taus a notebook wa
 `acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
 `DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
 these, so they sit below both. What 04 records under "tau" has one shape, `RecordedTau`: 04 writes
-it (`to_dict`) and every reader reads it back typed (`recorded_tau`), not by string keys.
+it (`to_dict`) and every reader reads it back typed (`tau_records`), not by string keys.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ class RecordedTau:
     std: float | None = None
 
     def to_dict(self) -> dict:
-        """What 04 records (`recorded_tau` reads it back)."""
+        """What 04 records (`tau_records` reads it back)."""
         return {"mean": self.mean, "ci95": self.ci95, "n_contexts": self.n_contexts, "std": self.std}
 
 
-def recorded_tau(results: dict) -> dict[str, dict[int, RecordedTau]]:
+def tau_records(results: dict) -> dict[str, dict[int, RecordedTau]]:
     """Notebook 04's "tau" in a run's results, typed: method -> context length -> `RecordedTau`;
     empty where the run recorded none (a notebook run on its own)."""
     taus = results.get("04_measure_tau", {}).get("tau") or {}
@@ -39,8 +39,8 @@ def recorded_tau(results: dict) -> dict[str, dict[int, RecordedTau]]:
                 for L, v in by_l.items()} for m, by_l in taus.items()}
 
 
-def recorded_lengths(taus: dict[str, dict[int, RecordedTau]]) -> list[int]:
-    """The context lengths `taus` (`recorded_tau`) holds a tau at, shortest first."""
+def tau_lengths(taus: dict[str, dict[int, RecordedTau]]) -> list[int]:
+    """The context lengths `taus` (`tau_records`) holds a tau at, shortest first."""
     return sorted({L for by_l in taus.values() for L in by_l})
 
 
@@ -49,12 +49,12 @@ class DeployError(ValueError):
 
 
 def nearest_record(results: dict, context: int) -> tuple[dict[str, dict[int, RecordedTau]], int] | None:
-    """Notebook 04's tau in a run's results (`recorded_tau`) and its measured context nearest
+    """Notebook 04's tau in a run's results (`tau_records`) and its measured context nearest
     `context` (the shorter on a tie); None when the run recorded no tau (a notebook run on its own)."""
-    taus = recorded_tau(results)
+    taus = tau_records(results)
     if not taus:
         return None
-    return taus, min(recorded_lengths(taus), key=lambda length: (abs(length - context), length))
+    return taus, min(tau_lengths(taus), key=lambda length: (abs(length - context), length))
 
 
 def recorded_taus(results: dict, context: int) -> tuple[dict[str, float], dict[str, list], int] | None:

@@ -14,7 +14,7 @@ import statistics
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import recorded_lengths, recorded_tau
+from spirelib.throughput.recorded import tau_lengths, tau_records
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence
@@ -37,10 +37,10 @@ def table1(run: dict, results: dict) -> dict | None:
     """Notebook 04's tau per method and L (95% CI) next to the paper's Table 1: the table, the
     order of the drafts at the L nearest 512 against the paper's, 03's budgets and 04's scale."""
     recorded = results.get("04_measure_tau", {})
-    taus = recorded_tau(results)
+    taus = tau_records(results)
     if not taus:
         return None
-    lengths = recorded_lengths(taus)[::-1]
+    lengths = tau_lengths(taus)[::-1]
     methods = [(m, label(m)) for m in perfmodel.MODELED_METHODS if m in taus]
     methods += [(m, label(m)) for m in taus if m not in perfmodel.MODELED_METHODS]
     protocol = recorded.get("tau_protocol", {})

@@ -18,7 +18,7 @@ from spirelib.measure.ablations import effect_of
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import recorded_lengths, recorded_tau
+from spirelib.throughput.recorded import tau_lengths, tau_records
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
@@ -96,10 +96,10 @@ def _claim_costs(run: dict, results: dict) -> list[Claim]:
 
 
 def tau_order(results: dict) -> tuple[int, list[str], list[str]] | None:
-    taus = recorded_tau(results)
+    taus = tau_records(results)
     if not taus:
         return None
-    at = min(recorded_lengths(taus), key=lambda L: (abs(L - perfmodel.PAPER_TAU_CONTEXT), L))
+    at = min(tau_lengths(taus), key=lambda L: (abs(L - perfmodel.PAPER_TAU_CONTEXT), L))
     order = sorted((m for m in taus if at in taus[m]), key=lambda m: -taus[m][at].mean)
     paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]
     paper_order = sorted((m for m in order if m in paper_at), key=lambda m: -paper_at[m])
@@ -124,7 +124,7 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
     if not found:
         return []
     at, order, paper_order = found
-    taus = recorded_tau(results)
+    taus = tau_records(results)
     paper_at = perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]
     here = ", ".join(f"{label(m)} {taus[m][at].mean:.2f}" for m in order)
     paper = ", ".join(f"{label(m)} {paper_at[m]:.2f}" for m in paper_order)

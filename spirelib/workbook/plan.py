@@ -24,7 +24,7 @@ import torch
 from spirelib.paths import cache_dir
 from spirelib.throughput.hardware import HARDWARE
 from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
-from spirelib.throughput.recorded import recorded_tau
+from spirelib.throughput.recorded import tau_records
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
 from spirelib.training.devices import resolve_device
 from spirelib.units import si
@@ -163,7 +163,7 @@ def duration(seconds: float) -> str:
 def measured_taus(results: dict) -> dict[str, float] | None:
     """Each method's tau as a run's notebook 04 measured it (its mean over the context lengths), from
     that run's results.json; None where it holds none."""
-    taus = recorded_tau(results)
+    taus = tau_records(results)
     if not taus:
         return None
     return {m: float(np.mean([t.mean for t in by_l.values()])) for m, by_l in taus.items()}
@@ -172,7 +172,7 @@ def measured_taus(results: dict) -> dict[str, float] | None:
 def measured_spreads(results: dict) -> dict[str, float] | None:
     """Each method's per-context spread of tau (sd, its mean over the context lengths) as a run's
     notebook 04 recorded it: what prices 04's stopping rule (`work.Models.tau_contexts`)."""
-    spreads = {m: [t.std for t in by_l.values() if t.std is not None] for m, by_l in recorded_tau(results).items()}
+    spreads = {m: [t.std for t in by_l.values() if t.std is not None] for m, by_l in tau_records(results).items()}
     return {m: float(np.mean(s)) for m, s in spreads.items() if s} or None
 
 

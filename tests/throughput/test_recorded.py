@@ -8,9 +8,9 @@ from spirelib.throughput.recorded import (
     DeployError,
     RecordedTau,
     recorded_acceptance,
-    recorded_lengths,
-    recorded_tau,
     recorded_taus,
+    tau_lengths,
+    tau_records,
 )
 from spirelib.throughput.schedule import Acceptance
 
@@ -49,9 +49,9 @@ def test_04s_tau_reads_back_typed_as_written_and_an_older_runs_missing_fields_ar
     written = {"spire": {"960": RecordedTau(2.9, 0.05, 192, 0.31).to_dict(),
                          "256": RecordedTau(3.1, 0.04, 64, 0.2).to_dict()}}
     run = {"04_measure_tau": {"tau": {**written, "vanilla": {"512": {"mean": 2.5}}}}}  # a run before ci95 and the rest
-    taus = recorded_tau(run)
+    taus = tau_records(run)
     assert taus == {"spire": {960: RecordedTau(2.9, 0.05, 192, 0.31), 256: RecordedTau(3.1, 0.04, 64, 0.2)},
                     "vanilla": {512: RecordedTau(2.5)}}
     assert {m: {str(L): t.to_dict() for L, t in by_l.items()} for m, by_l in taus.items() if m == "spire"} == written
-    assert recorded_lengths(taus) == [256, 512, 960]
-    assert recorded_tau({}) == recorded_tau({"04_measure_tau": {"tau": None}}) == {}
+    assert tau_lengths(taus) == [256, 512, 960]
+    assert tau_records({}) == tau_records({"04_measure_tau": {"tau": None}}) == {}
