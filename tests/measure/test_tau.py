@@ -250,10 +250,16 @@ WORKER = textwrap.dedent("""
         out[run] = {"n": got.n_contexts, "loss": got.losses[L].tolist(),
                     "counts": {m: by_l[L].accepted.tolist() for m, by_l in got.counts.items()}}
     if not dist.is_initialized() or dist.get_rank() == 0:
-        json.dump(out, open(sys.argv[1], "w"))
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f)
     if dist.is_initialized():
         dist.barrier()  # no rank tears gloo down while the other is still in a collective
         dist.destroy_process_group()
+        # Out without the interpreter's finalization: there gloo's worker threads, still holding
+        # finished work with Python references, now and then abort a rank (SIGABRT, "terminate called
+        # without an active exception") after everything it measured is written.
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)
 """)
 
 
