@@ -10,7 +10,7 @@ it (`to_dict`) and every reader reads it back typed (`tau_records`), not by stri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from spirelib.throughput.schedule import Acceptance
 
@@ -28,7 +28,7 @@ class RecordedTau:
 
     def to_dict(self) -> dict:
         """What 04 records (`tau_records` reads it back)."""
-        return {"mean": self.mean, "ci95": self.ci95, "n_contexts": self.n_contexts, "std": self.std}
+        return asdict(self)
 
 
 def tau_records(results: dict) -> dict[str, dict[int, RecordedTau]]:

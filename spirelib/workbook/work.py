@@ -181,11 +181,12 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes
     high = seconds
     keys = context + new_tokens // 2
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
+    unknown = k + 1.0 if ranged else 1.0  # a method no tau is known for: from its best case, else its slowest
+    slowest = expected_rounds(1.0, k, new_tokens, batch)  # tau 1: the range's other end
     for m in methods:
-        best = k + 1.0 if ranged else 1.0  # a method no tau is known for: from its best case, else its slowest
-        rounds = expected_rounds(taus.get(m, best), k, new_tokens, batch)
+        rounds = expected_rounds(taus.get(m, unknown), k, new_tokens, batch)
         seconds += share[m] * rounds * probe["round_s"][m]
-        high += share[m] * expected_rounds(1.0, k, new_tokens, batch) * probe["round_s"][m]
+        high += share[m] * slowest * probe["round_s"][m]
         passes = draft_work(shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)
         flops += share[m] * rounds * (verify.flops + sum(w.flops for w in passes))
         moved += share[m] * rounds * (verify.bytes + sum(w.bytes for w in passes))
