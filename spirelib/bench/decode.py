@@ -48,7 +48,6 @@ from spirelib.bench.roofline import (
 )
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.eagle3 import Eagle3Draft
-from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.prefill import TargetPass
 from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
 from spirelib.measure.wallclock import (
@@ -59,21 +58,21 @@ from spirelib.measure.wallclock import (
     repeat_seconds,
     time_cells,
 )
-from spirelib.model.config import Eagle3Config, SinkWindow, SpireConfig, vanilla_draft_config
+from spirelib.model.config import Eagle3Config, SpireConfig, vanilla_draft_config
 from spirelib.model.eagle3 import Eagle3DraftModel
-from spirelib.model.kvcache import SinkWindowKVCache
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.throughput import profile_fit
 from spirelib.throughput.hardware import Machine
+from spirelib.throughput.methods import BUDGETED, DECODED
 
-TIMED = ("ad", "vanilla", "magicdec", "spire", "guided", "lookup", "eagle3")  # AD and the registered drafts this benchmark builds
+TIMED = ("ad", *DECODED)  # AD and every decoded draft (`methods.DECODED`): what this benchmark builds
 
 
 def draft_options(window: int) -> dict[str, dict]:
-    """Each self-draft's builder options at a `window` (`kv_budgets`); the other drafts take none."""
+    """Each budgeted self-draft's builder options at a `window` (`kv_budgets`); the other drafts take none."""
     budgets = kv_budgets(window)
-    return {m: {"budget": budgets[m]} for m in ("magicdec", "guided")}
+    return {m: {"budget": budgets[m]} for m in BUDGETED}
 
 
 def draft_models(target: Transformer, methods, window: int) -> dict:
@@ -144,8 +143,9 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone
     (`wallclock.repeat_seconds`: one untimed call first, which compiles under `compiled`), its cache
     rolled back before every call, each dense cache as large as the one `round_rows`' generations
-    read (`capacities`). `models`: `build_methods`' vanilla and SPIRe draft models. The guided
-    draft's step reads the entries it chose from the prefill's scores (`GuidedDraft.begin`)."""
+    read (`capacities`). `models`: `build_methods`' vanilla and SPIRe draft models. Each budgeted
+    self-draft (`methods.BUDGETED`) steps the target over the cache its `begin` filled from the
+    prefill (the guided draft: the entries it chose from the prefill's scores)."""
     cfg, param = target.cfg, next(target.parameters())
     dev, value_bytes = param.device, param.element_size()
     vanilla, spire = models["vanilla"], models["spire"]
@@ -162,13 +162,11 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     lengths = torch.full((batch,), context, device=dev)  # (B,)
     ad_cache, target_cache = dense(target, capacity["ad"]), dense(target, capacity["sd"])
     vanilla_cache, scored_cache = dense(vanilla, capacity["sd"]), dense(target, capacity["sd"], scored=k + 1)
-    guided = GuidedDraft(target, budgets["guided"])
     prefilled = torch.arange(context, device=dev).expand(batch, context)  # (B, L)
-    guided.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
-                            scored_cache, None), k)
-    ring = SinkWindowKVCache(cfg.num_layers, batch, cfg.n_kv, cfg.d_head, SinkWindow(1, window), k + 1,
-                             rope_mode="cache", rope_base=cfg.rope_base, device=dev, dtype=param.dtype)
-    ring.ingest(target_cache, torch.arange(context, device=dev).expand(batch, context))
+    self_drafts = {m: draft_factory(m, target, temperature=0.0, **o)() for m, o in draft_options(window).items()}
+    for draft in self_drafts.values():
+        draft.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
+                               scored_cache, None), k)
     eagle3 = Eagle3Draft(models["eagle3"])
     stream = target.residual_stream(tokens[:, :context], layers=eagle3.target_layers)  # (3, B, L, d)
     eagle3.begin(TargetPass(prefilled, tokens[:, :context], torch.ones_like(prefilled, dtype=torch.bool), lengths,
@@ -184,8 +182,8 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
         verify_kind(k, True): (lambda: target(tokens[:, context:], pos + torch.arange(k + 1, device=dev),
                                               scored_cache), scored_cache),
         step_kind("vanilla"): (lambda: vanilla(tokens[:, context:context + 1], pos, vanilla_cache), vanilla_cache),
-        step_kind("magicdec"): (lambda: target(tokens[:, context:context + 1], pos, ring), ring),
-        step_kind("guided"): (lambda: target(tokens[:, context:context + 1], pos, guided.cache), guided.cache),
+        **{step_kind(m): (lambda d=d: target(tokens[:, context:context + 1], pos, d.cache), d.cache)
+           for m, d in self_drafts.items()},
         step_kind("spire"): (lambda: spire.step(tokens[:, context], lengths, memory), memory),
         step_kind("eagle3"): (lambda: eagle3.model.step(tokens[:, context], eagle3.feature, lengths, eagle3.cache),
                               eagle3.cache),

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from spirelib.decoding.prefill import speculative_capacity
 from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.throughput import profiled
-from spirelib.throughput.methods import BUDGET, DECODED, TARGET, KVBudget, card, label
+from spirelib.throughput.methods import BUDGET, BUDGETED, DECODED, TARGET, KVBudget, card, label
 from spirelib.throughput.perfmodel import fused_params
 
 #: Rounds a generation runs before `round_rows` times one: the first runs eagerly, the second records
@@ -37,9 +37,9 @@ class Forward(NamedTuple):
 
 
 def kv_budgets(window: int) -> dict[str, KVBudget]:
-    """Each sparse draft's KV budget at a `window` (sink 1): MagicDec's ring and SPIRe's cache, and
-    the guided draft's split of as many entries (`KVBudget.split`)."""
-    return {"magicdec": KVBudget(1, window), "spire": KVBudget(1, window), "guided": KVBudget.split(1 + window)}
+    """Each sparse draft's KV budget at a `window` (sink 1): SPIRe's cache, and each budgeted
+    self-draft's spending of as many entries as its card says (`methods.BUDGETED`)."""
+    return {"spire": KVBudget(1, window), **{m: card(m).budget(1 + window, 1) for m in BUDGETED}}
 
 
 def ring_slots(budget: KVBudget, k: int) -> int:

@@ -17,6 +17,7 @@ plotly's qualitative palette by its position.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF",
@@ -43,6 +44,14 @@ class KVBudget:
     @property
     def entries(self) -> int:
         return self.sink + self.window + self.chosen
+
+    @classmethod
+    def ring(cls, entries: int, sink: int = 1) -> KVBudget:
+        """A budget of `entries`: the sink and a recent window of the rest (MagicDec's ring, method §3.4)."""
+        if entries - sink < 1:
+            raise ValueError(f"a KV budget of {entries} leaves no window past the sink of {sink}; give a budget of "
+                             "at least sink + 1")
+        return cls(sink, entries - sink)
 
     @classmethod
     def split(cls, entries: int, sink: int = 1) -> KVBudget:
@@ -90,7 +99,10 @@ class MethodCard:
     (a one-pass drafter, modeled only); `paper`: the paper's three (method §2), else priced by our
     extension (`perfmodel.EXTRA_METHODS`) or, with `priced` False, not at all; `engines`: each
     serving engine's name for it (vLLM's method, SGLang's algorithm), none if no engine serves it;
-    `ngrams`: the n-gram lengths a prompt lookup tries (`decoding.lookup`), which its engine keys carry."""
+    `ngrams`: the n-gram lengths a prompt lookup tries (`decoding.lookup`), which its engine keys carry;
+    `budget`: how a sparse self-draft spends a total of `entries` keys with a `sink` (`KVBudget.ring`,
+    `KVBudget.split`): what `Series.kv_budgets` and the benchmarks give its builder as `budget=`
+    (None: it reads no budget, or, SPIRe, its trained config's)."""
 
     name: str
     label: str
@@ -110,6 +122,7 @@ class MethodCard:
     priced: bool = True
     engines: dict[str, str] = field(default_factory=dict)
     ngrams: tuple[int, int] | None = None  # the n-gram lengths (shortest, longest) a prompt lookup tries
+    budget: Callable[[int, int], KVBudget] | None = None  # (entries, sink) -> a self-draft's KV budget
 
     @property
     def self_draft(self) -> bool:
@@ -131,11 +144,11 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
     MethodCard("vanilla", "vanilla SD", "#2ca02c", "V", needs_model=True, drafter=DRAFT, first_new=2, paper=True,
                engines={"vllm": "draft_model", "sglang": "STANDALONE"}),
     MethodCard("magicdec", "MagicDec", "#1f77b4", "M", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
-               paper=True),
+               paper=True, budget=KVBudget.ring),
     MethodCard("spire", "SPIRe", "#d62728", "S", needs_model=True, drafter=DRAFT, reads=BUDGET, memory=True,
                paper=True),
     MethodCard("guided", "guided sparse", "#17a0a0", "G", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
-               scores=True),  # the verification-guided sparse self-draft
+               scores=True, budget=KVBudget.split),  # the verification-guided sparse self-draft
     # n-grams of 1 to 5, longest first: vLLM's default is 5 to 5; a floor should be generous, and a
     # proposal costs nothing but the verification the round runs anyway, so short n-grams are tried too
     MethodCard("lookup", "prompt lookup", "#8c8c3c", "P", needs_model=False, drafter=None,
@@ -148,6 +161,8 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
 #: Methods the engine decodes with (a builder in `decoding.builders`); the one-pass drafter is a
 #: hypothetical the performance model prices at a stated tau (method §2), with no torch code.
 DECODED = tuple(m for m in CARDS if m != "one_pass")
+#: The decoded self-drafts whose KV budget a series or a benchmark sets (`MethodCard.budget`).
+BUDGETED = tuple(m for m in DECODED if CARDS[m].budget is not None)
 
 AD = MethodCard("ad", "AD", "#7f7f7f", "AD", needs_model=False, drafter=None, priced=False)
 

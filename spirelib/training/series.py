@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, ablation, vanilla_draft_config
 from spirelib.paths import resolve_path
-from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.methods import BUDGETED, KVBudget, card
 from spirelib.training.config import TrainConfig
 from spirelib.training.series_params import (
     FROM_CHECKPOINT,
@@ -261,18 +261,21 @@ class Series:
                                  **self.draft_options(m, entries)) for m in methods}
 
     def kv_budgets(self, entries: int | None = None) -> dict[str, KVBudget]:
-        """Each sparse draft's KV budget (method §3.4, §4): SPIRe's, MagicDec's, and the guided draft's
-        split of as many (`KVBudget.split`); at `entries` (the sweep), MagicDec keeps its sink."""
+        """Each sparse draft's KV budget (method §3.4, §4): SPIRe's, and each budgeted self-draft's
+        (`methods.BUDGETED`) spending of MagicDec's sink + window as its card says (`MethodCard.budget`:
+        MagicDec's ring, the guided draft's split); at `entries` (the sweep), as many, with the same sink."""
         m = self.magicdec
         total = m.sink + m.window if entries is None else entries
-        guided = KVBudget.split(total, m.sink)  # refuses a budget with no room past the sink first
-        return {"spire": KVBudget(self.spire.sink, self.spire.window), "magicdec": KVBudget(m.sink, total - m.sink),
-                "guided": guided}
+        return {"spire": KVBudget(self.spire.sink, self.spire.window),
+                **{method: card(method).budget(total, m.sink) for method in BUDGETED}}
 
     def draft_options(self, method: str, entries: int | None = None) -> dict:
-        """`method`'s builder options: a self-draft's KV budget (`kv_budgets`), MagicDec's rope mode."""
-        extra = {"magicdec": {"rope_mode": self.magicdec.rope_mode}, "guided": {}}
-        return {"budget": self.kv_budgets(entries)[method], **extra[method]} if method in extra else {}
+        """`method`'s builder options: a budgeted self-draft's KV budget (`kv_budgets`), and MagicDec's
+        rope mode."""
+        if method not in BUDGETED:
+            return {}
+        return {"budget": self.kv_budgets(entries)[method],
+                **({"rope_mode": self.magicdec.rope_mode} if method == "magicdec" else {})}
 
     def draft_shapes(self) -> dict:
         """Each decoded draft's `profiled.DraftShape` on the series' target, as 09 prices them."""

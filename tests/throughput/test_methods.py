@@ -6,7 +6,20 @@ from __future__ import annotations
 import pytest
 
 from spirelib.throughput import perfmodel as pm
-from spirelib.throughput.methods import BUDGET, CARDS, CONTEXT, DRAFT, TARGET, KVBudget, card, color, label, letter
+from spirelib.throughput.methods import (
+    BUDGET,
+    BUDGETED,
+    CARDS,
+    CONTEXT,
+    DECODED,
+    DRAFT,
+    TARGET,
+    KVBudget,
+    card,
+    color,
+    label,
+    letter,
+)
 
 
 def test_the_performance_models_lists_come_from_the_cards():
@@ -35,6 +48,18 @@ def test_a_kv_budget_names_its_parts_and_splits_like_the_guided_draft():
         KVBudget.split(2)
     with pytest.raises(ValueError, match="window >= 1"):
         KVBudget(1, 0)
+    assert KVBudget.ring(65) == KVBudget(1, 64) and KVBudget.ring(8, 0) == KVBudget(0, 8)
+    with pytest.raises(ValueError, match="at least sink \\+ 1"):
+        KVBudget.ring(1)
+
+
+def test_every_sparse_self_draft_says_how_it_spends_a_kv_budget_of_any_size():
+    """`Series.kv_budgets` and the benchmarks budget exactly the self-drafts that read a budget
+    (SPIRe's comes from its trained config), each spending every entry it is given."""
+    assert BUDGETED == tuple(m for m in DECODED if card(m).drafter == TARGET and card(m).reads == BUDGET)
+    assert card("magicdec").budget(65, 1) == KVBudget(1, 64) and card("guided").budget(65, 1) == KVBudget(1, 32, 32)
+    for m in BUDGETED:
+        assert all(card(m).budget(entries, sink).entries == entries for entries in (8, 65, 257) for sink in (0, 1, 4))
 
 
 def test_labels_colours_and_letters_are_the_cards_and_unknown_keys_fall_back():
