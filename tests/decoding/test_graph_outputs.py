@@ -12,9 +12,9 @@ import torch
 from graph_pool import GraphPool
 from test_speculative import CFG, assert_two_token_law, peaky_model
 
-from spirelib.decoding.drafts import MagicDecDraft, SpireDraft, VanillaDraft, spire_draft
+from spirelib.decoding.builders import draft_factory
+from spirelib.decoding.drafts import SpireDraft, VanillaDraft, spire_draft
 from spirelib.decoding.eagle3 import Eagle3Draft
-from spirelib.decoding.guided import GuidedDraft
 from spirelib.decoding.lookup import LookupDraft
 from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
 from spirelib.decoding.speculative import (
@@ -27,7 +27,7 @@ from spirelib.measure.tau import TauProtocol, measure_tau
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig
 from spirelib.model.eagle3 import Eagle3DraftModel, draft_vocabulary
 from spirelib.model.spire import SpireDraftModel
-from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.methods import BUDGETED, card
 
 G, K = 12, 4
 TARGET = ModelConfig(vocab_size=CFG.vocab_size, num_layers=8, d_model=16, n_q_per_kv=2, n_kv=2, d_head=4, d_ff=32)
@@ -47,14 +47,20 @@ def models():
     return {"target": target, "small": small, "spire": spire, "plain": plain, "eagle3": eagle3}
 
 
+def budgeted(target, temperature, entries: int) -> dict:
+    """Every budgeted self-draft (`methods.BUDGETED`: MagicDec, the guided draft, any new one) over
+    `entries` keys with a sink of 1, spent as its card says, built by its builder."""
+    return {m: draft_factory(m, target, temperature=temperature, budget=card(m).budget(entries, 1))()
+            for m in BUDGETED}
+
+
 def drafts(models, temperature):
-    """Every kind of draft the engine decodes with, sampling at `temperature`."""
+    """Every kind of draft the engine decodes with, sampling at `temperature` (MagicDec over a sink
+    and 6 recent keys, the guided draft over a sink, 3 recent and 3 chosen)."""
     target = models["target"]
-    return {"vanilla": VanillaDraft(models["small"], temperature),
-            "magicdec": MagicDecDraft(target, KVBudget(1, 6), temperature=temperature),
+    return {"vanilla": VanillaDraft(models["small"], temperature), **budgeted(target, temperature, 7),
             "spire": SpireDraft(models["spire"], temperature),
             "spire, no target activations": spire_draft(models["plain"], temperature),
-            "guided": GuidedDraft(target, KVBudget(1, 3, 3), temperature=temperature),
             "lookup": LookupDraft(target), "eagle3": Eagle3Draft(models["eagle3"], temperature)}
 
 
@@ -169,8 +175,7 @@ def test_sampled_rounds_through_graphs_follow_the_target_distribution(temperatur
     spire = SpireDraftModel.from_target(target, SpireConfig(num_layers=1, window=3, k=3)).eval()
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1, 4, 2])
     made = {"vanilla": VanillaDraft(small, temperature), "spire": SpireDraft(spire, temperature),
-            "magicdec": MagicDecDraft(target, KVBudget(1, 3), temperature=temperature),
-            "guided": GuidedDraft(target, KVBudget(1, 2, 2), temperature=temperature), "lookup": LookupDraft(target)}
+            **budgeted(target, temperature, 5), "lookup": LookupDraft(target)}
     pool = GraphPool().install(target, small, spire)
     try:
         for i, (name, draft) in enumerate(made.items()):

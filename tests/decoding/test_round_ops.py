@@ -17,8 +17,9 @@ from graph_pool import GraphPool, counting
 from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (models: the fixture)
 
 from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
+from spirelib.throughput.methods import BUDGETED
 
-METHODS = ["vanilla", "magicdec", "spire", "spire, no target activations", "guided", "lookup", "eagle3"]
+METHODS = ["vanilla", *BUDGETED, "spire", "spire, no target activations", "lookup", "eagle3"]
 MAX_OPS, MAX_AD_OPS = 5, 2  # the GPU round's goal: at most 3 replays, 5 ops (AD 2); replays are held to 1
 
 

@@ -6,12 +6,13 @@ import math
 import pytest
 import torch
 
+from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.drafts import MagicDecDraft, VanillaDraft
 from spirelib.decoding.sampling import rejection_sample, sample, uniform_width
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.methods import BUDGETED, KVBudget, card
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -118,10 +119,20 @@ def drafts_for(target):
         "vanilla-small": lambda t: VanillaDraft(peaky_model(small, 5), temperature=t),
         "magicdec": lambda t: MagicDecDraft(target, KVBudget(1, 6), rope_mode="cache", temperature=t),
         "magicdec-original": lambda t: MagicDecDraft(target, KVBudget(2, 5), rope_mode="original", temperature=t),
+        **{m: lambda t, m=m: budgeted(m, target, t, 7) for m in OTHER_BUDGETED},
     }
 
 
-@pytest.mark.parametrize("name", ["vanilla-perturbed", "vanilla-small", "magicdec", "magicdec-original"])
+def budgeted(method: str, target, temperature: float, entries: int):
+    """A budgeted self-draft (`methods.BUDGETED`) over `entries` keys with a sink of 1, as its card spends them."""
+    return draft_factory(method, target, temperature=temperature, budget=card(method).budget(entries, 1))()
+
+
+OTHER_BUDGETED = [m for m in BUDGETED if m != "magicdec"]  # the guided draft, and any new one
+
+
+@pytest.mark.parametrize("name", ["vanilla-perturbed", "vanilla-small", "magicdec", "magicdec-original",
+                                  *OTHER_BUDGETED])
 def test_greedy_speculative_equals_greedy_autoregressive(name):
     target = peaky_model()
     B, L, G = 5, 14, 25
@@ -186,7 +197,7 @@ def assert_two_token_law(target, context, tokens, temperature) -> None:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
-@pytest.mark.parametrize("name", ["vanilla-small", "magicdec"])
+@pytest.mark.parametrize("name", ["vanilla-small", *BUDGETED])
 def test_sampled_speculative_decoding_matches_the_target_distribution(name, temperature):
     """At T = 1, and at temperatures that sharpen (0.7) or flatten (1.5) the target, the first
     two generated tokens follow the target's exact joint distribution at that temperature,
@@ -195,8 +206,8 @@ def test_sampled_speculative_decoding_matches_the_target_distribution(name, temp
     target = peaky_model(cfg, std=0.15)
     small = ModelConfig(vocab_size=6, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32)
     gen = torch.Generator().manual_seed(11)
-    draft = {"vanilla-small": VanillaDraft(peaky_model(small, 7, std=0.15), temperature=temperature),
-             "magicdec": MagicDecDraft(target, KVBudget(1, 3), temperature=temperature)}[name]
+    draft = (VanillaDraft(peaky_model(small, 7, std=0.15), temperature=temperature) if name == "vanilla-small"
+             else budgeted(name, target, temperature, 4))  # MagicDec: a sink and 3 recent keys
     context = torch.tensor([1, 4, 2, 2, 5, 0, 3, 1])
     n = 20_000
     sd = speculative_generate(target, draft, context.expand(n, -1), 2, k=3, temperature=temperature, generator=gen)
