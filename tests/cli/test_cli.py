@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from spirelib import bench, cli
+from spirelib.throughput.methods import DECODED, card
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREEN = 50  # lines of --help that fit one terminal screen
@@ -101,7 +102,7 @@ def test_bench_decode_profiled_fits_its_grid_and_judges_the_held_out_cell(monkey
     assert code == 0, err
     report = json.loads(out)
     cells = {(c["B"], c["L"], c["method"]): c for c in report["cells"]}
-    methods = ("vanilla", "magicdec", "spire", "guided", "lookup", "eagle3")
+    methods = DECODED  # every decoded draft's card
     assert set(cells) == {(B, L, m) for B, L in ((1, 16), (2, 16), (1, 24), (2, 24), (2, 32)) for m in methods}
     assert [key for key, c in cells.items() if c["held_out"]] == [(2, 32, m) for m in methods]
     assert all(c["runs"] == 2 and c["profiled_speedup"] > 0 for c in cells.values())
@@ -156,9 +157,11 @@ def test_bench_decode_roofline_gives_every_forward_and_every_whole_round(monkeyp
                           "--temperature", "0", *DECODE_TOY])
     assert code == 0, err
     rows = {r["kind"]: r for r in json.loads(out)}
-    assert list(rows) == ["AD step", "verify (4 tokens)", "verify (4) + scores", "vanilla SD step", "MagicDec step",
-                          "guided sparse step", "SPIRe step", "EAGLE-3 step", "ad round", "vanilla round",
-                          "magicdec round", "spire round", "guided round", "lookup round", "eagle3 round"]
+    steps = {f"{card(m).label} step" for m in DECODED if card(m).drafter is not None}  # every card with a draft pass
+    rounds = [f"{m} round" for m in ("ad", *DECODED)]
+    assert list(rows)[:3] == ["AD step", "verify (4 tokens)", "verify (4) + scores"] and list(rows)[-len(rounds):] == rounds
+    assert set(list(rows)[3:-len(rounds)]) == steps
+    assert {"MagicDec step", "guided sparse step", "SPIRe step", "EAGLE-3 step", "lookup round"} < set(rows)
     roof = {kind: r["roofline_ms"] for kind, r in rows.items()}
     assert roof["ad round"] == pytest.approx(roof["AD step"])
     for method, step, verify in (("magicdec", "MagicDec step", "verify (4 tokens)"),
@@ -189,7 +192,8 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
     monkeypatch.setattr(decode_memory, "available_bytes", lambda device: (rounds + runs) // 2)
     code, _, err = run(argv)
     assert code == 2 and "--profiled: at B 2 x L 24 the timed runs hold" in err
-    assert f"target caches (7) {7 * decode_memory.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
+    n = len(decode.TIMED)  # AD and every decoded draft, each on its own copy of the prefill
+    assert f"target caches ({n}) {n * decode_memory.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
     assert "--interleave runs (one target cache) holds" in err and "which fits" in err
     assert decode.problems(cli.parser().parse_args([*argv, "--interleave", "runs"])) == []
     monkeypatch.setattr(decode_memory, "available_bytes", lambda device: runs - 1)
