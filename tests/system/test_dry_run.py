@@ -22,7 +22,7 @@ from spirelib import cli
 from spirelib.training import corpus, series_params
 from spirelib.training import series as series_config
 from spirelib.training.series import Series
-from spirelib.workbook import runner
+from spirelib.workbook import injection, runner
 from spirelib.workbook.notebooks import NOTEBOOKS as CONTRACTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_series_dry_run_keeps_every_shape_and_scales_every_budget():
 # ---------------------------------------------------------------------------- the notebook override table
 
 def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
-    declared = {p.stem: runner.declared_parameters(p) for p in runner.discover(NOTEBOOKS)}
+    declared = {p.stem: injection.declared_parameters(p) for p in injection.discover(NOTEBOOKS)}
     for stem, overrides in ((s, nb.dry_run) for s, nb in CONTRACTS.items() if nb.dry_run):
         assert stem in declared, stem
         assert set(overrides) <= set(declared[stem]), (stem, set(overrides) - set(declared[stem]))
@@ -76,14 +76,14 @@ def test_every_dry_run_override_names_a_declared_parameter_of_its_notebook():
 @pytest.mark.parametrize("params_file, corpus_path", [("paper.yaml", "/somewhere/lc64"), ("smoke.yaml", None)])
 def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook(params_file, corpus_path):
     path = ROOT / "params" / params_file
-    _, _, full = runner.prepare(path, NOTEBOOKS)
-    _, _, dry = runner.prepare(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
+    _, _, full = injection.prepare(path, NOTEBOOKS)
+    _, _, dry = injection.prepare(path, NOTEBOOKS, dry_run=True, corpus_path=corpus_path)
     assert dry.keys() == full.keys()
     for stem, chosen in dry.items():
         table = CONTRACTS[stem].dry_run if stem in CONTRACTS else {}
         for key, value in chosen.items():
             if key == "series":
-                want = series_config.dry_run(runner.with_corpus_path(
+                want = series_config.dry_run(injection.with_corpus_path(
                     {"series": full[stem].get("series", {})}, corpus_path)["series"])
                 assert value == want and Series.from_dict(value).device == "cpu"
             elif key in table:
@@ -93,13 +93,13 @@ def test_dry_run_plan_applies_the_table_and_the_series_dry_run_to_every_notebook
                 assert value == full[stem][key], (stem, key)  # not a budget: the file's value
         assert set(chosen) - set(full[stem]) <= set(table) | {"series"}
         # a notebook with the series gets its dry run even when the file has no series section (smoke.yaml)
-        assert ("series" in chosen) == ("series" in runner.declared_parameters(NOTEBOOKS / f"{stem}.ipynb"))
+        assert ("series" in chosen) == ("series" in injection.declared_parameters(NOTEBOOKS / f"{stem}.ipynb"))
     assert dry["05_ablations"]["ablation_training"]["steps"] == 2 and len(dry["05_ablations"]["ablation_seeds"]) == 1
     assert full["01_performance_model"] == dry["01_performance_model"]  # numpy-only notebooks run as they are
 
 
 def test_the_ablation_budget_of_the_dry_run_is_the_spire_drafts_so_its_model_is_reused():
-    _, _, dry = runner.prepare(PAPER, NOTEBOOKS, dry_run=True)
+    _, _, dry = injection.prepare(PAPER, NOTEBOOKS, dry_run=True)
     series = Series.from_dict(dry["05_ablations"]["series"])
     assert series.training(dry["05_ablations"]["ablation_training"], "ablation_training") == series.spire_training
 
@@ -108,7 +108,7 @@ def test_a_dry_run_value_that_does_not_fit_its_notebook_is_reported(monkeypatch)
     monkeypatch.setitem(CONTRACTS, "04_measure_tau", dataclasses.replace(CONTRACTS["04_measure_tau"],
                                                                    dry_run={"n_contexts": "two"}))
     with pytest.raises(runner.ParamsError, match="dry run of 04_measure_tau: n_contexts: expected int"):
-        runner.prepare(PAPER, NOTEBOOKS, dry_run=True)
+        injection.prepare(PAPER, NOTEBOOKS, dry_run=True)
 
 
 # ---------------------------------------------------------------------------- the runner's wiring

@@ -15,11 +15,11 @@ import pytest
 from browser import CHROMIUM, NEEDS_BROWSER, sync_playwright
 
 from spirelib import cli
-from spirelib.workbook import runner
+from spirelib.workbook import injection
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-SERIES = runner.discover(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
+SERIES = injection.discover(NOTEBOOKS) if NOTEBOOKS.is_dir() else []
 
 
 @pytest.fixture(scope="module")

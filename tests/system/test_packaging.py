@@ -12,7 +12,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from spirelib.workbook import runner
+from spirelib.workbook import injection
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -82,7 +82,7 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters', want exactly 1"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec python3 missing"
-    declared = runner.declared_parameters(path)
+    declared = injection.declared_parameters(path)
     untyped = [name for name, t in declared.items() if t == "None"]
     assert not untyped, f"{path.name}: parameters without a type annotation: {untyped}"
     assigned = [node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
@@ -93,7 +93,7 @@ def test_notebook_has_one_parameters_cell_of_typed_assignments(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_series_notebook_is_named_nn_name(path):
-    assert runner.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"
+    assert injection.NOTEBOOK_NAME.match(path.name), f"{path.name}: name it NN_name.ipynb"
 
 
 def _screenshot_module():

@@ -23,7 +23,7 @@ from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.throughput.profiled import forward_work
 from spirelib.training.series import Series
 from spirelib.training.train import TrainConfig
-from spirelib.workbook import plan, report, work
+from spirelib.workbook import injection, plan, report, work
 from spirelib.workbook import probe as probing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,7 +211,7 @@ def test_a_replan_decodes_at_the_taus_the_last_run_of_the_same_series_measured(f
     results.write_json(tmp_path / "results.json", {"04_measure_tau": {"tau": {"vanilla": {
         "16": {"mean": 1.1}, "32": {"mean": 1.3}}}}})
     assert plan.measured_taus(results.read_json(tmp_path / "results.json")) == {"vanilla": pytest.approx(1.2)}
-    selected = [p for p in runner.discover(ROOT / "notebooks") if p.stem == "04_measure_tau"]
+    selected = [p for p in injection.discover(ROOT / "notebooks") if p.stem == "04_measure_tau"]
     injected = {"04_measure_tau": params["04_measure_tau"]}
     for series, expected in (({}, "last run measured"), ({"seed": 3}, "range of tau")):
         results.write_json(tmp_path / "run.json", {"params": {"series": {}}})
