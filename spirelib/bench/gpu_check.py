@@ -5,10 +5,10 @@ from a cold compile cache, a row each (`CHECKS`), judged against its goal (`gpu_
 with its figures. Compiled decoding through round graphs against eager (`_cuda_graphs`); a bf16 target with
 an fp32 SPIRe draft (`_bf16_target`); training MFU, reported (`_mfu`); a sharded step's memory
 against its simulation (`_memory`); the compiled AD step against the roofline of the bytes it reads
-(`_roofline`); the host's share of an SD round (`_host`); transformers as a peer (`_peer`); the
+(`gpu_rounds.roofline_check`); the host's share of an SD round (`gpu_rounds.host_check`); transformers as a peer (`_peer`); the
 profiled cost model's held-out error (`_profiled`); the whole check's time (`time_row`). The smoke
 series (`_series`, notebooks) runs with --notebooks only. Rows that time cells start none once their
-budget (`BUDGETS_S`) is spent and name the cells left. Every row goes to a JSON summary (`summary`);
+budget (`BUDGETS_S`, `gpu_goals.in_budget`) is spent and name the cells left. Every row goes to a JSON summary (`summary`);
 the exit status is 1 if any row failed. `--device cpu --quick` runs the same code at toy shapes,
 without budgets: figures that mean nothing there are reported, not judged.
 """
@@ -22,63 +22,40 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
 import yaml
 
-from spirelib.bench import greedy_mismatch, positive, synchronize
+from spirelib.bench import gpu_rounds, greedy_mismatch, positive, synchronize
 from spirelib.bench.gpu_goals import (
     BUDGETS_S,
     GOALS,
-    HOST_METHODS,
     MEMORY_TOLERANCE,
-    QUICK_ROUND_CELL,
-    ROOFLINE_METHODS,
-    ROUND_CELL,
     SERIES_TIMEOUT_S,
+    K,
     Outcome,
     Row,
     budget,
     device_name,
+    in_budget,
     judge_graphs,
-    judge_host,
     judge_peer,
     judge_profiled,
-    judge_roofline,
     judged_outcome,
     judged_row,
     summary,
     time_row,
+    untimed,
 )
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 
-#: bf16 logits this close (top two at a position) are a near-tie whose argmax rounding may flip.
-K, WINDOW = 4, 64  # draft tokens a round; the sparse drafts' window (sink 1)
-LIVE_READS = "ad, live reads"  # the roofline row's last: the AD step reading only the live keys (`_live_reads_rows`)
 #: The cuda-graphs row's generations: B, L, k and G as `rounds.steady_state_counts` decodes them at k 4
 #: (G = (3 warm-up rounds + 2) x (k + 1)), so that its counted rounds replay the row's kernels and graphs.
 GRAPH_CELL = {"batch": 8, "context": 64, "k": 4, "new_tokens": 25}
 
 class Skipped(Exception):
     """A row that cannot run on this machine (a missing optional package): said, not failed."""
-
-
-def in_budget(cells: list, budget_s: float, left: list):
-    """`cells` in order while under `budget_s` seconds have passed since the first began; the cells
-    not started then are appended to `left`."""
-    start = time.perf_counter()
-    for i, cell in enumerate(cells):
-        if time.perf_counter() - start > budget_s:
-            left.extend(cells[i:])
-            return
-        yield cell
-
-
-def untimed(left: list) -> str:
-    """The note on cells a row's budget left untimed (empty: none)."""
-    return f"; over budget, not timed: {', '.join(map(str, left))}" if left else ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -271,150 +248,6 @@ def _mfu(args) -> Outcome:
                    {"tokens_per_s": run["tokens_per_s"], "mfu": mfu, "peak_tflops": peak / 1e12})
 
 
-_BUILT: dict = {}  # (config, device, dtype) -> (target, factories, models): the decoding models rows share
-
-
-def _decoding_models(args) -> tuple:
-    """The paper's target in bf16 (--quick: the workbook's in fp32) and its drafts, greedy
-    (`decode.build_methods`), built once for the rows that time their rounds (`_roofline`, `_host`),
-    so that the kernels one compiles serve the other at the same shapes."""
-    from spirelib.bench.decode import TIMED, build_methods
-    from spirelib.bench.train import TARGETS
-    from spirelib.model.transformer import Transformer
-
-    cfg = TARGETS["workbook" if args.quick else "paper"]
-    dtype = torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32
-    key = (cfg, args.device, dtype)
-    if key not in _BUILT:
-        _BUILT.clear()
-        torch.manual_seed(0)
-        target = Transformer(cfg).to(device=args.device, dtype=dtype).eval()
-        _BUILT[key] = (target, *build_methods(target, list(TIMED), 0.0, WINDOW))
-    return _BUILT[key]
-
-
-def _release() -> None:
-    """Between rows: every round graph and its memory pool (`GRAPHS.release`) and the caches the
-    shared decoding models keep (`kvcache.release`), so that one row's buffers and prefill
-    activations leave the next the whole memory; compiled kernels stay (no `torch._dynamo.reset`)."""
-    from spirelib.decoding.graphs import GRAPHS
-    from spirelib.model.kvcache import release
-
-    for target, _, models in _BUILT.values():
-        for model in (target, *models.values()):
-            if model is not None:
-                release(model)
-    GRAPHS.release()
-
-
-def _round_cell(args) -> tuple[tuple[int, int], int]:
-    """((B, L), timed rounds) of the roofline and host rows: the same generations, so the same kernels."""
-    return (QUICK_ROUND_CELL, 3) if args.quick else (ROUND_CELL, 20)
-
-
-def _roofline(args) -> Outcome:
-    """`bench decode --roofline`'s whole rounds (`decode.round_rows`), compiled and greedy, of the
-    paper's target in bf16 at `ROUND_CELL`: the AD step (goal: >= `ROOFLINE_GOAL` of the roofline of
-    the bytes it reads: the weights and the target cache's whole capacity, `roofline.forward_shapes`)
-    and SPIRe's round, each beside its useful fraction (the live keys alone) and the graphs recorded
-    while timed (after retakes). Budget: `BUDGETS_S["roofline"]`, mostly compiling; the methods not
-    started within it are named. --quick: the workbook's target in fp32, toy cell, eager."""
-    from spirelib.bench.decode import compile_all, round_rows
-    from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
-
-    target, factories, models = _decoding_models(args)
-    gpu, dtype = torch.device(args.device).type == "cuda", next(target.parameters()).dtype
-    peak = matmul_peak(sizes=(8192,) if gpu else (2048,), device=args.device, dtype=dtype)["flops"]
-    bandwidth = memory_bandwidth(device=args.device)["bandwidth"]
-    compile_all(target, models, not args.quick)
-    (B, L), repeats = _round_cell(args)
-    left, rows = [], []
-
-    def timed(method: str) -> list[dict]:
-        return round_rows(target, factories, models, [method], B, L, K, WINDOW, peak_flops=peak, bandwidth=bandwidth,
-                          repeats=repeats, compiled=not args.quick, temperature=0.0)
-    for method in in_budget([*ROOFLINE_METHODS, LIVE_READS], budget(args, "roofline"), left):
-        rows += _live_reads_rows(target, lambda: timed("ad")) if method == LIVE_READS else timed(method)
-    figures = {"peak_tflops": peak / 1e12, "bandwidth_gbs": bandwidth / 1e9, "untimed": left, **{
-        r["kind"].removesuffix(" round"): {n: r[n] for n in ("ms", "mbytes", "useful_mbytes", "fraction",
-                                                             "useful_fraction", "recorded")} for r in rows}}
-    timed = "; ".join(f"{r['mode']} {r['kind']} at {B} x {L} {r['ms']:.2f} ms: {r['fraction']:.0%} of the roofline "
-                      f"of {r['mbytes']:,.0f} MB read ({r['useful_fraction']:.0%} useful, at the live keys)"
-                      + (f", {r['recorded']} graphs recorded while timed" if r["recorded"] else "") for r in rows)
-    return judged_outcome(args, f"{timed}{untimed(left)}", figures, judge_roofline)
-
-
-def _live_reads_rows(target, timed) -> list[dict]:
-    """`timed()`'s rows with the target's decode-time attention reading only the live key blocks
-    (`Transformer.live_reads`, FlexAttention's split-KV decoding kernel) instead of its cache's whole
-    capacity, masked (the default): the measurement that decides which decodes by default. Its caches
-    and graphs are its own (`_release`d before and after); each row's kind says "live reads"."""
-    _release()
-    target.live_reads = True
-    try:
-        with warnings.catch_warnings():  # --quick times it eagerly, through FlexAttention's reference kernel
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            rows = timed()
-    finally:
-        target.live_reads = False
-        _release()
-    return [{**r, "kind": r["kind"].replace(" round", ", live reads round")} for r in rows]
-
-
-def host_overhead(target, factories: dict, method: str, batch: int, context: int, rounds: int) -> dict:
-    """An SD round's host overhead (method §3.5): after a warm-up (`decode.warm_up`), a generation's
-    rounds 2 to `rounds` run as the engine runs them (the host loop, one synchronize at the end),
-    their wall time per round against the device's per round (`SectionTimer`: CUDA events around
-    each replay on a GPU; the CPU's clock per section elsewhere). A timing that recorded a graph is
-    taken again (`bench.replayed`). {"wall_ms", "busy_ms", "ratio": wall / busy, "recorded"}."""
-    from spirelib.bench import replayed
-    from spirelib.bench.decode import round_generation, warm_up
-    from spirelib.decoding.sections import SectionTimer
-    from spirelib.measure.wallclock import DECODE_SECTIONS
-
-    dev = next(target.parameters()).device
-    warm_up(target, factories, method, batch, context, K, rounds, 0.0)
-
-    def take() -> tuple[float, float]:
-        timer = SectionTimer(dev)
-
-        def busy() -> float:  # the device's seconds in rounds so far (waits for them on a GPU)
-            return sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
-
-        generation = round_generation(target, factories, method, batch, context, K, rounds, temperature=0.0, run=1,
-                                      timer=timer)
-        next(generation)  # the prefill and the first round: not timed
-        before, start = busy(), time.perf_counter()
-        for _ in range(rounds - 1):
-            next(generation)
-        synchronize(dev)
-        wall = time.perf_counter() - start
-        generation.close()
-        return wall, busy() - before
-
-    (wall, gpu), recorded = replayed(take)
-    return {"wall_ms": 1e3 * wall / (rounds - 1), "busy_ms": 1e3 * gpu / (rounds - 1), "ratio": wall / gpu,
-            "recorded": recorded}
-
-
-def _host(args) -> Outcome:
-    """`host_overhead` of compiled greedy SD rounds at the roofline row's cell and rounds (its
-    kernels reused): `HOST_METHODS`, the first the goal's, the rest while `BUDGETS_S["host"]` lasts.
-    --quick: the workbook's target in fp32, toy cell, eager."""
-    from spirelib.bench import decode, roofline
-
-    target, factories, models = _decoding_models(args)
-    decode.compile_all(target, models, not args.quick)
-    (B, L), repeats = _round_cell(args)
-    left, figures = [], {}
-    for method in in_budget(list(HOST_METHODS), budget(args, "host"), left):
-        figures[method] = host_overhead(target, factories, method, B, L, roofline.round_count(repeats))
-    text = "; ".join(f"{m} round at {B} x {L}: {f['wall_ms']:.2f} ms wall / {f['busy_ms']:.2f} ms on the device = "
-                     f"{f['ratio']:.2f}" + (f", {f['recorded']} graphs recorded while timed" if f["recorded"] else "")
-                     for m, f in figures.items())
-    return judged_outcome(args, f"{text}{untimed(left)}", {**figures, "untimed": left}, judge_host)
-
-
 def _peer(args) -> Outcome:
     """`bench peer`'s compiled mode at its GPU defaults (`peer.GPU_CELLS`, the paper's target in bf16,
     random weights the same on both sides): our compiled decoding against transformers' static cache +
@@ -524,7 +357,8 @@ def _memory(args) -> Outcome:
 
 
 CHECKS = {"series": _series, "cuda-graphs": _cuda_graphs, "bf16-target": _bf16_target, "mfu": _mfu,
-          "memory": _memory, "roofline": _roofline, "host": _host, "peer": _peer, "profiled": _profiled}
+          "memory": _memory, "roofline": gpu_rounds.roofline_check, "host": gpu_rounds.host_check, "peer": _peer,
+          "profiled": _profiled}
 
 
 # ---------------------------------------------------------------------------- the table and its summary
@@ -556,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
             rows.append(Row(name, "skip", 0.0, {}, GOALS[name], BUDGETS_S.get(name), why))
         else:
             rows.append(run_row(name, args))
-            _release()
+            gpu_rounds.release_decoding()
         r = rows[-1]
         print(f"  {name:12s} {r.status:8s} {r.seconds:6.1f} s  {r.text}", flush=True)
     series = sum(r.seconds for r in rows if r.name == "series")

@@ -1,4 +1,5 @@
-"""What `spire bench gpu-check` judges: each row's goal (`GOALS`) and budget (`BUDGETS_S`), how a
+"""What `spire bench gpu-check` judges: each row's goal (`GOALS`) and budget (`BUDGETS_S`, spent
+cell by cell by `in_budget`), how a
 row's figures are judged against it (`judge_*`: the goals missed, in words), a row of the table
 (`Row`, `judged_row`) and the JSON summary beside the table (`summary`), which the next GPU run
 compares line by line. `gpu_check` measures the figures; this module only judges them, so a goal
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import time
 from typing import NamedTuple
 
 import torch
@@ -31,6 +33,7 @@ HOST_GOAL = 1.15  # an SD round's wall time over its GPU time, at `ROUND_CELL`
 PEER_B1_GOAL, PEER_GOAL = 1.2, 1.0  # ours / transformers as speed: at B 1, at every cell
 PROFILED_GOAL = 0.10  # the profiled model's worst error at its held-out cell
 ROUND_CELL, QUICK_ROUND_CELL = (64, 2048), (2, 192)  # (B, L) of the roofline and host rows
+K, WINDOW = 4, 64  # draft tokens a round; the sparse drafts' window (sink 1): every row that decodes
 ROOFLINE_METHODS, HOST_METHODS = ("ad", "spire"), ("spire", "magicdec")  # the first of each is the goal's
 GOALS = {
     "series": f"the smoke series runs end to end on the GPU within {SERIES_TIMEOUT_S} s",
@@ -79,6 +82,22 @@ def budget(args: argparse.Namespace, name: str) -> float:
     """Seconds row `name` may take (`BUDGETS_S`); --quick's dry run has none (its CPU compiles C++,
     many times slower than a GPU's budget allows), so it runs every cell."""
     return math.inf if args.quick else BUDGETS_S[name]
+
+
+def in_budget(cells: list, budget_s: float, left: list):
+    """`cells` in order while under `budget_s` seconds have passed since the first began; the cells
+    not started then are appended to `left`."""
+    start = time.perf_counter()
+    for i, cell in enumerate(cells):
+        if time.perf_counter() - start > budget_s:
+            left.extend(cells[i:])
+            return
+        yield cell
+
+
+def untimed(left: list) -> str:
+    """The note on cells a row's budget left untimed (empty: none)."""
+    return f"; over budget, not timed: {', '.join(map(str, left))}" if left else ""
 
 
 def judged(args: argparse.Namespace) -> bool:
