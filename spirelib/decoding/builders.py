@@ -42,12 +42,20 @@ def _guided(target, model, *, temperature, budget: KVBudget = GUIDED_BUDGET):
     return GuidedDraft(target, budget, temperature=temperature)
 
 
+RECENT_BUDGET = KVBudget.ring(MAGICDEC_BUDGET.entries, 0)  # MagicDec's entries, all of them recent
+
+
+def _recent(target, model, *, temperature, budget: KVBudget = RECENT_BUDGET):
+    return MagicDecDraft(target, budget, temperature=temperature)
+
+
 def _lookup(target, model, *, temperature, min_n: int = MIN_N, max_n: int = MAX_N):
     return LookupDraft(target, min_n, max_n)
 
 
 BUILDERS: dict[str, Callable[..., Draft]] = {"vanilla": _vanilla, "magicdec": _magicdec, "spire": _spire,
-                                             "guided": _guided, "lookup": _lookup, "eagle3": eagle3_builder}
+                                             "guided": _guided, "recent": _recent, "lookup": _lookup,
+                                             "eagle3": eagle3_builder}
 
 
 def draft_factory(method: str, target: Transformer, model: torch.nn.Module | None = None, *,

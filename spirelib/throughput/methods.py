@@ -149,6 +149,10 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
                paper=True),
     MethodCard("guided", "guided sparse", "#17a0a0", "G", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
                scores=True, budget=KVBudget.split),  # the verification-guided sparse self-draft
+    # MagicDec's ring with no attention sink, as many entries: the control for StreamingLLM's sink
+    # (arXiv 2309.17453) in self-speculation, where the rotated-out first tokens may carry attention mass
+    MethodCard("recent", "recent window", "#a0522d", "R", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
+               budget=lambda entries, sink: KVBudget.ring(entries, 0)),
     # n-grams of 1 to 5, longest first: vLLM's default is 5 to 5; a floor should be generous, and a
     # proposal costs nothing but the verification the round runs anyway, so short n-grams are tried too
     MethodCard("lookup", "prompt lookup", "#8c8c3c", "P", needs_model=False, drafter=None,

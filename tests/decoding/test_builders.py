@@ -11,8 +11,9 @@ import torch
 from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (models: the fixture)
 
 from spirelib.decoding.builders import BUILDERS, draft_factory
+from spirelib.decoding.drafts import MagicDecDraft
 from spirelib.decoding.speculative import speculative_rounds
-from spirelib.throughput.methods import CARDS, DECODED, DRAFT, TARGET, card
+from spirelib.throughput.methods import CARDS, DECODED, DRAFT, TARGET, KVBudget, card
 
 
 def test_the_builder_table_holds_every_decoded_card_and_nothing_else():
@@ -61,3 +62,12 @@ def test_a_round_runs_the_forwards_its_card_lists(models, method):  # noqa: F811
     c = card(method)
     fused = [(DRAFT, K)] if c.fused else []
     assert round_forwards(models, method) == [(p.runs, p.new) for p in c.round(K)] + fused
+
+
+def test_the_recent_window_is_magicdecs_ring_with_no_sink_and_as_many_entries(models):  # noqa: F811
+    """The sink ablation of self-speculation: MagicDec's code over a budget of recent keys alone,
+    at MagicDec's 65 entries by default and at any budget a series gives it."""
+    target = models["target"]
+    recent = draft_factory("recent", target, temperature=0.0)()
+    assert isinstance(recent, MagicDecDraft) and recent.budget == KVBudget(0, 65)
+    assert draft_factory("recent", target, temperature=0.0, budget=card("recent").budget(7, 1))().budget == KVBudget(0, 7)

@@ -24,8 +24,8 @@ from spirelib.throughput.methods import (
 
 def test_the_performance_models_lists_come_from_the_cards():
     assert pm.MODELED_METHODS == ("vanilla", "magicdec", "spire")  # the paper's three (method §2)
-    assert set(pm.EXTRA_METHODS) == {"guided", "lookup", "eagle3", "one_pass"}
-    assert set(pm.SELF_DRAFTS) == {"magicdec", "guided", "lookup"}
+    assert set(pm.EXTRA_METHODS) == {"guided", "recent", "lookup", "eagle3", "one_pass"}
+    assert set(pm.SELF_DRAFTS) == {"magicdec", "guided", "recent", "lookup"}
     assert all(CARDS[m].needs_model != (m in pm.SELF_DRAFTS) for m in pm.METHODS)
 
 
