@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_speculative import CFG, drafts_for, peaky_model
 
-from spirelib.decoding.prefill import prefill, speculative_capacity, stage
+from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity, stage
 from spirelib.decoding.speculative import autoregressive_generate, speculative_generate
 
 
@@ -17,8 +17,10 @@ def test_one_prefill_serves_several_generations():
     B, L, G, k = 4, 12, 15, 4
     contexts = torch.randint(0, CFG.vocab_size, (B, L), generator=torch.Generator().manual_seed(6))
     lengths = torch.tensor([12, 7, 10, 3])
-    shared = prefill(target, contexts, lengths, capacity=speculative_capacity(L, G, k))
-    for name, make in drafts_for(target).items():
+    makers = drafts_for(target)  # every budgeted self-draft among them: the guided draft reads the prefill's scores
+    shared = prefill(target, contexts, lengths, capacity=speculative_capacity(L, G, k),
+                     **prefill_needs([make(1.0) for make in makers.values()], k))
+    for name, make in makers.items():
         runs = []
         for prefilled in (shared, None):
             gen = torch.Generator().manual_seed(7)
