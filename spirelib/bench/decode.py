@@ -50,6 +50,8 @@ from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.prefill import TargetPass
 from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
+from spirelib.measure.stopping import SpeedupRule
+from spirelib.measure.tau import DecodingProtocol
 from spirelib.measure.wallclock import (
     loop_timings,
     profiled_cells,
@@ -106,27 +108,32 @@ def compile_all(target: Transformer, models: dict, enabled: bool) -> None:
             model.compile_decoding(enabled)
 
 
+def decoding(args: argparse.Namespace) -> DecodingProtocol:
+    """What the benchmark's generations decode: `--new-tokens`, `-k` and `--temperature`."""
+    return DecodingProtocol(args.k, args.new_tokens, args.temperature)
+
+
 def time_case(target: Transformer, factories: dict, methods: list[str], cells: list[tuple[int, int]],
-              new_tokens: int, k: int, temperature: float, repeats: int, **more) -> list:
-    """Every method at every (B, L) of `cells`: `wallclock.time_cells` over fresh random contexts every run."""
+              protocol: DecodingProtocol, rule: SpeedupRule, **more) -> list:
+    """Every method at every (B, L) of `cells`: `wallclock.time_cells` over fresh random contexts
+    every run, each cell stopped by `rule`."""
     def random_contexts(batch: int, context: int):
         return lambda run: torch.randint(0, target.cfg.vocab_size, (batch, context),
                                          generator=torch.Generator().manual_seed(run))
 
     return time_cells(target, {m: factories[m] for m in methods if m != "ad"},
-                      [random_contexts(B, L) for B, L in cells], new_tokens, k=k, temperature=temperature,
-                      repeats=repeats, include_ad="ad" in methods, **more)
+                      [random_contexts(B, L) for B, L in cells], protocol, rule, include_ad="ad" in methods, **more)
 
 
-def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int, new_tokens: int,
-             k: int, temperature: float, repeats: int, interleave: str = "rounds") -> list[dict]:
+def run_case(target: Transformer, factories: dict, methods: list[str], batch: int, context: int,
+             protocol: DecodingProtocol, repeats: int, interleave: str = "rounds") -> list[dict]:
     """Every method at one (B, L), best of `repeats`: rows of results. Per method: generated
     tokens/s of the decode phase (B x G / decode time, prefill excluded), the time of one round
     (one token step for AD), tau, the shared prefill's seconds (timed once, as in the tau
     protocol) and the split of decode time between draft, verify and bookkeeping (sampling,
     rejection, rollback, gathers; `sections.SectionTimer`). Timings are wall clock; on a
     machine shared with other jobs, best-of-n is the fair figure."""
-    timings = time_case(target, factories, methods, [(batch, context)], new_tokens, k, temperature, repeats,
+    timings = time_case(target, factories, methods, [(batch, context)], protocol, SpeedupRule(repeats, repeats),
                         interleave=interleave)
     rows = []
     for t in timings:
@@ -289,8 +296,9 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     `wallclock.profiled_cells`, `wallclock.profiled_verdict`: median, signed and held-out errors)."""
     from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
-    timings = time_case(target, factories, methods, cells, args.new_tokens, args.k, args.temperature, args.repeats,
-                        max_repeats=args.max_repeats, max_seconds=args.cell_seconds, interleave=args.interleave)
+    rule = SpeedupRule.from_repeats(args.repeats, args.max_repeats, SpeedupRule.width)  # the rule's default width
+    timings = time_case(target, factories, methods, cells, decoding(args), rule, max_seconds=args.cell_seconds,
+                        interleave=args.interleave)
     value_bytes = next(target.parameters()).element_size()
     machine = Machine(matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"],
                       memory_bandwidth(device=args.device)["bandwidth"], value_bytes)
@@ -417,8 +425,8 @@ def main(args: argparse.Namespace) -> int:
         compile_all(target, models, compiled)
         for L in args.context:
             for B in args.batch:
-                for row in run_case(target, factories, args.methods, B, L, args.new_tokens, args.k, args.temperature,
-                                    args.repeats, "runs" if compiled else args.interleave):
+                for row in run_case(target, factories, args.methods, B, L, decoding(args), args.repeats,
+                                    "runs" if compiled else args.interleave):
                     rows.append({**row, "mode": "compiled" if compiled else "eager"})
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -34,6 +34,21 @@ from spirelib.throughput.acceptance import acceptance_rate, per_position_from_co
 
 
 @dataclass(frozen=True)
+class DecodingProtocol:
+    """What every generation of a measurement decodes (method §5): G = `new_tokens` tokens a row, k
+    drafts a round, sampled at `temperature` (0: greedy). `TauProtocol` adds its batching and seed;
+    the wall clock's cells (`wallclock.time_cells`) set their own batches."""
+
+    k: int = 4
+    new_tokens: int = 64  # G
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if self.k < 1 or self.new_tokens < 1 or self.temperature < 0:
+            raise ValueError(f"a decoding protocol needs k, new_tokens >= 1 and temperature >= 0, got {self}")
+
+
+@dataclass(frozen=True)
 class TauProtocol:
     """Method §5: k = 4, G = 64; temperature and batching are the project's choices (method §9:
     T = 1 by default, exact rejection sampling). Contexts run in batches of B rows."""
@@ -45,8 +60,14 @@ class TauProtocol:
     seed: int = 0
 
     def __post_init__(self):
-        if self.k < 1 or self.new_tokens < 1 or self.batch_size < 1 or self.temperature < 0:
-            raise ValueError(f"TauProtocol needs k, new_tokens, batch_size >= 1 and temperature >= 0, got {self}")
+        if self.batch_size < 1:
+            raise ValueError(f"a tau protocol needs batch_size >= 1, got {self}")
+        self.decoding  # noqa: B018  (k, G and T are checked as a decoding protocol checks them)
+
+    @property
+    def decoding(self) -> DecodingProtocol:
+        """Its k, G and temperature, without the batching."""
+        return DecodingProtocol(self.k, self.new_tokens, self.temperature)
 
 
 # ---------------------------------------------------------------------------- metrics

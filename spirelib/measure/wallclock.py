@@ -30,6 +30,7 @@ from spirelib.decoding.sections import SectionTimer
 from spirelib.decoding.speculative import Generation, autoregressive_rounds, finish, speculative_rounds
 from spirelib.frontend import feed
 from spirelib.measure.stopping import SpeedupRule, ratio_interval
+from spirelib.measure.tau import DecodingProtocol
 from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.model.transformer import Transformer
 from spirelib.throughput import perfmodel, profile_fit, profiled
@@ -73,18 +74,18 @@ class DecodeTiming:
 
 
 def time_decoding(target: Transformer, factories: Mapping[str, Callable[[], object]],
-                  contexts: torch.Tensor | Callable[[int], torch.Tensor], new_tokens: int, **options
-                  ) -> list[DecodeTiming]:
+                  contexts: torch.Tensor | Callable[[int], torch.Tensor], decoding: DecodingProtocol,
+                  rule: SpeedupRule, **options) -> list[DecodeTiming]:
     """AD and SD with every draft factory at one (B, L): one timing each (`time_cells` of one cell)."""
-    return time_cells(target, factories, [contexts], new_tokens, **options)
+    return time_cells(target, factories, [contexts], decoding, rule, **options)
 
 
 def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]],
-               cells: Sequence[torch.Tensor | Callable[[int], torch.Tensor]], new_tokens: int, *, k: int = 4,
-               temperature: float = 1.0, repeats: int = 3, include_ad: bool = True, max_repeats: int | None = None,
-               ci: float = 0.05, max_seconds: float = float("inf"), interleave: str = "rounds") -> list[DecodeTiming]:
-    """AD and SD with every draft factory (`drafts.draft_factory`) at each (B, L) cell: one timing
-    per cell and method, cell by cell.
+               cells: Sequence[torch.Tensor | Callable[[int], torch.Tensor]], decoding: DecodingProtocol,
+               rule: SpeedupRule, *, include_ad: bool = True, max_seconds: float = float("inf"),
+               interleave: str = "rounds") -> list[DecodeTiming]:
+    """AD and SD with every draft factory (`drafts.draft_factory`) at each (B, L) cell, each
+    generation decoding as `decoding` says (G, k, T): one timing per cell and method, cell by cell.
 
     A cell is a (B, L) batch that every run decodes, or a function of the run's index that
     returns one (fresh contexts per run: the measured speedup is then one over contexts). Each
@@ -93,13 +94,13 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     so that a slow minute of a shared machine falls on every cell alike rather than on the one
     being timed (timed cell after cell, whole cells drifted against the profiled model, all four
     methods together, docs/benchmarks.md: the fit prices absolute seconds across cells).
-    A cell stops by `stopping.SpeedupRule`: after `repeats` kept runs, once every method's speedup
-    over AD is resolved (its interval excludes 1, or is at most +/- `ci` of it wide); else after a
-    second look at `max_repeats` runs (default: no second look) or at as many as fit in `max_seconds`
-    at the first runs' pace: cheap cells get many runs, costly ones few. Every timing keeps the
+    A cell stops by `rule` (`stopping.SpeedupRule`): after its first look's kept runs, once every
+    method's speedup over AD is resolved (its interval excludes 1, or is at most +/- the rule's width
+    of it wide); else at its second look, capped at as many runs as fit in `max_seconds` at the first
+    runs' pace: cheap cells get many runs, costly ones few. Every timing keeps the
     level its intervals are taken at (`DecodeTiming.level`: 95% over the two looks). A run during
     which a round's CUDA graph was recorded (`graphs.GRAPHS.watch`: a sync and a capture inside
-    the timed region) is not kept but taken again, up to `repeats` more times a cell, and counted
+    the timed region) is not kept but taken again, up to the first look's runs more times a cell, and counted
     (`DecodeTiming.retaken`); a cell that still records raises rather than average recordings in.
 
     `interleave`: how a run's methods share the machine's time.
@@ -116,9 +117,8 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     if problems:
         raise ValueError("; ".join(problems))
     device = next(target.parameters()).device
-    needs = prefill_needs((factory() for factory in factories.values()), k)
+    needs = prefill_needs((factory() for factory in factories.values()), decoding.k)
     methods = (["ad"] if include_ad else []) + list(factories)
-    rule = SpeedupRule.from_repeats(repeats, max_repeats, ci)
     timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
     runs, spent, done = [0] * len(cells), [0.0] * len(cells), [False] * len(cells)
     retaken, look = [0] * len(cells), [rule.first] * len(cells)  # kept runs at the cell's next look
@@ -129,11 +129,11 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
                 continue
             start = time.perf_counter()
             batch = (contexts(runs[c]) if callable(contexts) else contexts).to(device)
-            kept = _time_run(target, factories, methods, batch, new_tokens, k, temperature, runs[c] + retaken[c],
-                             interleave, needs, timed[c] if runs[c] else None)  # run 0 warms up
+            kept = _time_run(target, factories, methods, batch, decoding, runs[c] + retaken[c], interleave, needs,
+                             timed[c] if runs[c] else None)  # run 0 warms up
             if not kept:
                 retaken[c] += 1
-                if retaken[c] > repeats:
+                if retaken[c] > rule.first:
                     raise RuntimeError(f"round graphs were recorded in {retaken[c]} timed runs at (B, L) = "
                                        f"{tuple(batch.shape)}: the generations' buffers move between runs, so the "
                                        "timings would hold recordings; keep them (kvcache.reuse) or decode eagerly")
@@ -150,45 +150,46 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
                 done[c] = runs[c] - 1 == look[c]
             # cells done of all (how many runs a cell gets is known only once it has them)
             feed("time AD and SD", sum(done), len(cells), unit="cell", postfix=f"(B, L) = {tuple(batch.shape)}, "
-                 f"run {runs[c] - 1} of {look[c]}", tokens_per_s=len(methods) * batch.shape[0] * new_tokens / seconds)
+                 f"run {runs[c] - 1} of {look[c]}",
+                 tokens_per_s=len(methods) * batch.shape[0] * decoding.new_tokens / seconds)
     for cell, again in zip(timed, retaken):
         for timing in cell.values():
             timing.retaken, timing.level = again, rule.look_level
     return [t for cell in timed for t in cell.values()]
 
 
-def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch: torch.Tensor, new_tokens: int,
-              k: int, temperature: float, run: int, interleave: str, needs: dict,
+def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch: torch.Tensor,
+              decoding: DecodingProtocol, run: int, interleave: str, needs: dict,
               timings: dict[str, DecodeTiming] | None) -> bool:
     """One run of a cell: one shared prefill, every method decoding after it (`interleave`),
     each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept).
     Whether it was kept: a run during which a round's graph was recorded is not."""
     device = batch.device
     B, L = batch.shape
+    G, k = decoding.new_tokens, decoding.k
     timer = SectionTimer(device)  # on a GPU the prefill's own time, from CUDA events
     with timer("prefill"):
-        shared = prefill(target, batch, capacity=speculative_capacity(L, new_tokens, k), **needs)
+        shared = prefill(target, batch, capacity=speculative_capacity(L, G, k), **needs)
     sections = {m: SectionTimer(device) for m in methods}
     decodes = {}
     for i, method in enumerate(methods):
         share = interleave == "runs" or i == 0 or target.compiled_decoding  # a compiled generation copies it anyway
-        options = {"temperature": temperature, "generator": torch.Generator(device).manual_seed(run),
+        options = {"temperature": decoding.temperature, "generator": torch.Generator(device).manual_seed(run),
                    "timer": sections[method], "prefilled": shared if share else shared.copy()}
-        decodes[method] = (autoregressive_rounds(target, batch, new_tokens, **options) if method == "ad" else
-                           speculative_rounds(target, factories[method](), batch, new_tokens, k=k,
-                                              **options))
+        decodes[method] = (autoregressive_rounds(target, batch, G, **options) if method == "ad" else
+                           speculative_rounds(target, factories[method](), batch, G, k=k, **options))
     with GRAPHS.watch() as recorded:
         outs = ({m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else
                 _lockstep(decodes, sections))
     if timings is not None and recorded[0]:
         return False
     for method in methods if timings is not None else ():
-        timing = timings.setdefault(method, DecodeTiming(method, B, L, new_tokens, [], [], [], [],
+        timing = timings.setdefault(method, DecodeTiming(method, B, L, G, [], [], [], [],
                                                           timer.seconds["prefill"], target.compiled_decoding))
         timing.seconds.append(_decode_seconds(sections[method].seconds))
         timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
         if method == "ad":
-            rounds, tau = new_tokens, 1.0
+            rounds, tau = G, 1.0
         else:
             done = outs[method].accepted[outs[method].accepted >= 0]
             rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())

@@ -241,6 +241,12 @@ class Series:
                 for name in trainings if getattr(self, name).batch_size % world
                 and not (name == "target_training" and self.imported)]
 
+    def decoding(self):
+        """The decoding protocol (method §5) of this series: its k, G and temperature."""
+        from spirelib.measure.tau import DecodingProtocol
+
+        return DecodingProtocol(self.k, self.new_tokens, self.temperature)
+
     def protocol(self, batch_size: int):
         """The tau protocol (method §5) of this series, decoding `batch_size` rows in lockstep."""
         from spirelib.measure.tau import TauProtocol

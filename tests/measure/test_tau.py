@@ -16,7 +16,7 @@ from spirelib.decoding.builders import BUILDERS, draft_factory
 from spirelib.decoding.drafts import VanillaDraft
 from spirelib.measure.intervals import t_quantile
 from spirelib.measure.stopping import StoppingRule
-from spirelib.measure.tau import AcceptCounts, TauProtocol, measure_tau, summarize
+from spirelib.measure.tau import AcceptCounts, DecodingProtocol, TauProtocol, measure_tau, summarize
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.methods import CARDS, KVBudget
@@ -33,6 +33,21 @@ def model(cfg, seed):
 @pytest.mark.parametrize("dof, expected", [(1, 12.7062047), (4, 2.7764451), (9, 2.2621572), (30, 2.0422725), (10**6, 1.9599663)])
 def test_t_quantile_matches_tables(dof, expected):
     assert t_quantile(0.975, dof) == pytest.approx(expected, abs=2e-6)
+
+
+def test_a_tau_protocol_is_a_decoding_protocol_batched_and_both_refuse_what_cannot_decode():
+    """TauProtocol's k, G and T are a DecodingProtocol's (what the wall clock's cells take too), checked
+    as one checks them; its batch size is its own."""
+    protocol = TauProtocol(k=3, new_tokens=16, temperature=0.7, batch_size=8, seed=2)
+    assert protocol.decoding == DecodingProtocol(k=3, new_tokens=16, temperature=0.7)
+    for bad in ({"k": 0}, {"new_tokens": 0}, {"temperature": -0.1}):
+        with pytest.raises(ValueError, match="a decoding protocol needs k, new_tokens >= 1 and temperature >= 0"):
+            DecodingProtocol(**bad)
+        with pytest.raises(ValueError, match="a decoding protocol needs"):
+            TauProtocol(**bad)
+    with pytest.raises(ValueError, match="a tau protocol needs batch_size >= 1"):
+        TauProtocol(batch_size=0)
+    DecodingProtocol(temperature=0.0)  # greedy
 
 
 def test_stats_from_hand_counted_rounds():

@@ -13,7 +13,8 @@ from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.prefill import prefill, speculative_capacity
 from spirelib.decoding.sections import SectionTimer
 from spirelib.decoding.speculative import finish, speculative_rounds
-from spirelib.measure.stopping import ratio_interval
+from spirelib.measure.stopping import SpeedupRule, ratio_interval
+from spirelib.measure.tau import DecodingProtocol
 from spirelib.measure.wallclock import _lockstep, speedup_interval, time_cells, time_decoding
 from spirelib.model.config import ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.model.spire import SpireDraftModel
@@ -44,7 +45,8 @@ def test_interleaved_rounds_decode_what_whole_runs_decode(models):
     def contexts(run):
         return torch.randint(0, 64, (3, 24), generator=torch.Generator().manual_seed(run))
 
-    by_mode = {mode: time_decoding(target, factories, contexts, 12, k=3, repeats=3, interleave=mode)
+    by_mode = {mode: time_decoding(target, factories, contexts, DecodingProtocol(k=3, new_tokens=12),
+                                   SpeedupRule(3, 3), interleave=mode)
                for mode in ("rounds", "runs")}
     for rounds, runs in zip(*by_mode.values()):
         assert (rounds.method, rounds.taus, rounds.rounds) == (runs.method, runs.taus, runs.rounds)
@@ -88,7 +90,8 @@ def test_time_decoding_refuses_what_it_cannot_interleave(models):
     target, factories = models
     contexts = torch.randint(0, 64, (1, 16))
     with pytest.raises(ValueError, match="'rounds' or 'runs'"):
-        time_decoding(target, factories, contexts, 4, interleave="methods")
+        time_decoding(target, factories, contexts, DecodingProtocol(new_tokens=4), SpeedupRule(3, 3),
+                      interleave="methods")
 
 
 def test_a_run_during_which_a_round_graph_was_recorded_is_taken_again(models, monkeypatch):
@@ -102,7 +105,8 @@ def test_a_run_during_which_a_round_graph_was_recorded_is_taken_again(models, mo
     def watch():
         yield [next(recorded, 0)]
     monkeypatch.setattr(GRAPHS, "watch", watch)
-    timings = time_decoding(target, {"spire": factories["spire"]}, contexts, 4, k=3, repeats=2)
+    timings = time_decoding(target, {"spire": factories["spire"]}, contexts, DecodingProtocol(k=3, new_tokens=4),
+                            SpeedupRule(2, 2))
     assert all(len(t.seconds) == 2 and t.retaken == 1 for t in timings), [(t.method, t.retaken) for t in timings]
 
     @contextlib.contextmanager
@@ -110,7 +114,8 @@ def test_a_run_during_which_a_round_graph_was_recorded_is_taken_again(models, mo
         yield [1]
     monkeypatch.setattr(GRAPHS, "watch", always)
     with pytest.raises(RuntimeError, match="recorded in 3 timed runs"):
-        time_decoding(target, {"spire": factories["spire"]}, contexts, 4, k=3, repeats=2)
+        time_decoding(target, {"spire": factories["spire"]}, contexts, DecodingProtocol(k=3, new_tokens=4),
+                            SpeedupRule(2, 2))
 
 
 def test_cells_take_turns_run_by_run(models, tmp_path, monkeypatch):
@@ -129,8 +134,8 @@ def test_cells_take_turns_run_by_run(models, tmp_path, monkeypatch):
             return torch.randint(0, 64, (B, L), generator=torch.Generator().manual_seed(run))
         return contexts
 
-    timings = time_cells(target, {"vanilla": factories["vanilla"]}, [cell(1, 16), cell(2, 24)], 6, k=3, repeats=1,
-                         max_repeats=3, ci=0.0)
+    timings = time_cells(target, {"vanilla": factories["vanilla"]}, [cell(1, 16), cell(2, 24)],
+                         DecodingProtocol(k=3, new_tokens=6), SpeedupRule.from_repeats(1, 3, 0.0))
     assert seen == [(1, 16, 0), (2, 24, 0), (1, 16, 1), (2, 24, 1), (1, 16, 2), (2, 24, 2), (1, 16, 3), (2, 24, 3)]
     assert [(t.method, t.batch, t.context, len(t.seconds)) for t in timings] == [
         ("ad", 1, 16, 3), ("vanilla", 1, 16, 3), ("ad", 2, 24, 3), ("vanilla", 2, 24, 3)]
@@ -146,11 +151,11 @@ def test_a_cell_stops_at_its_first_look_once_every_speedup_is_resolved(models):
     second look. Both designs have two looks, so both report their intervals at 97.5% a look."""
     target, factories = models
     contexts = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
-    resolved = time_decoding(target, {"vanilla": factories["vanilla"]}, contexts, 4, k=3, repeats=2, max_repeats=6,
-                             ci=1e9)
+    resolved = time_decoding(target, {"vanilla": factories["vanilla"]}, contexts, DecodingProtocol(k=3, new_tokens=4),
+                             SpeedupRule.from_repeats(2, 6, 1e9))
     assert [len(t.seconds) for t in resolved] == [2, 2]
-    open_ = time_decoding(target, {"vanilla": factories["vanilla"]}, contexts, 4, k=3, repeats=1, max_repeats=3,
-                          ci=1e9)
+    open_ = time_decoding(target, {"vanilla": factories["vanilla"]}, contexts, DecodingProtocol(k=3, new_tokens=4),
+                          SpeedupRule.from_repeats(1, 3, 1e9))
     assert [len(t.seconds) for t in open_] == [3, 3]
     assert {t.level for t in resolved + open_} == {0.975}
     assert speedup_interval(resolved[1], resolved[0]) == ratio_interval(

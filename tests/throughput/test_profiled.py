@@ -194,6 +194,8 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
     """time_decoding's sections at a few cells of a tiny model, fitted, then priced: the model
     explains its own fitted rounds (up to this shared machine's noise)."""
     from spirelib.decoding.builders import draft_factory
+    from spirelib.measure.stopping import SpeedupRule
+    from spirelib.measure.tau import DecodingProtocol
     from spirelib.measure.wallclock import loop_timings, profiled_draft_shapes, time_decoding
     from spirelib.model.config import SpireConfig, vanilla_draft_config
     from spirelib.model.spire import SpireDraftModel
@@ -214,7 +216,7 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
             seen.append((B, L, run))
             return torch.randint(0, 64, (B, L), generator=torch.Generator().manual_seed(run))
 
-        timings += time_decoding(target, factories, contexts, 8, k=3, repeats=2)
+        timings += time_decoding(target, factories, contexts, DecodingProtocol(k=3, new_tokens=8), SpeedupRule(2, 2))
     assert seen == [(B, L, r) for B, L in ((1, 16), (3, 16), (1, 40), (3, 40)) for r in range(3)]  # fresh contexts
     shapes = profiled_draft_shapes({"vanilla": vanilla.cfg, "spire": spire.body.cfg},
                                    {"magicdec": KVBudget(1, 8), "spire": KVBudget(spire_cfg.sink, spire_cfg.window)}, spire_cfg)
