@@ -32,6 +32,7 @@ from spirelib.bench import (
     torch_dtype,
 )
 from spirelib.bench.decode_memory import memory_problems
+from spirelib.bench.decode_models import TIMED, build_methods, compile_all, draft_options
 from spirelib.bench.roofline import (
     WARM_ROUNDS,
     capacities,
@@ -60,52 +61,10 @@ from spirelib.measure.wallclock import (
     repeat_seconds,
     time_cells,
 )
-from spirelib.model.config import Eagle3Config, SpireConfig, vanilla_draft_config
-from spirelib.model.eagle3 import Eagle3DraftModel
-from spirelib.model.spire import SpireDraftModel
+from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.model.transformer import Transformer
 from spirelib.throughput import profile_fit
 from spirelib.throughput.hardware import Machine
-from spirelib.throughput.methods import BUDGETED, DECODED
-
-TIMED = ("ad", *DECODED)  # AD and every decoded draft (`methods.DECODED`): what this benchmark builds
-
-
-def draft_options(window: int) -> dict[str, dict]:
-    """Each budgeted self-draft's builder options at a `window` (`kv_budgets`); the other drafts take none."""
-    budgets = kv_budgets(window)
-    return {m: {"budget": budgets[m]} for m in BUDGETED}
-
-
-def draft_models(target: Transformer, methods, window: int) -> dict:
-    """The draft model of each SD method in `methods` (None: MagicDec, the guided draft and prompt
-    lookup have none), in the target's dtype and on its device: the vanilla draft in the method §4
-    shape (`vanilla_draft_config`), the SPIRe draft pruned from the target (2 layers, sink 1 +
-    window), EAGLE-3's one layer. Random weights from seed 1: the same models every call."""
-    torch.manual_seed(1)
-    param = next(target.parameters())
-    build = {"vanilla": lambda: Transformer(vanilla_draft_config(target.cfg)).to(param).eval(),
-             "spire": lambda: SpireDraftModel.from_target(target, SpireConfig(window=window)).to(param).eval(),
-             "eagle3": lambda: Eagle3DraftModel.from_target(target, Eagle3Config()).to(param).eval()}
-    return {m: build[m]() if m in build else None for m in methods if m != "ad"}
-
-
-def build_methods(target: Transformer, methods: list[str], temperature: float, window: int) -> tuple[dict, dict]:
-    """A draft factory per SD method (AD needs none) and the draft model built for each
-    (`draft_models`), so that the factories decode these very models (`drafts.in_dtype` copies
-    none) and compiling them compiles what decodes; the sparse drafts take `draft_options`."""
-    built = draft_models(target, methods, window)
-    options = draft_options(window)
-    factories = {m: draft_factory(m, target, model, temperature=temperature, **options.get(m, {}))
-                 for m, model in built.items()}
-    return factories, built
-
-
-def compile_all(target: Transformer, models: dict, enabled: bool) -> None:
-    """Decode the target and `build_methods`' draft models through compiled graphs, or eagerly again."""
-    for model in (target, *models.values()):
-        if model is not None:
-            model.compile_decoding(enabled)
 
 
 def decoding(args: argparse.Namespace) -> DecodingProtocol:
@@ -144,17 +103,25 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
     return rows
 
 
+def _in_dtype(target: Transformer, machine: Machine) -> None:
+    """Refuses a `machine` priced at other bytes per value than the target's weights take."""
+    if machine.bytes_per_value != next(target.parameters()).element_size():
+        raise ValueError(f"the roofline's machine prices {machine.bytes_per_value} bytes a value; the target's "
+                         f"weights take {next(target.parameters()).element_size()}: build it in the target's dtype")
+
+
 @torch.no_grad()
 def forward_rows(target: Transformer, models: dict, batch: int, context: int, k: int, window: int, *,
-                 peak_flops: float, bandwidth: float, repeats: int, compiled: bool) -> list[dict]:
+                 machine: Machine, repeats: int, compiled: bool) -> list[dict]:
     """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone
     (`wallclock.repeat_seconds`: one untimed call first, which compiles under `compiled`), its cache
     rolled back before every call, each dense cache as large as the one `round_rows`' generations
     read (`capacities`). `models`: `build_methods`' vanilla and SPIRe draft models. Each budgeted
     self-draft (`methods.BUDGETED`) steps the target over the cache its `begin` filled from the
     prefill (the guided draft: the entries it chose from the prefill's scores)."""
+    _in_dtype(target, machine)
     cfg, param = target.cfg, next(target.parameters())
-    dev, value_bytes = param.device, param.element_size()
+    dev = param.device
     vanilla, spire = models["vanilla"], models["spire"]
     capacity = capacities(context, k, round_count(repeats))
     budgets = kv_budgets(window)
@@ -198,8 +165,7 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     rows = []
     for kind, (call, cache) in calls.items():
         seconds = repeat_seconds(call, repeats, before=lambda cache=cache: cache.rollback(lengths), device=dev)
-        work, useful = rooflines(kinds, [(kind, kinds[kind].new)], batch, value_bytes, peak_flops=peak_flops,
-                                 bandwidth=bandwidth)
+        work, useful = rooflines(kinds, [(kind, kinds[kind].new)], batch, machine)
         rows.append(roofline_row(kind, batch, context, seconds, work, useful, compiled))
     return rows
 
@@ -232,8 +198,8 @@ def warm_up(target: Transformer, factories: dict, method: str, batch: int, conte
 
 @torch.no_grad()
 def round_rows(target: Transformer, factories: dict, models: dict, methods: list[str], batch: int, context: int,
-               k: int, window: int, *, peak_flops: float, bandwidth: float, repeats: int, compiled: bool,
-               temperature: float) -> list[dict]:
+               k: int, window: int, *, machine: Machine, repeats: int, compiled: bool, temperature: float
+               ) -> list[dict]:
     """One `roofline_row` per method's whole round at (B, L), as the engine decodes it
     (`round_generation`): the draft's passes, the verification and the bookkeeping timed together,
     round by round, each between two synchronizes on a GPU. A first generation warms up (`warm_up`),
@@ -242,9 +208,9 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
     still recording, flagged (`recorded`). The roofline is that of the round's forwards
     (`round_forwards`; bookkeeping has none) at context L over the caches the generations read
     (`capacities`); the useful one's live keys grow by at most (repeats + 1) x (k + 1) while timed."""
+    _in_dtype(target, machine)
     count = round_count(repeats)
-    param = next(target.parameters())
-    dev = param.device
+    dev = next(target.parameters()).device
     kinds = forward_shapes(model_cfgs(target.cfg), context, k, kv_budgets(window), capacities(context, k, count))
     rows = []
     for method in methods:
@@ -258,25 +224,24 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
             return seconds
 
         seconds, recorded = replayed(take)
-        work, useful = rooflines(kinds, round_forwards(method, k), batch, param.element_size(),
-                                 peak_flops=peak_flops, bandwidth=bandwidth)
+        work, useful = rooflines(kinds, round_forwards(method, k), batch, machine)
         rows.append(roofline_row(f"{method} round", batch, context, seconds, work, useful, compiled, recorded))
     return rows
 
 
-def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, peak_flops: float,
-                  bandwidth: float, repeats: int = 20, compiled: bool = False, temperature: float = 1.0,
+def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, machine: Machine,
+                  repeats: int = 20, compiled: bool = False, temperature: float = 1.0,
                   methods: list[str] = TIMED) -> list[dict]:
     """`forward_rows` and `round_rows` (every method of `methods`) at (B, L): every forward kind
     alone (the AD step, verification, each draft's step) and each method's whole round as the
     engine runs it (draft passes, verification and bookkeeping together), each against the roofline
-    of this machine's calibrated peak and bandwidth (`roofline`). Each round row also
+    of `machine` (this one's calibrated peak and bandwidth, the target's bytes per value: `roofline`). Each round row also
     gets `forwards_ms`, the sum of its forwards' measured ms (the vanilla draft's 2-token first
     pass counted as a step): a round's time beyond it is bookkeeping and host work.
     `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`)."""
     factories, models = build_methods(target, list(TIMED), temperature, window)
     compile_all(target, models, compiled)
-    options = {"peak_flops": peak_flops, "bandwidth": bandwidth, "repeats": repeats, "compiled": compiled}
+    options = {"machine": machine, "repeats": repeats, "compiled": compiled}
     forwards = forward_rows(target, models, batch, context, k, window, **options)
     rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
                         **options)
@@ -406,7 +371,8 @@ def main(args: argparse.Namespace) -> int:
         peak = matmul_peak(device=args.device, dtype=torch_dtype(args.dtype))["flops"]
         bw = memory_bandwidth(device=args.device)["bandwidth"]
         rows = [row for L in args.context for B in args.batch for compiled in modes
-                for row in roofline_rows(target, B, L, args.k, args.window, peak_flops=peak, bandwidth=bw,
+                for row in roofline_rows(target, B, L, args.k, args.window,
+                                         machine=Machine(peak, bw, torch_dtype(args.dtype).itemsize),
                                          compiled=compiled, temperature=args.temperature, methods=args.methods)]
         print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw, args.dtype)
         return 0

@@ -131,7 +131,7 @@ def _cuda_graphs(args) -> Outcome:
     compiled (the last generation's); and the host's work in a steady-state AD step and SD round
     (`bench rounds`: replays, eager ops, syncs) against `rounds.GOAL` (method §3.5). Budget: the
     methods not started within `BUDGETS_S["cuda-graphs"]` are named, and fail the row."""
-    from spirelib.bench.decode import compile_all, draft_models, draft_options
+    from spirelib.bench.decode_models import compile_all, draft_models, draft_options
     from spirelib.bench.rounds import METHODS, steady_state_counts
     from spirelib.decoding.builders import draft_factory
     from spirelib.decoding.graphs import GRAPHS
@@ -296,7 +296,7 @@ def _profiled(args) -> Outcome:
     error <= `PROFILED_GOAL`). Each cell gets runs for at most `BUDGETS_S["profiled"]` / 6 seconds
     beyond its 3 (five cells and the calibration); the memory the runs hold is checked first
     (`decode.problems`). --quick: toy shapes and cells."""
-    from spirelib.bench import decode
+    from spirelib.bench import decode, decode_models
     from spirelib.bench.train import TARGETS
     from spirelib.model.transformer import Transformer
 
@@ -316,7 +316,7 @@ def _profiled(args) -> Outcome:
         raise RuntimeError("; ".join(found))
     torch.manual_seed(0)
     target = Transformer(cfg).to(args.device).eval()
-    factories, _ = decode.build_methods(target, options.methods, options.temperature, options.window)
+    factories, _ = decode_models.build_methods(target, options.methods, options.temperature, options.window)
     cells, held = decode.profiled_grid(options)
     _, rows, verdict = decode.profiled_rows(target, factories, options.methods, cells, held, options)
     worst = max((r for r in rows if r["held_out"]), key=lambda r: abs(r["profiled_error"]))

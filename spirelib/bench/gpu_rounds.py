@@ -29,6 +29,7 @@ from spirelib.bench.gpu_goals import (
     judged_outcome,
     untimed,
 )
+from spirelib.throughput.hardware import Machine
 
 LIVE_READS = "ad, live reads"  # the roofline row's last: the AD step reading only the live keys (`live_reads_rows`)
 
@@ -37,9 +38,9 @@ _BUILT: dict = {}  # (config, device, dtype) -> (target, factories, models): the
 
 def decoding_models(args) -> tuple:
     """The paper's target in bf16 (--quick: the workbook's in fp32) and its drafts, greedy
-    (`decode.build_methods`), built once for the rows that time their rounds (`roofline_check`, `host_check`),
+    (`decode_models.build_methods`), built once for the rows that time their rounds (`roofline_check`, `host_check`),
     so that the kernels one compiles serve the other at the same shapes."""
-    from spirelib.bench.decode import TIMED, build_methods
+    from spirelib.bench.decode_models import TIMED, build_methods
     from spirelib.bench.train import TARGETS
     from spirelib.model.transformer import Transformer
 
@@ -80,19 +81,21 @@ def roofline_check(args) -> Outcome:
     and SPIRe's round, each beside its useful fraction (the live keys alone) and the graphs recorded
     while timed (after retakes). Budget: `BUDGETS_S["roofline"]`, mostly compiling; the methods not
     started within it are named. --quick: the workbook's target in fp32, toy cell, eager."""
-    from spirelib.bench.decode import compile_all, round_rows
+    from spirelib.bench.decode import round_rows
+    from spirelib.bench.decode_models import compile_all
     from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
     target, factories, models = decoding_models(args)
     gpu, dtype = torch.device(args.device).type == "cuda", next(target.parameters()).dtype
     peak = matmul_peak(sizes=(8192,) if gpu else (2048,), device=args.device, dtype=dtype)["flops"]
     bandwidth = memory_bandwidth(device=args.device)["bandwidth"]
+    machine = Machine(peak, bandwidth, dtype.itemsize)
     compile_all(target, models, not args.quick)
     (B, L), repeats = round_cell(args)
     left, rows = [], []
 
     def timed(method: str) -> list[dict]:
-        return round_rows(target, factories, models, [method], B, L, K, WINDOW, peak_flops=peak, bandwidth=bandwidth,
+        return round_rows(target, factories, models, [method], B, L, K, WINDOW, machine=machine,
                           repeats=repeats, compiled=not args.quick, temperature=0.0)
     for method in in_budget([*ROOFLINE_METHODS, LIVE_READS], budget(args, "roofline"), left):
         rows += live_reads_rows(target, lambda: timed("ad")) if method == LIVE_READS else timed(method)
@@ -162,10 +165,10 @@ def host_check(args) -> Outcome:
     """`host_overhead` of compiled greedy SD rounds at the roofline row's cell and rounds (its
     kernels reused): `HOST_METHODS`, the first the goal's, the rest while `BUDGETS_S["host"]` lasts.
     --quick: the workbook's target in fp32, toy cell, eager."""
-    from spirelib.bench import decode, roofline
+    from spirelib.bench import decode_models, roofline
 
     target, factories, models = decoding_models(args)
-    decode.compile_all(target, models, not args.quick)
+    decode_models.compile_all(target, models, not args.quick)
     (B, L), repeats = round_cell(args)
     left, figures = [], {}
     for method in in_budget(list(HOST_METHODS), budget(args, "host"), left):

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from spirelib.decoding.prefill import speculative_capacity
 from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.throughput import profiled
+from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import BUDGET, BUDGETED, DECODED, TARGET, KVBudget, card, label
 from spirelib.throughput.perfmodel import fused_params
 
@@ -105,14 +106,15 @@ def round_forwards(method: str, k: int) -> list[tuple[str, int]]:
     return [(verify_kind(k, p.scores) if p.verify else step_kind(method), p.new) for p in card(method).round(k)]
 
 
-def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int, *,
-             peak_flops: float, bandwidth: float, live: bool = False) -> tuple[float, float, float]:
-    """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B: per forward
-    `profiled.forward_work` (body, attention over the slots it reads, unembedding; weights and KV at
-    their dtype, read once; with the guided draft's scoring, `profiled.scored`) and max(FLOPs /
-    peak, bytes / bandwidth), summed over the forwards. `live`: over the live keys alone instead
+def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, machine: Machine, *,
+             live: bool = False) -> tuple[float, float, float]:
+    """(GFLOP, MB, roofline ms) of `forwards` (`round_forwards`' pairs) at batch B on `machine`: per
+    forward `profiled.forward_work` (body, attention over the slots it reads, unembedding; weights and
+    KV at the machine's bytes per value, read once; with the guided draft's scoring, `profiled.scored`)
+    and max(FLOPs / peak, bytes / bandwidth), summed over the forwards. `live`: over the live keys alone instead
     (what a kernel that skipped the masked slots would need: the useful part)."""
     flops = moved = ms = 0.0
+    value_bytes = machine.bytes_per_value
     for kind, new in forwards:
         f = kinds[kind]
         work = profiled.forward_work(f.cfg.shape(), f.cfg.vocab_size, batch, new, f.keys if live else f.reads,
@@ -121,7 +123,7 @@ def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: 
             work = profiled.scored(work, f.cfg.shape(), value_bytes)
         work = replace(work, flops=work.flops + 2.0 * f.extra * batch * new, bytes=work.bytes + f.extra * value_bytes)
         flops, moved = flops + work.flops, moved + work.bytes
-        ms += 1e3 * max(work.flops / peak_flops, work.bytes / bandwidth)
+        ms += 1e3 * max(work.flops / machine.peak_flops, work.bytes / machine.bandwidth)
     return flops / 1e9, moved / 1e6, ms
 
 
@@ -152,7 +154,7 @@ def round_count(repeats: int) -> int:
     return max(repeats + 1, WARM_ROUNDS)
 
 
-def rooflines(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, value_bytes: int,
-              **calibration) -> tuple[tuple, tuple]:
+def rooflines(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: int, machine: Machine
+              ) -> tuple[tuple, tuple]:
     """`roofline` of `forwards` over the slots they read and over their live keys (the useful part)."""
-    return tuple(roofline(kinds, forwards, batch, value_bytes, live=live, **calibration) for live in (False, True))
+    return tuple(roofline(kinds, forwards, batch, machine, live=live) for live in (False, True))

@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from spirelib.bench import DTYPES, add_model_arguments, device_problems, model_config, positive, torch_dtype
-from spirelib.bench.decode import TIMED, compile_all, draft_models, draft_options
+from spirelib.bench.decode_models import TIMED, compile_all, draft_models, draft_options
 from spirelib.decoding.graphs import GRAPH_REGION
 
 #: aten ops that make the host wait for the device (`tests/support/host_syncs.py` counts the same on the CPU).
@@ -78,7 +78,7 @@ def _within(event, regions) -> bool:
 def steady_state_counts(target, models: dict, *, batch: int, context: int, k: int, temperature: float,
                         window: int = 64, warmup: int = 3) -> list[dict]:
     """Counts (`count`) of one AD step and one SD round per method in `draft_models` ({method: its
-    trained model or None, `decode.draft_models`; the sparse drafts at `window`, `decode.draft_options`),
+    trained model or None, `decode_models.draft_models`; the sparse drafts at `window`, `decode_models.draft_options`),
     each after `warmup` rounds of its own generation (graphs compiled and recorded by then)."""
     from spirelib.decoding.builders import draft_factory
     from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds

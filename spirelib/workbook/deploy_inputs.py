@@ -224,6 +224,7 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
              "held_out_max_error": model.get("held_out_max_error")}, device, dtype)
 
 
+# parameters: spire deploy's options, one keyword per flag (docs/deploy.md), checked together first
 def inputs(run_dir: Path, *, hardware: str | None = None, dtype: str | None = None, peak_flops: float | None = None,
            bandwidth: float | None = None, context: int | None = None, length_spread: float | None = None,
            max_batch: int = 256, switching_cost: float = 0.0, contexts=CONTEXTS, shapes: str = "served",

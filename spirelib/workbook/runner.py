@@ -106,6 +106,7 @@ def notebook_stack():
     return execute, report
 
 
+# parameters: spire run's options, one per flag (`add_arguments`), the file and the folders first
 def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None = None,
         log_output: bool = False, kernel: str = "python3", cell_timeout: float | None = 3600.0, *,
         dry_run: bool = False, corpus_path: str | None = None, plan_only: bool = False,

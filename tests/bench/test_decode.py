@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from spirelib import bench, cli
-from spirelib.bench import decode, decode_memory, roofline
+from spirelib.bench import decode, decode_memory, decode_models, roofline
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
+from spirelib.throughput.hardware import Machine
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 TOY = ["--vocab-size", "64", "--target-layers", "2", "--d-model", "32", "--n-kv", "2", "--d-head", "16",
@@ -21,7 +22,7 @@ TOY = ["--vocab-size", "64", "--target-layers", "2", "--d-model", "32", "--n-kv"
 def test_the_capacities_are_those_the_timed_generations_allocate(monkeypatch):
     """`capacities` prices the caches `round_generation` decodes in: AD's and SD's (the prefill's)."""
     target = Transformer(CFG).eval()
-    factories, _ = decode.build_methods(target, ["spire"], 0.0, 4)
+    factories, _ = decode_models.build_methods(target, ["spire"], 0.0, 4)
     made = []
     new_cache = target.new_cache
     monkeypatch.setattr(target, "new_cache", lambda batch, capacity, **o: made.append(capacity) or
@@ -36,7 +37,7 @@ def test_a_round_generation_runs_at_least_its_rounds(method):
     """`round_generation` decodes enough tokens for `rounds` rounds whatever the draft accepts (AD: one
     token a step after the prefill's; SD: at most k + 1 a round): the warm-up and the timed rounds fit."""
     target = Transformer(CFG).eval()
-    factories, _ = decode.build_methods(target, ["spire"], 0.0, 4)
+    factories, _ = decode_models.build_methods(target, ["spire"], 0.0, 4)
     generation = decode.round_generation(target, factories, method, 2, 12, 3, 4, temperature=0.0, run=0)
     assert sum(1 for _ in generation) >= 4
 
@@ -44,12 +45,15 @@ def test_a_round_generation_runs_at_least_its_rounds(method):
 def test_round_rows_report_the_bytes_read_beside_the_useful_ones_and_no_recording_on_the_cpu():
     torch.manual_seed(0)
     target = Transformer(CFG).eval()
-    factories, models = decode.build_methods(target, ["spire"], 0.0, 4)
-    rows = decode.round_rows(target, factories, models, ["ad", "spire"], 2, 12, 3, 4, peak_flops=1e10,
-                             bandwidth=1e10, repeats=2, compiled=False, temperature=0.0)
+    factories, models = decode_models.build_methods(target, ["spire"], 0.0, 4)
+    rows = decode.round_rows(target, factories, models, ["ad", "spire"], 2, 12, 3, 4, machine=Machine(1e10, 1e10, 4),
+                             repeats=2, compiled=False, temperature=0.0)
     for r in rows:
         assert r["mbytes"] > r["useful_mbytes"] and r["fraction"] > r["useful_fraction"] > 0
         assert r["recorded"] == 0
+    with pytest.raises(ValueError, match="prices 2 bytes a value; the target's weights take 4"):
+        decode.round_rows(target, factories, models, ["ad"], 2, 12, 3, 4, machine=Machine(1e10, 1e10, 2), repeats=2,
+                          compiled=False, temperature=0.0)  # a bf16 machine's roofline for an fp32 target
 
 
 def test_a_timing_that_recorded_a_graph_is_taken_again_then_flagged(monkeypatch):
@@ -86,7 +90,7 @@ def test_dtype_bf16_is_accepted_and_reaches_the_models_and_the_memory_check(monk
     assert cli.main(["bench", "decode", "--batch", "1", "--context", "8", "--methods", "ad", *TOY]) == 0
     assert seen["dtype"] == torch.float32  # fp32, the default
     argv = ["bench", "decode", "--batch", "4", "--context", "64", *TOY]
-    fp32 = sum(decode_memory.held_bytes(CFG, list(decode.TIMED), 4, 64, 64, 4, 64, "rounds", 4).values())
+    fp32 = sum(decode_memory.held_bytes(CFG, list(decode_models.TIMED), 4, 64, 64, 4, 64, "rounds", 4).values())
     monkeypatch.setattr(decode_memory, "available_bytes", lambda device: fp32 * 3 // 4)  # bf16's half fits, fp32 does not
     assert decode.problems(cli.parser().parse_args(argv + ["--dtype", "bf16"])) == []
     assert "the timed runs hold" in decode.problems(cli.parser().parse_args(argv))[0]

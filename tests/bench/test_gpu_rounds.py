@@ -64,13 +64,13 @@ def test_host_row_divides_each_rounds_wall_time_by_its_device_time(monkeypatch):
     """The host row at toy sizes (eager on the CPU, where the device's time is the clock's): wall
     and device ms per round of SPIRe and MagicDec, their ratio, nothing recorded; judged at the
     check's own shapes (a patched cell here), not at --quick's."""
-    from spirelib.bench import decode
+    from spirelib.bench import decode_models
 
     toy_paper_target(monkeypatch)
     cell = gpu_rounds.round_cell
     monkeypatch.setattr(gpu_rounds, "round_cell", lambda args: ((2, 24), 3))  # toy cell, few rounds
     compiled = []
-    monkeypatch.setattr(decode, "compile_all", lambda target, models, enabled: compiled.append(enabled))  # eager
+    monkeypatch.setattr(decode_models, "compile_all", lambda target, models, enabled: compiled.append(enabled))  # eager
     found = gpu_rounds.host_check(SimpleNamespace(device="cpu", quick=False))
     assert compiled == [True]
     for method in gpu_goals.HOST_METHODS:

@@ -10,6 +10,7 @@ from spirelib.bench import roofline
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
 from spirelib.throughput import profiled
+from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import card
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
@@ -30,11 +31,11 @@ def test_a_dense_cache_forward_reads_the_whole_capacity_and_the_roofline_counts_
     kinds = roofline.forward_shapes(roofline.model_cfgs(CFG), context, k, roofline.kv_budgets(window), capacity)
     assert kinds["AD step"].reads == keys.shape[2] == capacity["ad"] > kinds["AD step"].keys == context + 1
     assert kinds[f"verify ({k + 1} tokens)"].reads == capacity["sd"] == kinds[roofline.step_kind("vanilla")].reads
-    calibration = {"peak_flops": 1e12, "bandwidth": 1e11}
+    machine = Machine(1e12, 1e11, 4)
     read = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, capacity["ad"], bytes_per_value=4).bytes
     live = profiled.forward_work(CFG.shape(), CFG.vocab_size, 2, 1, context + 1, bytes_per_value=4).bytes
-    assert roofline.roofline(kinds, [("AD step", 1)], 2, 4, **calibration)[1] == pytest.approx(read / 1e6)
-    assert roofline.roofline(kinds, [("AD step", 1)], 2, 4, live=True, **calibration)[1] == pytest.approx(live / 1e6)
+    assert roofline.roofline(kinds, [("AD step", 1)], 2, machine)[1] == pytest.approx(read / 1e6)
+    assert roofline.roofline(kinds, [("AD step", 1)], 2, machine, live=True)[1] == pytest.approx(live / 1e6)
 
 
 def test_a_round_is_its_cards_passes_and_the_verification():

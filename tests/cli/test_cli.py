@@ -181,7 +181,7 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
     """Before any compute: the caches the timed runs hold at their largest cell against the memory
     free on the device; interleaved round by round every method holds a target cache, so
     `--interleave runs` may fit where it does not. The free memory is patched."""
-    from spirelib.bench import decode, decode_memory
+    from spirelib.bench import decode, decode_memory, decode_models
 
     argv = ["bench", "decode", "--profiled", "--batch", "1", "2", "--context", "16", "24", "--new-tokens", "6",
             *DECODE_TOY]
@@ -192,7 +192,7 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
     monkeypatch.setattr(decode_memory, "available_bytes", lambda device: (rounds + runs) // 2)
     code, _, err = run(argv)
     assert code == 2 and "--profiled: at B 2 x L 24 the timed runs hold" in err
-    n = len(decode.TIMED)  # AD and every decoded draft, each on its own copy of the prefill
+    n = len(decode_models.TIMED)  # AD and every decoded draft, each on its own copy of the prefill
     assert f"target caches ({n}) {n * decode_memory.cache_bytes(cfg, 2, 24 + 6 + 6, 4) / 1e9:.2f}" in err
     assert "--interleave runs (one target cache) holds" in err and "which fits" in err
     assert decode.problems(cli.parser().parse_args([*argv, "--interleave", "runs"])) == []
@@ -206,16 +206,17 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
 def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
     """`decode.round_rows`: every generation has the rounds its warm-up (3) and its timed run
     (repeats + 1) take, even at one repeat."""
-    from spirelib.bench import decode
+    from spirelib.bench import decode, decode_models
     from spirelib.model.config import ModelConfig
     from spirelib.model.transformer import Transformer
+    from spirelib.throughput.hardware import Machine
 
     torch.manual_seed(0)
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
                                      d_ff=64)).eval()
-    factories, models = decode.build_methods(target, ["vanilla"], 1.0, 4)
-    rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], 2, 12, 3, 4, peak_flops=1e10,
-                             bandwidth=1e10, repeats=1, compiled=False, temperature=1.0)
+    factories, models = decode_models.build_methods(target, ["vanilla"], 1.0, 4)
+    rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], 2, 12, 3, 4,
+                             machine=Machine(1e10, 1e10, 4), repeats=1, compiled=False, temperature=1.0)
     assert [r["kind"] for r in rows] == ["ad round", "vanilla round"] and all(r["ms"] > 0 for r in rows)
 
 
