@@ -26,7 +26,7 @@ import numpy as np
 
 from spirelib.throughput.acceptance import per_position_from_counts, tau_from_per_position
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import nearest_record
+from spirelib.throughput.recorded import nearest_record, tau_protocol
 
 SCHEMA = "spire-acceptance-profile/1"
 NOTEBOOK = "04_measure_tau"  # the notebook whose record a profile reads
@@ -82,9 +82,8 @@ def acceptance_profile(results: dict, method: str, context: int, run: str) -> di
     taus = recorded_taus.get(method, {})
     if at not in taus:
         return None
-    recorded = results[NOTEBOOK]
-    protocol = recorded.get("tau_protocol", {})
-    positions = recorded.get("per_position_acceptance", {}).get(method, {})
+    protocol = tau_protocol(results)
+    positions = results[NOTEBOOK].get("per_position_acceptance", {}).get(method, {})
     by_context = {}
     for L in sorted(taus):
         counts = positions.get(str(L), {})
@@ -93,11 +92,11 @@ def acceptance_profile(results: dict, method: str, context: int, run: str) -> di
         except ValueError:  # no curve recorded there (or counts that do not add up): tau alone
             vectors = {"conditional_accept_rates": None, "marginal_accept_rates": None, "mean_accept_length": None,
                        "rounds": None}
-        n_contexts = protocol.get("n_contexts") if taus[L].n_contexts is None else taus[L].n_contexts
+        n_contexts = protocol.n_contexts if taus[L].n_contexts is None else taus[L].n_contexts
         by_context[str(L)] = {**vectors, "tau_measured": {"mean": taus[L].mean, "ci95": taus[L].ci95},
                               "n_contexts": n_contexts}
     main = by_context[str(at)]
-    k = len(main["conditional_accept_rates"]) if main["conditional_accept_rates"] else int(protocol.get("k", 4))
+    k = len(main["conditional_accept_rates"]) if main["conditional_accept_rates"] else protocol.k
     return {
         "schema": SCHEMA,
         "method": method,
@@ -107,7 +106,7 @@ def acceptance_profile(results: dict, method: str, context: int, run: str) -> di
         **main,
         "context_lengths": [int(L) for L in by_context],
         "by_context": by_context,
-        "measurement": {key: protocol.get(key) for key in ("temperature", "new_tokens", "batch_size", "seed")},
+        "measurement": {key: getattr(protocol, key) for key in ("temperature", "new_tokens", "batch_size", "seed")},
         "source": {"run": run, "notebook": NOTEBOOK, "file": "results.json",
                    "keys": [f"{NOTEBOOK}.tau", f"{NOTEBOOK}.per_position_acceptance", f"{NOTEBOOK}.tau_protocol"]},
         "dynamo_mocker_args": dynamo_args(main["conditional_accept_rates"]) if main["conditional_accept_rates"]

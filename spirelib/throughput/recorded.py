@@ -4,13 +4,14 @@ nearest the one asked for (`recorded_acceptance`; the means alone, as the notebo
 read them: `recorded_taus`); where the run recorded none, the taus a notebook was given (06,
 `acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
 `DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
-these, so they sit below both. What 04 records under "tau" has one shape, `RecordedTau`: 04 writes
-it (`to_dict`) and every reader reads it back typed (`tau_records`), not by string keys.
+these, so they sit below both. What 04 records under "tau" and "tau_protocol" has one shape each,
+`RecordedTau` and `RecordedProtocol`: 04 writes them (`to_dict`) and every reader reads them back
+typed (`tau_records`, `tau_protocol`), not by string keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from spirelib.throughput.schedule import Acceptance
 
@@ -37,6 +38,46 @@ def tau_records(results: dict) -> dict[str, dict[int, RecordedTau]]:
     taus = results.get("04_measure_tau", {}).get("tau") or {}
     return {m: {int(L): RecordedTau(v["mean"], v.get("ci95"), v.get("n_contexts"), v.get("std"))
                 for L, v in by_l.items()} for m, by_l in taus.items()}
+
+
+@dataclass(frozen=True)
+class RecordedProtocol:
+    """How notebook 04 measured its taus, as it records it under "tau_protocol" in results.json: the
+    decoding (k, G, T), the contexts (lengths, the most drawn per length, the batch, the seed, the
+    stopping rule), MagicDec's options and every sparse draft's KV budget, the windows the target
+    was trained on, the models measured (shapes and training tokens), its seconds and its scale
+    note. A field a run from before it was recorded lacks reads as None (k: the paper's 4)."""
+
+    k: int = 4
+    new_tokens: int | None = None
+    temperature: float | None = None
+    context_lengths: list[int] | None = None
+    n_contexts: int | None = None
+    batch_size: int | None = None
+    seed: int | None = None
+    stopping: dict | None = None  # {"half_width", "floor"} of 04's stopping rule; None: every context
+    magicdec: dict | None = None
+    kv_budgets: dict | None = None  # method -> its KVBudget's fields
+    trained_on: int | None = None
+    target: dict | None = None  # the target's ModelConfig fields
+    target_tokens: int | None = None
+    vanilla_draft: dict | None = None
+    vanilla_tokens: int | None = None
+    spire_draft: dict | None = None
+    spire_tokens: int | None = None
+    seconds: float | None = None
+    scale: str = ""
+
+    def to_dict(self) -> dict:
+        """What 04 records (`tau_protocol` reads it back)."""
+        return asdict(self)
+
+
+def tau_protocol(results: dict) -> RecordedProtocol:
+    """Notebook 04's "tau_protocol" in a run's results, typed; every field at its default where the
+    run recorded none (a notebook run on its own)."""
+    recorded = results.get("04_measure_tau", {}).get("tau_protocol") or {}
+    return RecordedProtocol(**{f.name: recorded[f.name] for f in fields(RecordedProtocol) if f.name in recorded})
 
 
 def tau_lengths(taus: dict[str, dict[int, RecordedTau]]) -> list[int]:
@@ -78,9 +119,8 @@ def recorded_acceptance(results: dict, context: int) -> tuple[dict[str, Acceptan
         raise DeployError("the run recorded no tau (notebook 04): run the series, or `spire run --only 04` "
                           "after the drafts are trained, then deploy")
     taus, L = found
-    recorded = results["04_measure_tau"]
-    depth = int(recorded.get("tau_protocol", {}).get("k", 4))
-    per_position = recorded.get("per_position_acceptance", {})
+    depth = tau_protocol(results).k
+    per_position = results["04_measure_tau"].get("per_position_acceptance", {})
     out = {}
     for method, by_l in taus.items():
         if L not in by_l:

@@ -14,7 +14,7 @@ import statistics
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import tau_lengths, tau_records
+from spirelib.throughput.recorded import tau_lengths, tau_protocol, tau_records
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence
@@ -36,15 +36,14 @@ def headline(run: dict, results: dict) -> dict | None:
 def table1(run: dict, results: dict) -> dict | None:
     """Notebook 04's tau per method and L (95% CI) next to the paper's Table 1: the table, the
     order of the drafts at the L nearest 512 against the paper's, 03's budgets and 04's scale."""
-    recorded = results.get("04_measure_tau", {})
     taus = tau_records(results)
     if not taus:
         return None
     lengths = tau_lengths(taus)[::-1]
     methods = [(m, label(m)) for m in perfmodel.MODELED_METHODS if m in taus]
     methods += [(m, label(m)) for m in taus if m not in perfmodel.MODELED_METHODS]
-    protocol = recorded.get("tau_protocol", {})
-    trained_on, G = protocol.get("trained_on"), protocol.get("new_tokens", 0)
+    protocol = tau_protocol(results)
+    trained_on, G = protocol.trained_on, protocol.new_tokens or 0
     rows = []
     for L in lengths:
         past = trained_on and L + G > trained_on  # said next to the figure (04 puts the target's loss beside it)
@@ -64,7 +63,7 @@ def table1(run: dict, results: dict) -> dict | None:
     return dict(header=header, rows=rows, at=at, order=" > ".join(label(m) for m in order),
                 paper_order=" > ".join(label(m) for m in paper_order), same=paper_order_all == paper_order,
                 budgets=budget_sentence(budgets) if budgets else "",
-                scale=recorded.get("tau_protocol", {}).get("scale", ""))
+                scale=protocol.scale)
 
 
 def ablation_ranking(run: dict, results: dict) -> dict | None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from spirelib.throughput import perfmodel
 from spirelib.throughput.methods import color, label, letter
+from spirelib.throughput.recorded import tau_protocol
 from spirelib.throughput.winners import AD, by_cell, unresolved_cells
 from spirelib.throughput.winners import grid_counts as _grid_counts
 from spirelib.throughput.winners import winner as _winner
@@ -76,12 +77,12 @@ def scale_facts(run: dict, results: dict) -> dict:
     """What the index's scale line says, from what the notebooks recorded: the target's shape and
     body parameters, its training tokens, validation perplexity, the corpus and the machine."""
     target = results.get("02_train_target", {}).get("target") or {}
-    protocol = results.get("04_measure_tau", {}).get("tau_protocol", {})
+    protocol = tau_protocol(results)
     machine = results.get("09_measured_vs_modeled", {}).get("machine", {})
     series = (run.get("params") or {}).get("series") or {}
-    shape = protocol.get("target") or series.get("target") or {}
+    shape = protocol.target or series.get("target") or {}
     facts = {"layers": shape.get("num_layers"), "d_model": shape.get("d_model"),
-             "body_params": target.get("body_params"), "tokens": target.get("tokens") or protocol.get("target_tokens"),
+             "body_params": target.get("body_params"), "tokens": target.get("tokens") or protocol.target_tokens,
              "perplexity": float(np.exp(target["val_loss"])) if target.get("val_loss") is not None else None,
              "corpus": series.get("corpus") or None, "device": machine.get("device"),
              "trained_on": target.get("device"), "threads": machine.get("threads")}
@@ -221,7 +222,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         if recorded:
             grid = (recorded["winners"], recorded["B"], recorded["L"])
         elif used.get("taus"):
-            k = int(results.get("04_measure_tau", {}).get("tau_protocol", {}).get("k", 4))
+            k = tau_protocol(results).k
             grid = (_modeled_winners(used["taus"], k=k, hoi=hoi_06), GRID_B, GRID_L)
         else:
             grid = None
@@ -335,7 +336,7 @@ def duel_maps(run: dict, results: dict, duel: tuple[str, str] = DUEL) -> list[di
     used = results.get("06_speedup_explorer", {}).get("taus_used") or {}
     taus = {m: t for m, t in (used.get("taus") or {}).items() if m in duel}
     if len(taus) == 2 and used.get("source") == "measured":
-        k = int(results.get("04_measure_tau", {}).get("tau_protocol", {}).get("k", 4))
+        k = tau_protocol(results).k
         hoi = float(_notebook_param(run, "06_speedup_explorer", "hoi", perfmodel.PAPER_HOI))
         winners = _modeled_winners(taus, k=k, hoi=hoi)
         maps.append(dict(key="duel-paper-shapes", title=f"{title}: the paper's shapes, this run's tau (HOI {hoi:g})",

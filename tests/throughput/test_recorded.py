@@ -1,15 +1,17 @@
 """What a finished run recorded of acceptance, as the schedules read it (`throughput.recorded`):
 notebook 04's tau, CI and per-position curve at the recorded context nearest the one asked for,
-the refusal when the run recorded none, and 04's "tau" read back typed as it was written."""
+the refusal when the run recorded none, and 04's "tau" and "tau_protocol" read back typed as written."""
 
 import pytest
 
 from spirelib.throughput.recorded import (
     DeployError,
+    RecordedProtocol,
     RecordedTau,
     recorded_acceptance,
     recorded_taus,
     tau_lengths,
+    tau_protocol,
     tau_records,
 )
 from spirelib.throughput.schedule import Acceptance
@@ -55,3 +57,18 @@ def test_04s_tau_reads_back_typed_as_written_and_an_older_runs_missing_fields_ar
     assert {m: {str(L): t.to_dict() for L, t in by_l.items()} for m, by_l in taus.items() if m == "spire"} == written
     assert tau_lengths(taus) == [256, 512, 960]
     assert tau_records({}) == tau_records({"04_measure_tau": {"tau": None}}) == {}
+
+
+def test_04s_protocol_reads_back_typed_as_written_and_an_older_runs_missing_fields_are_defaults():
+    written = RecordedProtocol(k=3, new_tokens=64, temperature=1.0, context_lengths=[256, 960], n_contexts=192,
+                               batch_size=64, seed=0, stopping={"half_width": 0.05, "floor": 64},
+                               magicdec={"sink": 1, "window": 64, "rope_mode": "cache"},
+                               kv_budgets={"magicdec": {"sink": 1, "window": 64, "chosen": 0}}, trained_on=1024,
+                               target={"num_layers": 8, "d_model": 64}, target_tokens=2_457_600,
+                               vanilla_draft={"num_layers": 1}, vanilla_tokens=10, spire_draft={"num_layers": 2},
+                               spire_tokens=20, seconds=12.5, scale="8 x 64; L = 256, 960").to_dict()
+    assert tau_protocol({"04_measure_tau": {"tau_protocol": written}}).to_dict() == written
+    older = tau_protocol({"04_measure_tau": {"tau_protocol": {"new_tokens": 64}}})  # before k and the rest were kept
+    assert older == RecordedProtocol(new_tokens=64) and older.k == 4 and older.trained_on is None and older.scale == ""
+    assert tau_protocol({}) == tau_protocol({"04_measure_tau": {"tau_protocol": None}}) == RecordedProtocol()
+    assert recorded_acceptance(RUN, 256)[0]["spire"].depth == 3  # the schedules' depth is the protocol's k
