@@ -4,9 +4,10 @@ nearest the one asked for (`recorded_acceptance`; the means alone, as the notebo
 read them: `recorded_taus`); where the run recorded none, the taus a notebook was given (06,
 `acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
 `DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
-these, so they sit below both. What 04 records under "tau" and "tau_protocol" has one shape each,
-`RecordedTau` and `RecordedProtocol`: 04 writes them (`to_dict`) and every reader reads them back
-typed (`tau_records`, `tau_protocol`), not by string keys.
+these, so they sit below both. What 04 records under "tau" and "tau_protocol", and 09 under
+"machine", has one shape each, `RecordedTau`, `RecordedProtocol` and `RecordedMachine`: the notebook
+writes it (`to_dict`) and every reader reads it back typed (`tau_records`, `tau_protocol`,
+`timed_machine`), not by string keys.
 """
 
 from __future__ import annotations
@@ -78,6 +79,34 @@ def tau_protocol(results: dict) -> RecordedProtocol:
     run recorded none (a notebook run on its own)."""
     recorded = results.get("04_measure_tau", {}).get("tau_protocol") or {}
     return RecordedProtocol(**{f.name: recorded[f.name] for f in fields(RecordedProtocol) if f.name in recorded})
+
+
+@dataclass(frozen=True)
+class RecordedMachine:
+    """The machine notebook 09 timed on, as it records it under "machine": its calibrated peak
+    (FLOP/s, in `precision`) and bandwidth (bytes/s), the device, the bytes a value took, the AD
+    step's measured over its modeled time, the scale note and the threads. A field a run did not
+    record reads as None (the scale: empty)."""
+
+    peak_flops: float | None = None
+    precision: str | None = None
+    bandwidth: float | None = None
+    device: str | None = None
+    bytes_per_value: int | None = None
+    ad_step_overhead: float | None = None
+    scale: str = ""
+    threads: int | None = None
+
+    def to_dict(self) -> dict:
+        """What 09 records (`timed_machine` reads it back)."""
+        return asdict(self)
+
+
+def timed_machine(results: dict) -> RecordedMachine:
+    """Notebook 09's "machine" in a run's results, typed; every field at its default where the run
+    recorded none (09 did not run)."""
+    recorded = results.get("09_measured_vs_modeled", {}).get("machine") or {}
+    return RecordedMachine(**{f.name: recorded[f.name] for f in fields(RecordedMachine) if f.name in recorded})
 
 
 def tau_lengths(taus: dict[str, dict[int, RecordedTau]]) -> list[int]:

@@ -25,7 +25,7 @@ from spirelib.throughput import perfmodel as pm
 from spirelib.throughput.acceptance_profile import acceptance_profile
 from spirelib.throughput.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.throughput.methods import DECODED, card
-from spirelib.throughput.recorded import DeployError, recorded_acceptance
+from spirelib.throughput.recorded import DeployError, recorded_acceptance, timed_machine
 from spirelib.throughput.scenarios import Scenario
 from spirelib.throughput.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
 from spirelib.training.series import Series
@@ -206,19 +206,18 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     prices: the series' target, each draft's `profiled.DraftShape` (09's own,
     `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
     median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
-    recorded = results.get("09_measured_vs_modeled", {})
-    model, machine = recorded.get("profiled_model"), recorded.get("machine")
-    if not model or not machine:
+    model, machine = results.get("09_measured_vs_modeled", {}).get("profiled_model"), timed_machine(results)
+    if not model or machine.peak_flops is None:
         raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
     fields = {f.name for f in dataclasses.fields(profiled.ProfiledCost)} - {"drafts", "paces"}
     cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
                                  drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
     series = Series.from_dict(run.get("params", {}).get("series", {}))
     target, drafts = series.target, series.draft_shapes()
-    value_bytes = int(machine["bytes_per_value"])
+    value_bytes = int(machine.bytes_per_value)
     dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
-    device = Hardware("this-machine", {dtype: float(machine["peak_flops"])}, float(machine["bandwidth"]),
-                      f"notebook 09's calibration ({machine.get('device', '?')})")
+    device = Hardware("this-machine", {dtype: float(machine.peak_flops)}, float(machine.bandwidth),
+                      f"notebook 09's calibration ({machine.device or '?'})")
     return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
              "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
              "held_out_max_error": model.get("held_out_max_error")}, device, dtype)

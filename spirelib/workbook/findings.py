@@ -23,7 +23,7 @@ import numpy as np
 
 from spirelib.throughput import perfmodel
 from spirelib.throughput.methods import color, label, letter
-from spirelib.throughput.recorded import tau_protocol
+from spirelib.throughput.recorded import tau_protocol, timed_machine
 from spirelib.throughput.winners import AD, by_cell, unresolved_cells
 from spirelib.throughput.winners import grid_counts as _grid_counts
 from spirelib.throughput.winners import winner as _winner
@@ -78,14 +78,14 @@ def scale_facts(run: dict, results: dict) -> dict:
     body parameters, its training tokens, validation perplexity, the corpus and the machine."""
     target = results.get("02_train_target", {}).get("target") or {}
     protocol = tau_protocol(results)
-    machine = results.get("09_measured_vs_modeled", {}).get("machine", {})
+    machine = timed_machine(results)
     series = (run.get("params") or {}).get("series") or {}
     shape = protocol.target or series.get("target") or {}
     facts = {"layers": shape.get("num_layers"), "d_model": shape.get("d_model"),
              "body_params": target.get("body_params"), "tokens": target.get("tokens") or protocol.target_tokens,
              "perplexity": float(np.exp(target["val_loss"])) if target.get("val_loss") is not None else None,
-             "corpus": series.get("corpus") or None, "device": machine.get("device"),
-             "trained_on": target.get("device"), "threads": machine.get("threads")}
+             "corpus": series.get("corpus") or None, "device": machine.device,
+             "trained_on": target.get("device"), "threads": machine.threads}
     return {k: v for k, v in facts.items() if v is not None}
 
 
@@ -199,8 +199,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
     """One row per way of answering "which draft wins": its name, the answer at (B, L), over
     the grid, and what to trust it for. Ways whose notebook recorded nothing are left out."""
     rows = []
-    r01, r06, r09 = (results.get(s, {}) for s in ("01_performance_model", "06_speedup_explorer",
-                                                 "09_measured_vs_modeled"))
+    r01, r06 = (results.get(s, {}) for s in ("01_performance_model", "06_speedup_explorer"))
     if r01.get("headline"):
         cell = r01.get("headline_cell", {"B": 64, "L": 512})
         paper_taus = perfmodel.PAPER_TAU[int(cell.get("tau_context", perfmodel.PAPER_TAU_CONTEXT))]
@@ -248,13 +247,13 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
         want = (int(rows[0]["B"]), int(rows[0]["L"])) if rows else min(measured)
         near = min(measured, key=lambda bl: (abs(np.log2(bl[0] / want[0])) + abs(np.log2(bl[1] / want[1])), bl))
         slower, total = slower_than_ad(results)
-        machine = r09.get("machine", {})
-        overhead = machine.get("ad_step_overhead")
+        machine = timed_machine(results)
+        overhead = machine.ad_step_overhead
         Bs, Ls = sorted({b for b, _ in measured}), sorted({l for _, l in measured})
         winners, values = _grid(measured, Bs, Ls)
         predicted = _cells(results, "profiled_speedup")
         row = dict(
-            key="measured", way=f"this machine ({machine.get('device', '?')}), trained models (measured)",
+            key="measured", way=f"this machine ({machine.device or '?'}), trained models (measured)",
             short=f"on this machine (measured at B = {near[0]}, L = {near[1]})",
             title="this machine, measured", stem="09_measured_vs_modeled", B=near[0], L=near[1], at=measured[near],
             grid=(winners, Bs, Ls), values=values,

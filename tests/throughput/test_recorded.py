@@ -6,6 +6,7 @@ import pytest
 
 from spirelib.throughput.recorded import (
     DeployError,
+    RecordedMachine,
     RecordedProtocol,
     RecordedTau,
     recorded_acceptance,
@@ -13,6 +14,7 @@ from spirelib.throughput.recorded import (
     tau_lengths,
     tau_protocol,
     tau_records,
+    timed_machine,
 )
 from spirelib.throughput.schedule import Acceptance
 
@@ -72,3 +74,11 @@ def test_04s_protocol_reads_back_typed_as_written_and_an_older_runs_missing_fiel
     assert older == RecordedProtocol(new_tokens=64) and older.k == 4 and older.trained_on is None and older.scale == ""
     assert tau_protocol({}) == tau_protocol({"04_measure_tau": {"tau_protocol": None}}) == RecordedProtocol()
     assert recorded_acceptance(RUN, 256)[0]["spire"].depth == 3  # the schedules' depth is the protocol's k
+
+
+def test_09s_machine_reads_back_typed_and_a_run_without_09_reads_as_unrecorded():
+    written = RecordedMachine(2.5e11, "fp32", 3e10, "cpu", 4, 12.5, "8 x 64; 2 threads", 2).to_dict()
+    assert timed_machine({"09_measured_vs_modeled": {"machine": written}}).to_dict() == written
+    older = timed_machine({"09_measured_vs_modeled": {"machine": {"peak_flops": 1e11, "bandwidth": 1e10}}})
+    assert older == RecordedMachine(peak_flops=1e11, bandwidth=1e10) and older.threads is None and older.scale == ""
+    assert timed_machine({}) == RecordedMachine() and timed_machine({}).peak_flops is None

@@ -18,6 +18,7 @@ from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.throughput import profiled, winners
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import KVBudget
+from spirelib.throughput.recorded import RecordedMachine, timed_machine
 from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
 
@@ -188,15 +189,16 @@ def test_measured_results_keep_the_results_keys():
     cells = [{key: i for i, key in enumerate(tables.CELL_FIELDS)} | {"extra": 1}]
     verdict = profiled_verdict(CELLS)
     summary = {"profiled": verdict, "losing": [1, 2], "overhead": 5.0}
-    machine = {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11}
-    results = tables.measured_results(cells, COST, summary, machine, "cpu", 4, "s", trained_len=1024)
+    machine = RecordedMachine(3e11, "fp32", 1e11, "cpu", 4, 5.0, "s", 2)
+    results = tables.measured_results(cells, COST, summary, machine, trained_len=1024)
     assert list(results) == ["cells", "profiled_model", "hoi", "machine", "target_trained_length"]
     assert results["target_trained_length"] == 1024
     assert results["cells"] == [{key: i for i, key in enumerate(tables.CELL_FIELDS)}]
     assert results["profiled_model"] == {**COST.to_dict(), **verdict, "false_gains": 0, "cells_slower_than_ad": 2}
     assert results["hoi"] == 3.0
-    assert results["machine"] == {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "device": "cpu", "bytes_per_value": 4,
-                                  "ad_step_overhead": 5.0, "scale": "s"}
+    assert results["machine"] == {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "device": "cpu",
+                                  "bytes_per_value": 4, "ad_step_overhead": 5.0, "scale": "s", "threads": 2}
+    assert timed_machine({"09_measured_vs_modeled": results}) == machine  # read back typed as written
 
 
 def clock_cell(method, B, L, measured, profiled_speedup):

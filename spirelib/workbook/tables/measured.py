@@ -13,6 +13,7 @@ from spirelib.measure.wallclock import DecodeTiming, flops_per_token, loop_timin
 from spirelib.throughput import profile_fit, profiled
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.recorded import RecordedMachine
 from spirelib.throughput.winners import AD
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
@@ -92,22 +93,18 @@ def flop_rows(models: dict, contexts, keys: dict[str, int] | None = None) -> lis
     return rows
 
 
-def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: dict, machine: dict, device: str,
-                     bytes_per_value: int, scale: str, threads: int | None = None,
+def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: dict, machine: RecordedMachine,
                      trained_len: int | None = None) -> dict:
     """What notebook 09 records: the cells (CELL_FIELDS, each marked by `mark_past_training`), the
     profiled model with `summarize_cells`'s verdict on it (median, mean signed, fitted and held-out
-    errors, false gains), the HOI, the machine (`calibrate`'s peak and bandwidth, the device, bytes
-    per value, the AD step's overhead, the scale note) and the target's `trained_length`."""
-    peak, bandwidth = machine["peak_flops"], machine["bandwidth"]
+    errors, false gains), the HOI, the `machine` (`calibrate`'s peak and bandwidth, the device, bytes
+    per value, the AD step's overhead, the scale note, the threads) and the target's `trained_length`."""
     verdict = summary["profiled"]
     return {"cells": [{key: c[key] for key in CELL_FIELDS} for c in cells],
             "profiled_model": {**cost.to_dict(), **verdict, "false_gains": len(verdict["false_gains"]),
                                "cells_slower_than_ad": len(summary["losing"])},
-            "hoi": peak / bandwidth,
-            "machine": {"peak_flops": peak, "precision": machine["precision"], "bandwidth": bandwidth, "device": device,
-                        "bytes_per_value": bytes_per_value, "ad_step_overhead": summary["overhead"], "scale": scale,
-                        **({"threads": threads} if threads else {})},
+            "hoi": machine.peak_flops / machine.bandwidth,
+            "machine": machine.to_dict(),
             "target_trained_length": trained_len}
 
 
