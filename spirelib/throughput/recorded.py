@@ -17,8 +17,20 @@ from dataclasses import asdict, dataclass, fields
 from spirelib.throughput.schedule import Acceptance
 
 
+class _Recorded:
+    """A shape a notebook records in results.json: written as a dict (`to_dict`), read back typed
+    (`from_dict`: a field an older run did not record at its default)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, recorded: dict):
+        return cls(**{f.name: recorded[f.name] for f in fields(cls) if f.name in recorded})
+
+
 @dataclass(frozen=True)
-class RecordedTau:
+class RecordedTau(_Recorded):
     """One method at one context length as notebook 04 records it under "tau" in results.json: the
     mean tau, its reported 95% half-width, the contexts drawn and their per-context spread (the
     fields a run from before they were recorded lacks are None)."""
@@ -28,21 +40,16 @@ class RecordedTau:
     n_contexts: int | None = None
     std: float | None = None
 
-    def to_dict(self) -> dict:
-        """What 04 records (`tau_records` reads it back)."""
-        return asdict(self)
-
 
 def tau_records(results: dict) -> dict[str, dict[int, RecordedTau]]:
     """Notebook 04's "tau" in a run's results, typed: method -> context length -> `RecordedTau`;
     empty where the run recorded none (a notebook run on its own)."""
     taus = results.get("04_measure_tau", {}).get("tau") or {}
-    return {m: {int(L): RecordedTau(v["mean"], v.get("ci95"), v.get("n_contexts"), v.get("std"))
-                for L, v in by_l.items()} for m, by_l in taus.items()}
+    return {m: {int(L): RecordedTau.from_dict(v) for L, v in by_l.items()} for m, by_l in taus.items()}
 
 
 @dataclass(frozen=True)
-class RecordedProtocol:
+class RecordedProtocol(_Recorded):
     """How notebook 04 measured its taus, as it records it under "tau_protocol" in results.json: the
     decoding (k, G, T), the contexts (lengths, the most drawn per length, the batch, the seed, the
     stopping rule), MagicDec's options and every sparse draft's KV budget, the windows the target
@@ -69,20 +76,16 @@ class RecordedProtocol:
     seconds: float | None = None
     scale: str = ""
 
-    def to_dict(self) -> dict:
-        """What 04 records (`tau_protocol` reads it back)."""
-        return asdict(self)
-
 
 def tau_protocol(results: dict) -> RecordedProtocol:
     """Notebook 04's "tau_protocol" in a run's results, typed; every field at its default where the
     run recorded none (a notebook run on its own)."""
     recorded = results.get("04_measure_tau", {}).get("tau_protocol") or {}
-    return RecordedProtocol(**{f.name: recorded[f.name] for f in fields(RecordedProtocol) if f.name in recorded})
+    return RecordedProtocol.from_dict(recorded)
 
 
 @dataclass(frozen=True)
-class RecordedMachine:
+class RecordedMachine(_Recorded):
     """The machine notebook 09 timed on, as it records it under "machine": its calibrated peak
     (FLOP/s, in `precision`) and bandwidth (bytes/s), the device, the bytes a value took, the AD
     step's measured over its modeled time, the scale note and the threads. A field a run did not
@@ -97,16 +100,12 @@ class RecordedMachine:
     scale: str = ""
     threads: int | None = None
 
-    def to_dict(self) -> dict:
-        """What 09 records (`timed_machine` reads it back)."""
-        return asdict(self)
-
 
 def timed_machine(results: dict) -> RecordedMachine:
     """Notebook 09's "machine" in a run's results, typed; every field at its default where the run
     recorded none (09 did not run)."""
     recorded = results.get("09_measured_vs_modeled", {}).get("machine") or {}
-    return RecordedMachine(**{f.name: recorded[f.name] for f in fields(RecordedMachine) if f.name in recorded})
+    return RecordedMachine.from_dict(recorded)
 
 
 def tau_lengths(taus: dict[str, dict[int, RecordedTau]]) -> list[int]:
