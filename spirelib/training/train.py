@@ -37,7 +37,7 @@ from spirelib.training.checkpoint import (
     read_meta,
 )
 from spirelib.training.config import TrainConfig
-from spirelib.training.devices import init_distributed, resolve_device
+from spirelib.training.devices import deterministic_on_cpu, init_distributed, resolve_device
 from spirelib.training.metrics import MetricsLog, StepClock, host_means, read_metrics
 from spirelib.training.objectives import Objective, ObjectiveModule
 from spirelib.training.step import TrainState, evaluate, resume, save_state, train_step
@@ -248,110 +248,111 @@ def train(
             return TrainResult(_reused(model, found, meta, dev, sharded), found, meta,
                                read_metrics(run_dir / "metrics.jsonl"), reused=True)
 
-    # An objective that knows which of its parts compiling speeds up compiles those itself
-    # (`compiled()`, e.g. objectives.SpireObjective's); any other is compiled whole.
-    compiles_itself = cfg.compile and not sharded and hasattr(objective, "compiled")
-    if compiles_itself:
-        objective = objective.compiled()
-    eval_objective = eval_objective or objective
-    state = build_train_state(model, objective, cfg, dev, world, sharded=sharded,
-                              compile_whole=cfg.compile and not compiles_itself, initialize=initialize,
-                              resume_from=None if meta is None else (found, meta, ident))
-    start = state.start
-    log = MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
-    sampler = WindowSampler(train_docs, cfg.batch_size, cfg.seq_len + 1, cfg.seed)
-    val = validation_windows(val_docs, cfg.eval_windows, cfg.seq_len + 1, cfg.seed) if val_docs is not None else None
+    with deterministic_on_cpu(dev):  # bit-reproducible on a CPU, compiled or not (`deterministic_on_cpu`)
+        # An objective that knows which of its parts compiling speeds up compiles those itself
+        # (`compiled()`, e.g. objectives.SpireObjective's); any other is compiled whole.
+        compiles_itself = cfg.compile and not sharded and hasattr(objective, "compiled")
+        if compiles_itself:
+            objective = objective.compiled()
+        eval_objective = eval_objective or objective
+        state = build_train_state(model, objective, cfg, dev, world, sharded=sharded,
+                                  compile_whole=cfg.compile and not compiles_itself, initialize=initialize,
+                                  resume_from=None if meta is None else (found, meta, ident))
+        start = state.start
+        log = MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
+        sampler = WindowSampler(train_docs, cfg.batch_size, cfg.seq_len + 1, cfg.seed)
+        val = validation_windows(val_docs, cfg.eval_windows, cfg.seq_len + 1, cfg.seed) if val_docs is not None else None
 
-    # The first step whose loss or gradient norm was not finite (-1: none), kept on the device and
-    # looked at only where the host waits anyway (a log line, an evaluation, a checkpoint), so a
-    # step makes no host sync; weights after such a step are never saved.
-    nonfinite = torch.full((), -1, dtype=torch.long, device=dev)
+        # The first step whose loss or gradient norm was not finite (-1: none), kept on the device and
+        # looked at only where the host waits anyway (a log line, an evaluation, a checkpoint), so a
+        # step makes no host sync; weights after such a step are never saved.
+        nonfinite = torch.full((), -1, dtype=torch.long, device=dev)
 
-    def check_finite(lr: float) -> None:
-        bad = int(nonfinite)
-        if bad < 0:
-            return
-        bar.close()
-        kept = checkpoint_path(ckpt_dir)
-        raise TrainingDiverged(
-            f"non-finite loss or gradient norm at step {bad}; "
-            + (f"the last good checkpoint (step {read_meta(kept, verify=False)['step']}) is kept at {kept}. "
-               if kept else "no checkpoint was written yet. ")
-            + f"Hint: lower lr (now peak {cfg.lr}, {lr:.3g} at this step), lengthen warmup_fraction "
-            "or tighten grad_clip; the run is deterministic, so a changed config trains anew."
-        )
-
-    def save(step: int, finished: bool, summary: dict | None = None) -> None:
-        save_state(state, ckpt_dir, ident, step=step, finished=finished, summary=summary, group=ckpt_group)
-
-    def run_eval(step: int) -> dict:
-        if sharded:
-            result = evaluate(state.wrapper, lambda step_module, b: step_module(b, eval_objective), val, state.micro,
-                              dev, rank, world, lockstep=True)
-        else:
-            result = evaluate(model, eval_objective, val, state.micro, dev, rank, world)
-        log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
-        return result
-
-    model.train()
-    bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, unit="step",
-                       desc=f"train {run_dir.name.rsplit('-', 1)[0]}")
-    t_start = time.perf_counter()
-    clock = StepClock(dev)
-    interval: dict[str, torch.Tensor | float] = {}
-    interval_steps = 0
-    last_val: dict = {}
-    last_loss = torch.full((), float("nan"))
-    batches = sampler.batches(range(start, total), rank, world, pin=dev.type == "cuda")  # read one step ahead
-    for step, batch in zip(range(start, total), batches):
-        clock.start()
-        lr = cfg.lr_at(step, total)
-        loss_value, grad_norm, metrics = train_step(state, batch.to(dev, non_blocking=True), lr)  # (B/world, T+1)
-        finite = torch.isfinite(loss_value) & torch.isfinite(grad_norm)
-        nonfinite = torch.where(~finite & (nonfinite < 0), step, nonfinite)
-        clock.stepped()
-        last_loss = loss_value
-        for k, v in {"loss": loss_value, "grad_norm": grad_norm, **metrics}.items():
-            interval[k] = interval.get(k, 0.0) + v
-        interval_steps += 1
-        done = step + 1
-        if done % cfg.log_every == 0 or done == total:  # the host waits for the device here, and only here
-            tokens_per_s = cfg.tokens_per_step() * interval_steps / clock.take_interval()
-            check_finite(lr)
-            means = host_means(interval, interval_steps)
-            log.add({"kind": "train", "step": done, "tokens": done * cfg.tokens_per_step(), "lr": lr,
-                     "tokens_per_s": tokens_per_s, "elapsed_s": time.perf_counter() - t_start, **means})
-            bar.set_postfix(loss=f"{means['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-            interval, interval_steps = {}, 0
-        bar.update(1)
-        if val is not None and cfg.eval_every and done % cfg.eval_every == 0 and done != total:
-            clock.pause()
-            check_finite(lr)
-            last_val = run_eval(done)
-        if done == stop_at and done != total:
-            clock.pause()
-            check_finite(lr)
-            save(done, finished=False)
+        def check_finite(lr: float) -> None:
+            bad = int(nonfinite)
+            if bad < 0:
+                return
             bar.close()
-            return TrainResult(state.plain_model().eval(), ckpt_dir, read_meta(ckpt_dir, verify=False),
-                               log.entries, reused=False)
-        if done % cfg.checkpoint_every == 0 and done != total:
-            clock.pause()
-            check_finite(lr)
-            save(done, finished=False)
-    if total > start:
-        check_finite(cfg.lr_at(total - 1, total))
-    bar.close()
-    if val is not None:
-        last_val = run_eval(total)
-    clock.pause()
-    tokens_per_s = (cfg.tokens_per_step() * clock.timed_steps / clock.timed_s if clock.timed_steps
-                    else float("nan"))
-    run_s = time.perf_counter() - t_start  # this session's wall clock: compilation, evaluation, checkpoints included
-    summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": float(last_loss),
-               "tokens_per_s": tokens_per_s, "run_tokens_per_s": (total - start) * cfg.tokens_per_step() / run_s,
-               "first_step_s": clock.first_step_s, "budget_params": budget_params,
-               "world_size": world, "device": str(dev), **last_val}
-    save(total, finished=True, summary=summary)
-    return TrainResult(state.plain_model().eval(), ckpt_dir, read_meta(ckpt_dir, verify=False), log.entries,
-                       reused=False)
+            kept = checkpoint_path(ckpt_dir)
+            raise TrainingDiverged(
+                f"non-finite loss or gradient norm at step {bad}; "
+                + (f"the last good checkpoint (step {read_meta(kept, verify=False)['step']}) is kept at {kept}. "
+                   if kept else "no checkpoint was written yet. ")
+                + f"Hint: lower lr (now peak {cfg.lr}, {lr:.3g} at this step), lengthen warmup_fraction "
+                "or tighten grad_clip; the run is deterministic, so a changed config trains anew."
+            )
+
+        def save(step: int, finished: bool, summary: dict | None = None) -> None:
+            save_state(state, ckpt_dir, ident, step=step, finished=finished, summary=summary, group=ckpt_group)
+
+        def run_eval(step: int) -> dict:
+            if sharded:
+                result = evaluate(state.wrapper, lambda step_module, b: step_module(b, eval_objective), val, state.micro,
+                                  dev, rank, world, lockstep=True)
+            else:
+                result = evaluate(model, eval_objective, val, state.micro, dev, rank, world)
+            log.add({"kind": "val", "step": step, "tokens": step * cfg.tokens_per_step(), **result})
+            return result
+
+        model.train()
+        bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, unit="step",
+                           desc=f"train {run_dir.name.rsplit('-', 1)[0]}")
+        t_start = time.perf_counter()
+        clock = StepClock(dev)
+        interval: dict[str, torch.Tensor | float] = {}
+        interval_steps = 0
+        last_val: dict = {}
+        last_loss = torch.full((), float("nan"))
+        batches = sampler.batches(range(start, total), rank, world, pin=dev.type == "cuda")  # read one step ahead
+        for step, batch in zip(range(start, total), batches):
+            clock.start()
+            lr = cfg.lr_at(step, total)
+            loss_value, grad_norm, metrics = train_step(state, batch.to(dev, non_blocking=True), lr)  # (B/world, T+1)
+            finite = torch.isfinite(loss_value) & torch.isfinite(grad_norm)
+            nonfinite = torch.where(~finite & (nonfinite < 0), step, nonfinite)
+            clock.stepped()
+            last_loss = loss_value
+            for k, v in {"loss": loss_value, "grad_norm": grad_norm, **metrics}.items():
+                interval[k] = interval.get(k, 0.0) + v
+            interval_steps += 1
+            done = step + 1
+            if done % cfg.log_every == 0 or done == total:  # the host waits for the device here, and only here
+                tokens_per_s = cfg.tokens_per_step() * interval_steps / clock.take_interval()
+                check_finite(lr)
+                means = host_means(interval, interval_steps)
+                log.add({"kind": "train", "step": done, "tokens": done * cfg.tokens_per_step(), "lr": lr,
+                         "tokens_per_s": tokens_per_s, "elapsed_s": time.perf_counter() - t_start, **means})
+                bar.set_postfix(loss=f"{means['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                interval, interval_steps = {}, 0
+            bar.update(1)
+            if val is not None and cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+                clock.pause()
+                check_finite(lr)
+                last_val = run_eval(done)
+            if done == stop_at and done != total:
+                clock.pause()
+                check_finite(lr)
+                save(done, finished=False)
+                bar.close()
+                return TrainResult(state.plain_model().eval(), ckpt_dir, read_meta(ckpt_dir, verify=False),
+                                   log.entries, reused=False)
+            if done % cfg.checkpoint_every == 0 and done != total:
+                clock.pause()
+                check_finite(lr)
+                save(done, finished=False)
+        if total > start:
+            check_finite(cfg.lr_at(total - 1, total))
+        bar.close()
+        if val is not None:
+            last_val = run_eval(total)
+        clock.pause()
+        tokens_per_s = (cfg.tokens_per_step() * clock.timed_steps / clock.timed_s if clock.timed_steps
+                        else float("nan"))
+        run_s = time.perf_counter() - t_start  # this session's wall clock: compilation, evaluation, checkpoints included
+        summary = {"steps": total, "tokens": total * cfg.tokens_per_step(), "train_loss": float(last_loss),
+                   "tokens_per_s": tokens_per_s, "run_tokens_per_s": (total - start) * cfg.tokens_per_step() / run_s,
+                   "first_step_s": clock.first_step_s, "budget_params": budget_params,
+                   "world_size": world, "device": str(dev), **last_val}
+        save(total, finished=True, summary=summary)
+        return TrainResult(state.plain_model().eval(), ckpt_dir, read_meta(ckpt_dir, verify=False), log.entries,
+                           reused=False)

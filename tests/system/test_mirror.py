@@ -30,7 +30,6 @@ NOT_YET_MIRRORED = {
     "throughput/schedule.py",
     "throughput/sharding.py",
     "training/config.py",
-    "training/devices.py",
     "training/hf_export.py",
     "training/hf_tokenizer.py",
     "training/hf_weights.py",
