@@ -105,9 +105,10 @@ def run_case(target: Transformer, factories: dict, methods: list[str], batch: in
 
 def _in_dtype(target: Transformer, machine: Machine) -> None:
     """Refuses a `machine` priced at other bytes per value than the target's weights take."""
-    if machine.bytes_per_value != next(target.parameters()).element_size():
+    weights = next(target.parameters()).element_size()
+    if machine.bytes_per_value != weights:
         raise ValueError(f"the roofline's machine prices {machine.bytes_per_value} bytes a value; the target's "
-                         f"weights take {next(target.parameters()).element_size()}: build it in the target's dtype")
+                         f"weights take {weights}: build it in the target's dtype")
 
 
 @torch.no_grad()

@@ -27,8 +27,8 @@ def draft_options(window: int) -> dict[str, dict]:
 
 
 def draft_models(target: Transformer, methods, window: int) -> dict:
-    """The draft model of each SD method in `methods` (None: MagicDec, the guided draft and prompt
-    lookup have none), in the target's dtype and on its device: the vanilla draft in the method §4
+    """The draft model of each SD method in `methods` (None where its card needs none: the
+    self-drafts and prompt lookup), in the target's dtype and on its device: the vanilla draft in the method §4
     shape (`vanilla_draft_config`), the SPIRe draft pruned from the target (2 layers, sink 1 +
     window), EAGLE-3's one layer. Random weights from seed 1: the same models every call."""
     torch.manual_seed(1)
