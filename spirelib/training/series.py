@@ -251,8 +251,7 @@ class Series:
         """The tau protocol (method §5) of this series, decoding `batch_size` rows in lockstep."""
         from spirelib.measure.tau import TauProtocol
 
-        return TauProtocol(k=self.k, new_tokens=self.new_tokens, temperature=self.temperature,
-                           batch_size=batch_size, seed=self.tau_seed)
+        return TauProtocol(**dataclasses.asdict(self.decoding()), batch_size=batch_size, seed=self.tau_seed)
 
     def draft_factories(self, methods, models: dict | None = None, entries: int | None = None) -> dict:
         """A draft factory per method name (`builders.draft_factory`) at the series' temperature: the

@@ -1,8 +1,8 @@
 """A run's work, notebook by notebook (`WORK`): `Item`s of FLOPs, bytes and seconds, before any compute.
 
 Each notebook that computes with the series' models lists its work item by item: the models it
-trains (training tokens, FLOPs, bytes: `training_work`), the contexts it decodes (FLOPs and bytes
-of the prefills and rounds: `_decode_item`), the cells 09 times, and a notebook's fixed cost
+trains (training tokens, FLOPs, bytes of a `TrainRun`), the contexts it decodes (FLOPs and bytes
+of a `Decodes`' prefills and rounds, priced by a `Pricing`: `_decode_item`), the cells 09 times, and a notebook's fixed cost
 (kernel start, imports, HTML export: `fixed`). A model is trained by the first selected notebook
 that needs it, unless a finished checkpoint of its identity is already in the cache (then it costs
 nothing: "cached"). Seconds here are the probes' figures (`spirelib.workbook.probe`) times that
@@ -23,6 +23,7 @@ import torch
 from spirelib.measure.cells import timing_cells
 from spirelib.measure.context_loss import sweep_length
 from spirelib.measure.stopping import FLOOR, PAPER_SPREAD, SpeedupRule, expected_contexts
+from spirelib.measure.tau import DecodingProtocol
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, ablation, vanilla_draft_config
 from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.spire import SpireDraftModel
@@ -100,31 +101,42 @@ def fixed(notebook: str, what: str = "kernel start, imports, HTML export", secon
     return Item(notebook, what, seconds, gpu_seconds={d: seconds for d in HARDWARE}, source="assumed")
 
 
-def training_work(cfg: ModelConfig, train_cfg: TrainConfig, trained: ModelConfig,
-                  draft: SpireConfig | Eagle3Config | None, budget_params: int) -> tuple[int, int, float, float]:
-    """(steps, tokens, FLOPs, bytes) of a training run: forward and backward of the trained model
-    (3 forwards' FLOPs, its unembedding included) over every training token, the frozen target's
-    forward with its unembedding (the teacher of a `draft` trained against it), and the validation
-    windows' forwards. A SPIRe draft's k passes each run only the positions they predict (method
-    §3.6: a block's j-th position in pass j), so every position goes through its body and
-    unembedding once; EAGLE-3's k unrolled steps each run every position. Bytes:
-    every step reads and writes the trained weights, their gradients and both Adam moments (fp32),
-    and reads the frozen target once."""
-    steps = train_cfg.total_steps(budget_params)
-    tokens = steps * train_cfg.tokens_per_step()
-    eval_tokens = _evaluations(train_cfg, steps) * train_cfg.eval_windows * train_cfg.seq_len
-    T = train_cfg.seq_len
-    passes = draft.k if isinstance(draft, Eagle3Config) else 1
-    work = forward_work(trained.shape(), trained.vocab_size, train_cfg.batch_size, T, T // 2)
-    step_flops = 3 * passes * work.flops
-    eval_flops = passes * work.flops / (train_cfg.batch_size * T)
-    moved = 16.0 * trained.num_params() * steps
-    if draft is not None:
-        teacher = forward_work(cfg.shape(), cfg.vocab_size, train_cfg.batch_size, T, T // 2)
-        step_flops += teacher.flops
-        eval_flops += teacher.flops / (train_cfg.batch_size * T)
-        moved += teacher.bytes * steps
-    return steps, tokens, step_flops * steps + eval_flops * eval_tokens, moved
+@dataclass(frozen=True)
+class TrainRun:
+    """A training run as the plan prices it: the model `trained` (its weights train) under
+    `train_cfg`, its token budget counting `budget_params` parameters; a `draft` (SPIRe's or
+    EAGLE-3's config, else None) trains against the frozen `target`, its teacher."""
+
+    target: ModelConfig
+    train_cfg: TrainConfig
+    trained: ModelConfig
+    draft: SpireConfig | Eagle3Config | None
+    budget_params: int
+
+    def work(self) -> tuple[int, int, float, float]:
+        """(steps, tokens, FLOPs, bytes): forward and backward of the trained model (3 forwards'
+        FLOPs, its unembedding included) over every training token, the frozen target's forward with
+        its unembedding (the teacher of a `draft`), and the validation windows' forwards. A SPIRe
+        draft's k passes each run only the positions they predict (method §3.6: a block's j-th
+        position in pass j), so every position goes through its body and unembedding once;
+        EAGLE-3's k unrolled steps each run every position. Bytes: every step reads and writes the
+        trained weights, their gradients and both Adam moments (fp32), and reads the frozen target once."""
+        train_cfg, trained = self.train_cfg, self.trained
+        steps = train_cfg.total_steps(self.budget_params)
+        tokens = steps * train_cfg.tokens_per_step()
+        eval_tokens = _evaluations(train_cfg, steps) * train_cfg.eval_windows * train_cfg.seq_len
+        T = train_cfg.seq_len
+        passes = self.draft.k if isinstance(self.draft, Eagle3Config) else 1
+        work = forward_work(trained.shape(), trained.vocab_size, train_cfg.batch_size, T, T // 2)
+        step_flops = 3 * passes * work.flops
+        eval_flops = passes * work.flops / (train_cfg.batch_size * T)
+        moved = 16.0 * trained.num_params() * steps
+        if self.draft is not None:
+            teacher = forward_work(self.target.shape(), self.target.vocab_size, train_cfg.batch_size, T, T // 2)
+            step_flops += teacher.flops
+            eval_flops += teacher.flops / (train_cfg.batch_size * T)
+            moved += teacher.bytes * steps
+        return steps, tokens, step_flops * steps + eval_flops * eval_tokens, moved
 
 
 def _evaluations(train_cfg: TrainConfig, steps: int) -> int:
@@ -132,14 +144,14 @@ def _evaluations(train_cfg: TrainConfig, steps: int) -> int:
     return (steps - 1) // train_cfg.eval_every + 1 if train_cfg.eval_every else 1
 
 
-def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_cfg: TrainConfig,
-                trained: ModelConfig, draft: SpireConfig | Eagle3Config | None, budget_params: int, cached: bool,
-                warm: bool = False, checkpoint: Path | None = None) -> Item:
-    """A training run's work and seconds: its first step (the probe's, which compiles and warms up; with
-    `warm`, an ordinary step: the notebook's process has run the same graphs already), its other
-    steps, evaluations and saves. `checkpoint`: where the run will leave the model, whose measured
+def _train_item(notebook: str, what: str, probe: dict, run: TrainRun, cached: bool, warm: bool = False,
+                checkpoint: Path | None = None) -> Item:
+    """`run`'s work and seconds (none where `cached`): its first step (the probe's, which compiles and
+    warms up; with `warm`, an ordinary step: the notebook's process has run the same graphs already),
+    its other steps, evaluations and saves. `checkpoint`: where the run will leave the model, whose measured
     step times `plan.learn` writes back over the probe's figure."""
-    steps, tokens, flops, moved = training_work(cfg, train_cfg, trained, draft, budget_params)
+    steps, tokens, flops, moved = run.work()
+    train_cfg = run.train_cfg
     if cached:
         return Item(notebook, what, 0.0, flops, moved, tokens, cached=True, gpu_seconds={d: 0.0 for d in HARDWARE})
     saves = (steps - 1) // train_cfg.checkpoint_every + 1  # every checkpoint_every steps and at the end
@@ -152,29 +164,55 @@ def _train_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, train_c
                 source=probe.get("source", ""), learn=learn)
 
 
-def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes: dict[str, DraftShape],
-                 methods: list[str], runs: int, batch: int, context: int, new_tokens: int, k: int, *,
-                 ad: bool = False, contexts: int | None = None, taus: dict[str, float] | None = None,
-                 ranged: bool = False, loss: bool = False, method_runs: dict[str, float] | None = None) -> Item:
-    """`runs` batches of B = `batch` contexts of L = `context` tokens: one shared prefill each, then
-    with `loss` the target's loss on the continuation read from it (04: `new_tokens` positions over
-    its cache, priced at the prefill's measured seconds per FLOP), then
-    every method's rounds (and AD's steps with `ad`), their work as each method's card lists its
-    passes (`profiled.draft_work` of its `shapes[method]`: a draft model's or the target's
-    forwards over the context or the method's KV budget; none for prompt lookup) and the
-    verification; each method's rounds at its tau in `taus` (default the paper's; tau 1 for a
-    method neither has, its slowest).
-    `ranged`: no tau is measured (no draft exists, or none was measured here), so the seconds are a
-    range, from the paper's taus at L = 512 (method §5), and the k + 1 ceiling for a method the paper
-    has none for (its best case: the guided draft, prompt lookup, EAGLE-3), to `seconds_at_tau_1` at
-    tau 1 (every round yields one token: G rounds); rounds per batch are `acceptance.expected_rounds` (a batch runs
-    until its slowest row is done). `method_runs`: the batches each method decodes where a stopping
-    rule ends it early (04, `stopping.expected_contexts`); the prefill and the loss run for `runs`."""
-    taus = taus or PAPER_TAU[PAPER_TAU_CONTEXT]
-    share = {m: (method_runs or {}).get(m, runs) / runs for m in methods}  # of the batches, each method's
+@dataclass(frozen=True)
+class Decodes:
+    """What a notebook decodes: `runs` batches of B = `batch` contexts of L = `context` tokens, one
+    shared prefill each, then every one of `methods`' rounds (and AD's steps with `ad`). `loss`: the
+    target's loss on the continuation is read from each batch's prefill (04). `contexts`: the
+    contexts the item counts (default `runs` x B). `method_runs`: the batches each method decodes
+    where a stopping rule ends it early (04, `stopping.expected_contexts`); the prefill and the loss
+    run for `runs`."""
+
+    methods: tuple[str, ...]
+    batch: int
+    context: int
+    runs: int
+    ad: bool = False
+    loss: bool = False
+    contexts: int | None = None
+    method_runs: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How decoding is priced: on the `target`, each method's passes as its card lists them
+    (`profiled.draft_work` of its `shapes[method]`: a draft model's or the target's forwards over the context or the
+    method's KV budget; none for prompt lookup), G = `decoding.new_tokens` tokens a row at k =
+    `decoding.k`, each method's rounds at its tau in `taus` (default the paper's; tau 1 for a method
+    neither has, its slowest). `ranged`: no tau is measured (no draft exists, or none was measured
+    here), so the seconds are a range, from the paper's taus at L = 512 (method §5), and the k + 1
+    ceiling for a method the paper has none for (its best case: the guided draft, prompt lookup,
+    EAGLE-3), to `seconds_at_tau_1` at tau 1 (every round yields one token: G rounds)."""
+
+    target: ModelConfig
+    shapes: dict[str, DraftShape]
+    decoding: DecodingProtocol
+    taus: dict[str, float] | None = None
+    ranged: bool = False
+
+
+def _decode_item(notebook: str, what: str, probe: dict, job: Decodes, pricing: Pricing) -> Item:
+    """`job`'s work and seconds, as `pricing` prices it: each batch's prefill (and with `job.loss` the
+    target's loss on the continuation, `new_tokens` positions over its cache, priced at the prefill's
+    measured seconds per FLOP), every method's rounds and their verification, AD's steps. Rounds per
+    batch are `acceptance.expected_rounds` (a batch runs until its slowest row is done)."""
+    cfg, methods, runs, batch, context = pricing.target, job.methods, job.runs, job.batch, job.context
+    k, new_tokens, ranged = pricing.decoding.k, pricing.decoding.new_tokens, pricing.ranged
+    taus = pricing.taus or PAPER_TAU[PAPER_TAU_CONTEXT]
+    share = {m: (job.method_runs or {}).get(m, runs) / runs for m in methods}  # of the batches, each method's
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
     seconds, flops, moved = probe["prefill_s"], pre.flops, pre.bytes
-    if loss:
+    if job.loss:
         read = forward_work(cfg.shape(), cfg.vocab_size, batch, new_tokens, context + new_tokens // 2)
         seconds += probe["prefill_s"] * read.flops / pre.flops
         flops, moved = flops + read.flops, moved + read.bytes
@@ -187,16 +225,16 @@ def _decode_item(notebook: str, what: str, probe: dict, cfg: ModelConfig, shapes
         rounds = expected_rounds(taus.get(m, unknown), k, new_tokens, batch)
         seconds += share[m] * rounds * probe["round_s"][m]
         high += share[m] * slowest * probe["round_s"][m]
-        passes = draft_work(shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)
+        passes = draft_work(pricing.shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)
         flops += share[m] * rounds * (verify.flops + sum(w.flops for w in passes))
         moved += share[m] * rounds * (verify.bytes + sum(w.bytes for w in passes))
-    if ad:
+    if job.ad:
         seconds += new_tokens * probe["ad_step_s"]
         high += new_tokens * probe["ad_step_s"]
         step = forward_work(cfg.shape(), cfg.vocab_size, batch, 1, keys)
         flops, moved = flops + new_tokens * step.flops, moved + new_tokens * step.bytes
     return Item(notebook, what, runs * seconds, runs * flops, runs * moved,
-                contexts=runs * batch if contexts is None else contexts,
+                contexts=runs * batch if job.contexts is None else job.contexts,
                 gpu_seconds=_gpu(runs * flops, runs * moved, training=False),
                 seconds_at_tau_1=runs * high if ranged else None, source=probe.get("source", ""))
 
@@ -214,17 +252,14 @@ class Models:
         self.target_hash, self.target_dir, self.vanilla_dir, self.spire_dir = pipeline.planned_run_dirs(
             series.target, series.target_training, series.data(), series.imported)
 
-    def decode(self, notebook: str, what: str, methods, batch: int, context: int, runs: int, *, ad: bool = False,
-               contexts: int | None = None, loss: bool = False, method_runs: dict[str, float] | None = None) -> Item:
-        """`runs` batches decoded at (B, L) = (`batch`, `context`) with `methods` (and AD with `ad`),
-        timed by a probe of the series' decoding at that cell; with `loss`, the target's loss on the
-        continuation read from each batch's prefill (04)."""
-        s = self.series
+    def decode(self, notebook: str, what: str, job: Decodes) -> Item:
+        """`job` as the series decodes it, timed by a probe of the series' decoding at its (B, L) cell."""
+        s, methods = self.series, list(job.methods)
         probe = self.probe.decoding(self.target_cfg, {"spire": s.spire, "eagle3": s.eagle3},
-                                    {m: s.draft_options(m) for m in methods}, list(methods), context, s.protocol(batch))
-        return _decode_item(notebook, what, probe, self.target_cfg, s.draft_shapes(), list(methods), runs, batch,
-                            context, s.new_tokens, s.k, ad=ad, contexts=contexts, loss=loss, taus=self.taus,
-                            ranged=self.ranged, method_runs=method_runs)
+                                    {m: s.draft_options(m) for m in methods}, methods, job.context,
+                                    s.protocol(job.batch))
+        return _decode_item(notebook, what, probe, job,
+                            Pricing(self.target_cfg, s.draft_shapes(), s.decoding(), self.taus, self.ranged))
 
     def tau_contexts(self, method: str, p: dict) -> float:
         """The contexts 04's stopping rule is expected to draw for `method` at each L
@@ -259,9 +294,9 @@ class Models:
                          source=probe.get("source", ""))]
         cached = finished_checkpoint(self.target_dir)
         probe = {} if cached else self.probe.training("lm", s.target, s.target_training)
-        return [_train_item(notebook, f"train the target ({s.target.num_layers} x {s.target.d_model})", probe,
-                            s.target, s.target_training, s.target, None, s.target.num_params(), cached,
-                            checkpoint=self.target_dir)]
+        run = TrainRun(s.target, s.target_training, s.target, None, s.target.num_params())
+        return [_train_item(notebook, f"train the target ({s.target.num_layers} x {s.target.d_model})", probe, run,
+                            cached, checkpoint=self.target_dir)]
 
     def vanilla(self, notebook: str) -> list[Item]:
         s = self.series
@@ -270,9 +305,9 @@ class Models:
         cfg = vanilla_draft_config(self.target_cfg)
         cached = finished_checkpoint(self.vanilla_dir(s.vanilla_training))
         probe = {} if cached else self.probe.training("lm", cfg, s.vanilla_training)
-        return [_train_item(notebook, f"train the vanilla draft ({cfg.num_layers} x {cfg.d_model})", probe, cfg,
-                            s.vanilla_training, cfg, None, cfg.num_params(), cached,
-                            checkpoint=self.vanilla_dir(s.vanilla_training))]
+        run = TrainRun(cfg, s.vanilla_training, cfg, None, cfg.num_params())
+        return [_train_item(notebook, f"train the vanilla draft ({cfg.num_layers} x {cfg.d_model})", probe, run,
+                            cached, checkpoint=self.vanilla_dir(s.vanilla_training))]
 
     def spire(self, notebook: str, variant: str = "spire", train_cfg: TrainConfig | None = None,
               label: str | None = None) -> list[Item]:
@@ -295,9 +330,9 @@ class Models:
         warm = not cached and graphs in self.started
         if not cached:
             self.started.add(graphs)
+        run = TrainRun(self.target_cfg, train_cfg, trained, cfg, budget)
         return [_train_item(notebook, label or f"train the SPIRe draft ({cfg.num_layers} blocks, k = {cfg.k})", probe,
-                            self.target_cfg, train_cfg, trained, cfg, budget, cached, warm,
-                            checkpoint=self.spire_dir(cfg, train_cfg))]
+                            run, cached, warm, checkpoint=self.spire_dir(cfg, train_cfg))]
 
 
     def eagle3(self, notebook: str) -> list[Item]:
@@ -310,8 +345,9 @@ class Models:
         probe = {} if cached else self.probe.training("eagle3", self.target_cfg, s.eagle3_training, s.eagle3)
         with torch.device("meta"):  # the trainer's budget counts the draft's trainable parameters
             budget = Eagle3DraftModel(self.target_cfg, s.eagle3).trainable_parameters()
-        return [_train_item(notebook, f"train the EAGLE-3 draft (1 layer, k = {s.eagle3.k})", probe,
-                            self.target_cfg, s.eagle3_training, trained, s.eagle3, budget, cached, checkpoint=run_dir)]
+        run = TrainRun(self.target_cfg, s.eagle3_training, trained, s.eagle3, budget)
+        return [_train_item(notebook, f"train the EAGLE-3 draft (1 layer, k = {s.eagle3.k})", probe, run, cached,
+                            checkpoint=run_dir)]
 
     def eagle3_dir(self, cfg: Eagle3Config, train_cfg: TrainConfig) -> Path:
         """Where `training.eagle3.trained_eagle3_draft` keeps this draft's checkpoint."""
@@ -337,14 +373,14 @@ def _tau_notebook(models: Models, nb: str, p: dict) -> list[Item]:
     trained_on, G = models.series.target_training.seq_len, models.series.new_tokens
     items += [models.decode(nb, f"tau of {', '.join(methods)} and the target's loss at L = {L}"
                             + (f" (past the {trained_on}-token training windows)" if L + G > trained_on else ""),
-                            methods, B, L, used, contexts=round(max(drawn.values())), loss=True,
-                            method_runs={m: n / B for m, n in drawn.items()})
+                            Decodes(tuple(methods), B, L, used, loss=True, contexts=round(max(drawn.values())),
+                                    method_runs={m: n / B for m, n in drawn.items()}))
               for L in p["context_lengths"]]
     budgets = p.get("kv_budgets") or []
     if budgets:  # MagicDec and the guided draft at each budget, priced at the series' own budget
         L = sweep_length(p["context_lengths"], G, trained_on, p.get("kv_budget_context") or 0)
         sweep = models.decode(nb, f"KV-budget sweep: MagicDec and guided at {len(budgets)} budgets, L = {L}",
-                              ["magicdec", "guided"], B, L, runs, contexts=p["n_contexts"])
+                              Decodes(("magicdec", "guided"), B, L, runs, contexts=p["n_contexts"]))
         items.append(sweep.times(len(budgets)))
     return items
 
@@ -369,7 +405,7 @@ def _ablation_notebook(models: Models, nb: str, p: dict) -> list[Item]:
     B, L = p["decode_batch_size"], p["ablation_context_length"]
     runs = len(p["ablation_seeds"]) * len(p["ablations"]) * -(-p["n_contexts"] // B)
     items.append(models.decode(nb, f"tau of {len(p['ablations'])} variants x {len(p['ablation_seeds'])} seeds at "
-                               f"L = {L}", ["spire"], B, L, runs))
+                               f"L = {L}", Decodes(("spire",), B, L, runs)))
     return items
 
 
@@ -388,11 +424,11 @@ def _timing_notebook(models: Models, nb: str, p: dict) -> list[Item]:
         return 1 + (rule.cap if math.isnan(one) else rule.second_look(one, p["cell_seconds"] - one))
 
     for batch, context in timing_cells(p["timing_batches"], p["timing_contexts"], p["held_out"]):
-        one = models.decode(nb, "", methods, batch, context, 1, ad=True)  # a run of every method and AD
+        one = models.decode(nb, "", Decodes(tuple(methods), batch, context, 1, ad=True))  # every method and AD, once
         n, n_high = runs(one.seconds), runs(one.at_tau_1)  # slower runs at tau 1: fewer fit in cell_seconds
         item = models.decode(nb, f"time AD and {len(methods)} methods at B = {batch}, L = {context}, "
-                             f"{n}{'' if n == n_high else f' ({n_high} at tau 1)'} runs", methods, batch, context,
-                             n, ad=True)
+                             f"{n}{'' if n == n_high else f' ({n_high} at tau 1)'} runs",
+                             Decodes(tuple(methods), batch, context, n, ad=True))
         items.append(item if item.seconds_at_tau_1 is None
                      else dataclasses.replace(item, seconds_at_tau_1=n_high * one.at_tau_1))
     return items

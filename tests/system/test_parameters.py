@@ -38,9 +38,6 @@ NOT_YET = {
     "training/train.py:train": 14,
     "workbook/execute.py:execute": 9,
     "workbook/runner.py:_run_notebooks": 12,
-    "workbook/work.py:Models.decode": 10,
-    "workbook/work.py:_decode_item": 17,
-    "workbook/work.py:_train_item": 11,
 }
 
 

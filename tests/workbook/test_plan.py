@@ -13,7 +13,7 @@ import pytest
 from conftest import fixture_cache
 
 from spirelib import cli
-from spirelib.measure.tau import TauProtocol
+from spirelib.measure.tau import DecodingProtocol, TauProtocol
 from spirelib.measure.wallclock import profiled_draft_shapes
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
 from spirelib.throughput.acceptance import expected_rounds
@@ -35,6 +35,12 @@ SHAPES = profiled_draft_shapes({"vanilla": vanilla_draft_config(TINY), "spire": 
 TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}
 DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05,
                                                              "guided": 0.3, "lookup": 0.02, "eagle3": 0.07}}
+PRICING = work.Pricing(TINY, SHAPES, DecodingProtocol(k=4, new_tokens=16))
+
+
+def target_run(cfg: TrainConfig) -> work.TrainRun:
+    """The tiny target trained alone under `cfg`."""
+    return work.TrainRun(TINY, cfg, TINY, None, TINY.num_params())
 
 
 def quiet(monkeypatch, speed: float = 1.0):
@@ -57,13 +63,13 @@ def fake_probes(monkeypatch, tmp_path):
 
 def test_a_training_run_costs_its_first_step_its_timed_steps_its_evaluations_and_its_saves():
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=10, eval_every=4, eval_windows=3, checkpoint_every=5)
-    item = work._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=False)
+    item = work._train_item("02", "train", TRAINING, target_run(cfg), cached=False)
     # evaluations after steps 4, 8 and at the end (10); saves after step 5 and at the end
     assert item.seconds == pytest.approx(5.0 + 9 * 0.5 + 3 * 3 * 0.25 + 2 * 2.0)
     assert item.train_tokens == 10 * 2 * 16
-    cached = work._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), cached=True)
+    cached = work._train_item("02", "train", TRAINING, target_run(cfg), cached=True)
     assert cached.seconds == 0 and cached.cached and all(v == 0 for v in cached.gpu_seconds.values())
-    warm = work._train_item("02", "train", TRAINING, TINY, cfg, TINY, None, TINY.num_params(), False, warm=True)
+    warm = work._train_item("02", "train", TRAINING, target_run(cfg), False, warm=True)
     assert warm.seconds == pytest.approx(item.seconds - 5.0 + 0.5)  # a first step like the others
 
 
@@ -88,8 +94,8 @@ def test_ablation_runs_start_warm_where_an_earlier_run_of_the_notebook_compiled_
 def test_a_spire_drafts_training_flops_count_the_teacher_once_and_every_position_once_not_k_times():
     cfg = TrainConfig(batch_size=2, seq_len=16, steps=1, eval_every=0, eval_windows=1)
     draft = ModelConfig(**{**TINY.to_dict(), "num_layers": 1})
-    spire = work.training_work(TINY, cfg, draft, SpireConfig(num_layers=1, k=4), draft.num_params())[2]
-    alone = work.training_work(TINY, cfg, draft, None, draft.num_params())[2]
+    spire = work.TrainRun(TINY, cfg, draft, SpireConfig(num_layers=1, k=4), draft.num_params()).work()[2]
+    alone = work.TrainRun(TINY, cfg, draft, None, draft.num_params()).work()[2]
     teacher = forward_work(TINY.shape(), TINY.vocab_size, 2, 16, 8)
     # 1 training step and 1 evaluation window of the draft; the teacher runs on both
     assert spire - alone == pytest.approx(teacher.flops * (1 + 1 / 2))
@@ -97,12 +103,10 @@ def test_a_spire_drafts_training_flops_count_the_teacher_once_and_every_position
 
 def test_decoding_costs_a_prefill_per_batch_and_each_methods_expected_rounds():
     methods = ["vanilla", "magicdec", "spire"]
-    item = work._decode_item("04", "tau", DECODING, TINY, SHAPES, methods, 3, 4, 32, 16, 4,
-                             contexts=10)
+    item = work._decode_item("04", "tau", DECODING, work.Decodes(tuple(methods), 4, 32, 3, contexts=10), PRICING)
     rounds = {m: expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT][m], 4, 16, 4) for m in methods}
     assert item.seconds == pytest.approx(3 * (3.0 + sum(rounds[m] * DECODING["round_s"][m] for m in methods)))
-    with_ad = work._decode_item("09", "time", DECODING, TINY, SHAPES, methods, 1, 4, 32, 16, 4,
-                                ad=True)
+    with_ad = work._decode_item("09", "time", DECODING, work.Decodes(tuple(methods), 4, 32, 1, ad=True), PRICING)
     assert with_ad.seconds == pytest.approx(item.seconds / 3 + 16 * 0.01)
     assert item.contexts == 10 and with_ad.contexts == 4
     assert set(item.gpu_seconds) == set(HARDWARE) and all(v > 0 for v in item.gpu_seconds.values())
@@ -358,8 +362,8 @@ def test_a_runs_measured_times_replace_a_contradicting_probe_and_the_next_plan_s
     (checkpoint / "checkpoint").mkdir(parents=True)
     (checkpoint / "checkpoint" / "meta.json").write_text(json.dumps(
         {"format": 2, "finished": True, "files": {}, "summary": summary}))
-    trained = work._train_item("02_train_target", "train the target", figure, TINY, cfg, TINY, None,
-                               TINY.num_params(), cached=False, checkpoint=checkpoint)
+    trained = work._train_item("02_train_target", "train the target", figure, target_run(cfg), cached=False,
+                               checkpoint=checkpoint)
     assert trained.source == "probe" and trained.learn["figure"] == figure["figure"]
     params = {"01_performance_model": {}, "02_train_target": {}}
     made = plan.make_plan(["01_performance_model"], params, {})
@@ -432,14 +436,15 @@ def test_the_drafts_past_the_paper_are_priced_from_the_ceiling_to_tau_1_and_look
     prices them over a range, from k + 1 (every draft accepted, their best case) to tau 1 (every
     round yields one token, their slowest); beside measured taus of other methods, at tau 1. Prompt
     lookup's rounds carry no draft pass, so its work is the verification alone."""
-    guided = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["guided"], 1, 4, 32, 16, 4)
+    guided = work._decode_item("04", "tau", DECODING, work.Decodes(("guided",), 4, 32, 1), PRICING)
     assert guided.seconds == pytest.approx(3.0 + expected_rounds(1.0, 4, 16, 4) * 0.3)
-    ranged = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["guided"], 1, 4, 32, 16, 4, ranged=True)
+    ranged = work._decode_item("04", "tau", DECODING, work.Decodes(("guided",), 4, 32, 1),
+                               dataclasses.replace(PRICING, ranged=True))
     assert ranged.seconds == pytest.approx(3.0 + expected_rounds(5.0, 4, 16, 4) * 0.3)
     assert ranged.seconds_at_tau_1 == pytest.approx(guided.seconds) and ranged.seconds < guided.seconds
-    lookup = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["lookup"], 1, 4, 32, 16, 4)
-    magicdec = work._decode_item("04", "tau", DECODING, TINY, SHAPES, ["magicdec"], 1, 4, 32, 16, 4,
-                                 taus={"magicdec": 1.0})
+    lookup = work._decode_item("04", "tau", DECODING, work.Decodes(("lookup",), 4, 32, 1), PRICING)
+    magicdec = work._decode_item("04", "tau", DECODING, work.Decodes(("magicdec",), 4, 32, 1),
+                                 dataclasses.replace(PRICING, taus={"magicdec": 1.0}))
     rounds = expected_rounds(1.0, 4, 16, 4)
     assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * forward_work(
         TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 66)).flops)
@@ -455,8 +460,8 @@ def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budg
     assert all("the target's loss" in i.what for i in taus)
     sweep = next(i for i in made.items if i.what.startswith("KV-budget sweep"))
     assert "3 budgets, L = 16" in sweep.what  # the longest L within the training windows
-    one = work.Models(Series(), probing.Probe(None), {}, True).decode("04_measure_tau", "", ["magicdec", "guided"], 2,
-                                                                    16, 2, contexts=4)
+    one = work.Models(Series(), probing.Probe(None), {}, True).decode(
+        "04_measure_tau", "", work.Decodes(("magicdec", "guided"), 2, 16, 2, contexts=4))
     assert sweep.seconds == pytest.approx(3 * one.seconds) and sweep.flops == pytest.approx(3 * one.flops)
     assert sweep.seconds_at_tau_1 == pytest.approx(3 * one.seconds_at_tau_1)
 

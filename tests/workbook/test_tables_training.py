@@ -147,7 +147,7 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     assert spire["paper_seconds"]["this machine"] == paper / 500.0 and vanilla["paper_seconds"]["this machine"] == (
         paper / 1000.0)
     assert set(spire["paper_seconds"]) == {"this machine", *HARDWARE}
-    _, tokens, flops, _ = work.training_work(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params())
+    _, tokens, flops, _ = work.TrainRun(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params()).work()
     h100 = HARDWARE["h100-sxm"].peak_flops["bf16"] * work.GPU_MFU
     assert vanilla["paper_seconds"]["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
     assert spire["paper_seconds"]["h100-sxm"] > vanilla["paper_seconds"]["h100-sxm"]  # the frozen target's forward

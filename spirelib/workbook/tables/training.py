@@ -10,7 +10,7 @@ import math
 
 from spirelib.throughput.costs import budget_fraction, chinchilla_tokens, measured_training_units
 from spirelib.throughput.hardware import HARDWARE
-from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, training_work
+from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, TrainRun
 
 
 def target_result(run, cfg, speed: dict, imported) -> dict:
@@ -55,10 +55,10 @@ def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, dict]:
 def paper_budget_seconds(trained, spire, target_cfg, paper_tokens: int) -> dict[str, float]:
     """What training `trained` (a draft, `spire` its SpireConfig or None) on `paper_tokens` would
     take: on this machine at the training tokens/s it measured ("this machine"; absent when not
-    measured), and on each GPU of the hardware table as the plan models it (`work.training_work`'s
+    measured), and on each GPU of the hardware table as the plan models it (`work.TrainRun.work`'s
     FLOPs per token of this training, over the bf16 peak at `work.GPU_MFU`)."""
-    _, tokens, flops, _ = training_work(target_cfg, trained.train_config, trained.layers_config, spire,
-                                        trained.layers_config.body_params())
+    _, tokens, flops, _ = TrainRun(target_cfg, trained.train_config, trained.layers_config, spire,
+                                   trained.layers_config.body_params()).work()
     work = flops / tokens * paper_tokens
     out = {name: work / (hw.peak_flops.get(GPU_DTYPE, max(hw.peak_flops.values())) * GPU_MFU)
            for name, hw in HARDWARE.items()}
