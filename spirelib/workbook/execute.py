@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import papermill
@@ -89,11 +90,24 @@ class ReadableTranslator(PythonTranslator):
 papermill_translators.register("python", ReadableTranslator)
 
 
-def execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bool, kernel: str,
-             cell_timeout: float | None, dry_run: bool = False, feed: Path | None = None):
-    """Run one notebook with papermill: (status, seconds, error message or None). A dry run's
-    models go to <out>/cache unless SPIRE_CACHE_DIR says where. The kernel's progress bars feed
-    the file `feed` (`spirelib.workbook.progress`)."""
+@dataclass(frozen=True)
+class Kernels:
+    """How `spire run` executes every notebook of a run: in the folder `cwd` (the series'), on the
+    Jupyter kernel `kernel`, each cell within `cell_timeout` seconds (None: no limit), cell output
+    streamed through logging with `log_output`; `dry_run`: every budget scaled down (the runner's
+    `--dry-run`)."""
+
+    cwd: Path
+    log_output: bool = False
+    kernel: str = "python3"
+    cell_timeout: float | None = 3600.0
+    dry_run: bool = False
+
+
+def execute(nb: Path, parameters: dict, out_dir: Path, kernels: Kernels, feed: Path | None = None):
+    """Run one notebook with papermill as `kernels` says: (status, seconds, error message or None). A
+    dry run's models go to <out>/cache unless SPIRE_CACHE_DIR says where. The kernel's progress bars
+    feed the file `feed` (`spirelib.workbook.progress`)."""
     nb_results = out_dir / "results" / f"{nb.stem}.json"
     for stale in (nb_results, out_dir / f"{nb.stem}.ipynb", out_dir / f"{nb.stem}.html"):
         stale.unlink(missing_ok=True)  # never report an earlier run's notebook as this one's
@@ -101,14 +115,14 @@ def execute(nb: Path, parameters: dict, out_dir: Path, cwd: Path, log_output: bo
     env = {results.RESULTS_FILE_ENV: str(nb_results.resolve()),
            results.RUN_RESULTS_ENV: str((out_dir / "results.json").resolve()),
            HEADLESS_ENV: "1", PROGRESS_ENV: str(feed.resolve()) if feed else ""}
-    if dry_run and not os.environ.get("SPIRE_CACHE_DIR"):
+    if kernels.dry_run and not os.environ.get("SPIRE_CACHE_DIR"):
         env["SPIRE_CACHE_DIR"] = str((out_dir / "cache").resolve())
     try:
         with _environment(**env):
             papermill.execute_notebook(str(nb), str(out_dir / f"{nb.stem}.ipynb"), parameters=parameters,
-                                       cwd=str(cwd), kernel_name=kernel, log_output=log_output,
-                                       progress_bar=False, extra_arguments=_QUIET_KERNEL,
-                                       execution_timeout=cell_timeout,
+                                       cwd=str(kernels.cwd), kernel_name=kernels.kernel,
+                                       log_output=kernels.log_output, progress_bar=False,
+                                       extra_arguments=_QUIET_KERNEL, execution_timeout=kernels.cell_timeout,
                                        kernel_manager_class=QuietShutdownKernelManager)
         return "ok", time.perf_counter() - start, None
     except papermill.PapermillExecutionError as e:

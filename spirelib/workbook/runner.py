@@ -134,8 +134,8 @@ def run(params_file: Path, notebooks_dir: Path, out_dir: Path, only: str | None 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     record, previous = _start_record(params_file, out_dir, only, params, dry_run, planned, selected, injected)
     print(f"index: {report.write_index(out_dir)} (rewritten as each notebook starts and when the run ends)", flush=True)
-    status = _run_notebooks(execute, report, selected, injected, record, out_dir, notebooks_dir, planned, log_output,
-                            kernel, cell_timeout, dry_run)
+    kernels = execute.Kernels(notebooks_dir, log_output, kernel, cell_timeout, dry_run)
+    status = _run_notebooks(execute, report, selected, injected, record, out_dir, planned, kernels)
     merged, why_not = _finish_record(record, previous, status, selected, planned, out_dir)
     _print_closing(record, previous, why_not, merged, selected, out_dir, report.write_index(out_dir))
     return 0 if status == "ok" else (130 if status == "interrupted" else 1)
@@ -171,12 +171,13 @@ def _start_record(params_file: Path, out_dir: Path, only: str | None, params: di
 
 
 def _run_notebooks(execute, report, selected: list[Path], injected: dict[str, dict], record: dict, out_dir: Path,
-                   notebooks_dir: Path, planned, log_output: bool, kernel: str, cell_timeout: float | None,
-                   dry_run: bool) -> str:
-    """Each notebook executed in turn (the index rewritten as it starts), its progress on the terminal, its results
-    merged, its report exported and its `record` entry written, until one does not finish "ok": that status, or "ok"."""
+                   planned, kernels) -> str:
+    """Each notebook executed in turn on `kernels` (`execute.Kernels`; the index rewritten as it starts), its progress
+    on the terminal, its results merged, its report exported and its `record` entry written, until one does not
+    finish "ok": that status, or "ok"."""
     run_file, results_file = out_dir / "run.json", out_dir / "results.json"
     status = "ok"
+    log_output = kernels.log_output
     live = sys.stdout.isatty() and not log_output  # a person at a terminal: one line rewritten in place
     (out_dir / "progress").mkdir(exist_ok=True)
     for i, nb in enumerate(selected, 1):
@@ -192,8 +193,7 @@ def _run_notebooks(execute, report, selected: list[Path], injected: dict[str, di
         feed = out_dir / "progress" / f"{nb.stem}.jsonl"
         feed.unlink(missing_ok=True)
         with progress.Watch(header, feed, entry["planned_s"], sys.stdout, live) as watch:
-            status, seconds, error = execute.execute(nb, injected[nb.stem], out_dir, notebooks_dir, log_output, kernel,
-                                              cell_timeout, dry_run, feed)
+            status, seconds, error = execute.execute(nb, injected[nb.stem], out_dir, kernels, feed)
         entry.update(status=status, seconds=round(seconds, 2), error=error)
         all_results = results.read_json(results_file)
         all_results[nb.stem] = results.read_json(out_dir / "results" / f"{nb.stem}.json")

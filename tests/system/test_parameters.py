@@ -36,8 +36,6 @@ NOT_YET = {
     "training/pipeline.py:train_language_model": 9,
     "training/train.py:build_train_state": 11,
     "training/train.py:train": 14,
-    "workbook/execute.py:execute": 9,
-    "workbook/runner.py:_run_notebooks": 12,
 }
 
 

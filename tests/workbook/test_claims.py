@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from spirelib.workbook import claims, plan, report, runner
+from spirelib.workbook import claims, execute, plan, report, runner
 from spirelib.workbook.notebooks import NOTEBOOKS
 
 NOTEBOOK = "09_measured_vs_modeled"
@@ -75,6 +75,8 @@ def series(tmp_path, monkeypatch):
     recorded = {"speedups": [1.2, 1.3]}
 
     class Execute:
+        Kernels = execute.Kernels
+
         @staticmethod
         def execute(nb, injected, out_dir, *args):
             (out_dir / "results" / f"{nb.stem}.json").write_text(json.dumps(cells(recorded["speedups"])[nb.stem]))
