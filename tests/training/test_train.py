@@ -254,6 +254,15 @@ def test_fused_cross_entropy_without_grad_chunks_rows_too():
     torch.testing.assert_close(linear_cross_entropy(h, w, y), torch.nn.functional.cross_entropy(h @ w.T, y))
 
 
+def test_a_cpus_peak_is_timed_on_2048_matmuls_where_no_sizes_are_given(monkeypatch):
+    """4096 matmuls run no faster than 2048 on a CPU, at 8x the seconds (`calibrate.SIZES`)."""
+    from spirelib.measure import calibrate
+
+    timed = []
+    monkeypatch.setattr(calibrate, "_best_rate", lambda fn, work, *a: timed.append(round((work / 2) ** (1 / 3))) or [1.0])
+    assert calibrate.matmul_peak()["sizes"] == [2048] and timed == [2048]
+
+
 def test_calibration_measures_and_stores_this_machine(monkeypatch):
     import types
 
