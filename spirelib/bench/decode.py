@@ -35,6 +35,7 @@ from spirelib.bench.decode_memory import memory_problems
 from spirelib.bench.decode_models import TIMED, build_methods, compile_all, draft_options
 from spirelib.bench.roofline import (
     WARM_ROUNDS,
+    RooflineTiming,
     capacities,
     forward_shapes,
     kv_budgets,
@@ -112,14 +113,15 @@ def _in_dtype(target: Transformer, machine: Machine) -> None:
 
 
 @torch.no_grad()
-def forward_rows(target: Transformer, models: dict, batch: int, context: int, k: int, window: int, *,
-                 machine: Machine, repeats: int, compiled: bool) -> list[dict]:
-    """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone
-    (`wallclock.repeat_seconds`: one untimed call first, which compiles under `compiled`), its cache
+def forward_rows(target: Transformer, models: dict, batch: int, context: int, k: int, window: int,
+                 timing: RooflineTiming) -> list[dict]:
+    """One `roofline_row` per forward kind of `forward_shapes` at (B, L), each forward timed alone as
+    `timing` says (`wallclock.repeat_seconds`: one untimed call first, which compiles where compiled), its cache
     rolled back before every call, each dense cache as large as the one `round_rows`' generations
     read (`capacities`). `models`: `build_methods`' vanilla and SPIRe draft models. Each budgeted
     self-draft (`methods.BUDGETED`) steps the target over the cache its `begin` filled from the
     prefill (the guided draft: the entries it chose from the prefill's scores)."""
+    machine, repeats = timing.machine, timing.repeats
     _in_dtype(target, machine)
     cfg, param = target.cfg, next(target.parameters())
     dev = param.device
@@ -167,7 +169,7 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     for kind, (call, cache) in calls.items():
         seconds = repeat_seconds(call, repeats, before=lambda cache=cache: cache.rollback(lengths), device=dev)
         work, useful = rooflines(kinds, [(kind, kinds[kind].new)], batch, machine)
-        rows.append(roofline_row(kind, batch, context, seconds, work, useful, compiled))
+        rows.append(roofline_row(kind, batch, context, seconds, work, useful, timing.compiled))
     return rows
 
 
@@ -199,9 +201,8 @@ def warm_up(target: Transformer, factories: dict, method: str, batch: int, conte
 
 @torch.no_grad()
 def round_rows(target: Transformer, factories: dict, models: dict, methods: list[str], batch: int, context: int,
-               k: int, window: int, *, machine: Machine, repeats: int, compiled: bool, temperature: float
-               ) -> list[dict]:
-    """One `roofline_row` per method's whole round at (B, L), as the engine decodes it
+               k: int, window: int, timing: RooflineTiming, *, temperature: float) -> list[dict]:
+    """One `roofline_row` per method's whole round at (B, L), as the engine decodes it, timed as `timing` says
     (`round_generation`): the draft's passes, the verification and the bookkeeping timed together,
     round by round, each between two synchronizes on a GPU. A first generation warms up (`warm_up`),
     then a second one's first round (it includes the prefill) is not timed and its next `repeats`
@@ -209,6 +210,7 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
     still recording, flagged (`recorded`). The roofline is that of the round's forwards
     (`round_forwards`; bookkeeping has none) at context L over the caches the generations read
     (`capacities`); the useful one's live keys grow by at most (repeats + 1) x (k + 1) while timed."""
+    machine, repeats = timing.machine, timing.repeats
     _in_dtype(target, machine)
     count = round_count(repeats)
     dev = next(target.parameters()).device
@@ -226,26 +228,23 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
 
         seconds, recorded = replayed(take)
         work, useful = rooflines(kinds, round_forwards(method, k), batch, machine)
-        rows.append(roofline_row(f"{method} round", batch, context, seconds, work, useful, compiled, recorded))
+        rows.append(roofline_row(f"{method} round", batch, context, seconds, work, useful, timing.compiled, recorded))
     return rows
 
 
-def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, *, machine: Machine,
-                  repeats: int = 20, compiled: bool = False, temperature: float = 1.0,
-                  methods: list[str] = TIMED) -> list[dict]:
+def roofline_rows(target: Transformer, batch: int, context: int, k: int, window: int, timing: RooflineTiming, *,
+                  temperature: float = 1.0, methods: list[str] = TIMED) -> list[dict]:
     """`forward_rows` and `round_rows` (every method of `methods`) at (B, L): every forward kind
     alone (the AD step, verification, each draft's step) and each method's whole round as the
     engine runs it (draft passes, verification and bookkeeping together), each against the roofline
-    of `machine` (this one's calibrated peak and bandwidth, the target's bytes per value: `roofline`). Each round row also
+    of `timing.machine` (this one's calibrated peak and bandwidth, the target's bytes per value: `roofline`). Each round row also
     gets `forwards_ms`, the sum of its forwards' measured ms (the vanilla draft's 2-token first
     pass counted as a step): a round's time beyond it is bookkeeping and host work.
-    `compiled`: every model decodes through compiled graphs (`Transformer.compile_decoding`)."""
+    With `timing.compiled`, every model decodes through compiled graphs (`Transformer.compile_decoding`)."""
     factories, models = build_methods(target, list(TIMED), temperature, window)
-    compile_all(target, models, compiled)
-    options = {"machine": machine, "repeats": repeats, "compiled": compiled}
-    forwards = forward_rows(target, models, batch, context, k, window, **options)
-    rounds = round_rows(target, factories, models, methods, batch, context, k, window, temperature=temperature,
-                        **options)
+    compile_all(target, models, timing.compiled)
+    forwards = forward_rows(target, models, batch, context, k, window, timing)
+    rounds = round_rows(target, factories, models, methods, batch, context, k, window, timing, temperature=temperature)
     measured = {r["kind"]: r["ms"] for r in forwards}
     for method, row in zip(methods, rounds):
         row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, k))
@@ -373,8 +372,9 @@ def main(args: argparse.Namespace) -> int:
         bw = memory_bandwidth(device=args.device)["bandwidth"]
         rows = [row for L in args.context for B in args.batch for compiled in modes
                 for row in roofline_rows(target, B, L, args.k, args.window,
-                                         machine=Machine(peak, bw, torch_dtype(args.dtype).itemsize),
-                                         compiled=compiled, temperature=args.temperature, methods=args.methods)]
+                                         RooflineTiming(Machine(peak, bw, torch_dtype(args.dtype).itemsize),
+                                                        compiled=compiled),
+                                         temperature=args.temperature, methods=args.methods)]
         print(json.dumps(rows, indent=2)) if args.json else print_roofline(rows, peak, bw, args.dtype)
         return 0
     factories, models = build_methods(target, args.methods, args.temperature, args.window)

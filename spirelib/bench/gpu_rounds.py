@@ -83,6 +83,7 @@ def roofline_check(args) -> Outcome:
     started within it are named. --quick: the workbook's target in fp32, toy cell, eager."""
     from spirelib.bench.decode import round_rows
     from spirelib.bench.decode_models import compile_all
+    from spirelib.bench.roofline import RooflineTiming
     from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
 
     target, factories, models = decoding_models(args)
@@ -95,8 +96,8 @@ def roofline_check(args) -> Outcome:
     left, rows = [], []
 
     def timed(method: str) -> list[dict]:
-        return round_rows(target, factories, models, [method], B, L, K, WINDOW, machine=machine,
-                          repeats=repeats, compiled=not args.quick, temperature=0.0)
+        return round_rows(target, factories, models, [method], B, L, K, WINDOW,
+                          RooflineTiming(machine, repeats, compiled=not args.quick), temperature=0.0)
     for method in in_budget([*ROOFLINE_METHODS, LIVE_READS], budget(args, "roofline"), left):
         rows += live_reads_rows(target, lambda: timed("ad")) if method == LIVE_READS else timed(method)
     figures = {"peak_tflops": peak / 1e12, "bandwidth_gbs": bandwidth / 1e9, "untimed": left, **{

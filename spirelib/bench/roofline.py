@@ -7,7 +7,7 @@ roofline milliseconds (`roofline`), for `bench decode --roofline` and `make gpu-
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from spirelib.decoding.prefill import speculative_capacity
@@ -125,6 +125,18 @@ def roofline(kinds: dict[str, Forward], forwards: list[tuple[str, int]], batch: 
         flops, moved = flops + work.flops, moved + work.bytes
         ms += 1e3 * max(work.flops / machine.peak_flops, work.bytes / machine.bandwidth)
     return flops / 1e9, moved / 1e6, ms
+
+
+@dataclass(frozen=True)
+class RooflineTiming:
+    """How `bench decode --roofline` times its rows and prices them: each row's `repeats` timed calls
+    or rounds (`round_count`), through compiled graphs with `compiled`
+    (`Transformer.compile_decoding`), against the roofline of `machine` (its peak and bandwidth, at
+    the target's bytes per value)."""
+
+    machine: Machine
+    repeats: int = 20
+    compiled: bool = False
 
 
 def roofline_row(kind: str, batch: int, context: int, seconds: list[float], work: tuple[float, float, float],

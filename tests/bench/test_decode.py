@@ -9,6 +9,7 @@ import torch
 
 from spirelib import bench, cli
 from spirelib.bench import decode, decode_memory, decode_models, roofline
+from spirelib.bench.roofline import RooflineTiming
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
@@ -46,14 +47,14 @@ def test_round_rows_report_the_bytes_read_beside_the_useful_ones_and_no_recordin
     torch.manual_seed(0)
     target = Transformer(CFG).eval()
     factories, models = decode_models.build_methods(target, ["spire"], 0.0, 4)
-    rows = decode.round_rows(target, factories, models, ["ad", "spire"], 2, 12, 3, 4, machine=Machine(1e10, 1e10, 4),
-                             repeats=2, compiled=False, temperature=0.0)
+    rows = decode.round_rows(target, factories, models, ["ad", "spire"], 2, 12, 3, 4,
+                             RooflineTiming(Machine(1e10, 1e10, 4), repeats=2), temperature=0.0)
     for r in rows:
         assert r["mbytes"] > r["useful_mbytes"] and r["fraction"] > r["useful_fraction"] > 0
         assert r["recorded"] == 0
     with pytest.raises(ValueError, match="prices 2 bytes a value; the target's weights take 4"):
-        decode.round_rows(target, factories, models, ["ad"], 2, 12, 3, 4, machine=Machine(1e10, 1e10, 2), repeats=2,
-                          compiled=False, temperature=0.0)  # a bf16 machine's roofline for an fp32 target
+        decode.round_rows(target, factories, models, ["ad"], 2, 12, 3, 4,  # a bf16 machine's roofline, an fp32 target
+                          RooflineTiming(Machine(1e10, 1e10, 2), repeats=2), temperature=0.0)
 
 
 def test_a_timing_that_recorded_a_graph_is_taken_again_then_flagged(monkeypatch):

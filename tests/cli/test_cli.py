@@ -207,6 +207,7 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
     """`decode.round_rows`: every generation has the rounds its warm-up (3) and its timed run
     (repeats + 1) take, even at one repeat."""
     from spirelib.bench import decode, decode_models
+    from spirelib.bench.roofline import RooflineTiming
     from spirelib.model.config import ModelConfig
     from spirelib.model.transformer import Transformer
     from spirelib.throughput.hardware import Machine
@@ -216,7 +217,7 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
                                      d_ff=64)).eval()
     factories, models = decode_models.build_methods(target, ["vanilla"], 1.0, 4)
     rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], 2, 12, 3, 4,
-                             machine=Machine(1e10, 1e10, 4), repeats=1, compiled=False, temperature=1.0)
+                             RooflineTiming(Machine(1e10, 1e10, 4), repeats=1), temperature=1.0)
     assert [r["kind"] for r in rows] == ["ad round", "vanilla round"] and all(r["ms"] > 0 for r in rows)
 
 

@@ -18,10 +18,8 @@ MARK = "# parameters: "
 
 #: Functions over `LIMIT` without a reason yet ("path:qualified name" -> its parameters when listed).
 NOT_YET = {
-    "bench/decode.py:forward_rows": 9,
-    "bench/decode.py:roofline_rows": 10,
     "bench/decode.py:round_generation": 10,
-    "bench/decode.py:round_rows": 12,
+    "bench/decode.py:round_rows": 10,
     "bench/decode_memory.py:held_bytes": 9,
     "decoding/speculative.py:Rows.settle": 10,
     "decoding/speculative.py:_prepared": 12,
