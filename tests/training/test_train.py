@@ -249,9 +249,23 @@ def test_fused_cross_entropy_without_grad_chunks_rows_too():
     from spirelib.model.transformer import linear_cross_entropy
 
     torch.manual_seed(0)
-    h, w = torch.randn(23, 8), torch.randn(200_000, 8)  # 2**21 // 200_000 = 10 rows per chunk
-    y = torch.randint(0, 200_000, (23,))
+    h, w = torch.randn(1100, 8), torch.randn(20_000, 8)  # chunks of 512 rows (`CPU_ROWS`): three
+    y = torch.randint(0, 20_000, (1100,))
     torch.testing.assert_close(linear_cross_entropy(h, w, y), torch.nn.functional.cross_entropy(h @ w.T, y))
+
+
+@pytest.mark.parametrize(("vocab", "rows"), [(256, 8192), (4096, 512), (50_304, 512)])
+def test_a_cpu_chunk_holds_a_cache_of_logits_and_at_least_512_rows(vocab, rows, monkeypatch):
+    """`cross_entropy.CPU_ROWS`: at the paper's vocabulary the logits rule alone gives 41-row chunks,
+    whose skinny matmuls ran 3.4x slower (one thread, 2,048 rows); the workbook's and the smoke
+    vocabularies keep the chunks they had, so their trainings stay bit-identical."""
+    from spirelib.model import cross_entropy
+
+    chunks = []
+    monkeypatch.setattr(cross_entropy._LinearCrossEntropy, "apply", lambda h, w, y, chunk: chunks.append(chunk))
+    cross_entropy.linear_cross_entropy(torch.randn(4, 8, requires_grad=True), torch.randn(vocab, 8),
+                                       torch.zeros(4, dtype=torch.long))
+    assert chunks == [rows]
 
 
 def test_a_cpus_peak_is_timed_on_2048_matmuls_where_no_sizes_are_given(monkeypatch):
