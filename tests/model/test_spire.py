@@ -199,6 +199,21 @@ def test_head_fused_draft_losses_equal_the_definitions_in_value_and_gradients(mi
     assert parts["alpha"].shape == labels.shape and not parts["alpha"].requires_grad
 
 
+@pytest.mark.parametrize(("vocab", "rows"), [(256, 2048), (4096, 128), (50_304, 128)])
+def test_a_cpu_chunk_of_the_draft_losses_holds_2_19_logits_and_at_least_128_rows(vocab, rows, monkeypatch):
+    """`losses.CPU_ROWS`: the paper's vocabulary got 64-row chunks before, 1.26x slower; the
+    workbook's and the smoke vocabularies keep the chunks they had (bit-identical trainings)."""
+    from spirelib.training import losses
+
+    chunks = []
+    monkeypatch.setattr(losses._HeadDraftLosses, "apply",
+                        lambda *args: chunks.append(args[6]) or (torch.zeros(()), *[torch.zeros(4)] * 3))
+    x = torch.randn(4, 8, requires_grad=True)
+    head_draft_losses(x, torch.randn(vocab, 8), torch.randn(4, 8), torch.randn(vocab, 8), torch.zeros(4, dtype=torch.long),
+                      0.5)
+    assert chunks == [rows]
+
+
 @pytest.mark.parametrize("variant", ["spire", "hard_target", "no_feedback_no_target_acts"])
 def test_objective_trains_through_hidden_states_as_through_the_logits(variant):
     """`SpireObjective` (k_pass_hidden, head_draft_losses, no (B, n_blocks, k, V) tensor) gives
