@@ -98,10 +98,10 @@ class Kernels:
     `--dry-run`)."""
 
     cwd: Path
-    log_output: bool = False
-    kernel: str = "python3"
-    cell_timeout: float | None = 3600.0
-    dry_run: bool = False
+    log_output: bool
+    kernel: str
+    cell_timeout: float | None
+    dry_run: bool
 
 
 def execute(nb: Path, parameters: dict, out_dir: Path, kernels: Kernels, feed: Path | None = None):
