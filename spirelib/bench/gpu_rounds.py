@@ -88,7 +88,7 @@ def roofline_check(args) -> Outcome:
 
     target, factories, models = decoding_models(args)
     gpu, dtype = torch.device(args.device).type == "cuda", next(target.parameters()).dtype
-    peak = matmul_peak(sizes=(8192,) if gpu else (2048,), device=args.device, dtype=dtype)["flops"]
+    peak = matmul_peak(sizes=(8192,) if gpu else None, device=args.device, dtype=dtype)["flops"]  # CPU: `SIZES`
     bandwidth = memory_bandwidth(device=args.device)["bandwidth"]
     machine = Machine(peak, bandwidth, dtype.itemsize)
     compile_all(target, models, not args.quick)
