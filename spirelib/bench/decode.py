@@ -66,6 +66,7 @@ from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.model.transformer import Transformer
 from spirelib.throughput import profile_fit
 from spirelib.throughput.hardware import Machine
+from spirelib.throughput.recorded import RecordedCell
 
 
 def decoding(args: argparse.Namespace) -> DecodingProtocol:
@@ -277,13 +278,12 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     return cost, rows, profiled_verdict(rows)
 
 
-def print_profiled(rows: list[dict], verdict: dict) -> None:
+def print_profiled(rows: list[RecordedCell], verdict: dict) -> None:
     print(f"{'L':>5} {'B':>3} {'method':9} {'measured':>8} {'95% CI':>13} {'runs':>4} {'profiled':>8} {'error':>7}"
           "  fit")
     for r in rows:
-        print(f"{r['L']:5d} {r['B']:3d} {r['method']:9} {r['measured_speedup']:8.3f} "
-              f"{r['ci_low']:6.3f}-{r['ci_high']:6.3f} {r['runs']:4d} {r['profiled_speedup']:8.3f} "
-              f"{r['profiled_error']:+7.1%}  {'held out' if r['held_out'] else 'fitted'}")
+        print(f"{r.L:5d} {r.B:3d} {r.method:9} {r.measured_speedup:8.3f} {r.ci_low:6.3f}-{r.ci_high:6.3f} "
+              f"{r.runs:4d} {r.profiled_speedup:8.3f} {r.profiled_error:+7.1%}  {'held out' if r.held_out else 'fitted'}")
     held = verdict["held_out_max_error"]
     print(f"profiled model: median error {verdict['median_error']:.1%}, "
           f"mean signed {verdict['mean_signed_error']:+.1%}, "
@@ -382,7 +382,8 @@ def main(args: argparse.Namespace) -> int:
         cells, held = profiled_grid(args)
         cost, rows, verdict = profiled_rows(target, factories, args.methods, cells, held, args)
         if args.json:
-            print(json.dumps({"cells": rows, "verdict": {**verdict, "false_gains": len(verdict["false_gains"])},
+            print(json.dumps({"cells": [r.to_dict() for r in rows],
+                              "verdict": {**verdict, "false_gains": len(verdict["false_gains"])},
                               "cost": cost.to_dict()}, indent=2, default=str))
         else:
             print_profiled(rows, verdict)

@@ -319,10 +319,10 @@ def _profiled(args) -> Outcome:
     factories, _ = decode_models.build_methods(target, options.methods, options.temperature, options.window)
     cells, held = decode.profiled_grid(options)
     _, rows, verdict = decode.profiled_rows(target, factories, options.methods, cells, held, options)
-    worst = max((r for r in rows if r["held_out"]), key=lambda r: abs(r["profiled_error"]))
+    worst = max((r for r in rows if r.held_out), key=lambda r: abs(r.profiled_error))
     figures = {n: verdict[n] for n in ("held_out_max_error", "fitted_median_error", "widest_ci")}
     text = (f"held-out {held[0][0]} x {held[0][1]}: worst error {verdict['held_out_max_error']:.1%} "
-            f"({worst['method']}: measured {worst['measured_speedup']:.3f}, profiled {worst['profiled_speedup']:.3f});"
+            f"({worst.method}: measured {worst.measured_speedup:.3f}, profiled {worst.profiled_speedup:.3f});"
             f" fitted cells' median {verdict['fitted_median_error']:.1%}, widest CI +/-{verdict['widest_ci']:.1%}")
     return judged_outcome(args, text, figures, judge_profiled)
 

@@ -7,6 +7,8 @@ cell (`scheduled_choices`, docs/deploy.md). From wallclock's and profiled's outp
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -19,6 +21,7 @@ from spirelib.measure.wallclock import (
 )
 from spirelib.throughput import profile_fit, profiled
 from spirelib.throughput.hardware import Machine
+from spirelib.throughput.recorded import RecordedCell
 from spirelib.throughput.schedule import OFF, profiled_table, schedule
 from spirelib.throughput.winners import AD
 
@@ -70,33 +73,33 @@ def split_held_out(timings: list[DecodeTiming], held_out) -> tuple[list[DecodeTi
 
 
 def speedup_cells(timings: list[DecodeTiming], target, shapes: dict[str, profiled.DraftShape],
-                  cost: profiled.ProfiledCost, *, machine: Machine, k: int, held_out=()) -> list[dict]:
+                  cost: profiled.ProfiledCost, *, machine: Machine, k: int, held_out=()) -> list[RecordedCell]:
     """One cell per timed draft and (B, L) with an AD timing: the measured speedup with its 95%
     CI and the paper's model (`wallclock.modeled_speedups`), with the profiled model's speedup,
     its error profiled / measured - 1 and whether the
     cell is one of the `held_out` (B, L) the fit never saw (`wallclock.profiled_cells`, shapes
     from `wallclock.profiled_draft_shapes`)."""
     cells = modeled_speedups(timings, target, shapes, machine=machine, k=k)
-    profiled = {(c["method"], c["B"], c["L"]): c for c in profiled_cells(
+    predicted = {(c.method, c.B, c.L): c for c in profiled_cells(
         timings, cost, target, shapes, bytes_per_value=machine.bytes_per_value, k=k, held_out=held_out)}
+    out = []
     for c in cells:
-        c.update(profiled[c["method"], c["B"], c["L"]])
-        c["role"] = "held out" if c["held_out"] else "fitted"
-        c["ci"] = f"{c['ci_low']:.2f} to {c['ci_high']:.2f}"
-    return cells
+        p = predicted[c.method, c.B, c.L]
+        out.append(replace(c, profiled_speedup=p.profiled_speedup, profiled_error=p.profiled_error, held_out=p.held_out))
+    return out
 
 
-def summarize_cells(cells: list[dict], ad_rows: list[dict]) -> dict:
+def summarize_cells(cells: list[RecordedCell], ad_rows: list[dict]) -> dict:
     """What the conclusion quotes: the cells where the paper's model errs least and most, the
     median AD step overhead (measured / modeled), the cells where SD was slower than AD, the
     paper's model's median absolute error, the profiled model's `wallclock.profiled_verdict`
     and its worst cell."""
-    return {"best": min(cells, key=lambda c: abs(c["error"])), "worst": max(cells, key=lambda c: abs(c["error"])),
+    return {"best": min(cells, key=lambda c: abs(c.error)), "worst": max(cells, key=lambda c: abs(c.error)),
             "overhead": float(np.median([r["ratio"] for r in ad_rows])),
-            "losing": [c for c in cells if c["measured_speedup"] < 1.0],
-            "median_error": float(np.median([abs(c["error"]) for c in cells])),
+            "losing": [c for c in cells if c.measured_speedup < 1.0],
+            "median_error": float(np.median([abs(c.error) for c in cells])),
             "profiled": profiled_verdict(cells),
-            "worst_profiled": max(cells, key=lambda c: abs(c["profiled_error"]))}
+            "worst_profiled": max(cells, key=lambda c: abs(c.profiled_error))}
 
 
 def trained_length(trained) -> int | None:
@@ -106,29 +109,29 @@ def trained_length(trained) -> int | None:
     return None if trained.summary.get("imported_from") else int(trained.train_config.seq_len)
 
 
-def mark_past_training(cells: list[dict], trained_len: int | None, new_tokens: int) -> list[dict]:
+def mark_past_training(cells: list[RecordedCell], trained_len: int | None, new_tokens: int) -> list[RecordedCell]:
     """`cells` with "past_training": whether a cell's contexts and generated tokens (L + G) run past
     the `trained_length` of the target, so its figure is about a target used beyond what it
     learned (False where that length is unknown)."""
-    return [{**c, "past_training": trained_len is not None and c["L"] + new_tokens > trained_len} for c in cells]
+    return [replace(c, past_training=trained_len is not None and c.L + new_tokens > trained_len) for c in cells]
 
 
-def scheduled_choices(cells: list[dict], cost: profiled.ProfiledCost, shapes: dict[str, profiled.DraftShape],
+def scheduled_choices(cells: list[RecordedCell], cost: profiled.ProfiledCost, shapes: dict[str, profiled.DraftShape],
                       acceptance: dict[int, dict], target, vocab_size: int, new_tokens: int, *,
                       bytes_per_value: float, error: float) -> dict[tuple[int, int], tuple[str, int, float]]:
     """Per measured (B, L) what this machine's schedule serves: per method the profiled model's
     schedule over B = 1..the largest measured B at L (`throughput.schedule`, its interval widened by
     `error`), its k and predicted speedup at B, and the method with the highest one; ("ad", 0,
     1.0) where every method's schedule is off. `acceptance[L]`: method -> `schedule.Acceptance`."""
-    batches = np.arange(1, max(int(c["B"]) for c in cells) + 1)
+    batches = np.arange(1, max(c.B for c in cells) + 1)
     choices = {}
-    for L in sorted({int(c["L"]) for c in cells}):
+    for L in sorted({c.L for c in cells}):
         at_l = {}
         for method, a in acceptance[L].items():
             table = profiled_table(cost, shapes[method], a, batches, L, target, vocab_size, new_tokens,
                                    bytes_per_value=bytes_per_value, error=error)
             at_l[method] = (table, schedule(table))
-        for B in sorted({int(c["B"]) for c in cells if int(c["L"]) == L}):
+        for B in sorted({c.B for c in cells if c.L == L}):
             options = [(method, s.k_at(B), float(t.at(s.k_at(B))[0][B - 1])) for method, (t, s) in at_l.items()]
             best = max(options, key=lambda o: o[2])
             choices[(B, L)] = best if best[1] != OFF else (AD, OFF, 1.0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,6 +36,7 @@ from spirelib.model.transformer import Transformer
 from spirelib.throughput import perfmodel, profile_fit, profiled
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import BUDGET, DECODED, KVBudget, card
+from spirelib.throughput.recorded import RecordedCell
 
 #: The sections of a decoding loop (`sections.SectionTimer`); "round" is a round replayed as one
 #: CUDA graph, timed whole (no split inside a graph).
@@ -238,21 +239,16 @@ def speedup_interval(sd: DecodeTiming, ad: DecodeTiming, level: float | None = N
     return ratio_interval(_ratios(sd, ad), sd.level if level is None else level)
 
 
-def half_width(mean: float, low: float, high: float) -> float:
-    """A confidence interval's half width relative to its mean."""
-    return (high - low) / 2 / mean
-
-
-def _measured(t: DecodeTiming, base: DecodeTiming) -> dict:
+def _measured(t: DecodeTiming, base: DecodeTiming) -> RecordedCell:
     """The clock's side of a cell: SD timing `t` against the AD timing `base` at its (B, L), its
     mean tau and its speedup over AD with the 95% CI (`speedup_interval`) and the runs."""
     measured, low, high = speedup_interval(t, base)
-    return {"method": t.method, "B": t.batch, "L": t.context, "tau": statistics.fmean(t.taus),
-            "measured_speedup": measured, "ci_low": low, "ci_high": high, "runs": len(t.seconds)}
+    return RecordedCell(method=t.method, B=t.batch, L=t.context, tau=statistics.fmean(t.taus),
+                        measured_speedup=measured, ci_low=low, ci_high=high, runs=len(t.seconds))
 
 
 def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, shapes: Mapping[str, profiled.DraftShape], *,
-                     machine: Machine, k: int = 4) -> list[dict]:
+                     machine: Machine, k: int = 4) -> list[RecordedCell]:
     """Measured vs modeled speedup over AD, one cell per SD timing with an AD timing at the
     same (batch, context). Measured: the mean over runs of SD tokens/s / AD tokens/s (runs
     paired in order) with its 95% CI (`speedup_interval`) and the number of runs. Modeled: the G-aware throughput
@@ -270,10 +266,10 @@ def modeled_speedups(timings: list[DecodeTiming], target: ModelConfig, shapes: M
         budget = shape.budget
         cache = dict(sink_size=budget.sink, window=budget.entries - budget.sink) if budget else {}
         model = perfmodel.throughput_multiplier_over_generation(
-            t.method, min(cell["tau"], k + 1.0), t.batch, t.context, t.new_tokens, target.shape(), shape.shape,
+            t.method, min(cell.tau, k + 1.0), t.batch, t.context, t.new_tokens, target.shape(), shape.shape,
             k=k, hoi=machine.hoi, window_factor=None, bytes_per_weight=machine.bytes_per_value,
             bytes_per_kv=machine.bytes_per_value, **cache)
-        cells.append({**cell, "modeled_speedup": float(model), "error": float(model) / cell["measured_speedup"] - 1.0})
+        cells.append(replace(cell, modeled_speedup=float(model), error=float(model) / cell.measured_speedup - 1.0))
     return cells
 
 
@@ -365,7 +361,7 @@ GAIN = 1.1  # a predicted speedup a user would act on
 
 def profiled_cells(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,
                    drafts: Mapping[str, profiled.DraftShape], *, bytes_per_value: float, k: int = 4,
-                   held_out=()) -> list[dict]:
+                   held_out=()) -> list[RecordedCell]:
     """The profiled model against the clock, one cell per SD timing with an AD timing at the
     same (B, L): the measured speedup with its 95% CI (`speedup_interval`) and runs, the
     profiled speedup (`profiled_speedups`), profiled / measured - 1, and whether the cell is one
@@ -378,21 +374,21 @@ def profiled_cells(timings: list[DecodeTiming], cost: profiled.ProfiledCost, tar
         speedup = predicted.get((t.method, t.batch, t.context))
         if speedup is not None:
             cell = _measured(t, ad[t.batch, t.context])
-            cells.append({**cell, "profiled_speedup": speedup, "profiled_error": speedup / cell["measured_speedup"] - 1,
-                          "held_out": (t.batch, t.context) in unseen})
+            cells.append(replace(cell, profiled_speedup=speedup, profiled_error=speedup / cell.measured_speedup - 1,
+                                 held_out=(t.batch, t.context) in unseen))
     return cells
 
 
-def profiled_verdict(cells: list[dict]) -> dict:
+def profiled_verdict(cells: list[RecordedCell]) -> dict:
     """How the profiled model did on `profiled_cells`: its median |error|, its mean signed
     error (its bias), its median |error| on the fitted cells and its worst on the held-out ones
     (None without), the cells it predicts at `GAIN` or more that measured a loss, and the widest
     measured 95% CI relative to its speedup."""
-    errors = [c["profiled_error"] for c in cells]
-    fitted = [abs(c["profiled_error"]) for c in cells if not c["held_out"]]
-    held = [abs(c["profiled_error"]) for c in cells if c["held_out"]]
+    errors = [c.profiled_error for c in cells]
+    fitted = [abs(c.profiled_error) for c in cells if not c.held_out]
+    held = [abs(c.profiled_error) for c in cells if c.held_out]
     return {"median_error": statistics.median(abs(e) for e in errors), "mean_signed_error": statistics.fmean(errors),
             "fitted_median_error": statistics.median(fitted) if fitted else None,
             "held_out_max_error": max(held) if held else None,
-            "false_gains": [c for c in cells if c["profiled_speedup"] >= GAIN and c["measured_speedup"] < 1.0],
-            "widest_ci": max(half_width(c["measured_speedup"], c["ci_low"], c["ci_high"]) for c in cells)}
+            "false_gains": [c for c in cells if c.profiled_speedup >= GAIN and c.measured_speedup < 1.0],
+            "widest_ci": max(c.half_width for c in cells)}

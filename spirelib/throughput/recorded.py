@@ -5,9 +5,9 @@ read them: `recorded_taus`); where the run recorded none, the taus a notebook wa
 `acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
 `DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
 these, so they sit below both. What 04 records under "tau" and "tau_protocol", and 09 under
-"machine", has one shape each, `RecordedTau`, `RecordedProtocol` and `RecordedMachine`: the notebook
-writes it (`to_dict`) and every reader reads it back typed (`tau_records`, `tau_protocol`,
-`timed_machine`), not by string keys.
+"cells" and "machine", has one shape each, `RecordedTau`, `RecordedProtocol`, `RecordedCell` and
+`RecordedMachine`: the notebook writes it (`to_dict`) and every reader reads it back typed
+(`tau_records`, `tau_protocol`, `timed_cells`, `timed_machine`), not by string keys.
 """
 
 from __future__ import annotations
@@ -101,6 +101,40 @@ class RecordedMachine(_Recorded):
     threads: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class RecordedCell(_Recorded):
+    """One timed draft at one (B, L) of notebook 09, as it records it under "cells": its mean tau, its
+    measured speedup over AD with the 95% CI and the runs, the paper's model's speedup and its error
+    modeled / measured - 1 (method §2), the profiled model's and its error, whether the profiled fit
+    never saw the cell (`held_out`) and whether its contexts and tokens ran past the target's training
+    windows. A prediction not made (yet), or a field a run from before it was recorded lacks, is None."""
+
+    method: str
+    B: int
+    L: int
+    measured_speedup: float
+    modeled_speedup: float | None = None
+    profiled_speedup: float | None = None
+    tau: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    runs: int | None = None
+    error: float | None = None
+    profiled_error: float | None = None
+    held_out: bool = False
+    past_training: bool = False
+
+    @property
+    def half_width(self) -> float:
+        """The measured speedup's 95% CI half width relative to it."""
+        return (self.ci_high - self.ci_low) / 2 / self.measured_speedup
+
+
+def timed_cells(results: dict) -> list[RecordedCell]:
+    """Notebook 09's "cells" in a run's results, typed; empty where the run recorded none (09 did not run)."""
+    return [RecordedCell.from_dict(c) for c in results.get("09_measured_vs_modeled", {}).get("cells") or ()]
+
+
 def timed_machine(results: dict) -> RecordedMachine:
     """Notebook 09's "machine" in a run's results, typed; every field at its default where the run
     recorded none (09 did not run)."""
@@ -170,13 +204,13 @@ def acceptance_or_taus(run: dict, taus: dict, k: int, context: int) -> dict[str,
     return {m: a for m, a in recorded.items() if m in taus}
 
 
-def acceptance_or_cells(run: dict, cells: list[dict], k: int) -> dict[int, dict]:
+def acceptance_or_cells(run: dict, cells: list[RecordedCell], k: int) -> dict[int, dict]:
     """Per measured L, per timed method the acceptance its schedule reads: notebook 04's tau, CI
     and per-position curve when the run recorded them at that L (`recorded_acceptance`),
     else the cells' own mean tau at depth k (i.i.d., no interval)."""
     out = {}
-    for L in sorted({int(c["L"]) for c in cells}):
-        methods = {c["method"]: float(c["tau"]) for c in cells if int(c["L"]) == L}
+    for L in sorted({c.L for c in cells}):
+        methods = {c.method: float(c.tau) for c in cells if c.L == L}
         try:
             recorded, at = recorded_acceptance(run, L)
         except DeployError:

@@ -6,6 +6,8 @@ the cells whose winner is not resolved and the cells won per method. Shared by t
 
 from __future__ import annotations
 
+from spirelib.throughput.recorded import RecordedCell
+
 AD = "ad"
 
 
@@ -15,13 +17,14 @@ def winner(values: dict[str, float]) -> str:
     return best if values[best] >= 1.0 else AD
 
 
-def by_cell(cells: list[dict], key: str) -> dict[tuple[int, int], dict[str, float]]:
-    """Cell records (method, B, L and speedups, as 09 keeps them) grouped per (B, L): {method:
-    its `key` speedup}; records without that speedup are left out."""
+def by_cell(cells: list[RecordedCell], key: str) -> dict[tuple[int, int], dict[str, float]]:
+    """09's cells grouped per (B, L): {method: its `key` field (a speedup or a CI bound)}; cells
+    without that field (None) are left out."""
     out: dict[tuple[int, int], dict[str, float]] = {}
     for c in cells:
-        if c.get(key) is not None:
-            out.setdefault((int(c["B"]), int(c["L"])), {})[c["method"]] = float(c[key])
+        value = getattr(c, key)
+        if value is not None:
+            out.setdefault((c.B, c.L), {})[c.method] = float(value)
     return out
 
 
@@ -38,9 +41,9 @@ def resolved(values: dict[str, float], lows: dict[str, float], highs: dict[str, 
     return lows[win] > 1.0 and all(highs[m] < lows[win] for m in values if m != win)
 
 
-def unresolved_cells(cells: list[dict], B: list[int], L: list[int]) -> set[tuple[int, int]]:
-    """Grid indices (i, j) of the measured cells at (B[i], L[j]) (09's records, with "ci_low" and
-    "ci_high" per speedup) whose winner is not `resolved`."""
+def unresolved_cells(cells: list[RecordedCell], B: list[int], L: list[int]) -> set[tuple[int, int]]:
+    """Grid indices (i, j) of the measured cells at (B[i], L[j]) (09's, with each speedup's CI)
+    whose winner is not `resolved`."""
     values, lows, highs = (by_cell(cells, key) for key in ("measured_speedup", "ci_low", "ci_high"))
     return {(i, j) for i, b in enumerate(B) for j, length in enumerate(L)
             if (b, length) in values and not resolved(values[b, length], lows.get((b, length), {}),
@@ -57,7 +60,7 @@ def grid_counts(winners: list[list[str]]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def cell_winners(cells: list[dict], key: str = "measured_speedup") -> tuple[list[list[str]], list[int], list[int]]:
+def cell_winners(cells: list[RecordedCell], key: str = "measured_speedup") -> tuple[list[list[str]], list[int], list[int]]:
     """Per (B, L) cell of `cells` (one per method), the method with the highest `key` speedup, or
     "ad" where none beats AD ("-" where nothing was timed): (winners by B then L, B values, L values)."""
     grouped = by_cell(cells, key)

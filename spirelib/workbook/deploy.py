@@ -27,7 +27,7 @@ from spirelib.paths import project_root
 from spirelib.throughput import engines
 from spirelib.throughput.hardware import BYTES_PER_VALUE
 from spirelib.throughput.methods import card, label
-from spirelib.throughput.recorded import DeployError
+from spirelib.throughput.recorded import DeployError, timed_cells
 from spirelib.throughput.schedule import context_switches, expressed_cost, min_context_run
 from spirelib.workbook.deploy_explain import EXPLAIN_ENGINES, explain
 from spirelib.workbook.deploy_inputs import (
@@ -288,10 +288,10 @@ def write_run(out_dir: Path) -> dict:
     09 ran, on this machine from its profiled model; what run.json keeps of them (folders, per
     method its ranges, or why none was written)."""
     results = read_json(out_dir / "results.json")
-    measured = results.get("09_measured_vs_modeled", {}).get("cells") or []
+    measured = timed_cells(results)
     options = {f"{RUN_DEVICE}-fp8": {"hardware": RUN_DEVICE, "dtype": "fp8"}}
     if measured:
-        lengths = tuple(sorted({int(c["L"]) for c in measured}))
+        lengths = tuple(sorted({c.L for c in measured}))
         options["this-machine-profiled"] = {"model": "profiled", "max_batch": RUN_PROFILED_BATCH,
                                             "contexts": lengths, "context": lengths[-1]}
     written = {}

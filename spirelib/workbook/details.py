@@ -14,7 +14,7 @@ import statistics
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import tau_lengths, tau_protocol, tau_records, timed_machine
+from spirelib.throughput.recorded import tau_lengths, tau_protocol, tau_records, timed_cells, timed_machine
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence
@@ -95,21 +95,20 @@ def ablation_ranking(run: dict, results: dict) -> dict | None:
 def measured_vs_modeled(run: dict, results: dict) -> dict | None:
     """Notebook 09's speedups on the clock against the throughput model: one sentence linking 09,
     and 09's scale."""
-    recorded = results.get("09_measured_vs_modeled", {})
-    cells = recorded.get("cells")
+    recorded, cells = results.get("09_measured_vs_modeled", {}), timed_cells(results)
     if not cells:
         return None
-    errors = [abs(c["modeled_speedup"] / c["measured_speedup"] - 1) for c in cells]
-    worst = max(cells, key=lambda c: abs(c["modeled_speedup"] / c["measured_speedup"] - 1))
-    best = max(cells, key=lambda c: c["measured_speedup"])
+    errors = [abs(c.error) for c in cells]
+    worst = max(cells, key=lambda c: abs(c.error))
+    best = max(cells, key=lambda c: c.measured_speedup)
     slower, total = slower_than_ad(results)
     machine = timed_machine(results)
     text = (f"SD was slower than AD in {slower} of {total} measured cells. "
             f"Over all {total} cells the paper's model is off by {statistics.median(errors):.0%} (median) and at most "
-            f"{max(errors):.0%} ({label(worst['method'])} at B = {worst['B']}, L = {worst['L']}: modeled "
-            f"{worst['modeled_speedup']:.2f}x, measured {worst['measured_speedup']:.2f}x). The fastest measured "
-            f"speedup is {best['measured_speedup']:.2f}x ({label(best['method'])}, B = {best['B']}, "
-            f"L = {best['L']}{past_note(recorded, best)}). "
+            f"{max(errors):.0%} ({label(worst.method)} at B = {worst.B}, L = {worst.L}: modeled "
+            f"{worst.modeled_speedup:.2f}x, measured {worst.measured_speedup:.2f}x). The fastest measured "
+            f"speedup is {best.measured_speedup:.2f}x ({label(best.method)}, B = {best.B}, "
+            f"L = {best.L}{past_note(recorded, best)}). "
             f"Calibrated HOI {recorded.get('hoi', float('nan')):.1f} FLOP/byte")
     if machine.ad_step_overhead:
         text += f"; an AD step takes {times(machine.ad_step_overhead)} its modeled time"

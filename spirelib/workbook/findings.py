@@ -23,7 +23,7 @@ import numpy as np
 
 from spirelib.throughput import perfmodel
 from spirelib.throughput.methods import color, label, letter
-from spirelib.throughput.recorded import tau_protocol, timed_machine
+from spirelib.throughput.recorded import tau_protocol, timed_cells, timed_machine
 from spirelib.throughput.winners import AD, by_cell, unresolved_cells
 from spirelib.throughput.winners import grid_counts as _grid_counts
 from spirelib.throughput.winners import winner as _winner
@@ -180,7 +180,7 @@ def _notebook_param(run: dict, stem: str, name: str, default):
 
 def _cells(results: dict, key: str) -> dict[tuple[int, int], dict[str, float]]:
     """09's speedups `key` ("measured_speedup", "profiled_speedup") per (B, L), per method."""
-    return by_cell(results.get("09_measured_vs_modeled", {}).get("cells") or [], key)
+    return by_cell(timed_cells(results), key)
 
 
 def _grid(cells: dict, Bs: list[int], Ls: list[int]) -> tuple[list[list[str]], list[list[float | None]]]:
@@ -191,8 +191,8 @@ def _grid(cells: dict, Bs: list[int], Ls: list[int]) -> tuple[list[list[str]], l
 
 def slower_than_ad(results: dict) -> tuple[int, int]:
     """(cells where speculative decoding measured slower than AD, cells measured), over 09's methods x (B, L)."""
-    cells = results.get("09_measured_vs_modeled", {}).get("cells") or []
-    return sum(c["measured_speedup"] < 1.0 for c in cells), len(cells)
+    cells = timed_cells(results)
+    return sum(c.measured_speedup < 1.0 for c in cells), len(cells)
 
 
 def verdict_rows(run: dict, results: dict) -> list[dict]:
@@ -257,7 +257,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
             short=f"on this machine (measured at B = {near[0]}, L = {near[1]})",
             title="this machine, measured", stem="09_measured_vs_modeled", B=near[0], L=near[1], at=measured[near],
             grid=(winners, Bs, Ls), values=values,
-            unresolved=unresolved_cells(results["09_measured_vs_modeled"]["cells"], Bs, Ls),
+            unresolved=unresolved_cells(timed_cells(results), Bs, Ls),
             note=(f"not measured at B = {want[0]}, L = {want[1]}; this is the nearest measured cell"
                   if near != want else ""),
             trust=(f"the truth for this machine at this scale only: SD was slower than AD in {slower} of {total} "
@@ -341,12 +341,12 @@ def duel_maps(run: dict, results: dict, duel: tuple[str, str] = DUEL) -> list[di
         maps.append(dict(key="duel-paper-shapes", title=f"{title}: the paper's shapes, this run's tau (HOI {hoi:g})",
                          stem="06_speedup_explorer", grid=(winners, GRID_B, GRID_L), values=None, differs=set(),
                          unresolved=set(), where=where_sentence(winners, GRID_B, GRID_L)))
-    cells = [c for c in results.get("09_measured_vs_modeled", {}).get("cells") or [] if c["method"] in duel]
+    cells = [c for c in timed_cells(results) if c.method in duel]
     measured = {bl: v for bl, v in by_cell(cells, "measured_speedup").items() if len(v) == 2}
     if measured:
         Bs, Ls = sorted({bl[0] for bl in measured}), sorted({bl[1] for bl in measured})
         winners, values = _grid(measured, Bs, Ls)
-        unresolved = unresolved_cells([c for c in cells if (c["B"], c["L"]) in measured], Bs, Ls)
+        unresolved = unresolved_cells([c for c in cells if (c.B, c.L) in measured], Bs, Ls)
         maps.append(dict(key="duel-measured", title=f"{title}: this machine, measured", stem="09_measured_vs_modeled",
                          grid=(winners, Bs, Ls), values=values, differs=set(), unresolved=unresolved,
                          where=where_sentence(winners, Bs, Ls, unresolved)))

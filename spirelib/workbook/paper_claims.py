@@ -18,7 +18,7 @@ from spirelib.measure.ablations import effect_of
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import tau_lengths, tau_records
+from spirelib.throughput.recorded import RecordedCell, tau_lengths, tau_records, timed_cells
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
@@ -203,10 +203,10 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     return [Claim(REPRODUCED, ok, as_text(link(run, "05_ablations", text), paper), "importance-order")]
 
 
-def past_note(recorded: dict, cell: dict) -> str:
+def past_note(recorded: dict, cell: RecordedCell) -> str:
     """What a measured cell of 09 (`recorded`: its results) carries next to its figure when its
     contexts ran past the target's training windows (`measure.cells.mark_past_training`)."""
-    if not cell.get("past_training"):
+    if not cell.past_training:
         return ""
     trained = recorded.get("target_trained_length")
     return ("; past the " + (f"{trained:,}-token " if trained else "") + "windows the target was trained on, so "
@@ -214,21 +214,20 @@ def past_note(recorded: dict, cell: dict) -> str:
 
 
 def _claim_measured(run: dict, results: dict) -> list[Claim]:
-    recorded = results.get("09_measured_vs_modeled", {})
-    cells = recorded.get("cells")
+    recorded, cells = results.get("09_measured_vs_modeled", {}), timed_cells(results)
     if not cells:
         return []
     slower, total = slower_than_ad(results)
-    best = max(cells, key=lambda c: c["measured_speedup"])
-    errors = [abs(c["modeled_speedup"] / c["measured_speedup"] - 1) for c in cells]
-    profiled = [abs(c["profiled_error"]) for c in cells if "profiled_error" in c]
+    best = max(cells, key=lambda c: c.measured_speedup)
+    errors = [abs(c.error) for c in cells]
+    profiled = [abs(c.profiled_error) for c in cells if c.profiled_error is not None]
     claims = [
         Claim(REPRODUCED, slower == 0, as_text(
             "Speculative decoding is faster than AD on the clock (measured): ",
             link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells"),
-            f" ({sum(c.get('ci_low', 0.0) > 1.0 for c in cells)} resolved: 95% CI above 1)"
-            f" (best {best['measured_speedup']:.2f}x, {label(best['method'])} at B = {best['B']}, "
-            f"L = {best['L']}{past_note(recorded, best)})"), "sd-faster-measured"),
+            f" ({sum(c.ci_low is not None and c.ci_low > 1.0 for c in cells)} resolved: 95% CI above 1)"
+            f" (best {best.measured_speedup:.2f}x, {label(best.method)} at B = {best.B}, "
+            f"L = {best.L}{past_note(recorded, best)})"), "sd-faster-measured"),
         Claim(REPRODUCED, statistics.median(errors) <= 0.25, as_text(
             "The paper's throughput model predicts measured speedups: ",
             link(run, "09_measured_vs_modeled",

@@ -16,6 +16,7 @@ import torch
 
 from spirelib.bench import TIE_LOGITS, gpu_check, gpu_goals, greedy_mismatch
 from spirelib.paths import cache_dir
+from spirelib.throughput.recorded import RecordedCell
 
 
 def test_series_row_runs_in_a_fresh_cache_folder_under_a_timeout(monkeypatch, tmp_path):
@@ -259,8 +260,8 @@ def test_profiled_row_fits_a_small_grid_and_judges_64_by_2048_after_checking_mem
 
     def profiled_rows(target, factories, methods, cells, held, options):
         seen.update(cells=cells, held=held, options=options, methods=methods)
-        rows = [{"held_out": True, "method": "spire", "profiled_error": error["value"], "measured_speedup": 1.5,
-                 "profiled_speedup": 1.38}]
+        rows = [RecordedCell(held_out=True, method="spire", B=64, L=2048, profiled_error=error["value"],
+                             measured_speedup=1.5, profiled_speedup=1.38)]
         return None, rows, {"held_out_max_error": abs(error["value"]), "fitted_median_error": 0.02, "widest_ci": 0.05}
 
     monkeypatch.setattr(decode, "profiled_rows", profiled_rows)

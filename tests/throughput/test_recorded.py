@@ -1,11 +1,13 @@
 """What a finished run recorded of acceptance, as the schedules read it (`throughput.recorded`):
 notebook 04's tau, CI and per-position curve at the recorded context nearest the one asked for,
-the refusal when the run recorded none, and 04's "tau" and "tau_protocol" read back typed as written."""
+the refusal when the run recorded none, and 04's "tau" and "tau_protocol" and 09's "cells" read back typed
+as written."""
 
 import pytest
 
 from spirelib.throughput.recorded import (
     DeployError,
+    RecordedCell,
     RecordedMachine,
     RecordedProtocol,
     RecordedTau,
@@ -14,6 +16,7 @@ from spirelib.throughput.recorded import (
     tau_lengths,
     tau_protocol,
     tau_records,
+    timed_cells,
     timed_machine,
 )
 from spirelib.throughput.schedule import Acceptance
@@ -82,3 +85,14 @@ def test_09s_machine_reads_back_typed_and_a_run_without_09_reads_as_unrecorded()
     older = timed_machine({"09_measured_vs_modeled": {"machine": {"peak_flops": 1e11, "bandwidth": 1e10}}})
     assert older == RecordedMachine(peak_flops=1e11, bandwidth=1e10) and older.threads is None and older.scale == ""
     assert timed_machine({}) == RecordedMachine() and timed_machine({}).peak_flops is None
+
+
+def test_09s_cells_read_back_typed_an_older_runs_missing_fields_as_none():
+    written = RecordedCell(method="spire", B=2, L=64, measured_speedup=1.3, modeled_speedup=1.6, profiled_speedup=1.2,
+                           tau=3.1, ci_low=1.2, ci_high=1.4, runs=3, error=0.23, profiled_error=-0.08, held_out=True)
+    older = {"method": "vanilla", "B": 1, "L": 64, "measured_speedup": 0.9, "role": "fitted"}  # no CI, a dropped key
+    read = timed_cells({"09_measured_vs_modeled": {"cells": [written.to_dict(), older]}})
+    assert read[0] == written and read[0].half_width == pytest.approx(0.1 / 1.3)
+    assert read[1] == RecordedCell(method="vanilla", B=1, L=64, measured_speedup=0.9)
+    assert read[1].ci_low is None and not read[1].held_out and not read[1].past_training
+    assert timed_cells({}) == [] and timed_cells({"09_measured_vs_modeled": {}}) == []  # 09 did not run

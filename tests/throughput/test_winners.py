@@ -2,17 +2,18 @@
 AD wins where no method reaches 1, a measured cell's winner counts only when the clock resolves it,
 and the cells won are counted per method, cells without a result left out."""
 
+from spirelib.throughput.recorded import RecordedCell
 from spirelib.throughput.winners import AD, by_cell, grid_counts, resolved, unresolved_cells, winner
 from spirelib.workbook.narrative.winners import pow2, span
 
 
 def cell(method, B, L, speedup, low, high):
-    return {"method": method, "B": B, "L": L, "measured_speedup": speedup, "ci_low": low, "ci_high": high}
+    return RecordedCell(method=method, B=B, L=L, measured_speedup=speedup, ci_low=low, ci_high=high)
 
 
 CELLS = [cell("spire", 1, 64, 1.5, 1.4, 1.6), cell("vanilla", 1, 64, 1.2, 1.1, 1.3),  # resolved: SPIRe
          cell("spire", 2, 64, 1.3, 1.1, 1.5), cell("vanilla", 2, 64, 1.2, 1.1, 1.3),  # overlapping CIs
-         cell("spire", 2, 256, 0.8, 0.7, 0.9), {"method": "vanilla", "B": 2, "L": 256, "measured_speedup": None}]
+         cell("spire", 2, 256, 0.8, 0.7, 0.9), RecordedCell(method="vanilla", B=2, L=256, measured_speedup=None)]
 
 
 def test_a_method_wins_only_at_a_multiplier_of_1_or_more():

@@ -21,7 +21,8 @@ def cells(speedups: list[float], ci: float = 0.05) -> dict:
     """09's record of SPIRe measured at B = 1 and 2, L = 256, with these speedups over AD, each
     +/- `ci` (its 95% interval)."""
     return {NOTEBOOK: {"cells": [{"method": "spire", "B": B, "L": 256, "measured_speedup": s, "modeled_speedup": s,
-                                  "ci_low": s - ci, "ci_high": s + ci} for B, s in zip((1, 2), speedups)]}}
+                                  "error": 0.0, "ci_low": s - ci, "ci_high": s + ci}
+                                 for B, s in zip((1, 2), speedups)]}}
 
 
 def test_a_runs_claims_are_its_verdicts_and_the_changed_ones_are_those_that_flipped():

@@ -60,7 +60,7 @@ def test_08_prices_each_method_at_its_scheduled_k():
 
 
 def cell(method, B, L, speedup, low, high, tau=3.0):
-    return {"method": method, "B": B, "L": L, "measured_speedup": speedup, "ci_low": low, "ci_high": high, "tau": tau}
+    return run_record.RecordedCell(method=method, B=B, L=L, measured_speedup=speedup, ci_low=low, ci_high=high, tau=tau)
 
 
 def test_09_checks_the_schedules_prediction_against_the_best_measured_cells_interval():

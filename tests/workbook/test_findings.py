@@ -16,7 +16,7 @@ RUN = {"notebooks": {"01_performance_model": {"html": "01_performance_model.html
 
 def cell(method, B, L, measured, modeled=1.5, half=0.05):
     return {"method": method, "B": B, "L": L, "measured_speedup": measured, "modeled_speedup": modeled,
-            "ci_low": measured - half, "ci_high": measured + half}
+            "ci_low": measured - half, "ci_high": measured + half, "error": modeled / measured - 1}
 
 
 RESULTS = {
@@ -121,7 +121,7 @@ def test_unresolved_ablation_parts_and_the_profiled_model_are_reported_as_such()
         {"part": "sparse KV", "multiplier_lost": 0.76, "resolved": True, "rank": 1},
         {"part": "feedback", "multiplier_lost": 0.01, "resolved": False, "rank": None}]},
         "09_measured_vs_modeled": {"cells": [
-            {"method": "spire", "B": 1, "L": 256, "measured_speedup": 0.9, "modeled_speedup": 1.8,
+            {"method": "spire", "B": 1, "L": 256, "measured_speedup": 0.9, "modeled_speedup": 1.8, "error": 1.0,
              "profiled_speedup": 1.0, "profiled_error": 0.111}]}}
     (kind, good, claim, _), = _claim_ablations({}, results)
     words = plain(claim)

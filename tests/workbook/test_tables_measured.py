@@ -18,7 +18,7 @@ from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.throughput import profiled, winners
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import KVBudget
-from spirelib.throughput.recorded import RecordedMachine, timed_machine
+from spirelib.throughput.recorded import RecordedCell, RecordedMachine, timed_cells, timed_machine
 from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
 
@@ -109,15 +109,16 @@ def test_speedup_cells_add_the_profiled_model():
     shapes = profiled_draft_shapes(MODELS, BUDGETS, SPIRE)
     kw = dict(machine=Machine(1e10, 1e10, 4), k=4)
     cells = measured_cells.speedup_cells(TIMINGS, TARGET, shapes, COST, held_out=[[2, 16]], **kw)
-    added = ("profiled_speedup", "profiled_error", "held_out", "role", "ci")
-    assert [{k: v for k, v in c.items() if k not in added} for c in cells] == modeled_speedups(
-        TIMINGS, TARGET, shapes, **kw)
+    unprofiled = [dataclasses.replace(c, profiled_speedup=None, profiled_error=None, held_out=False) for c in cells]
+    assert unprofiled == modeled_speedups(TIMINGS, TARGET, shapes, **kw)
     spire = cells[1]
     expected = profiled.speedup(COST, shapes["spire"], 3.0, TARGET.shape(), TARGET.vocab_size, 2, 16, 16, 4, 4)
-    assert spire["profiled_speedup"] == pytest.approx(expected)
-    assert spire["profiled_error"] == pytest.approx(expected / spire["measured_speedup"] - 1)
-    assert spire["held_out"] and spire["role"] == "held out"
-    assert spire["ci"] == f"{spire['ci_low']:.2f} to {spire['ci_high']:.2f}" and spire["runs"] == 2
+    assert spire.profiled_speedup == pytest.approx(expected)
+    assert spire.profiled_error == pytest.approx(expected / spire.measured_speedup - 1)
+    assert spire.held_out and spire.runs == 2
+    row = tables.cell_rows(cells)[1]
+    assert row["role"] == "held out" and row["ci"] == f"{spire.ci_low:.2f} to {spire.ci_high:.2f}"
+    assert set(tables.CELL_COLUMNS) <= set(row)  # every column the table shows, from the cell
 
 
 def test_ad_step_rows():
@@ -142,9 +143,9 @@ def test_flop_rows_cap_a_sparse_draft_keys():
 
 
 def cell(method, B, L, measured, profiled_speedup, error=0.1, held_out=False, half=0.04):
-    return {"method": method, "B": B, "L": L, "measured_speedup": measured, "profiled_speedup": profiled_speedup,
-            "profiled_error": profiled_speedup / measured - 1, "error": error, "held_out": held_out,
-            "ci_low": measured * (1 - half), "ci_high": measured * (1 + half)}
+    return RecordedCell(method=method, B=B, L=L, measured_speedup=measured, profiled_speedup=profiled_speedup,
+                        profiled_error=profiled_speedup / measured - 1, error=error, held_out=held_out,
+                        ci_low=measured * (1 - half), ci_high=measured * (1 + half))
 
 
 CELLS = [cell("spire", 1, 32, 0.8, 0.72, error=0.5), cell("vanilla", 4, 64, 1.2, 1.56, error=-0.1, held_out=True)]
@@ -186,14 +187,17 @@ def test_machine_sentence_states_peak_bandwidth_hoi_and_dtype():
 
 
 def test_measured_results_keep_the_results_keys():
-    cells = [{key: i for i, key in enumerate(tables.CELL_FIELDS)} | {"extra": 1}]
+    cells = [dataclasses.replace(CELLS[1], modeled_speedup=1.08, tau=2.5, runs=3, past_training=True)]
     verdict = profiled_verdict(CELLS)
     summary = {"profiled": verdict, "losing": [1, 2], "overhead": 5.0}
     machine = RecordedMachine(3e11, "fp32", 1e11, "cpu", 4, 5.0, "s", 2)
     results = tables.measured_results(cells, COST, summary, machine, trained_len=1024)
     assert list(results) == ["cells", "profiled_model", "hoi", "machine", "target_trained_length"]
     assert results["target_trained_length"] == 1024
-    assert results["cells"] == [{key: i for i, key in enumerate(tables.CELL_FIELDS)}]
+    assert [list(c) for c in results["cells"]] == [[
+        "method", "B", "L", "measured_speedup", "modeled_speedup", "profiled_speedup", "tau", "ci_low", "ci_high",
+        "runs", "error", "profiled_error", "held_out", "past_training"]]  # results.json's schema, in its order
+    assert timed_cells({"09_measured_vs_modeled": results}) == cells  # read back typed as written
     assert results["profiled_model"] == {**COST.to_dict(), **verdict, "false_gains": 0, "cells_slower_than_ad": 2}
     assert results["hoi"] == 3.0
     assert results["machine"] == {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "device": "cpu",
@@ -219,7 +223,7 @@ def test_09_leads_with_where_sd_won_and_where_it_lost():
         "(1.20x). Per cell: AD wins at L = 960 for B = 1; MagicDec wins at L = 960 for B = 16; SPIRe everywhere else. "
         "**Where it lost:** every draft was resolved slower than AD at (B, L) = (1, 960); MagicDec was slower than AD "
         "in 3 of 4 cells (0.70-0.95x); SPIRe was slower than AD in 1 of 4 cells (0.80x).")
-    close = [clock_cell("spire", 16, 256, 1.02, 1.2) if (c["method"], c["B"], c["L"]) == ("spire", 16, 256) else c
+    close = [clock_cell("spire", 16, 256, 1.02, 1.2) if (c.method, c.B, c.L) == ("spire", 16, 256) else c
              for c in CLOCK]  # 0.98-1.06: its CI overlaps AD's
     text = words.both_sides(close)
     assert "in 2 of 4 (B, L) cells: SPIRe in 1 (1.32x), MagicDec in 1 (1.20x)" in text
@@ -235,14 +239,14 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
             "cells (B = 16, L = 960) within 18.2%. ") in text
     assert "It picks the wrong winner at B = 16, L = 960 (it picks SPIRe, the clock MagicDec). " in text
     assert text.endswith("Every cell it predicts at 1.1x or more measured a gain.")
-    right = [{**c, "profiled_speedup": c["measured_speedup"], "profiled_error": 0.0} for c in CLOCK]
+    right = [dataclasses.replace(c, profiled_speedup=c.measured_speedup, profiled_error=0.0) for c in CLOCK]
     assert "It picks the measured winner in every cell." in words.profiled_sides(right)
     overlapping = [*CLOCK[:7], clock_cell("magicdec", 16, 960, 1.12, 1.1)]  # 1.12 (1.08-1.16) against SPIRe's 1.10
     assert "It picks the measured winner in every cell where one is resolved." in words.profiled_sides(overlapping)
     wrong = [*CLOCK[:5], clock_cell("magicdec", 1, 960, 0.7, 1.15), *CLOCK[6:]]
     assert words.profiled_sides(wrong).endswith(
         "It calls MagicDec at B = 1, L = 960 a gain (1.15x) that measured a loss (0.70x).")
-    summary = measured_cells.summarize_cells([{**c, "error": 0.1} for c in CLOCK], [{"ratio": 4.0}])
+    summary = measured_cells.summarize_cells([dataclasses.replace(c, error=0.1) for c in CLOCK], [{"ratio": 4.0}])
     paragraphs = words.conclusion(summary, 8, COST, 2.0, CLOCK)
     assert paragraphs[0].startswith("**Where speculative decoding won** (resolved") and paragraphs[1] == text
     assert paragraphs[2].startswith("**Profiling your own GPU:**") and "within 18%" in paragraphs[2]
@@ -254,14 +258,14 @@ def test_09_says_which_way_the_profiled_model_errs_how_far_unseen_and_where_it_p
                           "from 0.80 (B = 1, L = 256) to 1.30 (B = 64, L = 256)), so read tokens/s there from a timed "
                           "run.")
     assert "Every measured speedup has a 95% CI within +/-4.0% of it. Where" in paragraphs[-1]
-    wide = [*CLOCK[:7], {**CLOCK[7], "ci_low": 1.2 * 0.9, "ci_high": 1.2 * 1.1}]
-    clock = words.conclusion(measured_cells.summarize_cells([{**c, "error": 0.1} for c in wide], [{"ratio": 4.0}]), 8,
-                             COST, 2.0, wide)[-1]
+    wide = [*CLOCK[:7], dataclasses.replace(CLOCK[7], ci_low=1.2 * 0.9, ci_high=1.2 * 1.1)]
+    clock = words.conclusion(measured_cells.summarize_cells([dataclasses.replace(c, error=0.1) for c in wide],
+                                                            [{"ratio": 4.0}]), 8, COST, 2.0, wide)[-1]
     assert ("Every measured speedup has a 95% CI within +/-10.0% of it (7 of 8 within the +/-5% asked for, 1 more "
             "wider but clear of 1, SD faster or slower than AD there, and 0 unresolved when their time per cell ran "
             "out: a speedup varies with the contexts each run draws") in clock
-    straddles = [*CLOCK[:7], {**CLOCK[7], "ci_low": 0.95, "ci_high": 1.15}]
-    clock = words.conclusion(measured_cells.summarize_cells([{**c, "error": 0.1} for c in straddles],
+    straddles = [*CLOCK[:7], dataclasses.replace(CLOCK[7], ci_low=0.95, ci_high=1.15)]
+    clock = words.conclusion(measured_cells.summarize_cells([dataclasses.replace(c, error=0.1) for c in straddles],
                                                             [{"ratio": 4.0}]), 8, COST, 2.0, straddles)[-1]
     assert "(7 of 8 within the +/-5% asked for, 0 more wider but clear of 1, SD faster or slower than AD there, " \
            "and 1 unresolved" in clock
@@ -273,18 +277,19 @@ def test_cells_past_the_targets_training_windows_are_flagged_next_to_their_figur
     does the index beside the fastest speedup; an imported target (length unknown) marks none."""
     from spirelib.workbook import details, findings, paper_claims
 
-    cells = [{**cell(m, 16, L, x, x), "modeled_speedup": 1.5}
+    cells = [dataclasses.replace(cell(m, 16, L, x, x), modeled_speedup=1.5)
              for m, L, x in (("spire", 2048, 1.59), ("magicdec", 2048, 1.2), ("spire", 960, 1.3),
                              ("magicdec", 960, 0.9))]
     marked = measured_cells.mark_past_training(cells, 1024, 64)
-    assert [c["past_training"] for c in marked] == [True, True, False, False]
-    assert not any(c["past_training"] for c in measured_cells.mark_past_training(cells, None, 64))
-    assert measured_cells.mark_past_training([{"L": 1000}], 1024, 64)[0]["past_training"]  # its generated tokens: past
+    assert [c.past_training for c in marked] == [True, True, False, False]
+    assert not any(c.past_training for c in measured_cells.mark_past_training(cells, None, 64))
+    at_1000 = RecordedCell(method="spire", B=1, L=1000, measured_speedup=1.0)
+    assert measured_cells.mark_past_training([at_1000], 1024, 64)[0].past_training  # its generated tokens: past
     assert "The cells at L = 2048 run past the target's training windows" in words.both_sides(marked)
     trained = SimpleNamespace(summary={}, train_config=SimpleNamespace(seq_len=1024))
     assert measured_cells.trained_length(trained) == 1024
     assert measured_cells.trained_length(SimpleNamespace(summary={"imported_from": "/m"}, train_config=None)) is None
-    results = {"09_measured_vs_modeled": {"cells": marked, "target_trained_length": 1024}}
+    results = {"09_measured_vs_modeled": {"cells": [c.to_dict() for c in marked], "target_trained_length": 1024}}
     note = "L = 2048; past the 1,024-token windows the target was trained on"
     assert note in findings.plain(details.measured_vs_modeled({}, results)["text"])
     assert any(note in findings.plain(t) for _, _, t, _ in paper_claims._claim_measured({}, results))

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from spirelib.measure.wallclock import GAIN, half_width, profiled_verdict
+from spirelib.measure.wallclock import GAIN, profiled_verdict
 from spirelib.throughput import profiled
 from spirelib.throughput.methods import label as method_label
+from spirelib.throughput.recorded import RecordedCell
 from spirelib.throughput.winners import AD, cell_winners, unresolved_cells
 from spirelib.workbook.narrative.winners import where_sentence
 
@@ -44,12 +45,8 @@ def _pace_span(paces: dict) -> str:
     return f"{fast:.2f} (B = {lo[0]}, L = {lo[1]}) to {slow:.2f} (B = {hi[0]}, L = {hi[1]})"
 
 
-def _half(c: dict) -> float:
-    return half_width(c["measured_speedup"], c["ci_low"], c["ci_high"])
-
-
-def _cell(c: dict) -> str:
-    return f"{method_label(c['method'])} at B = {c['B']}, L = {c['L']}{PAST_NOTE if c.get('past_training') else ''}"
+def _cell(c: RecordedCell) -> str:
+    return f"{method_label(c.method)} at B = {c.B}, L = {c.L}{PAST_NOTE if c.past_training else ''}"
 
 
 #: What a cell decoded past the target's training windows carries next to its figure.
@@ -61,15 +58,15 @@ def _span_x(values: list[float]) -> str:
     return f"{lo:.2f}x" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}x"
 
 
-def both_sides(cells: list[dict]) -> str:
+def both_sides(cells: list[RecordedCell]) -> str:
     """Where speculative decoding won on the clock and where it lost (Markdown): per method the
     (B, L) cells it won, resolved (`winners.resolved`), and its range of speedups there, where the
     winner flips (`winners.where_sentence`, only resolved winners counted), the lengths that run
     past the target's training windows (`mark_past_training`), the cells where every draft was
     resolved slower than AD, and each method's measurements slower than AD."""
     winners, Bs, Ls = cell_winners(cells)
-    speedup = {(c["method"], c["B"], c["L"]): c["measured_speedup"] for c in cells}
-    past = sorted({c["L"] for c in cells if c.get("past_training")})
+    speedup = {(c.method, c.B, c.L): c.measured_speedup for c in cells}
+    past = sorted({c.L for c in cells if c.past_training})
     unresolved = unresolved_cells(cells, Bs, Ls)
     n_cells = sum(w != "-" for row in winners for w in row)
     won: dict[str, list[float]] = {}
@@ -93,25 +90,25 @@ def both_sides(cells: list[dict]) -> str:
                "are of a target used beyond what it learned. " if past else ""))
     slower = {}
     for c in cells:
-        if c["measured_speedup"] < 1.0:
-            slower.setdefault(c["method"], []).append(c)
+        if c.measured_speedup < 1.0:
+            slower.setdefault(c.method, []).append(c)
     text += "**Where it lost:** " + (
         "every draft was resolved slower than AD at (B, L) = " + ", ".join(f"({b}, {length})" for b, length in lost)
         + "; " if lost else "no cell where every draft was resolved slower than AD; ")
     text += ("; ".join(f"{method_label(m)} was slower than AD in {len(v)} of "
-                       f"{sum(c['method'] == m for c in cells)} cells ({_span_x([c['measured_speedup'] for c in v])})"
+                       f"{sum(c.method == m for c in cells)} cells ({_span_x([c.measured_speedup for c in v])})"
                        for m, v in slower.items()) or "no draft was slower than AD anywhere") + "."
     return text
 
 
-def profiled_sides(cells: list[dict]) -> str:
+def profiled_sides(cells: list[RecordedCell]) -> str:
     """The profiled model in one paragraph: which way it errs and by how much (mean signed
     error, how many cells it over- and under-predicts, median error), its error on the held-out
     cells next to the fitted ones, the (B, L) cells where it picks another winner than the clock
     (where the clock's winner is resolved, `winners.resolved`), and any cell it calls a gain that
     measured a loss."""
     s = profiled_verdict(cells)
-    errors = [c["profiled_error"] for c in cells]
+    errors = [c.profiled_error for c in cells]
     over = sum(e > 0 for e in errors)
     measured, Bs, Ls = cell_winners(cells)
     predicted, _, _ = cell_winners(cells, "profiled_speedup")
@@ -120,7 +117,7 @@ def profiled_sides(cells: list[dict]) -> str:
              f"{method_label(measured[i][j])})" for i, b in enumerate(Bs) for j, length in enumerate(Ls)
              if measured[i][j] != "-" and (i, j) not in unresolved and predicted[i][j] != measured[i][j]]
     direction = ("overpredicts" if s["mean_signed_error"] > 0 else "underpredicts")
-    held = sorted({(c["B"], c["L"]) for c in cells if c.get("held_out")})
+    held = sorted({(c.B, c.L) for c in cells if c.held_out})
     text = (f"**The profiled model {direction} the speedup by {abs(s['mean_signed_error']):.1%} on average** (mean "
             f"signed error {s['mean_signed_error']:+.1%}; too high in {over} of {len(errors)} cells, too low in "
             f"{len(errors) - over}); its median error is {s['median_error']:.1%}. ")
@@ -131,8 +128,8 @@ def profiled_sides(cells: list[dict]) -> str:
     text += (f"It picks the wrong winner at {'; '.join(wrong)}. " if wrong else
              "It picks the measured winner in every cell where one is resolved. " if unresolved else
              "It picks the measured winner in every cell. ")
-    text += ("It calls " + ", ".join(f"{_cell(c)} a gain ({c['profiled_speedup']:.2f}x) that measured a loss "
-                                     f"({c['measured_speedup']:.2f}x)" for c in s["false_gains"]) + "."
+    text += ("It calls " + ", ".join(f"{_cell(c)} a gain ({c.profiled_speedup:.2f}x) that measured a loss "
+                                     f"({c.measured_speedup:.2f}x)" for c in s["false_gains"]) + "."
              if s["false_gains"] else f"Every cell it predicts at {GAIN}x or more measured a gain.")
     return text
 
@@ -154,11 +151,11 @@ def for_your_gpu(verdict: dict, paces: dict | None = None) -> str:
                f"{_pace_span(paces)}), so read tokens/s there from a timed run." if paces else ""))
 
 
-def _resolution(cells: list[dict], ci: float) -> str:
+def _resolution(cells: list[RecordedCell], ci: float) -> str:
     """How the cells' speedups were resolved under 09's stopping rule (`stopping.SpeedupRule`):
     within the +/- `ci` asked for, else excluding 1, else not at all (their time ran out)."""
-    narrow = sum(_half(c) <= ci for c in cells)
-    beyond = sum(_half(c) > ci and (c["ci_low"] > 1 or c["ci_high"] < 1) for c in cells)
+    narrow = sum(c.half_width <= ci for c in cells)
+    beyond = sum(c.half_width > ci and (c.ci_low > 1 or c.ci_high < 1) for c in cells)
     return (f" ({narrow} of {len(cells)} within the +/-{ci:.0%} asked for, {beyond} more wider but clear of 1, SD "
             f"faster or slower than AD there, and {len(cells) - narrow - beyond} unresolved when their time per cell "
             "ran out: a speedup varies with the contexts each run draws, through their rounds, and with this "
@@ -166,7 +163,7 @@ def _resolution(cells: list[dict], ci: float) -> str:
 
 
 def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: float,
-               cells: list[dict] | None = None, ci: float = 0.05) -> tuple[str, ...]:
+               cells: list[RecordedCell] | None = None, ci: float = 0.05) -> tuple[str, ...]:
     """09's conclusion (Markdown paragraphs): with `cells`, first both sides of the clock
     (`both_sides`), the profiled model's direction of error, held-out error and wrong winners
     (`profiled_sides`) and what that means for a GPU user (`for_your_gpu`); then how far the
@@ -174,18 +171,18 @@ def conclusion(summary: dict, n_cells: int, cost: profiled.ProfiledCost, hoi: fl
     +/- `ci` the timing asked for, and what the profiled model's terms say of the losses
     (`summarize_cells`)."""
     best, worst, overhead, losing = summary["best"], summary["worst"], summary["overhead"], summary["losing"]
-    paper = (f"At this scale the paper's model's error ranges from {best['error']:+.0%} "
-             f"({method_label(best['method'])}, B = {best['B']}, L = {best['L']}) to {worst['error']:+.0%} "
-             f"({method_label(worst['method'])}, B = {worst['B']}, L = {worst['L']}); a median AD step takes "
+    paper = (f"At this scale the paper's model's error ranges from {best.error:+.0%} "
+             f"({method_label(best.method)}, B = {best.B}, L = {best.L}) to {worst.error:+.0%} "
+             f"({method_label(worst.method)}, B = {worst.B}, L = {worst.L}); a median AD step takes "
              f"{overhead:,.1f}x the modeled time. "
              + ("Fixed per-pass costs dominate: the model overstates what speculative decoding gains here. "
                 if overhead > 3 else
                 "Passes are close to their modeled cost, so the model's ranking of methods holds. ")
              + f"HOI here is {hoi:,.1f} FLOP/byte against the paper's 600.")
     clock = (f"**Speculative decoding was slower than AD in {len(losing)} of {n_cells} measured cells**"
-             + (": " + ", ".join(f"{_cell(c)} ({c['measured_speedup']:.2f}x)" for c in losing) if losing else "")
+             + (": " + ", ".join(f"{_cell(c)} ({c.measured_speedup:.2f}x)" for c in losing) if losing else "")
              + f". Every measured speedup has a 95% CI within +/-{summary['profiled']['widest_ci']:.1%} of it"
-             + (_resolution(cells, ci) if cells and any(_half(c) > ci for c in cells) else "")
+             + (_resolution(cells, ci) if cells and any(c.half_width > ci for c in cells) else "")
              + ". Where the "
              f"profiled model predicts a loss, the reason is in its terms: each of the draft's k passes pays "
              f"{1e6 * cost.per_layer_s:.0f} us per layer in launches and a {1e6 * cost.sampling_s:.0f} us draw that "

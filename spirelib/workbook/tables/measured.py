@@ -13,7 +13,7 @@ from spirelib.measure.wallclock import DecodeTiming, flops_per_token, loop_timin
 from spirelib.throughput import profile_fit, profiled
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import label as method_label
-from spirelib.throughput.recorded import RecordedMachine
+from spirelib.throughput.recorded import RecordedCell, RecordedMachine
 from spirelib.throughput.winners import AD
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
@@ -23,9 +23,6 @@ CELL_COLUMNS = {"method": "method", "B": "B", "L": "L", "tau": "tau", "measured_
                 "ci": "95% CI", "runs": "runs", "modeled_speedup": "paper's model", "error": "paper / measured - 1",
                 "profiled_speedup": "profiled model", "profiled_error": "profiled / measured - 1",
                 "role": "profiled fit", "past_training": "past the target's training windows?"}
-CELL_FIELDS = ("method", "B", "L", "measured_speedup", "modeled_speedup", "profiled_speedup", "tau", "ci_low",
-               "ci_high", "runs", "error", "profiled_error", "held_out",
-               "past_training")  # what results.json's "cells" keep
 FIT_COLUMNS = {"method": "method", "B": "B", "L": "L", "measured": "measured ms per round (AD: step)",
                "profiled": "profiled, ms", "error": "profiled / measured - 1", "role": "profiled fit"}
 AD_COLUMNS = {"L": "L", "B": "B", "measured": "measured ms per AD step", "modeled": "paper's model, ms",
@@ -93,14 +90,21 @@ def flop_rows(models: dict, contexts, keys: dict[str, int] | None = None) -> lis
     return rows
 
 
-def measured_results(cells: list[dict], cost: profiled.ProfiledCost, summary: dict, machine: RecordedMachine,
+def cell_rows(cells: list[RecordedCell]) -> list[dict]:
+    """One row per cell (`CELL_COLUMNS`): its recorded fields, its 95% CI in words and whether the
+    profiled model was fitted to it or judged on it unseen."""
+    return [{**c.to_dict(), "ci": f"{c.ci_low:.2f} to {c.ci_high:.2f}", "role": "held out" if c.held_out else "fitted"}
+            for c in cells]
+
+
+def measured_results(cells: list[RecordedCell], cost: profiled.ProfiledCost, summary: dict, machine: RecordedMachine,
                      trained_len: int | None = None) -> dict:
-    """What notebook 09 records: the cells (CELL_FIELDS, each marked by `mark_past_training`), the
+    """What notebook 09 records: the cells (`RecordedCell`, each marked by `mark_past_training`), the
     profiled model with `summarize_cells`'s verdict on it (median, mean signed, fitted and held-out
     errors, false gains), the HOI, the `machine` (`calibrate`'s peak and bandwidth, the device, bytes
     per value, the AD step's overhead, the scale note, the threads) and the target's `trained_length`."""
     verdict = summary["profiled"]
-    return {"cells": [{key: c[key] for key in CELL_FIELDS} for c in cells],
+    return {"cells": [c.to_dict() for c in cells],
             "profiled_model": {**cost.to_dict(), **verdict, "false_gains": len(verdict["false_gains"]),
                                "cells_slower_than_ad": len(summary["losing"])},
             "hoi": machine.peak_flops / machine.bandwidth,
@@ -114,18 +118,17 @@ SCHEDULE_COLUMNS = {"B": "B", "L": "L", "scheduled": "schedule's choice (profile
                     "interval": "its 95% CI", "lands": "schedule within it"}
 
 
-def schedule_check_rows(cells: list[dict], choices: dict[tuple[int, int], tuple[str, int, float]]) -> list[dict]:
+def schedule_check_rows(cells: list[RecordedCell], choices: dict[tuple[int, int], tuple[str, int, float]]) -> list[dict]:
     """Per measured (B, L): the schedule's choice and predicted speedup, the best measured option
     (AD at 1 exactly, or the method with the highest measured speedup, at the series' k) with its
     95% CI, and whether the predicted speedup lands in that interval."""
     rows = []
     for (B, L), (method, k, predicted) in sorted(choices.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        here = [c for c in cells if int(c["B"]) == B and int(c["L"]) == L]
-        top = max(here, key=lambda c: c["measured_speedup"])
-        low, high = (top["ci_low"], top["ci_high"]) if top["measured_speedup"] > 1.0 else (1.0, 1.0)
-        name = method_label(top["method"]) if top["measured_speedup"] > 1.0 else "AD"
+        top = max((c for c in cells if c.B == B and c.L == L), key=lambda c: c.measured_speedup)
+        low, high = (top.ci_low, top.ci_high) if top.measured_speedup > 1.0 else (1.0, 1.0)
+        name = method_label(top.method) if top.measured_speedup > 1.0 else "AD"
         rows.append({"B": B, "L": L,
                      "scheduled": "off (AD)" if method == AD else f"{method_label(method)} k={k}: {predicted:.2f}x",
-                     "measured": name if name == "AD" else f"{name}: {top['measured_speedup']:.2f}x",
+                     "measured": name if name == "AD" else f"{name}: {top.measured_speedup:.2f}x",
                      "interval": f"{low:.2f}..{high:.2f}", "lands": bool(low <= predicted <= high)})
     return rows
