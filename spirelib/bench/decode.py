@@ -66,6 +66,7 @@ from spirelib.model.config import SpireConfig, vanilla_draft_config
 from spirelib.model.transformer import Transformer
 from spirelib.throughput import profile_fit
 from spirelib.throughput.hardware import Machine
+from spirelib.throughput.profiled import PricedTarget
 from spirelib.throughput.recorded import RecordedCell
 
 
@@ -274,7 +275,8 @@ def profiled_rows(target: Transformer, factories: dict, methods: list[str], cell
     seen = [t for t in timings if (t.batch, t.context) not in set(held_out)]
     cost = profile_fit.fit(loop_timings(seen), target=target.cfg.shape(), vocab_size=target.cfg.vocab_size,
                         drafts={m: shapes[m] for m in methods if m != "ad"}, k=args.k, machine=machine)
-    rows = profiled_cells(timings, cost, target.cfg, shapes, bytes_per_value=value_bytes, k=args.k, held_out=held_out)
+    priced = PricedTarget(target.cfg.shape(), target.cfg.vocab_size, value_bytes)
+    rows = profiled_cells(timings, cost, priced, shapes, k=args.k, held_out=held_out)
     return cost, rows, profiled_verdict(rows)
 
 

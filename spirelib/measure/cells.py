@@ -22,7 +22,7 @@ from spirelib.measure.wallclock import (
 from spirelib.throughput import profile_fit, profiled
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.recorded import RecordedCell
-from spirelib.throughput.schedule import OFF, profiled_table, schedule
+from spirelib.throughput.schedule import OFF, ProfiledPricing, profiled_table, schedule
 from spirelib.throughput.winners import AD
 
 
@@ -80,8 +80,8 @@ def speedup_cells(timings: list[DecodeTiming], target, shapes: dict[str, profile
     cell is one of the `held_out` (B, L) the fit never saw (`wallclock.profiled_cells`, shapes
     from `wallclock.profiled_draft_shapes`)."""
     cells = modeled_speedups(timings, target, shapes, machine=machine, k=k)
-    predicted = {(c.method, c.B, c.L): c for c in profiled_cells(
-        timings, cost, target, shapes, bytes_per_value=machine.bytes_per_value, k=k, held_out=held_out)}
+    priced = profiled.PricedTarget(target.shape(), target.vocab_size, machine.bytes_per_value)
+    predicted = {(c.method, c.B, c.L): c for c in profiled_cells(timings, cost, priced, shapes, k=k, held_out=held_out)}
     out = []
     for c in cells:
         p = predicted[c.method, c.B, c.L]
@@ -116,20 +116,19 @@ def mark_past_training(cells: list[RecordedCell], trained_len: int | None, new_t
     return [replace(c, past_training=trained_len is not None and c.L + new_tokens > trained_len) for c in cells]
 
 
-def scheduled_choices(cells: list[RecordedCell], cost: profiled.ProfiledCost, shapes: dict[str, profiled.DraftShape],
-                      acceptance: dict[int, dict], target, vocab_size: int, new_tokens: int, *,
-                      bytes_per_value: float, error: float) -> dict[tuple[int, int], tuple[str, int, float]]:
+def scheduled_choices(cells: list[RecordedCell], pricing: ProfiledPricing, shapes: dict[str, profiled.DraftShape],
+                      acceptance: dict[int, dict]) -> dict[tuple[int, int], tuple[str, int, float]]:
     """Per measured (B, L) what this machine's schedule serves: per method the profiled model's
-    schedule over B = 1..the largest measured B at L (`throughput.schedule`, its interval widened by
-    `error`), its k and predicted speedup at B, and the method with the highest one; ("ad", 0,
-    1.0) where every method's schedule is off. `acceptance[L]`: method -> `schedule.Acceptance`."""
+    schedule over B = 1..the largest measured B at L (`throughput.schedule` priced by `pricing`, its
+    interval widened by the model's error), its k and predicted speedup at B, and the method with the
+    highest one; ("ad", 0, 1.0) where every method's schedule is off. `acceptance[L]`: method ->
+    `schedule.Acceptance`."""
     batches = np.arange(1, max(c.B for c in cells) + 1)
     choices = {}
     for L in sorted({c.L for c in cells}):
         at_l = {}
         for method, a in acceptance[L].items():
-            table = profiled_table(cost, shapes[method], a, batches, L, target, vocab_size, new_tokens,
-                                   bytes_per_value=bytes_per_value, error=error)
+            table = profiled_table(pricing, shapes[method], a, batches, L)
             at_l[method] = (table, schedule(table))
         for B in sorted({c.B for c in cells if c.L == L}):
             options = [(method, s.k_at(B), float(t.at(s.k_at(B))[0][B - 1])) for method, (t, s) in at_l.items()]

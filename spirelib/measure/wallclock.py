@@ -345,29 +345,27 @@ def profiled_draft_shapes(models: Mapping[str, ModelConfig], budgets: Mapping[st
     return shapes
 
 
-def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,
-                      drafts: Mapping[str, profiled.DraftShape], *, bytes_per_value: float, k: int = 4) -> dict:
+def profiled_speedups(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: profiled.PricedTarget,
+                      drafts: Mapping[str, profiled.DraftShape], *, k: int = 4) -> dict:
     """The profiled model's SD speedup over AD for every SD timing with an AD timing at the
     same (batch, context), at the runs' mean tau: {(method, B, L): speedup}."""
     ad = {(t.batch, t.context) for t in timings if t.method == "ad"}
     return {(t.method, t.batch, t.context): profiled.speedup(
-                cost, drafts[t.method], statistics.fmean(t.taus), target.shape(), target.vocab_size, t.batch,
-                t.context, t.new_tokens, k, bytes_per_value)
+                cost, drafts[t.method], statistics.fmean(t.taus), target, t.batch, t.context, t.new_tokens, k)
             for t in timings if t.method != "ad" and (t.batch, t.context) in ad}
 
 
 GAIN = 1.1  # a predicted speedup a user would act on
 
 
-def profiled_cells(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: ModelConfig,
-                   drafts: Mapping[str, profiled.DraftShape], *, bytes_per_value: float, k: int = 4,
-                   held_out=()) -> list[RecordedCell]:
+def profiled_cells(timings: list[DecodeTiming], cost: profiled.ProfiledCost, target: profiled.PricedTarget,
+                   drafts: Mapping[str, profiled.DraftShape], *, k: int = 4, held_out=()) -> list[RecordedCell]:
     """The profiled model against the clock, one cell per SD timing with an AD timing at the
     same (B, L): the measured speedup with its 95% CI (`speedup_interval`) and runs, the
     profiled speedup (`profiled_speedups`), profiled / measured - 1, and whether the cell is one
     of the `held_out` (B, L) the fit never saw."""
     ad = {(t.batch, t.context): t for t in timings if t.method == "ad"}
-    predicted = profiled_speedups(timings, cost, target, drafts, bytes_per_value=bytes_per_value, k=k)
+    predicted = profiled_speedups(timings, cost, target, drafts, k=k)
     unseen = {(int(b), int(length)) for b, length in held_out}
     cells = []
     for t in timings:

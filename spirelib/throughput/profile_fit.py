@@ -20,6 +20,7 @@ from spirelib.throughput.perfmodel import ModelShape
 from spirelib.throughput.profiled import (
     DraftOverhead,
     DraftShape,
+    PricedTarget,
     ProfiledCost,
     ad_keys,
     ad_step_seconds,
@@ -117,12 +118,11 @@ def fit(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, draft
     by_cell: dict[tuple[int, int], list[LoopTiming]] = {}
     for t in timings:
         by_cell.setdefault((t.batch, t.context), []).append(t)
-    paces, value_bytes = dict.fromkeys(by_cell, 1.0), machine.bytes_per_value
+    paces, priced = dict.fromkeys(by_cell, 1.0), PricedTarget(target, vocab_size, machine.bytes_per_value)
     for _ in range(PACE_ITERATIONS):
-        cost = _coefficients([_at_pace(t, paces[cell]) for cell, own in by_cell.items() for t in own], target=target,
-                             vocab_size=vocab_size, drafts=drafts, k=k, machine=machine)
-        logs = {cell: np.mean([np.log(t.round_s / modeled_sections(cost, t, target=target, vocab_size=vocab_size,
-                                                                    drafts=drafts, k=k, bytes_per_value=value_bytes))
+        cost = _coefficients([_at_pace(t, paces[cell]) for cell, own in by_cell.items() for t in own], target=priced,
+                             drafts=drafts, k=k, machine=machine)
+        logs = {cell: np.mean([np.log(t.round_s / modeled_sections(cost, t, target=priced, drafts=drafts, k=k))
                                for t in own]) for cell, own in by_cell.items()}
         center = np.mean(list(logs.values()))
         moved, paces = paces, {cell: float(np.exp(v - center)) for cell, v in logs.items()}
@@ -142,14 +142,14 @@ def _at_pace(timing: LoopTiming, pace: float) -> LoopTiming:
                                bookkeeping_s=timing.bookkeeping_s / pace)
 
 
-def _coefficients(timings: list[LoopTiming], *, target: ModelShape, vocab_size: int, drafts: dict[str, DraftShape],
-                  k: int, machine: Machine) -> ProfiledCost:
+def _coefficients(timings: list[LoopTiming], *, target: PricedTarget, drafts: dict[str, DraftShape], k: int,
+                  machine: Machine) -> ProfiledCost:
     """`fit`'s four stages on timings at pace 1."""
     cost = ProfiledCost(float(machine.peak_flops), float(machine.bandwidth))
-    bytes_per_value = machine.bytes_per_value
-    forwards = [(forward_work(target, vocab_size, t.batch, 1, ad_keys(t.context, t.new_tokens),
+    shape, vocab_size, bytes_per_value = target.shape, target.vocab_size, target.bytes_per_value
+    forwards = [(forward_work(shape, vocab_size, t.batch, 1, ad_keys(t.context, t.new_tokens),
                               bytes_per_value=bytes_per_value), t.verify_s) for t in timings if t.method == "ad"]
-    forwards += [(forward_work(target, vocab_size, t.batch, k + 1, sd_keys(t.context, t.new_tokens, k),
+    forwards += [(forward_work(shape, vocab_size, t.batch, k + 1, sd_keys(t.context, t.new_tokens, k),
                                bytes_per_value=bytes_per_value), t.verify_s)
                  for t in timings if t.method != "ad" and not drafts[t.method].memory_layers
                  and not drafts[t.method].scores]  # a verification that also writes memory or scores is not plain
@@ -171,9 +171,8 @@ def _coefficients(timings: list[LoopTiming], *, target: ModelShape, vocab_size: 
     for method in sorted({t.method for t in timings} - {"ad"}):
         own = [t for t in timings if t.method == method]
         measured = np.array([t.round_s for t in own])
-        modeled = np.array([round_seconds(cost, drafts[method], target, vocab_size, t.batch, k,
-                                          sd_keys(t.context, t.new_tokens, k), bytes_per_value, overhead=False)
-                            for t in own])
+        modeled = np.array([round_seconds(cost, drafts[method], target, t.batch, k,
+                                          sd_keys(t.context, t.new_tokens, k), overhead=False) for t in own])
         a = np.array([[1.0, t.batch] for t in own]) / measured[:, None]
         round_s, per_row = np.linalg.lstsq(a, 1.0 - modeled / measured, rcond=None)[0]
         overheads[method] = DraftOverhead(float(round_s), float(per_row))
@@ -203,13 +202,12 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def modeled_sections(cost: ProfiledCost, timing: LoopTiming, *, target: ModelShape, vocab_size: int,
-                     drafts: dict[str, DraftShape], k: int, bytes_per_value: float = 4.0) -> float:
+def modeled_sections(cost: ProfiledCost, timing: LoopTiming, *, target: PricedTarget, drafts: dict[str, DraftShape],
+                     k: int) -> float:
     """What the model says one round (AD: one step) of `timing` takes, at its cell's pace: the
     seconds its fit is judged on, against `timing.round_s`."""
     pace = cost.pace(timing.batch, timing.context)
     if timing.method == "ad":
-        return pace * ad_step_seconds(cost, target, vocab_size, timing.batch,
-                                       ad_keys(timing.context, timing.new_tokens), bytes_per_value)
-    return pace * round_seconds(cost, drafts[timing.method], target, vocab_size, timing.batch, k,
-                                 sd_keys(timing.context, timing.new_tokens, k), bytes_per_value)
+        return pace * ad_step_seconds(cost, target, timing.batch, ad_keys(timing.context, timing.new_tokens))
+    return pace * round_seconds(cost, drafts[timing.method], target, timing.batch, k,
+                                 sd_keys(timing.context, timing.new_tokens, k))

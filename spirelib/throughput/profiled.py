@@ -8,7 +8,8 @@ adds those costs as a few coefficients (`ProfiledCost`): the roofline's peak and
 this machine's calibration, pinned; only the overheads are fitted (`profile_fit.fit`), to the engine's own
 sections timed inside real decoding rounds, so that they cannot trade against the rates. An AD
 step is one target forward and one draw (`ad_step_seconds`); a speculative round is the draft's
-passes, verification, bookkeeping and the method's own overhead (`round_seconds`), and a batch
+passes, verification, bookkeeping and the method's own overhead (`round_seconds`), each priced
+against the target's shape, vocabulary and bytes per value (`PricedTarget`), and a batch
 decodes in lockstep until its slowest row is done (`acceptance.expected_rounds`).
 
 Numpy only, like the paper's model.
@@ -146,6 +147,17 @@ class ProfiledCost:
 
 
 @dataclass(frozen=True)
+class PricedTarget:
+    """The target a decoding round is priced against: its layer stack, its vocabulary (the logits
+    each of its forwards writes and each draw reads) and the bytes one value takes in the dtype it
+    decodes in (its weights and caches, and its drafts')."""
+
+    shape: ModelShape
+    vocab_size: int
+    bytes_per_value: float = 4.0
+
+
+@dataclass(frozen=True)
 class DraftShape:
     """What the profiled model needs of a draft method beyond its card (`methods.card`: its passes,
     whether its verification scores every key): its draft model's layer stack (None: the target
@@ -182,12 +194,12 @@ class DraftShape:
         return tuple(p for p in card(self.method).round(k) if not p.verify)
 
 
-def ad_step_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, context: int,
-                    bytes_per_value: float = 4.0) -> float:
+def ad_step_seconds(cost: ProfiledCost, target: PricedTarget, batch: int, context: int) -> float:
     """One autoregressive step: one token per row over `context` keys, with logits, and a draw
     from its (B, V) probabilities."""
-    return (cost.seconds(forward_work(target, vocab_size, batch, 1, context, bytes_per_value=bytes_per_value))
-            + cost.sampling(batch, vocab_size))
+    return (cost.seconds(forward_work(target.shape, target.vocab_size, batch, 1, context,
+                                      bytes_per_value=target.bytes_per_value))
+            + cost.sampling(batch, target.vocab_size))
 
 
 def ad_keys(context: int, new_tokens: int) -> int:
@@ -202,43 +214,42 @@ def sd_keys(context: int, new_tokens: int, k: int) -> int:
     return context + new_tokens + 2 * k
 
 
-def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int,
-                    k: int, dense_keys: int, bytes_per_value: float = 4.0) -> float:
+def propose_seconds(cost: ProfiledCost, draft: DraftShape, target: PricedTarget, batch: int, k: int,
+                    dense_keys: int) -> float:
     """The draft's k passes as the engine runs them, each followed by a draw from (B, V)
     probabilities, priced by their forwards alone (no `DraftOverhead`), as its card lists them
     (the vanilla draft's first pass runs two tokens, the one before the pending one again);
     a SPIRe pass also projects its feedback memory (one K/V projection per layer). A pass over
     a dense cache reads `dense_keys` (its capacity); a sparse draft its sink + window."""
-    works = draft_work(draft, target, vocab_size, batch, k, dense_keys, bytes_per_value)
-    memory = _memory_weights(draft, draft.shape if draft.shape is not None else target)
+    works = draft_work(draft, target, batch, k, dense_keys)
+    memory = _memory_weights(draft, draft.shape if draft.shape is not None else target.shape)
     # prompt lookup runs no pass and draws nothing: its matching is its fitted overhead
     return sum(cost.seconds(dataclasses.replace(w, flops=w.flops + 2.0 * memory * batch))
-               + cost.sampling(batch, vocab_size) for w in works)
+               + cost.sampling(batch, target.vocab_size) for w in works)
 
 
-def draft_work(draft: DraftShape, target: ModelShape, vocab_size: int, batch: int, k: int, dense_keys: int,
-               bytes_per_value: float = 4.0) -> list[ForwardWork]:
+def draft_work(draft: DraftShape, target: PricedTarget, batch: int, k: int, dense_keys: int) -> list[ForwardWork]:
     """The work of the draft's passes in a round, as its card lists them (`DraftShape.passes`):
     its model's (a self-draft's: the target's) forwards over `dense_keys` (a dense cache's
     capacity) or, for a sparse draft, its budget's keys, with the weights it runs beyond its layer
     stack (`perfmodel.fused_params`)."""
-    shape = draft.shape if draft.shape is not None else target
+    shape, value_bytes = draft.shape if draft.shape is not None else target.shape, target.bytes_per_value
     keys = dense_keys if draft.keys is None else min(dense_keys, draft.keys)
     fused = fused_params(draft.method, shape)  # EAGLE-3's fusion and its 2 d wide W_q, W_k, W_v
-    return [dataclasses.replace(w, flops=w.flops + 2.0 * fused * batch * p.new, bytes=w.bytes + fused * bytes_per_value)
+    return [dataclasses.replace(w, flops=w.flops + 2.0 * fused * batch * p.new, bytes=w.bytes + fused * value_bytes)
             for p in draft.passes(k)
-            for w in [forward_work(shape, vocab_size, batch, p.new, keys, bytes_per_value=bytes_per_value)]]
+            for w in [forward_work(shape, target.vocab_size, batch, p.new, keys, bytes_per_value=value_bytes)]]
 
 
-def accept_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, batch: int, k: int,
-                   bytes_per_value: float = 4.0) -> float:
+def accept_seconds(cost: ProfiledCost, draft: DraftShape, target: PricedTarget, batch: int, k: int) -> float:
     """The draft's `accept` of k + 1 verified positions priced by its work alone: SPIRe
     projects their target activations into its memory keys/values (other drafts: nothing)."""
-    memory = _memory_weights(draft, draft.shape if draft.shape is not None else target)
+    memory = _memory_weights(draft, draft.shape if draft.shape is not None else target.shape)
     if not memory:
         return 0.0
     return (cost.per_layer_s * draft.memory_layers
-            + max(2.0 * memory * batch * (k + 1) / cost.flops_per_s, memory * bytes_per_value / cost.bytes_per_s))
+            + max(2.0 * memory * batch * (k + 1) / cost.flops_per_s,
+                  memory * target.bytes_per_value / cost.bytes_per_s))
 
 
 def _memory_weights(draft: DraftShape, shape: ModelShape) -> int:
@@ -254,16 +265,16 @@ def scored(work: ForwardWork, target: ModelShape, bytes_per_value: float = 4.0) 
                                attention_flops=1.5 * work.attention_flops)
 
 
-def verify_seconds(cost: ProfiledCost, target: ModelShape, vocab_size: int, batch: int, k: int, dense_keys: int,
-                   bytes_per_value: float = 4.0, scores: bool = False) -> float:
+def verify_seconds(cost: ProfiledCost, target: PricedTarget, batch: int, k: int, dense_keys: int,
+                   scores: bool = False) -> float:
     """The target's forward over the pending token and the k drafted ones, reading `dense_keys`;
     with `scores` (the guided draft) its queries score every key once more (`scored`)."""
-    w = forward_work(target, vocab_size, batch, k + 1, dense_keys, bytes_per_value=bytes_per_value)
-    return cost.seconds(scored(w, target, bytes_per_value) if scores else w)
+    w = forward_work(target.shape, target.vocab_size, batch, k + 1, dense_keys, bytes_per_value=target.bytes_per_value)
+    return cost.seconds(scored(w, target.shape, target.bytes_per_value) if scores else w)
 
 
-def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, vocab_size: int, batch: int, k: int,
-                  dense_keys: int, bytes_per_value: float = 4.0, overhead: bool = True) -> float:
+def round_seconds(cost: ProfiledCost, draft: DraftShape, target: PricedTarget, batch: int, k: int, dense_keys: int,
+                  overhead: bool = True) -> float:
     """One speculative round: the draft's k passes (`propose_seconds`, each followed by a draw from
     (B, V) probabilities), the target verifying k + 1 tokens (`verify_seconds`), the bookkeeping
     (`speculative.Rows.settle`: rejection sampling over (B, k + 1, V), the emitted tokens, the
@@ -271,19 +282,18 @@ def round_seconds(cost: ProfiledCost, draft: DraftShape, target: ModelShape, voc
     beyond all of these (its Python, MagicDec's ring, SPIRe's memory and the target-stream
     capture): its fitted `DraftOverhead`, round_s + round_per_row_s x B. Forwards over a dense cache read
     `dense_keys` (`sd_keys`)."""
-    return (propose_seconds(cost, draft, target, vocab_size, batch, k, dense_keys, bytes_per_value)
-            + verify_seconds(cost, target, vocab_size, batch, k, dense_keys, bytes_per_value, draft.scores)
-            + cost.bookkeeping(batch, k, vocab_size) + accept_seconds(cost, draft, target, batch, k, bytes_per_value)
+    return (propose_seconds(cost, draft, target, batch, k, dense_keys)
+            + verify_seconds(cost, target, batch, k, dense_keys, draft.scores)
+            + cost.bookkeeping(batch, k, target.vocab_size) + accept_seconds(cost, draft, target, batch, k)
             + (cost.draft(draft.method).seconds(batch) if overhead else 0.0))
 
 
-def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: ModelShape, vocab_size: int, batch: int,
-            context: int, new_tokens: int, k: int, bytes_per_value: float = 4.0) -> float:
+def speedup(cost: ProfiledCost, draft: DraftShape, tau: float, target: PricedTarget, batch: int, context: int,
+            new_tokens: int, k: int) -> float:
     """SD tokens/s over AD tokens/s while G = `new_tokens` tokens are generated per row after a
     context of `context`: G AD steps against the `expected_rounds` a batch of B rows needs at
     this tau, every forward over a dense cache reading its whole capacity (L + G for AD,
     L + G + 2k for speculative decoding); the sparse drafts read their sink + window."""
-    ad = new_tokens * ad_step_seconds(cost, target, vocab_size, batch, ad_keys(context, new_tokens), bytes_per_value)
+    ad = new_tokens * ad_step_seconds(cost, target, batch, ad_keys(context, new_tokens))
     rounds = expected_rounds(min(tau, k + 1.0), k, new_tokens, batch)
-    return ad / (rounds * round_seconds(cost, draft, target, vocab_size, batch, k, sd_keys(context, new_tokens, k),
-                                        bytes_per_value))
+    return ad / (rounds * round_seconds(cost, draft, target, batch, k, sd_keys(context, new_tokens, k)))

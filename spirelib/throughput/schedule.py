@@ -123,25 +123,37 @@ def modeled_table(method: str, acceptance: Acceptance, B, L, target, draft=None,
     return Table(np.arange(1, k_max + 1), B, tau[:, None] / dt, low[:, None] / dt, high[:, None] / dt)
 
 
-def profiled_table(cost: profiled.ProfiledCost, draft: profiled.DraftShape, acceptance: Acceptance, B, L: int,
-                   target: perfmodel.ModelShape, vocab_size: int, new_tokens: int, *, bytes_per_value: float,
-                   error: float, k_max: int | None = None) -> Table:
-    """The profiled cost model of this machine (`profiled.speedup`: G = `new_tokens` tokens per
+@dataclass(frozen=True)
+class ProfiledPricing:
+    """This machine's profiled cost model as a schedule prices with it (`profiled_table`): the fitted
+    `cost`, the `target` it prices rounds against, G = `new_tokens` generated per row, and the
+    model's own relative `error` against the clock (notebook 09's median |profiled / measured - 1|),
+    which widens every interval it gives."""
+
+    cost: profiled.ProfiledCost
+    target: profiled.PricedTarget
+    new_tokens: int
+    error: float
+
+
+def profiled_table(pricing: ProfiledPricing, draft: profiled.DraftShape, acceptance: Acceptance, B, L: int,
+                   k_max: int | None = None) -> Table:
+    """The profiled cost model of this machine (`profiled.speedup` under `pricing`: G tokens per
     row after a context of L, the batch's slowest row setting its rounds) at every batch size of
-    `B` and k = 1..k_max. The interval is tau's, widened by the model's own relative `error`
-    against the clock (notebook 09's median |profiled / measured - 1|): low / (1 + error),
-    high x (1 + error)."""
+    `B` and k = 1..k_max. The interval is tau's, widened by the model's own relative error
+    against the clock: low / (1 + error), high x (1 + error)."""
     B = np.asarray(B)
     if B.ndim != 1 or B.size == 0 or np.any(np.diff(B) <= 0) or np.any(B < 1):
         raise ValueError(f"B must be increasing batch sizes >= 1, got {B!r}")
+    error = pricing.error
     if not (np.isfinite(error) and error >= 0):
         raise ValueError(f"error must be a non-negative fraction, got {error!r}")
     k_max = acceptance.k_max() if k_max is None else k_max
     taus = acceptance.taus(k_max)  # tau, low, high: (K,) each
 
     def speedups(tau: np.ndarray) -> np.ndarray:  # (K, N)
-        return np.array([[profiled.speedup(cost, draft, float(tau[k - 1]), target, vocab_size, int(b), int(L),
-                                           new_tokens, k, bytes_per_value) for b in B] for k in range(1, k_max + 1)])
+        return np.array([[profiled.speedup(pricing.cost, draft, float(tau[k - 1]), pricing.target, int(b), int(L),
+                                           pricing.new_tokens, k) for b in B] for k in range(1, k_max + 1)])
 
     tm, low, high = (speedups(t) for t in taus)
     return Table(np.arange(1, k_max + 1), B, tm, low / (1 + error), high * (1 + error))

@@ -123,8 +123,8 @@ def method_schedules(inp: Inputs, method: str) -> dict:
                    "bytes_per_value": BYTES_PER_VALUE[inp.dtype], "shapes": inp.shapes,
                    "context": inp.context, "length_spread": inp.length_spread,
                    "model": ("this machine's profiled cost model (notebook 09), interval from tau's 95% CI widened "
-                             f"by its median |error| {inp.profiled['error']:.3f} (its largest on the held-out cells: "
-                             f"{inp.profiled['held_out_max_error'] or float('nan'):.3f})" if inp.profiled else
+                             f"by its median |error| {inp.profiled.pricing.error:.3f} (its largest on the held-out "
+                             f"cells: {inp.profiled.held_out_max_error or float('nan'):.3f})" if inp.profiled else
                              "paper's throughput model (method §2), interval from tau's 95% CI"),
                    "k_searched": f"1..{int(table.ks[-1])}" + (
                        f", capped at the measured depth {inp.acceptance[method].depth} (the per-position curve is "

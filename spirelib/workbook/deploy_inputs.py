@@ -27,7 +27,7 @@ from spirelib.throughput.hardware import BYTES_PER_VALUE, Hardware, hardware_tab
 from spirelib.throughput.methods import DECODED, card
 from spirelib.throughput.recorded import DeployError, recorded_acceptance, timed_machine
 from spirelib.throughput.scenarios import Scenario
-from spirelib.throughput.schedule import Acceptance, Table, modeled_table, profiled_table, schedule
+from spirelib.throughput.schedule import Acceptance, ProfiledPricing, Table, modeled_table, profiled_table, schedule
 from spirelib.training.series import Series
 from spirelib.workbook.results import read_json
 
@@ -117,7 +117,7 @@ class Inputs:
     contexts: tuple[int, ...]
     shapes: str
     run: str
-    profiled: dict | None = None  # the profiled model of this machine (notebook 09): see `profiled_inputs`
+    profiled: ProfiledModel | None = None  # the profiled model of this machine (notebook 09): `profiled_inputs`
     graph_bs: tuple[int, ...] = engines.CUDA_GRAPH_BS  # SGLang's captured CUDA-graph batch sizes
     min_context_run: int = MIN_CONTEXT_RUN  # tokens: see `schedule.min_context_run`
     min_batch_run: int = 1  # batch sizes the narrowest range spans: see `schedule.schedule`
@@ -137,11 +137,8 @@ class Inputs:
     def table(self, method: str, context: int | None = None) -> Table:
         """`method`'s multipliers per k and B at `context` (default: the context mix)."""
         if self.profiled is not None:
-            p = self.profiled
-            return profiled_table(p["cost"], p["drafts"][method], self.acceptance[method],
-                                  np.arange(1, self.max_batch + 1), self.context if context is None else context,
-                                  p["target"], p["vocab_size"], p["new_tokens"], bytes_per_value=p["bytes_per_value"],
-                                  error=p["error"])
+            return profiled_table(self.profiled.pricing, self.profiled.drafts[method], self.acceptance[method],
+                                  np.arange(1, self.max_batch + 1), self.context if context is None else context)
         s = self.scenario
         kwargs = {key: v for key, v in s.model_kwargs().items() if key != "k"}
         return modeled_table(method, self.acceptance[method], np.arange(1, self.max_batch + 1), self.mix(context),
@@ -201,11 +198,22 @@ def _scenario(run: dict, shapes: str, hardware: Hardware, dtype: str):
     return scenarios[f"{shapes} shapes"].with_hardware(hardware, dtype), shapes
 
 
-def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
+@dataclasses.dataclass(frozen=True)
+class ProfiledModel:
+    """Notebook 09's profiled model as `--model profiled` schedules with it: how it prices
+    (`schedule.ProfiledPricing`: its cost, the series' target in the machine's dtype, G, its median
+    |error| against the clock), each draft's `profiled.DraftShape` (09's own,
+    `wallclock.profiled_draft_shapes`) and its largest error on the cells its fit never saw (None:
+    none was held out)."""
+
+    pricing: ProfiledPricing
+    drafts: dict[str, profiled.DraftShape]
+    held_out_max_error: float | None = None
+
+
+def profiled_inputs(results: dict, run: dict) -> tuple[ProfiledModel, Hardware, str]:
     """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
-    prices: the series' target, each draft's `profiled.DraftShape` (09's own,
-    `wallclock.profiled_draft_shapes`), the vocabulary, G, the bytes per value and the model's
-    median |error| against the clock; and the calibrated machine as a Hardware entry with its dtype."""
+    prices (`ProfiledModel`); and the calibrated machine as a Hardware entry with its dtype."""
     model, machine = results.get("09_measured_vs_modeled", {}).get("profiled_model"), timed_machine(results)
     if not model or machine.peak_flops is None:
         raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
@@ -218,9 +226,9 @@ def profiled_inputs(results: dict, run: dict) -> tuple[dict, Hardware, str]:
     dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
     device = Hardware("this-machine", {dtype: float(machine.peak_flops)}, float(machine.bandwidth),
                       f"notebook 09's calibration ({machine.device or '?'})")
-    return ({"cost": cost, "drafts": drafts, "target": target.shape(), "vocab_size": target.vocab_size,
-             "new_tokens": series.new_tokens, "bytes_per_value": value_bytes, "error": float(model["median_error"]),
-             "held_out_max_error": model.get("held_out_max_error")}, device, dtype)
+    pricing = ProfiledPricing(cost, profiled.PricedTarget(target.shape(), target.vocab_size, value_bytes),
+                              series.new_tokens, float(model["median_error"]))
+    return ProfiledModel(pricing, drafts, model.get("held_out_max_error")), device, dtype
 
 
 # parameters: spire deploy's options, one keyword per flag (docs/deploy.md), checked together first

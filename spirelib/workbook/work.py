@@ -31,7 +31,7 @@ from spirelib.model.transformer import Transformer
 from spirelib.throughput.acceptance import expected_rounds
 from spirelib.throughput.hardware import HARDWARE
 from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
-from spirelib.throughput.profiled import DraftShape, draft_work, forward_work
+from spirelib.throughput.profiled import DraftShape, PricedTarget, draft_work, forward_work
 from spirelib.training import pipeline
 from spirelib.training.checkpoint import finished_checkpoint
 from spirelib.training.config import TrainConfig
@@ -226,7 +226,7 @@ def _decode_item(notebook: str, what: str, probe: dict, job: Decodes, pricing: P
         rounds = expected_rounds(taus.get(m, unknown), k, new_tokens, batch)
         seconds += share[m] * rounds * probe["round_s"][m]
         high += share[m] * slowest * probe["round_s"][m]
-        passes = draft_work(pricing.shapes[m], cfg.shape(), cfg.vocab_size, batch, k, keys)
+        passes = draft_work(pricing.shapes[m], PricedTarget(cfg.shape(), cfg.vocab_size), batch, k, keys)
         flops += share[m] * rounds * (verify.flops + sum(w.flops for w in passes))
         moved += share[m] * rounds * (verify.bytes + sum(w.bytes for w in passes))
     if job.ad:

@@ -33,6 +33,11 @@ def test_forward_work_counts_body_attention_unembedding_and_kv_traffic():
 TARGET = ModelShape(num_layers=4, d_model=16, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=32)
 DRAFTS = {"vanilla": profiled.DraftShape("vanilla", SHAPE), "magicdec": profiled.DraftShape("magicdec", None, KVBudget(1, 68)),
           "spire": profiled.DraftShape("spire", SHAPE, KVBudget(1, 69), memory_layers=2)}
+def priced(vocab_size: int) -> profiled.PricedTarget:
+    """TARGET with a vocabulary of `vocab_size`, in fp32, as a round is priced against it."""
+    return profiled.PricedTarget(TARGET, vocab_size, 4.0)
+
+
 TRUE = profiled.ProfiledCost(flops_per_s=1e11, bytes_per_s=1e10, per_layer_s=5e-5, per_token_layer_s=3e-7,
                              multi_token_layer_s=4e-5, per_key_s=2e-9, attention_flops_per_s=4e10, sampling_s=3e-5,
                              sampling_per_logit_s=1e-9, bookkeeping_s=1e-4, bookkeeping_per_logit_s=2e-9,
@@ -50,9 +55,9 @@ def loop(cost, method, B, L, G=64, k=4, V=100):
         forward = cost.seconds(profiled.forward_work(TARGET, V, B, 1, profiled.ad_keys(L, G)))
         return profile_fit.LoopTiming("ad", B, L, G, 0.0, forward, cost.sampling(B, V))
     keys = profiled.sd_keys(L, G, k)
-    verify = profiled.verify_seconds(cost, TARGET, V, B, k, keys)
+    verify = profiled.verify_seconds(cost, priced(V), B, k, keys)
     book = cost.bookkeeping(B, k, V)
-    total = profiled.round_seconds(cost, DRAFTS[method], TARGET, V, B, k, keys)
+    total = profiled.round_seconds(cost, DRAFTS[method], priced(V), B, k, keys)
     if DRAFTS[method].memory_layers:  # SPIRe's verification also keeps the target's stream, priced in its overhead
         verify *= 1.1
     return profile_fit.LoopTiming(method, B, L, G, total - verify - book, verify, book)
@@ -72,7 +77,7 @@ def test_fit_recovers_the_coefficients_it_was_made_with_and_pins_the_calibrated_
         assert got.draft(method).round_s == pytest.approx(TRUE.draft(method).round_s, rel=1e-6)
         assert got.draft(method).round_per_row_s == pytest.approx(TRUE.draft(method).round_per_row_s, rel=1e-6)
     for t in timings:
-        assert profile_fit.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+        assert profile_fit.modeled_sections(got, t, target=priced(100), drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-6)
 
 
@@ -92,10 +97,10 @@ def test_fit_recovers_each_cells_own_pace_with_the_coefficients():
     for name in COEFFICIENTS:
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-5), name
     for t in timings:
-        assert profile_fit.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+        assert profile_fit.modeled_sections(got, t, target=priced(100), drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-5)
-    assert profiled.speedup(got, DRAFTS["magicdec"], 3.0, TARGET, 100, 64, 960, 64, 4) == pytest.approx(
-        profiled.speedup(TRUE, DRAFTS["magicdec"], 3.0, TARGET, 100, 64, 960, 64, 4), rel=1e-5)
+    assert profiled.speedup(got, DRAFTS["magicdec"], 3.0, priced(100), 64, 960, 64, 4) == pytest.approx(
+        profiled.speedup(TRUE, DRAFTS["magicdec"], 3.0, priced(100), 64, 960, 64, 4), rel=1e-5)
 
 
 def test_a_single_token_forward_skips_the_multi_token_kernels_and_without_one_per_layer_prices_them():
@@ -112,7 +117,7 @@ def test_a_single_token_forward_skips_the_multi_token_kernels_and_without_one_pe
     assert got.multi_token_layer_s == 0.0
     assert got.per_layer_s == pytest.approx(TRUE.per_layer_s + TRUE.multi_token_layer_s, rel=1e-6)
     for t in timings:
-        assert profile_fit.modeled_sections(got, t, target=TARGET, vocab_size=100, drafts=DRAFTS, k=4) == pytest.approx(
+        assert profile_fit.modeled_sections(got, t, target=priced(100), drafts=DRAFTS, k=4) == pytest.approx(
             t.round_s, rel=1e-6)
 
 
@@ -140,23 +145,23 @@ def test_a_round_is_the_drafts_passes_the_verification_the_bookkeeping_the_accep
     cost = profiled.ProfiledCost(1e11, 1e10, per_layer_s=1e-5, per_token_layer_s=1e-7, bookkeeping_s=3e-5,
                                  sampling_s=2e-5)
     verify = cost.seconds(profiled.forward_work(TARGET, 100, 8, 5, 105))
-    assert profiled.verify_seconds(cost, TARGET, 100, 8, 4, 105) == verify
+    assert profiled.verify_seconds(cost, priced(100), 8, 4, 105) == verify
     vanilla = DRAFTS["vanilla"]
     passes = cost.seconds(profiled.forward_work(SHAPE, 100, 8, 2, 105)) + 3 * cost.seconds(
         profiled.forward_work(SHAPE, 100, 8, 1, 105))
-    assert profiled.round_seconds(cost, vanilla, TARGET, 100, 8, 4, 105) == pytest.approx(
+    assert profiled.round_seconds(cost, vanilla, priced(100), 8, 4, 105) == pytest.approx(
         passes + verify + 3e-5 + 4 * 2e-5)  # one draw per draft pass
     magicdec = DRAFTS["magicdec"]
-    assert profiled.round_seconds(cost, magicdec, TARGET, 100, 8, 4, 105) == pytest.approx(
+    assert profiled.round_seconds(cost, magicdec, priced(100), 8, 4, 105) == pytest.approx(
         4 * (cost.seconds(profiled.forward_work(TARGET, 100, 8, 1, 70)) + 2e-5) + verify + 3e-5)
     plain = profiled.DraftShape("spire", SHAPE, KVBudget(1, 69))
-    assert profiled.round_seconds(cost, DRAFTS["spire"], TARGET, 100, 8, 4, 105) > profiled.round_seconds(
-        cost, plain, TARGET, 100, 8, 4, 105)  # its memory writes
+    assert profiled.round_seconds(cost, DRAFTS["spire"], priced(100), 8, 4, 105) > profiled.round_seconds(
+        cost, plain, priced(100), 8, 4, 105)  # its memory writes
     over = dataclasses.replace(cost, drafts={"magicdec": profiled.DraftOverhead(1e-4, 2e-6)})
-    assert profiled.round_seconds(over, magicdec, TARGET, 100, 8, 4, 105) == pytest.approx(
-        profiled.round_seconds(cost, magicdec, TARGET, 100, 8, 4, 105) + 1e-4 + 8 * 2e-6)
+    assert profiled.round_seconds(over, magicdec, priced(100), 8, 4, 105) == pytest.approx(
+        profiled.round_seconds(cost, magicdec, priced(100), 8, 4, 105) + 1e-4 + 8 * 2e-6)
     # an AD step is a forward and a draw
-    assert profiled.ad_step_seconds(cost, TARGET, 100, 8, 105) == pytest.approx(
+    assert profiled.ad_step_seconds(cost, priced(100), 8, 105) == pytest.approx(
         cost.seconds(profiled.forward_work(TARGET, 100, 8, 1, 105)) + 2e-5)
 
 
@@ -166,9 +171,9 @@ def test_speedup_prices_the_rounds_a_batch_needs_until_its_slowest_row_is_done()
     cost = profiled.ProfiledCost(1e11, 1e10, per_layer_s=1e-5, per_token_layer_s=1e-7)
     for draft in (DRAFTS["vanilla"], DRAFTS["magicdec"]):
         for B in (1, 64):
-            got = profiled.speedup(cost, draft, 3.0, TARGET, 100, B, 500, 64, 4)
-            ad = profiled.ad_step_seconds(cost, TARGET, 100, B, 564)
-            rounds = profiled.round_seconds(cost, draft, TARGET, 100, B, 4, 572)
+            got = profiled.speedup(cost, draft, 3.0, priced(100), B, 500, 64, 4)
+            ad = profiled.ad_step_seconds(cost, priced(100), B, 564)
+            rounds = profiled.round_seconds(cost, draft, priced(100), B, 4, 572)
             assert got == pytest.approx(64 * ad / (expected_rounds(3.0, 4, 64, B) * rounds))
     assert expected_rounds(3.0, 4, 64, 64) > expected_rounds(3.0, 4, 64, 1) > 64 / 3.0
 
@@ -223,7 +228,7 @@ def test_the_fit_explains_real_rounds_timed_in_the_loop():
     loops = loop_timings(timings)
     cost = profile_fit.fit(loops, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3, machine=Machine(1e11, 1e10, 4.0))
     assert set(cost.drafts) == set(factories) and cost.per_layer_s + cost.per_token_layer_s > 0
-    errors = [profile_fit.modeled_sections(cost, t, target=cfg.shape(), vocab_size=64, drafts=shapes, k=3) / t.round_s - 1
+    errors = [profile_fit.modeled_sections(cost, t, target=profiled.PricedTarget(cfg.shape(), 64), drafts=shapes, k=3) / t.round_s - 1
               for t in loops]
     assert statistics.median(abs(e) for e in errors) < 0.3  # timing noise, not a wrong model
 
@@ -239,12 +244,12 @@ def test_the_guided_draft_pays_its_scoring_in_the_verification_and_prompt_lookup
     keys_again = 8 * 105 * 4 * 2 * 8 * 4.0  # B x keys x layers x n_kv x d_head, 4 bytes each
     scored = dataclasses.replace(w, flops=w.flops + w.attention_flops / 2, attention_flops=1.5 * w.attention_flops,
                                  bytes=w.bytes + keys_again)
-    assert profiled.verify_seconds(cost, TARGET, 100, 8, 4, 105, scores=True) == pytest.approx(cost.seconds(scored))
+    assert profiled.verify_seconds(cost, priced(100), 8, 4, 105, scores=True) == pytest.approx(cost.seconds(scored))
     assert cost.seconds(scored) > cost.seconds(w)
     passes = 4 * (cost.seconds(profiled.forward_work(TARGET, 100, 8, 1, 66)) + 2e-5)
-    assert profiled.round_seconds(cost, GUIDED, TARGET, 100, 8, 4, 105) == pytest.approx(
+    assert profiled.round_seconds(cost, GUIDED, priced(100), 8, 4, 105) == pytest.approx(
         passes + cost.seconds(scored) + 3e-5)
-    assert profiled.round_seconds(cost, LOOKUP, TARGET, 100, 8, 4, 105) == pytest.approx(cost.seconds(w) + 3e-5)
+    assert profiled.round_seconds(cost, LOOKUP, priced(100), 8, 4, 105) == pytest.approx(cost.seconds(w) + 3e-5)
 
 
 def test_the_fit_leaves_the_guided_drafts_scoring_verification_out_of_the_forward_coefficients():
@@ -256,9 +261,9 @@ def test_the_fit_leaves_the_guided_drafts_scoring_verification_out_of_the_forwar
         if method not in ("guided", "lookup"):
             return loop(true, method, B, L)
         keys = profiled.sd_keys(L, G, k)
-        verify = profiled.verify_seconds(true, TARGET, V, B, k, keys, scores=drafts[method].scores)
+        verify = profiled.verify_seconds(true, priced(V), B, k, keys, scores=drafts[method].scores)
         book = true.bookkeeping(B, k, V)
-        total = profiled.round_seconds(true, drafts[method], TARGET, V, B, k, keys)
+        total = profiled.round_seconds(true, drafts[method], priced(V), B, k, keys)
         return profile_fit.LoopTiming(method, B, L, G, total - verify - book, verify, book)
 
     timings = [timing(m, B, L) for B, L in GRID for m in ("ad", *drafts)]

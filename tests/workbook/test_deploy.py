@@ -19,6 +19,7 @@ from spirelib.throughput.methods import KVBudget, card
 from spirelib.throughput.scenarios import Scenario
 from spirelib.throughput.schedule import (
     Acceptance,
+    ProfiledPricing,
     Table,
     context_switches,
     expressed_cost,
@@ -379,10 +380,11 @@ def test_the_profiled_table_is_the_profiled_speedup_with_its_error_around_taus_i
     a = Acceptance(4.5, 0.3, 4, (0.93, 0.96, 0.99, 0.95))
     target = pm.ModelShape(2, 64, 2, 2, 16, 128)
     draft = profiled.DraftShape("spire", pm.ModelShape(1, 64, 2, 2, 16, 128), KVBudget(1, 16), memory_layers=1)
-    t = profiled_table(COST, draft, a, [1, 2, 4], 64, target, 256, 64, bytes_per_value=4, error=0.1)
+    priced = profiled.PricedTarget(target, 256, 4)
+    t = profiled_table(ProfiledPricing(COST, priced, 64, 0.1), draft, a, [1, 2, 4], 64)
     tau, low, _ = a.taus(4)
-    assert t.tm[2, 1] == pytest.approx(profiled.speedup(COST, draft, tau[2], target, 256, 2, 64, 64, 3, 4))
-    assert t.low[2, 1] == pytest.approx(profiled.speedup(COST, draft, low[2], target, 256, 2, 64, 64, 3, 4) / 1.1)
+    assert t.tm[2, 1] == pytest.approx(profiled.speedup(COST, draft, tau[2], priced, 2, 64, 64, 3))
+    assert t.low[2, 1] == pytest.approx(profiled.speedup(COST, draft, low[2], priced, 2, 64, 64, 3) / 1.1)
     assert np.all(t.low < t.tm) and np.all(t.tm < t.high)
 
 
@@ -398,11 +400,12 @@ def test_deploy_on_this_machine_uses_the_profiled_model_notebook_09_recorded(run
         deploy_inputs.inputs(run_dir, model="profiled", hardware="h100-sxm")
     inp = deploy_inputs.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64, methods=["spire"])
     assert inp.device == "this-machine" and inp.dtype == "fp32" and inp.hardware.hoi("fp32") == 4.0
-    draft = inp.profiled["drafts"]["spire"]
+    draft = inp.profiled.drafts["spire"]
     spire = Series.from_dict({}).spire  # the series' SPIRe: its sink + window, memory in every layer
     assert draft.keys == spire.sink + spire.window and draft.memory_layers == spire.num_layers
-    expected = profiled_table(COST, draft, inp.acceptance["spire"], np.arange(1, 5), 64, inp.profiled["target"], 256,
-                              64, bytes_per_value=4, error=0.1)
+    pricing = ProfiledPricing(COST, profiled.PricedTarget(Series.from_dict({}).target.shape(), 256, 4), 64, 0.1)
+    assert inp.profiled.pricing == pricing and inp.profiled.held_out_max_error == 0.5  # as 09 recorded it
+    expected = profiled_table(pricing, draft, inp.acceptance["spire"], np.arange(1, 5), 64)
     made = inp.table("spire")
     assert np.allclose(made.tm, expected.tm) and np.allclose(made.low, expected.low)
     deploy.write(inp, tmp_path / "cpu")
@@ -423,13 +426,12 @@ def test_the_profiled_model_prices_every_measured_draft_at_notebook_09s_own_shap
     monkeypatch.setattr(wallclock, "profiled_draft_shapes", lambda *a, **k: calls.append(shared(*a, **k)) or calls[-1])
     inp = deploy_inputs.inputs(run_dir, model="profiled", max_batch=4, contexts=(64,), context=64)
     assert set(inp.acceptance) == {"spire", "vanilla", "magicdec", "guided", "lookup"}
-    assert len(calls) == 1 and inp.profiled["drafts"] is calls[0]  # 09's shapes, the very object, none of its own
+    assert len(calls) == 1 and inp.profiled.drafts is calls[0]  # 09's shapes, the very object, none of its own
     series = Series.from_dict({})
     assert calls[0] == series.draft_shapes()
     assert calls[0]["guided"].scores and not calls[0]["lookup"].passes(4)
     for method in ("guided", "lookup"):
-        expected = profiled_table(COST, calls[0][method], inp.acceptance[method], np.arange(1, 5), 64,
-                                  inp.profiled["target"], 256, 64, bytes_per_value=4, error=0.1)
+        expected = profiled_table(inp.profiled.pricing, calls[0][method], inp.acceptance[method], np.arange(1, 5), 64)
         assert np.allclose(inp.table(method).tm, expected.tm)
 
 

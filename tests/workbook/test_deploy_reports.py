@@ -11,7 +11,7 @@ from spirelib.throughput import recorded as run_record
 from spirelib.throughput.acceptance import alpha_from_tau, best_k
 from spirelib.throughput.methods import KVBudget
 from spirelib.throughput.scenarios import Scenario
-from spirelib.throughput.schedule import Acceptance, Range, Schedule, profiled_table, schedule
+from spirelib.throughput.schedule import Acceptance, ProfiledPricing, Range, Schedule, profiled_table, schedule
 from spirelib.workbook.narrative import measured as measured_words
 from spirelib.workbook.narrative import perf as perf_words
 from spirelib.workbook.tables import costs, measured, perf
@@ -96,19 +96,18 @@ def test_09_chooses_per_cell_the_method_whose_schedule_predicts_the_most():
     assert run_record.acceptance_or_cells({"04_measure_tau": {"tau": {"spire": {"64": {"mean": 4.4, "ci95": 0.3}},
                                                                   "vanilla": {"64": {"mean": 2.7, "ci95": 0.2}}}}},
                                         cells, 4)[64]["spire"] == Acceptance(4.4, 0.3, 4)
-    choices = measured_cells.scheduled_choices(cells, COST, shapes, acceptance, target, 256, 64, bytes_per_value=4,
-                                         error=0.1)
+    pricing = ProfiledPricing(COST, profiled.PricedTarget(target, 256, 4), 64, 0.1)
+    choices = measured_cells.scheduled_choices(cells, pricing, shapes, acceptance)
     for B in (1, 2):
         options = []
         for m in ("spire", "vanilla"):
-            t = profiled_table(COST, shapes[m], acceptance[64][m], np.arange(1, 3), 64, target, 256, 64,
-                               bytes_per_value=4, error=0.1)
+            t = profiled_table(pricing, shapes[m], acceptance[64][m], np.arange(1, 3), 64)
             k = schedule(t).k_at(B)
             options.append((float(t.at(k)[0][B - 1]), m, k))
         predicted, method, k = max(options)
         assert k > 0 and choices[(B, 64)] == (method, k, predicted)
     hopeless = {64: {"spire": Acceptance(1.02, 0.0, 4), "vanilla": Acceptance(1.01, 0.0, 4)}}
-    off = measured_cells.scheduled_choices(cells, COST, shapes, hopeless, target, 256, 64, bytes_per_value=4, error=0.1)
+    off = measured_cells.scheduled_choices(cells, pricing, shapes, hopeless)
     assert set(off.values()) == {("ad", 0, 1.0)}
 
 

@@ -28,6 +28,7 @@ SPIRE = SpireConfig(num_layers=1, window=4)
 BUDGETS = {"magicdec": KVBudget(1, 8), "spire": KVBudget(SPIRE.sink, SPIRE.window)}
 MODELS = {"vanilla": DRAFT, "spire": DRAFT}
 COST = profiled.ProfiledCost(flops_per_s=1e10, bytes_per_s=1e10, per_layer_s=2e-5, sampling_s=3e-5)
+PRICED = profiled.PricedTarget(TARGET.shape(), TARGET.vocab_size, 4)  # in fp32, as 09 prices it
 
 
 def timing(method, seconds, tau=1.0, rounds=8, batch=2, context=16):
@@ -56,16 +57,15 @@ def test_profile_summary_names_every_term_and_the_fit_and_held_out_errors():
 
 def test_fit_rows_set_each_timings_round_against_the_model_and_say_if_the_fit_saw_it():
     shapes = profiled_draft_shapes(MODELS, BUDGETS, SPIRE)
-    rows = tables.fit_rows(TIMINGS, [TIMINGS[2]], COST, TARGET, shapes, bytes_per_value=4, k=4)
+    rows = tables.fit_rows(TIMINGS, [TIMINGS[2]], COST, PRICED, shapes, k=4)
     assert [(r["method"], r["role"]) for r in rows] == [("AD", "fitted"), ("vanilla SD", "fitted"),
                                                         ("SPIRe", "held out")]
-    ad = profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 32, 4)
+    ad = profiled.ad_step_seconds(COST, PRICED, 2, 32)
     assert rows[0]["measured"] == pytest.approx(1e3 * (0.02 + 0.01) * 0.75 / 2 / 16)  # draft + verify of a step
     assert rows[0]["profiled"] == pytest.approx(1e3 * ad)
     assert rows[0]["error"] == pytest.approx(rows[0]["profiled"] / rows[0]["measured"] - 1)
     paced = dataclasses.replace(COST, paces={(2, 16): 1.25})  # the fitted cell's own pace prices its rounds
-    assert tables.fit_rows(TIMINGS, [], paced, TARGET, shapes, bytes_per_value=4, k=4)[0]["profiled"] == pytest.approx(
-        1.25 * 1e3 * ad)
+    assert tables.fit_rows(TIMINGS, [], paced, PRICED, shapes, k=4)[0]["profiled"] == pytest.approx(1.25 * 1e3 * ad)
 
 
 def test_the_timed_cells_are_the_grid_and_the_held_out_cells_beyond_it():
@@ -112,7 +112,7 @@ def test_speedup_cells_add_the_profiled_model():
     unprofiled = [dataclasses.replace(c, profiled_speedup=None, profiled_error=None, held_out=False) for c in cells]
     assert unprofiled == modeled_speedups(TIMINGS, TARGET, shapes, **kw)
     spire = cells[1]
-    expected = profiled.speedup(COST, shapes["spire"], 3.0, TARGET.shape(), TARGET.vocab_size, 2, 16, 16, 4, 4)
+    expected = profiled.speedup(COST, shapes["spire"], 3.0, PRICED, 2, 16, 16, 4)
     assert spire.profiled_speedup == pytest.approx(expected)
     assert spire.profiled_error == pytest.approx(expected / spire.measured_speedup - 1)
     assert spire.held_out and spire.runs == 2
@@ -128,7 +128,7 @@ def test_ad_step_rows():
     assert row["measured"] == pytest.approx(1e3 * 0.015 / 16) and row["modeled"] == pytest.approx(1e3 * modeled)
     assert row["ratio"] == pytest.approx(0.015 / 16 / modeled)
     # a step reads its cache's whole capacity L + G
-    assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, TARGET.shape(), 64, 2, 16 + 16, 4))
+    assert row["profiled"] == pytest.approx(1e3 * profiled.ad_step_seconds(COST, PRICED, 2, 16 + 16))
     (paced,) = tables.ad_step_rows(TIMINGS, TARGET, dataclasses.replace(COST, paces={(2, 16): 0.8}), machine=machine,
                                    new_tokens=16)
     assert paced["profiled"] == pytest.approx(0.8 * row["profiled"])  # at its cell's fitted pace

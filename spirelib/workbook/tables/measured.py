@@ -31,16 +31,15 @@ FLOP_COLUMNS = {"model": "model", "L": "L", "body": "body FLOPs per token (model
                 "unembedding": "unembedding / body"}
 
 
-def fit_rows(timings: list[DecodeTiming], held_out: list[DecodeTiming], cost: profiled.ProfiledCost, target,
-             drafts: dict[str, profiled.DraftShape], *, bytes_per_value: float, k: int) -> list[dict]:
+def fit_rows(timings: list[DecodeTiming], held_out: list[DecodeTiming], cost: profiled.ProfiledCost,
+             target: profiled.PricedTarget, drafts: dict[str, profiled.DraftShape], *, k: int) -> list[dict]:
     """Per timing, its measured seconds per round (AD: per step, averaged over runs,
     `wallclock.loop_timings`) against the profiled model's (`profile_fit.modeled_sections`), and
     whether the fit saw it."""
     unseen = {(t.method, t.batch, t.context) for t in held_out}
     rows = []
     for t in loop_timings(timings):
-        modeled = profile_fit.modeled_sections(cost, t, target=target.shape(), vocab_size=target.vocab_size,
-                                            drafts=drafts, k=k, bytes_per_value=bytes_per_value)
+        modeled = profile_fit.modeled_sections(cost, t, target=target, drafts=drafts, k=k)
         rows.append({"method": method_label(t.method) if t.method != "ad" else "AD", "B": t.batch, "L": t.context,
                      "measured": 1e3 * t.round_s, "profiled": 1e3 * modeled, "error": modeled / t.round_s - 1,
                      "role": "held out" if (t.method, t.batch, t.context) in unseen else "fitted"})
@@ -65,13 +64,12 @@ def ad_step_rows(timings: list[DecodeTiming], target, cost: profiled.ProfiledCos
     """Per AD timing, ms per step measured (median run), by the paper's model
     (`wallclock.modeled_step_seconds`, at the starting context) and by the profiled model (over
     the capacity L + G a step reads, at its cell's fitted pace), and measured / paper's."""
-    rows = []
+    rows, priced = [], profiled.PricedTarget(target.shape(), target.vocab_size, machine.bytes_per_value)
     for t in (t for t in timings if t.method == "ad"):
         measured = float(np.median(t.seconds)) / t.rounds[0]
         modeled = modeled_step_seconds(target, t.batch, t.context, machine)
-        fitted = cost.pace(t.batch, t.context) * profiled.ad_step_seconds(
-            cost, target.shape(), target.vocab_size, t.batch, profiled.ad_keys(t.context, new_tokens),
-            machine.bytes_per_value)
+        fitted = cost.pace(t.batch, t.context) * profiled.ad_step_seconds(cost, priced, t.batch,
+                                                                          profiled.ad_keys(t.context, new_tokens))
         rows.append({"L": t.context, "B": t.batch, "measured": 1e3 * measured, "modeled": 1e3 * modeled,
                      "ratio": measured / modeled, "profiled": 1e3 * fitted})
     return rows
