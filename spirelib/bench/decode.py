@@ -51,7 +51,7 @@ from spirelib.bench.roofline import (
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.prefill import TargetPass
-from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
+from spirelib.decoding.speculative import Options, autoregressive_rounds, speculative_rounds
 from spirelib.measure.stopping import SpeedupRule
 from spirelib.measure.tau import DecodingProtocol
 from spirelib.measure.wallclock import (
@@ -187,7 +187,8 @@ def round_generation(target: Transformer, factories: dict, method: str, batch: i
     options = {"temperature": temperature, "generator": generator, "timer": timer}
     if method == "ad":
         return autoregressive_rounds(target, contexts, round_tokens(method, rounds, k), **options)
-    return speculative_rounds(target, factories[method](), contexts, round_tokens(method, rounds, k), k=k, **options)
+    return speculative_rounds(target, factories[method](), contexts, round_tokens(method, rounds, k), k,
+                              Options(**options))
 
 
 def warm_up(target: Transformer, factories: dict, method: str, batch: int, context: int, k: int, rounds: int,

@@ -81,7 +81,7 @@ def steady_state_counts(target, models: dict, *, batch: int, context: int, k: in
     trained model or None, `decode_models.draft_models`; the sparse drafts at `window`, `decode_models.draft_options`),
     each after `warmup` rounds of its own generation (graphs compiled and recorded by then)."""
     from spirelib.decoding.builders import draft_factory
-    from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
+    from spirelib.decoding.speculative import Options, autoregressive_rounds, speculative_rounds
 
     device = next(target.parameters()).device
     contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=device)
@@ -94,7 +94,7 @@ def steady_state_counts(target, models: dict, *, batch: int, context: int, k: in
         else:
             options = draft_options(window).get(method, {})
             draft = draft_factory(method, target, models[method], temperature=temperature, **options)()
-            rounds = speculative_rounds(target, draft, contexts, new_tokens, k, temperature=temperature, generator=gen)
+            rounds = speculative_rounds(target, draft, contexts, new_tokens, k, Options(temperature, generator=gen))
         for _ in range(warmup):
             next(rounds)
         rows.append({"method": method, **count(functools.partial(next, rounds))})

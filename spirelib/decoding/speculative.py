@@ -76,6 +76,20 @@ class Generation:
     accepted: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Options:
+    """How a generation decodes besides its contexts, its G tokens a row and its k drafts a round
+    (method §5): what a caller hands AD and SD alike (the generations of a timed cell after one
+    shared prefill, `wallclock.time_cells`). `speculative_rounds` takes it as one value;
+    `autoregressive_rounds` and both `..._generate` take its fields as keywords."""
+
+    temperature: float = 1.0  # every token a sample from the target at it (0: greedy)
+    lengths: torch.Tensor | None = None  # (B,): the contexts right-padded to L; None: every row L long
+    generator: torch.Generator | None = None  # draws the generation's uniforms, all before its first round
+    timer: SectionTimer | None = None  # its sections' seconds (`sections`)
+    prefilled: Prefill | None = None  # the target's `prefill` of these same contexts, shared between generations
+
+
 @dataclass
 class Rows:
     """What decoding keeps per row between rounds, in place at fixed addresses (a round replayed as
@@ -117,14 +131,14 @@ class Rows:
         self.step.zero_()
         self.finished.zero_()
 
-    def settle(self, cache: DenseKVCache, tokens: torch.Tensor, positions: torch.Tensor, layers: torch.Tensor | None,
-               q: torch.Tensor, logits: torch.Tensor, temperature: float, u: torch.Tensor | None,
-               eos_token: int | None = None, layer_ids: tuple[int, ...] = ()) -> TargetPass:
-        """A round's bookkeeping after the target scored `tokens` (B, k+1) (the pending token and
-        k drafts) at `positions` (B, k+1) into `logits` (B, k+1, V): rejection sampling against
-        the draft's probabilities q (B, k, V) from the uniforms u (B, 2, W), the emitted tokens,
-        the cache rolled back per row to the verified positions, the next pending tokens, all in
-        place. Returns what was verified."""
+    def settle(self, tokens: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, logits: torch.Tensor,
+               temperature: float, u: torch.Tensor | None,
+               eos_token: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' bookkeeping of a round (method §1) after the target scored `tokens` (B, k+1)
+        (the pending token and k drafts) at `positions` (B, k+1) into `logits` (B, k+1, V):
+        rejection sampling against the draft's probabilities q (B, k, V) from the uniforms u
+        (B, 2, W), the emitted tokens, the next pending tokens, all in place. Returns what was
+        verified: which positions (B, k+1) and the verified lengths (B,) the caches roll back to."""
         G, offsets, active = self.max_new_tokens, self.offsets, self.active.clone()
         drafts, n = tokens[:, 1:], positions[:, 0]
         n_acc, next_token = verify(drafts, q, logits, temperature, u)
@@ -140,16 +154,14 @@ class Rows:
         column = self.step.clamp(max=self.accepted.shape[1] - 1).view(1)
         self.accepted.index_copy_(1, column, torch.where(active, n_acc, -1)[:, None])
         self.produced += keep.sum(1)
-        new_lengths = torch.where(active, n + n_acc + 1, n)
-        cache.rollback(new_lengths)
+        new_lengths = torch.where(active, n + n_acc + 1, n)  # (B,)
         self.pending.copy_(torch.where(active, next_token, self.pending))
-        verified = TargetPass(positions, tokens, (offsets <= n_acc[:, None]) & active[:, None], new_lengths, cache,
-                              layers, layer_ids)
+        verified = (offsets <= n_acc[:, None]) & active[:, None]  # (B, k+1)
         still = active & (self.produced < G)
         self.active.copy_(still & ~ended if eos_token is not None else still)
         self.finished.copy_(~self.active.any())
         self.step += 1
-        return verified
+        return verified, new_lengths
 
     def emit(self, token: torch.Tensor) -> None:
         """An AD step's token (B,) for every row: written at `step`, pending next."""
@@ -175,13 +187,13 @@ def finish(rounds: Iterator[None]) -> Generation:
 
 
 def speculative_generate(target: Transformer, draft: Draft, contexts: torch.Tensor, max_new_tokens: int,
-                         k: int = 4, **options) -> Generation:
+                         k: int = 4, eos_token: int | None = None, **options) -> Generation:
     """Generate `max_new_tokens` per row after `contexts` (B, L) (right-padded to L when
     `lengths` (B,) is given) with speculative decoding; every token is a sample from the
     target at `temperature` (0: greedy), whatever the draft proposes. `prefilled`: the
     target's `prefill` of these same contexts, to share it between generations. Options:
-    those of `speculative_rounds`."""
-    return finish(speculative_rounds(target, draft, contexts, max_new_tokens, k, **options))
+    the fields of `Options`, as keywords; `eos_token`: as `speculative_rounds`'."""
+    return finish(speculative_rounds(target, draft, contexts, max_new_tokens, k, Options(**options), eos_token))
 
 
 @dataclass
@@ -213,22 +225,24 @@ def _pinned(target: Transformer, slot: tuple, batch: int, steps: int, k: int, te
             reuse(target, ("noise", slot, batch, steps, k, temperature == 0), noise))
 
 
-def _prepared(target: Transformer, slot: tuple, contexts: torch.Tensor, lengths, prefilled: Prefill | None, *,
-              capacity: int, layers: tuple[int, ...], scored: int, steps: int, k: int, temperature: float,
-              generator: torch.Generator | None) -> tuple[_Generation, Prefill]:
-    """A generation's state after its prefill (its own, or `prefilled` staged into its cache) and
-    its uniforms drawn; with the prefill it started from, its cache replaced by the generation's."""
+def _prepared(target: Transformer, slot: tuple, contexts: torch.Tensor, options: Options, *,
+              layers: tuple[int, ...], scored: int, steps: int, k: int) -> tuple[_Generation, Prefill]:
+    """A generation's state after its prefill (its own, or `options.prefilled` staged into its cache)
+    in a cache of `speculative_capacity` positions a row (AD's: k = 0) and its uniforms drawn; with
+    the prefill it started from, its cache replaced by the generation's."""
     B, device = contexts.shape[0], contexts.device
-    own = None
+    capacity = speculative_capacity(contexts.shape[1], steps, k)
+    prefilled, own = options.prefilled, None
     if prefilled is None:  # into the generation's own cache
-        prefilled = prefill(target, contexts, lengths, capacity=capacity, layers=layers, scored=scored, slot=slot)
+        prefilled = prefill(target, contexts, options.lengths, capacity=capacity, layers=layers, scored=scored,
+                            slot=slot)
     elif target.compiled_decoding:  # copied into it
         own = target.new_cache(B, prefilled.cache.capacity, scored=scored, slot=slot)
     cache = stage(prefilled, capacity, layers, scored, own)
-    rows, noise = _pinned(target, slot, B, steps, k, temperature, device)
+    rows, noise = _pinned(target, slot, B, steps, k, options.temperature, device)
     rows.reset()
     rows.pending.copy_(prefilled.pending)
-    noise.draw(generator)
+    noise.draw(options.generator)
     state = _Generation(cache, rows, noise)
     return state, dataclasses.replace(prefilled, verified=dataclasses.replace(prefilled.verified, cache=cache))
 
@@ -255,8 +269,10 @@ def _sd_round(target: Transformer, draft: Draft, state: _Generation, k: int, tem
         else:
             layers, logits = None, target(tokens, positions, cache)
     with timer("bookkeeping"):
-        verified = rows.settle(cache, tokens, positions, layers, q, logits, temperature,
-                               None if u is None else u[:, k:], eos_token, stream_ids if wanted else ())
+        valid, lengths = rows.settle(tokens, positions, q, logits, temperature, None if u is None else u[:, k:],
+                                     eos_token)  # (B, k+1), (B,)
+        cache.rollback(lengths)
+        verified = TargetPass(positions, tokens, valid, lengths, cache, layers, stream_ids if wanted else ())
     with timer("draft"):
         draft.accept(verified)
 
@@ -291,27 +307,22 @@ def speculative_rounds(
     contexts: torch.Tensor,
     max_new_tokens: int,
     k: int = 4,
-    temperature: float = 1.0,
-    lengths: torch.Tensor | None = None,
+    options: Options = Options(),
     eos_token: int | None = None,
-    generator: torch.Generator | None = None,
-    timer: SectionTimer | None = None,
-    prefilled: Prefill | None = None,
 ) -> Iterator[None]:
     """`speculative_generate` a round at a time: the iterator pauses after every round and
     returns the `Generation` when done (`finish`), so that a caller can interleave generations
-    round by round (`wallclock.time_cells`). `generator` draws the generation's uniforms, all of
-    them before its first round (`sampling.Noise`). Under compiled decoding a round is one graph
-    replay (`graphs`) and its state the generation's own for the process (one per method and shape)."""
-    timer = timer or no_timer
+    round by round (`wallclock.time_cells`). `options.generator` draws the generation's uniforms,
+    all of them before its first round (`sampling.Noise`); a row stops at `max_new_tokens` or at
+    its first `eos_token`. Under compiled decoding a round is one graph replay (`graphs`) and its
+    state the generation's own for the process (one per method and shape)."""
+    timer, temperature = options.timer or no_timer, options.temperature
     G = max_new_tokens
     wanted = tuple(draft.target_layers)  # the residual-stream entries the draft reads
     scored = scored_queries(draft, k)  # and the verification's attention, if it reads that
     slot = ("sd", *draft.key)
     with timer("prefill"):
-        state, started = _prepared(target, slot, contexts, lengths, prefilled,
-                                   capacity=speculative_capacity(contexts.shape[1], G, k), layers=wanted,
-                                   scored=scored, steps=G, k=k, temperature=temperature, generator=generator)
+        state, started = _prepared(target, slot, contexts, options, layers=wanted, scored=scored, steps=G, k=k)
         draft.begin(started.verified, k)
     if target.compiled_decoding:
         state.key = _graph_key(target, state, (slot, k, G, temperature, eos_token), draft.static_tensors())
@@ -363,19 +374,19 @@ def autoregressive_rounds(
     timer: SectionTimer | None = None,
     prefilled: Prefill | None = None,
 ) -> Iterator[None]:
-    """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`).
-    Without `prefilled` the first token comes from the prefill's logits over the whole contexts;
-    then one forward a token, each step one graph replay under compiled decoding (`graphs`), its
-    token sampled inside it from uniforms drawn ahead (`sampling.Noise`)."""
+    """`autoregressive_generate` a step at a time (pausing after each, like `speculative_rounds`),
+    its keywords the fields of `Options`. Without `prefilled` the first token comes from the
+    prefill's logits over the whole contexts; then one forward a token, each step one graph replay
+    under compiled decoding (`graphs`), its token sampled inside it from uniforms drawn ahead
+    (`sampling.Noise`)."""
     timer = timer or no_timer
     B, L = contexts.shape
     slot = ("ad",)
     with timer("prefill"):
-        capacity = L + max_new_tokens
         first = 0  # tokens emitted before the first step
         if prefilled is None:  # the whole contexts, the first new token read from the prefill's logits
             lengths = context_lengths(contexts, lengths)
-            cache = target.new_cache(B, capacity, slot=slot)
+            cache = target.new_cache(B, L + max_new_tokens, slot=slot)
             positions = torch.arange(L, device=contexts.device).expand(B, L)
             out = target.last_logits(contexts, positions, cache, valid=positions < lengths[:, None],
                                      last=lengths - 1, greedy=temperature == 0)  # (B,) | (B, V)
@@ -386,8 +397,8 @@ def autoregressive_rounds(
             rows.emit(out if temperature == 0 else sample(probabilities(out, temperature), noise.at(rows.step)[:, 0]))
             first = 1
         else:
-            state, _ = _prepared(target, slot, contexts, lengths, prefilled, capacity=capacity, layers=(), scored=0,
-                                 steps=max_new_tokens, k=0, temperature=temperature, generator=generator)
+            state, _ = _prepared(target, slot, contexts, Options(temperature, lengths, generator, timer, prefilled),
+                                 layers=(), scored=0, steps=max_new_tokens, k=0)
     if target.compiled_decoding:
         state.key = _graph_key(target, state, (slot, max_new_tokens, temperature), [])
     step = _rounds(target, state, _ad_step, (target, state, temperature), timer)

@@ -27,7 +27,7 @@ import torch
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
 from spirelib.decoding.sections import SectionTimer
-from spirelib.decoding.speculative import Generation, autoregressive_rounds, finish, speculative_rounds
+from spirelib.decoding.speculative import Generation, Options, autoregressive_rounds, finish, speculative_rounds
 from spirelib.frontend import feed
 from spirelib.measure.stopping import SpeedupRule, ratio_interval
 from spirelib.measure.tau import DecodingProtocol
@@ -178,7 +178,7 @@ def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch
         options = {"temperature": decoding.temperature, "generator": torch.Generator(device).manual_seed(run),
                    "timer": sections[method], "prefilled": shared if share else shared.copy()}
         decodes[method] = (autoregressive_rounds(target, batch, G, **options) if method == "ad" else
-                           speculative_rounds(target, factories[method](), batch, G, k=k, **options))
+                           speculative_rounds(target, factories[method](), batch, G, k, Options(**options)))
     with GRAPHS.watch() as recorded:
         outs = ({m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else
                 _lockstep(decodes, sections))

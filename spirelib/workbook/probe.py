@@ -27,7 +27,7 @@ import torch
 
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
-from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
+from spirelib.decoding.speculative import Options, autoregressive_rounds, speculative_rounds
 from spirelib.measure import calibrate
 from spirelib.measure.tau import TauProtocol
 from spirelib.model.config import Eagle3Config, ModelConfig, SpireConfig, vanilla_draft_config
@@ -334,9 +334,9 @@ class Probe:
             start = time.perf_counter()
             shared = prefill(target, contexts, capacity=speculative_capacity(context, G, k), **needs)
             prefill_s = time.perf_counter() - start
-            rounds = {m: speculative_rounds(target, d, contexts, G, k=k, temperature=temperature,
-                                            generator=torch.Generator(self.device).manual_seed(0),
-                                            prefilled=shared.copy()) for m, d in drafts.items()}
+            rounds = {m: speculative_rounds(target, d, contexts, G, k,
+                                            Options(temperature, generator=torch.Generator(self.device).manual_seed(0),
+                                                    prefilled=shared.copy())) for m, d in drafts.items()}
             rounds["ad"] = autoregressive_rounds(target, contexts, G, temperature=temperature,
                                                  generator=torch.Generator(self.device).manual_seed(0),
                                                  prefilled=shared.copy())

@@ -12,7 +12,7 @@ from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (model
 
 from spirelib.decoding.builders import BUILDERS, draft_factory
 from spirelib.decoding.drafts import MagicDecDraft
-from spirelib.decoding.speculative import speculative_rounds
+from spirelib.decoding.speculative import Options, speculative_rounds
 from spirelib.throughput.methods import CARDS, DECODED, DRAFT, TARGET, KVBudget, card
 
 
@@ -43,7 +43,7 @@ def round_forwards(models, method: str) -> list[tuple[str, int]]:  # noqa: F811
         for who, module in owners.items()]
     try:
         rounds = speculative_rounds(models["target"], drafts(models, 1.0)[method], CONTEXTS, 40, K,
-                                    temperature=1.0, generator=torch.Generator().manual_seed(0))
+                                    Options(1.0, generator=torch.Generator().manual_seed(0)))
         for _ in range(2):
             next(rounds)
         recording[0] = True

@@ -18,6 +18,7 @@ from spirelib.decoding.eagle3 import Eagle3Draft
 from spirelib.decoding.lookup import LookupDraft
 from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
 from spirelib.decoding.speculative import (
+    Options,
     autoregressive_generate,
     autoregressive_rounds,
     speculative_generate,
@@ -116,8 +117,8 @@ def test_a_shared_prefill_and_generations_interleaved_round_by_round_equal_eager
         runs = {"ad": autoregressive_rounds(target, CONTEXTS, G, temperature=1.0, generator=gens["ad"],
                                             prefilled=shared.copy())}
         for name in every:
-            runs[name] = speculative_rounds(target, made[name], CONTEXTS, G, K, temperature=1.0, generator=gens[name],
-                                            prefilled=shared.copy())
+            runs[name] = speculative_rounds(target, made[name], CONTEXTS, G, K,
+                                            Options(1.0, generator=gens[name], prefilled=shared.copy()))
         done = {}
         while runs:
             for name in list(runs):

@@ -16,7 +16,7 @@ import torch
 from graph_pool import GraphPool, counting
 from test_graph_outputs import CONTEXTS, K, drafts, models  # noqa: F401  (models: the fixture)
 
-from spirelib.decoding.speculative import autoregressive_rounds, speculative_rounds
+from spirelib.decoding.speculative import Options, autoregressive_rounds, speculative_rounds
 from spirelib.throughput.methods import BUDGETED
 
 METHODS = ["vanilla", *BUDGETED, "spire", "spire, no target activations", "lookup", "eagle3"]
@@ -32,7 +32,7 @@ def steady_round(models, name, temperature):  # noqa: F811  (models: the fixture
             rounds = autoregressive_rounds(models["target"], CONTEXTS, 40, temperature=temperature, generator=gen)
         else:
             rounds = speculative_rounds(models["target"], drafts(models, temperature)[name], CONTEXTS, 40, K,
-                                        temperature=temperature, generator=gen)
+                                        Options(temperature, generator=gen))
         for _ in range(3):
             next(rounds)
         with counting(pool) as (ops, before):

@@ -12,7 +12,7 @@ from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.graphs import GRAPHS
 from spirelib.decoding.prefill import prefill, speculative_capacity
 from spirelib.decoding.sections import SectionTimer
-from spirelib.decoding.speculative import finish, speculative_rounds
+from spirelib.decoding.speculative import Options, finish, speculative_rounds
 from spirelib.measure.stopping import SpeedupRule, ratio_interval
 from spirelib.measure.tau import DecodingProtocol
 from spirelib.measure.wallclock import _lockstep, speedup_interval, time_cells, time_decoding
@@ -62,7 +62,7 @@ def test_a_prefill_copy_is_independent_of_its_source(models):
     before = [t.clone() for t in shared.cache.k]
     copy = shared.copy()
     gen = torch.Generator().manual_seed(0)
-    finish(speculative_rounds(target, factories["spire"](), contexts, 10, k=3, generator=gen, prefilled=copy))
+    finish(speculative_rounds(target, factories["spire"](), contexts, 10, 3, Options(generator=gen, prefilled=copy)))
     assert all(torch.equal(a, b) for a, b in zip(before, shared.cache.k))
     assert not all(torch.equal(a, b) for a, b in zip(before, copy.cache.k))
 
