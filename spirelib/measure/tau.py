@@ -337,12 +337,13 @@ class Measured(NamedTuple):
     n_contexts: dict[str, dict[int, int]]  # {method: {L: contexts it decoded}}: all of them, or where its rule stopped
 
 
-def _decode_batch(target, methods, names, rows, L, b, protocol, timer, continuation) -> dict[str, torch.Tensor]:
-    """One batch of contexts `rows` at L decoded by the methods `names`, from one shared target
-    prefill, with the target's loss on `continuation` read from it (key "target loss") if given."""
+def _decode_batch(target, methods, rows, L, b, protocol, timer, continuation) -> dict[str, torch.Tensor]:
+    """Batch b of contexts `rows` (B, L) decoded by each of `methods` (the factories of those still
+    running at L), from one shared target prefill, with the target's loss on `continuation` read
+    from it (key "target loss") if given."""
     device = rows.device
-    drafts = {name: (methods[name](), torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b)))
-              for name in names}
+    drafts = {name: (make(), torch.Generator(device).manual_seed(batch_seed(protocol.seed, L, b)))
+              for name, make in methods.items()}
     G = max(protocol.new_tokens, continuation.shape[1] if continuation is not None else 0)
     with timer("prefill") if timer else contextlib.nullcontext():
         shared = prefill(target, rows, capacity=speculative_capacity(L, G, protocol.k),
@@ -412,8 +413,9 @@ def measure_tau(
             mine = {}
             for L, b in wave[rank::world]:
                 rows = slice(b * B, (b + 1) * B)
-                mine[L, b] = _decode_batch(target, methods, running[L], contexts[L][rows].to(device), L, b, protocol,
-                                           timer, continuations[L][rows] if continuations else None)
+                mine[L, b] = _decode_batch(target, {name: methods[name] for name in running[L]},
+                                           contexts[L][rows].to(device), L, b, protocol, timer,
+                                           continuations[L][rows] if continuations else None)
                 bar.update(len(running[L]))
             if world > 1:
                 shards = [None] * world
