@@ -16,6 +16,7 @@ import torch
 from spirelib.bench import model_config, torch_dtype
 from spirelib.bench.roofline import kv_budgets, model_cfgs, ring_slots
 from spirelib.decoding.prefill import speculative_capacity
+from spirelib.measure.tau import DecodingProtocol
 from spirelib.model.config import SpireConfig
 from spirelib.throughput.methods import BUDGET, CARDS, TARGET, card
 from spirelib.training.hf_weights import available_bytes
@@ -28,15 +29,15 @@ def cache_bytes(cfg, batch: int, slots: int, value_bytes: int) -> int:
     return batch * (slots + 1) * per_slot + 8 * batch
 
 
-def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: int, k: int, window: int,
+def held_bytes(cfg, methods: list[str], batch: int, context: int, decoding: DecodingProtocol, window: int,
                interleave: str, value_bytes: int = 4) -> dict[str, int]:
-    """What one run of `wallclock.time_cells` at (B, L) holds at once, by part, in bytes: the weights,
-    the target's caches (one per method interleaved by "rounds", each on its own copy of the
-    prefill; one by "runs"), the drafts' caches (the vanilla draft's dense one, MagicDec's and
-    SPIRe's sink + window rings, the guided draft's chosen entries and the scores it reads) and the
-    residual-stream entries the prefill keeps for SPIRe.
+    """What one run of `wallclock.time_cells` at (B, L) under `decoding` (its G and k) holds at once,
+    by part, in bytes: the weights, the target's caches (one per method interleaved by "rounds",
+    each on its own copy of the prefill; one by "runs"), the drafts' caches (the vanilla draft's
+    dense one, MagicDec's and SPIRe's sink + window rings, the guided draft's chosen entries and
+    the scores it reads) and the residual-stream entries the prefill keeps for SPIRe.
     Activations are not counted: a forward's are freed before the next."""
-    capacity = speculative_capacity(context, new_tokens, k)
+    capacity = speculative_capacity(context, decoding.new_tokens, decoding.k)
     spire = SpireConfig(window=window)
     cfgs, budgets = model_cfgs(cfg), kv_budgets(window)
     scores = 4 * cfg.num_layers * batch * cfg.n_kv * capacity  # the guided draft's fp32 scores in the target cache
@@ -46,7 +47,7 @@ def held_bytes(cfg, methods: list[str], batch: int, context: int, new_tokens: in
         c = card(m)
         if c.drafter is None:
             return 0
-        slots = ring_slots(budgets[m], k) if c.reads == BUDGET else capacity
+        slots = ring_slots(budgets[m], decoding.k) if c.reads == BUDGET else capacity
         return (cache_bytes(cfg if c.drafter == TARGET else cfgs[m], batch, slots, value_bytes)
                 + (scores if c.scores else 0))
     return {"weights": value_bytes * (cfg.num_params() + sum(cfgs[m].num_params() for m in methods
@@ -64,13 +65,12 @@ def memory_problems(args: argparse.Namespace, cells: list[tuple[int, int]]) -> l
     free = available_bytes(torch.device(args.device))
     if free is None:
         return []
-    cfg = model_config(args)
-
+    cfg, protocol = model_config(args), DecodingProtocol(args.k, args.new_tokens, args.temperature)
     value_bytes = torch_dtype(args.dtype).itemsize
 
     def held(interleave):
-        return max(((held_bytes(cfg, args.methods, B, L, args.new_tokens, args.k, args.window, interleave,
-                                value_bytes), (B, L)) for B, L in cells), key=lambda pair: sum(pair[0].values()))
+        return max(((held_bytes(cfg, args.methods, B, L, protocol, args.window, interleave, value_bytes), (B, L))
+                    for B, L in cells), key=lambda pair: sum(pair[0].values()))
 
     parts, (B, L) = held(args.interleave)
     if sum(parts.values()) <= free:

@@ -11,6 +11,7 @@ from spirelib import bench, cli
 from spirelib.bench import decode, decode_memory, decode_models, roofline
 from spirelib.bench.roofline import RooflineTiming
 from spirelib.decoding.graphs import GRAPHS
+from spirelib.measure.tau import DecodingProtocol
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.hardware import Machine
@@ -91,7 +92,8 @@ def test_dtype_bf16_is_accepted_and_reaches_the_models_and_the_memory_check(monk
     assert cli.main(["bench", "decode", "--batch", "1", "--context", "8", "--methods", "ad", *TOY]) == 0
     assert seen["dtype"] == torch.float32  # fp32, the default
     argv = ["bench", "decode", "--batch", "4", "--context", "64", *TOY]
-    fp32 = sum(decode_memory.held_bytes(CFG, list(decode_models.TIMED), 4, 64, 64, 4, 64, "rounds", 4).values())
+    fp32 = sum(decode_memory.held_bytes(CFG, list(decode_models.TIMED), 4, 64, DecodingProtocol(k=4, new_tokens=64), 64,
+                                        "rounds", 4).values())
     monkeypatch.setattr(decode_memory, "available_bytes", lambda device: fp32 * 3 // 4)  # bf16's half fits, fp32 does not
     assert decode.problems(cli.parser().parse_args(argv + ["--dtype", "bf16"])) == []
     assert "the timed runs hold" in decode.problems(cli.parser().parse_args(argv))[0]

@@ -187,7 +187,8 @@ def test_bench_decode_refuses_timed_runs_that_do_not_fit_the_free_memory(monkeyp
             *DECODE_TOY]
     args = cli.parser().parse_args(argv)
     cfg = bench.model_config(args)
-    rounds, runs = (sum(decode_memory.held_bytes(cfg, args.methods, 2, 24, 6, 3, 4, how).values()) for how in ("rounds", "runs"))
+    rounds, runs = (sum(decode_memory.held_bytes(cfg, args.methods, 2, 24, decode.decoding(args), 4, how).values())
+                    for how in ("rounds", "runs"))
     assert rounds > runs
     monkeypatch.setattr(decode_memory, "available_bytes", lambda device: (rounds + runs) // 2)
     code, _, err = run(argv)

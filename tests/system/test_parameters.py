@@ -21,7 +21,6 @@ MARK = "# parameters: "
 NOT_YET = {
     "bench/decode.py:round_generation": 10,
     "bench/decode.py:round_rows": 10,
-    "bench/decode_memory.py:held_bytes": 9,
     "measure/wallclock.py:_time_run": 9,
     "model/spire.py:SpireDraftModel._pass_layer": 9,
     "training/pipeline.py:train_language_model": 9,
