@@ -221,6 +221,7 @@ class SpireDraftModel(CompiledStep, nn.Module):
                 feedback = (self.feedback_memory(activations), rope)
         return torch.stack(hidden, dim=2), positions  # (B, n_blocks, k, d_model)
 
+    # parameters: one layer's share of pass j, as Block.run calls it: its tensors stay arguments for FSDP2 to hook
     def _pass_layer(self, block, j: int, x: torch.Tensor, rope, banded: BandedMemory, target, own, new_target,
                     feedback):
         """Draft layer `block`'s share of pass j of `k_pass_hidden`, as one `Block.run` (a sharded block
