@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 import torch
 
@@ -175,37 +176,47 @@ def forward_rows(target: Transformer, models: dict, batch: int, context: int, k:
     return rows
 
 
-def round_generation(target: Transformer, factories: dict, method: str, batch: int, context: int, k: int,
-                     rounds: int, *, temperature: float, run: int, timer=None):
+@dataclass(frozen=True)
+class RoundCell:
+    """A (B, L) cell as the round benchmarks decode it: B rows of fresh random L-token contexts, k
+    tokens drafted a round, drawn at `temperature` (0: greedy)."""
+
+    batch: int
+    context: int
+    k: int
+    temperature: float = 0.0
+
+
+def round_generation(target: Transformer, factories: dict, method: str, cell: RoundCell, rounds: int, *, run: int,
+                     timer=None):
     """A generation of `method` ("ad", or a draft of `factories`) of at least `rounds` rounds
     (`round_tokens`), a round at a time (`speculative_rounds`; AD: `autoregressive_rounds`, a round
-    being one step), over fresh random contexts (B, L) drawn from seed `run`; `timer`: a
+    being one step), over fresh random contexts (B, L) of `cell` drawn from seed `run`; `timer`: a
     `sections.SectionTimer` for its sections (on a GPU, CUDA events around each round's replay)."""
-    dev = next(target.parameters()).device
+    dev, k = next(target.parameters()).device, cell.k
     generator = torch.Generator(dev).manual_seed(run)
-    contexts = torch.randint(0, target.cfg.vocab_size, (batch, context), device=dev, generator=generator)
-    options = {"temperature": temperature, "generator": generator, "timer": timer}
+    contexts = torch.randint(0, target.cfg.vocab_size, (cell.batch, cell.context), device=dev, generator=generator)
+    options = {"temperature": cell.temperature, "generator": generator, "timer": timer}
     if method == "ad":
         return autoregressive_rounds(target, contexts, round_tokens(method, rounds, k), **options)
     return speculative_rounds(target, factories[method](), contexts, round_tokens(method, rounds, k), k,
                               Options(**options))
 
 
-def warm_up(target: Transformer, factories: dict, method: str, batch: int, context: int, k: int, rounds: int,
-            temperature: float) -> None:
+def warm_up(target: Transformer, factories: dict, method: str, cell: RoundCell, rounds: int) -> None:
     """`WARM_ROUNDS` rounds of a `round_generation` of the shape about to be timed: its kernels
     compiled and, on a GPU, its round's graph recorded (on the key's second call), so that a later
     generation of that shape replays it (the same buffers: `kvcache.reuse`)."""
-    warm = round_generation(target, factories, method, batch, context, k, rounds, temperature=temperature, run=0)
+    warm = round_generation(target, factories, method, cell, rounds, run=0)
     for _ in range(WARM_ROUNDS):
         next(warm)
     warm.close()
 
 
 @torch.no_grad()
-def round_rows(target: Transformer, factories: dict, models: dict, methods: list[str], batch: int, context: int,
-               k: int, window: int, timing: RooflineTiming, *, temperature: float) -> list[dict]:
-    """One `roofline_row` per method's whole round at (B, L), as the engine decodes it, timed as `timing` says
+def round_rows(target: Transformer, factories: dict, models: dict, methods: list[str], cell: RoundCell, window: int,
+               timing: RooflineTiming) -> list[dict]:
+    """One `roofline_row` per method's whole round at `cell`, as the engine decodes it, timed as `timing` says
     (`round_generation`): the draft's passes, the verification and the bookkeeping timed together,
     round by round, each between two synchronizes on a GPU. A first generation warms up (`warm_up`),
     then a second one's first round (it includes the prefill) is not timed and its next `repeats`
@@ -217,14 +228,14 @@ def round_rows(target: Transformer, factories: dict, models: dict, methods: list
     _in_dtype(target, machine)
     count = round_count(repeats)
     dev = next(target.parameters()).device
+    batch, context, k = cell.batch, cell.context, cell.k
     kinds = forward_shapes(model_cfgs(target.cfg), context, k, kv_budgets(window), capacities(context, k, count))
     rows = []
     for method in methods:
-        warm_up(target, factories, method, batch, context, k, count, temperature)
+        warm_up(target, factories, method, cell, count)
 
         def take(method=method) -> list[float]:
-            timed = round_generation(target, factories, method, batch, context, k, count, temperature=temperature,
-                                     run=1)
+            timed = round_generation(target, factories, method, cell, count, run=1)
             seconds = repeat_seconds(lambda: next(timed), repeats, device=dev)
             timed.close()
             return seconds
@@ -247,7 +258,7 @@ def roofline_rows(target: Transformer, batch: int, context: int, k: int, window:
     factories, models = build_methods(target, list(TIMED), temperature, window)
     compile_all(target, models, timing.compiled)
     forwards = forward_rows(target, models, batch, context, k, window, timing)
-    rounds = round_rows(target, factories, models, methods, batch, context, k, window, timing, temperature=temperature)
+    rounds = round_rows(target, factories, models, methods, RoundCell(batch, context, k, temperature), window, timing)
     measured = {r["kind"]: r["ms"] for r in forwards}
     for method, row in zip(methods, rounds):
         row["forwards_ms"] = sum(measured[kind] for kind, _ in round_forwards(method, k))

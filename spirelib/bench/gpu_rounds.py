@@ -81,7 +81,7 @@ def roofline_check(args) -> Outcome:
     and SPIRe's round, each beside its useful fraction (the live keys alone) and the graphs recorded
     while timed (after retakes). Budget: `BUDGETS_S["roofline"]`, mostly compiling; the methods not
     started within it are named. --quick: the workbook's target in fp32, toy cell, eager."""
-    from spirelib.bench.decode import round_rows
+    from spirelib.bench.decode import RoundCell, round_rows
     from spirelib.bench.decode_models import compile_all
     from spirelib.bench.roofline import RooflineTiming
     from spirelib.measure.calibrate import matmul_peak, memory_bandwidth
@@ -96,8 +96,8 @@ def roofline_check(args) -> Outcome:
     left, rows = [], []
 
     def timed(method: str) -> list[dict]:
-        return round_rows(target, factories, models, [method], B, L, K, WINDOW,
-                          RooflineTiming(machine, repeats, compiled=not args.quick), temperature=0.0)
+        return round_rows(target, factories, models, [method], RoundCell(B, L, K), WINDOW,
+                          RooflineTiming(machine, repeats, compiled=not args.quick))
     for method in in_budget([*ROOFLINE_METHODS, LIVE_READS], budget(args, "roofline"), left):
         rows += live_reads_rows(target, lambda: timed("ad")) if method == LIVE_READS else timed(method)
     figures = {"peak_tflops": peak / 1e12, "bandwidth_gbs": bandwidth / 1e9, "untimed": left, **{
@@ -133,12 +133,12 @@ def host_overhead(target, factories: dict, method: str, batch: int, context: int
     each replay on a GPU; the CPU's clock per section elsewhere). A timing that recorded a graph is
     taken again (`bench.replayed`). {"wall_ms", "busy_ms", "ratio": wall / busy, "recorded"}."""
     from spirelib.bench import replayed
-    from spirelib.bench.decode import round_generation, warm_up
+    from spirelib.bench.decode import RoundCell, round_generation, warm_up
     from spirelib.decoding.sections import SectionTimer
     from spirelib.measure.wallclock import DECODE_SECTIONS
 
-    dev = next(target.parameters()).device
-    warm_up(target, factories, method, batch, context, K, rounds, 0.0)
+    dev, cell = next(target.parameters()).device, RoundCell(batch, context, K)
+    warm_up(target, factories, method, cell, rounds)
 
     def take() -> tuple[float, float]:
         timer = SectionTimer(dev)
@@ -146,8 +146,7 @@ def host_overhead(target, factories: dict, method: str, batch: int, context: int
         def busy() -> float:  # the device's seconds in rounds so far (waits for them on a GPU)
             return sum(timer.seconds.get(s, 0.0) for s in DECODE_SECTIONS)
 
-        generation = round_generation(target, factories, method, batch, context, K, rounds, temperature=0.0, run=1,
-                                      timer=timer)
+        generation = round_generation(target, factories, method, cell, rounds, run=1, timer=timer)
         next(generation)  # the prefill and the first round: not timed
         before, start = busy(), time.perf_counter()
         for _ in range(rounds - 1):

@@ -118,8 +118,9 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     if problems:
         raise ValueError("; ".join(problems))
     device = next(target.parameters()).device
-    needs = prefill_needs((factory() for factory in factories.values()), decoding.k)
     methods = (["ad"] if include_ad else []) + list(factories)
+    contest = _Contest(target, factories, methods, decoding, interleave,
+                       prefill_needs((factory() for factory in factories.values()), decoding.k))
     timed = [{} for _ in cells]  # per cell: method -> DecodeTiming
     runs, spent, done = [0] * len(cells), [0.0] * len(cells), [False] * len(cells)
     retaken, look = [0] * len(cells), [rule.first] * len(cells)  # kept runs at the cell's next look
@@ -130,8 +131,7 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
                 continue
             start = time.perf_counter()
             batch = (contexts(runs[c]) if callable(contexts) else contexts).to(device)
-            kept = _time_run(target, factories, methods, batch, decoding, runs[c] + retaken[c], interleave, needs,
-                             timed[c] if runs[c] else None)  # run 0 warms up
+            kept = contest.run(batch, runs[c] + retaken[c], timed[c] if runs[c] else None)  # run 0 warms up
             if not kept:
                 retaken[c] += 1
                 if retaken[c] > rule.first:
@@ -159,44 +159,57 @@ def time_cells(target: Transformer, factories: Mapping[str, Callable[[], object]
     return [t for cell in timed for t in cell.values()]
 
 
-def _time_run(target: Transformer, factories: Mapping, methods: list[str], batch: torch.Tensor,
-              decoding: DecodingProtocol, run: int, interleave: str, needs: dict,
-              timings: dict[str, DecodeTiming] | None) -> bool:
-    """One run of a cell: one shared prefill, every method decoding after it (`interleave`),
-    each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept).
-    Whether it was kept: a run during which a round's graph was recorded is not."""
-    device = batch.device
-    B, L = batch.shape
-    G, k = decoding.new_tokens, decoding.k
-    timer = SectionTimer(device)  # on a GPU the prefill's own time, from CUDA events
-    with timer("prefill"):
-        shared = prefill(target, batch, capacity=speculative_capacity(L, G, k), **needs)
-    sections = {m: SectionTimer(device) for m in methods}
-    decodes = {}
-    for i, method in enumerate(methods):
-        share = interleave == "runs" or i == 0 or target.compiled_decoding  # a compiled generation copies it anyway
-        options = {"temperature": decoding.temperature, "generator": torch.Generator(device).manual_seed(run),
-                   "timer": sections[method], "prefilled": shared if share else shared.copy()}
-        decodes[method] = (autoregressive_rounds(target, batch, G, **options) if method == "ad" else
-                           speculative_rounds(target, factories[method](), batch, G, k, Options(**options)))
-    with GRAPHS.watch() as recorded:
-        outs = ({m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else
-                _lockstep(decodes, sections))
-    if timings is not None and recorded[0]:
-        return False
-    for method in methods if timings is not None else ():
-        timing = timings.setdefault(method, DecodeTiming(method, B, L, G, [], [], [], [],
-                                                          timer.seconds["prefill"], target.compiled_decoding))
-        timing.seconds.append(_decode_seconds(sections[method].seconds))
-        timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
-        if method == "ad":
-            rounds, tau = G, 1.0
-        else:
-            done = outs[method].accepted[outs[method].accepted >= 0]
-            rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())
-        timing.rounds.append(rounds)
-        timing.taus.append(tau)
-    return True
+@dataclass(frozen=True)
+class _Contest:
+    """What every run of `time_cells` decodes: the target, the drafts' factories, the methods in
+    their turn ("ad" first when timed), the decoding protocol, how the methods share the machine's
+    time (`interleave`) and what the drafts need of the shared prefill (`prefill.prefill_needs`)."""
+
+    target: Transformer
+    factories: Mapping
+    methods: list[str]
+    decoding: DecodingProtocol
+    interleave: str
+    needs: dict
+
+    def run(self, batch: torch.Tensor, run: int, timings: dict[str, DecodeTiming] | None) -> bool:
+        """One run of a cell: one shared prefill, every method decoding after it (`interleave`),
+        each method's decode seconds, sections, rounds and tau added to `timings` (None: not kept).
+        Whether it was kept: a run during which a round's graph was recorded is not."""
+        target, factories, methods, decoding, interleave = (self.target, self.factories, self.methods, self.decoding,
+                                                            self.interleave)
+        device = batch.device
+        B, L = batch.shape
+        G, k = decoding.new_tokens, decoding.k
+        timer = SectionTimer(device)  # on a GPU the prefill's own time, from CUDA events
+        with timer("prefill"):
+            shared = prefill(target, batch, capacity=speculative_capacity(L, G, k), **self.needs)
+        sections = {m: SectionTimer(device) for m in methods}
+        decodes = {}
+        for i, method in enumerate(methods):
+            share = interleave == "runs" or i == 0 or target.compiled_decoding  # a compiled generation copies it anyway
+            options = {"temperature": decoding.temperature, "generator": torch.Generator(device).manual_seed(run),
+                       "timer": sections[method], "prefilled": shared if share else shared.copy()}
+            decodes[method] = (autoregressive_rounds(target, batch, G, **options) if method == "ad" else
+                               speculative_rounds(target, factories[method](), batch, G, k, Options(**options)))
+        with GRAPHS.watch() as recorded:
+            outs = ({m: finish(rounds) for m, rounds in decodes.items()} if interleave == "runs" else
+                    _lockstep(decodes, sections))
+        if timings is not None and recorded[0]:
+            return False
+        for method in methods if timings is not None else ():
+            timing = timings.setdefault(method, DecodeTiming(method, B, L, G, [], [], [], [],
+                                                              timer.seconds["prefill"], target.compiled_decoding))
+            timing.seconds.append(_decode_seconds(sections[method].seconds))
+            timing.sections.append({s: sections[method].seconds.get(s, 0.0) for s in DECODE_SECTIONS})
+            if method == "ad":
+                rounds, tau = G, 1.0
+            else:
+                done = outs[method].accepted[outs[method].accepted >= 0]
+                rounds, tau = outs[method].accepted.shape[1], float((done + 1).double().mean())
+            timing.rounds.append(rounds)
+            timing.taus.append(tau)
+        return True
 
 
 def interleave_problems(interleave: str) -> list[str]:

@@ -30,7 +30,7 @@ def test_the_capacities_are_those_the_timed_generations_allocate(monkeypatch):
     monkeypatch.setattr(target, "new_cache", lambda batch, capacity, **o: made.append(capacity) or
                         new_cache(batch, capacity, **o))
     for method in ("ad", "spire"):
-        next(decode.round_generation(target, factories, method, 2, 12, 3, 5, temperature=0.0, run=0))
+        next(decode.round_generation(target, factories, method, decode.RoundCell(2, 12, 3), 5, run=0))
     assert made == [roofline.capacities(12, 3, 5)["ad"], roofline.capacities(12, 3, 5)["sd"]]
 
 
@@ -40,7 +40,7 @@ def test_a_round_generation_runs_at_least_its_rounds(method):
     token a step after the prefill's; SD: at most k + 1 a round): the warm-up and the timed rounds fit."""
     target = Transformer(CFG).eval()
     factories, _ = decode_models.build_methods(target, ["spire"], 0.0, 4)
-    generation = decode.round_generation(target, factories, method, 2, 12, 3, 4, temperature=0.0, run=0)
+    generation = decode.round_generation(target, factories, method, decode.RoundCell(2, 12, 3), 4, run=0)
     assert sum(1 for _ in generation) >= 4
 
 
@@ -48,14 +48,14 @@ def test_round_rows_report_the_bytes_read_beside_the_useful_ones_and_no_recordin
     torch.manual_seed(0)
     target = Transformer(CFG).eval()
     factories, models = decode_models.build_methods(target, ["spire"], 0.0, 4)
-    rows = decode.round_rows(target, factories, models, ["ad", "spire"], 2, 12, 3, 4,
-                             RooflineTiming(Machine(1e10, 1e10, 4), repeats=2), temperature=0.0)
+    rows = decode.round_rows(target, factories, models, ["ad", "spire"], decode.RoundCell(2, 12, 3), 4,
+                             RooflineTiming(Machine(1e10, 1e10, 4), repeats=2))
     for r in rows:
         assert r["mbytes"] > r["useful_mbytes"] and r["fraction"] > r["useful_fraction"] > 0
         assert r["recorded"] == 0
     with pytest.raises(ValueError, match="prices 2 bytes a value; the target's weights take 4"):
-        decode.round_rows(target, factories, models, ["ad"], 2, 12, 3, 4,  # a bf16 machine's roofline, an fp32 target
-                          RooflineTiming(Machine(1e10, 1e10, 2), repeats=2), temperature=0.0)
+        decode.round_rows(target, factories, models, ["ad"], decode.RoundCell(2, 12, 3), 4,  # a bf16 machine's
+                          RooflineTiming(Machine(1e10, 1e10, 2), repeats=2))  # roofline, an fp32 target
 
 
 def test_a_timing_that_recorded_a_graph_is_taken_again_then_flagged(monkeypatch):

@@ -36,9 +36,11 @@ def test_roofline_row_times_compiled_greedy_rounds_at_64_by_2048_and_judges_the_
     toy_paper_target(monkeypatch)
     calls, fraction = [], {"ad": 0.5, "spire": 0.3}
 
-    def round_rows(target, factories, models, methods, B, L, k, window, timing, *, temperature):
-        calls.append((B, L, *methods, timing.compiled, temperature, target.compiled_decoding, target.live_reads))
-        return [{"mode": "compiled", "kind": f"{methods[0]} round", "batch": B, "context": L, "ms": 2.0,
+    def round_rows(target, factories, models, methods, cell, window, timing):
+        calls.append((cell.batch, cell.context, *methods, timing.compiled, cell.temperature, target.compiled_decoding,
+                      target.live_reads))
+        return [{"mode": "compiled", "kind": f"{methods[0]} round", "batch": cell.batch, "context": cell.context,
+                 "ms": 2.0,
                  "mbytes": 9.0, "useful_mbytes": 8.0, "fraction": fraction[methods[0]], "useful_fraction": 0.45,
                  "recorded": 0}]
 

@@ -217,8 +217,8 @@ def test_whole_rounds_are_timed_after_a_warm_up_whatever_the_repeats():
     target = Transformer(ModelConfig(vocab_size=64, num_layers=2, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16,
                                      d_ff=64)).eval()
     factories, models = decode_models.build_methods(target, ["vanilla"], 1.0, 4)
-    rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], 2, 12, 3, 4,
-                             RooflineTiming(Machine(1e10, 1e10, 4), repeats=1), temperature=1.0)
+    rows = decode.round_rows(target, factories, models, ["ad", "vanilla"], decode.RoundCell(2, 12, 3, 1.0), 4,
+                             RooflineTiming(Machine(1e10, 1e10, 4), repeats=1))
     assert [r["kind"] for r in rows] == ["ad round", "vanilla round"] and all(r["ms"] > 0 for r in rows)
 
 
