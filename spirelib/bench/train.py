@@ -41,7 +41,7 @@ from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective, new_eagle3_draft
 from spirelib.training.objectives import SpireObjective, lm_objective
-from spirelib.training.train import train
+from spirelib.training.train import Session, TrainingRun, train
 
 # The default CPU target (params/default.yaml: series.target + vocab_size).
 DEFAULT_TARGET = ModelConfig(vocab_size=4096, num_layers=8, d_model=64, n_q_per_kv=1, n_kv=4, d_head=32, d_ff=512)
@@ -76,8 +76,8 @@ def measure(preset: str, batch_size: int, seq_len: int, steps: int, compile: boo
     model, objective = build(preset, tokens)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        result = train(model, objective, docs, cfg, run_dir=Path(tmp), identity={"bench": True},
-                       device=device, progress=False)
+        result = train(model, objective, docs, cfg, run=TrainingRun(Path(tmp), {"bench": True}),
+                       session=Session(device, progress=False))
         wall = time.perf_counter() - t
     return {"tokens_per_s": result.summary["tokens_per_s"], "first_step_s": result.summary["first_step_s"],
             "wall_s": wall}

@@ -1,5 +1,6 @@
 """Where training runs: the device a rank uses (`resolve_device`), torchrun's process group
-(`init_distributed`), and torch's deterministic algorithms while a CPU trains (`deterministic_on_cpu`).
+(`init_distributed`), where a trained model lives over the ranks (`Placement`), and torch's
+deterministic algorithms while a CPU trains (`deterministic_on_cpu`).
 
 Under torchrun every rank binds its own GPU, cuda:LOCAL_RANK, and the process group (nccl on GPUs,
 gloo on the CPU) is initialized once, by whichever caller needs it first: the trainer, `spire`'s
@@ -11,9 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def resolve_device(device: str) -> torch.device:
@@ -47,6 +53,19 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a trained model lives (`train.build_train_state` places it): on this rank's `device`, one
+    of `world` ranks, either whole on each (under DDP when there are several) or `sharded` by FSDP2
+    over them (`fsdp.shard_units`)."""
+
+    device: torch.device  # this rank's
+    world: int  # ranks training together (1: one process)
+    sharded: bool = False  # FSDP2: each rank holds its shards of the parameters, gradients and AdamW state
+    mesh: DeviceMesh | None = None  # sharded: the mesh (default: `fsdp.device_mesh` over all ranks)
+    compute: torch.dtype | None = None  # sharded: the compute dtype (default: `fsdp.mixed_precision`'s)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ counted), cached by an identity that names the target's config hash.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -28,7 +30,7 @@ from spirelib.model.transformer import Transformer
 from spirelib.training.config import TrainConfig
 from spirelib.training.losses import head_draft_losses
 from spirelib.training.pipeline import Data, TrainedModel
-from spirelib.training.train import full_identity, run_dir_for, train
+from spirelib.training.train import Session, TrainingRun, Validation, full_identity, run_dir_for, train
 
 EAGLE3 = "eagle3_draft"  # the recipe's cache folder name
 
@@ -98,12 +100,11 @@ def vocabulary_sample(docs, tokens: int = 1 << 22) -> np.ndarray:
     return docs.sample_windows(np.random.default_rng(0), max(1, tokens // 4096), 4096).ravel()
 
 
-def trained_eagle3_draft(target: TrainedModel, cfg: Eagle3Config, train_cfg: TrainConfig, *, device: str = "auto",
-                         progress: bool = True, name: str = EAGLE3, stop_at: int | None = None,
-                         parallel: str = "ddp") -> TrainedModel:
-    """An EAGLE-3 draft for `target`, trained with `Eagle3Objective` on the target's data (cached,
-    retrained when the target changes), in one process or over torchrun's ranks. The draft (one
-    layer) trains replicated, under DDP; with `parallel` "fsdp" the frozen target is sharded block by
+def trained_eagle3_draft(target: TrainedModel, cfg: Eagle3Config, train_cfg: TrainConfig, *, session: Session,
+                         name: str = EAGLE3) -> TrainedModel:
+    """An EAGLE-3 draft for `target`, trained with `Eagle3Objective` on the target's data in `session`
+    (cached, retrained when the target changes), in one process or over torchrun's ranks. The draft (one
+    layer) trains replicated, under DDP; with `session.parallel` "fsdp" the frozen target is sharded block by
     block as for SPIRe's draft (`fsdp.shard_frozen_target`; an imported one already is), the draft
     built from its gathered embedding and head and the loss reading a replicated copy of its head
     (`fsdp.teacher_head`). The token budget is `train_cfg.tokens_per_param` x its trainable
@@ -112,12 +113,12 @@ def trained_eagle3_draft(target: TrainedModel, cfg: Eagle3Config, train_cfg: Tra
 
     identity = eagle3_identity(cfg, target.data, target.config_hash)
     torch.manual_seed(train_cfg.seed)
-    dev = resolve_device(device)
+    dev = resolve_device(session.device)
     _, world = init_distributed(dev)
     frozen = target.model.to(dev)
     model = new_eagle3_draft(frozen, cfg, vocabulary_sample(target.data.dataset.train) if cfg.draft_vocab else None)
     head = None
-    if parallel == "fsdp" and world > 1:
+    if session.parallel == "fsdp" and world > 1:
         from torch.distributed.fsdp import FSDPModule
 
         from spirelib.training import fsdp
@@ -125,8 +126,8 @@ def trained_eagle3_draft(target: TrainedModel, cfg: Eagle3Config, train_cfg: Tra
         head = fsdp.teacher_head(frozen)
         if not isinstance(frozen, FSDPModule):
             fsdp.shard_frozen_target(frozen, fsdp.device_mesh(dev, world), dev)
-    run_dir = run_dir_for(name, full_identity(train_cfg, identity))
-    result = train(model, Eagle3Objective(frozen, head), target.data.dataset.train, train_cfg, run_dir=run_dir,
-                   identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
-                   stop_at=stop_at)
+    run = TrainingRun(run_dir_for(name, full_identity(train_cfg, identity)), identity)
+    # the one-layer draft trains replicated, under DDP, whichever way the target is shared
+    result = train(model, Eagle3Objective(frozen, head), target.data.dataset.train, train_cfg, run=run,
+                   validation=Validation(target.data.dataset.val), session=replace(session, parallel="ddp"))
     return TrainedModel(result.model, cfg, train_cfg, result, target.data, identity)

@@ -34,7 +34,15 @@ from spirelib.training.devices import init_distributed, resolve_device
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.step import evaluate
 from spirelib.training.tokenizer import build_tokenizer, tokenize
-from spirelib.training.train import TrainResult, full_identity, run_dir_for, train
+from spirelib.training.train import (
+    Session,
+    TrainingRun,
+    TrainResult,
+    Validation,
+    full_identity,
+    run_dir_for,
+    train,
+)
 from spirelib.training.windows import validation_windows
 
 VAL_FRACTION = 0.1
@@ -140,9 +148,8 @@ def token_data(corpus: str, corpus_path: str, tokenizer, vocab_size: int) -> Dat
 
 
 def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: Data, *, name: str,
-                         device: str = "auto", progress: bool = True, extra_identity: dict | None = None,
-                         stop_at: int | None = None, parallel: str = "ddp") -> TrainedModel:
-    """Train (or load the cached) Transformer `model_cfg` with next-token cross-entropy.
+                         session: Session, extra_identity: dict | None = None) -> TrainedModel:
+    """Train (or load the cached) Transformer `model_cfg` with next-token cross-entropy, in `session`.
 
     Cached under cache_dir()/models/<name>-<hash>; the identity covers the model config,
     training config, dataset checksum (corpus + split + tokenizer) and `extra_identity`.
@@ -152,9 +159,9 @@ def train_language_model(model_cfg: ModelConfig, train_cfg: TrainConfig, data: D
     identity = language_model_identity(model_cfg, data, extra_identity)
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
-    run_dir = run_dir_for(name, full_identity(train_cfg, identity))
-    result = train(model, lm_objective, data.dataset.train, train_cfg, run_dir=run_dir, identity=identity,
-                   val_docs=data.dataset.val, device=device, progress=progress, stop_at=stop_at, parallel=parallel)
+    run = TrainingRun(run_dir_for(name, full_identity(train_cfg, identity)), identity)
+    result = train(model, lm_objective, data.dataset.train, train_cfg, run=run,
+                   validation=Validation(data.dataset.val), session=session)
     return TrainedModel(result.model, model_cfg, train_cfg, result, data, identity)
 
 
@@ -198,33 +205,31 @@ def imported_target(path: Path, data: Data, eval_cfg: TrainConfig, *, device: st
     return TrainedModel(model, model.cfg, eval_cfg, result, data, identity)
 
 
-def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, device: str = "auto",
-                          progress: bool = True, parallel: str = "ddp") -> TrainedModel:
+def trained_vanilla_draft(target: TrainedModel, train_cfg: TrainConfig, *, session: Session) -> TrainedModel:
     """The vanilla SD draft for `target` (method §4): `config.vanilla_draft_config` of its shape,
-    random init, next-token cross-entropy on the target's data; retrained when the target changes."""
+    random init, next-token cross-entropy on the target's data, in `session`; retrained when the
+    target changes."""
     return train_language_model(vanilla_draft_config(target.config), train_cfg, target.data, name=VANILLA,
-                                device=device, progress=progress, extra_identity={"target": target.config_hash},
-                                parallel=parallel)
+                                session=session, extra_identity={"target": target.config_hash})
 
 
 def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg: TrainConfig, *,
-                        device: str = "auto", progress: bool = True, name: str = SPIRE,
-                        stop_at: int | None = None, parallel: str = "ddp") -> TrainedModel:
+                        session: Session, name: str = SPIRE) -> TrainedModel:
     """A SPIRe draft for `target` (method §3; an ablation is a change to `spire_cfg`,
-    `config.ABLATIONS`): k-pass training against the frozen target with the configured loss;
-    cached, retrained when the target changes. The metrics log has alpha_1..alpha_k per step
-    and validation (the acceptance estimate).
+    `config.ABLATIONS`): k-pass training against the frozen target with the configured loss, in
+    `session`; cached, retrained when the target changes. The metrics log has alpha_1..alpha_k per
+    step and validation (the acceptance estimate).
 
-    Under torchrun with `parallel` "fsdp" the frozen target is sharded block by block (in place,
+    Under torchrun with `session.parallel` "fsdp" the frozen target is sharded block by block (in place,
     once: `fsdp.shard_frozen_target`; an imported one already is), the loss reads a replicated copy
     of its head (`fsdp.teacher_head`), and the draft, built on the meta device, trains sharded
     (`train`), each rank's shards filled from the target's (`fsdp.init_spire_draft`)."""
     identity = spire_identity(spire_cfg, target.data, target.config_hash)
     torch.manual_seed(train_cfg.seed)  # the random_init ablation's weights (drawn by from_target or by train)
-    dev = resolve_device(device)
+    dev = resolve_device(session.device)
     _, world = init_distributed(dev)
     frozen = target.model.to(dev)
-    sharded = parallel == "fsdp" and world > 1
+    sharded = session.parallel == "fsdp" and world > 1
     initialize = None
     if sharded:
         from torch.distributed.fsdp import FSDPModule
@@ -241,10 +246,9 @@ def trained_spire_draft(target: TrainedModel, spire_cfg: SpireConfig, train_cfg:
     else:
         model = SpireDraftModel.from_target(frozen, spire_cfg)
         objective = SpireObjective(frozen)
-    run_dir = run_dir_for(name, full_identity(train_cfg, identity))
-    result = train(model, objective, target.data.dataset.train, train_cfg, run_dir=run_dir,
-                   identity=identity, val_docs=target.data.dataset.val, device=device, progress=progress,
-                   stop_at=stop_at, parallel=parallel, initialize=initialize)
+    run = TrainingRun(run_dir_for(name, full_identity(train_cfg, identity)), identity)
+    result = train(model, objective, target.data.dataset.train, train_cfg, run=run,
+                   validation=Validation(target.data.dataset.val), session=session, initialize=initialize)
     return TrainedModel(result.model, spire_cfg, train_cfg, result, target.data, identity)
 
 

@@ -75,6 +75,7 @@ from spirelib.training.series_params import (
 
 if TYPE_CHECKING:
     from spirelib.training import pipeline
+    from spirelib.training.train import Session
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,13 @@ class Series:
 
         return self._cached("data", build)
 
+    def session(self, progress: bool = True) -> Session:
+        """How the series' models train (`train.Session`): on its `device`, torchrun's ranks sharing each
+        as `parallel` says, with a progress bar or not."""
+        from spirelib.training.train import Session  # torch: only when a model is built
+
+        return Session(self.device, self.parallel, progress)
+
     def trained_target(self, progress: bool = True) -> pipeline.TrainedModel:
         """The target: trained only when no finished checkpoint of the same identity exists, or
         the imported checkpoint, evaluated on the validation split (`pipeline.imported_target`)."""
@@ -186,16 +194,14 @@ class Series:
             return self._cached("target", lambda: pipeline.imported_target(
                 self.imported, self.data(), self.target_training, device=self.device, parallel=self.parallel))
         return self._cached("target", lambda: pipeline.for_decoding(pipeline.train_language_model(
-            self.target, self.target_training, self.data(), name=pipeline.TARGET, device=self.device, progress=progress,
-            parallel=self.parallel)))
+            self.target, self.target_training, self.data(), name=pipeline.TARGET, session=self.session(progress))))
 
     def trained_vanilla_draft(self, progress: bool = True) -> pipeline.TrainedModel:
         """The vanilla SD draft for the target (method §4)."""
         from spirelib.training import pipeline  # torch: only when a model is built
 
         return self._cached("vanilla", lambda: pipeline.trained_vanilla_draft(
-            self.trained_target(progress), self.vanilla_training, device=self.device, progress=progress,
-            parallel=self.parallel))
+            self.trained_target(progress), self.vanilla_training, session=self.session(progress)))
 
     def trained_spire_draft(self, variant: str = "spire", training: TrainConfig | None = None,
                             progress: bool = True) -> pipeline.TrainedModel:
@@ -205,16 +211,14 @@ class Series:
 
         cfg, train_cfg = ablation(variant, self.spire), training or self.spire_training
         return self._cached(("spire", cfg, train_cfg), lambda: pipeline.trained_spire_draft(
-            self.trained_target(progress), cfg, train_cfg, device=self.device, progress=progress,
-            parallel=self.parallel))
+            self.trained_target(progress), cfg, train_cfg, session=self.session(progress)))
 
     def trained_eagle3_draft(self, progress: bool = True) -> pipeline.TrainedModel:
         """The EAGLE-3 draft for the target (`training.eagle3`), the engines' draft beside SPIRe."""
         from spirelib.training.eagle3 import trained_eagle3_draft
 
         return self._cached("eagle3", lambda: trained_eagle3_draft(
-            self.trained_target(progress), self.eagle3, self.eagle3_training, device=self.device, progress=progress,
-            parallel=self.parallel))
+            self.trained_target(progress), self.eagle3, self.eagle3_training, session=self.session(progress)))
 
     def exported_eagle3_draft(self) -> Path:
         """The EAGLE-3 draft as the speculators folder vLLM and SGLang load (`eagle3_export`), beside

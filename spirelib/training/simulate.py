@@ -190,6 +190,7 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
     from spirelib.model.transformer import Transformer
     from spirelib.training import fsdp
     from spirelib.training.checkpoint import optimizer_tensors
+    from spirelib.training.devices import Placement
     from spirelib.training.objectives import SpireObjective, lm_objective
     from spirelib.training.step import train_step
     from spirelib.training.train import build_train_state
@@ -227,8 +228,8 @@ def simulate(case: Case, device: str = "cpu", fake: bool = True) -> dict:
                 build_tracker.track_external(frozen)
             with building, build_tracker:  # sharded as `train` shards it, then its shards filled (the draft's from the target's)
                 existing = build_tracker.get_tracker_snapshot("current").get(dev, {}).get("Total", 0)
-                state = build_train_state(model, objective, cfg, dev, case.world, sharded=True, initialize=initialize,
-                                          mesh=mesh, compute=torch.bfloat16)
+                placement = Placement(dev, case.world, sharded=True, mesh=mesh, compute=torch.bfloat16)
+                state = build_train_state(model, objective, cfg, placement, initialize=initialize)
             if frozen is not None:
                 built = build_tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0) - existing
             opt = state.optimizer

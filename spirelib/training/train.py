@@ -6,9 +6,11 @@ traces is the trainer's own code: `build_train_state` (the model placed or shard
 weights resumed or initialized, the objective wrapped for the step: a `step.TrainState`), then
 `step.train_step` (one optimizer step on a rank's batch), `step.evaluate` (the validation loss) and
 `step.save_state` (a checkpoint); the device comes from `devices`, the seconds and the log from
-`metrics`. The target, the vanilla draft (`objectives.lm_objective`) and the SPIRe draft
-(`objectives.SpireObjective`) all train through `train`; `pipeline` builds their identities and run
-folders for the workbook.
+`metrics`. What `train` is given travels as values: the run (`TrainingRun`: its identity and
+folder), what it is evaluated on (`Validation`) and how this session of it executes (`Session`);
+`build_train_state` places the model as a `devices.Placement` says. The target, the vanilla draft
+(`objectives.lm_objective`) and the SPIRe draft (`objectives.SpireObjective`) all train through
+`train`; `pipeline` builds their identities and run folders for the workbook.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -37,15 +40,54 @@ from spirelib.training.checkpoint import (
     read_meta,
 )
 from spirelib.training.config import TrainConfig
-from spirelib.training.devices import deterministic_on_cpu, init_distributed, resolve_device
+from spirelib.training.devices import Placement, deterministic_on_cpu, init_distributed, resolve_device
 from spirelib.training.metrics import MetricsLog, StepClock, host_means, read_metrics
 from spirelib.training.objectives import Objective, ObjectiveModule
 from spirelib.training.step import TrainState, evaluate, resume, save_state, train_step
 from spirelib.training.windows import WindowSampler, validation_windows
 
+if TYPE_CHECKING:
+    from spirelib.training.corpus import FlatDocs, ZarrDocs
+
 
 class TrainingDiverged(RuntimeError):
     """The loss or gradient became NaN/inf; the last good checkpoint is kept."""
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """A training run as `train` finds, resumes or reuses it: what is trained (`identity`, to which
+    `train` adds ``"train": cfg.identity()``; its checkpoint is keyed by both) and the folder that keeps
+    it (conventionally ``run_dir_for(name, full_identity(cfg, identity))``). One run may take several
+    sessions (`Session`)."""
+
+    folder: str | Path  # holds checkpoint/ and metrics.jsonl
+    identity: dict  # model config, dataset checksum, objective, and anything else that should force retraining
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What `train` evaluates a run on: `cfg.eval_windows` validation windows of `docs`, every
+    `cfg.eval_every` steps and at the end, scored by `objective` (called as the trained objective is,
+    under ``torch.no_grad()`` with the plain module in eval mode)."""
+
+    docs: FlatDocs | ZarrDocs  # the validation split
+    objective: Objective | None = None  # default: the trained objective
+
+
+@dataclass(frozen=True)
+class Session:
+    """How one session of a training run executes; none of it is in the run's identity, so a run may
+    resume on another device or over other ranks. Refuses a `parallel` it does not know."""
+
+    device: str = "auto"  # "auto": cuda when available (each rank its LOCAL_RANK), else cpu; or "cpu", "cuda:N"
+    parallel: str = "ddp"  # how torchrun's ranks share the model: "ddp" or "fsdp" (ignored in one process)
+    progress: bool = True  # a progress bar on rank 0
+    stop_at: int | None = None  # end the session after this step with a checkpoint, as an interruption would
+
+    def __post_init__(self):
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {PARALLEL}, got {self.parallel!r}")
 
 
 @dataclass
@@ -82,17 +124,16 @@ def full_identity(cfg: TrainConfig, identity: dict) -> dict:
     return {**identity, "train": cfg.identity()}
 
 
-def build_train_state(model: nn.Module, objective: Objective, cfg: TrainConfig, device: torch.device,
-                      world: int, *, sharded: bool = False, compile_whole: bool = False,
-                      resume_from: tuple[Path, dict, dict] | None = None,
-                      initialize: Callable[[nn.Module], None] | None = None,
-                      mesh=None, compute: torch.dtype | None = None) -> TrainState:
-    """`model` ready to be trained by `objective` on `device`, one of `world` ranks:
+def build_train_state(model: nn.Module, objective: Objective, cfg: TrainConfig, placement: Placement, *,
+                      compile_whole: bool = False, resume_from: tuple[Path, dict, dict] | None = None,
+                      initialize: Callable[[nn.Module], None] | None = None) -> TrainState:
+    """`model` ready to be trained by `objective` where `placement` says (on its device, one of its
+    world of ranks):
 
-    - placed: with `sharded`, FSDP2 shards it block by block (`fsdp.shard_units`, the objective's
-      `ObjectiveModule` the root; on `mesh`, default `fsdp.device_mesh`; computing in `compute`,
-      default `fsdp.mixed_precision`'s) and a model built on the meta device gets storage for this
-      rank's shards only (the whole model is never on the device); otherwise it moves to `device`
+    - placed: sharded, FSDP2 shards it block by block (`fsdp.shard_units`, the objective's
+      `ObjectiveModule` the root; on the placement's mesh, default `fsdp.device_mesh`; computing in its
+      `compute`, default `fsdp.mixed_precision`'s) and a model built on the meta device gets storage for
+      this rank's shards only (the whole model is never on the device); otherwise it moves to the device
       whole (materialized there if built on the meta device);
     - AdamW (`make_optimizer`);
     - its weights: resumed from `resume_from` = (checkpoint folder, its verified meta.json, the run's
@@ -101,6 +142,7 @@ def build_train_state(model: nn.Module, objective: Objective, cfg: TrainConfig, 
     - the objective as a step calls it: under several ranks and not sharded, inside DDP (after the
       weights, which DDP broadcasts from rank 0); with `compile_whole`, `torch.compile`d whole.
     """
+    device, world, sharded, mesh = placement.device, placement.world, placement.sharded, placement.mesh
     micro, _ = cfg.micro_batches(world)  # a batch that does not split over the ranks: refused here
     skeleton = wrapper = None
     on_meta = any(p.is_meta for p in model.parameters())
@@ -108,7 +150,7 @@ def build_train_state(model: nn.Module, objective: Objective, cfg: TrainConfig, 
         skeleton = fsdp.meta_copy(model)  # the plain module returned at the end
         wrapper = fsdp.shard_units(ObjectiveModule(model, objective), fsdp.block_units(model),
                                    mesh if mesh is not None else fsdp.device_mesh(device, world), device,
-                                   compute=compute)
+                                   compute=placement.compute)
         if on_meta:  # this rank's shards get storage (FSDP2: materialized after sharding)
             model.to_empty(device=device)
     elif on_meta:
@@ -156,47 +198,37 @@ def _reused(model: nn.Module, path: Path, meta: dict, device: torch.device, shar
 def train(
     model: nn.Module,
     objective: Objective,
-    train_docs,
+    train_docs: FlatDocs | ZarrDocs,
     cfg: TrainConfig,
     *,
-    run_dir: Path,
-    identity: dict,
-    val_docs=None,
-    eval_objective: Objective | None = None,
-    device: str = "auto",
-    progress: bool = True,
-    budget_params: int | None = None,
-    stop_at: int | None = None,
-    parallel: str = "ddp",
+    run: TrainingRun,
+    validation: Validation | None = None,
+    session: Session = Session(),
     initialize: Callable[[nn.Module], None] | None = None,
 ) -> TrainResult:
-    """Train `model` on windows of `train_docs` against `objective` (`objectives.Objective`);
-    ``eval_objective`` (default: `objective`) is called the same way on validation windows of
-    `val_docs`, under ``torch.no_grad()`` with the plain module in eval mode.
+    """Train `model` on windows of `train_docs` against `objective` (`objectives.Objective`), evaluated
+    as `validation` says (none: no validation loss), in one `session` of `run`.
 
     Batches are `windows.WindowSampler` windows: a pure function of (cfg.seed, step), each rank taking
-    its slice, so resuming and scaling out change nothing. Checkpoints go to ``run_dir/checkpoint``
-    every `cfg.checkpoint_every` steps and at the end; the metrics log to ``run_dir/metrics.jsonl``
+    its slice, so resuming and scaling out change nothing. Checkpoints go to ``<run.folder>/checkpoint``
+    every `cfg.checkpoint_every` steps and at the end; the metrics log to ``<run.folder>/metrics.jsonl``
     (one JSON object per line: ``{"kind": "train", "step", "tokens", "loss", "lr", "grad_norm",
     "tokens_per_s", "elapsed_s", ...objective metrics}`` every `log_every` steps, ``{"kind": "val",
-    "step", "tokens", "val_loss", ...}`` every `eval_every` steps and at the end). `identity` says
-    what is trained (model config, dataset checksum, objective, and anything else that should force
-    retraining when it changes, e.g. the frozen target's config hash); the trainer adds ``"train":
-    cfg.identity()``. A finished checkpoint with the same identity is reused (no training), an
-    unfinished one is resumed exactly, a different or corrupt one is refused
-    (`checkpoint.CheckpointError`, naming the differing fields). A non-finite loss or gradient stops
-    the run with `TrainingDiverged` (the step, a hint) and keeps the last good checkpoint.
-    `stop_at=s` ends the session after step s with a checkpoint (resumable), as an interruption
-    would. `budget_params` is N for `tokens_per_param` (default: all trainable parameters,
-    embeddings included).
+    "step", "tokens", "val_loss", ...}`` every `eval_every` steps and at the end). `run.identity` says
+    what is trained (e.g. a draft's frozen target's config hash too). A finished checkpoint with the
+    same identity is reused (no training), an unfinished one is resumed exactly, a different or
+    corrupt one is refused (`checkpoint.CheckpointError`, naming the differing fields). A non-finite
+    loss or gradient stops the run with `TrainingDiverged` (the step, a hint) and keeps the last good
+    checkpoint. `session.stop_at=s` ends the session after step s with a checkpoint (resumable), as an
+    interruption would. The token budget's N (`cfg.tokens_per_param`) counts all trainable
+    parameters, embeddings included.
 
     Distributed: launched under ``torchrun`` (WORLD_SIZE > 1) the trainer initializes the process
-    group itself (gloo on CPU, nccl on GPU), wraps the model in DDP (``parallel="ddp"``) or shards it
-    with FSDP2 (``parallel="fsdp"``: parameters, gradients and AdamW state split over the ranks;
-    checkpoints gathered whole, in the same format); `parallel` is ignored in one process. Rank 0
-    writes checkpoints and logs; every rank ends with identical (whole) weights. Device "auto" is
-    cuda when available (each rank its LOCAL_RANK) else cpu; on GPU, bf16 autocast and TF32 matmuls;
-    on CPU, plain fp32. `initialize(model)` fills the model's parameters when training starts fresh,
+    group itself (gloo on CPU, nccl on GPU), wraps the model in DDP (`session.parallel` "ddp") or
+    shards it with FSDP2 ("fsdp": parameters, gradients and AdamW state split over the ranks;
+    checkpoints gathered whole, in the same format). Rank 0 writes checkpoints and logs; every rank
+    ends with identical (whole) weights. On GPU, bf16 autocast and TF32 matmuls; on CPU, plain fp32.
+    `initialize(model)` fills the model's parameters when training starts fresh,
     once they have storage on the device (sharded: this rank's shards); a model built on the meta
     device needs one (a sharded SPIRe draft, filled from its target's shards: `fsdp.init_spire_draft`).
 
@@ -214,29 +246,26 @@ def train(
 
         identity = {"kind": "distilled-draft", "draft": draft_cfg.to_dict(), "target": target.config_hash,
                     "data": target.data.dataset.checksum}
-        result = train(draft, objective, target.data.dataset.train, cfg, identity=identity,
-                       run_dir=run_dir_for("distilled", full_identity(cfg, identity)),
-                       val_docs=target.data.dataset.val, device=device)
+        run = TrainingRun(run_dir_for("distilled", full_identity(cfg, identity)), identity)
+        result = train(draft, objective, target.data.dataset.train, cfg, run=run,
+                       validation=Validation(target.data.dataset.val), session=Session(device))
 
     (`pipeline.trained_spire_draft` is this with SPIRe's k-pass objective, `objectives.SpireObjective`.)
     """
-    if parallel not in PARALLEL:
-        raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
-    dev = resolve_device(device)
+    dev = resolve_device(session.device)
     if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise RuntimeError(f"{dev} has no bf16: training computes under bf16 autocast (fp32 weights, so no loss "
                            "scaling is needed even for an fp16 target); use an Ampere or newer GPU, or device: cpu")
     rank, world = init_distributed(dev)
     keep_freed_memory()  # each step reuses the host memory the last one freed (no page faults anew)
     ckpt_group = checkpoint_group()  # a checkpoint's collectives, with a timeout for rank 0's long writes
-    ident = full_identity(cfg, identity)
-    run_dir = Path(run_dir)
+    ident = full_identity(cfg, run.identity)
+    run_dir = Path(run.folder)
     ckpt_dir = run_dir / "checkpoint"
-    sharded = parallel == "fsdp" and world > 1
+    sharded = session.parallel == "fsdp" and world > 1
     if initialize is None and any(p.is_meta for p in model.parameters()):
         raise ValueError("a model built on the meta device has no weights: pass train(initialize=...) to fill them")
-    if budget_params is None:
-        budget_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    budget_params = sum(p.numel() for p in model.parameters() if p.requires_grad)  # N of cfg.tokens_per_param
     total = cfg.total_steps(budget_params)
 
     found = checkpoint_path(ckpt_dir)
@@ -254,14 +283,15 @@ def train(
         compiles_itself = cfg.compile and not sharded and hasattr(objective, "compiled")
         if compiles_itself:
             objective = objective.compiled()
-        eval_objective = eval_objective or objective
-        state = build_train_state(model, objective, cfg, dev, world, sharded=sharded,
+        eval_objective = objective if validation is None else validation.objective or objective
+        state = build_train_state(model, objective, cfg, Placement(dev, world, sharded),
                                   compile_whole=cfg.compile and not compiles_itself, initialize=initialize,
                                   resume_from=None if meta is None else (found, meta, ident))
         start = state.start
         log = MetricsLog(run_dir / "metrics.jsonl", start, enabled=rank == 0)
         sampler = WindowSampler(train_docs, cfg.batch_size, cfg.seq_len + 1, cfg.seed)
-        val = validation_windows(val_docs, cfg.eval_windows, cfg.seq_len + 1, cfg.seed) if val_docs is not None else None
+        val = (validation_windows(validation.docs, cfg.eval_windows, cfg.seq_len + 1, cfg.seed)
+               if validation is not None else None)
 
         # The first step whose loss or gradient norm was not finite (-1: none), kept on the device and
         # looked at only where the host waits anyway (a log line, an evaluation, a checkpoint), so a
@@ -295,7 +325,7 @@ def train(
             return result
 
         model.train()
-        bar = progress_bar(total=total, initial=start, enabled=progress and rank == 0, unit="step",
+        bar = progress_bar(total=total, initial=start, enabled=session.progress and rank == 0, unit="step",
                            desc=f"train {run_dir.name.rsplit('-', 1)[0]}")
         t_start = time.perf_counter()
         clock = StepClock(dev)
@@ -329,7 +359,7 @@ def train(
                 clock.pause()
                 check_finite(lr)
                 last_val = run_eval(done)
-            if done == stop_at and done != total:
+            if done == session.stop_at and done != total:
                 clock.pause()
                 check_finite(lr)
                 save(done, finished=False)

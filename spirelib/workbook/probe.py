@@ -40,7 +40,7 @@ from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective
 from spirelib.training.objectives import SpireObjective, lm_objective
 from spirelib.training.step import evaluate
-from spirelib.training.train import train
+from spirelib.training.train import Session, TrainingRun, train
 
 PROBE_STEPS = 4  # trainer steps per training probe: the first (compiling) one and three timed
 PROBE_ROUNDS = 3  # decoding rounds timed per method after one warm-up round
@@ -262,8 +262,8 @@ class Probe:
             docs = FlatDocs(tokens, np.array([0]), np.array([len(tokens)]))
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
-                result = train(model, objective, docs, probe_cfg, run_dir=Path(tmp), identity={"plan-probe": kind},
-                               device=str(self.device), progress=False)
+                result = train(model, objective, docs, probe_cfg, run=TrainingRun(Path(tmp), {"plan-probe": kind}),
+                               session=Session(str(self.device), progress=False))
                 wall = time.perf_counter() - start
             summary = result.summary
             step_s = train_cfg.tokens_per_step() / summary["tokens_per_s"]

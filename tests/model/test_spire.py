@@ -309,7 +309,7 @@ def test_spire_draft_trains_the_same_with_gradient_accumulation(tmp_path):
     import numpy as np
 
     from spirelib.training.corpus import FlatDocs
-    from spirelib.training.train import TrainConfig, train
+    from spirelib.training.train import Session, TrainConfig, TrainingRun, Validation, train
 
     target = random_target(std=0.3)
     tokens = np.random.default_rng(0).integers(0, TARGET.vocab_size, 2000)
@@ -320,8 +320,9 @@ def test_spire_draft_trains_the_same_with_gradient_accumulation(tmp_path):
         train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4, log_every=1,
                                 micro_batch_size=micro)
         draft = SpireDraftModel.from_target(target, cfg)
-        results[micro] = train(draft, SpireObjective(target), docs, train_cfg, run_dir=tmp_path / f"micro{micro}",
-                               identity={"spire": cfg.to_dict()}, val_docs=docs, device="cpu", progress=False)
+        results[micro] = train(draft, SpireObjective(target), docs, train_cfg,
+                               run=TrainingRun(tmp_path / f"micro{micro}", {"spire": cfg.to_dict()}),
+                               validation=Validation(docs), session=Session("cpu", progress=False))
     whole, accumulated = results[0], results[1]
     for k, v in whole.model.state_dict().items():
         torch.testing.assert_close(accumulated.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")

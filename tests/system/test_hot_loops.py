@@ -18,7 +18,7 @@ from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.objectives import SpireObjective
-from spirelib.training.train import TrainConfig, train
+from spirelib.training.train import Session, TrainConfig, TrainingRun, train
 
 CFG = ModelConfig(vocab_size=96, num_layers=4, d_model=32, n_q_per_kv=1, n_kv=2, d_head=16, d_ff=64)
 SPIRE = SpireConfig(num_layers=2, window=16, k=4)
@@ -133,8 +133,8 @@ def _train_syncs(target, steps: int, log_every: int, tmp_path) -> int:
                       checkpoint_every=1000, compile=False)
     draft = SpireDraftModel.from_target(target, SPIRE)
     with count_host_syncs() as syncs:
-        train(draft, SpireObjective(target), docs, cfg, run_dir=tmp_path / f"{steps}-{log_every}", identity={"t": 1},
-              device="cpu", progress=False)
+        train(draft, SpireObjective(target), docs, cfg, run=TrainingRun(tmp_path / f"{steps}-{log_every}", {"t": 1}),
+              session=Session("cpu", progress=False))
     return sum(syncs.values())
 
 

@@ -19,9 +19,6 @@ MARK = "# parameters: "
 
 #: Functions over `LIMIT` without a reason yet ("path:qualified name" -> its parameters when listed).
 NOT_YET = {
-    "training/pipeline.py:train_language_model": 9,
-    "training/train.py:build_train_state": 11,
-    "training/train.py:train": 14,
 }
 
 

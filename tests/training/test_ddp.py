@@ -23,7 +23,7 @@ WORKER = textwrap.dedent("""
     from spirelib.model.transformer import Transformer
     from spirelib.training.config import TrainConfig
     from spirelib.training.objectives import lm_objective
-    from spirelib.training.train import train
+    from spirelib.training.train import Session, TrainingRun, Validation, train
 
     torch.set_num_threads(1)
     out = sys.argv[1]
@@ -33,8 +33,8 @@ WORKER = textwrap.dedent("""
     train_cfg = TrainConfig(batch_size=4, seq_len=16, steps=5, lr=1e-2, eval_windows=4, checkpoint_every=2)
     torch.manual_seed(1234 + int(os.environ.get("RANK", 0)))  # ranks start apart: DDP must broadcast rank 0's init
     model = Transformer(cfg)
-    result = train(model, lm_objective, docs, train_cfg, run_dir=out + "/run", identity={"model": cfg.to_dict()},
-                   val_docs=docs, device="cpu", progress=False)
+    result = train(model, lm_objective, docs, train_cfg, run=TrainingRun(out + "/run", {"model": cfg.to_dict()}),
+                   validation=Validation(docs), session=Session("cpu", progress=False))
     rank = dist.get_rank() if dist.is_initialized() else "single"
     save_file(dict(result.model.state_dict()), f"{out}/rank{rank}.safetensors")
     print("val_loss", result.summary["val_loss"], "world", result.summary["world_size"])
@@ -77,7 +77,7 @@ SPIRE_WORKER = textwrap.dedent("""
     from spirelib.model.spire import SpireDraftModel
     from spirelib.training.objectives import SpireObjective
     from spirelib.training.config import TrainConfig
-    from spirelib.training.train import train
+    from spirelib.training.train import Session, TrainingRun, Validation, train
 
     torch.set_num_threads(1)
     out, micro = sys.argv[1], int(sys.argv[2])
@@ -97,8 +97,9 @@ SPIRE_WORKER = textwrap.dedent("""
         with torch.no_grad():
             for p in draft.parameters():
                 p.add_(0.1 * torch.randn_like(p))
-        result = train(draft, SpireObjective(target), docs, train_cfg, run_dir=f"{out}/{variant}",
-                       identity={"spire": cfg.to_dict()}, val_docs=docs, device="cpu", progress=False)
+        result = train(draft, SpireObjective(target), docs, train_cfg,
+                       run=TrainingRun(f"{out}/{variant}", {"spire": cfg.to_dict()}), validation=Validation(docs),
+                       session=Session("cpu", progress=False))
         name = dist.get_rank() if dist.is_initialized() else "single"
         save_file(dict(result.model.state_dict()), f"{out}/{variant}-rank{name}.safetensors")
         if name in (0, "single"):  # one line per variant: two ranks printing at once interleave characters

@@ -13,7 +13,7 @@ from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.devices import deterministic_on_cpu
 from spirelib.training.objectives import lm_objective
-from spirelib.training.train import train
+from spirelib.training.train import Session, TrainingRun, train
 
 
 def test_deterministic_algorithms_are_on_while_a_cpu_trains_and_as_they_were_afterwards():
@@ -41,6 +41,6 @@ def test_a_cpu_training_step_runs_under_deterministic_algorithms_and_leaves_them
         return lm_objective(model, batch)
 
     train(Transformer(cfg), objective, FlatDocs(tokens, np.array([0]), np.array([len(tokens)])),
-          TrainConfig(batch_size=2, seq_len=32, steps=2, eval_every=0, log_every=1), run_dir=tmp_path, identity={},
-          progress=False)
+          TrainConfig(batch_size=2, seq_len=32, steps=2, eval_every=0, log_every=1), run=TrainingRun(tmp_path, {}),
+          session=Session(progress=False))
     assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()

@@ -16,7 +16,7 @@ from spirelib.model.transformer import Transformer
 from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.eagle3 import Eagle3Objective, new_eagle3_draft
-from spirelib.training.train import train
+from spirelib.training.train import Session, TrainingRun, Validation, train
 
 V = 32
 CFG = ModelConfig(vocab_size=V, num_layers=4, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
@@ -78,13 +78,13 @@ def test_the_loss_is_stepwise_distillation_against_the_target_at_p_plus_j(draft_
     assert model.embed.weight.grad is None, "the embedding is frozen"
 
 
-def run(tmp_path, cfg, name="run", draft_vocab=12, **kw):
+def run(tmp_path, cfg, name="run", draft_vocab=12, stop_at=None):
     target = bigram_target()
     torch.manual_seed(cfg.seed)
     model = new_eagle3_draft(target, Eagle3Config(draft_vocab=draft_vocab, k=3), DOCS.tokens)
     identity = {"kind": "eagle3-draft", "draft_vocab": draft_vocab}
-    return train(model, Eagle3Objective(target), DOCS, cfg, run_dir=tmp_path / name, identity=identity,
-                 val_docs=VAL, device="cpu", progress=False, **kw)
+    return train(model, Eagle3Objective(target), DOCS, cfg, run=TrainingRun(tmp_path / name, identity),
+                 validation=Validation(VAL), session=Session("cpu", progress=False, stop_at=stop_at))
 
 
 SMALL = TrainConfig(batch_size=4, seq_len=16, steps=24, lr=1e-2, warmup_fraction=0.1, eval_every=12, eval_windows=8,

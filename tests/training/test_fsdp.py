@@ -7,7 +7,7 @@ process computes the references; each test compares one thing:
   sums instead of averaging, pytorch#162338, doubles them);
 - the draft built sharded from the sharded target's shards (`fsdp.init_spire_draft`) starts with
   the weights one process builds (pruned and random init);
-- N steps of `train(parallel="fsdp")` give the single-process weights (1e-5), the checkpoint
+- N steps of `train` in a `Session(parallel="fsdp")` give the single-process weights (1e-5), the checkpoint
   loads in one process;
 - a run stopped mid-way (`stop_at`, as a kill after a checkpoint) and restarted ends with the
   uninterrupted run's weights, exactly; the restart reads each rank's rows of the checkpoint and
@@ -49,7 +49,7 @@ WORKER = textwrap.dedent("""
     from spirelib.training.config import TrainConfig
     from spirelib.training.objectives import ObjectiveModule, lm_objective
     from spirelib.training.devices import init_distributed
-    from spirelib.training.train import train
+    from spirelib.training.train import Session, TrainingRun, Validation, train
 
     torch.set_num_threads(1)
     VARIANTS = ("spire", "no_feedback", "no_feedback_no_target_acts")
@@ -102,9 +102,8 @@ WORKER = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return inner(model, b)
 
-        result = train(draft, dying, docs, cfg, run_dir=f"{out}/killed", eval_objective=inner,
-                       identity={"spire": spire_cfg.to_dict()}, val_docs=docs, device="cpu", progress=False,
-                       parallel="fsdp")
+        result = train(draft, dying, docs, cfg, run=TrainingRun(f"{out}/killed", {"spire": spire_cfg.to_dict()}),
+                       validation=Validation(docs, inner), session=Session("cpu", "fsdp", progress=False))
         if rank == 0:
             save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, f"{out}/killed.safetensors")
             print("resumed from step", result.metrics[0]["step"] if result.metrics else None, "calls", len(calls))
@@ -175,9 +174,9 @@ WORKER = textwrap.dedent("""
             target = new_target()
             draft = new_draft(target)
             recording[:] = [True] if run == "resumed" and stop is None else []
-            result = train(draft, objective(target), docs, cfg, run_dir=f"{out}/{name}-{run}",
-                           identity={"spire": spire_cfg.to_dict()}, val_docs=docs, device="cpu", progress=False,
-                           stop_at=stop, parallel="fsdp")
+            result = train(draft, objective(target), docs, cfg,
+                           run=TrainingRun(f"{out}/{name}-{run}", {"spire": spire_cfg.to_dict()}),
+                           validation=Validation(docs), session=Session("cpu", "fsdp", progress=False, stop_at=stop))
         for k, v in result.model.state_dict().items():
             results[f"{run}.{k}"] = v.contiguous()
         results[f"{run}.val_loss"] = torch.tensor(result.summary["val_loss"])
@@ -197,8 +196,8 @@ WORKER = textwrap.dedent("""
     lm = Transformer(target_cfg)
     lm_cfg = TrainConfig(batch_size=4, seq_len=16, steps=4, lr=1e-2, eval_windows=4)  # no micro-batches: DDP's
     # accumulation order alone moves one weight by 1.3e-5 here, as much under ddp as under fsdp
-    result = train(lm, lm_objective, docs, lm_cfg, run_dir=f"{out}/{name}-lm", identity={"model": target_cfg.to_dict()},
-                   val_docs=docs, device="cpu", progress=False, parallel="fsdp")
+    result = train(lm, lm_objective, docs, lm_cfg, run=TrainingRun(f"{out}/{name}-lm", {"model": target_cfg.to_dict()}),
+                   validation=Validation(docs), session=Session("cpu", "fsdp", progress=False))
     for k, v in result.model.state_dict().items():
         results[f"lm.{k}"] = v.contiguous()
 
@@ -247,8 +246,8 @@ WORKER = textwrap.dedent("""
     else:
         eagle3_obj = Eagle3Objective(target)
     result = train(eagle3, eagle3_obj, docs, TrainConfig(batch_size=4, seq_len=16, steps=3, lr=1e-2, eval_windows=4),
-                   run_dir=f"{out}/{name}-eagle3", identity={"eagle3": 1}, val_docs=docs, device="cpu",
-                   progress=False, parallel="ddp")
+                   run=TrainingRun(f"{out}/{name}-eagle3", {"eagle3": 1}), validation=Validation(docs),
+                   session=Session("cpu", "ddp", progress=False))
     for k, v in result.model.state_dict().items():
         results[f"eagle3.{k}"] = v.contiguous()
 

@@ -17,7 +17,7 @@ from spirelib.training import metrics
 from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.objectives import lm_objective
-from spirelib.training.train import train
+from spirelib.training.train import Session, TrainingRun, train
 
 LAG = 0.25  # seconds the simulated device still needs when the host asks it to drain
 
@@ -36,8 +36,8 @@ def test_tokens_per_s_waits_for_the_device_and_drains_only_at_log_lines(tmp_path
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=16, num_layers=1, d_model=16, n_q_per_kv=1, n_kv=2, d_head=8, d_ff=32))
     docs = FlatDocs(np.arange(400) % 16, np.array([0]), np.array([400]))
-    result = train(model, lm_objective, docs, cfg, run_dir=tmp_path / "run", identity={"m": 1}, device="cpu",
-                   progress=False)
+    result = train(model, lm_objective, docs, cfg, run=TrainingRun(tmp_path / "run", {"m": 1}),
+                   session=Session("cpu", progress=False))
     # the first step (kept apart), then the log lines at steps 2, 4 and 5: one drain each, none per step
     assert len(drains) == 4
     tokens = cfg.tokens_per_step()

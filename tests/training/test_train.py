@@ -14,7 +14,7 @@ from spirelib.training.config import TrainConfig
 from spirelib.training.corpus import FlatDocs
 from spirelib.training.metrics import read_metrics
 from spirelib.training.objectives import lm_objective
-from spirelib.training.train import TrainingDiverged, train
+from spirelib.training.train import Session, TrainingDiverged, TrainingRun, Validation, train
 
 V = 32
 CFG = ModelConfig(vocab_size=V, num_layers=2, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=48)
@@ -33,11 +33,11 @@ def pattern_docs(n_tokens=4000, seed=0):
 DOCS, VAL = pattern_docs(), pattern_docs(1000, seed=1)
 
 
-def run(tmp_path, cfg, name="run", objective=lm_objective, **kw):
+def run(tmp_path, cfg, name="run", objective=lm_objective, stop_at=None):
     torch.manual_seed(cfg.seed)
     model = Transformer(CFG)
-    result = train(model, objective, DOCS, cfg, run_dir=tmp_path / name, identity={"model": CFG.to_dict()},
-                   val_docs=VAL, device="cpu", progress=False, **kw)
+    result = train(model, objective, DOCS, cfg, run=TrainingRun(tmp_path / name, {"model": CFG.to_dict()}),
+                   validation=Validation(VAL), session=Session("cpu", progress=False, stop_at=stop_at))
     return result
 
 
@@ -316,8 +316,8 @@ def test_progress_bars_stay_out_of_headless_runs(tmp_path, monkeypatch, capsys, 
 
     monkeypatch.setenv(HEADLESS_ENV, "1" if headless else "0")
     model = Transformer(CFG)
-    train(model, lm_objective, DOCS, SMALL, run_dir=tmp_path / "bar", identity={"m": CFG.to_dict()},
-          device="cpu", progress=True)
+    train(model, lm_objective, DOCS, SMALL, run=TrainingRun(tmp_path / "bar", {"m": CFG.to_dict()}),
+          session=Session("cpu", progress=True))
     printed = capsys.readouterr().err
     assert ("train" not in printed) if headless else ("train" in printed and "step" in printed)
 
