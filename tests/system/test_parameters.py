@@ -4,9 +4,8 @@ one-line comment right above it (above its decorators, if any) says why: `# para
 What travels together travels as one value: a device as `hardware.Machine`, a decoding protocol as
 `tau.DecodingProtocol` (batched and seeded: `tau.TauProtocol`), a cell's stopping rule as
 `stopping.SpeedupRule`, a model's shape as `config.ModelConfig`, a generation's options (temperature,
-lengths, generator, timer, prefill) as `speculative.Options`. The functions over the limit when this
-check came in, with neither a value nor a reason yet, are listed in `NOT_YET` with their counts as
-ceilings: none may grow, the list may only shrink, and a new function over the limit needs its reason."""
+lengths, generator, timer, prefill) as `speculative.Options`, the target a round is priced against as
+`profiled.PricedTarget`, a training session as `train.Session`, 09's cells as `recorded.RecordedCell`."""
 
 from __future__ import annotations
 
@@ -16,10 +15,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "spirelib"
 LIMIT = 8
 MARK = "# parameters: "
-
-#: Functions over `LIMIT` without a reason yet ("path:qualified name" -> its parameters when listed).
-NOT_YET = {
-}
 
 
 def _functions(tree: ast.AST, prefix: str = ""):
@@ -77,20 +72,6 @@ def unexplained(a, b, c, d, e, f, g, h, i): ...
 
 
 def test_no_function_takes_more_than_the_limit_unless_a_comment_says_why():
-    grown, unexplained = {}, []
-    for name, (count, why) in package_over_the_limit().items():
-        if why:
-            continue
-        if name not in NOT_YET:
-            unexplained.append(f"{name} ({count})")
-        elif count > NOT_YET[name]:
-            grown[name] = f"{count} parameters, at most {NOT_YET[name]}"
+    unexplained = [f"{name} ({count})" for name, (count, why) in package_over_the_limit().items() if not why]
     assert not unexplained, (f"over {LIMIT} parameters: pass what travels together as one value, or say why on the "
                              f"line above ('{MARK}...'): {unexplained}")
-    assert not grown, f"functions not yet within {LIMIT} parameters may not grow: {grown}"
-
-
-def test_the_list_names_only_functions_still_over_without_a_reason():
-    found = package_over_the_limit()
-    done = sorted(name for name in NOT_YET if name not in found or found[name][1])
-    assert not done, f"within {LIMIT} parameters, or explained, now: take these off NOT_YET: {done}"
