@@ -142,6 +142,14 @@ class ProfiledCost:
     def to_dict(self) -> dict:
         return {**asdict(self), "paces": [{"B": b, "L": c, "pace": v} for (b, c), v in self.paces.items()]}
 
+    @classmethod
+    def from_dict(cls, recorded: dict) -> ProfiledCost:
+        """A cost as `to_dict` wrote it (keys of no field, such as a record's verdict beside it, ignored)."""
+        rates = {f.name for f in dataclasses.fields(cls)} - {"drafts", "paces"}
+        return cls(**{k: float(v) for k, v in recorded.items() if k in rates},
+                   drafts={m: DraftOverhead(**d) for m, d in recorded.get("drafts", {}).items()},
+                   paces={(p["B"], p["L"]): p["pace"] for p in recorded.get("paces", ())})
+
 
 # ---------------------------------------------------------------------------- decoding
 

@@ -5,15 +5,17 @@ read them: `recorded_taus`); where the run recorded none, the taus a notebook wa
 `acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
 `DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
 these, so they sit below both. What 04 records under "tau" and "tau_protocol", and 09 under
-"cells" and "machine", has one shape each, `RecordedTau`, `RecordedProtocol`, `RecordedCell` and
-`RecordedMachine`: the notebook writes it (`to_dict`) and every reader reads it back typed
-(`tau_records`, `tau_protocol`, `timed_cells`, `timed_machine`), not by string keys.
+"cells", "profiled_model" and "machine", has one shape each, `RecordedTau`, `RecordedProtocol`,
+`RecordedCell`, `RecordedProfile` and `RecordedMachine`: the notebook writes it (`to_dict`) and every
+reader reads it back typed (`tau_records`, `tau_protocol`, `timed_cells`, `profiled_record`,
+`timed_machine`), not by string keys.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from spirelib.throughput.profiled import ProfiledCost
 from spirelib.throughput.schedule import Acceptance
 
 
@@ -133,6 +135,36 @@ class RecordedCell(_Recorded):
 def timed_cells(results: dict) -> list[RecordedCell]:
     """Notebook 09's "cells" in a run's results, typed; empty where the run recorded none (09 did not run)."""
     return [RecordedCell.from_dict(c) for c in results.get("09_measured_vs_modeled", {}).get("cells") or ()]
+
+
+@dataclass(frozen=True)
+class RecordedProfile:
+    """Notebook 09's profiled model as it records it under "profiled_model", one flat dict: the fitted
+    `ProfiledCost` and its record against the clock (`wallclock.profiled_verdict`): its median |error|,
+    mean signed error, the fitted cells' median and the held-out cells' worst |error| (None: none
+    held out), how many cells it called a gain that measured a loss, the widest measured CI relative
+    to its speedup, and the cells where SD was slower than AD. A field a run did not record is None."""
+
+    cost: ProfiledCost
+    median_error: float | None = None
+    mean_signed_error: float | None = None
+    fitted_median_error: float | None = None
+    held_out_max_error: float | None = None
+    false_gains: int | None = None
+    widest_ci: float | None = None
+    cells_slower_than_ad: int | None = None
+
+    def to_dict(self) -> dict:
+        return {**self.cost.to_dict(), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "cost"}}
+
+
+def profiled_record(results: dict) -> RecordedProfile | None:
+    """Notebook 09's "profiled_model" in a run's results, typed; None where the run recorded none."""
+    recorded = results.get("09_measured_vs_modeled", {}).get("profiled_model")
+    if not recorded:
+        return None
+    verdict = {f.name: recorded[f.name] for f in fields(RecordedProfile) if f.name != "cost" and f.name in recorded}
+    return RecordedProfile(ProfiledCost.from_dict(recorded), **verdict)
 
 
 def timed_machine(results: dict) -> RecordedMachine:

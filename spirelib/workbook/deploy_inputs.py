@@ -25,7 +25,7 @@ from spirelib.throughput import perfmodel as pm
 from spirelib.throughput.acceptance_profile import acceptance_profile
 from spirelib.throughput.hardware import BYTES_PER_VALUE, Hardware, hardware_table
 from spirelib.throughput.methods import DECODED, card
-from spirelib.throughput.recorded import DeployError, recorded_acceptance, timed_machine
+from spirelib.throughput.recorded import DeployError, profiled_record, recorded_acceptance, timed_machine
 from spirelib.throughput.scenarios import Scenario
 from spirelib.throughput.schedule import Acceptance, ProfiledPricing, Table, modeled_table, profiled_table, schedule
 from spirelib.training.series import Series
@@ -214,21 +214,18 @@ class ProfiledModel:
 def profiled_inputs(results: dict, run: dict) -> tuple[ProfiledModel, Hardware, str]:
     """This machine's profiled cost model as notebook 09 fitted and recorded it, with what it
     prices (`ProfiledModel`); and the calibrated machine as a Hardware entry with its dtype."""
-    model, machine = results.get("09_measured_vs_modeled", {}).get("profiled_model"), timed_machine(results)
-    if not model or machine.peak_flops is None:
+    model, machine = profiled_record(results), timed_machine(results)
+    if model is None or model.median_error is None or machine.peak_flops is None:
         raise DeployError("--model profiled needs notebook 09's profiled model in the run (spire run --only 09)")
-    fields = {f.name for f in dataclasses.fields(profiled.ProfiledCost)} - {"drafts", "paces"}
-    cost = profiled.ProfiledCost(**{k: float(v) for k, v in model.items() if k in fields},
-                                 drafts={m: profiled.DraftOverhead(**d) for m, d in model.get("drafts", {}).items()})
     series = Series.from_dict(run.get("params", {}).get("series", {}))
     target, drafts = series.target, series.draft_shapes()
     value_bytes = int(machine.bytes_per_value)
     dtype = next(d for d, b in BYTES_PER_VALUE.items() if b == value_bytes)
     device = Hardware("this-machine", {dtype: float(machine.peak_flops)}, float(machine.bandwidth),
                       f"notebook 09's calibration ({machine.device or '?'})")
-    pricing = ProfiledPricing(cost, profiled.PricedTarget(target.shape(), target.vocab_size, value_bytes),
-                              series.new_tokens, float(model["median_error"]))
-    return ProfiledModel(pricing, drafts, model.get("held_out_max_error")), device, dtype
+    pricing = ProfiledPricing(model.cost, profiled.PricedTarget(target.shape(), target.vocab_size, value_bytes),
+                              series.new_tokens, float(model.median_error))
+    return ProfiledModel(pricing, drafts, model.held_out_max_error), device, dtype
 
 
 # parameters: spire deploy's options, one keyword per flag (docs/deploy.md), checked together first

@@ -18,7 +18,7 @@ from spirelib.measure.ablations import effect_of
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import RecordedCell, tau_lengths, tau_records, timed_cells
+from spirelib.throughput.recorded import RecordedCell, profiled_record, tau_lengths, tau_records, timed_cells
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
@@ -235,8 +235,9 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
             f", at most {max(errors):.0%}"), "paper-model-predicts"),
     ]
     if profiled:
-        model = recorded.get("profiled_model", {})
-        held, bias = model.get("held_out_max_error"), model.get("mean_signed_error", 0.0)
+        model = profiled_record(results)
+        held = model.held_out_max_error if model else None
+        bias = model.mean_signed_error if model and model.mean_signed_error is not None else 0.0
         ok = statistics.median(profiled) <= 0.10 and abs(bias) <= 0.05 and (held is None or held <= 0.15)
         claims.append(Claim(REPRODUCED, ok, as_text(
             "The profiled cost model of this machine predicts them (not a claim of the paper's): ",

@@ -5,12 +5,15 @@ as written."""
 
 import pytest
 
+from spirelib.throughput.profiled import DraftOverhead, ProfiledCost
 from spirelib.throughput.recorded import (
     DeployError,
     RecordedCell,
     RecordedMachine,
+    RecordedProfile,
     RecordedProtocol,
     RecordedTau,
+    profiled_record,
     recorded_acceptance,
     recorded_taus,
     tau_lengths,
@@ -96,3 +99,16 @@ def test_09s_cells_read_back_typed_an_older_runs_missing_fields_as_none():
     assert read[1] == RecordedCell(method="vanilla", B=1, L=64, measured_speedup=0.9)
     assert read[1].ci_low is None and not read[1].held_out and not read[1].past_training
     assert timed_cells({}) == [] and timed_cells({"09_measured_vs_modeled": {}}) == []  # 09 did not run
+
+
+def test_09s_profiled_model_reads_back_typed_its_cost_whole_and_a_run_without_it_as_none():
+    cost = ProfiledCost(2e10, 5e9, per_layer_s=3e-5, attention_flops_per_s=float("inf"),
+                        drafts={"spire": DraftOverhead(1e-4, -2e-6)}, paces={(1, 64): 0.9, (2, 64): 1.1})
+    written = RecordedProfile(cost, median_error=0.04, mean_signed_error=-0.01, fitted_median_error=0.03,
+                              held_out_max_error=0.08, false_gains=0, widest_ci=0.05, cells_slower_than_ad=3)
+    flat = written.to_dict()
+    assert flat["per_layer_s"] == 3e-5 and flat["median_error"] == 0.04  # one flat dict, as 09 records it
+    assert profiled_record({"09_measured_vs_modeled": {"profiled_model": flat}}) == written
+    older = profiled_record({"09_measured_vs_modeled": {"profiled_model": {**cost.to_dict(), "median_error": 0.1}}})
+    assert older.cost == cost and older.median_error == 0.1 and older.held_out_max_error is None
+    assert profiled_record({}) is None and profiled_record({"09_measured_vs_modeled": {}}) is None

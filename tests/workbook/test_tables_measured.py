@@ -18,7 +18,7 @@ from spirelib.model.config import ModelConfig, SpireConfig
 from spirelib.throughput import profiled, winners
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import KVBudget
-from spirelib.throughput.recorded import RecordedCell, RecordedMachine, timed_cells, timed_machine
+from spirelib.throughput.recorded import RecordedCell, RecordedMachine, profiled_record, timed_cells, timed_machine
 from spirelib.workbook.narrative import measured as words
 from spirelib.workbook.tables import measured as tables
 
@@ -199,6 +199,9 @@ def test_measured_results_keep_the_results_keys():
         "runs", "error", "profiled_error", "held_out", "past_training"]]  # results.json's schema, in its order
     assert timed_cells({"09_measured_vs_modeled": results}) == cells  # read back typed as written
     assert results["profiled_model"] == {**COST.to_dict(), **verdict, "false_gains": 0, "cells_slower_than_ad": 2}
+    recorded = profiled_record({"09_measured_vs_modeled": results})  # read back typed as written
+    assert recorded.cost == COST and recorded.median_error == verdict["median_error"]
+    assert recorded.false_gains == 0 and recorded.cells_slower_than_ad == 2
     assert results["hoi"] == 3.0
     assert results["machine"] == {"peak_flops": 3e11, "precision": "fp32", "bandwidth": 1e11, "device": "cpu",
                                   "bytes_per_value": 4, "ad_step_overhead": 5.0, "scale": "s", "threads": 2}

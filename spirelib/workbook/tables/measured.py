@@ -13,7 +13,7 @@ from spirelib.measure.wallclock import DecodeTiming, flops_per_token, loop_timin
 from spirelib.throughput import profile_fit, profiled
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import label as method_label
-from spirelib.throughput.recorded import RecordedCell, RecordedMachine
+from spirelib.throughput.recorded import RecordedCell, RecordedMachine, RecordedProfile
 from spirelib.throughput.winners import AD
 
 TIMING_COLUMNS = {"L": "L", "B": "B", "method": "method", "tps": "tokens/s (median)", "spread": "tokens/s (runs)",
@@ -103,8 +103,8 @@ def measured_results(cells: list[RecordedCell], cost: profiled.ProfiledCost, sum
     per value, the AD step's overhead, the scale note, the threads) and the target's `trained_length`."""
     verdict = summary["profiled"]
     return {"cells": [c.to_dict() for c in cells],
-            "profiled_model": {**cost.to_dict(), **verdict, "false_gains": len(verdict["false_gains"]),
-                               "cells_slower_than_ad": len(summary["losing"])},
+            "profiled_model": RecordedProfile(cost, **{**verdict, "false_gains": len(verdict["false_gains"])},
+                                              cells_slower_than_ad=len(summary["losing"])).to_dict(),
             "hoi": machine.peak_flops / machine.bandwidth,
             "machine": machine.to_dict(),
             "target_trained_length": trained_len}
