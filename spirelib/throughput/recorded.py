@@ -8,7 +8,9 @@ these, so they sit below both. What 04 records under "tau" and "tau_protocol", a
 "cells", "profiled_model" and "machine", has one shape each, `RecordedTau`, `RecordedProtocol`,
 `RecordedCell`, `RecordedProfile` and `RecordedMachine`: the notebook writes it (`to_dict`) and every
 reader reads it back typed (`tau_records`, `tau_protocol`, `timed_cells`, `profiled_record`,
-`timed_machine`), not by string keys.
+`timed_machine`), not by string keys. So do the index's readers of 01's and 07's headline
+(`RecordedHeadline`), 08's check of the paper's costs (`RecordedCostCheck`), 02's target
+(`RecordedTarget`) and the length 09's target was trained on (`timed_trained_length`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ class RecordedMachine(_Recorded):
     scale: str = ""
     threads: int | None = None
 
+    @property
+    def hoi(self) -> float | None:
+        """Its hardware operational intensity, peak FLOP/s over bandwidth (method §2; None: not recorded)."""
+        return None if self.peak_flops is None or self.bandwidth is None else self.peak_flops / self.bandwidth
+
 
 @dataclass(frozen=True, kw_only=True)
 class RecordedCell(_Recorded):
@@ -165,6 +172,12 @@ def profiled_record(results: dict) -> RecordedProfile | None:
         return None
     verdict = {f.name: recorded[f.name] for f in fields(RecordedProfile) if f.name != "cost" and f.name in recorded}
     return RecordedProfile(ProfiledCost.from_dict(recorded), **verdict)
+
+
+def timed_trained_length(results: dict) -> int | None:
+    """The window length the target 09 timed was trained on, as 09 records it ("target_trained_length");
+    None for an imported target, or where 09 did not run."""
+    return results.get("09_measured_vs_modeled", {}).get("target_trained_length")
 
 
 def timed_machine(results: dict) -> RecordedMachine:
@@ -250,3 +263,83 @@ def acceptance_or_cells(run: dict, cells: list[RecordedCell], k: int) -> dict[in
         out[L] = ({m: recorded[m] for m in methods} if at == L and set(methods) <= set(recorded) else
                   {m: Acceptance(min(tau, k + 1.0), 0.0, k) for m, tau in methods.items()})
     return out
+
+
+@dataclass(frozen=True)
+class RecordedHeadline:
+    """The paper's throughput model at one (B, L) as a notebook records it: 01 under "headline" and
+    "headline_cell" (the paper's shapes and tau), 07 under "headline_70b" and "headline_70b_cell"
+    (Llama 3 70B): method -> multiplier over AD, the cell, its HOI, whether drafting overlaps
+    verification, and the context length of the paper's tau (01's; None where not recorded)."""
+
+    multipliers: dict[str, float]
+    B: int | None = None
+    L: int | None = None
+    hoi: float | None = None
+    overlap: bool | None = None
+    tau_context: int | None = None
+
+
+#: The keys of each notebook's `RecordedHeadline`: (its multipliers, its cell).
+HEADLINES = {"01_performance_model": ("headline", "headline_cell"),
+             "07_llama3_70b_extrapolation": ("headline_70b", "headline_70b_cell")}
+
+
+def modeled_headline(results: dict, stem: str) -> RecordedHeadline | None:
+    """Notebook `stem`'s headline (`HEADLINES`: 01's or 07's) in a run's results, typed; None where it
+    recorded none."""
+    multipliers_key, cell_key = HEADLINES[stem]
+    recorded = results.get(stem, {})
+    if not recorded.get(multipliers_key):
+        return None
+    cell = recorded.get(cell_key) or {}
+    return RecordedHeadline(dict(recorded[multipliers_key]),
+                            **{f.name: cell[f.name] for f in fields(RecordedHeadline) if f.name in cell})
+
+
+@dataclass(frozen=True)
+class RecordedCostCheck(_Recorded):
+    """One of the paper's serving-savings numbers as notebook 08 checks it (under "paper_cost_check",
+    per quantity): the paper's figure, ours from the multipliers rounded to two decimals first (the
+    paper's arithmetic) and from the full multipliers."""
+
+    paper: float
+    from_rounded_tm: float
+    from_full_tm: float
+
+
+def paper_cost_checks(results: dict) -> dict[str, RecordedCostCheck]:
+    """Notebook 08's "paper_cost_check" in a run's results, typed: quantity -> `RecordedCostCheck`; empty
+    where 08 recorded none."""
+    checks = results.get("08_cost_analysis", {}).get("paper_cost_check") or {}
+    return {quantity: RecordedCostCheck.from_dict(c) for quantity, c in checks.items()}
+
+
+@dataclass(frozen=True)
+class RecordedTarget(_Recorded):
+    """The target notebook 02 trained (or imported), as it records it under "target": its parameters
+    (all, the body's, the embedding's), validation loss, training tokens and steps, throughput and
+    MFU (the session's and the run's), the peak they are taken against, the device, its config hash,
+    whether a finished run was reused and the folder it was imported from. A field a run did not
+    record reads as None."""
+
+    params: int | None = None
+    body_params: int | None = None
+    val_loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    run_mfu: float | None = None
+    run_tokens_per_s: float | None = None
+    peak_flops: float | None = None
+    tokens: int | None = None
+    steps: int | None = None
+    device: str | None = None
+    config_hash: str | None = None
+    reused: bool | None = None
+    imported_from: str | None = None
+    embedding_params: int | None = None
+
+
+def trained_target(results: dict) -> RecordedTarget:
+    """Notebook 02's "target" in a run's results, typed; every field None where 02 did not run."""
+    return RecordedTarget.from_dict(results.get("02_train_target", {}).get("target") or {})

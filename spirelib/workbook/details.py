@@ -14,7 +14,14 @@ import statistics
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import tau_lengths, tau_protocol, tau_records, timed_cells, timed_machine
+from spirelib.throughput.recorded import (
+    modeled_headline,
+    tau_lengths,
+    tau_protocol,
+    tau_records,
+    timed_cells,
+    timed_machine,
+)
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence
@@ -24,10 +31,10 @@ from spirelib.workbook.paper_claims import ablation_effects, ablation_source, pa
 def headline(run: dict, results: dict) -> dict | None:
     """Notebook 01's modeled multipliers at (64, 512) against the paper's: a row per method (its
     name, this run's multiplier linking 01, the paper's, whether they are the same to rounding)."""
-    got = results.get("01_performance_model", {}).get("headline")
-    if not got:
+    recorded = modeled_headline(results, "01_performance_model")
+    if recorded is None:
         return None
-    paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
+    got, paper = recorded.multipliers, perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
     return dict(rows=[[label(m), as_text(link(run, "01_performance_model", f"{got[m]:.2f}x")), f"{paper[m]:.2f}x",
                        "yes" if round(got[m], 2) == paper[m] else "no"]
                       for m in perfmodel.MODELED_METHODS if m in got])
@@ -95,7 +102,7 @@ def ablation_ranking(run: dict, results: dict) -> dict | None:
 def measured_vs_modeled(run: dict, results: dict) -> dict | None:
     """Notebook 09's speedups on the clock against the throughput model: one sentence linking 09,
     and 09's scale."""
-    recorded, cells = results.get("09_measured_vs_modeled", {}), timed_cells(results)
+    cells = timed_cells(results)
     if not cells:
         return None
     errors = [abs(c.error) for c in cells]
@@ -108,8 +115,8 @@ def measured_vs_modeled(run: dict, results: dict) -> dict | None:
             f"{max(errors):.0%} ({label(worst.method)} at B = {worst.B}, L = {worst.L}: modeled "
             f"{worst.modeled_speedup:.2f}x, measured {worst.measured_speedup:.2f}x). The fastest measured "
             f"speedup is {best.measured_speedup:.2f}x ({label(best.method)}, B = {best.B}, "
-            f"L = {best.L}{past_note(recorded, best)}). "
-            f"Calibrated HOI {recorded.get('hoi', float('nan')):.1f} FLOP/byte")
+            f"L = {best.L}{past_note(results, best)}). "
+            f"Calibrated HOI {machine.hoi if machine.hoi is not None else float('nan'):.1f} FLOP/byte")
     if machine.ad_step_overhead:
         text += f"; an AD step takes {times(machine.ad_step_overhead)} its modeled time"
     return dict(text=as_text(link(run, "09_measured_vs_modeled", text)), scale=machine.scale)

@@ -23,7 +23,7 @@ import numpy as np
 
 from spirelib.throughput import perfmodel
 from spirelib.throughput.methods import color, label, letter
-from spirelib.throughput.recorded import tau_protocol, timed_cells, timed_machine
+from spirelib.throughput.recorded import modeled_headline, tau_protocol, timed_cells, timed_machine, trained_target
 from spirelib.throughput.winners import AD, by_cell, unresolved_cells
 from spirelib.throughput.winners import grid_counts as _grid_counts
 from spirelib.throughput.winners import winner as _winner
@@ -76,16 +76,16 @@ def times(value: float) -> str:
 def scale_facts(run: dict, results: dict) -> dict:
     """What the index's scale line says, from what the notebooks recorded: the target's shape and
     body parameters, its training tokens, validation perplexity, the corpus and the machine."""
-    target = results.get("02_train_target", {}).get("target") or {}
+    target = trained_target(results)
     protocol = tau_protocol(results)
     machine = timed_machine(results)
     series = (run.get("params") or {}).get("series") or {}
     shape = protocol.target or series.get("target") or {}
     facts = {"layers": shape.get("num_layers"), "d_model": shape.get("d_model"),
-             "body_params": target.get("body_params"), "tokens": target.get("tokens") or protocol.target_tokens,
-             "perplexity": float(np.exp(target["val_loss"])) if target.get("val_loss") is not None else None,
+             "body_params": target.body_params, "tokens": target.tokens or protocol.target_tokens,
+             "perplexity": float(np.exp(target.val_loss)) if target.val_loss is not None else None,
              "corpus": series.get("corpus") or None, "device": machine.device,
-             "trained_on": target.get("device"), "threads": machine.threads}
+             "trained_on": target.device, "threads": machine.threads}
     return {k: v for k, v in facts.items() if v is not None}
 
 
@@ -199,16 +199,15 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
     """One row per way of answering "which draft wins": its name, the answer at (B, L), over
     the grid, and what to trust it for. Ways whose notebook recorded nothing are left out."""
     rows = []
-    r01, r06 = (results.get(s, {}) for s in ("01_performance_model", "06_speedup_explorer"))
-    if r01.get("headline"):
-        cell = r01.get("headline_cell", {"B": 64, "L": 512})
-        paper_taus = perfmodel.PAPER_TAU[int(cell.get("tau_context", perfmodel.PAPER_TAU_CONTEXT))]
+    r01, r06 = modeled_headline(results, "01_performance_model"), results.get("06_speedup_explorer", {})
+    if r01 is not None:
+        paper_taus = perfmodel.PAPER_TAU[int(r01.tau_context or perfmodel.PAPER_TAU_CONTEXT)]
         rows.append(dict(
             key="paper", way="paper's shapes, paper's tau (modeled)", short="with the paper's shapes and tau",
             title="the paper's shapes and tau (HOI 600)",
-            stem="01_performance_model", B=cell["B"], L=cell["L"],
-            at=r01["headline"],
-            grid=(_modeled_winners(paper_taus, hoi=float(cell.get("hoi", perfmodel.PAPER_HOI))), GRID_B, GRID_L),
+            stem="01_performance_model", B=r01.B or 64, L=r01.L or 512,
+            at=r01.multipliers,
+            grid=(_modeled_winners(paper_taus, hoi=float(r01.hoi or perfmodel.PAPER_HOI)), GRID_B, GRID_L),
             trust="checking that this workbook's model is the paper's (it redoes the paper's arithmetic on the "
                   "paper's numbers); not about the drafts trained here."))
     at_06 = r06.get("multipliers_at_highlight") or {}

@@ -18,7 +18,16 @@ from spirelib.measure.ablations import effect_of
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
-from spirelib.throughput.recorded import RecordedCell, profiled_record, tau_lengths, tau_records, timed_cells
+from spirelib.throughput.recorded import (
+    RecordedCell,
+    modeled_headline,
+    paper_cost_checks,
+    profiled_record,
+    tau_lengths,
+    tau_records,
+    timed_cells,
+    timed_trained_length,
+)
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
@@ -56,20 +65,20 @@ def _arithmetic_numbers(got: dict, paper: dict, methods: list[str]) -> tuple[boo
 
 
 def _claim_headline(run: dict, results: dict) -> list[Claim]:
-    got = results.get("01_performance_model", {}).get("headline")
-    if not got:
+    recorded = modeled_headline(results, "01_performance_model")
+    if recorded is None:
         return []
-    paper = perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
+    got, paper = recorded.multipliers, perfmodel.PAPER_MULTIPLIERS["seqax-67m"]
     ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got])
     return [Claim(ARITHMETIC, ok, as_text("Multipliers at B = 64, L = 512, the paper's shapes and tau: ",
                                         link(run, "01_performance_model", numbers)), "arithmetic:multipliers")]
 
 
 def _claim_70b(run: dict, results: dict) -> list[Claim]:
-    got = results.get("07_llama3_70b_extrapolation", {}).get("headline_70b")
-    if not got:
+    recorded = modeled_headline(results, "07_llama3_70b_extrapolation")
+    if recorded is None:
         return []
-    paper = perfmodel.PAPER_MULTIPLIERS["llama3-70b"]
+    got, paper = recorded.multipliers, perfmodel.PAPER_MULTIPLIERS["llama3-70b"]
     ok, numbers = _arithmetic_numbers(got, paper, [m for m in perfmodel.MODELED_METHODS if m in got and m in paper])
     return [Claim(ARITHMETIC, ok, as_text(f"Llama 3 70B at B = {paper['B']}, L = {_pow2(paper['L'])}: ",
                                         link(run, "07_llama3_70b_extrapolation", numbers)), "arithmetic:llama3-70b")]
@@ -79,10 +88,9 @@ def _claim_costs(run: dict, results: dict) -> list[Claim]:
     """Each of the paper's cost numbers: the same from the full multipliers, or the same only
     from the multipliers rounded to two decimals first (the paper's arithmetic, as 08 shows:
     said so), or not the same (called a difference)."""
-    checks = results.get("08_cost_analysis", {}).get("paper_cost_check") or {}
     out = []
-    for quantity, c in checks.items():
-        full, rounded, paper = c["from_full_tm"], c["from_rounded_tm"], c["paper"]
+    for quantity, c in paper_cost_checks(results).items():
+        full, rounded, paper = c.from_full_tm, c.from_rounded_tm, c.paper
         if _same(full, paper):
             text, ok = f"{full:.2f} (paper {paper:.2f})", True
         elif _same(rounded, paper):
@@ -203,18 +211,18 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     return [Claim(REPRODUCED, ok, as_text(link(run, "05_ablations", text), paper), "importance-order")]
 
 
-def past_note(recorded: dict, cell: RecordedCell) -> str:
-    """What a measured cell of 09 (`recorded`: its results) carries next to its figure when its
-    contexts ran past the target's training windows (`measure.cells.mark_past_training`)."""
+def past_note(results: dict, cell: RecordedCell) -> str:
+    """What a measured cell of 09 carries next to its figure when its contexts ran past the target's
+    training windows (`measure.cells.mark_past_training`), the length 09 recorded (`timed_trained_length`)."""
     if not cell.past_training:
         return ""
-    trained = recorded.get("target_trained_length")
+    trained = timed_trained_length(results)
     return ("; past the " + (f"{trained:,}-token " if trained else "") + "windows the target was trained on, so "
             "about a target used beyond what it learned")
 
 
 def _claim_measured(run: dict, results: dict) -> list[Claim]:
-    recorded, cells = results.get("09_measured_vs_modeled", {}), timed_cells(results)
+    cells = timed_cells(results)
     if not cells:
         return []
     slower, total = slower_than_ad(results)
@@ -227,7 +235,7 @@ def _claim_measured(run: dict, results: dict) -> list[Claim]:
             link(run, "09_measured_vs_modeled", f"faster in {total - slower} of {total} measured cells"),
             f" ({sum(c.ci_low is not None and c.ci_low > 1.0 for c in cells)} resolved: 95% CI above 1)"
             f" (best {best.measured_speedup:.2f}x, {label(best.method)} at B = {best.B}, "
-            f"L = {best.L}{past_note(recorded, best)})"), "sd-faster-measured"),
+            f"L = {best.L}{past_note(results, best)})"), "sd-faster-measured"),
         Claim(REPRODUCED, statistics.median(errors) <= 0.25, as_text(
             "The paper's throughput model predicts measured speedups: ",
             link(run, "09_measured_vs_modeled",

@@ -9,10 +9,14 @@ from spirelib.throughput.profiled import DraftOverhead, ProfiledCost
 from spirelib.throughput.recorded import (
     DeployError,
     RecordedCell,
+    RecordedCostCheck,
+    RecordedHeadline,
     RecordedMachine,
     RecordedProfile,
     RecordedProtocol,
     RecordedTau,
+    modeled_headline,
+    paper_cost_checks,
     profiled_record,
     recorded_acceptance,
     recorded_taus,
@@ -21,6 +25,8 @@ from spirelib.throughput.recorded import (
     tau_records,
     timed_cells,
     timed_machine,
+    timed_trained_length,
+    trained_target,
 )
 from spirelib.throughput.schedule import Acceptance
 
@@ -112,3 +118,25 @@ def test_09s_profiled_model_reads_back_typed_its_cost_whole_and_a_run_without_it
     older = profiled_record({"09_measured_vs_modeled": {"profiled_model": {**cost.to_dict(), "median_error": 0.1}}})
     assert older.cost == cost and older.median_error == 0.1 and older.held_out_max_error is None
     assert profiled_record({}) is None and profiled_record({"09_measured_vs_modeled": {}}) is None
+
+
+def test_01s_and_07s_headlines_their_cost_checks_02s_target_and_09s_scalars_read_back_typed():
+    run = {"01_performance_model": {"headline": {"spire": 2.78, "vanilla": 1.36},
+                                    "headline_cell": {"B": 64, "L": 512, "hoi": 600.0, "overlap": True,
+                                                      "tau_context": 512}},
+           "07_llama3_70b_extrapolation": {"headline_70b": {"spire": 2.82}, "headline_70b_cell": {"B": 64, "L": 65536}},
+           "08_cost_analysis": {"paper_cost_check": {"SPIRe gross, (64, 512)": {
+               "paper": 6.4, "from_rounded_tm": 6.4029, "from_full_tm": 6.4012}}},
+           "02_train_target": {"target": {"body_params": 73984, "val_loss": 3.08, "device": "cpu", "unknown": 1}},
+           "09_measured_vs_modeled": {"target_trained_length": 256,
+                                      "machine": {"peak_flops": 5e10, "bandwidth": 1e10}}}
+    assert modeled_headline(run, "01_performance_model") == RecordedHeadline(
+        {"spire": 2.78, "vanilla": 1.36}, B=64, L=512, hoi=600.0, overlap=True, tau_context=512)
+    assert modeled_headline(run, "07_llama3_70b_extrapolation") == RecordedHeadline({"spire": 2.82}, B=64, L=65536)
+    assert paper_cost_checks(run) == {"SPIRe gross, (64, 512)": RecordedCostCheck(6.4, 6.4029, 6.4012)}
+    target = trained_target(run)
+    assert (target.body_params, target.val_loss, target.device, target.tokens) == (73984, 3.08, "cpu", None)
+    assert timed_trained_length(run) == 256 and timed_machine(run).hoi == 5.0
+    assert modeled_headline({}, "01_performance_model") is None and paper_cost_checks({}) == {}
+    assert trained_target({}).body_params is None and timed_trained_length({}) is None
+    assert timed_machine({}).hoi is None  # 09 did not run
