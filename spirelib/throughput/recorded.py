@@ -9,13 +9,14 @@ these, so they sit below both. What 04 records under "tau" and "tau_protocol", a
 `RecordedCell`, `RecordedProfile` and `RecordedMachine`: the notebook writes it (`to_dict`) and every
 reader reads it back typed (`tau_records`, `tau_protocol`, `timed_cells`, `profiled_record`,
 `timed_machine`), not by string keys. So do the index's readers of 01's and 07's headline
-(`RecordedHeadline`), 08's check of the paper's costs (`RecordedCostCheck`), 02's target
-(`RecordedTarget`) and the length 09's target was trained on (`timed_trained_length`).
+(`RecordedHeadline`), 02's target (`RecordedTarget`), 06's answers (`RecordedExplorer`), 08's check
+of the paper's costs (`RecordedCostCheck`) and the length 09's target was trained on
+(`timed_trained_length`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from spirelib.throughput.profiled import ProfiledCost
 from spirelib.throughput.schedule import Acceptance
@@ -343,3 +344,44 @@ class RecordedTarget(_Recorded):
 def trained_target(results: dict) -> RecordedTarget:
     """Notebook 02's "target" in a run's results, typed; every field None where 02 did not run."""
     return RecordedTarget.from_dict(results.get("02_train_target", {}).get("target") or {})
+
+
+@dataclass(frozen=True)
+class RecordedGrid:
+    """A winner map as a notebook records it: the method that wins each (B, L) cell, "ad" where none
+    gains, by B (rows) then L."""
+
+    B: list[int]
+    L: list[int]
+    winners: list[list[str]]
+
+
+@dataclass(frozen=True)
+class RecordedExplorer:
+    """Notebook 06's answers as it records them: the taus it modeled with ("taus_used": this run's,
+    measured at `tau_context`, or the paper's, as `source` says), and per scenario ("paper shapes",
+    "trained shapes") the multipliers at the highlighted (B, L) ("multipliers_at_highlight") and its
+    winner map ("winner_grid"). Empty where 06 did not run."""
+
+    source: str | None = None
+    tau_context: int | None = None
+    taus: dict[str, float] = field(default_factory=dict)
+    B: int | None = None
+    L: int | None = None
+    at: dict[str, dict[str, float]] = field(default_factory=dict)  # scenario -> method -> multiplier at (B, L)
+    grids: dict[str, RecordedGrid] = field(default_factory=dict)  # scenario -> its winner map
+
+    @property
+    def measured(self) -> bool:
+        """Whether 06 modeled with this run's tau (04's), not the paper's."""
+        return self.source == "measured"
+
+
+def explored(results: dict) -> RecordedExplorer:
+    """Notebook 06's answers in a run's results, typed (`RecordedExplorer`)."""
+    recorded = results.get("06_speedup_explorer", {})
+    used, at = recorded.get("taus_used") or {}, dict(recorded.get("multipliers_at_highlight") or {})
+    cell = {k: at.pop(k) for k in ("B", "L") if k in at}
+    return RecordedExplorer(used.get("source"), used.get("context_length"), dict(used.get("taus") or {}), **cell,
+                            at=at, grids={name: RecordedGrid(g["B"], g["L"], g["winners"])
+                                          for name, g in (recorded.get("winner_grid") or {}).items()})

@@ -23,7 +23,14 @@ import numpy as np
 
 from spirelib.throughput import perfmodel
 from spirelib.throughput.methods import color, label, letter
-from spirelib.throughput.recorded import modeled_headline, tau_protocol, timed_cells, timed_machine, trained_target
+from spirelib.throughput.recorded import (
+    explored,
+    modeled_headline,
+    tau_protocol,
+    timed_cells,
+    timed_machine,
+    trained_target,
+)
 from spirelib.throughput.winners import AD, by_cell, unresolved_cells
 from spirelib.throughput.winners import grid_counts as _grid_counts
 from spirelib.throughput.winners import winner as _winner
@@ -199,7 +206,7 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
     """One row per way of answering "which draft wins": its name, the answer at (B, L), over
     the grid, and what to trust it for. Ways whose notebook recorded nothing are left out."""
     rows = []
-    r01, r06 = modeled_headline(results, "01_performance_model"), results.get("06_speedup_explorer", {})
+    r01, r06 = modeled_headline(results, "01_performance_model"), explored(results)
     if r01 is not None:
         paper_taus = perfmodel.PAPER_TAU[int(r01.tau_context or perfmodel.PAPER_TAU_CONTEXT)]
         rows.append(dict(
@@ -210,35 +217,32 @@ def verdict_rows(run: dict, results: dict) -> list[dict]:
             grid=(_modeled_winners(paper_taus, hoi=float(r01.hoi or perfmodel.PAPER_HOI)), GRID_B, GRID_L),
             trust="checking that this workbook's model is the paper's (it redoes the paper's arithmetic on the "
                   "paper's numbers); not about the drafts trained here."))
-    at_06 = r06.get("multipliers_at_highlight") or {}
-    grids_06 = r06.get("winner_grid") or {}
-    used = r06.get("taus_used") or {}
-    source = "this run's tau" if used.get("source") == "measured" else "the paper's tau (no tau measured)"
+    source = "this run's tau" if r06.measured else "the paper's tau (no tau measured)"
     hoi_06 = float(_notebook_param(run, "06_speedup_explorer", "hoi", perfmodel.PAPER_HOI))
-    if at_06.get("paper shapes"):
-        recorded = grids_06.get("paper shapes")
+    if r06.at.get("paper shapes"):
+        recorded = r06.grids.get("paper shapes")
         if recorded:
-            grid = (recorded["winners"], recorded["B"], recorded["L"])
-        elif used.get("taus"):
+            grid = (recorded.winners, recorded.B, recorded.L)
+        elif r06.taus:
             k = tau_protocol(results).k
-            grid = (_modeled_winners(used["taus"], k=k, hoi=hoi_06), GRID_B, GRID_L)
+            grid = (_modeled_winners(r06.taus, k=k, hoi=hoi_06), GRID_B, GRID_L)
         else:
             grid = None
-        at_l = f" at L = {used['context_length']}" if used.get("context_length") else ""
+        at_l = f" at L = {r06.tau_context}" if r06.tau_context else ""
         rows.append(dict(
             key="paper-shapes", way=f"paper's shapes, {source} (modeled)", short=f"at the paper's shapes with {source}",
             title=f"the paper's shapes, {source} (HOI {hoi_06:g})",
-            stem="06_speedup_explorer", B=at_06["B"], L=at_06["L"],
-            at=at_06["paper shapes"], grid=grid,
+            stem="06_speedup_explorer", B=r06.B, L=r06.L,
+            at=r06.at["paper shapes"], grid=grid,
             trust=f"how the drafts trained here would rank at the paper's scale, if their tau (measured{at_l} on "
                   "small models) carried over; the tau is the weak link."))
-    if at_06.get("trained shapes"):
-        recorded = grids_06.get("trained shapes")
+    if r06.at.get("trained shapes"):
+        recorded = r06.grids.get("trained shapes")
         rows.append(dict(
             key="trained-shapes", way=f"trained shapes, {source} (modeled)", short="at the trained shapes (modeled)",
             title=f"this run's shapes, {source} (HOI {hoi_06:g})",
-            stem="06_speedup_explorer", B=at_06["B"], L=at_06["L"],
-            at=at_06["trained shapes"], grid=(recorded["winners"], recorded["B"], recorded["L"]) if recorded else None,
+            stem="06_speedup_explorer", B=r06.B, L=r06.L,
+            at=r06.at["trained shapes"], grid=(recorded.winners, recorded.B, recorded.L) if recorded else None,
             trust="the model's prediction for the models trained here on the paper's hardware (HOI 600); "
                   "not a measurement."))
     measured = _cells(results, "measured_speedup")
@@ -331,9 +335,9 @@ def duel_maps(run: dict, results: dict, duel: tuple[str, str] = DUEL) -> list[di
     a, b = duel
     title = f"{label(a)} or {label(b)}"
     maps = []
-    used = results.get("06_speedup_explorer", {}).get("taus_used") or {}
-    taus = {m: t for m, t in (used.get("taus") or {}).items() if m in duel}
-    if len(taus) == 2 and used.get("source") == "measured":
+    used = explored(results)
+    taus = {m: t for m, t in used.taus.items() if m in duel}
+    if len(taus) == 2 and used.measured:
         k = tau_protocol(results).k
         hoi = float(_notebook_param(run, "06_speedup_explorer", "hoi", perfmodel.PAPER_HOI))
         winners = _modeled_winners(taus, k=k, hoi=hoi)

@@ -20,6 +20,7 @@ from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
 from spirelib.throughput.methods import label
 from spirelib.throughput.recorded import (
     RecordedCell,
+    explored,
     modeled_headline,
     paper_cost_checks,
     profiled_record,
@@ -144,15 +145,14 @@ def _claim_tau(run: dict, results: dict) -> list[Claim]:
 
 
 def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
-    recorded = results.get("06_speedup_explorer", {})
-    at = recorded.get("multipliers_at_highlight") or {}
-    if not at.get("paper shapes") or (recorded.get("taus_used") or {}).get("source") != "measured":
+    recorded = explored(results)
+    if not recorded.at.get("paper shapes") or not recorded.measured:
         return []
-    values = at["paper shapes"]
+    values = recorded.at["paper shapes"]
     win = _winner(values)
     numbers = ", ".join(f"{label(m)} {v:.2f}x" for m, v in sorted(values.items(), key=lambda kv: -kv[1]))
     return [Claim(REPRODUCED, win == "spire",
-                  as_text(f"SPIRe is the best draft at B = {at['B']}, L = {_pow2(at['L'])} (modeled with this run's "
+                  as_text(f"SPIRe is the best draft at B = {recorded.B}, L = {_pow2(recorded.L)} (modeled with this run's "
                           "tau at the paper's shapes): ", link(run, "06_speedup_explorer", numbers),
                           budget_clause(results)),
                   "spire-best-at-highlight")]

@@ -10,11 +10,14 @@ from spirelib.throughput.recorded import (
     DeployError,
     RecordedCell,
     RecordedCostCheck,
+    RecordedExplorer,
+    RecordedGrid,
     RecordedHeadline,
     RecordedMachine,
     RecordedProfile,
     RecordedProtocol,
     RecordedTau,
+    explored,
     modeled_headline,
     paper_cost_checks,
     profiled_record,
@@ -140,3 +143,18 @@ def test_01s_and_07s_headlines_their_cost_checks_02s_target_and_09s_scalars_read
     assert modeled_headline({}, "01_performance_model") is None and paper_cost_checks({}) == {}
     assert trained_target({}).body_params is None and timed_trained_length({}) is None
     assert timed_machine({}).hoi is None  # 09 did not run
+
+
+def test_06s_answers_read_back_typed_and_a_run_without_06_reads_as_empty():
+    grid = {"B": [1, 64], "L": [512, 1024], "winners": [["spire", "spire"], ["magicdec", "ad"]]}
+    run = {"06_speedup_explorer": {
+        "taus_used": {"source": "measured", "context_length": 256, "taus": {"spire": 4.8, "vanilla": 2.8}},
+        "multipliers_at_highlight": {"B": 64, "L": 512, "paper shapes": {"spire": 3.95, "vanilla": 1.44},
+                                     "trained shapes": {"spire": 4.4}},
+        "winner_grid": {"paper shapes": grid}}}
+    assert explored(run) == RecordedExplorer(
+        "measured", 256, {"spire": 4.8, "vanilla": 2.8}, B=64, L=512,
+        at={"paper shapes": {"spire": 3.95, "vanilla": 1.44}, "trained shapes": {"spire": 4.4}},
+        grids={"paper shapes": RecordedGrid([1, 64], [512, 1024], [["spire", "spire"], ["magicdec", "ad"]])})
+    assert explored(run).measured and "B" in run["06_speedup_explorer"]["multipliers_at_highlight"]  # left as read
+    assert explored({}) == RecordedExplorer() and not explored({}).measured
