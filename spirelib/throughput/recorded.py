@@ -9,7 +9,8 @@ these, so they sit below both. What 04 records under "tau" and "tau_protocol", a
 `RecordedCell`, `RecordedProfile` and `RecordedMachine`: the notebook writes it (`to_dict`) and every
 reader reads it back typed (`tau_records`, `tau_protocol`, `timed_cells`, `profiled_record`,
 `timed_machine`), not by string keys. So do the index's readers of 01's and 07's headline
-(`RecordedHeadline`), 02's target (`RecordedTarget`), 06's answers (`RecordedExplorer`), 08's check
+(`RecordedHeadline`), 02's target (`RecordedTarget`), 03's budgets (`RecordedBudget`), 06's answers
+(`RecordedExplorer`), 08's check
 of the paper's costs (`RecordedCostCheck`) and the length 09's target was trained on
 (`timed_trained_length`).
 """
@@ -385,3 +386,24 @@ def explored(results: dict) -> RecordedExplorer:
     return RecordedExplorer(used.get("source"), used.get("context_length"), dict(used.get("taus") or {}), **cell,
                             at=at, grids={name: RecordedGrid(g["B"], g["L"], g["winners"])
                                           for name, g in (recorded.get("winner_grid") or {}).items()})
+
+
+@dataclass(frozen=True)
+class RecordedBudget(_Recorded):
+    """A trained draft's training budget as notebook 03 records it (under "draft_budgets", per draft):
+    its training tokens, its body parameters N, the paper's budget 20 x N (method §6), the share of it
+    the draft got, and what training on the paper's budget would take, per machine (seconds; this
+    machine's at its measured speed, each GPU's as the plan models it)."""
+
+    tokens: int
+    body_params: int
+    paper_tokens: int
+    fraction: float
+    paper_seconds: dict[str, float] | None = None
+
+
+def trained_budgets(results: dict) -> dict[str, RecordedBudget]:
+    """Notebook 03's "draft_budgets" in a run's results, typed: draft -> `RecordedBudget`; empty where 03
+    recorded none."""
+    budgets = results.get("03_train_drafts", {}).get("draft_budgets") or {}
+    return {name: RecordedBudget.from_dict(b) for name, b in budgets.items()}

@@ -21,6 +21,7 @@ from spirelib.throughput.recorded import (
     tau_records,
     timed_cells,
     timed_machine,
+    trained_budgets,
 )
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
@@ -66,7 +67,7 @@ def table1(run: dict, results: dict) -> dict | None:
               + [f"{name} (paper)" for _, name in methods])
     at, order, paper_order = tau_order(results)
     paper_order_all = [m for m in order if m in perfmodel.PAPER_TAU[perfmodel.PAPER_TAU_CONTEXT]]
-    budgets = results.get("03_train_drafts", {}).get("draft_budgets")
+    budgets = trained_budgets(results)
     return dict(header=header, rows=rows, at=at, order=" > ".join(label(m) for m in order),
                 paper_order=" > ".join(label(m) for m in paper_order), same=paper_order_all == paper_order,
                 budgets=budget_sentence(budgets) if budgets else "",

@@ -28,6 +28,7 @@ from spirelib.throughput.recorded import (
     tau_records,
     timed_cells,
     timed_trained_length,
+    trained_budgets,
 )
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
@@ -119,11 +120,11 @@ def budget_clause(results: dict) -> str:
     """The trained drafts' budgets as shares of the paper's 20 x N (notebook 03's "draft_budgets",
     `tables.training.draft_budgets`), for a claim built on their tau, after a semicolon; worded as
     about the budget, not the method, for a draft below `SMALL_BUDGET`; "" when 03 recorded none."""
-    budgets = results.get("03_train_drafts", {}).get("draft_budgets")
+    budgets = trained_budgets(results)
     if not budgets:
         return ""
-    small = [name for name, b in budgets.items() if b["fraction"] < SMALL_BUDGET]
-    return ("; drafts trained on " + " and ".join(f"{percent(b['fraction'])} ({name})" for name, b in budgets.items())
+    small = [name for name, b in budgets.items() if b.fraction < SMALL_BUDGET]
+    return ("; drafts trained on " + " and ".join(f"{percent(b.fraction)} ({name})" for name, b in budgets.items())
             + " of the paper's 20 x N tokens" + (f": about that budget for the {' and the '.join(small)}, not about "
                                                  "the method" if small else ""))
 

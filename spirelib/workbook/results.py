@@ -46,6 +46,8 @@ def to_jsonable(value: Any, where: str = "value") -> Any:
         return out
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hasattr(value, "to_dict"):
+        return to_jsonable(value.to_dict(), where)  # a shape `throughput.recorded` reads back typed
     if hasattr(value, "item") and getattr(value, "shape", None) == ():
         return to_jsonable(value.item(), where)  # numpy scalar, 0-d array or tensor
     if hasattr(value, "tolist"):

@@ -19,6 +19,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from terminal import terminal_output
 
 from spirelib import cli
+from spirelib.throughput.recorded import RecordedBudget
 from spirelib.workbook import execute, progress, report, results, runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,8 +52,11 @@ def test_record_converts_numpy_and_torch_and_replaces_keys(tmp_path, monkeypatch
     results.record("arr", np.arange(3))
     results.record("t", {"x": torch.tensor([1.5, 2.5]), "n": np.int64(7), "pair": (1, "b")})
     results.record("a", 2)
+    results.record("budgets", {"draft": RecordedBudget(10, 5, 100, np.float64(0.1))})  # a shape read back typed
     assert json.loads((tmp_path / "r.json").read_text()) == {
-        "a": 2, "arr": [0, 1, 2], "t": {"x": [1.5, 2.5], "n": 7, "pair": [1, "b"]}}
+        "a": 2, "arr": [0, 1, 2], "t": {"x": [1.5, 2.5], "n": 7, "pair": [1, "b"]},
+        "budgets": {"draft": {"tokens": 10, "body_params": 5, "paper_tokens": 100, "fraction": 0.1,
+                              "paper_seconds": None}}}
     assert results.recorded()["a"] == 2
 
 

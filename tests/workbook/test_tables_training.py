@@ -1,5 +1,6 @@
 """What notebook 02 says about the target (tables.training) holds what series, pipeline and the trainer computed."""
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -103,12 +104,11 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
     """A SPIRe draft of 25M body parameters trained on 123k tokens got 0.025% of the paper's 20 x N
     = 500M: its taus are worded as about that budget; the vanilla draft at 62% of its own is not.
     The index says the same beside every claim built on a tau (`paper_claims.budget_clause`)."""
+    from spirelib.throughput.recorded import RecordedBudget, trained_budgets
     from spirelib.workbook import paper_claims
 
-    budgets = {"SPIRe draft": {"tokens": 123_000, "body_params": 25_000_000, "paper_tokens": 500_000_000,
-                               "fraction": 123_000 / 500_000_000},
-               "vanilla draft": {"tokens": 1_638_400, "body_params": 131_072, "paper_tokens": 2_621_440,
-                                 "fraction": 0.625}}
+    budgets = {"SPIRe draft": RecordedBudget(123_000, 25_000_000, 500_000_000, 123_000 / 500_000_000),
+               "vanilla draft": RecordedBudget(1_638_400, 131_072, 2_621_440, 0.625)}
     text = words.budget_sentence(budgets)
     assert text.startswith("Training budgets: the SPIRe draft trained on 123,000 tokens, 0.025% of the paper's 20 x N "
                            "= 500,000,000 (N = 25,000,000 body parameters); the vanilla draft trained on 1,638,400 "
@@ -116,10 +116,12 @@ def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_sma
     assert text.endswith("those of the SPIRe draft, and every claim built on them, are about this budget, not about "
                          "the method: a draft given the paper's budget could accept far more.")
     assert "vanilla draft, and every claim" not in text
-    clause = paper_claims.budget_clause({"03_train_drafts": {"draft_budgets": budgets}})
+    recorded = {"03_train_drafts": {"draft_budgets": {name: b.to_dict() for name, b in budgets.items()}}}
+    assert trained_budgets(recorded) == budgets  # as 03 records them, read back typed
+    clause = paper_claims.budget_clause(recorded)
     assert clause == ("; drafts trained on 0.025% (SPIRe draft) and 62% (vanilla draft) of the paper's 20 x N tokens: "
                       "about that budget for the SPIRe draft, not about the method")
-    budgets["SPIRe draft"]["fraction"] = 0.5
+    budgets["SPIRe draft"] = dataclasses.replace(budgets["SPIRe draft"], fraction=0.5)
     assert words.budget_sentence(budgets).endswith("that share of the paper's budget.")
     assert paper_claims.budget_clause({}) == ""
 
@@ -143,16 +145,16 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     budgets = tables.draft_budgets(trained(1000.0), trained(500.0, spire="spire config"), CFG)
     spire, vanilla = budgets["SPIRe draft"], budgets["vanilla draft"]
     paper = 20 * draft_cfg.body_params()
-    assert spire["paper_tokens"] == paper and spire["fraction"] == 2560 / paper
-    assert spire["paper_seconds"]["this machine"] == paper / 500.0 and vanilla["paper_seconds"]["this machine"] == (
+    assert spire.paper_tokens == paper and spire.fraction == 2560 / paper
+    assert spire.paper_seconds["this machine"] == paper / 500.0 and vanilla.paper_seconds["this machine"] == (
         paper / 1000.0)
-    assert set(spire["paper_seconds"]) == {"this machine", *HARDWARE}
+    assert set(spire.paper_seconds) == {"this machine", *HARDWARE}
     _, tokens, flops, _ = work.TrainRun(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params()).work()
     h100 = HARDWARE["h100-sxm"].peak_flops["bf16"] * work.GPU_MFU
-    assert vanilla["paper_seconds"]["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
-    assert spire["paper_seconds"]["h100-sxm"] > vanilla["paper_seconds"]["h100-sxm"]  # the frozen target's forward
+    assert vanilla.paper_seconds["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
+    assert spire.paper_seconds["h100-sxm"] > vanilla.paper_seconds["h100-sxm"]  # the frozen target's forward
     text = words.budget_sentence(budgets)
     assert f"that budget would take {plan.duration(paper / 500.0)} on this machine at its measured speed, " in text
-    assert f"{plan.duration(spire['paper_seconds']['h100-sxm'])} on h100-sxm" in text and "(modeled at 40% MFU)" in text
+    assert f"{plan.duration(spire.paper_seconds['h100-sxm'])} on h100-sxm" in text and "(modeled at 40% MFU)" in text
     imported = tables.draft_budgets(trained(float("nan")), trained(500.0, spire="s"), CFG)["vanilla draft"]
-    assert "this machine" not in imported["paper_seconds"]
+    assert "this machine" not in imported.paper_seconds

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from spirelib.throughput.costs import flop_params
+from spirelib.throughput.recorded import RecordedBudget
 from spirelib.workbook import plan, work
 
 
@@ -117,17 +118,17 @@ def percent(fraction: float) -> str:
     return f"{100 * fraction:.2g}%"
 
 
-def budget_sentence(budgets: dict[str, dict]) -> str:
+def budget_sentence(budgets: dict[str, RecordedBudget]) -> str:
     """What each trained draft's tau is about, in words (`draft_budgets`): its training tokens as a
     share of the paper's 20 x N and, for each draft below `SMALL_BUDGET`, that its taus speak of
     this budget, not of the method."""
     if not budgets:
         return ""
-    each = "; ".join(f"the {name} trained on {b['tokens']:,} tokens, {percent(b['fraction'])} of the paper's 20 x N "
-                     f"= {b['paper_tokens']:,} (N = {b['body_params']:,} body parameters"
-                     + (f"; that budget would take {_costs(b['paper_seconds'])}" if b.get("paper_seconds") else "")
+    each = "; ".join(f"the {name} trained on {b.tokens:,} tokens, {percent(b.fraction)} of the paper's 20 x N "
+                     f"= {b.paper_tokens:,} (N = {b.body_params:,} body parameters"
+                     + (f"; that budget would take {_costs(b.paper_seconds)}" if b.paper_seconds else "")
                      + ")" for name, b in budgets.items())
-    small = [name for name, b in budgets.items() if b["fraction"] < SMALL_BUDGET]
+    small = [name for name, b in budgets.items() if b.fraction < SMALL_BUDGET]
     return (f"Training budgets: {each}. Each tau is about a draft trained on that share of the paper's budget"
             + (f"; those of the {' and the '.join(small)}, and every claim built on them, are about this budget, not "
                "about the method: a draft given the paper's budget could accept far more." if small else "."))

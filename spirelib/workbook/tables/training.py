@@ -10,6 +10,7 @@ import math
 
 from spirelib.throughput.costs import budget_fraction, chinchilla_tokens, measured_training_units
 from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.recorded import RecordedBudget
 from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, TrainRun
 
 
@@ -37,7 +38,7 @@ def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) 
             "spire_units_per_token": measured_training_units(target, draft), "body_ratio": float(body_ratio)}
 
 
-def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, dict]:
+def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, RecordedBudget]:
     """Per trained draft (`pipeline.TrainedModel`s of the target `target_cfg`): its training tokens,
     its body parameters N, the paper's budget 20 x N (method §6, `costs.chinchilla_tokens`), the
     share of it the draft got, and what training on the paper's budget would take
@@ -46,9 +47,8 @@ def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, dict]:
     out = {}
     for name, (m, spire) in drafts.items():
         tokens, n = m.summary["tokens"], m.layers_config.body_params()
-        out[name] = {"tokens": int(tokens), "body_params": int(n), "paper_tokens": int(chinchilla_tokens(n)),
-                     "fraction": budget_fraction(tokens, n),
-                     "paper_seconds": paper_budget_seconds(m, spire, target_cfg, int(chinchilla_tokens(n)))}
+        out[name] = RecordedBudget(int(tokens), int(n), int(chinchilla_tokens(n)), budget_fraction(tokens, n),
+                                   paper_budget_seconds(m, spire, target_cfg, int(chinchilla_tokens(n))))
     return out
 
 
