@@ -1,18 +1,19 @@
-"""The acceptance a finished run recorded, as deployment schedules read it (docs/deploy.md):
-notebook 04's tau, its 95% CI and per-position acceptance per method at the recorded context
-nearest the one asked for (`recorded_acceptance`; the means alone, as the notebooks' comparisons
-read them: `recorded_taus`); where the run recorded none, the taus a notebook was given (06,
-`acceptance_or_taus`) or the mean tau of its own timed cells (09, `acceptance_or_cells`).
-`DeployError` says what a run or an option lacks. `spire deploy` and the notebooks' tables both read
-these, so they sit below both. What 04 records under "tau" and "tau_protocol", and 09 under
-"cells", "profiled_model" and "machine", has one shape each, `RecordedTau`, `RecordedProtocol`,
-`RecordedCell`, `RecordedProfile` and `RecordedMachine`: the notebook writes it (`to_dict`) and every
-reader reads it back typed (`tau_records`, `tau_protocol`, `timed_cells`, `profiled_record`,
-`timed_machine`), not by string keys. So do the index's readers of 01's and 07's headline
-(`RecordedHeadline`), 02's target (`RecordedTarget`), 03's budgets (`RecordedBudget`), 06's answers
-(`RecordedExplorer`), 08's check
-of the paper's costs (`RecordedCostCheck`) and the length 09's target was trained on
-(`timed_trained_length`).
+"""What a finished run recorded, read back typed (docs/deploy.md), and the acceptance deployment
+schedules read from it: notebook 04's tau, its 95% CI and per-position acceptance per method at the
+recorded context nearest the one asked for (`recorded_acceptance`; the means alone, as the
+notebooks' comparisons read them: `recorded_taus`); where the run recorded none, the taus a notebook
+was given (06, `acceptance_or_taus`) or the mean tau of its own timed cells (09,
+`acceptance_or_cells`). `DeployError` says what a run or an option lacks. `spire deploy` and the
+notebooks' tables both read these, so they sit below both.
+
+What a notebook records has one shape, written by the notebook (`to_dict`) and read back typed,
+not by string keys: 04's "tau" and "tau_protocol" (`RecordedTau`, `RecordedProtocol`: `tau_records`,
+`tau_protocol`), 09's "cells", "profiled_model" and "machine" (`RecordedCell`, `RecordedProfile`,
+`RecordedMachine`: `timed_cells`, `profiled_record`, `timed_machine`; its target's trained length:
+`timed_trained_length`), 01's and 07's headline (`RecordedHeadline`: `modeled_headline`), 02's
+target (`RecordedTarget`: `trained_target`), 03's budgets (`RecordedBudget`: `trained_budgets`),
+06's answers (`RecordedExplorer`: `explored`) and 08's check of the paper's costs
+(`RecordedCostCheck`: `paper_cost_checks`). 05's ranking is still read by its keys.
 """
 
 from __future__ import annotations
