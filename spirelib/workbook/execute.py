@@ -3,7 +3,8 @@
 The part of `spire run` that needs the notebook extra (papermill, jupyter_client): the runner
 imports this module only when it executes notebooks, so `spire check`, `train`, `bench` and
 `deploy` start on a core install. Parameters are injected as readable blocks (`ReadableTranslator`),
-and kernels shut down by request without jupyter_client's SIGINT first (`QuietShutdownKernelManager`).
+and a finished notebook's kernel is stopped outright, without jupyter_client's SIGINT first
+(`QuietShutdownKernelManager`, `SHUTDOWN`).
 """
 
 from __future__ import annotations
@@ -42,17 +43,21 @@ _QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]  # ipykernel warns on every st
 
 class QuietShutdownKernelManager(AsyncKernelManager):
     """jupyter_client's kernel manager (nbclient's default), except that shutting a kernel down
-    does not interrupt it first. jupyter_client sends SIGINT before every shutdown request; the
-    kernel of a finished notebook is idle, and ipykernel reports the signal on the runner's
-    terminal as "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." after every notebook.
-    The shutdown request alone ends an idle kernel; a busy one (a cell past its timeout, a run
-    stopped with Ctrl-C) gets the SIGTERM that follows when it has not exited within
-    `shutdown_wait_time`."""
+    does not interrupt it first. jupyter_client sends SIGINT before every shutdown; the kernel of a
+    finished notebook is idle, and ipykernel reports the signal on the runner's terminal as
+    "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." after every notebook."""
 
     async def _async_interrupt_kernel(self) -> None:
         if not self.shutting_down:
             await super()._async_interrupt_kernel()
 
+
+#: How nbclient stops a kernel once its notebook is done (or failed, or timed out): killed with its
+#: process group, not asked to shut down. Every cell's outputs have arrived by then and every file a
+#: cell writes is written; a shutdown request instead races in ipykernel 7 (its control handler
+#: flushes stderr into the IOPub pipe the shutdown is closing) and tornado then prints "ERROR ...
+#: ZMQError: Socket operation on non-socket" with a traceback on the runner's terminal.
+SHUTDOWN = "immediate"
 
 INJECTED_WIDTH = 120  # no line of an injected parameters cell is longer
 
@@ -123,7 +128,7 @@ def execute(nb: Path, parameters: dict, out_dir: Path, kernels: Kernels, feed: P
                                        cwd=str(kernels.cwd), kernel_name=kernels.kernel,
                                        log_output=kernels.log_output, progress_bar=False,
                                        extra_arguments=_QUIET_KERNEL, execution_timeout=kernels.cell_timeout,
-                                       kernel_manager_class=QuietShutdownKernelManager)
+                                       kernel_manager_class=QuietShutdownKernelManager, shutdown_kernel=SHUTDOWN)
         return "ok", time.perf_counter() - start, None
     except papermill.PapermillExecutionError as e:
         return "failed", time.perf_counter() - start, f"{e.ename}: {e.evalue}"

@@ -213,11 +213,13 @@ def test_only_rerun_keeps_earlier_results_of_the_same_output_folder(rerun):
 def test_a_successful_series_leaves_no_error_line_on_the_terminal(rerun):
     """Every kernel ends cleanly: no "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" nor
     any other ERROR line, kernels' writes included. That line is ipykernel's report of the SIGINT
-    jupyter_client sends before every shutdown request when it lands while a handler runs (a race: it
-    did not show on a loaded 2-core VM), so no kernel of a finished notebook gets a SIGINT."""
+    jupyter_client sends before every shutdown when it lands while a handler runs (a race: it did not
+    show on a loaded 2-core VM), so no kernel of a finished notebook gets a SIGINT; and a shutdown
+    request races too (tornado's "ZMQError: Socket operation on non-socket", seen once in a clean
+    clone's CI run), so each finished kernel is killed with its process group (`execute.SHUTDOWN`)."""
     rc, _, terminal, signals, _ = rerun
     assert rc == 0
-    assert signal.SIGINT not in signals, signals
+    assert signals == [signal.SIGKILL, signal.SIGKILL], signals  # 01's kernel, 02's: no SIGINT, no request
     assert "[2/2] 02_consume ok in " in terminal  # the whole run reached the terminal
     assert not [line for line in terminal.splitlines() if "ERROR" in line], terminal
 
