@@ -13,7 +13,9 @@ not by string keys: 04's "tau" and "tau_protocol" (`RecordedTau`, `RecordedProto
 `timed_trained_length`), 01's and 07's headline (`RecordedHeadline`: `modeled_headline`), 02's
 target (`RecordedTarget`: `trained_target`), 03's budgets (`RecordedBudget`: `trained_budgets`),
 06's answers (`RecordedExplorer`: `explored`) and 08's check of the paper's costs
-(`RecordedCostCheck`: `paper_cost_checks`). 05's ranking is still read by its keys.
+(`RecordedCostCheck`: `paper_cost_checks`); what one notebook reads of another's, 03's training cost
+(`RecordedTrainingCost`: `measured_training_cost`, read by 08) and 01's best k (`paper_best_k`, read by
+06), too. 05's ranking is still read by its keys.
 """
 
 from __future__ import annotations
@@ -408,3 +410,28 @@ def trained_budgets(results: dict) -> dict[str, RecordedBudget]:
     recorded none."""
     budgets = results.get("03_train_drafts", {}).get("draft_budgets") or {}
     return {name: RecordedBudget.from_dict(b) for name, b in budgets.items()}
+
+
+@dataclass(frozen=True)
+class RecordedTrainingCost(_Recorded):
+    """SPIRe's measured training cost as notebook 03 records it (under "training_cost"; 08 prices with
+    it): the target's and the SPIRe draft's training tokens/s, the draft's cost per token in
+    target-training units (method §2) and its body parameters over the target's."""
+
+    target_tokens_per_s: float
+    spire_tokens_per_s: float
+    spire_units_per_token: float
+    body_ratio: float
+
+
+def measured_training_cost(results: dict) -> RecordedTrainingCost | None:
+    """Notebook 03's "training_cost" in a run's results, typed; None where it recorded none (an imported
+    target, never trained here, or 03 did not run)."""
+    cost = results.get("03_train_drafts", {}).get("training_cost")
+    return RecordedTrainingCost.from_dict(cost) if cost else None
+
+
+def paper_best_k(results: dict) -> int | None:
+    """The best draft depth k notebook 01 finds for SPIRe at (64, 512) with the paper's tau ("best_k_spire_b64_l512");
+    None where 01 did not run."""
+    return results.get("01_performance_model", {}).get("best_k_spire_b64_l512")

@@ -19,6 +19,7 @@ from spirelib.throughput.recorded import (
     RecordedTau,
     explored,
     modeled_headline,
+    paper_best_k,
     paper_cost_checks,
     profiled_record,
     recorded_acceptance,
@@ -140,6 +141,7 @@ def test_01s_and_07s_headlines_their_cost_checks_02s_target_and_09s_scalars_read
     target = trained_target(run)
     assert (target.body_params, target.val_loss, target.device, target.tokens) == (73984, 3.08, "cpu", None)
     assert timed_trained_length(run) == 256 and timed_machine(run).hoi == 5.0
+    assert paper_best_k({"01_performance_model": {"best_k_spire_b64_l512": 7}}) == 7 and paper_best_k(run) is None
     assert modeled_headline({}, "01_performance_model") is None and paper_cost_checks({}) == {}
     assert trained_target({}).body_params is None and timed_trained_length({}) is None
     assert timed_machine({}).hoi is None  # 09 did not run

@@ -165,13 +165,17 @@ def test_08_prices_spire_training_with_the_cost_03_measured_and_says_so():
     """03 measured SPIRe training at 2,000 tokens/s against the target's 1,080: 0.54 target-training
     units a token, which 08 charges at every target instead of the body parameters' 0.25 (the
     vanilla draft keeps its own); without 03's figure, the body-parameter model, said so."""
+    from spirelib.throughput.recorded import measured_training_cost
     from spirelib.workbook.narrative.training import training_cost_sentence
     from spirelib.workbook.tables.training import training_cost
 
     scenarios = {"seqax-67m": Scenario.paper("seqax-67m"), "llama3-70b": Scenario.paper("llama3-70b")}
     modeled = savings.training_units_by_target(scenarios)
     measured = training_cost({"tokens_per_s": 1080.0}, {"tokens_per_s": 2000.0}, 0.25)
-    assert measured["spire_units_per_token"] == pytest.approx(0.54)
+    assert measured.spire_units_per_token == pytest.approx(0.54)
+    recorded = {"03_train_drafts": {"training_cost": measured.to_dict()}}
+    assert measured_training_cost(recorded) == measured  # as 03 records it, read back typed by 08
+    assert measured_training_cost({}) is None and measured_training_cost({"03_train_drafts": {"training_cost": None}}) is None
     assert "a SPIRe token costs 0.54 of a target training token, not the 0.25 its share" in training_cost_sentence(
         measured)
     training, source = words.with_measured_training(modeled, measured)

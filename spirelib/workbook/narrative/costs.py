@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from spirelib.throughput.recorded import RecordedTrainingCost
 from spirelib.throughput.savings import relative_margin
 
 
-def with_measured_training(modeled: dict[str, dict[str, float]], measured: dict | None
+def with_measured_training(modeled: dict[str, dict[str, float]], measured: RecordedTrainingCost | None
                            ) -> tuple[dict[str, dict[str, float]], str]:
     """The drafts' training units 08 prices with, and where SPIRe's come from, in words: the cost
-    per token notebook 03 measured (`measured`: its "training_cost", `tables.training.training_cost`)
+    per token notebook 03 measured (`measured`: its "training_cost", `recorded.measured_training_cost`)
     for SPIRe at every target, where this run recorded one (it holds the frozen target's forward on
     every batch, which the body-parameter count leaves out), else the body-parameter model
     `modeled` (`savings.training_units_by_target`), said so (method §2, "Cost analysis")."""
@@ -20,12 +21,12 @@ def with_measured_training(modeled: dict[str, dict[str, float]], measured: dict 
         return modeled, ("SPIRe's training is priced from its body parameters, "
                          + ", ".join(f"{units['spire']:.2f} units ({name})" for name, units in modeled.items())
                          + ": this run recorded no measured training cost (notebook 03).")
-    units = measured["spire_units_per_token"]
+    units = measured.spire_units_per_token
     return ({name: {**m, "spire": units} for name, m in modeled.items()},
             f"SPIRe's training is priced at {units:.2f} target-training units, the cost per token notebook 03 measured "
-            f"(the draft trained at {measured['spire_tokens_per_s']:,.0f} tokens/s, the target at "
-            f"{measured['target_tokens_per_s']:,.0f}: every SPIRe step runs the frozen target forward), trained on as "
-            f"many tokens as its target; its body parameters alone would say {measured['body_ratio']:.2f}, the "
+            f"(the draft trained at {measured.spire_tokens_per_s:,.0f} tokens/s, the target at "
+            f"{measured.target_tokens_per_s:,.0f}: every SPIRe step runs the frozen target forward), trained on as "
+            f"many tokens as its target; its body parameters alone would say {measured.body_ratio:.2f}, the "
             "paper's \"about 1/4\".")
 
 

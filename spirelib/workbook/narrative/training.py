@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from spirelib.throughput.costs import flop_params
-from spirelib.throughput.recorded import RecordedBudget
+from spirelib.throughput.recorded import RecordedBudget, RecordedTrainingCost
 from spirelib.workbook import plan, work
 
 
@@ -97,14 +97,14 @@ def sample_text(i: int, decode, prompt, sampled, actual) -> str:
             f"ACTUAL: {decode(actual)!r}")
 
 
-def training_cost_sentence(cost: dict | None) -> str:
+def training_cost_sentence(cost: RecordedTrainingCost | None) -> str:
     """`training_cost` in words."""
     if cost is None:
         return ("Training cost: not measured here (the target was not trained on this machine), so notebook 08 "
                 "prices SPIRe's training from its body parameters.")
-    return (f"Training cost: the SPIRe draft trained at {cost['spire_tokens_per_s']:,.0f} tokens/s and the target "
-            f"at {cost['target_tokens_per_s']:,.0f}, so a SPIRe token costs {cost['spire_units_per_token']:.2f} of a "
-            f"target training token, not the {cost['body_ratio']:.2f} its share of the body parameters says: every "
+    return (f"Training cost: the SPIRe draft trained at {cost.spire_tokens_per_s:,.0f} tokens/s and the target "
+            f"at {cost.target_tokens_per_s:,.0f}, so a SPIRe token costs {cost.spire_units_per_token:.2f} of a "
+            f"target training token, not the {cost.body_ratio:.2f} its share of the body parameters says: every "
             "SPIRe step also runs the frozen target forward. Notebook 08 prices SPIRe's training with this figure.")
 
 

@@ -10,7 +10,7 @@ import math
 
 from spirelib.throughput.costs import budget_fraction, chinchilla_tokens, measured_training_units
 from spirelib.throughput.hardware import HARDWARE
-from spirelib.throughput.recorded import RecordedBudget
+from spirelib.throughput.recorded import RecordedBudget, RecordedTrainingCost
 from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, TrainRun
 
 
@@ -25,7 +25,7 @@ def target_result(run, cfg, speed: dict, imported) -> dict:
             "imported_from": str(imported) if imported else None, "embedding_params": n_total - n_body}
 
 
-def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) -> dict | None:
+def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) -> RecordedTrainingCost | None:
     """What notebook 03 records of SPIRe's training cost ("training_cost" in results.json, read by
     notebook 08): the target's and the SPIRe draft's measured training tokens/s, the draft's cost
     per token in target-training units (`costs.measured_training_units`, method §2) and its body
@@ -34,8 +34,7 @@ def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) 
     target, draft = float(target_summary["tokens_per_s"]), float(draft_summary["tokens_per_s"])
     if not (math.isfinite(target) and math.isfinite(draft)):
         return None
-    return {"target_tokens_per_s": target, "spire_tokens_per_s": draft,
-            "spire_units_per_token": measured_training_units(target, draft), "body_ratio": float(body_ratio)}
+    return RecordedTrainingCost(target, draft, measured_training_units(target, draft), float(body_ratio))
 
 
 def draft_budgets(vanilla, spire_draft, target_cfg) -> dict[str, RecordedBudget]:
