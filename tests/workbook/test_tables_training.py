@@ -9,6 +9,7 @@ import pytest
 
 from spirelib.model.config import ModelConfig
 from spirelib.throughput.costs import flop_params
+from spirelib.throughput.recorded import trained_target
 from spirelib.training.tokenizer import BytesTokenizer
 from spirelib.workbook.narrative import training as words
 from spirelib.workbook.tables import training as tables
@@ -89,15 +90,17 @@ def test_sample_text_decodes_prompt_target_and_actual():
 
 def test_target_result_keeps_the_results_keys():
     speed = {"mfu": 0.25, "run_mfu": None, "peak_flops": 2e11}
-    result = tables.target_result(run(), CFG, speed, None)
+    result = tables.target_result(run(), CFG, speed, None).to_dict()
     assert list(result) == ["params", "body_params", "val_loss", "tokens_per_s", "mfu", "run_mfu", "run_tokens_per_s",
                             "peak_flops", "tokens", "steps", "device", "config_hash", "reused", "imported_from",
                             "embedding_params"]
     assert result["embedding_params"] == CFG.num_params() - CFG.body_params() and result["imported_from"] is None
     assert result["run_tokens_per_s"] == 10000.0 and result["mfu"] == 0.25 and result["reused"] is False
     old = {k: v for k, v in SUMMARY.items() if k != "run_tokens_per_s"}  # a checkpoint that predates the figure
-    assert tables.target_result(run(summary=old), CFG, speed, IMPORTED.imported)["run_tokens_per_s"] is None
-    assert tables.target_result(run(), CFG, speed, IMPORTED.imported)["imported_from"] == "/models/llama"
+    assert tables.target_result(run(summary=old), CFG, speed, IMPORTED.imported).run_tokens_per_s is None
+    assert tables.target_result(run(), CFG, speed, IMPORTED.imported).imported_from == "/models/llama"
+    recorded = {"02_train_target": {"target": result}}
+    assert trained_target(recorded) == tables.target_result(run(), CFG, speed, None)  # read back typed as written
 
 
 def test_every_trained_draft_states_its_budget_against_the_papers_20_n_and_a_small_one_is_about_the_budget():

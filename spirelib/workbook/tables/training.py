@@ -10,19 +10,19 @@ import math
 
 from spirelib.throughput.costs import budget_fraction, chinchilla_tokens, measured_training_units
 from spirelib.throughput.hardware import HARDWARE
-from spirelib.throughput.recorded import RecordedBudget, RecordedTrainingCost
+from spirelib.throughput.recorded import RecordedBudget, RecordedTarget, RecordedTrainingCost
 from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, TrainRun
 
 
-def target_result(run, cfg, speed: dict, imported) -> dict:
-    """What notebook 02 records of the target ("target" in results.json): parameters, validation
-    loss, training speed and MFU, tokens and steps, device, identity and where it came from."""
+def target_result(run, cfg, speed: dict, imported) -> RecordedTarget:
+    """What notebook 02 records of the target ("target" in results.json, `RecordedTarget`): parameters,
+    validation loss, training speed and MFU, tokens and steps, device, identity and where it came from."""
     s, n_total, n_body = run.summary, cfg.num_params(), cfg.body_params()
-    return {"params": n_total, "body_params": n_body, "val_loss": s["val_loss"], "tokens_per_s": s["tokens_per_s"],
-            "mfu": speed["mfu"], "run_mfu": speed["run_mfu"], "run_tokens_per_s": s.get("run_tokens_per_s"),
-            "peak_flops": speed["peak_flops"], "tokens": s["tokens"], "steps": s["steps"], "device": s["device"],
-            "config_hash": run.config_hash, "reused": run.result.reused,
-            "imported_from": str(imported) if imported else None, "embedding_params": n_total - n_body}
+    return RecordedTarget(params=n_total, body_params=n_body, val_loss=s["val_loss"], tokens_per_s=s["tokens_per_s"],
+                          mfu=speed["mfu"], run_mfu=speed["run_mfu"], run_tokens_per_s=s.get("run_tokens_per_s"),
+                          peak_flops=speed["peak_flops"], tokens=s["tokens"], steps=s["steps"], device=s["device"],
+                          config_hash=run.config_hash, reused=run.result.reused,
+                          imported_from=str(imported) if imported else None, embedding_params=n_total - n_body)
 
 
 def training_cost(target_summary: dict, draft_summary: dict, body_ratio: float) -> RecordedTrainingCost | None:
