@@ -16,7 +16,14 @@ from spirelib.measure.intervals import t_quantile
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, tau_over_seeds
 from spirelib.model.config import ABLATIONS
 from spirelib.throughput import perfmodel
-from spirelib.throughput.ablations import COMPONENTS, TRAINING, importance, resolved_ranking, variant_multipliers
+from spirelib.throughput.ablations import (
+    COMPONENTS,
+    TRAINING,
+    RankedPart,
+    importance,
+    resolved_ranking,
+    variant_multipliers,
+)
 from spirelib.throughput.acceptance import tau_from_per_position
 
 
@@ -118,7 +125,7 @@ def resolved_family(tested: dict[str, DeltaTau], level: float = FAMILY_LEVEL) ->
                                  ds[0].seeds, ds[0].n_contexts, level).tolist()))
 
 
-def ranking(ours: list[tuple[str, float]], component_deltas: dict, shown: dict[str, bool]) -> list[dict]:
+def ranking(ours: list[tuple[str, float]], component_deltas: dict, shown: dict[str, bool]) -> list[RankedPart]:
     """`ablations.resolved_ranking` of `ours` (`headline_importance`) with the family-wise verdicts
     `shown` (`verdicts`) of the paired differences per part (`paired_deltas`): over two seeds or
     more, resolved over training randomness; with one seed, what shows for that seed's trained
@@ -161,13 +168,6 @@ def paper_importance(k: int, hoi: float = perfmodel.PAPER_HOI) -> dict[str, floa
     cost model's, not a tau of its own)."""
     taus = {name: tau for name, tau in perfmodel.PAPER_ABLATION_TAU.items() if name != "no_sparse_kv"}
     return dict(headline_importance(taus, k, hoi))
-
-
-def effect_of(row: dict) -> str:
-    """A ranking row's effect ("helps", "harmful", "not resolved"; `resolved_ranking`). Rows recorded
-    before "effect" existed help when resolved (the default) with a positive multiplier."""
-    return row.get("effect") or ("not resolved" if not row.get("resolved", True) else
-                                 "helps" if row["multiplier_lost"] > 0 else "harmful")
 
 
 def learning_curve(metrics: list[dict], initial: dict | None = None, key: str = "alpha") -> list[tuple[int, float]]:

@@ -10,8 +10,10 @@ separately trained drafts with their own measured tau; "no_sparse_kv" is cost-mo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from spirelib.throughput import perfmodel
+from spirelib.throughput.recorded import Recorded
 
 #: component -> (variant with it, the same variant without it)
 COMPONENTS: dict[str, tuple[str, str]] = {
@@ -66,8 +68,37 @@ MEASURED_COMPONENTS = {name: pair for name, pair in COMPONENTS.items() if "no_sp
 TRAINING, DRAFT = "training", "draft"
 
 
+#: A ranked part's effects, in the order a ranking lists them.
+EFFECTS = ("helps", "harmful", "not resolved")
+
+
+@dataclass(frozen=True)
+class RankedPart(Recorded):
+    """One part of SPIRe as a ranking (`resolved_ranking`) holds it and notebook 05 records it under
+    "importance": the modeled multiplier lost without it, whether its difference is resolved over
+    training randomness, its effect (one of `EFFECTS`), what the verdict is about ("scope") and its
+    rank among the parts that help (None for the others)."""
+
+    part: str
+    multiplier_lost: float
+    resolved: bool = True
+    effect: str = ""
+    scope: str = TRAINING
+    rank: int | None = None
+
+    @classmethod
+    def from_dict(cls, recorded: dict) -> RankedPart:
+        """A recorded row; one recorded before "effect" existed helps when resolved (then the
+        default) with a positive multiplier."""
+        row = super().from_dict(recorded)
+        if row.effect:
+            return row
+        effect = "not resolved" if not row.resolved else "helps" if row.multiplier_lost > 0 else "harmful"
+        return replace(row, effect=effect)
+
+
 def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bool],
-                     scope: str = TRAINING) -> list[dict]:
+                     scope: str = TRAINING) -> list[RankedPart]:
     """An `importance` ranking with what this run can tell apart. Each part gets an "effect":
     "helps" (its measured tau difference is resolved, `resolved[name]`, e.g.
     `tau.DeltaTau.resolved`, and removing it costs multiplier; cost-model-only parts always are
@@ -86,11 +117,9 @@ def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bo
     for name, drop in ranking:
         measured = name in MEASURED_COMPONENTS
         shown = not measured or resolved[name]
-        rows.append({"part": name, "multiplier_lost": drop, "resolved": shown and (not measured or scope == TRAINING),
-                     "effect": "not resolved" if not shown else "helps" if drop > 0 else "harmful", "scope": scope})
-    ordered = [r for effect in ("helps", "harmful", "not resolved") for r in rows if r["effect"] == effect]
-    rank = 0
-    for row in ordered:
-        rank += row["effect"] == "helps"
-        row["rank"] = rank if row["effect"] == "helps" else None
-    return ordered
+        rows.append((name, drop, shown and (not measured or scope == TRAINING),
+                     "not resolved" if not shown else "helps" if drop > 0 else "harmful"))
+    ordered = [row for effect in EFFECTS for row in rows if row[3] == effect]
+    helping = [row[0] for row in ordered if row[3] == "helps"]
+    return [RankedPart(name, drop, shown, effect, scope, helping.index(name) + 1 if effect == "helps" else None)
+            for name, drop, shown, effect in ordered]

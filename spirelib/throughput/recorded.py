@@ -15,7 +15,8 @@ target (`RecordedTarget`: `trained_target`), 03's budgets (`RecordedBudget`: `tr
 06's answers (`RecordedExplorer`: `explored`) and 08's check of the paper's costs
 (`RecordedCostCheck`: `paper_cost_checks`); what one notebook reads of another's, 03's training cost
 (`RecordedTrainingCost`: `measured_training_cost`, read by 08) and 01's best k (`paper_best_k`, read by
-06), too. 05's ranking is still read by its keys.
+06), too. 05's ablations, the most nested record, have their own module (`recorded_ablations`) on the
+same base (`Recorded`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from spirelib.throughput.profiled import ProfiledCost
 from spirelib.throughput.schedule import Acceptance
 
 
-class _Recorded:
+class Recorded:
     """A shape a notebook records in results.json: written as a dict (`to_dict`), read back typed
     (`from_dict`: a field an older run did not record at its default)."""
 
@@ -39,7 +40,7 @@ class _Recorded:
 
 
 @dataclass(frozen=True)
-class RecordedTau(_Recorded):
+class RecordedTau(Recorded):
     """One method at one context length as notebook 04 records it under "tau" in results.json: the
     mean tau, its reported 95% half-width, the contexts drawn and their per-context spread (the
     fields a run from before they were recorded lacks are None)."""
@@ -58,7 +59,7 @@ def tau_records(results: dict) -> dict[str, dict[int, RecordedTau]]:
 
 
 @dataclass(frozen=True)
-class RecordedProtocol(_Recorded):
+class RecordedProtocol(Recorded):
     """How notebook 04 measured its taus, as it records it under "tau_protocol" in results.json: the
     decoding (k, G, T), the contexts (lengths, the most drawn per length, the batch, the seed, the
     stopping rule), MagicDec's options and every sparse draft's KV budget, the windows the target
@@ -94,7 +95,7 @@ def tau_protocol(results: dict) -> RecordedProtocol:
 
 
 @dataclass(frozen=True)
-class RecordedMachine(_Recorded):
+class RecordedMachine(Recorded):
     """The machine notebook 09 timed on, as it records it under "machine": its calibrated peak
     (FLOP/s, in `precision`) and bandwidth (bytes/s), the device, the bytes a value took, the AD
     step's measured over its modeled time, the scale note and the threads. A field a run did not
@@ -116,7 +117,7 @@ class RecordedMachine(_Recorded):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RecordedCell(_Recorded):
+class RecordedCell(Recorded):
     """One timed draft at one (B, L) of notebook 09, as it records it under "cells": its mean tau, its
     measured speedup over AD with the 95% CI and the runs, the paper's model's speedup and its error
     modeled / measured - 1 (method §2), the profiled model's and its error, whether the profiled fit
@@ -303,7 +304,7 @@ def modeled_headline(results: dict, stem: str) -> RecordedHeadline | None:
 
 
 @dataclass(frozen=True)
-class RecordedCostCheck(_Recorded):
+class RecordedCostCheck(Recorded):
     """One of the paper's serving-savings numbers as notebook 08 checks it (under "paper_cost_check",
     per quantity): the paper's figure, ours from the multipliers rounded to two decimals first (the
     paper's arithmetic) and from the full multipliers."""
@@ -321,7 +322,7 @@ def paper_cost_checks(results: dict) -> dict[str, RecordedCostCheck]:
 
 
 @dataclass(frozen=True)
-class RecordedTarget(_Recorded):
+class RecordedTarget(Recorded):
     """The target notebook 02 trained (or imported), as it records it under "target": its parameters
     (all, the body's, the embedding's), validation loss, training tokens and steps, throughput and
     MFU (the session's and the run's), the peak they are taken against, the device, its config hash,
@@ -392,7 +393,7 @@ def explored(results: dict) -> RecordedExplorer:
 
 
 @dataclass(frozen=True)
-class RecordedBudget(_Recorded):
+class RecordedBudget(Recorded):
     """A trained draft's training budget as notebook 03 records it (under "draft_budgets", per draft):
     its training tokens, its body parameters N, the paper's budget 20 x N (method §6), the share of it
     the draft got, and what training on the paper's budget would take, per machine (seconds; this
@@ -413,7 +414,7 @@ def trained_budgets(results: dict) -> dict[str, RecordedBudget]:
 
 
 @dataclass(frozen=True)
-class RecordedTrainingCost(_Recorded):
+class RecordedTrainingCost(Recorded):
     """SPIRe's measured training cost as notebook 03 records it (under "training_cost"; 08 prices with
     it): the target's and the SPIRe draft's training tokens/s, the draft's cost per token in
     target-training units (method §2) and its body parameters over the target's."""

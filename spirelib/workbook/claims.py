@@ -26,6 +26,7 @@ at the top of the index (`spirelib.workbook.report`).
 from __future__ import annotations
 
 from spirelib.throughput.methods import label
+from spirelib.throughput.recorded_ablations import ablation_record
 from spirelib.workbook import findings, paper_claims
 from spirelib.workbook.narrative.winners import pow2
 
@@ -58,11 +59,9 @@ def record(run: dict, results: dict) -> dict[str, dict]:
                     out[f"winner:{m['key']}:B{B}:L{L}"] = {
                         "claim": f"winner at B = {B}, L = {pow2(L)} ({m['title']})", "verdict": verdict,
                         "evidence": m["where"]}
-    ranked = results.get("05_ablations", {}).get("importance")
-    if ranked:
-        for effect, parts in zip(("helps", "harmful", "not resolved"), paper_claims.ablation_effects(ranked)):
-            for r in parts:
-                out[f"part:{r['part']}"] = {"claim": f"05: {label(r['part'])}", "verdict": effect, "evidence": ""}
+    for parts in paper_claims.ablation_effects(ablation_record(results).importance):
+        for r in parts:
+            out[f"part:{r.part}"] = {"claim": f"05: {label(r.part)}", "verdict": r.effect, "evidence": ""}
     return out
 
 

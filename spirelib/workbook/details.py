@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from spirelib.throughput import perfmodel
-from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
+from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER, RankedPart
 from spirelib.throughput.methods import label
 from spirelib.throughput.recorded import (
     modeled_headline,
@@ -23,6 +23,7 @@ from spirelib.throughput.recorded import (
     timed_machine,
     trained_budgets,
 )
+from spirelib.throughput.recorded_ablations import ablation_record
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad, times
 from spirelib.workbook.narrative import ablations as ablation_narrative
 from spirelib.workbook.narrative.training import budget_sentence
@@ -79,25 +80,22 @@ def ablation_ranking(run: dict, results: dict) -> dict | None:
     rank; the ones resolved as harmful and the unresolved ones without a rank; with one seed
     (`draft`), the same about one trained draft per variant (`narrative.ablations.EFFECT_WORDS`).
     Also what the interval is over (`about`), which run 05's figures come from and 05's scale."""
-    recorded = results.get("05_ablations", {})
-    ranked = recorded.get("importance")
-    if not ranked:
+    recorded = ablation_record(results)
+    if not recorded.importance:
         return None
-    interval = recorded.get("interval")
-    draft = (interval or {}).get("scope") == "draft"
-    helps, harmful, unresolved = ablation_effects(ranked)
+    draft = recorded.one_seed
+    helps, harmful, unresolved = ablation_effects(recorded.importance)
 
-    def row(effect: str, r: dict) -> list[Text | str]:
-        return [effect, as_text(link(run, "05_ablations", f"{r['part']} ({r['multiplier_lost']:+.2f}x)")),
-                tau_effect(recorded, r["part"]), str(PAPER_IMPORTANCE_ORDER.index(r["part"]) + 1)]
+    def row(effect: str, r: RankedPart) -> list[Text | str]:
+        return [effect, as_text(link(run, "05_ablations", f"{r.part} ({r.multiplier_lost:+.2f}x)")),
+                tau_effect(recorded, r.part), str(PAPER_IMPORTANCE_ORDER.index(r.part) + 1)]
 
     labels = (("hurts this trained draft", "within the contexts' noise") if draft else
               ("harmful here", "not resolved"))
     rows = [row(str(i + 1), r) for i, r in enumerate(helps)]
     rows += [row(effect, r) for effect, group in zip(labels, (harmful, unresolved)) for r in group]
-    return dict(draft=draft, about=ablation_narrative.scope_phrase(interval).rstrip(": "),
-                source=ablation_source(run, results), rows=rows,
-                scale=recorded.get("ablation_protocol", {}).get("scale", ""))
+    return dict(draft=draft, about=ablation_narrative.scope_phrase(recorded.interval).rstrip(": "),
+                source=ablation_source(run, results), rows=rows, scale=recorded.ablation_protocol.scale)
 
 
 def measured_vs_modeled(run: dict, results: dict) -> dict | None:

@@ -14,9 +14,8 @@ import statistics
 from collections.abc import Callable
 from typing import NamedTuple
 
-from spirelib.measure.ablations import effect_of
 from spirelib.throughput import perfmodel
-from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER
+from spirelib.throughput.ablations import EFFECTS, PAPER_IMPORTANCE_ORDER, RankedPart
 from spirelib.throughput.methods import label
 from spirelib.throughput.recorded import (
     RecordedCell,
@@ -30,6 +29,7 @@ from spirelib.throughput.recorded import (
     timed_trained_length,
     trained_budgets,
 )
+from spirelib.throughput.recorded_ablations import RecordedAblations, ablation_record
 from spirelib.throughput.winners import winner as _winner
 from spirelib.units import count
 from spirelib.workbook.findings import Text, as_text, link, slower_than_ad
@@ -159,16 +159,15 @@ def _claim_highlight_winner(run: dict, results: dict) -> list[Claim]:
                   "spire-best-at-highlight")]
 
 
-def ablation_effects(ranked: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """05's ranking split by what this run resolves (`measure.ablations.effect_of`): (parts that
-    help, ranked; parts resolved as harmful; parts not resolved)."""
-    return tuple([r for r in ranked if effect_of(r) == effect]
-                 for effect in ("helps", "harmful", "not resolved"))
+def ablation_effects(ranked: list[RankedPart]) -> tuple[list[RankedPart], list[RankedPart], list[RankedPart]]:
+    """05's ranking split by what this run resolves (`RankedPart.effect`): (parts that help,
+    ranked; parts resolved as harmful; parts not resolved)."""
+    return tuple([r for r in ranked if r.effect == effect] for effect in EFFECTS)
 
 
-def tau_effect(recorded: dict, part: str) -> str:
-    d = (recorded.get("component_delta_tau") or {}).get(part)
-    return f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau" if d else "modeled, no interval (cost model only)"
+def tau_effect(recorded: RecordedAblations, part: str) -> str:
+    d = recorded.component_delta_tau.get(part)
+    return f"{d.text()} tau" if d else "modeled, no interval (cost model only)"
 
 
 def ablation_source(run: dict, results: dict) -> str:
@@ -179,11 +178,10 @@ def ablation_source(run: dict, results: dict) -> str:
     params_file = entry.get("params_file") or run.get("params_file")
     if not params_file:
         return ""
-    protocol = results.get("05_ablations", {}).get("ablation_protocol", {})
-    training, seeds = protocol.get("training") or {}, protocol.get("seeds") or []
+    protocol = ablation_record(results).ablation_protocol
+    seeds, tokens = protocol.seeds, protocol.training_tokens
     budget = ""
-    if seeds and training:
-        tokens = training["batch_size"] * training["seq_len"] * training["steps"]
+    if seeds and tokens:
         budget = f", {len(seeds)} seed{'s' if len(seeds) > 1 else ''} x {count(tokens)} training tokens per variant"
     started = entry.get("started", "")[:10]
     return f"(05 run with {params_file}{f' on {started}' if started else ''}{budget})"
@@ -195,18 +193,17 @@ def _claim_ablations(run: dict, results: dict) -> list[Claim]:
     one trained draft per variant, which cannot reproduce a claim about training this way; what is
     resolved is resolved family-wise (method §10), in either direction, a variant against SPIRe
     included."""
-    recorded = results.get("05_ablations", {})
-    ranked = recorded.get("importance")
+    recorded = ablation_record(results)
+    ranked = recorded.importance
     if not ranked:
         return []
     helps, harmful, unresolved = ablation_effects(ranked)
-    interval = recorded.get("interval")
     text = ("Importance of SPIRe's parts (measured tau, modeled at B = 64, L = 512): "
-            + ablation_narrative.order_sentence(ranked, interval, recorded.get("component_delta_tau"),
-                                             recorded.get("delta_tau")))
-    ours = [r["part"] for r in helps]
+            + ablation_narrative.order_sentence(ranked, recorded.interval, recorded.component_delta_tau,
+                                             recorded.delta_tau))
+    ours = [r.part for r in helps]
     ok = (not harmful and not unresolved and ours == [p for p in PAPER_IMPORTANCE_ORDER if p in ours]
-          and (interval or {}).get("scope") != "draft")
+          and not recorded.one_seed)
     source = ablation_source(run, results)
     paper = " Paper: " + " > ".join(PAPER_IMPORTANCE_ORDER) + (f" {source}" if source else "")
     return [Claim(REPRODUCED, ok, as_text(link(run, "05_ablations", text), paper), "importance-order")]

@@ -28,6 +28,7 @@ COVERED_BY = {
     "model/kpass_attention.py": "tests/model/test_spire.py",
     "model/rope.py": "tests/model/test_transformer.py",
     "throughput/profile_fit.py": "tests/throughput/test_profiled.py",
+    "throughput/recorded_ablations.py": "tests/workbook/test_tables_ablations.py",
     "throughput/savings.py": "tests/workbook/test_tables_costs.py",
     "throughput/schedule.py": "tests/workbook/test_deploy.py",
     "throughput/sharding.py": "tests/training/test_fsdp.py",

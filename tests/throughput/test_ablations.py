@@ -44,10 +44,10 @@ def test_unresolved_differences_get_no_rank():
     ranking = importance(paper_multipliers())
     resolved = {name: name in ("target activations", "feedback") for name in MEASURED_COMPONENTS}
     rows = resolved_ranking(ranking, resolved)
-    assert [(r["part"], r["rank"]) for r in rows] == [
+    assert [(r.part, r.rank) for r in rows] == [
         ("sparse KV", 1), ("target activations", 2), ("feedback", 3),
         ("distillation", None), ("pruned init", None), ("MixedLoss", None)]
-    assert all(r["resolved"] == (r["rank"] is not None) for r in rows)
+    assert all(r.resolved == (r.rank is not None) for r in rows)
 
 
 def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
@@ -55,7 +55,7 @@ def test_a_part_resolved_as_harmful_is_reported_as_harmful_not_ranked_last():
 
     ranking = [("sparse KV", 0.7), ("distillation", 0.1), ("feedback", 0.01), ("target activations", -0.08)]
     rows = resolved_ranking(ranking, {name: name != "feedback" for name in MEASURED_COMPONENTS})
-    assert [(r["part"], r["rank"], r["effect"]) for r in rows] == [
+    assert [(r.part, r.rank, r.effect) for r in rows] == [
         ("sparse KV", 1, "helps"), ("distillation", 2, "helps"), ("target activations", None, "harmful"),
         ("feedback", None, "not resolved")]
 
@@ -67,9 +67,9 @@ def test_with_one_seed_a_ranking_speaks_of_its_trained_drafts_and_resolves_nothi
     assert (TRAINING, DRAFT) == (tau.TRAINING, tau.DRAFT)  # the scopes tau's intervals report
     ranking = [("sparse KV", 0.7), ("distillation", 0.1), ("feedback", 0.01), ("target activations", -0.08)]
     rows = resolved_ranking(ranking, {name: name != "feedback" for name in MEASURED_COMPONENTS}, DRAFT)
-    assert [(r["part"], r["rank"], r["effect"], r["resolved"]) for r in rows] == [
+    assert [(r.part, r.rank, r.effect, r.resolved) for r in rows] == [
         ("sparse KV", 1, "helps", True), ("distillation", 2, "helps", False),
         ("target activations", None, "harmful", False), ("feedback", None, "not resolved", False)]
-    assert {r["scope"] for r in rows} == {DRAFT}
+    assert {r.scope for r in rows} == {DRAFT}
     with pytest.raises(ValueError, match="scope"):
         resolved_ranking(ranking, {}, "seeds")

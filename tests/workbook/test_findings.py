@@ -153,6 +153,7 @@ def ablation_run(seeds: int) -> tuple[dict, list[str]]:
     """05's recorded results and its lead, as notebook 05 computes them, for differences over `seeds`."""
     from spirelib.measure import ablations
     from spirelib.measure.tau import DeltaTau
+    from spirelib.throughput.recorded_ablations import AblationProtocol
     from spirelib.workbook.narrative import ablations as words
     from spirelib.workbook.tables import ablations as tables
 
@@ -162,9 +163,10 @@ def ablation_run(seeds: int) -> tuple[dict, list[str]]:
     shown = {"target activations": True, "feedback": False}
     ranked = ablations.ranking([("sparse KV", 0.76), ("feedback", 0.01), ("target activations", -0.08)], deltas, shown)
     stats = {"spire": DeltaTau(3.0, 0.1, (3.0,) * seeds, 128)}
-    recorded = tables.ablation_results(stats, ranked, {}, deltas, shown, list(range(seeds)), False, {"scale": "tiny"})
-    taus = recorded["component_delta_tau"]
-    return {"05_ablations": recorded}, words.lead(ranked, 100, 100, interval=recorded["interval"], taus=taus)
+    recorded = tables.ablation_results(stats, ranked, {}, deltas, shown, list(range(seeds)), False,
+                                       AblationProtocol(scale="tiny"))
+    lead = words.lead(ranked, 100, 100, interval=recorded.interval, taus=recorded.component_delta_tau)
+    return {"05_ablations": recorded.to_dict()}, lead
 
 
 def test_the_index_claims_of_the_ablations_what_05_leads_with_in_its_words():

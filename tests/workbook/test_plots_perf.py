@@ -237,10 +237,11 @@ def test_ablation_learning_curves_are_small_multiples_in_the_methods_colours():
 
 def test_ablation_bars_one_colour_and_legend_entry_per_variant_and_no_label_on_the_error_bars():
     from spirelib.throughput.methods import color
+    from spirelib.throughput.recorded_ablations import RecordedDelta
     from spirelib.workbook.plots.ablations import delta_figure
 
-    deltas = {"random_init": {"mean": -0.3, "ci95": 0.1, "resolved": True},
-              "no_feedback": {"mean": 0.01, "ci95": 0.05, "resolved": False}}
+    deltas = {"random_init": RecordedDelta(-0.3, 0.1, resolved=True),
+              "no_feedback": RecordedDelta(0.01, 0.05, resolved=False)}
     fig = delta_figure(deltas, {"random_init": -0.5}, scale="tiny")
     bars = [t for t in fig.data if t.type == "bar"]
     assert [b.name for b in bars] == ["random init", "no feedback"]

@@ -1,6 +1,7 @@
 """Tables of the ablations (notebook 05): paired measurements and the rows built from them."""
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,7 +12,15 @@ from spirelib.measure import ablations
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
+from spirelib.throughput.ablations import RankedPart
 from spirelib.throughput.acceptance import tau_from_per_position
+from spirelib.throughput.recorded_ablations import (
+    Family,
+    RecordedAblations,
+    RecordedDelta,
+    RecordedInterval,
+    VariantTau,
+)
 from spirelib.workbook.narrative import ablations as words
 from spirelib.workbook.tables import ablations as tables
 
@@ -64,12 +73,16 @@ def test_seed_taus_and_interval_note_say_what_the_intervals_are_about():
     assert list(taus) == ["spire", "hard_target"]
     assert taus["spire"] == tau_over_seeds([COUNTS[0]["spire"], COUNTS[1]["spire"]])
     deltas = ablations.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire")})
-    assert tables.interval_note(deltas, 6) == {
+    note = tables.interval_note(deltas, 6)
+    assert note == RecordedInterval("training", "training randomness (2 seeds, target fixed)", 2, 2, 1, 1, "fixed",
+                                    Family("Holm", 0.05, 6))
+    assert note.to_dict() == {  # as results.json holds it, and read back the same
         "scope": "training", "about": "training randomness (2 seeds, target fixed)", "seeds": 2, "n_contexts": 2,
         "df_seeds": 1, "df_contexts": 1, "target": "fixed",
         "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6}}
+    assert RecordedInterval.from_dict(note.to_dict()) == note
     one = ablations.paired_deltas({0: COUNTS[0]}, {"hard_target": ("hard_target", "spire")})
-    assert tables.interval_note(one, 1)["scope"] == "draft" and tables.interval_note(one, 1)["df_seeds"] is None
+    assert tables.interval_note(one, 1).scope == "draft" and tables.interval_note(one, 1).df_seeds is None
     assert tables.interval_note({}, 0) is None
 
 
@@ -79,12 +92,12 @@ def test_ranking_takes_the_family_wise_verdicts_over_seeds_and_with_one_seed_wha
     two = {"feedback": DeltaTau(0.2, 0.05, (0.18, 0.22), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.05, -0.15), 64)}
     rows = ablations.ranking(ours, two, {"feedback": True, "distillation": False})
     assert two["distillation"].resolved  # alone
-    assert [(r["part"], r["effect"], r["rank"], r["scope"]) for r in rows] == [
+    assert [(r.part, r.effect, r.rank, r.scope) for r in rows] == [
         ("sparse KV", "helps", 1, "training"), ("feedback", "helps", 2, "training"),
         ("distillation", "not resolved", None, "training")]
     one = {"feedback": DeltaTau(0.2, 0.05, (0.2,), 64), "distillation": DeltaTau(-0.1, 0.05, (-0.1,), 64)}
     rows = ablations.ranking(ours, one, {"feedback": True, "distillation": True})
-    assert [(r["part"], r["effect"], r["resolved"], r["scope"]) for r in rows] == [
+    assert [(r.part, r.effect, r.resolved, r.scope) for r in rows] == [
         ("sparse KV", "helps", True, "draft"), ("feedback", "helps", False, "draft"),
         ("distillation", "harmful", False, "draft")]  # shows for the one trained draft; never resolved
 
@@ -127,17 +140,17 @@ def test_tau_rows():
 
 
 def test_importance_rows():
-    ranked = [{"rank": 1, "part": "feedback", "multiplier_lost": 0.3, "resolved": True},
-              {"rank": None, "part": "sparse_kv", "multiplier_lost": 0.1, "resolved": False}]
+    ranked = [RankedPart("feedback", 0.3, True, "helps", rank=1),
+              RankedPart("sparse_kv", 0.1, False, "not resolved")]
     deltas = {"feedback": DeltaTau(0.2, 0.05, (0.2,))}
     rows = tables.importance_rows(ranked, deltas, {"feedback": 0.25}, ("sparse_kv", "feedback"))
     assert rows[0] == {"rank": 1, "ours": "feedback", "drop": 0.3, "delta": "+0.200 ± 0.050", "paper_rank": 2,
                        "paper_drop": 0.25}
     assert rows[1]["rank"] == "not resolved at this scale" and rows[1]["delta"] == (
         "modeled, no interval (cost model only)")
-    harmful = tables.importance_rows([{**ranked[0], "rank": None, "effect": "harmful"}], deltas, {}, ("feedback",))
+    harmful = tables.importance_rows([replace(ranked[0], rank=None, effect="harmful")], deltas, {}, ("feedback",))
     assert harmful[0]["rank"] == "harmful at this scale"
-    one_seed = [{**ranked[0], "rank": None, "effect": e, "scope": "draft"} for e in ("harmful", "not resolved")]
+    one_seed = [replace(ranked[0], rank=None, effect=e, scope="draft") for e in ("harmful", "not resolved")]
     assert [r["rank"] for r in tables.importance_rows(one_seed, deltas, {}, ("feedback",))] == [
         "hurts this trained draft", "within the contexts' noise"]
     assert rows[1]["paper_rank"] == 1 and np.isnan(rows[1]["paper_drop"])
@@ -174,28 +187,32 @@ def test_headline_and_paper_importance_price_the_variants_at_b64_l512():
 
 
 def test_a_ranking_rows_effect_and_the_older_rows_without_one():
-    assert ablations.effect_of({"effect": "harmful", "multiplier_lost": 0.5}) == "harmful"
-    assert ablations.effect_of({"multiplier_lost": 0.5}) == "helps"  # recorded before "effect": resolved by default
-    assert ablations.effect_of({"multiplier_lost": -0.1, "resolved": True}) == "harmful"
-    assert ablations.effect_of({"multiplier_lost": 0.5, "resolved": False}) == "not resolved"
+    def effect(**row):
+        return RankedPart.from_dict({"part": "feedback", **row}).effect
+
+    assert effect(effect="harmful", multiplier_lost=0.5) == "harmful"
+    assert effect(multiplier_lost=0.5) == "helps"  # recorded before "effect": resolved by default
+    assert effect(multiplier_lost=-0.1, resolved=True) == "harmful"
+    assert effect(multiplier_lost=0.5, resolved=False) == "not resolved"
+    row = RankedPart("feedback", 0.5, True, "helps", "draft", 2)
+    assert RankedPart.from_dict(row.to_dict()) == row
 
 
 def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved():
-    ranked = [{"part": "sparse KV", "multiplier_lost": 0.4, "resolved": True, "effect": "helps"},
-              {"part": "distillation", "multiplier_lost": 0.1, "resolved": True, "effect": "helps"},
-              {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful"},
-              {"part": "feedback", "multiplier_lost": 0.3, "resolved": False, "effect": "not resolved"}]
+    ranked = [RankedPart("sparse KV", 0.4, True, "helps"), RankedPart("distillation", 0.1, True, "helps"),
+              RankedPart("target activations", -0.08, True, "harmful"),
+              RankedPart("feedback", 0.3, False, "not resolved")]
     assert words.order_sentence(ranked) == (
         "2 of 4 parts help at this scale (a measured part only when resolved): sparse KV (modeled, no interval, "
         "+0.40x) > distillation (+0.10x), in the paper's order. Resolved as harmful here, removing it raises tau: "
         "target activations (-0.08x; the paper ranks it 2 of 6). Not resolved at this scale (no rank): feedback.")
-    two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127,
-           "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6}}
-    taus = {"target activations": {"mean": -0.056, "ci95": 0.049}, "distillation": {"mean": 0.2, "ci95": 0.1},
-            "feedback": {"mean": 0.01, "ci95": 0.03}}
-    variants = {"no_feedback_no_target_acts": {"mean": 0.044, "ci95": 0.039, "family_excludes_zero": True},
-                "hard_target": {"mean": -0.2, "ci95": 0.1, "family_excludes_zero": True},  # a part's: said there
-                "no_feedback": {"mean": 0.05, "ci95": 0.04, "family_excludes_zero": False}}
+    two = RecordedInterval("training", seeds=2, n_contexts=128, df_seeds=1, df_contexts=127,
+                           family=Family("Holm", 0.05, 6))
+    taus = {"target activations": RecordedDelta(-0.056, 0.049), "distillation": RecordedDelta(0.2, 0.1),
+            "feedback": RecordedDelta(0.01, 0.03)}
+    variants = {"no_feedback_no_target_acts": RecordedDelta(0.044, 0.039, family_excludes_zero=True),
+                "hard_target": RecordedDelta(-0.2, 0.1, family_excludes_zero=True),  # a part's: said there
+                "no_feedback": RecordedDelta(0.05, 0.04, family_excludes_zero=False)}
     assert words.order_sentence(ranked, two, taus, variants) == (
         "Over training randomness (2 seeds per variant, the target fixed; family-wise over the table's 6 comparisons, "
         "Holm at 5%): 2 of 4 parts help at this scale (a measured part only when resolved): sparse KV (modeled, no "
@@ -204,8 +221,8 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
         "Not resolved at this scale (no rank): feedback (+0.010 ± 0.030 tau, +0.30x). Also resolved, a variant "
         "against SPIRe: no feedback, no target activations above SPIRe (+0.044 ± 0.039 tau). Each ± is that "
         "difference's own 95% interval, uncorrected.")
-    one = {**two, "scope": "draft", "seeds": 1, "df_seeds": None}
-    text = words.order_sentence([{**r, "scope": "draft"} for r in ranked], one, taus)
+    one = replace(two, scope="draft", seeds=1, df_seeds=None)
+    text = words.order_sentence([replace(r, scope="draft") for r in ranked], one, taus)
     assert text == (
         "For one trained draft per variant (one seed, the target fixed; not over training randomness; family-wise "
         "over the table's 6 comparisons, Holm at 5%): 2 of 4 parts help this trained draft (a measured part only "
@@ -217,14 +234,14 @@ def test_order_sentence_ranks_what_helps_and_names_what_hurts_or_is_not_resolved
     assert "resolved" not in text  # one seed never speaks of resolved
     ranked[:2] = ranked[1::-1]
     assert ", not in the paper's order." in words.order_sentence(ranked)
-    legacy = [{"part": "sparse KV", "multiplier_lost": 0.4}, {"part": "feedback", "multiplier_lost": 0.1,
-                                                              "resolved": False}]  # recorded before "effect"
+    legacy = [RankedPart.from_dict(r) for r in ({"part": "sparse KV", "multiplier_lost": 0.4},  # before "effect"
+                                                {"part": "feedback", "multiplier_lost": 0.1, "resolved": False})]
     assert words.order_sentence(legacy).startswith("1 of 2 parts help at this scale (a measured part only when "
                                                     "resolved): sparse KV")
 
 
 def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_the_degrees_of_freedom():
-    two = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
+    two = RecordedInterval("training", seeds=2, n_contexts=128, df_seeds=1, df_contexts=127)
     text = words.interval_sentence(two)
     assert text.startswith("**Over training randomness.** Each variant was trained at 2 seeds. A seed is a draft's "
                            "training seed: it draws the draft's training windows")
@@ -232,9 +249,9 @@ def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_
     assert "the seeds' spread (1 degree of freedom: t = 12.7, so only large effects" in text
     assert "the noise of the 128 contexts that all seeds share (127 degrees of freedom)" in text
     assert "docs/method.md §10" in text
-    three = words.interval_sentence({**two, "seeds": 3, "df_seeds": 2})
+    three = words.interval_sentence(replace(two, seeds=3, df_seeds=2))
     assert "the seeds' spread (2 degrees of freedom) and" in three and "12.7" not in three
-    one = words.interval_sentence({**two, "scope": "draft", "seeds": 1, "df_seeds": None})
+    one = words.interval_sentence(replace(two, scope="draft", seeds=1, df_seeds=None))
     assert one.startswith("**One trained draft per variant.** With one training seed, every difference is about the "
                           "two trained drafts that seed gave.")
     assert "covers only the noise of the 128 contexts (Student's t, 127 degrees of freedom), not training" in one
@@ -246,26 +263,38 @@ def test_ablation_results_and_protocol_keep_the_results_keys():
     stats = {"spire": SimpleNamespace(mean=3.0, ci95=0.1, n_contexts=8)}
     delta = DeltaTau(-1.0, 0.5, (-1.0,), 8)
     shown = {"random_init": False, "feedback": True}
-    results = tables.ablation_results(stats, [{"part": "x"}], {"random_init": delta}, {"feedback": delta}, shown, [0],
-                                      False, {"k": 4})
-    assert results == {"tau": {"spire": {"mean": 3.0, "ci95": 0.1, "n_contexts": 8}}, "importance": [{"part": "x"}],
-                       "delta_tau": {"random_init": tables.delta_record(delta, False)},
-                       "component_delta_tau": {"feedback": tables.delta_record(delta, True)},
-                       "interval": tables.interval_note({"feedback": delta}, 2),  # random init is no part of feedback
-                       "seeds": [0], "importance_matches_paper": False, "ablation_protocol": {"k": 4}}
-    feedback = results["component_delta_tau"]["feedback"]
-    assert results["interval"]["scope"] == "draft" and feedback["resolved"] is False  # one seed: never resolved
-    assert feedback["excludes_zero"] is True and feedback["family_excludes_zero"] is True
-    assert results["delta_tau"]["random_init"]["family_excludes_zero"] is False
-    two = DeltaTau(-1.0, 0.5, (-1.0, -1.0), 8)
-    assert tables.delta_record(two, False)["resolved"] is False and tables.delta_record(two, False)["resolved_alone"]
-    assert tables.delta_record(two, True)["resolved"] is True
+    ranked = [RankedPart("sparse KV", 0.7, True, "helps", "draft", 1)]
     series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0, tau_seed=3)
-    todict = SimpleNamespace(to_dict=lambda: {"steps": 2})
-    protocol = tables.ablation_protocol(series, 64, 8, todict, todict, [0, 1], 1.5, "s")
-    assert protocol == {"context_length": 64, "n_contexts": 8, "k": 4, "new_tokens": 8, "temperature": 1.0,
-                        "seed": 3, "training": {"steps": 2}, "spire": {"steps": 2}, "seeds": [0, 1],
-                        "training_seconds": 1.5, "scale": "s"}
+    todict = SimpleNamespace(to_dict=lambda: {"batch_size": 2, "seq_len": 16, "steps": 3})
+    protocol = tables.ablation_protocol(series, 64, 8, todict, todict, [0], 1.5, "s")
+    assert protocol.to_dict() == {"context_length": 64, "n_contexts": 8, "k": 4, "new_tokens": 8, "temperature": 1.0,
+                                  "seed": 3, "training": todict.to_dict(), "spire": todict.to_dict(), "seeds": [0],
+                                  "training_seconds": 1.5, "scale": "s"}
+    assert protocol.training_tokens == 96
+    results = tables.ablation_results(stats, ranked, {"random_init": delta}, {"feedback": delta}, shown, [0], False,
+                                      protocol)
+    assert results == RecordedAblations(
+        tau={"spire": VariantTau(3.0, 0.1, 8)}, importance=ranked,
+        delta_tau={"random_init": tables.delta_record(delta, False)},
+        component_delta_tau={"feedback": tables.delta_record(delta, True)},
+        interval=tables.interval_note({"feedback": delta}, 2),  # random init is no part of feedback
+        seeds=[0], importance_matches_paper=False, ablation_protocol=protocol)
+    recorded = results.to_dict()  # results.json's keys, in their order, and read back the same
+    assert list(recorded) == ["tau", "importance", "delta_tau", "component_delta_tau", "interval", "seeds",
+                              "importance_matches_paper", "ablation_protocol"]
+    assert recorded["tau"] == {"spire": {"mean": 3.0, "ci95": 0.1, "n_contexts": 8}}
+    assert recorded["importance"] == [{"part": "sparse KV", "multiplier_lost": 0.7, "resolved": True,
+                                       "effect": "helps", "scope": "draft", "rank": 1}]
+    assert list(recorded["delta_tau"]["random_init"]) == [*delta.to_dict(), "family_excludes_zero", "resolved_alone"]
+    assert RecordedAblations.from_dict(recorded) == results and results.one_seed
+    feedback = results.component_delta_tau["feedback"]
+    assert results.interval.scope == "draft" and feedback.resolved is False  # one seed: never resolved
+    assert feedback.excludes_zero is True and feedback.family_excludes_zero is True
+    assert results.delta_tau["random_init"].family_excludes_zero is False
+    two = DeltaTau(-1.0, 0.5, (-1.0, -1.0), 8)
+    assert tables.delta_record(two, False).resolved is False and tables.delta_record(two, False).resolved_alone
+    assert tables.delta_record(two, True).resolved is True
+    assert RecordedAblations.from_dict({}) == RecordedAblations()  # a run without 05
 
 
 def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
@@ -308,18 +337,17 @@ def test_step_0_says_whether_the_pruned_init_starts_below_random_weights():
 
 
 def test_05_leads_with_its_conclusion_and_says_what_rules_out_a_defect_when_target_activations_hurt():
-    ranked = [{"part": "sparse KV", "multiplier_lost": 0.7, "resolved": True, "effect": "helps", "rank": 1},
-              {"part": "target activations", "multiplier_lost": -0.08, "resolved": True, "effect": "harmful",
-               "rank": None}]
+    ranked = [RankedPart("sparse KV", 0.7, True, "helps", rank=1),
+              RankedPart("target activations", -0.08, True, "harmful")]
     paragraphs = words.lead(ranked, 204_800, 1_228_800, "step 0 ...", "curves ...")
     assert paragraphs[0].startswith("1 of 2 parts help at this scale (a measured part only when resolved)")
     assert paragraphs[1].startswith("The variants trained on 204,800 tokens per seed, 17% of the main SPIRe draft's "
                                     "1,228,800")
     assert paragraphs[2:4] == ["step 0 ...", "curves ..."] and paragraphs[4] == words.PATH_CHECK
-    ranked[1]["effect"] = "helps"
+    ranked[1] = replace(ranked[1], effect="helps")
     assert words.PATH_CHECK not in words.lead(ranked, 1_228_800, 1_228_800)
     assert words.lead(ranked, 1_228_800, 1_228_800)[1].endswith("the main SPIRe draft's budget.")
-    interval = {"scope": "training", "seeds": 2, "n_contexts": 128, "df_seeds": 1, "df_contexts": 127}
+    interval = RecordedInterval("training", seeds=2, n_contexts=128, df_seeds=1, df_contexts=127)
     paragraphs = words.lead(ranked, 1_228_800, 1_228_800, interval=interval)
     assert paragraphs[0] == words.order_sentence(ranked, interval)  # the index's claim says it in these words
     assert paragraphs[1] == words.interval_sentence(interval) and paragraphs[2].startswith("The variants trained")

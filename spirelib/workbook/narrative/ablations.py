@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.measure.ablations import effect_of, pays_from
-from spirelib.throughput.ablations import COMPONENTS, DRAFT, MEASURED_COMPONENTS, TRAINING, matches_paper_order
+from spirelib.measure.ablations import pays_from
+from spirelib.throughput.ablations import (
+    COMPONENTS,
+    DRAFT,
+    EFFECTS,
+    MEASURED_COMPONENTS,
+    TRAINING,
+    RankedPart,
+    matches_paper_order,
+)
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
 from spirelib.throughput.methods import label
+from spirelib.throughput.recorded_ablations import RecordedDelta, RecordedInterval
 
 
 def budget_note(tokens: int, main_tokens: int, n_variants: int, n_seeds: int, training_seconds: float) -> str:
@@ -48,24 +57,23 @@ EFFECT_WORDS = {
 }
 
 
-def scope_phrase(interval: dict | None) -> str:
+def scope_phrase(interval: RecordedInterval | None) -> str:
     """The words that open `order_sentence`: what its differences are about (`interval_note`) and,
     where recorded, the family its verdicts are controlled over (method §10); "" for results
     recorded before 05 recorded its interval (those used the earlier interval, whose degrees of
     freedom were wrong: method §10)."""
     if not interval:
         return ""
-    fam = interval.get("family")
-    controlled = (f"; family-wise over the table's {fam['comparisons']} comparisons, Holm at {fam['level']:.0%}"
-                  if fam else "")
-    if interval["scope"] == DRAFT:
+    fam = interval.family
+    controlled = f"; family-wise over the table's {fam.comparisons} comparisons, Holm at {fam.level:.0%}" if fam else ""
+    if interval.scope == DRAFT:
         return ("For one trained draft per variant (one seed, the target fixed; not over training randomness"
                 f"{controlled}): ")
-    return f"Over training randomness ({interval['seeds']} seeds per variant, the target fixed{controlled}): "
+    return f"Over training randomness ({interval.seeds} seeds per variant, the target fixed{controlled}): "
 
 
-def order_sentence(ranked: list[dict], interval: dict | None = None, taus: dict | None = None,
-                   variants: dict | None = None) -> str:
+def order_sentence(ranked: list[RankedPart], interval: RecordedInterval | None = None,
+                   taus: dict[str, RecordedDelta] | None = None, variants: dict[str, RecordedDelta] | None = None) -> str:
     """What this run says of SPIRe's parts (`resolved_ranking`'s rows) against the paper's order
     (method §3.8), in words, after what it is about (`scope_phrase` of `interval_note`): the parts
     that help, ranked; the parts resolved as harmful; the parts not resolved (neither gets a rank),
@@ -75,43 +83,39 @@ def order_sentence(ranked: list[dict], interval: dict | None = None, taus: dict 
     (part -> `delta_record`) has it, each its own uncorrected 95% interval, said once; a part of
     the cost model alone is labelled "modeled, no interval". 05's lead and the run index's claim
     (`findings`) both say it in these words."""
-    scope = (interval or {}).get("scope", TRAINING)
-    words = EFFECT_WORDS[scope]
-    helps, harmful, unresolved = (
-        [r for r in ranked if effect_of(r) == effect] for effect in ("helps", "harmful", "not resolved"))
+    words = EFFECT_WORDS[interval.scope if interval else TRAINING]
+    helps, harmful, unresolved = ([r for r in ranked if r.effect == effect] for effect in EFFECTS)
     text = (scope_phrase(interval) + f"{len(helps)} of {len(ranked)} parts " + words["helps"]
             + (": " + " > ".join(_part_text(r, taus) for r in helps) if helps else "")
-            + (", in the paper's order" if matches_paper_order([(r["part"], 0) for r in helps]) else
+            + (", in the paper's order" if matches_paper_order([(r.part, 0) for r in helps]) else
                ", not in the paper's order") + ".")
     if harmful:
         text += (f" {words['harmful']}: "
-                 + ", ".join(_part_text(r, taus, f"; the paper ranks it {PAPER_ORDER.index(r['part']) + 1} of "
+                 + ", ".join(_part_text(r, taus, f"; the paper ranks it {PAPER_ORDER.index(r.part) + 1} of "
                                                  f"{len(PAPER_ORDER)}") for r in harmful) + ".")
     if unresolved:
-        text += f" {words['not resolved']}: " + ", ".join(_part_text(r, taus) if taus else r["part"]
+        text += f" {words['not resolved']}: " + ", ".join(_part_text(r, taus) if taus else r.part
                                                           for r in unresolved) + "."
     parts = {frozenset(pair) for pair in COMPONENTS.values()}
     beyond = [(name, d) for name, d in (variants or {}).items()
-              if frozenset((name, "spire")) not in parts and d.get("family_excludes_zero")]
+              if frozenset((name, "spire")) not in parts and d.family_excludes_zero]
     if beyond:
         text += (f" {words['variant']}: " + ", ".join(
-            f"{label(name)} {'above' if d['mean'] > 0 else 'below'} SPIRe ({d['mean']:+.3f} ± {d['ci95']:.3f} tau)"
-            for name, d in beyond) + ".")
+            f"{label(name)} {'above' if d.mean > 0 else 'below'} SPIRe ({d.text()} tau)" for name, d in beyond) + ".")
     if taus or beyond:
         text += " Each ± is that difference's own 95% interval, uncorrected."
     return text
 
 
-def _part_text(row: dict, taus: dict | None, tail: str = "") -> str:
+def _part_text(row: RankedPart, taus: dict[str, RecordedDelta] | None, tail: str = "") -> str:
     """A part with its tau difference (where `taus` has it; "modeled, no interval" for a part of
     the cost model alone) and the multiplier it is worth."""
-    d = (taus or {}).get(row["part"])
-    tau = (f"{d['mean']:+.3f} ± {d['ci95']:.3f} tau, " if d else
-           "" if row["part"] in MEASURED_COMPONENTS else "modeled, no interval, ")
-    return f"{row['part']} ({tau}{row['multiplier_lost']:+.2f}x{tail})"
+    d = (taus or {}).get(row.part)
+    tau = f"{d.text()} tau, " if d else "" if row.part in MEASURED_COMPONENTS else "modeled, no interval, "
+    return f"{row.part} ({tau}{row.multiplier_lost:+.2f}x{tail})"
 
 
-def interval_sentence(interval: dict | None) -> str:
+def interval_sentence(interval: RecordedInterval | None) -> str:
     """What 05's intervals are about, in words (method §10): what a seed varies, that the target is
     held fixed, and the interval's method and degrees of freedom; with one seed, that every
     difference is about one trained draft per variant. "" without `interval_note`."""
@@ -122,29 +126,29 @@ def interval_sentence(interval: dict | None) -> str:
               "no random weights (all are copied from the target).")
     fixed = ("The target (notebook 02's), the contexts and the decoding streams are held fixed: this is about drafts "
              "trained on this one target, and a run with a freshly trained target can answer differently.")
-    n, df_contexts = interval["n_contexts"], interval["df_contexts"]
-    if interval["scope"] == DRAFT:
+    n, df_contexts = interval.n_contexts, interval.df_contexts
+    if interval.scope == DRAFT:
         return (f"**One trained draft per variant.** With one training seed, every difference is about the two "
                 f"trained drafts that seed gave. Its 95% interval covers only the noise of the {n} contexts "
                 f"(Student's t, {df_contexts} degrees of freedom), not training randomness, so nothing here is "
                 f"resolved in that sense: that takes two seeds or more (docs/method.md §10). {varies} {fixed}"
                 f"{family_sentence(interval)}")
-    df = interval["df_seeds"]
+    df = interval.df_seeds
     seeds_term = (f"{df} degree of freedom: t = 12.7, so only large effects, or seeds that agree closely, are resolved"
                   if df == 1 else f"{df} degrees of freedom")
-    return (f"**Over training randomness.** Each variant was trained at {interval['seeds']} seeds. {varies} {fixed} "
+    return (f"**Over training randomness.** Each variant was trained at {interval.seeds} seeds. {varies} {fixed} "
             f"Each 95% interval adds two terms in quadrature, each with its own Student's t (docs/method.md §10): "
             f"the seeds' spread ({seeds_term}) and the noise of the {n} contexts that all seeds share "
             f"({df_contexts} degrees of freedom).{family_sentence(interval)}")
 
 
-def family_sentence(interval: dict) -> str:
+def family_sentence(interval: RecordedInterval) -> str:
     """How the verdicts are controlled across the table (method §10), in words, after a space; ""
     for results recorded before 05 recorded its family (`interval_note`)."""
-    fam = interval.get("family")
+    fam = interval.family
     if not fam:
         return ""
-    m, level = fam["comparisons"], fam["level"]
+    m, level = fam.comparisons, fam.level
     return (f" The table makes {m} comparisons at once, so a difference counts only family-wise (Holm's step-down): "
             f"the most evident is tested at level {level:g}/{m}, the next at {level:g}/{m - 1}, and so on, stopping at "
             f"the first that fails. The chance that any difference with no effect passes is then at most {level:.0%}; "
@@ -205,8 +209,9 @@ PATH_CHECK = ("A defect in the target-activation path is ruled out by tests, not
               "layer it was pruned from stored at that position (no layer or position off by one).")
 
 
-def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", curves: str = "",
-         interval: dict | None = None, taus: dict | None = None, variants: dict | None = None) -> list[str]:
+def lead(ranked: list[RankedPart], tokens: int, main_tokens: int, step0: str = "", curves: str = "",
+         interval: RecordedInterval | None = None, taus: dict[str, RecordedDelta] | None = None,
+         variants: dict[str, RecordedDelta] | None = None) -> list[str]:
     """05's conclusion in words, before its evidence (Markdown paragraphs): what helps, hurts or is
     not resolved, and about what (`order_sentence` with `interval_note`, the parts' tau
     differences `taus` and the variants' `variants`: the words the run index's claim uses too);
@@ -221,6 +226,6 @@ def lead(ranked: list[dict], tokens: int, main_tokens: int, step0: str = "", cur
                  "can change sign with more training (the learning curves below show how it moves)."))
     paragraphs = [order_sentence(ranked, interval, taus, variants)]
     paragraphs += [p for p in (interval_sentence(interval), budget, step0, curves) if p]
-    if any(r.get("effect") == "harmful" and r["part"] == "target activations" for r in ranked):
+    if any(r.effect == "harmful" and r.part == "target activations" for r in ranked):
         paragraphs.append(PATH_CHECK)
     return paragraphs

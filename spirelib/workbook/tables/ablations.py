@@ -10,8 +10,16 @@ import numpy as np
 
 from spirelib.measure.ablations import FAMILY_LEVEL, family
 from spirelib.measure.tau import DeltaTau
-from spirelib.throughput.ablations import DRAFT, TRAINING
+from spirelib.throughput.ablations import DRAFT, TRAINING, RankedPart
 from spirelib.throughput.methods import label
+from spirelib.throughput.recorded_ablations import (
+    AblationProtocol,
+    Family,
+    RecordedAblations,
+    RecordedDelta,
+    RecordedInterval,
+    VariantTau,
+)
 
 TAU_COLUMNS = {"variant": "variant", "tau": "tau (mean over seeds, 95% CI)",
                "predicted": "tau predicted in training (from alpha_j)",
@@ -24,7 +32,7 @@ IMPORTANCE_COLUMNS = {"rank": "rank (ours)", "ours": "part",
                       "paper_rank": "rank (paper)", "paper_drop": "TM lost without it (paper taus)"}
 
 
-def interval_note(deltas: dict, comparisons: int) -> dict | None:
+def interval_note(deltas: dict, comparisons: int) -> RecordedInterval | None:
     """What the paired intervals of `deltas` (name -> `tau.DeltaTau`, all over the same seeds and
     contexts) are about, as results.json records it: "scope" (TRAINING or DRAFT), the seeds S and
     contexts n, the degrees of freedom of the seeds' and the contexts' terms (method §10), that
@@ -34,9 +42,8 @@ def interval_note(deltas: dict, comparisons: int) -> dict | None:
         return None
     d = next(iter(deltas.values()))
     df_seeds, df_contexts = d.df
-    return {"scope": d.scope, "about": d.about, "seeds": d.seeds, "n_contexts": d.n_contexts, "df_seeds": df_seeds,
-            "df_contexts": df_contexts, "target": "fixed",
-            "family": {"procedure": "Holm", "level": FAMILY_LEVEL, "comparisons": comparisons}}
+    return RecordedInterval(d.scope, d.about, d.seeds, d.n_contexts, df_seeds, df_contexts, "fixed",
+                            Family("Holm", FAMILY_LEVEL, comparisons))
 
 
 def tau_rows(stats: dict, predicted: dict, deltas: dict, paper_tau: dict, shown: dict[str, bool]) -> list[dict]:
@@ -66,51 +73,49 @@ def _resolved_cell(d, shown: bool) -> str:
             else "not resolved at this scale")
 
 
-def importance_rows(ranked: list[dict], component_deltas: dict, paper: dict, paper_order) -> list[dict]:
+def importance_rows(ranked: list[RankedPart], component_deltas: dict, paper: dict, paper_order) -> list[dict]:
     """The parts of SPIRe in our order (`ablations.resolved_ranking`): the multiplier lost
     without each, the paired tau difference behind it (a cost-model-only part has none), and
     the paper's rank (`paper_order`) and multiplier lost with its taus (`paper`: part -> TM)."""
-    return [{"rank": r["rank"] or _no_rank(r), "ours": r["part"], "drop": r["multiplier_lost"],
-             "delta": (f"{component_deltas[r['part']].mean:+.3f} ± {component_deltas[r['part']].ci95:.3f}"
-                       if r["part"] in component_deltas else "modeled, no interval (cost model only)"),
-             "paper_rank": list(paper_order).index(r["part"]) + 1, "paper_drop": paper.get(r["part"], np.nan)}
+    return [{"rank": r.rank or _no_rank(r), "ours": r.part, "drop": r.multiplier_lost,
+             "delta": (f"{component_deltas[r.part].mean:+.3f} ± {component_deltas[r.part].ci95:.3f}"
+                       if r.part in component_deltas else "modeled, no interval (cost model only)"),
+             "paper_rank": list(paper_order).index(r.part) + 1, "paper_drop": paper.get(r.part, np.nan)}
             for r in ranked]
 
 
-def _no_rank(row: dict) -> str:
-    if row.get("scope") == DRAFT:
-        return "hurts this trained draft" if row.get("effect") == "harmful" else "within the contexts' noise"
-    return "harmful at this scale" if row.get("effect") == "harmful" else "not resolved at this scale"
+def _no_rank(row: RankedPart) -> str:
+    if row.scope == DRAFT:
+        return "hurts this trained draft" if row.effect == "harmful" else "within the contexts' noise"
+    return "harmful at this scale" if row.effect == "harmful" else "not resolved at this scale"
 
 
-def ablation_results(stats: dict, ranked: list[dict], deltas: dict, component_deltas: dict, shown: dict[str, bool],
-                     seeds, agree: bool, protocol: dict) -> dict:
+def ablation_results(stats: dict, ranked: list[RankedPart], deltas: dict, component_deltas: dict,
+                     shown: dict[str, bool], seeds, agree: bool, protocol: AblationProtocol) -> RecordedAblations:
     """What notebook 05 records: per variant its tau over the seeds (mean, CI, contexts), the
     ranking, the paired differences to SPIRe per variant and per part (`delta_record`, with their
     family-wise verdicts `shown`), what their intervals are about (`interval_note`), the seeds,
     whether the ranking matches the paper's and the protocol (`ablation_protocol`)."""
-    return {"tau": {name: {"mean": s.mean, "ci95": s.ci95, "n_contexts": s.n_contexts} for name, s in stats.items()},
-            "importance": ranked,
-            "delta_tau": {name: delta_record(d, shown[name]) for name, d in deltas.items()},
-            "component_delta_tau": {part: delta_record(d, shown[part]) for part, d in component_deltas.items()},
-            "interval": interval_note(component_deltas or deltas, len(family(component_deltas, deltas))),
-            "seeds": seeds, "importance_matches_paper": agree, "ablation_protocol": protocol}
+    return RecordedAblations(
+        tau={name: VariantTau(s.mean, s.ci95, s.n_contexts) for name, s in stats.items()}, importance=ranked,
+        delta_tau={name: delta_record(d, shown[name]) for name, d in deltas.items()},
+        component_delta_tau={part: delta_record(d, shown[part]) for part, d in component_deltas.items()},
+        interval=interval_note(component_deltas or deltas, len(family(component_deltas, deltas))),
+        seeds=seeds, importance_matches_paper=agree, ablation_protocol=protocol)
 
 
-def delta_record(d: DeltaTau, shown: bool) -> dict:
+def delta_record(d: DeltaTau, shown: bool) -> RecordedDelta:
     """A paired difference as results.json holds it (`DeltaTau.to_dict`): "resolved" is the
     family-wise verdict (method §10), "family_excludes_zero" what it shows with one seed too;
     "ci95", "excludes_zero" and "resolved_alone" are this difference's own interval, uncorrected."""
-    return {**d.to_dict(), "resolved": shown and d.scope == TRAINING, "family_excludes_zero": shown,
-            "resolved_alone": d.resolved}
+    return RecordedDelta.from_dict({**d.to_dict(), "resolved": shown and d.scope == TRAINING,
+                                    "family_excludes_zero": shown, "resolved_alone": d.resolved})
 
 
 def ablation_protocol(series, context_length: int, n_contexts: int, budget, base, seeds, training_seconds: float,
-                      scale: str) -> dict:
+                      scale: str) -> AblationProtocol:
     """How the ablations were measured (method §5's tau protocol) and trained, as results.json holds it."""
-    return {"context_length": context_length, "n_contexts": n_contexts, "k": series.k,
-            "new_tokens": series.new_tokens, "temperature": series.temperature, "seed": series.tau_seed,
-            "training": budget.to_dict(), "spire": base.to_dict(), "seeds": seeds,
-            "training_seconds": training_seconds, "scale": scale}
+    return AblationProtocol(context_length, n_contexts, series.k, series.new_tokens, series.temperature,
+                            series.tau_seed, budget.to_dict(), base.to_dict(), seeds, training_seconds, scale)
 
 
