@@ -1,8 +1,10 @@
-"""How the workbook writes a big number: counts of parameters and tokens (`count`: 67.1M, 1.34B) and
-amounts of FLOPs and bytes (`si`: 1.2T, 3.4G), one way everywhere a report, the plan or an error
-message states one."""
+"""How the workbook writes a big number: counts of parameters and tokens (`count`: 67.1M, 1.34B),
+amounts of FLOPs and bytes (`si`: 1.2T, 3.4G) and durations (`duration`: 42 s, 3.5 min), one way
+everywhere a report, the plan or an error message states one."""
 
 from __future__ import annotations
+
+import math
 
 
 def count(n: float) -> str:
@@ -21,3 +23,17 @@ def si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.1f}{unit}"
     return f"{x:.0f}"
+
+
+def duration(seconds: float) -> str:
+    """Seconds as the plan, the run's summary and the reports show them: "8.0 s", "42 s", "3.5 min", "1.2 h".
+    Not tqdm's `format_interval`: its clock form ("03:30", "1:12:00") is not the units these sentences read in."""
+    if math.isnan(seconds):
+        return "-"
+    if seconds < 0.05:
+        return "0 s"
+    if seconds < 90:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

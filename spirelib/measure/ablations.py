@@ -5,7 +5,7 @@ differences are resolved, family-wise over every comparison one table reports (H
 step-down, `verdicts`; `resolved_family` for any family, 04's KV-budget sweep too), and the
 ranking of SPIRe's parts they support; the tau each variant's training predicted; the modeled
 multiplier each part is worth at the paper's headline cell with our taus and with the paper's;
-and where on the learning curves a part starts to pay."""
+and each variant's learning curve (where a part starts to pay on them: `ablations.pays_from`)."""
 
 from __future__ import annotations
 
@@ -176,19 +176,3 @@ def learning_curve(metrics: list[dict], initial: dict | None = None, key: str = 
     expected acceptance alpha (method §8) by default."""
     points = [(0, float(initial[key]))] if initial and key in initial else []
     return points + [(int(m["tokens"]), float(m[key])) for m in metrics if m["kind"] == "val" and key in m]
-
-
-def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]], margin: float = 1e-3) -> int | None:
-    """The training tokens from which a part pays on the learning curves (`learning_curve` of the
-    variant with the part and of the one without, at the same evaluations): the first evaluation
-    from which on `with_it` stays above `without` by more than `margin` (a difference below the
-    three decimals the curves are reported with is a tie); None when it is not above at the last."""
-    common = sorted(set(dict(with_it)) & set(dict(without)))
-    a, b = dict(with_it), dict(without)
-    start = None
-    for tokens in common:
-        if a[tokens] > b[tokens] + margin:
-            start = tokens if start is None else start
-        else:
-            start = None
-    return start

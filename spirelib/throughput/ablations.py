@@ -4,7 +4,8 @@ Each component is judged by what the modeled throughput multiplier (method §2) 
 is removed, comparing two variants that differ in that component alone. Five variants are
 separately trained drafts with their own measured tau; "no_sparse_kv" is cost-model only
 (SPIRe's tau, the draft reading its whole cache). With the paper's taus at (B, L) =
-(64, 512) this reproduces the paper's order (tests/throughput/test_ablations.py).
+(64, 512) this reproduces the paper's order (tests/throughput/test_ablations.py). Where on two
+variants' learning curves a part starts to pay is `pays_from`.
 """
 
 from __future__ import annotations
@@ -123,3 +124,19 @@ def resolved_ranking(ranking: list[tuple[str, float]], resolved: Mapping[str, bo
     helping = [row[0] for row in ordered if row[3] == "helps"]
     return [RankedPart(name, drop, shown, effect, scope, helping.index(name) + 1 if effect == "helps" else None)
             for name, drop, shown, effect in ordered]
+
+
+def pays_from(with_it: list[tuple[int, float]], without: list[tuple[int, float]], margin: float = 1e-3) -> int | None:
+    """The training tokens from which a part pays on the learning curves (`learning_curve` of the
+    variant with the part and of the one without, at the same evaluations): the first evaluation
+    from which on `with_it` stays above `without` by more than `margin` (a difference below the
+    three decimals the curves are reported with is a tie); None when it is not above at the last."""
+    common = sorted(set(dict(with_it)) & set(dict(without)))
+    a, b = dict(with_it), dict(without)
+    start = None
+    for tokens in common:
+        if a[tokens] > b[tokens] + margin:
+            start = tokens if start is None else start
+        else:
+            start = None
+    return start

@@ -2,8 +2,10 @@
 records (`writes`: what results.json holds under its stem; `results.record` refuses any other, so
 a reader can trust the names), the checks of its parameters taken together (`checks`, reported by
 `spire run` and `spire check` before any notebook runs), and how a dry run scales its budgets
-(`dry_run`: parameter -> the value it runs with, or a function of the value the run would use).
-The plan's work per notebook is `work.WORK`, keyed by these stems (a test holds them together).
+(`dry_run`: parameter -> the value it runs with, or a function of the value the run would use),
+and whether it is `numpy_only`: its kernel imports no torch (it models, and reads what the others
+measured), so its imports take half a second; no notebook's kernel imports the report stack (`report`,
+nbconvert), which only the runner needs (tests/system/test_notebook_imports.py). The plan's work per notebook is `work.WORK`, keyed by these stems (a test holds them together).
 
 Light on purpose: the numpy-only notebooks (01, 06, 07, 08) record through it, so what a check or
 a dry run needs from torch's layers is imported when it runs.
@@ -24,6 +26,7 @@ class Notebook:
     writes: frozenset[str]
     checks: Callable[[dict], list[str]] | None = None
     dry_run: Mapping[str, Any] = field(default_factory=dict)
+    numpy_only: bool = False
 
 
 def _tau_checks(p: dict) -> list[str]:
@@ -46,12 +49,12 @@ def _dry_run_training(given):
     return {**(given or {}), **DRY_RUN_TRAINING}
 
 
-# Notebooks 01, 06, 07 and 08 are numpy-only and run unchanged in a dry run; the series itself is
+# The numpy-only notebooks (01, 06, 07 and 08) run unchanged in a dry run; the series itself is
 # scaled by `training.series_params.dry_run`.
 NOTEBOOKS: dict[str, Notebook] = {nb.stem: nb for nb in (
     Notebook("01_performance_model", frozenset({
         "headline", "headline_cell", "no_sparse_kv_b64", "ablations_b64_l512", "g_aware_vs_main_at_512",
-        "best_k_spire_b64_l512", "mixed_length_max_change", "spire_over_magicdec", "tau_needed"})),
+        "best_k_spire_b64_l512", "mixed_length_max_change", "spire_over_magicdec", "tau_needed"}), numpy_only=True),
     Notebook("02_train_target", frozenset({"target"}),
              dry_run={"num_samples": 1, "prompt_tokens": 16, "sample_tokens": 8}),
     Notebook("03_train_drafts", frozenset({
@@ -68,12 +71,12 @@ NOTEBOOKS: dict[str, Notebook] = {nb.stem: nb for nb in (
                       "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2}),
     Notebook("06_speedup_explorer", frozenset({
         "best_k_at_highlight", "multipliers_at_highlight", "one_pass", "schedule_at_highlight", "taus_used",
-        "winner_at_highlight", "winner_changes_mixed_lengths", "winner_grid"})),
+        "winner_at_highlight", "winner_changes_mixed_lengths", "winner_grid"}), numpy_only=True),
     Notebook("07_llama3_70b_extrapolation", frozenset({
-        "critical_context_length", "headline_70b", "headline_70b_cell", "measured_taus_70b"})),
+        "critical_context_length", "headline_70b", "headline_70b_cell", "measured_taus_70b"}), numpy_only=True),
     Notebook("08_cost_analysis", frozenset({
         "break_even_serving", "mixed_length_margin", "paper_cost_check", "savings", "savings_70b",
-        "savings_scheduled", "spire_max_training_units", "spire_training_units"})),
+        "savings_scheduled", "spire_max_training_units", "spire_training_units"}), numpy_only=True),
     Notebook("09_measured_vs_modeled", frozenset({
         "cells", "hoi", "machine", "profiled_model", "schedule_check", "target_trained_length"}),
              checks=_timing_checks,

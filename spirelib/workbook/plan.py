@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from spirelib.paths import cache_dir
-from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.hardware import GPU_DTYPE, GPU_MFU, GPU_ROOFLINE_FRACTION, HARDWARE
 from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.throughput.recorded import tau_records
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
 from spirelib.training.devices import resolve_device
-from spirelib.units import si
+from spirelib.units import duration, si
 from spirelib.workbook.probe import (
     PROBE_ATTEMPTS,
     PROBE_FORMAT,
@@ -39,9 +39,6 @@ from spirelib.workbook.probe import (
 )
 from spirelib.workbook.results import read_json
 from spirelib.workbook.work import (
-    GPU_DTYPE,
-    GPU_MFU,
-    GPU_ROOFLINE_FRACTION,
     NOTEBOOK_SECONDS,
     WORK,
     Item,
@@ -144,20 +141,6 @@ def time_range(a: float, b: float) -> str:
     low, high = duration(min(a, b)), duration(max(a, b))
     same_unit = low.rsplit(" ", 1)[-1] == high.rsplit(" ", 1)[-1]
     return f"{low.rsplit(' ', 1)[0] if same_unit else low} - {high}"
-
-
-def duration(seconds: float) -> str:
-    """Seconds as the plan and the run's summary show them: "8.0 s", "42 s", "3.5 min", "1.2 h".
-    Not tqdm's `format_interval`: its clock form ("03:30", "1:12:00") is not the units these sentences read in."""
-    if math.isnan(seconds):
-        return "-"
-    if seconds < 0.05:
-        return "0 s"
-    if seconds < 90:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def measured_taus(results: dict) -> dict[str, float] | None:

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Self, TextIO
 
-from spirelib.workbook.plan import duration, time_range
+from spirelib.units import duration
+from spirelib.workbook.plan import time_range
 
 TICK_S = 1.0  # a terminal's line is redrawn this often
 PLAIN_INTERVAL_S = 30.0  # without a terminal, at most one progress line this often

@@ -41,13 +41,12 @@ import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import plotly.io as pio
 import plotly.offline
 import yaml
-from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from jinja2 import PackageLoader
 from markupsafe import Markup
 from nbconvert import HTMLExporter
 
@@ -56,6 +55,7 @@ from spirelib.throughput.engines import SERVING
 from spirelib.workbook import deploy, findings, paper_claims
 from spirelib.workbook.details import DETAILS
 from spirelib.workbook.plan import time_range
+from spirelib.workbook.templating import render
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -66,21 +66,6 @@ PARAMETERS_TAG, INJECTED_TAG = "parameters", "injected-parameters"
 CONCLUSION_TAG = "conclusion"  # cells whose text output a report shows first, under its title
 PNG_SIZE = (960, 540)  # default size of a static figure; a figure's own layout height wins
 LIVE_RELOAD_S = 30  # a browser reloads the index of a running run this often
-
-
-TEMPLATES = Environment(loader=PackageLoader("spirelib.workbook", "templates"), autoescape=select_autoescape(["html"]),
-                        undefined=StrictUndefined)
-# What the templates format with (Python's format specs, json.dumps) and the JSON types they tell apart
-# (macros.html's `value`) as Python does
-TEMPLATES.filters.update(fmt=format, json=json.dumps)
-TEMPLATES.tests.update(dict=lambda v: isinstance(v, dict), list=lambda v: isinstance(v, list),
-                       container=lambda v: isinstance(v, (dict, list)),
-                       json_literal=lambda v: isinstance(v, (bool, int)) or v is None)
-
-
-def render(template: str, **context) -> str:
-    """The HTML of templates/`template` (autoescaped) with `context`."""
-    return TEMPLATES.get_template(template).render(**context)
 
 
 # ---------------------------------------------------------------------------- notebook reports
@@ -369,11 +354,6 @@ def results_section(run: dict, results: dict) -> str:
 INDEX_SECTIONS: list[Callable[[dict, dict], str]] = [verdict_section, changed_claims_section, schedules_section,
                                                      reports_section, findings_section, parameters_section,
                                                      results_section]
-
-
-def render_value(value: Any, max_items: int = 12) -> str:
-    """Readable HTML for a JSON value: dicts as key/value tables, short lists inline (templates/macros.html)."""
-    return TEMPLATES.get_template("macros.html").module.value(value, max_items)
 
 
 def _read(path: Path) -> dict:

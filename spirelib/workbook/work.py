@@ -29,7 +29,7 @@ from spirelib.model.eagle3 import Eagle3DraftModel
 from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.acceptance import expected_rounds
-from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.hardware import GPU_DTYPE, GPU_MFU, GPU_ROOFLINE_FRACTION, HARDWARE
 from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.throughput.profiled import DraftShape, PricedTarget, draft_work, forward_work
 from spirelib.training import pipeline
@@ -45,11 +45,6 @@ NOTEBOOK_SECONDS = 8.0
 #: 09's calibration (`measure.calibrate`: matmul peaks and a copy bandwidth, 3.5-3.6 s on one and
 #: two threads of the CI-class machine, 2026-12-07) and its profiled fit (3.6 s in a smoke run).
 CALIBRATION_SECONDS = 8.0
-#: GPU figures are modeled: training at this MFU (torchtitan's Llama runs on H100 report 35-45%),
-#: decoding at this fraction of the roofline. Assumptions, stated with every GPU figure.
-GPU_MFU = 0.4
-GPU_ROOFLINE_FRACTION = 0.5
-GPU_DTYPE = "bf16"
 
 
 @dataclass(frozen=True)

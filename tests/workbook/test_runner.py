@@ -20,6 +20,7 @@ from terminal import terminal_output
 
 from spirelib import cli
 from spirelib.throughput.recorded import RecordedBudget
+from spirelib.units import duration
 from spirelib.workbook import execute, progress, report, results, runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -285,9 +286,9 @@ def test_a_run_ends_with_its_summary_table(rerun):
     assert [r[:2] for r in rows[:2]] == [["01_record", "ok"], ["02_consume", "ok"]]
     # each notebook's plan: a numpy notebook's fixed 8 s, or what the fixture run before measured of it
     planned = {nb: entry["planned_s"] for nb, entry in json.loads((again / "run.json").read_text())["notebooks"].items()}
-    assert rows[0][-1].endswith("01_record.html") and rows[0][-3:-1] == progress.duration(planned["01_record"]).split()
+    assert rows[0][-1].endswith("01_record.html") and rows[0][-3:-1] == duration(planned["01_record"]).split()
     total = planned["01_record"] + planned["02_consume"]
-    assert rows[2][:2] == ["the", "run"] and rows[2][-2:] == progress.duration(total).split()
+    assert rows[2][:2] == ["the", "run"] and rows[2][-2:] == duration(total).split()
     assert lines[head + 4] == f"reports: {again / 'index.html'}"
 
 

@@ -12,7 +12,7 @@ from spirelib.measure import ablations
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.throughput.ablations import RankedPart
+from spirelib.throughput.ablations import RankedPart, pays_from
 from spirelib.throughput.acceptance import tau_from_per_position
 from spirelib.throughput.recorded_ablations import (
     Family,
@@ -305,11 +305,11 @@ def test_learning_curves_start_at_step_0_and_say_where_a_part_pays():
     assert with_it == [(0, 0.10), (10, 0.30), (20, 0.40)]
     assert ablations.learning_curve(metrics, None, "hard_ce") == [(10, 6.0), (20, 5.0)]
     without = [(0, 0.16), (10, 0.35), (20, 0.38)]
-    assert ablations.pays_from(with_it, without) == 20
-    assert ablations.pays_from(without, with_it) is None  # below at the last evaluation
-    assert ablations.pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
-    assert ablations.pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
-    assert ablations.pays_from([(0, 0.3), (10, 0.9470004)], [(0, 0.1), (10, 0.947)]) is None  # a tie at 3 decimals
+    assert pays_from(with_it, without) == 20
+    assert pays_from(without, with_it) is None  # below at the last evaluation
+    assert pays_from([(0, 0.2), (10, 0.1), (20, 0.3)], [(0, 0.1), (10, 0.2), (20, 0.2)]) == 20  # stays above
+    assert pays_from([(0, 0.3), (10, 0.3)], [(0, 0.1), (10, 0.2)]) == 0
+    assert pays_from([(0, 0.3), (10, 0.9470004)], [(0, 0.1), (10, 0.947)]) is None  # a tie at 3 decimals
     text = words.curve_sentence({"no_feedback": with_it, "no_feedback_no_target_acts": without, "spire": with_it},
                                  {"target activations": ("no_feedback", "no_feedback_no_target_acts"),
                                   "feedback": ("spire", "no_feedback"), "pruned init": ("spire", "random_init")})

@@ -134,9 +134,10 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
     machine, and on each GPU of the hardware table at the plan's FLOPs per token (a SPIRe draft's
     training includes the frozen target's forward, so it costs more per token than the same body
     trained alone) and MFU; the sentence says both."""
-    from spirelib.throughput.hardware import HARDWARE
+    from spirelib.throughput.hardware import GPU_MFU, HARDWARE
     from spirelib.training.train import TrainConfig
-    from spirelib.workbook import plan, work
+    from spirelib.units import duration
+    from spirelib.workbook import work
 
     train_cfg = TrainConfig(batch_size=4, seq_len=64, steps=10)
     draft_cfg = ModelConfig(vocab_size=256, num_layers=1, d_model=32, n_q_per_kv=2, n_kv=2, d_head=8, d_ff=64)
@@ -153,11 +154,11 @@ def test_a_drafts_budget_says_what_the_papers_would_take_here_and_on_the_hardwar
         paper / 1000.0)
     assert set(spire.paper_seconds) == {"this machine", *HARDWARE}
     _, tokens, flops, _ = work.TrainRun(CFG, train_cfg, draft_cfg, None, draft_cfg.body_params()).work()
-    h100 = HARDWARE["h100-sxm"].peak_flops["bf16"] * work.GPU_MFU
+    h100 = HARDWARE["h100-sxm"].peak_flops["bf16"] * GPU_MFU
     assert vanilla.paper_seconds["h100-sxm"] == pytest.approx(flops / tokens * paper / h100)
     assert spire.paper_seconds["h100-sxm"] > vanilla.paper_seconds["h100-sxm"]  # the frozen target's forward
     text = words.budget_sentence(budgets)
-    assert f"that budget would take {plan.duration(paper / 500.0)} on this machine at its measured speed, " in text
-    assert f"{plan.duration(spire.paper_seconds['h100-sxm'])} on h100-sxm" in text and "(modeled at 40% MFU)" in text
+    assert f"that budget would take {duration(paper / 500.0)} on this machine at its measured speed, " in text
+    assert f"{duration(spire.paper_seconds['h100-sxm'])} on h100-sxm" in text and "(modeled at 40% MFU)" in text
     imported = tables.draft_budgets(trained(float("nan")), trained(500.0, spire="s"), CFG)["vanilla draft"]
     assert "this machine" not in imported.paper_seconds

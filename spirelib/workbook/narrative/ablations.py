@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.measure.ablations import pays_from
 from spirelib.throughput.ablations import (
     COMPONENTS,
     DRAFT,
@@ -17,6 +16,7 @@ from spirelib.throughput.ablations import (
     TRAINING,
     RankedPart,
     matches_paper_order,
+    pays_from,
 )
 from spirelib.throughput.ablations import PAPER_IMPORTANCE_ORDER as PAPER_ORDER
 from spirelib.throughput.methods import label

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 
 from spirelib.throughput.costs import flop_params
+from spirelib.throughput.hardware import GPU_MFU
 from spirelib.throughput.recorded import RecordedBudget, RecordedTrainingCost
-from spirelib.workbook import plan, work
+from spirelib.units import duration
 
 
 def data_note(data, series, vocab_size: int) -> str:
@@ -136,7 +137,7 @@ def budget_sentence(budgets: dict[str, RecordedBudget]) -> str:
 
 def _costs(seconds: dict[str, float]) -> str:
     """`paper_budget_seconds` in words: this machine's first, then the GPUs' as the plan models them."""
-    here = (f"{plan.duration(seconds['this machine'])} on this machine at its measured speed, "
+    here = (f"{duration(seconds['this machine'])} on this machine at its measured speed, "
             if "this machine" in seconds else "")
-    gpus = ", ".join(f"{plan.duration(t)} on {name}" for name, t in seconds.items() if name != "this machine")
-    return f"{here}{gpus} (modeled at {work.GPU_MFU:.0%} MFU)"
+    gpus = ", ".join(f"{duration(t)} on {name}" for name, t in seconds.items() if name != "this machine")
+    return f"{here}{gpus} (modeled at {GPU_MFU:.0%} MFU)"

@@ -23,7 +23,7 @@ from spirelib.throughput.methods import color as _color
 from spirelib.throughput.methods import label as _label
 from spirelib.throughput.scenarios import Scenario
 from spirelib.workbook.plots.perf import TM_TITLE, pow2_label, title_layout
-from spirelib.workbook.report import render
+from spirelib.workbook.templating import render
 
 DEFAULT_BATCHES = 2 ** np.arange(0, 11)  # 1 .. 1024
 DEFAULT_CONTEXTS = 2 ** np.arange(3, 21)  # 8 .. 1M

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from spirelib.throughput.costs import budget_fraction, chinchilla_tokens, measured_training_units
-from spirelib.throughput.hardware import HARDWARE
+from spirelib.throughput.hardware import GPU_DTYPE, GPU_MFU, HARDWARE
 from spirelib.throughput.recorded import RecordedBudget, RecordedTarget, RecordedTrainingCost
-from spirelib.workbook.work import GPU_DTYPE, GPU_MFU, TrainRun
+from spirelib.workbook.work import TrainRun
 
 
 def target_result(run, cfg, speed: dict, imported) -> RecordedTarget:
@@ -55,7 +55,7 @@ def paper_budget_seconds(trained, spire, target_cfg, paper_tokens: int) -> dict[
     """What training `trained` (a draft, `spire` its SpireConfig or None) on `paper_tokens` would
     take: on this machine at the training tokens/s it measured ("this machine"; absent when not
     measured), and on each GPU of the hardware table as the plan models it (`work.TrainRun.work`'s
-    FLOPs per token of this training, over the bf16 peak at `work.GPU_MFU`)."""
+    FLOPs per token of this training, over the bf16 peak at `hardware.GPU_MFU`)."""
     _, tokens, flops, _ = TrainRun(target_cfg, trained.train_config, trained.layers_config, spire,
                                    trained.layers_config.body_params()).work()
     work = flops / tokens * paper_tokens
