@@ -5,7 +5,11 @@ Every module's source is read with ast (imports inside functions count too). A v
 `from X import _name` with X a spirelib module (relative imports resolved), or `m._name` where `m`
 is a spirelib module the file imported (`import spirelib.a.b as m`, `from spirelib.a import b`, or
 the dotted `spirelib.a.b._name`). Dunder names are public; a module may read its own private names;
-other packages' private names (torch's) are not this test's concern."""
+other packages' private names (torch's) are not this test's concern.
+
+An object's attributes are its own too: no code reaches into another object's `__dict__` (nor
+subscripts `vars(obj)`) by string; a class may use its own (`self.__dict__`, `vars(self)`), and
+`vars(obj)` read whole (all its fields, as `dataclasses.asdict` does) is no reach by name."""
 
 from __future__ import annotations
 
@@ -71,6 +75,21 @@ def violations(path: Path, package: Path = PACKAGE) -> list[str]:
     return [f"{where}:{line} {what}" for line, what in sorted(problems)]
 
 
+def dict_reaches(path: Path, package: Path = PACKAGE) -> list[str]:
+    """One line, file:line first, per `obj.__dict__` or `vars(obj)[...]` whose `obj` is not `self` or `cls`."""
+    own = ("self", "cls")
+    problems = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if (isinstance(node, ast.Attribute) and node.attr == "__dict__"
+                and not (isinstance(node.value, ast.Name) and node.value.id in own)):
+            problems.append((node.lineno, f"{ast.unparse(node.value)}.__dict__"))
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Name) and node.value.func.id == "vars" and node.value.args
+              and not (isinstance(node.value.args[0], ast.Name) and node.value.args[0].id in own)):
+            problems.append((node.lineno, f"{ast.unparse(node.value)}[...]"))
+    return [f"{path.relative_to(package.parent)}:{line} reaches into {what}" for line, what in sorted(problems)]
+
+
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
@@ -114,3 +133,25 @@ def test_the_check_sees_private_imports_and_reads(tmp_path):
         "spirelib/a/y.py:10 reads spirelib.a.x._helper",
     ]
     assert violations(fake / "a" / "x.py", fake) == []
+
+
+def test_no_module_reaches_into_another_objects_dict_by_string():
+    problems = [problem for path in MODULES for problem in dict_reaches(path)]
+    assert not problems, "attributes read through another object's __dict__:\n" + "\n".join(problems)
+
+
+def test_the_dict_check_sees_another_objects_dict_but_not_its_own(tmp_path):
+    fake = tmp_path / "spirelib"
+    fake.mkdir()
+    (fake / "m.py").write_text(
+        "class A:\n"
+        "    def f(self, other):\n"
+        "        memo = self.__dict__['_memo']\n"
+        "        mine = vars(self)['x']\n"
+        "        theirs = other.__dict__['_memo']\n"          # 5: refused
+        "        fields = dict(vars(other))\n"
+        "        one = vars(other)['x']\n"                    # 7: refused
+        "        return type(other).__dict__\n")             # 8: refused
+    assert dict_reaches(fake / "m.py", fake) == ["spirelib/m.py:5 reaches into other.__dict__",
+                                                 "spirelib/m.py:7 reaches into vars(other)[...]",
+                                                 "spirelib/m.py:8 reaches into type(other).__dict__"]
