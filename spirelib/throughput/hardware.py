@@ -21,8 +21,9 @@ from spirelib.paths import cache_dir, write_atomically
 
 BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 MEASURED_NAME = "this-machine"
-#: The workbook's GPU figures (the plan's columns, a training budget's time) are modeled: training at this MFU (torchtitan's Llama runs on H100 report 35-45%),
-#: decoding at this fraction of the roofline. Assumptions, stated with every GPU figure.
+#: The workbook's GPU figures (the plan's columns, a training budget's time) are modeled: training
+#: at this MFU (torchtitan's Llama runs on H100 report 35-45%), decoding at this fraction of the
+#: roofline. Assumptions, stated with every GPU figure.
 GPU_MFU = 0.4
 GPU_ROOFLINE_FRACTION = 0.5
 GPU_DTYPE = "bf16"

@@ -4,8 +4,9 @@ a reader can trust the names), the checks of its parameters taken together (`che
 `spire run` and `spire check` before any notebook runs), and how a dry run scales its budgets
 (`dry_run`: parameter -> the value it runs with, or a function of the value the run would use),
 and whether it is `numpy_only`: its kernel imports no torch (it models, and reads what the others
-measured), so its imports take half a second; no notebook's kernel imports the report stack (`report`,
-nbconvert), which only the runner needs (tests/system/test_notebook_imports.py). The plan's work per notebook is `work.WORK`, keyed by these stems (a test holds them together).
+measured), so its imports take half a second; no notebook's kernel imports the report stack
+(`report`, nbconvert), which only the runner needs (tests/system/test_notebook_imports.py). The
+plan's work per notebook is `work.WORK`, keyed by these stems (a test holds them together).
 
 Light on purpose: the numpy-only notebooks (01, 06, 07, 08) record through it, so what a check or
 a dry run needs from torch's layers is imported when it runs.

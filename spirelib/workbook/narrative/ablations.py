@@ -73,7 +73,8 @@ def scope_phrase(interval: RecordedInterval | None) -> str:
 
 
 def order_sentence(ranked: list[RankedPart], interval: RecordedInterval | None = None,
-                   taus: dict[str, RecordedDelta] | None = None, variants: dict[str, RecordedDelta] | None = None) -> str:
+                   taus: dict[str, RecordedDelta] | None = None,
+                   variants: dict[str, RecordedDelta] | None = None) -> str:
     """What this run says of SPIRe's parts (`resolved_ranking`'s rows) against the paper's order
     (method §3.8), in words, after what it is about (`scope_phrase` of `interval_note`): the parts
     that help, ranked; the parts resolved as harmful; the parts not resolved (neither gets a rank),
