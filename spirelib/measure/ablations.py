@@ -1,6 +1,7 @@
 """The ablations measured and judged (method §3.8, §5, §10), as notebook 05 runs them: every
 SPIRe variant at every training seed decodes the same contexts with the same random streams
-(`variant_counts`), so its difference to SPIRe is paired (`paired_deltas`, `seed_taus`); which
+(`variant_counts`), so its difference to SPIRe is paired (`paired_deltas`, `table_deltas`,
+`seed_taus`), in two looks where the table settles early (`DeltaRule`); which
 differences are resolved, family-wise over every comparison one table reports (Holm's
 step-down, `verdicts`; `resolved_family` for any family, 04's KV-budget sweep too), and the
 ranking of SPIRe's parts they support; the tau each variant's training predicted; the modeled
@@ -9,15 +10,19 @@ and each variant's learning curve (where a part starts to pay on them: `ablation
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from spirelib.decoding.builders import draft_factory
 from spirelib.measure.intervals import t_quantile
+from spirelib.measure.stopping import HALF_WIDTH
 from spirelib.measure.tau import AcceptCounts, DeltaTau, TauProtocol, delta_tau, measure_tau, tau_over_seeds
 from spirelib.model.config import ABLATIONS
 from spirelib.throughput import perfmodel
 from spirelib.throughput.ablations import (
     COMPONENTS,
+    MEASURED_COMPONENTS,
     TRAINING,
     RankedPart,
     importance,
@@ -28,18 +33,19 @@ from spirelib.throughput.acceptance import tau_from_per_position
 
 
 def variant_counts(target, variants: dict, contexts, context_length: int, protocol: TauProtocol,
-                   temperature: float, progress: bool = True) -> dict[int, dict[str, AcceptCounts]]:
+                   temperature: float, progress: bool = True, rule: DeltaRule | None = None,
+                   ) -> dict[int, dict[str, AcceptCounts]]:
     """seed -> variant -> AcceptCounts at `context_length` (method §5's protocol): every variant
     at every seed (`variants`: seed -> name -> trained SPIRe draft) decodes the same contexts
-    ((n, L + G) tokens) with the same random streams, so differences are paired."""
-    counts = {}
-    for seed, by_name in variants.items():
-        factories = {name: draft_factory("spire", target, v.model, temperature=temperature)
-                     for name, v in by_name.items()}
-        measured = measure_tau(target, factories, {context_length: contexts}, protocol,
-                               progress=progress).counts
-        counts[seed] = {name: by_length[context_length] for name, by_length in measured.items()}
-    return counts
+    ((n, L + G) tokens) with the same random streams, so differences are paired. One `measure_tau`
+    decodes them all (as "seed/variant"), so each batch's target prefill serves every draft; under
+    `rule` (`DeltaRule`) they all stop at its first look when the table is settled there."""
+    factories = {f"{seed}/{name}": draft_factory("spire", target, v.model, temperature=temperature)
+                 for seed, by_name in variants.items() for name, v in by_name.items()}
+    measured = measure_tau(target, factories, {context_length: contexts}, protocol, progress=progress,
+                           rule=rule).counts
+    return {seed: {name: measured[f"{seed}/{name}"][context_length] for name in by_name}
+            for seed, by_name in variants.items()}
 
 
 def paired_deltas(counts: dict[int, dict[str, AcceptCounts]], pairs: dict[str, tuple[str, str]]) -> dict:
@@ -48,6 +54,15 @@ def paired_deltas(counts: dict[int, dict[str, AcceptCounts]], pairs: dict[str, t
     seeds = list(counts)
     return {name: delta_tau([counts[s][a] for s in seeds], [counts[s][b] for s in seeds])
             for name, (a, b) in pairs.items() if a in counts[seeds[0]] and b in counts[seeds[0]]}
+
+
+def table_deltas(counts: dict) -> tuple[dict, dict]:
+    """(component_deltas, deltas) of 05's table from `counts` (seed -> variant -> AcceptCounts):
+    every measured part's paired difference (`MEASURED_COMPONENTS`) and every variant's to SPIRe
+    (`paired_deltas`)."""
+    names = counts[next(iter(counts))]
+    return (paired_deltas(counts, MEASURED_COMPONENTS),
+            paired_deltas(counts, {name: (name, "spire") for name in names if name != "spire"}))
 
 
 def seed_taus(counts: dict[int, dict[str, AcceptCounts]]) -> dict:
@@ -60,6 +75,8 @@ def seed_taus(counts: dict[int, dict[str, AcceptCounts]]) -> dict:
 #: The family-wise error rate at which 05 calls differences resolved (method §10): the chance
 #: that any comparison of one ablation table with no effect is called resolved.
 FAMILY_LEVEL = 0.05
+#: The share of `FAMILY_LEVEL` 05's first look spends (`DeltaRule.look_level`; why this share: its docstring).
+FIRST_SHARE = 0.2
 
 
 def seeds_half_width(seeds_var, contexts_var, seeds: int, n_contexts: int, level: float):
@@ -123,6 +140,111 @@ def resolved_family(tested: dict[str, DeltaTau], level: float = FAMILY_LEVEL) ->
     ds = list(tested.values())
     return dict(zip(tested, holm([d.mean for d in ds], [d.seeds_var for d in ds], [d.contexts_var for d in ds],
                                  ds[0].seeds, ds[0].n_contexts, level).tolist()))
+
+
+@dataclass(frozen=True)
+class DeltaRule:
+    """When notebook 05 has decoded enough contexts (method §5, §10): a two-look design over its
+    table's family (`family`), every seed's every variant decoding the same batches in lockstep
+    (`variant_counts`).
+
+    At the first look, after `first` contexts (a batch boundary: the caller's multiple of its
+    batch size), the table stops if every comparison is settled (`settled`): resolved family-wise,
+    or its own 95% interval within +-`width` tau, or beyond the reach of more contexts, where the
+    seeds' term of its interval alone (at the level Holm's last step tests) is wider than |mean|:
+    more contexts narrow only the contexts' term. Otherwise it decodes on to the `cap` and is
+    judged there, whatever its intervals.
+
+    **Why Holm at a share of `level` at each look** (`look_level`). Stopping where a difference is
+    resolved is a test repeated at each look. With two looks placed before any context is decoded,
+    each tested at its share of the level (Bonferroni over looks, as 09's `stopping.SpeedupRule`),
+    the chance that the stopped look resolves a difference with no effect is at most P(look 1 does)
+    + P(look 2 does) <= `level`, whatever chose the look. The first look spends `FIRST_SHARE` (0.2:
+    Holm at 0.01), the cap the rest (0.04). Simulated at 05's budget
+    (tests/measure/test_ablation_stopping.py), a part worth 0.5 tau is then resolved in 0.96-1.00 of
+    replicates (one look at 0.05: 0.98-1.00); an even split stops more tables early but resolves it
+    in only 0.88-0.91 where the seeds spread most, since with 3 seeds Holm's t grows fast in the tail
+    (t_2 = 10.9 at 0.05/6, 15.4 at 0.025/6, 24.4 at 0.01/6). For 05's last measured pruned init,
+    +0.515 +- 0.049 at 128 contexts, Holm's first step at the first look needs the seeds' standard
+    error under 0.515 / 24.4 = 0.021; that +-0.049 puts it at 0.011 or less. Each difference's own
+    95% interval is reported as measured at the look it stopped; the same simulation checks that it still covers (0.95-0.975) and that any null part
+    is resolved in at most 0.02 of replicates.
+    `first` >= `cap`: one look, at the cap, at `level`."""
+
+    first: int
+    cap: int
+    width: float = HALF_WIDTH
+    level: float = FAMILY_LEVEL
+
+    def __post_init__(self):
+        if not (self.first >= 1 and self.cap >= 1 and self.width >= 0 and 0 < self.level < 1):
+            raise ValueError(f"a DeltaRule needs first >= 1, cap >= 1, width >= 0 and 0 < level < 1, got {self}")
+
+    @classmethod
+    def of(cls, first_look: int, n_contexts: int, width: float = HALF_WIDTH) -> DeltaRule:
+        """The rule of 05's parameters (`look_problems`): the first look after `first_look` contexts
+        (0: one look), the cap `n_contexts`."""
+        return cls(first_look or n_contexts, n_contexts, width)
+
+    @property
+    def looks(self) -> int:
+        """How many looks the design has: 1 where `cap` <= `first`, else 2."""
+        return 1 if self.cap <= self.first else 2
+
+    def look_level(self, n_contexts: int) -> float:
+        """Holm's family-wise level at the look after `n_contexts`: `FIRST_SHARE` of `level` at the
+        first of two looks, the rest at the cap (Bonferroni over the looks); `level` with one look."""
+        if self.looks == 1:
+            return self.level
+        return round(self.level * (FIRST_SHARE if n_contexts < self.cap else 1 - FIRST_SHARE), 12)
+
+    def settled(self, mean, seeds_var, contexts_var, seeds: int, n_contexts: int) -> np.ndarray:
+        """Which comparisons of a family (last axis; batched over leading ones, measured at the same
+        S seeds and n contexts) more contexts would not change (class docstring)."""
+        mean = np.abs(np.asarray(mean, dtype=float))
+        resolved = holm(mean, seeds_var, contexts_var, seeds, n_contexts, self.look_level(n_contexts))
+        precise = seeds_half_width(seeds_var, contexts_var, seeds, n_contexts, 0.05) <= self.width
+        if seeds < 2:
+            return resolved | precise
+        reach = seeds_half_width(seeds_var, 0.0, seeds, n_contexts, self.look_level(self.cap))
+        return resolved | precise | (mean < reach)
+
+    def stops(self, mean, seeds_var, contexts_var, seeds: int, n_contexts: int) -> np.ndarray:
+        """Whether a table (its family on the last axis, as `settled`) stops at this look: every
+        comparison settled."""
+        return self.settled(mean, seeds_var, contexts_var, seeds, n_contexts).all(-1)
+
+    def stopped(self, counts: dict[str, AcceptCounts]) -> list[str]:
+        """Every draft of `counts` ("seed/variant" -> its AcceptCounts so far, `variant_counts`) at
+        the first look where the table is settled there; else none (`tau.measure_tau`'s rule)."""
+        n = {c.accepted.shape[0] for c in counts.values()}
+        if self.looks == 1 or n != {self.first}:
+            return []
+        by_seed: dict[str, dict[str, AcceptCounts]] = {}
+        for key, c in counts.items():
+            seed, name = key.split("/", 1)
+            by_seed.setdefault(seed, {})[name] = c
+        tested = list(family(*table_deltas(by_seed)).values())
+        if not tested:
+            return []
+        stop = self.stops([d.mean for d in tested], [d.seeds_var for d in tested], [d.contexts_var for d in tested],
+                          tested[0].seeds, self.first)
+        return list(counts) if stop else []
+
+
+def look_problems(first_look, n_contexts, batch_size, width) -> list[str]:
+    """What is wrong with notebook 05's stopping parameters, in words ([] when nothing is): the
+    first look an integer >= 2 and a multiple of the batch size (0: one look, at `n_contexts`),
+    and the width a number >= 0."""
+    out = []
+    if isinstance(first_look, bool) or not isinstance(first_look, int) or first_look < 0 or first_look == 1:
+        out.append(f"delta_first_look must be 0 (one look) or an integer >= 2 (contexts), got {first_look!r}")
+    elif first_look and first_look % batch_size:
+        out.append(f"delta_first_look ({first_look}) must be a multiple of decode_batch_size ({batch_size}): "
+                   "a look falls between batches")
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or not width >= 0:
+        out.append(f"delta_half_width must be a number >= 0, got {width!r}")
+    return out
 
 
 def ranking(ours: list[tuple[str, float]], component_deltas: dict, shown: dict[str, bool]) -> list[RankedPart]:

@@ -59,7 +59,9 @@ a lower bound, since real contexts differ more.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -83,6 +85,14 @@ def rule_problems(half_width, floor) -> list[str]:
     if isinstance(floor, bool) or not isinstance(floor, int) or floor < 2:
         out.append(f"tau_floor must be an integer >= 2 (contexts before a method may stop), got {floor!r}")
     return out
+
+
+class Rule(Protocol):
+    """What `tau.measure_tau` asks of a stopping rule after each batch: which of the methods still
+    running at one L stop now, given each one's `tau.AcceptCounts` so far (04's `StoppingRule`, one
+    method at a time; 05's `ablations.DeltaRule`, its whole table at once)."""
+
+    def stopped(self, counts: Mapping) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,16 @@ class StoppingRule:
         """Whether a cell with n contexts so far and per-context spread `std` stops (elementwise
         for an array of spreads): n >= floor and its half-width <= `half_width` (never on NaN)."""
         return (n >= self.floor) & (self.interval(n, std) <= self.half_width)
+
+    def stopped(self, counts) -> list[str]:
+        """The methods of `counts` (name -> its `tau.AcceptCounts` so far at one L) that stop now:
+        each whose tau is `resolved`. `tau.measure_tau` asks after every batch."""
+        out = []
+        for name, c in counts.items():
+            _, z = c.linearized()
+            if z.numel() > 1 and bool(self.resolved(z.numel(), float(z.std()))):
+                out.append(name)
+        return out
 
     def reported(self, ci95):
         """The half-width a cell measured under this rule reports: its t half-width `ci95` or the

@@ -28,7 +28,7 @@ from spirelib.decoding.speculative import speculative_generate
 from spirelib.frontend import progress_bar
 from spirelib.measure.context_loss import prefilled_losses
 from spirelib.measure.intervals import t_quantile
-from spirelib.measure.stopping import StoppingRule
+from spirelib.measure.stopping import Rule, StoppingRule
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.acceptance import acceptance_rate, per_position_from_counts
 
@@ -367,7 +367,7 @@ def measure_tau(
     timer: SectionTimer | None = None,
     progress: bool = False,
     continuations: Mapping[int, torch.Tensor] | None = None,
-    rule: StoppingRule | None = None,
+    rule: Rule | None = None,
 ) -> Measured:
     """Accept counts of every method at every context length, and the target's loss on each
     context's continuation if `continuations` maps L to (n, G') tokens (`context_loss.prefilled_losses`).
@@ -379,9 +379,11 @@ def measure_tau(
     shared by every method that decodes it and by the loss. Each batch's generator depends on (seed,
     L, batch) alone (common random numbers across methods).
 
-    With a `rule` (`stopping.StoppingRule`), a method stops drawing batches at an L once its tau
-    is resolved there (at least `rule.floor` contexts, 95% half-width <= `rule.half_width`, checked
-    after each batch); the others go on, up to all n (the cap). A method's contexts are then the
+    With a `rule`, after each batch at an L the methods still running there that `rule.stopped(counts
+    so far)` names stop drawing batches: 04's `stopping.StoppingRule` stops each once its tau is
+    resolved (at least `rule.floor` contexts, 95% half-width <= `rule.half_width`), 05's
+    `ablations.DeltaRule` all at once where its table is settled at its first look; the others go
+    on, up to all n (the cap). A method's contexts are then the
     first `n_contexts[method][L]` of L's, so any two methods share their first min(n_a, n_b)
     contexts and random streams (`delta_tau` pairs only equal counts). The target's loss at L
     covers the contexts of its longest-running method: the batches some method decoded, the prefill
@@ -425,12 +427,12 @@ def measure_tau(
                 drawn[L] = b + 1
                 if running[L] and continuations:
                     losses[L].append(mine[L, b]["target loss"])
-                for name in list(running[L]):
+                for name in running[L]:
                     kept[name, L].append(mine[L, b][name])
-                    if rule:
-                        _, z = AcceptCounts(_pad_cat(kept[name, L]), protocol.k).linearized()
-                        if z.numel() > 1 and bool(rule.resolved(z.numel(), float(z.std()))):
-                            running[L].remove(name)
+                if rule:
+                    stop = rule.stopped({name: AcceptCounts(_pad_cat(kept[name, L]), protocol.k)
+                                         for name in running[L]})
+                    running[L] = [name for name in running[L] if name not in stop]
     counts = {name: {L: AcceptCounts(_pad_cat(kept[name, L]), protocol.k) for L in contexts} for name in methods}
     return Measured(counts, {L: torch.cat(losses[L]) for L in contexts} if continuations else {},
                     {name: {L: c.accepted.shape[0] for L, c in by_l.items()} for name, by_l in counts.items()})

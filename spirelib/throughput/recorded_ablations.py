@@ -57,11 +57,21 @@ class RecordedDelta(Recorded):
 @dataclass(frozen=True)
 class Family(Recorded):
     """The family one ablation table's verdicts are controlled over (method §10): the procedure
-    (Holm's step-down), the family-wise level and the number of comparisons."""
+    (Holm's step-down), the family-wise level and the number of comparisons; under 05's two-look
+    rule (`measure.ablations.DeltaRule`) the looks and Holm's level at the look the table stopped
+    (its share of `level`; `level` itself with one look, and in a run recorded before looks)."""
 
     procedure: str
     level: float
     comparisons: int
+    looks: int = 1
+    look_level: float | None = None
+    width: float | None = None  # with two looks: a comparison within +- this tau is settled at the first
+
+    @property
+    def tested_at(self) -> float:
+        """Holm's family-wise level at the look the verdicts were made."""
+        return self.level if self.look_level is None else self.look_level
 
 
 @dataclass(frozen=True)
@@ -94,12 +104,15 @@ class RecordedInterval(Recorded):
 @dataclass(frozen=True)
 class AblationProtocol(Recorded):
     """How 05 trained and measured its variants (method §5's tau protocol), as it records it under
-    "ablation_protocol": L, the contexts, k, G, T and the contexts' seed; the training budget
+    "ablation_protocol": L, the contexts (the cap, and the first look of a two-look rule), k, G, T
+    and the contexts' seed; the training budget
     (`TrainConfig` fields) and SPIRe's shape (`SpireConfig` fields) every variant shared, the
     training seeds, the training's seconds and the scale note. Empty in a run that recorded none."""
 
     context_length: int | None = None
-    n_contexts: int | None = None
+    n_contexts: int | None = None  # the cap: the contexts every draft decodes unless the table stops earlier
+    first_look: int | None = None  # the contexts at the first of two looks (`DeltaRule`); None: one look
+    look_width: float | None = None  # with two looks: a comparison within +- this tau is settled at the first
     k: int | None = None
     new_tokens: int | None = None
     temperature: float | None = None

@@ -36,6 +36,13 @@ def _tau_checks(p: dict) -> list[str]:
     return stopping.rule_problems(p["tau_half_width"], p["tau_floor"])
 
 
+def _ablation_checks(p: dict) -> list[str]:
+    from spirelib.measure import ablations
+
+    return ablations.look_problems(p["delta_first_look"], p["n_contexts"], p["decode_batch_size"],
+                                   p["delta_half_width"])
+
+
 def _timing_checks(p: dict) -> list[str]:
     from spirelib.measure import cells
 
@@ -68,6 +75,7 @@ NOTEBOOKS: dict[str, Notebook] = {nb.stem: nb for nb in (
     Notebook("05_ablations", frozenset({
         "ablation_protocol", "component_delta_tau", "delta_tau", "importance", "importance_matches_paper",
         "interval", "learning_curves", "seeds", "step0", "tau"}),
+             checks=_ablation_checks,
              dry_run={"ablation_training": _dry_run_training, "ablation_seeds": lambda given: (given or [0])[:1],
                       "ablation_context_length": 256, "n_contexts": 2, "decode_batch_size": 2}),
     Notebook("06_speedup_explorer", frozenset({

@@ -398,10 +398,14 @@ def _ablation_notebook(models: Models, nb: str, p: dict) -> list[Item]:
     items.append(Item(nb, f"score {len(p['ablations'])} variants at step 0 ({budget.eval_windows} windows each)",
                       evals * probe["eval_window_s"], flops, contexts=evals,
                       gpu_seconds=_gpu(flops, 0.0, training=True), source=probe.get("source", "")))
-    B, L = p["decode_batch_size"], p["ablation_context_length"]
-    runs = len(p["ablation_seeds"]) * len(p["ablations"]) * -(-p["n_contexts"] // B)
+    B, L, cap = p["decode_batch_size"], p["ablation_context_length"], p["n_contexts"]
+    first = p.get("delta_first_look", 0)
+    drawn = min(first, cap) if first else cap  # two looks: priced at the first (`ablations.DeltaRule`)
+    batches, drafts = -(-drawn // B), len(p["ablation_seeds"]) * len(p["ablations"])
+    at = f"{drawn} contexts, the first look (to the cap: {cap})" if drawn < cap else f"{cap} contexts"
     items.append(models.decode(nb, f"tau of {len(p['ablations'])} variants x {len(p['ablation_seeds'])} seeds at "
-                               f"L = {L}", Decodes(("spire",), B, L, runs)))
+                               f"L = {L}, {at}", Decodes(("spire",), B, L, batches, contexts=drawn,
+                                                         method_runs={"spire": drafts * batches})))
     return items
 
 

@@ -73,17 +73,25 @@ def test_seed_taus_and_interval_note_say_what_the_intervals_are_about():
     assert list(taus) == ["spire", "hard_target"]
     assert taus["spire"] == tau_over_seeds([COUNTS[0]["spire"], COUNTS[1]["spire"]])
     deltas = ablations.paired_deltas(COUNTS, {"hard_target": ("hard_target", "spire")})
-    note = tables.interval_note(deltas, 6)
+    note = tables.interval_note(deltas, 6, ablations.DeltaRule.of(0, 2))
     assert note == RecordedInterval("training", "training randomness (2 seeds, target fixed)", 2, 2, 1, 1, "fixed",
-                                    Family("Holm", 0.05, 6))
+                                    Family("Holm", 0.05, 6, 1, 0.05))
     assert note.to_dict() == {  # as results.json holds it, and read back the same
         "scope": "training", "about": "training randomness (2 seeds, target fixed)", "seeds": 2, "n_contexts": 2,
         "df_seeds": 1, "df_contexts": 1, "target": "fixed",
-        "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6}}
+        "family": {"procedure": "Holm", "level": 0.05, "comparisons": 6, "looks": 1, "look_level": 0.05,
+                   "width": None}}
     assert RecordedInterval.from_dict(note.to_dict()) == note
+    # two looks, stopped at the first (2 of 4 contexts): Holm at its share, 0.01, and the width settling there
+    stopped = tables.interval_note(deltas, 6, ablations.DeltaRule.of(2, 4, 0.03)).family
+    assert replace(stopped, look_level=0.01) == Family("Holm", 0.05, 6, 2, 0.01, 0.03)
+    assert stopped.tested_at == stopped.look_level == pytest.approx(0.01)
+    assert tables.interval_note(deltas, 6, ablations.DeltaRule(1, 2)).family.look_level == pytest.approx(0.04)
+    assert Family.from_dict({"procedure": "Holm", "level": 0.05, "comparisons": 6}).tested_at == 0.05  # older runs
     one = ablations.paired_deltas({0: COUNTS[0]}, {"hard_target": ("hard_target", "spire")})
-    assert tables.interval_note(one, 1).scope == "draft" and tables.interval_note(one, 1).df_seeds is None
-    assert tables.interval_note({}, 0) is None
+    rule = ablations.DeltaRule.of(0, 2)
+    assert tables.interval_note(one, 1, rule).scope == "draft" and tables.interval_note(one, 1, rule).df_seeds is None
+    assert tables.interval_note({}, 0, rule) is None
 
 
 def test_ranking_takes_the_family_wise_verdicts_over_seeds_and_with_one_seed_what_the_draft_shows():
@@ -259,6 +267,23 @@ def test_interval_sentence_says_what_a_seed_varies_that_the_target_is_fixed_and_
     assert words.interval_sentence(None) == ""
 
 
+def test_family_sentence_says_the_level_holm_tested_at_and_with_two_looks_where_the_table_stopped():
+    one_look = RecordedInterval("training", seeds=3, n_contexts=128, df_seeds=2, df_contexts=127,
+                                family=Family("Holm", 0.05, 6, 1, 0.05))
+    text = words.family_sentence(one_look)
+    assert "tested at level 0.05/6, the next at 0.05/5" in text and "looks" not in text
+    assert "at most 5%" in text
+    stopped = replace(one_look, n_contexts=64, family=Family("Holm", 0.05, 6, 2, 0.01, 0.05))
+    text = words.family_sentence(stopped)
+    assert "tested at level 0.01/6, the next at 0.01/5" in text
+    assert "two looks, and the table was judged at the one where it stopped, after 64 contexts" in text
+    assert "its interval within ±0.05" in text and "share the 5% (Bonferroni), so Holm tested at 0.01" in text
+    assert "at most 5%" in text
+    older = replace(one_look, family=Family.from_dict({"procedure": "Holm", "level": 0.05, "comparisons": 6}))
+    assert words.family_sentence(older) == text.replace("0.01", "0.05").split(" The contexts were")[0] + \
+        " The chance" + text.split(" The chance", 1)[1]
+
+
 def test_ablation_results_and_protocol_keep_the_results_keys():
     stats = {"spire": SimpleNamespace(mean=3.0, ci95=0.1, n_contexts=8)}
     delta = DeltaTau(-1.0, 0.5, (-1.0,), 8)
@@ -266,10 +291,14 @@ def test_ablation_results_and_protocol_keep_the_results_keys():
     ranked = [RankedPart("sparse KV", 0.7, True, "helps", "draft", 1)]
     series = SimpleNamespace(k=4, new_tokens=8, temperature=1.0, tau_seed=3)
     todict = SimpleNamespace(to_dict=lambda: {"batch_size": 2, "seq_len": 16, "steps": 3})
-    protocol = tables.ablation_protocol(series, 64, 8, todict, todict, [0], 1.5, "s")
-    assert protocol.to_dict() == {"context_length": 64, "n_contexts": 8, "k": 4, "new_tokens": 8, "temperature": 1.0,
-                                  "seed": 3, "training": todict.to_dict(), "spire": todict.to_dict(), "seeds": [0],
-                                  "training_seconds": 1.5, "scale": "s"}
+    protocol = tables.ablation_protocol(series, 64, ablations.DeltaRule.of(0, 8), todict, todict, [0], 1.5, "s")
+    assert protocol.to_dict() == {"context_length": 64, "n_contexts": 8, "first_look": None, "look_width": None,
+                                  "k": 4, "new_tokens": 8, "temperature": 1.0, "seed": 3, "training": todict.to_dict(),
+                                  "spire": todict.to_dict(), "seeds": [0], "training_seconds": 1.5, "scale": "s"}
+    looked = tables.ablation_protocol(series, 64, ablations.DeltaRule.of(4, 8, 0.02), todict, todict, [0], 1.5, "s")
+    assert (looked.n_contexts, looked.first_look, looked.look_width) == (8, 4, 0.02)
+    assert tables.looks_of(looked) == ablations.DeltaRule(4, 8, 0.02)  # the rule, read back from its record
+    assert tables.looks_of(protocol).looks == 1 and tables.looks_of(type(protocol)()).looks == 1
     assert protocol.training_tokens == 96
     results = tables.ablation_results(stats, ranked, {"random_init": delta}, {"feedback": delta}, shown, [0], False,
                                       protocol)
@@ -277,7 +306,7 @@ def test_ablation_results_and_protocol_keep_the_results_keys():
         tau={"spire": VariantTau(3.0, 0.1, 8)}, importance=ranked,
         delta_tau={"random_init": tables.delta_record(delta, False)},
         component_delta_tau={"feedback": tables.delta_record(delta, True)},
-        interval=tables.interval_note({"feedback": delta}, 2),  # random init is no part of feedback
+        interval=tables.interval_note({"feedback": delta}, 2, ablations.DeltaRule.of(0, 8)),  # feedback's alone
         seeds=[0], importance_matches_paper=False, ablation_protocol=protocol)
     recorded = results.to_dict()  # results.json's keys, in their order, and read back the same
     assert list(recorded) == ["tau", "importance", "delta_tau", "component_delta_tau", "interval", "seeds",

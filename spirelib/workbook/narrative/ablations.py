@@ -149,12 +149,19 @@ def family_sentence(interval: RecordedInterval) -> str:
     fam = interval.family
     if not fam:
         return ""
-    m, level = fam.comparisons, fam.level
+    m, level = fam.comparisons, fam.tested_at
+    looks = ""
+    if fam.looks > 1:
+        looks = (f" The contexts were decoded in two looks, and the table was judged at the one where it stopped, "
+                 f"after {interval.n_contexts} contexts: it stops at the first only where every comparison is settled "
+                 f"(resolved, its interval within ±{fam.width:g}, or its seeds' spread alone too wide for more "
+                 f"contexts to resolve it). The two looks share the {fam.level:.0%} (Bonferroni), so Holm tested at {level:g} "
+                 "there, and the chance below holds whichever look the table stopped at.")
     return (f" The table makes {m} comparisons at once, so a difference counts only family-wise (Holm's step-down): "
             f"the most evident is tested at level {level:g}/{m}, the next at {level:g}/{m - 1}, and so on, stopping at "
-            f"the first that fails. The chance that any difference with no effect passes is then at most {level:.0%}; "
-            "with each 95% interval alone it is about one run in five. The ± figures are each difference's own 95% "
-            "interval, uncorrected: one can exclude 0 while the family's test does not pass it.")
+            f"the first that fails.{looks} The chance that any difference with no effect passes is then at most "
+            f"{fam.level:.0%}; with each 95% interval alone it is about one run in five. The ± figures are each "
+            "difference's own 95% interval, uncorrected: one can exclude 0 while the family's test does not pass it.")
 
 
 def curve_sentence(curves: dict[str, list[tuple[int, float]]], pairs: dict[str, tuple[str, str]]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spirelib.measure.ablations import FAMILY_LEVEL, family
+from spirelib.measure.ablations import FAMILY_LEVEL, DeltaRule, family
 from spirelib.measure.tau import DeltaTau
 from spirelib.throughput.ablations import DRAFT, TRAINING, RankedPart
 from spirelib.throughput.methods import label
@@ -32,18 +32,20 @@ IMPORTANCE_COLUMNS = {"rank": "rank (ours)", "ours": "part",
                       "paper_rank": "rank (paper)", "paper_drop": "TM lost without it (paper taus)"}
 
 
-def interval_note(deltas: dict, comparisons: int) -> RecordedInterval | None:
+def interval_note(deltas: dict, comparisons: int, rule: DeltaRule) -> RecordedInterval | None:
     """What the paired intervals of `deltas` (name -> `tau.DeltaTau`, all over the same seeds and
     contexts) are about, as results.json records it: "scope" (TRAINING or DRAFT), the seeds S and
     contexts n, the degrees of freedom of the seeds' and the contexts' terms (method §10), that
     the target is held fixed, and the family its verdicts are controlled over (Holm, at
-    `FAMILY_LEVEL`, over `comparisons`: the size of the table's `family`). None without deltas."""
+    `FAMILY_LEVEL`, over `comparisons`: the size of the table's `family`; under `rule`'s looks,
+    at its level where the table stopped). None without deltas."""
     if not deltas:
         return None
     d = next(iter(deltas.values()))
     df_seeds, df_contexts = d.df
     return RecordedInterval(d.scope, d.about, d.seeds, d.n_contexts, df_seeds, df_contexts, "fixed",
-                            Family("Holm", FAMILY_LEVEL, comparisons))
+                            Family("Holm", FAMILY_LEVEL, comparisons, rule.looks, rule.look_level(d.n_contexts),
+                                   rule.width if rule.looks > 1 else None))
 
 
 def tau_rows(stats: dict, predicted: dict, deltas: dict, paper_tau: dict, shown: dict[str, bool]) -> list[dict]:
@@ -100,8 +102,14 @@ def ablation_results(stats: dict, ranked: list[RankedPart], deltas: dict, compon
         tau={name: VariantTau(s.mean, s.ci95, s.n_contexts) for name, s in stats.items()}, importance=ranked,
         delta_tau={name: delta_record(d, shown[name]) for name, d in deltas.items()},
         component_delta_tau={part: delta_record(d, shown[part]) for part, d in component_deltas.items()},
-        interval=interval_note(component_deltas or deltas, len(family(component_deltas, deltas))),
+        interval=interval_note(component_deltas or deltas, len(family(component_deltas, deltas)), looks_of(protocol)),
         seeds=seeds, importance_matches_paper=agree, ablation_protocol=protocol)
+
+
+def looks_of(protocol: AblationProtocol) -> DeltaRule:
+    """The looks `protocol` was measured under (`ablation_protocol`): its two-look rule, or one look
+    where it had none (or recorded none)."""
+    return DeltaRule.of(protocol.first_look or 0, protocol.n_contexts or 1, protocol.look_width or 0.0)
 
 
 def delta_record(d: DeltaTau, shown: bool) -> RecordedDelta:
@@ -112,10 +120,13 @@ def delta_record(d: DeltaTau, shown: bool) -> RecordedDelta:
                                     "family_excludes_zero": shown, "resolved_alone": d.resolved})
 
 
-def ablation_protocol(series, context_length: int, n_contexts: int, budget, base, seeds, training_seconds: float,
+def ablation_protocol(series, context_length: int, rule: DeltaRule, budget, base, seeds, training_seconds: float,
                       scale: str) -> AblationProtocol:
-    """How the ablations were measured (method §5's tau protocol) and trained, as results.json holds it."""
-    return AblationProtocol(context_length, n_contexts, series.k, series.new_tokens, series.temperature,
-                            series.tau_seed, budget.to_dict(), base.to_dict(), seeds, training_seconds, scale)
+    """How the ablations were measured (method §5's tau protocol, under `rule`'s looks) and trained,
+    as results.json holds it."""
+    two = rule.looks > 1
+    return AblationProtocol(context_length, rule.cap, rule.first if two else None, rule.width if two else None,
+                            series.k, series.new_tokens, series.temperature, series.tau_seed, budget.to_dict(),
+                            base.to_dict(), seeds, training_seconds, scale)
 
 
