@@ -405,7 +405,8 @@ def measure_tau(
     losses: dict[int, list[torch.Tensor]] = {L: [] for L in contexts}
     drawn = {L: 0 for L in contexts}  # batches decided at L
     with progress_bar(total=-(-len(methods) * sum(batches.values()) // world), enabled=progress, unit="batch",
-                      desc=f"tau of {', '.join(methods)}", tokens_per_step=B * protocol.new_tokens) as bar:
+                      desc=f"tau of {', '.join(methods) if len(methods) <= 6 else f'{len(methods)} drafts'}",
+                      tokens_per_step=B * protocol.new_tokens) as bar:
         while True:  # one round of batches, every L's next ones (batch-major), then the rule
             pending = [(L, b) for b in range(max(batches.values(), default=0)) for L in contexts
                        if running[L] and drawn[L] <= b < batches[L]]
@@ -430,8 +431,7 @@ def measure_tau(
                 for name in running[L]:
                     kept[name, L].append(mine[L, b][name])
                 if rule:
-                    stop = rule.stopped({name: AcceptCounts(_pad_cat(kept[name, L]), protocol.k)
-                                         for name in running[L]})
+                    stop = set(rule.stopped({n: AcceptCounts(_pad_cat(kept[n, L]), protocol.k) for n in running[L]}))
                     running[L] = [name for name in running[L] if name not in stop]
     counts = {name: {L: AcceptCounts(_pad_cat(kept[name, L]), protocol.k) for L in contexts} for name in methods}
     return Measured(counts, {L: torch.cat(losses[L]) for L in contexts} if continuations else {},

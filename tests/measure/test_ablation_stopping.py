@@ -89,6 +89,7 @@ def test_variant_counts_decode_every_seed_in_one_pass_and_stop_together_at_the_f
     from types import SimpleNamespace
 
     from spirelib.decoding.builders import draft_factory
+    from spirelib.measure import tau
     from spirelib.measure.tau import TauProtocol, measure_tau
     from spirelib.model.config import ModelConfig, SpireConfig
     from spirelib.model.spire import SpireDraftModel
@@ -103,7 +104,11 @@ def test_variant_counts_decode_every_seed_in_one_pass_and_stop_together_at_the_f
                 for s in (0, 1)}
     contexts = torch.randint(0, 29, (4, 8), generator=torch.Generator().manual_seed(2))
     protocol = TauProtocol(k=3, new_tokens=5, batch_size=2)
+    labels = []
+    real_bar = tau.progress_bar
+    monkeypatch.setattr(tau, "progress_bar", lambda **kw: labels.append(kw["desc"]) or real_bar(**kw))
     together = ablations.variant_counts(target, variants, contexts, 8, protocol, 1.0, progress=False)
+    assert labels == ["tau of 0/spire, 0/random_init, 1/spire, 1/random_init"]  # up to 6 drafts by name
     for seed, by_name in variants.items():
         factories = {n: draft_factory("spire", target, v.model, temperature=1.0) for n, v in by_name.items()}
         alone = measure_tau(target, factories, {8: contexts}, protocol).counts
@@ -114,6 +119,9 @@ def test_variant_counts_decode_every_seed_in_one_pass_and_stop_together_at_the_f
         got = ablations.variant_counts(target, variants, contexts, 8, protocol, 1.0, progress=False, rule=rule)
         assert {c.accepted.shape[0] for by_name in got.values() for c in by_name.values()} == {n}
         assert torch.equal(got[1]["random_init"].accepted, together[1]["random_init"].accepted[:n])
+    many = {s: {f"v{i}": variants[0]["spire"] for i in range(4)} for s in (0, 1)}
+    ablations.variant_counts(target, many, contexts[:2], 8, protocol, 1.0, progress=False)
+    assert labels[-1] == "tau of 8 drafts"  # 05's 18 drafts: a count, not one long line a batch
 
 
 def _counts(n: int, seed: int):
