@@ -8,6 +8,8 @@ Under i.i.d. acceptance alpha, tau = (1 - alpha^(k+1)) / (1 - alpha).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from spirelib.throughput import perfmodel
@@ -51,24 +53,38 @@ def expected_rounds(tau: float, k: int, new_tokens: int, batch: int) -> float:
     """E[rounds] for a batch of B = `batch` rows to emit G = `new_tokens` tokens each, every row
     accepting i.i.d. at the alpha of `tau` (`alpha_from_tau`): a batch decodes in lockstep until
     its slowest row has G tokens (a row's last round may emit past G), so at B > 1 it runs more
-    rounds than G / tau. Exact: the distribution of a row's tokens after n rounds (capped at G)
-    by convolution with one round's tokens (1 + j accepted, P = alpha^j (1 - alpha), j < k;
-    alpha^k for j = k), P[N <= n] = P[S_n >= G] per row, E[max of B rows] = sum_n (1 - P[N <= n]^B)."""
-    k, a = _depth(k), float(alpha_from_tau(tau, k))
+    rounds than G / tau. Exact: E[max of B rows] = sum_n (1 - P[N <= n]^B), from one row's
+    P[N <= n] (`_row_done`), which does not depend on B."""
     if new_tokens < 1 or batch < 1:
         raise ValueError(f"expected_rounds needs new_tokens and batch >= 1, got {new_tokens}, {batch}")
+    rounds = 0.0
+    for done in _row_done(float(tau), _depth(k), int(new_tokens)):
+        rounds += 1.0 - done**batch  # P[max > n] for n = 0, 1, ...
+    return rounds
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_done(tau: float, k: int, new_tokens: int) -> tuple[float, ...]:
+    """P[N <= n], n = 0..G-1: that one row accepting i.i.d. at the alpha of `tau` has emitted its
+    G = `new_tokens` tokens within n rounds. By convolution of the row's tokens after n rounds
+    (capped at G) with one round's (1 + j accepted, P = alpha^j (1 - alpha), j < k; alpha^k for
+    j = k): P[N <= n] = P[S_n >= G]. Kept per (tau, k, G): a schedule prices every batch size at
+    the same few taus (`schedule.profiled_table`, 09's `scheduled_choices`)."""
+    a = float(alpha_from_tau(tau, k))
     per_round = np.array([a**j * (1 - a) for j in range(k)] + [a**k])  # P[1 + j tokens], j = 0..k
     tokens = np.zeros(new_tokens + 1)  # P[S_n = s], s capped at G
     tokens[0] = 1.0
-    rounds, done = 0.0, 0.0
-    for _ in range(new_tokens):  # a row emits at least one token a round: done after G rounds at most
-        rounds += 1.0 - done**batch  # P[max > n] for n = 0, 1, ...
+    done = [0.0]
+    for _ in range(new_tokens - 1):  # a row emits at least one token a round: done after G rounds at most
         step = np.zeros_like(tokens)
         for j, p in enumerate(per_round):
-            np.add.at(step, np.minimum(np.arange(new_tokens + 1) + j + 1, new_tokens), tokens * p)
+            shifted = tokens * p
+            step[j + 1:new_tokens] += shifted[:max(new_tokens - j - 1, 0)]  # below G: one term each
+            for s in range(max(new_tokens - j - 1, 0), new_tokens + 1):  # capped at G, summed in order
+                step[new_tokens] += shifted[s]
         tokens = step
-        done = tokens[-1]
-    return rounds
+        done.append(float(tokens[-1]))
+    return tuple(done)
 
 
 def acceptance_rate(tau, k: int = 4):

@@ -10,7 +10,7 @@ import torch
 
 from spirelib.model.config import ModelConfig
 from spirelib.model.transformer import Transformer
-from spirelib.throughput import profile_fit, profiled
+from spirelib.throughput import acceptance, profile_fit, profiled
 from spirelib.throughput.acceptance import alpha_from_tau, expected_rounds
 from spirelib.throughput.hardware import Machine
 from spirelib.throughput.methods import KVBudget
@@ -193,6 +193,24 @@ def test_expected_rounds_is_exact_at_the_ends_and_matches_a_simulation_between()
             rounds.append(n)
         sem = np.std(rounds) / math.sqrt(len(rounds))
         assert abs(np.mean(rounds) - expected_rounds(2.6, 4, 64, B)) < 4 * sem, B
+
+
+def test_expected_rounds_has_the_closed_form_of_two_tokens_at_depth_one():
+    """G = 2, k = 1: a row is done after one round iff it accepted (alpha), else after two, so the
+    slowest of B rows needs 2 - alpha^B rounds; the capped last bin and the power of B both show."""
+    for alpha in (0.3, 0.8):
+        for B in (1, 2, 7):
+            assert expected_rounds(1 + alpha, 1, 2, B) == pytest.approx(2 - alpha**B, rel=1e-12)
+
+
+def test_a_schedule_convolves_each_tau_once_whatever_its_batch_sizes():
+    """09's scheduling prices B = 1..64 at each tau: one row's distribution serves them all (it took
+    52 s a notebook run when each batch size convolved its own)."""
+    acceptance._row_done.cache_clear()
+    for B in range(1, 65):
+        expected_rounds(3.1, 4, 64, B)
+        expected_rounds(2.2, 4, 64, B)
+    assert acceptance._row_done.cache_info().misses == 2
 
 
 def test_the_fit_explains_real_rounds_timed_in_the_loop():
