@@ -102,7 +102,10 @@ class MethodCard:
     `ngrams`: the n-gram lengths a prompt lookup tries (`decoding.lookup`), which its engine keys carry;
     `budget`: how a sparse self-draft spends a total of `entries` keys with a `sink` (`KVBudget.ring`,
     `KVBudget.split`): what `Series.kv_budgets` and the benchmarks give its builder as `budget=`
-    (None: it reads no budget, or, SPIRe, its trained config's)."""
+    (None: it reads no budget, or, SPIRe, its trained config's); `priced_like`: for a method the
+    paper has no tau for, the paper's method whose tau (and spread) the plan prices it at before a
+    run has measured its own (`workbook.work.prior_tau`): its nearest relative in the paper; None:
+    at tau 1, every round one token (prompt lookup, whose proposals need the text to repeat itself)."""
 
     name: str
     label: str
@@ -123,6 +126,7 @@ class MethodCard:
     engines: dict[str, str] = field(default_factory=dict)
     ngrams: tuple[int, int] | None = None  # the n-gram lengths (shortest, longest) a prompt lookup tries
     budget: Callable[[int, int], KVBudget] | None = None  # (entries, sink) -> a self-draft's KV budget
+    priced_like: str | None = None  # a paper method whose tau prices this one before it is measured
 
     @property
     def self_draft(self) -> bool:
@@ -148,17 +152,18 @@ CARDS: dict[str, MethodCard] = {c.name: c for c in (
     MethodCard("spire", "SPIRe", "#d62728", "S", needs_model=True, drafter=DRAFT, reads=BUDGET, memory=True,
                paper=True),
     MethodCard("guided", "guided sparse", "#17a0a0", "G", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
-               scores=True, budget=KVBudget.split),  # the verification-guided sparse self-draft
+               scores=True, budget=KVBudget.split, priced_like="magicdec"),  # the verification-guided self-draft
     # MagicDec's ring with no attention sink, as many entries: the control for StreamingLLM's sink
     # (arXiv 2309.17453) in self-speculation, where the rotated-out first tokens may carry attention mass
     MethodCard("recent", "recent window", "#a0522d", "R", needs_model=False, drafter=TARGET, reads=BUDGET, own=1,
-               budget=lambda entries, sink: KVBudget.ring(entries, 0)),
+               budget=lambda entries, sink: KVBudget.ring(entries, 0), priced_like="magicdec"),
     # n-grams of 1 to 5, longest first: vLLM's default is 5 to 5; a floor should be generous, and a
     # proposal costs nothing but the verification the round runs anyway, so short n-grams are tried too
     MethodCard("lookup", "prompt lookup", "#8c8c3c", "P", needs_model=False, drafter=None,
                engines={"vllm": "ngram", "sglang": "NGRAM"}, ngrams=(1, 5)),
+    # arXiv 2503.01840: its own dense KV; a trained draft model of its own, as the paper's vanilla draft
     MethodCard("eagle3", "EAGLE-3", "#7b4fd6", "E", needs_model=True, drafter=DRAFT, fused=3, unrolled=True,
-               engines={"vllm": "eagle3", "sglang": "EAGLE3"}),  # arXiv 2503.01840: its own dense KV
+               engines={"vllm": "eagle3", "sglang": "EAGLE3"}, priced_like="vanilla"),
     MethodCard("one_pass", "one-pass drafter", "#e8a33d", "1", needs_model=True, drafter=DRAFT, reads=BUDGET,
                joint=True),
 )}

@@ -23,6 +23,7 @@ import torch
 
 from spirelib.paths import cache_dir
 from spirelib.throughput.hardware import GPU_DTYPE, GPU_MFU, GPU_ROOFLINE_FRACTION, HARDWARE
+from spirelib.throughput.methods import CARDS
 from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.throughput.recorded import tau_records
 from spirelib.training.checkpoint import checkpoint_path, finished_checkpoint, read_meta
@@ -196,8 +197,8 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
     the notebook's parameters: its defaults with the run's injections over them) and the series
     configuration `series_values`; probes what it has not measured before (`Probe`; everything with
     `recalibrate`). SD rounds come from `taus` (method -> tau: what an earlier run of the same series
-    measured, `measured_taus`) where given, else they are priced over a range: the paper's taus (the
-    k + 1 ceiling for a method the paper has none for) to 1; 04's stopping rule at those taus and the `spreads` that run measured (`measured_spreads`). A notebook that a run on this machine measured with the same parameters (`learn`) costs what
+    measured, `measured_taus`) where given, else they are priced over a range: the paper's taus (a
+    method the paper has none for at its card's relative's, `work.prior_tau`, else at 1) to 1; 04's stopping rule at those taus and the `spreads` that run measured (`measured_spreads`). A notebook that a run on this machine measured with the same parameters (`learn`) costs what
     it took, its training apart."""
     from spirelib.training.series import Series
 
@@ -224,14 +225,16 @@ def make_plan(selected: list[str], parameters: dict[str, dict], series_values: d
               + ", ".join(f"{m} {t:.3g}" for m, t in used.items()) if taus else
               "SD rounds priced over a range of tau, no draft's tau being measured yet: from the paper's at "
               f"L = {PAPER_TAU_CONTEXT} (" + ", ".join(f"{m} {t:.3g}" for m, t in used.items())
-              + "; the k + 1 ceiling for a method it has no tau for) to 1, every round yielding one token (a "
+              + "; a method it has no tau for at its relative's: " + ", ".join(
+                  f"{c.name} as {c.priced_like}" for c in CARDS.values() if c.priced_like)
+              + ", else at 1) to 1, every round yielding one token (a "
               "random or untrained draft's)")
     assumptions = [rounds + ", every batch until its slowest row is done"] if models is not None else []
     if parameters.get("04_measure_tau", {}).get("tau_half_width") and "04_measure_tau" in selected:
         assumptions.append("04 decodes each (method, L) until its tau's 95% half-width reaches "
                            f"{parameters['04_measure_tau']['tau_half_width']}: its expected contexts at those taus and "
-                           + ("the last run's spreads" if spreads else "the paper's spread (every context for a "
-                                                                        "method with none known)")
+                           + ("the last run's spreads" if spreads else "the paper's spread (at tau 1 the i.i.d. "
+                                                                        "spread, none: the floor)")
                            + " (`stopping.expected_contexts`)")
     if "09_measured_vs_modeled" in selected:
         assumptions.append("09's cells priced at their second look (the runs that fit in cell_seconds, max_repeats at "

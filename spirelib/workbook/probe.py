@@ -27,6 +27,7 @@ import torch
 
 from spirelib.decoding.builders import draft_factory
 from spirelib.decoding.prefill import prefill, prefill_needs, speculative_capacity
+from spirelib.decoding.sections import SectionTimer
 from spirelib.decoding.speculative import Options, autoregressive_rounds, speculative_rounds
 from spirelib.measure import calibrate
 from spirelib.measure.tau import TauProtocol
@@ -304,9 +305,11 @@ class Probe:
 
     def decoding(self, cfg: ModelConfig, configs: dict, options: dict[str, dict], methods: list[str], context: int,
                  protocol: TauProtocol) -> dict:
-        """{"prefill_s", "ad_step_s", "round_s": {method: s}} at (B, L) = (the `protocol`'s batch size,
-        `context`), decoding with its k, G and temperature: one
-        real prefill, then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round,
+        """{"prefill_s", "ad_step_s", "round_s": {method: s}, "begin_s": {method: s}} at (B, L) = (the
+        `protocol`'s batch size, `context`), decoding with its k, G and temperature: one real shared
+        prefill; each method's begin (its copy of that prefill and its draft's own prefill over the
+        context: the engine's "prefill" section, which a notebook pays once a batch and method);
+        then `PROBE_ROUNDS` rounds of each method's real loop after a warm-up round,
         each draft built with its `options` (`Series.draft_options`: the self-drafts' KV budgets),
         the trained ones from their `configs` ("spire": SpireConfig, "eagle3": Eagle3Config), random."""
         key = {"model": cfg.to_dict(), "methods": sorted(methods),
@@ -314,7 +317,7 @@ class Probe:
                "options": {m: {name: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                                for name, v in o.items()} for m, o in options.items() if m in methods},
                "batch": protocol.batch_size, "context": context, "new_tokens": protocol.new_tokens, "k": protocol.k,
-               "temperature": protocol.temperature}
+               "temperature": protocol.temperature, "begin": True}  # begin: older figures lack begin_s
         batch, k, temperature = protocol.batch_size, protocol.k, protocol.temperature
 
         # enough tokens that no row can finish before the timed rounds (a round emits at most k + 1)
@@ -334,9 +337,11 @@ class Probe:
             start = time.perf_counter()
             shared = prefill(target, contexts, capacity=speculative_capacity(context, G, k), **needs)
             prefill_s = time.perf_counter() - start
+            timers = {m: SectionTimer(self.device) for m in drafts}
             rounds = {m: speculative_rounds(target, d, contexts, G, k,
                                             Options(temperature, generator=torch.Generator(self.device).manual_seed(0),
-                                                    prefilled=shared.copy())) for m, d in drafts.items()}
+                                                    prefilled=shared.copy(), timer=timers[m]))
+                      for m, d in drafts.items()}
             rounds["ad"] = autoregressive_rounds(target, contexts, G, temperature=temperature,
                                                  generator=torch.Generator(self.device).manual_seed(0),
                                                  prefilled=shared.copy())
@@ -350,7 +355,10 @@ class Probe:
                     times.append(time.perf_counter() - start)
                 seconds[m] = statistics.median(times)
                 samples.append(times)
-            return {"prefill_s": prefill_s, "ad_step_s": seconds.pop("ad"), "round_s": seconds}, samples
+            begin = {m: t.seconds.get("prefill", 0.0) for m, t in timers.items()}  # in the warm-up's next()
+            return {"prefill_s": prefill_s, "ad_step_s": seconds.pop("ad"), "round_s": seconds,
+                    "begin_s": begin}, samples
 
         return (self._cached("decode", key, measure, f"decoding at B {batch}, L {context}")
-                or {"prefill_s": math.nan, "ad_step_s": math.nan, "round_s": dict.fromkeys(methods, math.nan)})
+                or {"prefill_s": math.nan, "ad_step_s": math.nan, "round_s": dict.fromkeys(methods, math.nan),
+                    "begin_s": dict.fromkeys(methods, math.nan)})

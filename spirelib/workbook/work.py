@@ -30,6 +30,7 @@ from spirelib.model.spire import SpireDraftModel
 from spirelib.model.transformer import Transformer
 from spirelib.throughput.acceptance import expected_rounds
 from spirelib.throughput.hardware import GPU_DTYPE, GPU_MFU, GPU_ROOFLINE_FRACTION, HARDWARE
+from spirelib.throughput.methods import card
 from spirelib.throughput.perfmodel import PAPER_TAU, PAPER_TAU_CONTEXT
 from spirelib.throughput.profiled import DraftShape, PricedTarget, draft_work, forward_work
 from spirelib.training import pipeline
@@ -182,13 +183,12 @@ class Decodes:
 @dataclass(frozen=True)
 class Pricing:
     """How decoding is priced: on the `target`, each method's passes as its card lists them
-    (`profiled.draft_work` of its `shapes[method]`: a draft model's or the target's forwards over the context or the
-    method's KV budget; none for prompt lookup), G = `decoding.new_tokens` tokens a row at k =
-    `decoding.k`, each method's rounds at its tau in `taus` (default the paper's; tau 1 for a method
-    neither has, its slowest). `ranged`: no tau is measured (no draft exists, or none was measured
-    here), so the seconds are a range, from the paper's taus at L = 512 (method §5), and the k + 1
-    ceiling for a method the paper has none for (its best case: the guided draft, prompt lookup,
-    EAGLE-3), to `seconds_at_tau_1` at tau 1 (every round yields one token: G rounds)."""
+    (`profiled.draft_work` of its `shapes[method]`: a draft model's or the target's forwards over the
+    context or the method's KV budget; none for prompt lookup), G = `decoding.new_tokens` tokens a row
+    at k = `decoding.k`, each method's rounds at its tau in `taus`, else at its `prior_tau` (the
+    paper's at L = 512, method §5, or its card's relative's), else at tau 1 (its slowest). `ranged`:
+    no tau is measured (no draft exists, or none was measured here), so the seconds are a range, from
+    those taus to `seconds_at_tau_1` at tau 1 (every round yields one token: G rounds)."""
 
     target: ModelConfig
     shapes: dict[str, DraftShape]
@@ -197,14 +197,22 @@ class Pricing:
     ranged: bool = False
 
 
+def prior_tau(method: str) -> float | None:
+    """The tau a plan prices `method` at before a run has measured it: the paper's at L = 512 (method
+    §5), else that of the paper method its card is `priced_like`; None where neither (tau 1)."""
+    paper = PAPER_TAU[PAPER_TAU_CONTEXT]
+    return paper.get(method, paper.get(card(method).priced_like))
+
+
 def _decode_item(notebook: str, what: str, probe: dict, job: Decodes, pricing: Pricing) -> Item:
     """`job`'s work and seconds, as `pricing` prices it: each batch's prefill (and with `job.loss` the
     target's loss on the continuation, `new_tokens` positions over its cache, priced at the prefill's
-    measured seconds per FLOP), every method's rounds and their verification, AD's steps. Rounds per
+    measured seconds per FLOP), every method's begin (the probe's: its copy of the prefill and its
+    draft's own prefill; seconds only), its rounds and their verification, AD's steps. Rounds per
     batch are `acceptance.expected_rounds` (a batch runs until its slowest row is done)."""
     cfg, methods, runs, batch, context = pricing.target, job.methods, job.runs, job.batch, job.context
     k, new_tokens, ranged = pricing.decoding.k, pricing.decoding.new_tokens, pricing.ranged
-    taus = pricing.taus or PAPER_TAU[PAPER_TAU_CONTEXT]
+    taus = pricing.taus or {}
     share = {m: (job.method_runs or {}).get(m, runs) / runs for m in methods}  # of the batches, each method's
     pre = forward_work(cfg.shape(), cfg.vocab_size, batch, context, context // 2, logits=False)
     seconds, flops, moved = probe["prefill_s"], pre.flops, pre.bytes
@@ -215,12 +223,11 @@ def _decode_item(notebook: str, what: str, probe: dict, job: Decodes, pricing: P
     high = seconds
     keys = context + new_tokens // 2
     verify = forward_work(cfg.shape(), cfg.vocab_size, batch, k + 1, keys)
-    unknown = k + 1.0 if ranged else 1.0  # a method no tau is known for: from its best case, else its slowest
     slowest = expected_rounds(1.0, k, new_tokens, batch)  # tau 1: the range's other end
     for m in methods:
-        rounds = expected_rounds(taus.get(m, unknown), k, new_tokens, batch)
-        seconds += share[m] * rounds * probe["round_s"][m]
-        high += share[m] * slowest * probe["round_s"][m]
+        rounds = expected_rounds(taus.get(m, prior_tau(m) or 1.0), k, new_tokens, batch)
+        seconds += share[m] * (probe["begin_s"][m] + rounds * probe["round_s"][m])
+        high += share[m] * (probe["begin_s"][m] + slowest * probe["round_s"][m])
         passes = draft_work(pricing.shapes[m], PricedTarget(cfg.shape(), cfg.vocab_size), batch, k, keys)
         flops += share[m] * rounds * (verify.flops + sum(w.flops for w in passes))
         moved += share[m] * rounds * (verify.bytes + sum(w.bytes for w in passes))
@@ -259,12 +266,11 @@ class Models:
 
     def tau_contexts(self, method: str, p: dict) -> float:
         """The contexts 04's stopping rule is expected to draw for `method` at each L
-        (`stopping.expected_contexts`), at the tau and per-context spread a last run measured,
-        else the paper's tau and spread for its three methods, else every context (no spread known)."""
-        sd = self.spreads.get(method, PAPER_SPREAD if method in PAPER_TAU[PAPER_TAU_CONTEXT] else None)
-        if sd is None:
-            return float(p["n_contexts"])
-        return expected_contexts(self.taus.get(method, 1.0), sd, p.get("tau_half_width", 0.0),
+        (`stopping.expected_contexts`), at the tau and per-context spread a last run measured, else
+        at `prior_tau` and the paper's spread, else at tau 1 and the i.i.d. spread there (none: the floor)."""
+        prior = prior_tau(method)
+        sd = self.spreads.get(method, None if prior is None else PAPER_SPREAD)
+        return expected_contexts(self.taus.get(method, prior or 1.0), sd, p.get("tau_half_width", 0.0),
                                  p.get("tau_floor", FLOOR), p["n_contexts"], p["decode_batch_size"],
                                  k=self.series.k, new_tokens=self.series.new_tokens)
 

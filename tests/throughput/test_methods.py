@@ -29,6 +29,15 @@ def test_the_performance_models_lists_come_from_the_cards():
     assert all(CARDS[m].needs_model != (m in pm.SELF_DRAFTS) for m in pm.METHODS)
 
 
+def test_a_method_past_the_paper_is_priced_like_one_of_the_papers_three_or_at_tau_1():
+    """Until its tau is measured the plan prices a decoded method at its relative's paper tau: the
+    relative is one of the paper's three (it has a tau there), and a paper method needs none."""
+    relatives = {c.name: c.priced_like for c in CARDS.values() if c.priced_like}
+    assert relatives == {"guided": "magicdec", "recent": "magicdec", "eagle3": "vanilla"}
+    assert all(CARDS[r].paper and r in pm.PAPER_TAU[pm.PAPER_TAU_CONTEXT] for r in relatives.values())
+    assert not any(CARDS[m].priced_like for m in pm.MODELED_METHODS)
+
+
 def test_a_round_is_the_draft_passes_then_the_verification():
     k = 4
     vanilla = card("vanilla").round(k)

@@ -34,7 +34,9 @@ SHAPES = profiled_draft_shapes({"vanilla": vanilla_draft_config(TINY), "spire": 
                                SpireConfig(num_layers=1))
 TRAINING = {"first_step_s": 5.0, "step_s": 0.5, "eval_window_s": 0.25, "save_s": 2.0}
 DECODING = {"prefill_s": 3.0, "ad_step_s": 0.01, "round_s": {"vanilla": 0.1, "magicdec": 0.2, "spire": 0.05,
-                                                             "guided": 0.3, "lookup": 0.02, "eagle3": 0.07}}
+                                                             "guided": 0.3, "lookup": 0.02, "eagle3": 0.07},
+            "begin_s": {"vanilla": 0.8, "magicdec": 0.15, "spire": 0.1, "guided": 0.04, "lookup": 0.01,
+                        "eagle3": 0.2}}
 PRICING = work.Pricing(TINY, SHAPES, DecodingProtocol(k=4, new_tokens=16))
 
 
@@ -57,7 +59,8 @@ def fake_probes(monkeypatch, tmp_path):
     monkeypatch.setenv("SPIRE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(probing.Probe, "training", lambda self, *a, **k: TRAINING)
     monkeypatch.setattr(probing.Probe, "decoding", lambda self, cfg, configs, options, methods, context, protocol: {
-        **DECODING, "round_s": {m: DECODING["round_s"].get(m, 0.1) for m in methods}})  # a card not listed: 0.1 s
+        **DECODING, "round_s": {m: DECODING["round_s"].get(m, 0.1) for m in methods},  # a card not listed: 0.1 s
+        "begin_s": {m: DECODING["begin_s"].get(m, 0.1) for m in methods}})
     monkeypatch.setattr(probing.Probe, "evaluation", lambda self, *a, **k: {"eval_window_s": 0.25})
 
 
@@ -105,7 +108,8 @@ def test_decoding_costs_a_prefill_per_batch_and_each_methods_expected_rounds():
     methods = ["vanilla", "magicdec", "spire"]
     item = work._decode_item("04", "tau", DECODING, work.Decodes(tuple(methods), 4, 32, 3, contexts=10), PRICING)
     rounds = {m: expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT][m], 4, 16, 4) for m in methods}
-    assert item.seconds == pytest.approx(3 * (3.0 + sum(rounds[m] * DECODING["round_s"][m] for m in methods)))
+    begins = sum(DECODING["begin_s"][m] for m in methods)  # each method's copy of the prefill and its draft's own
+    assert item.seconds == pytest.approx(3 * (3.0 + begins + sum(rounds[m] * DECODING["round_s"][m] for m in methods)))
     with_ad = work._decode_item("09", "time", DECODING, work.Decodes(tuple(methods), 4, 32, 1, ad=True), PRICING)
     assert with_ad.seconds == pytest.approx(item.seconds / 3 + 16 * 0.01)
     assert item.contexts == 10 and with_ad.contexts == 4
@@ -149,7 +153,9 @@ def test_probes_time_the_real_trainer_once_per_shape_and_machine(tmp_path, monke
                              {"magicdec": {"budget": KVBudget(1, 8)}, "guided": {"budget": KVBudget(1, 4, 4)}},
                              ["vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"], 16,
                              TauProtocol(k=2, new_tokens=8, temperature=1.0, batch_size=2))
-    assert set(decoded["round_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup", "eagle3"}
+    assert set(decoded["round_s"]) == set(decoded["begin_s"]) == {"vanilla", "magicdec", "spire", "guided", "lookup",
+                                                                  "eagle3"}
+    assert decoded["begin_s"]["vanilla"] > 0  # the vanilla draft's own prefill over the contexts
     assert decoded["prefill_s"] > 0
 
 
@@ -208,7 +214,8 @@ def test_a_replan_decodes_at_the_taus_the_last_run_of_the_same_series_measured(f
     low = plan.make_plan(["04_measure_tau"], params, {}, taus={"vanilla": 1.2})
     tau = next(i for i in low.items if i.what.startswith("tau")).seconds
     rounds = expected_rounds(1.2, 4, 64, 2)  # the smoke series: k = 4, G = 64
-    assert tau == pytest.approx(2 * (prefill_and_loss_seconds(2, 16, 64) + rounds * DECODING["round_s"]["vanilla"]))
+    assert tau == pytest.approx(2 * (prefill_and_loss_seconds(2, 16, 64) + DECODING["begin_s"]["vanilla"]
+                                     + rounds * DECODING["round_s"]["vanilla"]))
     assert tau > next(i for i in paper.items if i.what.startswith("tau")).seconds
     assert "last run measured (04): vanilla 1.2" in low.render() and "range of tau" in paper.render()
     # where the last run's taus come from: its 04 record, averaged over L, for the same series only
@@ -412,10 +419,11 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     made = plan.make_plan(["04_measure_tau", "09_measured_vs_modeled"], params, {})
     tau = next(i for i in made.items if i.what.startswith("tau"))
     G = 64  # the smoke series' new_tokens
-    assert tau.seconds_at_tau_1 == pytest.approx(2 * (prefill_and_loss_seconds(2, 16, G) + G * (0.1 + 0.05)))
+    begins = DECODING["begin_s"]["vanilla"] + DECODING["begin_s"]["spire"]
+    assert tau.seconds_at_tau_1 == pytest.approx(2 * (prefill_and_loss_seconds(2, 16, G) + begins + G * (0.1 + 0.05)))
     assert tau.seconds < tau.seconds_at_tau_1
     timed = next(i for i in made.items if i.what.startswith("time AD"))
-    one = DECODING["prefill_s"] + G * DECODING["ad_step_s"]
+    one = DECODING["prefill_s"] + DECODING["begin_s"]["spire"] + G * DECODING["ad_step_s"]
     low, high = one + expected_rounds(PAPER_TAU[PAPER_TAU_CONTEXT]["spire"], 4, G, 1) * 0.05, one + G * 0.05
     runs, runs_high = int(20.0 // low), int(20.0 // high)  # a warm-up, then the runs that fit in the rest
     assert runs_high < runs and f"{runs} ({runs_high} at tau 1) runs" in timed.what
@@ -431,23 +439,43 @@ def test_before_any_tau_is_measured_the_plan_prices_decoding_from_the_papers_tau
     assert all(i.seconds_at_tau_1 is None for i in measured.items) and " - " not in measured.span("04_measure_tau")
 
 
-def test_the_drafts_past_the_paper_are_priced_from_the_ceiling_to_tau_1_and_lookup_drafts_for_free():
-    """No paper tau exists for the drafts past the paper, so before a run measures any tau the plan
-    prices them over a range, from k + 1 (every draft accepted, their best case) to tau 1 (every
-    round yields one token, their slowest); beside measured taus of other methods, at tau 1. Prompt
-    lookup's rounds carry no draft pass, so its work is the verification alone."""
-    guided = work._decode_item("04", "tau", DECODING, work.Decodes(("guided",), 4, 32, 1), PRICING)
-    assert guided.seconds == pytest.approx(3.0 + expected_rounds(1.0, 4, 16, 4) * 0.3)
-    ranged = work._decode_item("04", "tau", DECODING, work.Decodes(("guided",), 4, 32, 1),
-                               dataclasses.replace(PRICING, ranged=True))
-    assert ranged.seconds == pytest.approx(3.0 + expected_rounds(5.0, 4, 16, 4) * 0.3)
-    assert ranged.seconds_at_tau_1 == pytest.approx(guided.seconds) and ranged.seconds < guided.seconds
+def test_the_drafts_past_the_paper_are_priced_at_their_relatives_tau_and_lookup_at_1_drafting_for_free():
+    """No paper tau exists for the drafts past the paper, so until a run measures theirs the plan
+    prices each at the paper's tau of its card's relative (the guided draft at MagicDec's, EAGLE-3
+    at the vanilla draft's) and prompt lookup at tau 1; a range reaches tau 1 for all. Each batch
+    pays each method's begin. Prompt lookup's rounds carry no draft pass: its work is the verification."""
+    paper = PAPER_TAU[PAPER_TAU_CONTEXT]
+    assert work.prior_tau("guided") == paper["magicdec"] and work.prior_tau("eagle3") == paper["vanilla"]
+    assert work.prior_tau("spire") == paper["spire"] and work.prior_tau("lookup") is None
+    begin = DECODING["begin_s"]
+    for method, tau in (("guided", paper["magicdec"]), ("lookup", 1.0)):
+        item = work._decode_item("04", "tau", DECODING, work.Decodes((method,), 4, 32, 1), PRICING)
+        per_round = DECODING["round_s"][method]
+        assert item.seconds == pytest.approx(3.0 + begin[method] + expected_rounds(tau, 4, 16, 4) * per_round)
+        ranged = work._decode_item("04", "tau", DECODING, work.Decodes((method,), 4, 32, 1),
+                                   dataclasses.replace(PRICING, ranged=True))
+        assert ranged.seconds == pytest.approx(item.seconds)
+        assert ranged.seconds_at_tau_1 == pytest.approx(3.0 + begin[method] + expected_rounds(1.0, 4, 16, 4) * per_round)
     lookup = work._decode_item("04", "tau", DECODING, work.Decodes(("lookup",), 4, 32, 1), PRICING)
     magicdec = work._decode_item("04", "tau", DECODING, work.Decodes(("magicdec",), 4, 32, 1),
                                  dataclasses.replace(PRICING, taus={"magicdec": 1.0}))
     rounds = expected_rounds(1.0, 4, 16, 4)
     assert lookup.flops == pytest.approx(magicdec.flops - rounds * 4 * forward_work(
         TINY.shape(), TINY.vocab_size, 4, 1, min(32 + 8, 66)).flops)
+
+
+def test_before_any_run_prompt_lookup_is_expected_to_stop_at_its_floor_and_the_others_to_run_to_the_cap(fake_probes):
+    """Priced at tau 1, prompt lookup has no spread (every round one token): 04's rule stops it at
+    its floor (the default run: 64 of 192 at every L). A draft priced at a paper tau has the
+    paper's spread, which 192 contexts do not narrow to +-0.05 (the default run: 128-192)."""
+    p = {"context_lengths": [16], "n_contexts": 192, "decode_batch_size": 64, "tau_half_width": 0.05,
+         "tau_floor": 64}
+
+    def contexts(methods):
+        made = plan.make_plan(["04_measure_tau"], {"04_measure_tau": {**p, "methods": methods}}, {})
+        return next(i for i in made.items if i.what.startswith("tau of")).contexts
+
+    assert contexts(["lookup"]) == 64 and contexts(["guided"]) == contexts(["spire"]) == 192
 
 
 def test_04s_plan_marks_lengths_past_the_training_windows_and_prices_the_kv_budget_sweep(fake_probes):
@@ -482,5 +510,6 @@ def test_04s_plan_prices_its_stopping_rule_at_each_methods_expected_contexts(fak
     stopped, made = tau_item(0.05)
     lookup_rounds = expected_rounds(1.03, 4, 64, 32) * DECODING["round_s"]["lookup"]
     assert stopped.contexts == full.contexts == 256
-    assert full.seconds - stopped.seconds == pytest.approx(8 * lookup_rounds * (1 - 64 / 256))
+    lookup_batch = DECODING["begin_s"]["lookup"] + lookup_rounds
+    assert full.seconds - stopped.seconds == pytest.approx(8 * lookup_batch * (1 - 64 / 256))
     assert any("half-width reaches 0.05" in a for a in made.assumptions)
