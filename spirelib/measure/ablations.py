@@ -40,12 +40,23 @@ def variant_counts(target, variants: dict, contexts, context_length: int, protoc
     ((n, L + G) tokens) with the same random streams, so differences are paired. One `measure_tau`
     decodes them all (as "seed/variant"), so each batch's target prefill serves every draft; under
     `rule` (`DeltaRule`) they all stop at its first look when the table is settled there."""
-    factories = {f"{seed}/{name}": draft_factory("spire", target, v.model, temperature=temperature)
+    factories = {draft_key(seed, name): draft_factory("spire", target, v.model, temperature=temperature)
                  for seed, by_name in variants.items() for name, v in by_name.items()}
     measured = measure_tau(target, factories, {context_length: contexts}, protocol, progress=progress,
                            rule=rule).counts
-    return {seed: {name: measured[f"{seed}/{name}"][context_length] for name in by_name}
+    return {seed: {name: measured[draft_key(seed, name)][context_length] for name in by_name}
             for seed, by_name in variants.items()}
+
+
+def draft_key(seed, variant: str) -> str:
+    """How `variant_counts` names one seed's variant among the drafts it decodes ("seed/variant")."""
+    return f"{seed}/{variant}"
+
+
+def seed_and_variant(key: str) -> tuple[str, str]:
+    """The (seed, variant) a `draft_key` names (the seed as text)."""
+    seed, variant = key.split("/", 1)
+    return seed, variant
 
 
 def paired_deltas(counts: dict[int, dict[str, AcceptCounts]], pairs: dict[str, tuple[str, str]]) -> dict:
@@ -191,6 +202,16 @@ class DeltaRule:
         """How many looks the design has: 1 where `cap` <= `first`, else 2."""
         return 1 if self.cap <= self.first else 2
 
+    @property
+    def first_look(self) -> int | None:
+        """The contexts at the first of two looks, as results.json records it; None with one look."""
+        return self.first if self.looks > 1 else None
+
+    @property
+    def look_width(self) -> float | None:
+        """The half-width that settles a comparison at the first of two looks; None with one look."""
+        return self.width if self.looks > 1 else None
+
     def look_level(self, n_contexts: int) -> float:
         """Holm's family-wise level at the look after `n_contexts`: `FIRST_SHARE` of `level` at the
         first of two looks, the rest at the cap (Bonferroni over the looks); `level` with one look."""
@@ -222,7 +243,7 @@ class DeltaRule:
             return []
         by_seed: dict[str, dict[str, AcceptCounts]] = {}
         for key, c in counts.items():
-            seed, name = key.split("/", 1)
+            seed, name = seed_and_variant(key)
             by_seed.setdefault(seed, {})[name] = c
         tested = list(family(*table_deltas(by_seed)).values())
         if not tested:

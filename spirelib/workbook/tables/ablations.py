@@ -45,7 +45,7 @@ def interval_note(deltas: dict, comparisons: int, rule: DeltaRule) -> RecordedIn
     df_seeds, df_contexts = d.df
     return RecordedInterval(d.scope, d.about, d.seeds, d.n_contexts, df_seeds, df_contexts, "fixed",
                             Family("Holm", FAMILY_LEVEL, comparisons, rule.looks, rule.look_level(d.n_contexts),
-                                   rule.width if rule.looks > 1 else None))
+                                   rule.look_width))
 
 
 def tau_rows(stats: dict, predicted: dict, deltas: dict, paper_tau: dict, shown: dict[str, bool]) -> list[dict]:
@@ -124,8 +124,7 @@ def ablation_protocol(series, context_length: int, rule: DeltaRule, budget, base
                       scale: str) -> AblationProtocol:
     """How the ablations were measured (method §5's tau protocol, under `rule`'s looks) and trained,
     as results.json holds it."""
-    two = rule.looks > 1
-    return AblationProtocol(context_length, rule.cap, rule.first if two else None, rule.width if two else None,
+    return AblationProtocol(context_length, rule.cap, rule.first_look, rule.look_width,
                             series.k, series.new_tokens, series.temperature, series.tau_seed, budget.to_dict(),
                             base.to_dict(), seeds, training_seconds, scale)
 
